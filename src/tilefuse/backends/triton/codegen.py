@@ -1,0 +1,276 @@
+"""Tile IR → Triton source.
+
+`generate(kernel, interpret)` returns the text of a Python module holding one `@triton.jit`
+kernel and the helpers it uses. Buffer parameters are named `ptr_<buffer>`; sizes and strides
+keep their names; block sizes are `tl.constexpr` parameters.
+"""
+from __future__ import annotations
+
+import sympy
+
+from ...ir import dtypes as dt
+from ...ir.expr import Binary, Cast, Const, Expr, Index, Unary, Var, Where
+from ...tile.ir import (Arange, ArgReduceTile, Assign, Comment, DotTile, For, Full, Let, LoadTile, ProgramId,
+                        ReduceTile, StoreTile, TileKernel)
+from .helpers import HELPERS, InterpretUnsupported, unary_call
+
+TL_DTYPE = {
+    "bool": "tl.int1", "uint8": "tl.uint8", "int8": "tl.int8", "int16": "tl.int16", "int32": "tl.int32",
+    "int64": "tl.int64", "float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32",
+    "float64": "tl.float64",
+}
+
+_INFIX = {"add": "+", "sub": "-", "mul": "*", "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">",
+          "ge": ">=", "logical_and": "&", "logical_or": "|", "logical_xor": "^", "bitwise_and": "&",
+          "bitwise_or": "|", "bitwise_xor": "^", "lshift": "<<", "rshift": ">>"}
+
+
+def format_sympy(e) -> str:
+    e = sympy.sympify(e)
+    if e.is_Integer:
+        return str(int(e))
+    if e.is_Rational:
+        return repr(float(e))
+    if e.is_Float:
+        return repr(float(e))
+    if e.is_Symbol:
+        return e.name
+    if e.is_Add:
+        terms = [format_sympy(a) for a in e.args]
+        return "(" + " + ".join(terms) + ")"
+    if e.is_Mul:
+        num, den = e.as_numer_denom()
+        if den != 1:
+            return f"({format_sympy(num)} / {format_sympy(den)})"
+        coeff, rest = e.as_coeff_Mul()
+        if coeff == -1:
+            return f"(-{format_sympy(rest)})"
+        return "(" + " * ".join(format_sympy(a) for a in e.args) + ")"
+    if e.is_Pow and e.exp.is_Integer and int(e.exp) > 0:
+        return "(" + " * ".join([format_sympy(e.base)] * int(e.exp)) + ")"
+    if isinstance(e, sympy.floor):
+        num, den = e.args[0].as_numer_denom()
+        return f"({format_sympy(num)} // {format_sympy(den)})"
+    if isinstance(e, sympy.ceiling):
+        num, den = e.args[0].as_numer_denom()
+        return f"tl.cdiv({format_sympy(num)}, {format_sympy(den)})"
+    if isinstance(e, sympy.Mod):
+        return f"({format_sympy(e.args[0])} % {format_sympy(e.args[1])})"
+    if isinstance(e, sympy.Min):
+        out = format_sympy(e.args[0])
+        for a in e.args[1:]:
+            out = f"tl.minimum({out}, {format_sympy(a)})"
+        return out
+    if isinstance(e, sympy.Max):
+        out = format_sympy(e.args[0])
+        for a in e.args[1:]:
+            out = f"tl.maximum({out}, {format_sympy(a)})"
+        return out
+    raise NotImplementedError(f"cannot print index expression {e} for Triton")
+
+
+def _const(value, dtype) -> str:
+    if value == "nan":
+        return 'float("nan")'
+    if dtype.is_bool:
+        return "True" if value else "False"
+    if dtype.is_float:
+        v = float(value)
+        if v == float("inf"):
+            return 'float("inf")'
+        if v == float("-inf"):
+            return 'float("-inf")'
+        return repr(v)
+    return str(int(value))
+
+
+class TritonPrinter:
+    def __init__(self, interpret: bool):
+        self.interpret = interpret
+        self.helpers: set[str] = set()
+        self.uses_libdevice = False
+
+    def expr(self, e: Expr) -> str:
+        if isinstance(e, Var):
+            return e.name
+        if isinstance(e, Const):
+            return _const(e.value, e.dtype)
+        if isinstance(e, Index):
+            return format_sympy(e.expr)
+        if isinstance(e, Cast):
+            x = self.expr(e.x)
+            if e.dtype.is_bool:
+                return f"({x} != 0)"
+            return f"({x}).to({TL_DTYPE[e.dtype.name]})"
+        if isinstance(e, Where):
+            return f"tl.where({self.expr(e.cond)}, {self.expr(e.a)}, {self.expr(e.b)})"
+        if isinstance(e, Unary):
+            return self.unary(e)
+        if isinstance(e, Binary):
+            return self.binary(e)
+        raise TypeError(f"cannot print {type(e).__name__}")
+
+    def unary(self, e: Unary) -> str:
+        x = self.expr(e.x)
+        op = e.op
+        if op == "neg":
+            return f"(-{x})"
+        if op == "reciprocal":
+            return f"(1.0 / {x})"
+        if op == "logical_not":
+            return f"({x} == 0)"
+        if op == "bitwise_not":
+            return f"(~{x})"
+        if op == "isnan":
+            return f"({x} != {x})"
+        if op == "isinf":
+            return f"(tl.abs({x}) == float(\"inf\"))"
+        if op == "sign":
+            t = TL_DTYPE[e.dtype.name]
+            return f"(({x} > 0).to({t}) - ({x} < 0).to({t}))"
+        if op in ("floor", "ceil", "round", "trunc") and not e.x.dtype.is_float:
+            return x
+        if op == "abs" and not e.x.dtype.is_float:
+            return f"tl.where({x} < 0, -{x}, {x})"
+        if op in ("sigmoid",) and self.interpret:
+            return f"(1.0 / (1.0 + tl.exp(-{x})))"
+        src, helper = unary_call(op, x, self.interpret)
+        if helper:
+            self.helpers.add(helper)
+        if "libdevice" in src:
+            self.uses_libdevice = True
+        return src
+
+    def binary(self, e: Binary) -> str:
+        a, b = self.expr(e.a), self.expr(e.b)
+        op = e.op
+        if op in _INFIX:
+            return f"({a} {_INFIX[op]} {b})"
+        if op == "truediv":
+            return f"({a} / {b})"
+        if op == "floordiv":
+            if e.dtype.is_float:
+                return f"tl.floor({a} / {b})"
+            self.helpers.add("floordiv")
+            return f"_floordiv({a}, {b})"
+        if op == "mod":
+            if e.dtype.is_float:
+                self.helpers.add("fremainder")
+                return f"_fremainder({a}, {b})"
+            self.helpers.add("remainder")
+            return f"_remainder({a}, {b})"
+        if op == "fmod":
+            if e.dtype.is_float:
+                if self.interpret:
+                    return f"({a} - tl.where({a} / {b} < 0, tl.ceil({a} / {b}), tl.floor({a} / {b})) * {b})"
+                self.uses_libdevice = True
+                return f"libdevice.fmod({a}, {b})"
+            return f"({a} % {b})"
+        if op == "maximum":
+            self.helpers.add("maximum")
+            return f"_maximum({a}, {b})"
+        if op == "minimum":
+            self.helpers.add("minimum")
+            return f"_minimum({a}, {b})"
+        if op == "pow":
+            if not e.dtype.is_float:
+                self.helpers.add("ipow")
+                return f"_ipow({a}, {b})"
+            if self.interpret:
+                self.helpers.add("pow_interp")
+                return f"_pow_interp({a}, {b})"
+            self.uses_libdevice = True
+            return f"libdevice.pow({a}, {b})"
+        if op == "atan2":
+            if self.interpret:
+                raise InterpretUnsupported("atan2 has no Triton-interpreter spelling")
+            self.uses_libdevice = True
+            return f"libdevice.atan2({a}, {b})"
+        if op == "copysign":
+            return f"tl.where(({b} < 0) | ((1.0 / {b}) < 0), -tl.abs({a}), tl.abs({a}))"
+        raise NotImplementedError(f"binary op {op}")
+
+    # ------------------------------------------------------------------ statements
+    def stmts(self, stmts, indent: int, out: list) -> None:
+        pad = "    " * indent
+        for s in stmts:
+            if isinstance(s, ProgramId):
+                out.append(f"{pad}{s.name} = tl.program_id({s.axis})")
+            elif isinstance(s, Arange):
+                rng = f"tl.arange(0, {s.block})"
+                if s.ndim == 2:
+                    rng += "[:, None]" if s.axis == 0 else "[None, :]"
+                start = self.expr(s.start)
+                out.append(f"{pad}{s.name} = {start} + {rng}" if start != "0" else f"{pad}{s.name} = {rng}")
+            elif isinstance(s, (Let, Assign)):
+                out.append(f"{pad}{s.name} = {self.expr(s.value)}")
+            elif isinstance(s, Full):
+                shape = ", ".join(str(d) for d in s.shape)
+                out.append(f"{pad}{s.name} = tl.full([{shape}], {_const(s.value, s.dtype)}, {TL_DTYPE[s.dtype.name]})")
+            elif isinstance(s, LoadTile):
+                ptr = f"ptr_{s.buffer} + {self.expr(s.offset)}"
+                if s.mask is not None:
+                    m = self.expr(s.mask)
+                    out.append(f"{pad}{s.name} = tl.load({ptr} + tl.full({m}.shape, 0, tl.int32), {m}, other=0)")
+                else:
+                    out.append(f"{pad}{s.name} = tl.load({ptr})")
+            elif isinstance(s, StoreTile):
+                v = self.expr(s.value)
+                ptr = f"ptr_{s.buffer} + {self.expr(s.offset)}"
+                if s.mask is not None:
+                    m = self.expr(s.mask)
+                    out.append(f"{pad}tl.store({ptr} + tl.full({m}.shape, 0, tl.int32), "
+                               f"tl.broadcast_to(({v}).to({TL_DTYPE[s.dtype.name]}), {m}.shape), {m})")
+                else:
+                    out.append(f"{pad}tl.store({ptr}, {v})")
+            elif isinstance(s, ReduceTile):
+                v = self.expr(s.value)
+                keep = "[:, None]" if s.axis == 1 else "[None, :]"
+                if s.combiner == "sum":
+                    red = f"tl.sum({v}, {s.axis})"
+                else:
+                    fn = {"max": "_max_combine", "min": "_min_combine", "prod": "_prod_combine"}[s.combiner]
+                    self.helpers.add(s.combiner)
+                    red = f"tl.reduce({v}, {s.axis}, {fn})"
+                out.append(f"{pad}{s.name} = {red}{keep}")
+            elif isinstance(s, ArgReduceTile):
+                self.helpers.add(s.combiner)
+                v, i = self.expr(s.value), self.expr(s.index)
+                keep = "[:, None]" if s.axis == 1 else "[None, :]"
+                out.append(f"{pad}_, {s.name} = tl.reduce(({v}, tl.broadcast_to({i}, {v}.shape).to(tl.int64)), "
+                           f"{s.axis}, _{s.combiner}_combine)")
+                out.append(f"{pad}{s.name} = {s.name}{keep}")
+            elif isinstance(s, DotTile):
+                a, b = self.expr(s.a), self.expr(s.b)
+                if s.input_dtype is not None and s.input_dtype != dt.float32:
+                    t = TL_DTYPE[s.input_dtype.name]
+                    out.append(f"{pad}{s.name} = tl.dot(({a}).to({t}), ({b}).to({t}), {self.expr(s.acc)})")
+                else:
+                    prec = "" if self.interpret else ', input_precision="ieee"'
+                    out.append(f"{pad}{s.name} = tl.dot(({a}).to(tl.float32), ({b}).to(tl.float32), "
+                               f"{self.expr(s.acc)}{prec})")
+            elif isinstance(s, For):
+                out.append(f"{pad}for {s.var} in range({self.expr(s.start)}, {self.expr(s.stop)}, {s.step}):")
+                self.stmts(s.body, indent + 1, out)
+            elif isinstance(s, Comment):
+                out.append(f"{pad}# {s.text}")
+            else:
+                raise TypeError(f"cannot print {type(s).__name__}")
+
+
+def generate(kernel: TileKernel, interpret: bool = False) -> str:
+    p = TritonPrinter(interpret)
+    p.helpers |= set(kernel.helpers)
+    body: list[str] = []
+    p.stmts(kernel.body, 1, body)
+    params = [f"ptr_{q.name}" if q.kind == "buffer" else q.name for q in kernel.params]
+    params += [f"{k}: tl.constexpr" for k in kernel.constexprs]
+    head = ["import triton", "import triton.language as tl"]
+    if p.uses_libdevice:
+        head.append("from triton.language.extra import libdevice")
+    helper_src = "".join(HELPERS[h] for h in sorted(p.helpers))
+    sig = f"def {kernel.name}({', '.join(params)}):"
+    return "\n".join(head) + "\n" + helper_src + "\n\n@triton.jit\n" + sig + "\n" + "\n".join(body) + "\n"
+
+
+__all__ = ["generate", "format_sympy", "InterpretUnsupported"]

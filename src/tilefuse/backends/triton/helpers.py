@@ -1,0 +1,165 @@
+"""Triton helper functions that generated kernels may call, and the math-function table.
+
+On the GPU, transcendental functions come from libdevice. The Triton interpreter (used on
+CPU for tests) cannot run libdevice, so there the same functions are spelled with core
+`tl` operations; a function with no such spelling raises `InterpretUnsupported`.
+"""
+from __future__ import annotations
+
+
+class InterpretUnsupported(NotImplementedError):
+    pass
+
+
+# name -> source of a @triton.jit helper; emitted only when a kernel uses it
+HELPERS = {
+    "maximum": """
+@triton.jit
+def _maximum(a, b):
+    return tl.where((a > b) | (a != a), a, b)
+""",
+    "minimum": """
+@triton.jit
+def _minimum(a, b):
+    return tl.where((a < b) | (a != a), a, b)
+""",
+    "max": """
+@triton.jit
+def _max_combine(a, b):
+    return tl.where((a > b) | (a != a), a, b)
+""",
+    "min": """
+@triton.jit
+def _min_combine(a, b):
+    return tl.where((a < b) | (a != a), a, b)
+""",
+    "prod": """
+@triton.jit
+def _prod_combine(a, b):
+    return a * b
+""",
+    "argmax": """
+@triton.jit
+def _argmax_combine(v1, i1, v2, i2):
+    nan1 = v1 != v1
+    nan2 = v2 != v2
+    better = (v2 > v1) | (nan2 & ~nan1)
+    tie = ((v1 == v2) | (nan1 & nan2)) & (i2 < i1)
+    take = better | tie
+    return tl.where(take, v2, v1), tl.where(take, i2, i1)
+""",
+    "argmin": """
+@triton.jit
+def _argmin_combine(v1, i1, v2, i2):
+    nan1 = v1 != v1
+    nan2 = v2 != v2
+    better = ((v2 < v1) & ~nan1) | (nan2 & ~nan1)
+    tie = ((v1 == v2) | (nan1 & nan2)) & (i2 < i1)
+    take = better | tie
+    return tl.where(take, v2, v1), tl.where(take, i2, i1)
+""",
+    "floordiv": """
+@triton.jit
+def _floordiv(a, b):
+    q = a // b
+    return q - (((a % b) != 0) & ((a < 0) != (b < 0))).to(q.dtype)
+""",
+    "remainder": """
+@triton.jit
+def _remainder(a, b):
+    r = a % b
+    return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+""",
+    "fremainder": """
+@triton.jit
+def _fremainder(a, b):
+    r = a - tl.floor(a / b) * b
+    return r
+""",
+    "ipow": """
+@triton.jit
+def _ipow(a, b):
+    result = a * 0 + 1
+    base = a
+    e = b
+    for _ in range(64):
+        result = tl.where((e & 1) != 0, result * base, result)
+        base = base * base
+        e = e >> 1
+    return result
+""",
+    "pow_interp": """
+@triton.jit
+def _pow_interp(a, b):
+    mag = tl.exp2(b * tl.log2(tl.abs(a)))
+    b_int = tl.floor(b) == b
+    odd = b_int & ((tl.abs(b) % 2) == 1)
+    signed = tl.where((a < 0) & odd, -mag, mag)
+    res = tl.where((a < 0) & ~b_int, float("nan"), signed)
+    res = tl.where(a == 0, tl.where(b > 0, 0.0, tl.where(b == 0, 1.0, float("inf"))), res)
+    return tl.where(b == 0, 1.0, res)
+""",
+    "tanh_interp": """
+@triton.jit
+def _tanh_interp(x):
+    t = tl.exp(-2.0 * tl.abs(x))
+    y = (1.0 - t) / (1.0 + t)
+    return tl.where(x < 0, -y, y)
+""",
+    "round_interp": """
+@triton.jit
+def _round_interp(x):
+    r = tl.floor(x + 0.5)
+    half = (r - x) == 0.5
+    odd = (r % 2) != 0
+    return tl.where(half & odd, r - 1.0, r)
+""",
+}
+
+# unary op -> (gpu spelling, interpreter spelling); "{x}" is the operand
+UNARY = {
+    "exp": ("tl.exp({x})", None),
+    "exp2": ("tl.exp2({x})", None),
+    "log": ("tl.log({x})", None),
+    "log2": ("tl.log2({x})", None),
+    "log10": ("libdevice.log10({x})", "(tl.log2({x}) * 0.30102999566398120)"),
+    "log1p": ("libdevice.log1p({x})", "tl.log(1.0 + {x})"),
+    "expm1": ("libdevice.expm1({x})", "(tl.exp({x}) - 1.0)"),
+    "sqrt": ("tl.sqrt_rn({x})", "tl.sqrt({x})"),
+    "rsqrt": ("tl.rsqrt({x})", None),
+    "sin": ("tl.sin({x})", None),
+    "cos": ("tl.cos({x})", None),
+    "tan": ("libdevice.tan({x})", "(tl.sin({x}) / tl.cos({x}))"),
+    "sinh": ("libdevice.sinh({x})", "((tl.exp({x}) - tl.exp(-{x})) * 0.5)"),
+    "cosh": ("libdevice.cosh({x})", "((tl.exp({x}) + tl.exp(-{x})) * 0.5)"),
+    "tanh": ("libdevice.tanh({x})", "_tanh_interp({x})"),
+    "asinh": ("libdevice.asinh({x})", None),
+    "acosh": ("libdevice.acosh({x})", "tl.log({x} + tl.sqrt({x} * {x} - 1.0))"),
+    "atanh": ("libdevice.atanh({x})", "(0.5 * tl.log((1.0 + {x}) / (1.0 - {x})))"),
+    "asin": ("libdevice.asin({x})", None),
+    "acos": ("libdevice.acos({x})", None),
+    "atan": ("libdevice.atan({x})", None),
+    "sigmoid": ("tl.sigmoid({x})", None),
+    "erf": ("tl.erf({x})", None),
+    "erfc": ("libdevice.erfc({x})", "(1.0 - tl.erf({x}))"),
+    "lgamma": ("libdevice.lgamma({x})", None),
+    "floor": ("tl.floor({x})", None),
+    "ceil": ("tl.ceil({x})", None),
+    "round": ("libdevice.nearbyint({x})", "_round_interp({x})"),
+    "trunc": ("libdevice.trunc({x})", "tl.where({x} < 0, tl.ceil({x}), tl.floor({x}))"),
+    "abs": ("tl.abs({x})", None),
+}
+
+INTERP_HELPERS_FOR = {"tanh": "tanh_interp", "round": "round_interp"}
+
+
+def unary_call(op: str, x: str, interpret: bool) -> tuple[str, str | None]:
+    """(source, helper needed or None) for a transcendental unary op."""
+    gpu, interp = UNARY[op]
+    if interpret:
+        if interp is None:
+            if gpu.startswith("libdevice"):
+                raise InterpretUnsupported(f"{op} has no Triton-interpreter spelling")
+            return gpu.format(x=x), None
+        return interp.format(x=x), INTERP_HELPERS_FOR.get(op)
+    return gpu.format(x=x), None

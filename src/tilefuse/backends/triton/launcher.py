@@ -1,0 +1,107 @@
+"""Loading and launching generated Triton kernels.
+
+Generated source goes through the disk cache (namespace "triton", keyed by the source and the
+environment fingerprint) and is imported from the cached file, because `triton.jit` needs a
+real file to read the source from. Triton's own binary cache is pointed inside the tilefuse
+cache directory unless the user set `TRITON_CACHE_DIR`, so a second process with the same
+graph compiles nothing new. In interpreter mode the module is imported with
+`TRITON_INTERPRET=1`, which makes `triton.jit` produce interpreted kernels.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import tempfile
+import threading
+
+from ... import logs
+from ...config import config
+from ...ir import symbolic
+from ...runtime.cache import DiskCache, cache_key, environment_fingerprint
+from ...tile.ir import TileKernel
+
+_import_lock = threading.Lock()
+_modules: dict[str, object] = {}
+
+
+def _point_triton_cache() -> None:
+    if "TRITON_CACHE_DIR" not in os.environ:
+        os.environ["TRITON_CACHE_DIR"] = os.path.join(config.cache_dir, "triton-bin")
+
+
+def _import_source(source: str, key: str, interpret: bool):
+    mod_name = f"tilefuse_kernel_{key[:24]}_{'i' if interpret else 'g'}"
+    if mod_name in _modules:
+        return _modules[mod_name]
+    cache = DiskCache("triton")
+    cache.get_or_create(key, lambda: {"kernel.py": source.encode()})
+    entry = cache.path_of(key)
+    path = os.path.join(entry, "kernel.py") if entry is not None else None
+    if path is None:  # cache unusable: a private temporary file
+        fd, path = tempfile.mkstemp(prefix="tilefuse_", suffix=".py")
+        with os.fdopen(fd, "w") as f:
+            f.write(source)
+    with _import_lock:
+        old = os.environ.get("TRITON_INTERPRET")
+        if interpret:
+            os.environ["TRITON_INTERPRET"] = "1"
+        else:
+            os.environ.pop("TRITON_INTERPRET", None)
+        try:
+            spec = importlib.util.spec_from_file_location(mod_name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[mod_name] = module
+            spec.loader.exec_module(module)
+        finally:
+            if old is None:
+                os.environ.pop("TRITON_INTERPRET", None)
+            else:
+                os.environ["TRITON_INTERPRET"] = old
+    _modules[mod_name] = module
+    return module
+
+
+class TritonKernel:
+    """A launchable kernel: binds buffers and sizes to the kernel's parameters."""
+
+    def __init__(self, kernel: TileKernel, source: str, interpret: bool):
+        self.kernel = kernel
+        self.source = source
+        self.interpret = interpret
+        _point_triton_cache()
+        key = cache_key("triton-kernel", source, interpret, environment_fingerprint())
+        self.fn = getattr(_import_source(source, key, interpret), kernel.name)
+        self.arg_plan = []
+        for p in kernel.params:
+            if p.kind == "buffer":
+                self.arg_plan.append(("buffer", p.name, None))
+            elif "_stride" in p.name and p.name.rsplit("_stride", 1)[1].isdigit():
+                buf, k = p.name.rsplit("_stride", 1)
+                self.arg_plan.append(("stride", buf, int(k)))
+            else:
+                self.arg_plan.append(("size", p.name, None))
+
+    def __call__(self, buffers: dict, env: dict) -> None:
+        args = []
+        for kind, name, k in self.arg_plan:
+            if kind == "buffer":
+                args.append(buffers[name])
+            elif kind == "stride":
+                args.append(buffers[name].stride(k))
+            else:
+                args.append(int(symbolic.evaluate(_symbol(name), env)))
+        grid = self.kernel.grid_size(env)
+        self.fn[grid](*args, **self.kernel.constexprs, num_warps=self.kernel.num_warps,
+                      num_stages=self.kernel.num_stages)
+
+
+def _symbol(name: str):
+    import sympy
+
+    return sympy.Symbol(name)
+
+
+def load_kernel(kernel: TileKernel, source: str, interpret: bool) -> TritonKernel:
+    logs.log("code", "%s:\n%s", kernel.name, source)
+    return TritonKernel(kernel, source, interpret)

@@ -1,0 +1,78 @@
+"""`python -m tilefuse.bench` (and `tilefuse bench`): benchmark workloads × backends on this
+machine's default device and print a table; `--out DIR` also writes results.json and
+report.md. Exits 0 even when a backend is n/a for some workload (the table says why); 2 on
+bad arguments; 1 with `--strict` if a backend disagrees with the fp64 reference.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _csv(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .runner import DEFAULT_BACKENDS, DTYPES
+    from .workloads import WORKLOADS
+
+    p = argparse.ArgumentParser(
+        prog="tilefuse bench",
+        description="Benchmark small PyTorch workloads across compiler backends.")
+    p.add_argument("--workloads", type=_csv, default=None,
+                   help=f"comma-separated, default all: {','.join(WORKLOADS)}")
+    p.add_argument("--backends", type=_csv, default=list(DEFAULT_BACKENDS),
+                   help="comma-separated: eager, inductor, tilefuse, or any Dynamo backend "
+                        f"name (default {','.join(DEFAULT_BACKENDS)})")
+    p.add_argument("--sizes", choices=["quick", "full"], default=None,
+                   help="default: full on CUDA, quick on CPU")
+    p.add_argument("--dtype", choices=list(DTYPES), default=None,
+                   help="default: bfloat16 on CUDA, float32 on CPU")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                   help="default: cuda if available, else cpu")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="write results.json and report.md into DIR")
+    p.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                   help="timing budget per measurement (default 0.3 on CUDA, 0.2 on CPU)")
+    p.add_argument("--no-flush-l2", dest="flush_l2", action="store_false",
+                   help="CUDA: keep the L2 cache warm between timed calls")
+    p.add_argument("--seed", type=int, default=0, help="seed for the random inputs")
+    p.add_argument("--quiet", action="store_true", help="no progress, only the table")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 1 if any backend's output disagrees with the fp64 reference")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+
+    from rich.console import Console
+
+    from . import report
+    from .runner import BenchOptions, run
+
+    opts = BenchOptions(workloads=args.workloads, backends=args.backends, sizes=args.sizes,
+                        dtype=args.dtype, device=args.device, budget_s=args.budget,
+                        flush_l2=args.flush_l2, seed=args.seed, quiet=args.quiet)
+    try:
+        opts = opts.resolved()
+    except (ValueError, KeyError) as e:
+        parser.error(str(e).strip("'\""))
+    if not opts.backends:
+        parser.error("no backends given")
+    result = run(opts)
+    console = Console()
+    if not console.is_terminal:  # logs and pipes: do not squeeze the table into 80 columns
+        console = Console(width=200)
+    console.print(report.render_table(result))
+    if args.out:
+        json_path, md_path = report.write_outputs(result, args.out)
+        Console(stderr=True).print(f"wrote {json_path} and {md_path}")
+    mismatches = [r for r in result["results"] if r["status"] == "ok" and not r["correct"]]
+    return 1 if args.strict and mismatches else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

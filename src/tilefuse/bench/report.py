@@ -1,0 +1,144 @@
+"""Turn a benchmark report ({"meta": ..., "results": [...]}, as `runner.run` returns it or
+as read back from results.json) into a rich table, Markdown, and the files of `--out`.
+
+Both renderings share `table_rows`, so the terminal and report.md show the same cells.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+COLUMNS = ["workload", "backend", "size", "compile s", "p50 ms", "p99 ms", "throughput",
+           "vs eager", "max err", "eager err", "kern/ext", "note"]
+_RIGHT = {"compile s", "p50 ms", "p99 ms", "throughput", "vs eager", "max err", "eager err",
+          "kern/ext"}
+
+
+def _sig(x, digits: int = 3) -> str:
+    """`digits` significant digits without an exponent: 0.0346, 3.46, 346."""
+    if x is None:
+        return "-"
+    if isinstance(x, str):  # non-finite floats are stored as strings in JSON
+        return x
+    if not math.isfinite(x) or x == 0:
+        return str(x)
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(x))))
+    return f"{x:.{decimals}f}"
+
+
+def _err(x) -> str:
+    if x is None or isinstance(x, str):
+        return "-" if x is None else x
+    return f"{x:.1e}" if math.isfinite(x) else str(x)
+
+
+def table_rows(report: dict) -> tuple[list[str], list[list[str]], list[str]]:
+    """(column names, rows of cell strings, footnotes). n/a reasons become numbered
+    footnotes (one per distinct reason) so the table stays narrow; the kernel/extern column
+    appears only when tilefuse was run."""
+    results = report["results"]
+    show_counts = any(r["backend"] == "tilefuse" for r in results)
+    columns = [c for c in COLUMNS if c != "kern/ext" or show_counts]
+    eager = {r["workload"]: r["p50_ms"] for r in results
+             if r["backend"] == "eager" and r["status"] == "ok" and r["p50_ms"]}
+    reasons: dict[str, int] = {}
+    rows = []
+    for r in results:
+        cells = {"workload": r["workload"], "backend": r["backend"],
+                 "size": "×".join(str(s) for s in r["size"]),
+                 "eager err": _err(r.get("eager_max_abs_err"))}
+        if r["status"] != "ok":
+            reason = f"{r['backend']}: {r.get('reason') or 'unavailable'}"
+            mark = reasons.setdefault(reason, len(reasons) + 1)
+            cells.update({"p50 ms": "n/a", "note": f"n/a [{mark}]"})
+        else:
+            base = eager.get(r["workload"])
+            cells.update({
+                "compile s": _sig(r["compile_s"]),
+                "p50 ms": _sig(r["p50_ms"]),
+                "p99 ms": _sig(r["p99_ms"]),
+                "throughput": f"{_sig(r['throughput'])} {r['throughput_unit']}",
+                "vs eager": f"{base / r['p50_ms']:.2f}×" if base else "-",
+                "max err": _err(r["max_abs_err"]),
+                "note": "" if r.get("correct") else "MISMATCH vs fp64",
+            })
+            if r["backend"] == "tilefuse":
+                k, e = r.get("kernels"), r.get("externs")
+                cells["kern/ext"] = "?" if k is None else f"{k}/{e}"
+        rows.append([cells.get(c, "") for c in columns])
+    notes = [f"[{i}] {text}" for text, i in reasons.items()]
+    return columns, rows, notes
+
+
+def _header_lines(meta: dict) -> list[str]:
+    return [f"device: {meta['device']} — {meta['device_name']}",
+            f"torch {meta['torch']}, triton {meta.get('triton', 'n/a')}, "
+            f"tilefuse {meta.get('tilefuse', 'n/a')}, python {meta.get('python', '?')}",
+            f"dtype {meta['dtype']}, sizes {meta['sizes']}; timing: {meta.get('timing', '')}",
+            f"date: {meta['date']}"]
+
+
+def render_table(report: dict):
+    """A rich renderable: the results table (titled with device, dtype and sizes) followed by
+    the footnotes that give each n/a reason."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    meta = report["meta"]
+    columns, rows, notes = table_rows(report)
+    table = Table(title=f"tilefuse bench — {meta['device_name']}, {meta['dtype']}, "
+                        f"{meta['sizes']} sizes",
+                  caption="\n".join(_header_lines(meta)[1:3]))
+    for c in columns:
+        table.add_column(c, justify="right" if c in _RIGHT else "left",
+                         no_wrap=c != "note")
+    for cells in rows:
+        note = cells[columns.index("note")]
+        style = "yellow" if note.startswith("n/a") else "red" if note else None
+        table.add_row(*cells, style=style)
+    return Group(table, *[Text(n, style="yellow") for n in notes])
+
+
+def to_markdown(report: dict) -> str:
+    """report.md: header (device, versions, date), the results table, n/a reasons, and a
+    note on how it was measured."""
+    meta = report["meta"]
+    columns, rows, notes = table_rows(report)
+
+    def line(cells):
+        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+    align = ["---:" if c in _RIGHT else "---" for c in columns]
+    out = ["# tilefuse bench", ""]
+    out += [f"- {h}" for h in _header_lines(meta)]
+    out += ["", line(columns), "| " + " | ".join(align) + " |"]
+    out += [line(r) for r in rows]
+    if notes:
+        out += [""] + [f"- {n}" for n in notes]
+    out += ["", "Compile = wall time of the first call. Throughput = compulsory bytes "
+                "(inputs read once, output written once) or 2·M·N·K flops per p50 call. "
+                "Errors are max |out − fp64 reference|; a backend must be no further from "
+                "fp64 than eager, up to a few ulps (MISMATCH otherwise).", ""]
+    return "\n".join(out)
+
+
+def _json_safe(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    return x
+
+
+def write_outputs(report: dict, out_dir: str | Path) -> tuple[Path, Path]:
+    """Write results.json and report.md into out_dir (created); returns their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out / "results.json", out / "report.md"
+    json_path.write_text(json.dumps(_json_safe(report), indent=2) + "\n")
+    md_path.write_text(to_markdown(report))
+    return json_path, md_path

@@ -1,0 +1,179 @@
+"""Benchmark workloads: small programs written as plain PyTorch, the way users write them.
+
+Each `Workload` knows how to make fresh random inputs for a named size ("quick" for CPU
+and tests, "full" for a GPU), the function to run (not pre-fused: the compilers under test
+have to find the fusion), and its work: `flops(inputs)` and `bytes(inputs)`.
+
+Byte counts are the compulsory traffic of an ideal implementation: every input read once
+and every output written once (intermediates never touch memory). Throughput against it is
+the "effective bandwidth" of a kernel. Flop counts of the normalisations are approximate
+(a handful per element); for matrix products they are exactly 2·M·N·K per product.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+Inputs = tuple[torch.Tensor, ...]
+
+EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    #: make_inputs(size, device, dtype) -> fresh random input tensors
+    make_inputs: Callable[[tuple[int, ...], torch.device, torch.dtype], Inputs]
+    #: the program under test, plain PyTorch
+    fn: Callable[..., torch.Tensor]
+    flops: Callable[[Inputs], float]
+    bytes: Callable[[Inputs], float]
+    #: {"quick": shape tuple, "full": shape tuple}; the meaning of the tuple is per workload
+    sizes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    #: "memory" (throughput in GB/s) or "compute" (throughput in TFLOP/s)
+    bound: str = "memory"
+    description: str = ""
+
+    def throughput(self, inputs: Inputs, seconds: float) -> tuple[float, str]:
+        """Throughput of one call that took `seconds`: (value, unit)."""
+        if self.bound == "compute":
+            return self.flops(inputs) / seconds / 1e12, "TFLOP/s"
+        return self.bytes(inputs) / seconds / 1e9, "GB/s"
+
+
+def _randn(shape, device, dtype, scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:
+    t = torch.randn(shape, device=device, dtype=torch.float32)
+    if scale != 1.0 or shift != 0.0:
+        t = t * scale + shift
+    return t.to(dtype)
+
+
+def _nbytes(*tensors: torch.Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+# ----------------------------------------------------------------------------- rmsnorm
+
+def rmsnorm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * w
+
+
+def _rows_inputs(size, device, dtype):
+    m, n = size
+    return _randn((m, n), device, dtype), _randn((n,), device, dtype, 0.1, 1.0)
+
+
+# ----------------------------------------------------------------------------- layernorm
+
+def layernorm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return F.layer_norm(x, (x.shape[-1],), w, b, eps=EPS)
+
+
+def _layernorm_inputs(size, device, dtype):
+    m, n = size
+    return (_randn((m, n), device, dtype), _randn((n,), device, dtype, 0.1, 1.0),
+            _randn((n,), device, dtype, 0.1))
+
+
+# ----------------------------------------------------------------------------- softmax
+
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(x, -1)
+
+
+def _softmax_inputs(size, device, dtype):
+    m, n = size
+    return (_randn((m, n), device, dtype, 2.0),)
+
+
+# ----------------------------------------------------------------------------- gelu_linear
+
+def gelu_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x @ w + b)
+
+
+def _gelu_linear_inputs(size, device, dtype):
+    m, k, n = size
+    return (_randn((m, k), device, dtype), _randn((k, n), device, dtype, 1 / math.sqrt(k)),
+            _randn((n,), device, dtype, 0.1))
+
+
+def _gelu_linear_flops(inputs):
+    x, w, _ = inputs
+    return 2.0 * x.shape[0] * x.shape[1] * w.shape[1]
+
+
+def _gelu_linear_bytes(inputs):
+    x, w, b = inputs
+    return _nbytes(x, w, b) + x.shape[0] * w.shape[1] * x.element_size()
+
+
+# ----------------------------------------------------------------------------- mlp
+
+def mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor,
+        w2: torch.Tensor, b2: torch.Tensor) -> torch.Tensor:
+    """Linear(d, h) -> GELU -> Linear(h, d), weights in nn.Linear's (out, in) layout."""
+    return F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
+
+
+def _mlp_inputs(size, device, dtype):
+    m, d, h = size
+    return (_randn((m, d), device, dtype), _randn((h, d), device, dtype, 1 / math.sqrt(d)),
+            _randn((h,), device, dtype, 0.1), _randn((d, h), device, dtype, 1 / math.sqrt(h)),
+            _randn((d,), device, dtype, 0.1))
+
+
+def _mlp_flops(inputs):
+    x, w1 = inputs[0], inputs[1]
+    m, d, h = x.shape[0], x.shape[1], w1.shape[0]
+    return 2.0 * 2.0 * m * d * h
+
+
+def _mlp_bytes(inputs):
+    x = inputs[0]
+    return _nbytes(*inputs) + x.numel() * x.element_size()
+
+
+# ----------------------------------------------------------------------------- registry
+
+def _elementwise(flops_per_element: int):
+    return lambda inputs: float(flops_per_element * inputs[0].numel())
+
+
+def _in_out_bytes(inputs):
+    """All inputs read once, one output the shape of the first input written once."""
+    return float(_nbytes(*inputs) + _nbytes(inputs[0]))
+
+
+WORKLOADS: dict[str, Workload] = {w.name: w for w in (
+    Workload("rmsnorm", _rows_inputs, rmsnorm, _elementwise(4), _in_out_bytes,
+             {"quick": (256, 512), "full": (16384, 8192)}, "memory",
+             "x * rsqrt(mean(x^2) + eps) * w over the last axis"),
+    Workload("layernorm", _layernorm_inputs, layernorm, _elementwise(8), _in_out_bytes,
+             {"quick": (256, 512), "full": (16384, 8192)}, "memory",
+             "F.layer_norm with weight and bias over the last axis"),
+    Workload("softmax", _softmax_inputs, softmax, _elementwise(5), _in_out_bytes,
+             {"quick": (256, 512), "full": (16384, 8192)}, "memory",
+             "torch.softmax(x, -1)"),
+    Workload("gelu_linear", _gelu_linear_inputs, gelu_linear, _gelu_linear_flops,
+             _gelu_linear_bytes, {"quick": (128, 256, 256), "full": (8192, 4096, 4096)},
+             "compute", "F.gelu(x @ w + b), size (M, K, N)"),
+    Workload("mlp", _mlp_inputs, mlp, _mlp_flops, _mlp_bytes,
+             {"quick": (64, 128, 256), "full": (4096, 4096, 16384)}, "compute",
+             "Linear -> GELU -> Linear, size (M, D, H)"),
+)}
+
+
+def get_workloads(names: list[str] | None = None) -> list[Workload]:
+    """The named workloads in the order given (all of them for None); KeyError if unknown."""
+    if not names:
+        return list(WORKLOADS.values())
+    unknown = [n for n in names if n not in WORKLOADS]
+    if unknown:
+        raise KeyError(f"unknown workload(s) {', '.join(unknown)}; "
+                       f"choose from {', '.join(WORKLOADS)}")
+    return [WORKLOADS[n] for n in names]

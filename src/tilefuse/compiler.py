@@ -1,0 +1,103 @@
+"""The driver: runs the stages in order and records what each did.
+
+FX graph → graph IR (frontend) → passes → verify → kernel plans (fusion) → tile IR (tile) →
+Triton source (backends) → compiled graph (runtime). `compile_fx` returns the compiled graph
+and a `CompileReport` that `tilefuse.explain` prints.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from . import logs
+from .backends.triton import generate, load_kernel
+from .config import config
+from .frontend.to_ir import lower_fx
+from .fusion import ExternStep, plan_graph
+from .ir.verify import verify
+from .passes import run_passes
+from .runtime.compiled import CompiledGraph, ExternCall, KernelStep
+from .tile.lower import LoweringOptions, lower_plan
+
+
+@dataclass
+class KernelReport:
+    name: str
+    kind: str
+    nodes: list
+    source: str
+    tile_ir: str
+    notes: list
+
+
+@dataclass
+class CompileReport:
+    graph_name: str
+    graph_ir: str = ""
+    backend: str = ""
+    kernels: list = field(default_factory=list)
+    externs: list = field(default_factory=list)  # (node, target, reason)
+    decisions: list = field(default_factory=list)
+    stage_seconds: dict = field(default_factory=dict)
+
+
+class _Stages:
+    def __init__(self, report: CompileReport):
+        self.report = report
+
+    def __call__(self, name):
+        stages = self
+
+        class _T:
+            def __enter__(self):
+                self.t = time.perf_counter()
+
+            def __exit__(self, *exc):
+                stages.report.stage_seconds[name] = stages.report.stage_seconds.get(name, 0.0) + time.perf_counter() - self.t
+
+        return _T()
+
+
+def choose_backend(device: torch.device) -> str:
+    if config.backend != "auto":
+        return config.backend
+    return "triton" if device.type == "cuda" else "interpret"
+
+
+def compile_fx(gm: torch.fx.GraphModule, device: torch.device, name: str = "graph"):
+    report = CompileReport(name)
+    stage = _Stages(report)
+    backend = choose_backend(device)
+    report.backend = backend
+    if backend == "triton" and device.type != "cuda":
+        raise RuntimeError("TILEFUSE_BACKEND=triton needs CUDA tensors; use 'interpret' for CPU tensors")
+    interpret = backend == "interpret"
+    with stage("lower"):
+        graph = lower_fx(gm, name)
+    with stage("passes"):
+        graph = run_passes(graph)
+        verify(graph)
+    report.graph_ir = str(graph)
+    with stage("fusion"):
+        schedule = plan_graph(graph)
+    report.decisions = list(schedule.decisions)
+    options = LoweringOptions(interpret=interpret, persistent_reduction_limit=config.persistent_reduction_limit)
+    steps = []
+    for step in schedule.steps:
+        if isinstance(step, ExternStep):
+            node = graph[step.node]
+            report.externs.append((node.name, node.target_name, node.reason))
+            steps.append(ExternCall(node.name, sorted(node.inputs())))
+            continue
+        with stage("tile"):
+            tk = lower_plan(graph, step, options)
+        logs.log("tile", "%s", tk)
+        with stage("codegen"):
+            source = generate(tk, interpret=interpret)
+        with stage("load"):
+            launcher = load_kernel(tk, source, interpret)
+        report.kernels.append(KernelReport(tk.name, step.kind, step.members, source, str(tk), step.notes))
+        steps.append(KernelStep(tk.name, launcher, list(tk.writes), list(tk.reads)))
+    return CompiledGraph(graph, steps, device), report

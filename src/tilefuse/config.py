@@ -1,0 +1,77 @@
+"""The configuration object: every knob is typed, documented, and overridable by an
+environment variable `TILEFUSE_<NAME>` (read when the process starts) or by assignment
+(`tilefuse.config.backend = "interpret"`) or temporarily with `config.patch(...)`.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, fields
+
+
+def _default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "tilefuse")
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(f"TILEFUSE_{name.upper()}", default)
+
+
+@dataclass
+class Config:
+    #: "auto" (triton for CUDA tensors, interpret otherwise), "triton", or "interpret"
+    backend: str = "auto"
+    #: comma-separated log channels: graph, fusion, tile, code, tune, runtime (or "all")
+    logs: str = ""
+    #: where compiled kernels are cached (per user, created private)
+    cache_dir: str = ""
+    #: "0" cost-model choice only, "1" small budget, "max" wide search (tuning issue)
+    autotune: str = "1"
+    #: check every compiled graph against the reference interpreter on first run
+    verify: bool = False
+    #: on an internal failure: "eager" runs the graph eagerly with a warning, "error" raises
+    fallback: str = "eager"
+    #: largest reduction extent held whole in one tile (longer rows loop over tiles)
+    persistent_reduction_limit: int = 8192
+
+    def __post_init__(self):
+        for f in fields(self):
+            raw = os.environ.get(f"TILEFUSE_{f.name.upper()}")
+            if raw is None:
+                continue
+            if f.type in ("bool", bool):
+                setattr(self, f.name, raw.strip().lower() in ("1", "true", "yes", "on"))
+            elif f.type in ("int", int):
+                setattr(self, f.name, int(raw))
+            else:
+                setattr(self, f.name, raw)
+        if not self.cache_dir:
+            self.cache_dir = _default_cache_dir()
+        self.validate()
+
+    def validate(self) -> None:
+        if self.backend not in ("auto", "triton", "interpret"):
+            raise ValueError(f"TILEFUSE_BACKEND must be auto, triton or interpret, not {self.backend!r}")
+        if self.fallback not in ("eager", "error"):
+            raise ValueError(f"TILEFUSE_FALLBACK must be eager or error, not {self.fallback!r}")
+
+    def log_channels(self) -> set[str]:
+        return {c.strip() for c in self.logs.split(",") if c.strip()}
+
+    @contextlib.contextmanager
+    def patch(self, **changes):
+        old = {k: getattr(self, k) for k in changes}
+        for k, v in changes.items():
+            if not hasattr(self, k):
+                raise AttributeError(f"tilefuse.config has no knob {k!r}")
+            setattr(self, k, v)
+        try:
+            self.validate()
+            yield self
+        finally:
+            for k, v in old.items():
+                setattr(self, k, v)
+
+
+config = Config()

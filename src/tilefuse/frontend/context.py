@@ -1,0 +1,129 @@
+"""The builder lowerings use to add nodes to the graph under construction."""
+from __future__ import annotations
+
+from typing import Callable
+
+import sympy
+import torch
+
+from ..ir import dtypes as dt
+from ..ir.dtypes import DType
+from ..ir.expr import Expr, Index, cast, out_index, red_index
+from ..ir.graph import Extern, ExternResult, Graph, Pointwise, Reduce, TensorArg
+from .values import BufferValue, TensorValue
+
+_TORCH_TO_IR = {
+    torch.bool: dt.bool_, torch.uint8: dt.uint8, torch.int8: dt.int8, torch.int16: dt.int16,
+    torch.int32: dt.int32, torch.int64: dt.int64, torch.float16: dt.float16,
+    torch.bfloat16: dt.bfloat16, torch.float32: dt.float32, torch.float64: dt.float64,
+}
+
+
+def ir_dtype(d: torch.dtype) -> DType:
+    try:
+        return _TORCH_TO_IR[d]
+    except KeyError:
+        raise TypeError(f"tilefuse does not generate code for dtype {d}") from None
+
+
+def sym_expr(x):
+    """A python int / SymInt / SymFloat as a sympy expression."""
+    if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return x.node.expr
+    if isinstance(x, bool):
+        return x
+    if isinstance(x, (int, float)):
+        return sympy.sympify(x)
+    return x
+
+
+def shape_of(t) -> tuple:
+    return tuple(sympy.sympify(sym_expr(d)) for d in t.shape)
+
+
+class LoweringContext:
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.current_meta = None  # FakeTensor(s) PyTorch computed for the op being lowered
+        self.current_target = None
+
+    # -------------------------------------------------------------- what the op must produce
+    @property
+    def out_dtype(self) -> DType:
+        meta = self.current_meta
+        if isinstance(meta, (tuple, list)):
+            meta = meta[0]
+        return ir_dtype(meta.dtype)
+
+    @property
+    def out_shape(self) -> tuple:
+        meta = self.current_meta
+        if isinstance(meta, (tuple, list)):
+            meta = meta[0]
+        return shape_of(meta)
+
+    # -------------------------------------------------------------- node builders
+    def _name(self) -> str:
+        return self.graph.fresh_name("buf")
+
+    def pointwise(self, shape, dtype: DType, fn: Callable[[tuple], Expr]) -> BufferValue:
+        """out[i] = fn(i) for i over `shape`; `fn` gets a tuple of `Index` expressions."""
+        shape = tuple(sympy.sympify(d) for d in shape)
+        idx = tuple(Index(s) for s in out_index(len(shape)))
+        body = cast(fn(idx), dtype)
+        node = self.graph.add(Pointwise(self._name(), dtype, shape, body=body))
+        return BufferValue(node.name, dtype, shape)
+
+    def reduce(self, shape, ranges, combiner: str, fn: Callable[[tuple, tuple], Expr],
+               dtype: DType) -> BufferValue:
+        """out[i] = combiner over r in `ranges` of fn(i, r)."""
+        shape = tuple(sympy.sympify(d) for d in shape)
+        ranges = tuple(sympy.sympify(d) for d in ranges)
+        idx = tuple(Index(s) for s in out_index(len(shape)))
+        ridx = tuple(Index(s) for s in red_index(len(ranges)))
+        body = fn(idx, ridx)
+        node = self.graph.add(Reduce(self._name(), dtype, shape, ranges=ranges, combiner=combiner, body=body))
+        return BufferValue(node.name, dtype, shape)
+
+    def realize(self, value: TensorValue) -> str:
+        """The name of a node holding `value` (a copy kernel for views)."""
+        if isinstance(value, BufferValue):
+            return value.name
+        return self.pointwise(value.shape, value.dtype, value.load).name
+
+    def extern(self, target, args, kwargs, reason: str):
+        """Call `target` from ATen at run time. Returns a value or a tuple of values, as the
+        op does."""
+
+        def convert(a):
+            if isinstance(a, TensorValue):
+                return TensorArg(self.realize(a))
+            if isinstance(a, (list, tuple)):
+                return type(a)(convert(x) for x in a)
+            if isinstance(a, dict):
+                return {k: convert(v) for k, v in a.items()}
+            if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                return sym_expr(a)
+            return a
+
+        meta = self.current_meta
+        multi = isinstance(meta, (tuple, list))
+        first = next((m for m in meta if isinstance(m, torch.Tensor)), None) if multi else meta
+        name = self._name()
+        node = Extern(
+            name, ir_dtype(first.dtype) if first is not None else dt.float32,
+            shape_of(first) if first is not None else (), target=target,
+            target_name=str(target), args=convert(tuple(args)), kwargs=convert(dict(kwargs)),
+            reason=reason, multi_output=multi,
+        )
+        self.graph.add(node)
+        if not multi:
+            return BufferValue(name, node.dtype, node.shape)
+        results = []
+        for k, m in enumerate(meta):
+            if not isinstance(m, torch.Tensor):
+                results.append(None)
+                continue
+            r = self.graph.add(ExternResult(f"{name}_{k}", ir_dtype(m.dtype), shape_of(m), extern=name, item=k))
+            results.append(BufferValue(r.name, r.dtype, r.shape))
+        return tuple(results)

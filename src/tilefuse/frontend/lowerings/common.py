@@ -1,0 +1,334 @@
+"""Helpers shared by lowerings: argument normalisation, broadcasting, scalar operands, type
+promotion, dimension handling and body simplification.
+
+FX arguments reach a lowering with python numbers already turned into sympy numbers (and
+SymInts into sympy expressions); `py` turns concrete sympy numbers back into python numbers so
+that comparisons such as `alpha == 1` behave (sympy's `Float(1.0) != 1`).
+"""
+from __future__ import annotations
+
+import math
+
+import sympy
+import torch
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+from ...ir import dtypes as dt
+from ...ir.dtypes import DType
+from ...ir.expr import Const, Expr, Index, as_expr, cast, const, out_index, red_index, transform
+from ...ir.graph import Constant, Input, ScalarInput
+from ...ir.interpret import torch_dtype
+from ...ir.symbolic import simplify_index
+from ..context import ir_dtype, shape_of
+from ..registry import Unsupported
+from ..values import BufferValue, TensorValue
+
+aten = torch.ops.aten
+
+# ---------------------------------------------------------------- argument normalisation
+
+
+def py(x):
+    """Concrete sympy numbers → python numbers (recursively through lists/tuples);
+    symbolic expressions and everything else unchanged."""
+    if isinstance(x, (list, tuple)):
+        return type(x)(py(v) for v in x)
+    if isinstance(x, sympy.Basic):
+        if x is sympy.true or x is sympy.false:
+            return bool(x)
+        if x.is_Integer:
+            return int(x)
+        if x.is_Number:
+            f = float(x)
+            return f
+    return x
+
+
+def is_tensor(v) -> bool:
+    return isinstance(v, TensorValue)
+
+
+def as_int(x, what: str = "argument") -> int:
+    x = py(x)
+    if isinstance(x, bool) or not isinstance(x, int):
+        raise Unsupported(f"{what} must be a concrete int, got {x!r}")
+    return x
+
+
+def canonical_dim(dim, rank: int) -> int:
+    d = as_int(dim, "dim")
+    n = max(rank, 1)
+    if not -n <= d < n:
+        raise Unsupported(f"dim {d} out of range for rank {rank}")
+    return d % n
+
+
+def canonical_dims(dims, rank: int) -> list[int]:
+    """Sorted unique reduction dims; None or [] mean every dim (as ATen reductions do)."""
+    if dims is None:
+        return list(range(rank))
+    if not isinstance(dims, (list, tuple)):
+        dims = [dims]
+    if len(dims) == 0:
+        return list(range(rank))
+    if rank == 0:
+        for d in dims:
+            canonical_dim(d, 0)
+        return []
+    return sorted({canonical_dim(d, rank) for d in dims})
+
+
+def sym(x) -> sympy.Expr:
+    return sympy.sympify(x)
+
+
+def numel(shape) -> sympy.Expr:
+    return sympy.Mul(*[sym(d) for d in shape]) if shape else sympy.Integer(1)
+
+
+# ---------------------------------------------------------------- metadata of multi-output ops
+
+
+def meta_at(ctx, k: int):
+    meta = ctx.current_meta
+    return meta[k] if isinstance(meta, (tuple, list)) else meta
+
+
+def meta_dtype(ctx, k: int = 0) -> DType:
+    return ir_dtype(meta_at(ctx, k).dtype)
+
+
+def meta_shape(ctx, k: int = 0) -> tuple:
+    return shape_of(meta_at(ctx, k))
+
+
+# ---------------------------------------------------------------- dtypes and scalars
+
+
+def acc_dtype(dtype: DType) -> DType:
+    """Accumulation dtype of a sum/prod: fp32 for fp16/bf16, int64 for integers and bool."""
+    if dtype.is_float:
+        return dt.compute_dtype(dtype)
+    return dt.int64
+
+
+def _meta_dummy(v):
+    if isinstance(v, TensorValue):
+        return torch.empty((1,) * min(v.rank, 1), dtype=torch_dtype(v.dtype), device="meta")
+    v = py(v)
+    if isinstance(v, sympy.Basic):
+        return 1 if v.is_integer else 1.0
+    if isinstance(v, Expr):
+        return torch.empty((1,), dtype=torch_dtype(v.dtype), device="meta")
+    return v
+
+
+def promoted_dtype(*operands) -> DType:
+    """PyTorch's default elementwise type promotion of tensors and python scalars (the
+    dtype comparisons and `where` are carried out in)."""
+    args = [_meta_dummy(v) for v in operands if v is not None]
+    _, result = elementwise_dtypes(*args, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)
+    return ir_dtype(result)
+
+
+def round_scalar(value, dtype: DType):
+    """A python number rounded to `dtype` exactly as `torch.tensor(value, dtype=...)` does."""
+    if dtype.is_bool:
+        return bool(value)
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return value
+    if dtype.is_int:
+        return int(value)
+    if dtype == dt.float64:
+        return float(value)
+    return torch.tensor(value, dtype=torch_dtype(dtype)).item()
+
+
+def scalar(value, dtype: DType | None = None, round_to: DType | None = None) -> Expr:
+    """A python number, sympy expression or expression as an expression of `dtype`.
+    `round_to` first rounds a python number to that dtype (PyTorch casts scalar operands of
+    comparisons to the promoted dtype)."""
+    if isinstance(value, Expr):
+        return value if dtype is None else cast(value, dtype)
+    value = py(value)
+    if isinstance(value, sympy.Basic):
+        e = Index(value, dt.int64 if value.is_integer else dt.float64)
+        return e if dtype is None else cast(e, dtype)
+    if round_to is not None:
+        value = round_scalar(value, round_to)
+    if dtype is None:
+        return as_expr(value) if not isinstance(value, float) else const(value, dt.float64)
+    if dtype.is_bool:
+        return const(bool(value), dtype)
+    if dtype.is_int and isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            raise Unsupported(f"cannot represent {value} as {dtype}")
+        return const(int(value), dtype)  # truncation, like a float → int cast
+    return const(value, dtype)
+
+
+def is_scalar_value(v, value) -> bool:
+    """`v` is a concrete python scalar equal to `value`."""
+    v = py(v)
+    return not isinstance(v, (sympy.Basic, TensorValue, Expr)) and v is not None and \
+        not isinstance(v, bool) and v == value
+
+
+# ---------------------------------------------------------------- broadcasting
+
+
+def broadcast_shapes(*shapes) -> tuple:
+    rank = max((len(s) for s in shapes), default=0)
+    out = []
+    for k in range(rank):
+        dim = sympy.Integer(1)
+        for s in shapes:
+            j = k - (rank - len(s))
+            if j < 0:
+                continue
+            d = sympy.sympify(s[j])
+            if d != 1:
+                dim = d
+        out.append(dim)
+    return tuple(out)
+
+
+def broadcast_index(value: TensorValue, index: tuple, out_shape: tuple) -> tuple:
+    offset = len(out_shape) - value.rank
+    sub = []
+    for j, d in enumerate(value.shape):
+        if sympy.sympify(d) == 1 and sympy.sympify(out_shape[offset + j]) != 1:
+            sub.append(Index(sympy.Integer(0)))
+        else:
+            sub.append(index[offset + j])
+    return tuple(sub)
+
+
+def broadcast_load(value, index: tuple, out_shape: tuple, dtype: DType | None = None,
+                   round_to: DType | None = None) -> Expr:
+    """Load `value` (tensor or python/sympy scalar) at `index` of the broadcast result, as
+    `dtype`."""
+    if isinstance(value, TensorValue):
+        e = value.load(broadcast_index(value, index, out_shape))
+        if round_to is not None and round_to != e.dtype:
+            e = cast(e, round_to)
+        return cast(e, dtype) if dtype is not None else e
+    return scalar(value, dtype, round_to=round_to)
+
+
+def shape_of_operand(v) -> tuple:
+    return v.shape if isinstance(v, TensorValue) else ()
+
+
+# ---------------------------------------------------------------- node builders with simplification
+
+
+def _fold_divmod(e: sympy.Expr) -> sympy.Expr:
+    """`a*c*floor(x/c) + a*Mod(x, c) → a*x` (what splitting a merged index gives back)."""
+    if e.is_Atom:
+        return e
+    args = [_fold_divmod(a) for a in e.args]
+    if any(a is not b for a, b in zip(args, e.args)):
+        e = e.func(*args)
+    if not e.is_Add:
+        return e
+    terms = list(e.args)
+    changed = True
+    while changed:
+        changed = False
+        for t in terms:
+            coeff, rest = t.as_coeff_Mul()
+            if not isinstance(rest, sympy.Mod):
+                continue
+            x, c = rest.args
+            want = sympy.floor(x / c)
+            for u in terms:
+                if u is t:
+                    continue
+                cu, ru = u.as_coeff_Mul()
+                if ru == want and cu == coeff * c:
+                    terms.remove(t)
+                    terms.remove(u)
+                    terms.append(coeff * x)
+                    changed = True
+                    break
+                if ru.is_Mul and want in ru.args:
+                    other = ru / want
+                    if sympy.simplify(cu * other - coeff * c) == 0:
+                        terms.remove(t)
+                        terms.remove(u)
+                        terms.append(coeff * x)
+                        changed = True
+                        break
+            if changed:
+                break
+    return sympy.Add(*terms)
+
+
+def simplify_sym(expr: sympy.Expr, ranges: dict) -> sympy.Expr:
+    if not expr.has(sympy.floor, sympy.Mod):
+        return expr
+    prev = None
+    while prev != expr:
+        prev = expr
+        expr = _fold_divmod(simplify_index(expr, ranges))
+    return expr
+
+
+def simplify_body(body: Expr, ranges: dict) -> Expr:
+    """Simplify every index expression of `body` with the index symbols' extents."""
+
+    def fn(node):
+        if isinstance(node, Index) and node.dtype.is_int:
+            new = simplify_sym(node.expr, ranges)
+            if new != node.expr:
+                return Index(new, node.dtype)
+        return None
+
+    return transform(body, fn)
+
+
+def pointwise(ctx, shape, dtype: DType, fn) -> BufferValue:
+    shape = tuple(sympy.sympify(d) for d in shape)
+    ranges = dict(zip(out_index(len(shape)), shape))
+    return ctx.pointwise(shape, dtype, lambda idx: simplify_body(fn(idx), ranges))
+
+
+def reduce(ctx, shape, ranges, combiner: str, fn, dtype: DType) -> BufferValue:
+    shape = tuple(sympy.sympify(d) for d in shape)
+    ranges = tuple(sympy.sympify(d) for d in ranges)
+    extents = dict(zip(out_index(len(shape)), shape))
+    extents.update(zip(red_index(len(ranges)), ranges))
+    return ctx.reduce(shape, ranges, combiner, lambda idx, ridx: simplify_body(fn(idx, ridx), extents), dtype)
+
+
+def elementwise(ctx, operands, fn, compute: DType | None = None, out_dtype: DType | None = None,
+                round_to: DType | None = None) -> BufferValue:
+    """Load every operand broadcast to ctx.out_shape in the compute dtype, combine with `fn`,
+    cast to the result dtype."""
+    out_dtype = out_dtype or ctx.out_dtype
+    compute = compute or dt.compute_dtype(out_dtype)
+    shape = ctx.out_shape
+    return pointwise(ctx, shape, out_dtype,
+                     lambda idx: fn(*[broadcast_load(v, idx, shape, compute, round_to) for v in operands]))
+
+
+def is_graph_input(ctx, value) -> bool:
+    return isinstance(value, BufferValue) and isinstance(ctx.graph.nodes.get(value.name), (Input, ScalarInput, Constant))
+
+
+def copy_of(ctx, value: TensorValue) -> TensorValue:
+    """A value equal to `value` for an op that returns a fresh tensor (clone, _to_copy): the
+    IR is functional so the value itself, except that a graph input gets a real copy (the
+    caller must not receive its own input object back)."""
+    if is_graph_input(ctx, value):
+        return pointwise(ctx, value.shape, value.dtype, value.load)
+    return value
+
+
+def finfo(dtype: DType):
+    return torch.finfo(torch_dtype(dtype))
+
+
+def is_const(e: Expr, value) -> bool:
+    return isinstance(e, Const) and e.value == value

@@ -1,0 +1,130 @@
+"""FX graph (core ATen, after AOTAutograd) → graph IR.
+
+Walks the FX nodes in order. Tensors become `TensorValue`s, SymInts become sympy
+expressions, registered ops call their lowering, and anything else becomes an `Extern`.
+Python arithmetic on sizes (`sym_size`, `operator.mul`, `sym_float`, ...) is evaluated
+symbolically.
+"""
+from __future__ import annotations
+
+import math
+import operator
+
+import sympy
+import torch
+import torch.fx
+
+from .. import logs
+from ..ir.graph import Constant, Graph, Input, ScalarInput
+from . import lowerings  # noqa: F401  (registers every lowering)
+from .context import LoweringContext, ir_dtype, shape_of, sym_expr
+from .registry import Unsupported, find_lowering
+from .values import BufferValue, TensorValue
+
+_SYM_OPS = {
+    operator.add: operator.add, operator.sub: operator.sub, operator.mul: operator.mul,
+    operator.truediv: operator.truediv, operator.neg: operator.neg, operator.pow: operator.pow,
+    operator.floordiv: lambda a, b: sympy.floor(sympy.sympify(a) / b),
+    operator.mod: lambda a, b: sympy.Mod(a, b),
+    torch.sym_float: lambda a: a, torch.sym_int: lambda a: sympy.floor(a),
+    math.sqrt: sympy.sqrt, torch.sym_sqrt if hasattr(torch, "sym_sqrt") else math.sqrt: sympy.sqrt,
+    torch.sym_max: sympy.Max, torch.sym_min: sympy.Min,
+    operator.eq: sympy.Eq, operator.ne: sympy.Ne, operator.lt: sympy.Lt, operator.le: sympy.Le,
+    operator.gt: sympy.Gt, operator.ge: sympy.Ge,
+}
+
+
+class LoweringError(RuntimeError):
+    pass
+
+
+def _is_sym_or_number(v) -> bool:
+    return isinstance(v, (int, float, bool, sympy.Basic))
+
+
+def lower_fx(gm: torch.fx.GraphModule, name: str = "graph") -> Graph:
+    graph = Graph(name=name)
+    ctx = LoweringContext(graph)
+    env: dict = {}
+    position = 0
+
+    def arg(a):
+        if isinstance(a, torch.fx.Node):
+            return env[a]
+        if isinstance(a, (list, tuple)):
+            return type(a)(arg(x) for x in a)
+        if isinstance(a, dict):
+            return {k: arg(v) for k, v in a.items()}
+        return sym_expr(a)
+
+    for node in gm.graph.nodes:
+        meta = node.meta.get("val")
+        if node.op == "placeholder":
+            if isinstance(meta, torch.Tensor):
+                strides = tuple(sympy.sympify(sym_expr(st)) for st in meta.stride())
+                inp = Input(node.name, ir_dtype(meta.dtype), shape_of(meta), position=position, strides=strides)
+                graph.add(inp)
+                graph.inputs.append(inp)
+                env[node] = BufferValue(inp.name, inp.dtype, inp.shape)
+            else:
+                sym = sym_expr(meta) if meta is not None else None
+                inp = ScalarInput(node.name, ir_dtype(torch.int64), (), position=position,
+                                  symbol=sym if isinstance(sym, sympy.Symbol) else None)
+                graph.add(inp)
+                graph.inputs.append(inp)
+                env[node] = sym if isinstance(sym, sympy.Basic) else sympy.Symbol(node.name, integer=True)
+            position += 1
+        elif node.op == "get_attr":
+            value = getattr(gm, node.target)
+            if not isinstance(value, torch.Tensor):
+                raise LoweringError(f"unsupported attribute {node.target} of type {type(value).__name__}")
+            c = graph.add(Constant(graph.fresh_name("const"), ir_dtype(value.dtype), shape_of(value), value=value))
+            env[node] = BufferValue(c.name, c.dtype, c.shape)
+        elif node.op == "call_function":
+            env[node] = _lower_call(ctx, node, arg(node.args), arg(node.kwargs), meta)
+        elif node.op == "output":
+            outs = node.args[0]
+            outs = outs if isinstance(outs, (list, tuple)) else (outs,)
+            for o in outs:
+                v = arg(o) if o is not None else None
+                if isinstance(v, TensorValue):
+                    graph.outputs.append(ctx.realize(v))
+                else:
+                    graph.outputs.append(v)
+        else:
+            raise LoweringError(f"unsupported FX node kind {node.op} ({node.name})")
+    logs.log("graph", "lowered graph:\n%s", graph)
+    return graph
+
+
+def _lower_call(ctx: LoweringContext, node: torch.fx.Node, args, kwargs, meta):
+    target = node.target
+    if target is operator.getitem:
+        return args[0][args[1]]
+    if target in _SYM_OPS and all(_is_sym_or_number(a) for a in args):
+        return sympy.sympify(_SYM_OPS[target](*[sympy.sympify(a) for a in args]))
+    if isinstance(target, torch._ops.OpOverload) and target.name().startswith("aten::sym_"):
+        # aten.sym_size / sym_stride / sym_numel: the answer is already in the metadata
+        return sym_expr(meta)
+    ctx.current_meta = meta
+    ctx.current_target = target
+    fn = find_lowering(target)
+    reason = "no tilefuse lowering"
+    if fn is not None:
+        try:
+            out = fn(ctx, *args, **kwargs)
+            logs.log("graph", "%s -> %s", target, _describe(out))
+            return out
+        except Unsupported as e:
+            reason = f"lowering declined: {e}"
+    if not isinstance(meta, (torch.Tensor, list, tuple)):
+        raise LoweringError(f"{target}: produces {type(meta).__name__}, which tilefuse cannot represent")
+    return ctx.extern(target, args, kwargs, reason)
+
+
+def _describe(out) -> str:
+    if isinstance(out, BufferValue):
+        return out.name
+    if isinstance(out, TensorValue):
+        return "view"
+    return type(out).__name__

@@ -1,0 +1,78 @@
+"""Which pointwise nodes are inlined into their consumers, and the inlined bodies.
+
+Pointwise chains fuse by substitution: a consumer's load of an inlined producer is replaced
+by the producer's body at the loaded index. A pointwise node is *realised* (written to
+memory) instead when it is a graph output, an extern reads it, it would be recomputed by a
+contraction's inner loop with a costly prologue, or several consumers would recompute a
+large body.
+"""
+from __future__ import annotations
+
+from ..ir.expr import Expr, Load, Unary, count_ops, out_index, transform, walk
+from ..ir.graph import Extern, ExternResult, Graph, Pointwise, Reduce
+from ..ir.rewrite import substitute_index
+
+#: unary ops that cost far more than an add (a contraction prologue of these is realised)
+TRANSCENDENTAL = frozenset("exp exp2 log log2 log10 log1p expm1 sin cos tan asin acos atan sinh cosh "
+                           "tanh asinh acosh atanh sigmoid erf erfc lgamma pow".split())
+MAX_SHARED_OPS = 24  # a body shared by several consumers is recomputed up to this size
+MAX_PROLOGUE_OPS = 3  # contraction operand prologues are recomputed once per output tile
+
+
+def is_contraction_like(node) -> bool:
+    from ..ir.expr import Binary
+
+    return isinstance(node, Reduce) and node.combiner == "sum" and isinstance(node.body, Binary) and node.body.op == "mul"
+
+
+def _costly(body: Expr) -> bool:
+    return any(isinstance(e, Unary) and e.op in TRANSCENDENTAL for e in walk(body))
+
+
+class Inliner:
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.users = graph.users()
+        self.inlined: set[str] = set()
+        self.reasons: dict[str, str] = {}
+        self._bodies: dict[str, Expr] = {}
+        outputs = set(graph.output_names())
+        extern_read = set()
+        for n in graph.nodes.values():
+            if isinstance(n, (Extern, ExternResult)):
+                extern_read |= n.inputs()
+        for node in graph.nodes.values():
+            if not isinstance(node, Pointwise):
+                continue
+            body = self.body(node.name)
+            users = self.users[node.name]
+            if node.name in outputs:
+                self.reasons[node.name] = "graph output"
+            elif node.name in extern_read:
+                self.reasons[node.name] = "read by an extern call"
+            elif any(is_contraction_like(self.graph[u]) for u in users) and (
+                    count_ops(body) > MAX_PROLOGUE_OPS or _costly(body)):
+                self.reasons[node.name] = "costly prologue of a contraction: computed once, in its producer's kernel"
+            elif len(users) > 1 and count_ops(body) > MAX_SHARED_OPS:
+                self.reasons[node.name] = f"{len(users)} consumers would recompute {count_ops(body)} ops"
+            elif not users:
+                self.reasons[node.name] = "unused"
+            else:
+                self.inlined.add(node.name)
+
+    def body(self, name: str) -> Expr:
+        """The node's body with every inlined producer substituted."""
+        if name in self._bodies:
+            return self._bodies[name]
+        node = self.graph[name]
+
+        def fn(e):
+            if isinstance(e, Load) and e.buffer in self.inlined:
+                producer = self.graph[e.buffer]
+                mapping = dict(zip(out_index(producer.rank), e.index))
+                return substitute_index(self.body(e.buffer), mapping)
+            return None
+
+        out = transform(node.body, fn)
+        self._bodies[name] = out
+        return out

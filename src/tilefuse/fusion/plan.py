@@ -1,0 +1,93 @@
+"""Kernel plans: the planner's output, the tile layer's input.
+
+One `KernelPlan` is one generated kernel. It has a parallel iteration space (`parallel`, the
+numel of its outputs' leading part), an optional reduction axis (`reduction`, the extents of
+the reduced dims), and ordered stages:
+
+* `reduce` stages — reductions over the reduction axis, held whole in a tile when the axis
+  fits (persistent row) or carried across a loop over tiles; `level` orders dependent ones
+  (a reduction that reads another is computed in a later pass over the axis);
+* `full` stages — outputs indexed by the reduction axis too (RMSNorm's normalised row),
+  computed in the pass after the reductions they read;
+* `row` stages — outputs indexed by the parallel space only, after every pass;
+* `contraction` — a Reduce(sum) of a product computed as a blocked `dot`, with `row` stages
+  as its epilogue.
+
+Semantic repair (a later capability) adds repaired carried stages to this same structure.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..ir.expr import Expr
+
+
+@dataclass
+class Stage:
+    node: str
+    kind: str  # "reduce" | "full" | "row" | "contraction" | "pointwise"
+    body: Expr
+    level: int = 0
+    store: bool = True
+
+
+@dataclass
+class Contraction:
+    """A Reduce(sum) of `a * b`: `m_dim`/`n_dim` are output dims that only `a`/`b` read,
+    `batch_dims` the rest; `a` and `b` are the factor expressions (prologues included)."""
+
+    a: Expr
+    b: Expr
+    m_dim: int
+    n_dim: int
+    batch_dims: tuple
+
+
+@dataclass
+class KernelPlan:
+    name: str
+    kind: str  # "pointwise" | "reduction" | "contraction"
+    parallel: object  # sympy numel of the parallel space
+    reduction: tuple = ()  # extents of reduced dims (reduction kernels)
+    stages: list[Stage] = field(default_factory=list)
+    contraction: Contraction | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def members(self) -> list[str]:
+        return [s.node for s in self.stages]
+
+    @property
+    def stores(self) -> list[str]:
+        return [s.node for s in self.stages if s.store]
+
+    def stage(self, name: str) -> Stage:
+        return next(s for s in self.stages if s.node == name)
+
+
+@dataclass
+class ExternStep:
+    node: str
+    reason: str = ""
+
+
+@dataclass
+class Schedule:
+    steps: list  # KernelPlan | ExternStep, in execution order
+    inlined: set = field(default_factory=set)
+    decisions: list[str] = field(default_factory=list)
+
+    @property
+    def kernels(self) -> list[KernelPlan]:
+        return [s for s in self.steps if isinstance(s, KernelPlan)]
+
+    def describe(self) -> str:
+        lines = []
+        for s in self.steps:
+            if isinstance(s, KernelPlan):
+                parts = ", ".join(f"{st.node}:{st.kind}{'' if st.store else '(reg)'}" for st in s.stages)
+                lines.append(f"{s.name} [{s.kind}] {parts}")
+                lines.extend(f"    {n}" for n in s.notes)
+            else:
+                lines.append(f"extern {s.node}: {s.reason}")
+        return "\n".join(lines)

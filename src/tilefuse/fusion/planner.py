@@ -1,0 +1,250 @@
+"""The fusion planner: groups realised nodes into kernels.
+
+Walking the graph in order, each realised node either joins an earlier kernel or opens one:
+
+* a Reduce that is a contraction (sum of a product with an M-only and an N-only factor)
+  opens a contraction kernel;
+* another Reduce joins an earlier reduction kernel over the same parallel size and reduction
+  extents (sibling reductions such as mean and variance, or dependent ones such as softmax's
+  max then sum), else opens one;
+* a Pointwise joins the kernel of the reductions it reads when it reads them at the kernel's
+  own position — as an epilogue (`row`) or, for reduction kernels, as a `full` output indexed
+  by the reduction axis too (RMSNorm) — else it opens a pointwise kernel.
+
+A node may join kernel K only if everything else it reads is produced before K. Every choice
+and every refusal is recorded for `tilefuse.explain` and `TILEFUSE_LOGS=fusion`.
+"""
+from __future__ import annotations
+
+import sympy
+
+from .. import logs
+from ..ir.expr import Binary, Expr, Index, Load, free_symbols, out_index, red_index, walk
+from ..ir.graph import Extern, ExternResult, Graph, Pointwise, Reduce
+from ..ir.rewrite import substitute_index
+from ..ir.symbolic import simplify_index
+from .inline import Inliner
+from .plan import Contraction, ExternStep, KernelPlan, Schedule, Stage
+
+X = sympy.Symbol("x", integer=True, nonnegative=True)
+R = sympy.Symbol("r", integer=True, nonnegative=True)
+
+
+def numel(shape) -> sympy.Expr:
+    return sympy.Mul(*shape) if shape else sympy.Integer(1)
+
+
+def unravel_sym(flat, shape) -> tuple:
+    from ..ir.symbolic import floordiv, mod
+
+    out = []
+    for k in range(len(shape) - 1, -1, -1):
+        n = sympy.sympify(shape[k])
+        if k == 0:
+            out.append(flat)
+        elif n == 1:
+            out.append(sympy.Integer(0))
+        else:
+            out.append(mod(flat, n))
+            flat = floordiv(flat, n)
+    return tuple(reversed(out))
+
+
+def ravel_sym(index, shape) -> sympy.Expr:
+    flat = sympy.Integer(0)
+    for i, n in zip(index, shape):
+        flat = flat * n + i
+    return flat
+
+
+def match_contraction(node: Reduce, body: Expr) -> Contraction | None:
+    """Recognise out[b.., m, n] = sum_k a(b.., m, k) * b(b.., k, n)."""
+    if node.combiner != "sum" or len(node.ranges) != 1:
+        return None
+    if not (isinstance(body, Binary) and body.op == "mul"):
+        return None
+    a, b = body.a, body.b
+    outs = out_index(node.rank)
+    (r0,) = red_index(1)
+    sa, sb = free_symbols(a), free_symbols(b)
+    if r0 not in sa or r0 not in sb:
+        return None
+    only_a = [k for k, s in enumerate(outs) if s in sa and s not in sb and node.shape[k] != 1]
+    only_b = [k for k, s in enumerate(outs) if s in sb and s not in sa and node.shape[k] != 1]
+    if not only_a or not only_b:
+        return None
+    if len(only_a) > 1 or len(only_b) > 1:
+        return None  # several M-like dims: not a plain blocked GEMM
+    m, n = only_a[-1], only_b[-1]
+    # both factors must be loads (with casts and cheap prologues), not already products of
+    # reductions over k; the dot needs floating point operands
+    if not (a.dtype.is_float and b.dtype.is_float):
+        return None
+    batch = tuple(k for k in range(node.rank) if k not in (m, n))
+    return Contraction(a=a, b=b, m_dim=m, n_dim=n, batch_dims=batch)
+
+
+class Planner:
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.inliner = Inliner(graph)
+        self.steps: list = []
+        self.where: dict[str, int] = {}
+        self.decisions: list[str] = []
+
+    def note(self, msg: str, kernel: KernelPlan | None = None) -> None:
+        self.decisions.append(msg)
+        if kernel is not None:
+            kernel.notes.append(msg)
+        logs.log("fusion", "%s", msg)
+
+    # ------------------------------------------------------------------ helpers
+    def deps(self, body: Expr) -> set[str]:
+        return {e.buffer for e in walk(body) if isinstance(e, Load) and e.buffer in self.where}
+
+    def loads_at_position(self, body: Expr, members: set, index_map: dict, ranges: dict) -> bool:
+        """Every load of a `members` node in `body` (with the node's indices mapped by
+        `index_map`) reads that node at the kernel's parallel position X."""
+        body = substitute_index(body, index_map)
+        for e in walk(body):
+            if isinstance(e, Load) and e.buffer in members:
+                if not all(isinstance(c, Index) for c in e.index):
+                    return False
+                src = self.graph[e.buffer]
+                pos = simplify_index(ravel_sym([c.expr for c in e.index], src.shape), ranges)
+                if pos != X and sympy.expand(pos - X) != 0:
+                    return False
+        return True
+
+    def new_kernel(self, kind: str, parallel, reduction=()) -> KernelPlan:
+        k = KernelPlan(name=f"kernel{len(self.kernels())}", kind=kind, parallel=parallel, reduction=reduction)
+        self.steps.append(k)
+        return k
+
+    def kernels(self):
+        return [s for s in self.steps if isinstance(s, KernelPlan)]
+
+    def add(self, kernel: KernelPlan, stage: Stage) -> None:
+        kernel.stages.append(stage)
+        self.where[stage.node] = self.steps.index(kernel)
+
+    def reachable_before(self, deps: set, k_index: int, allowed_inside: set) -> bool:
+        for d in deps:
+            w = self.where[d]
+            if w > k_index or (w == k_index and d not in allowed_inside):
+                return False
+        return True
+
+    # ------------------------------------------------------------------ main loop
+    def run(self) -> Schedule:
+        for node in self.graph.nodes.values():
+            if isinstance(node, (Extern, ExternResult)):
+                if isinstance(node, Extern):
+                    self.steps.append(ExternStep(node.name, node.reason))
+                    self.note(f"{node.name}: extern {node.target_name} ({node.reason})")
+                self.where[node.name] = len(self.steps) - 1
+            elif isinstance(node, Reduce):
+                self.place_reduce(node)
+            elif isinstance(node, Pointwise) and node.name not in self.inliner.inlined:
+                self.place_pointwise(node)
+        self.mark_stores()
+        for name, why in self.inliner.reasons.items():
+            if why != "unused":
+                self.decisions.append(f"{name}: not inlined — {why}")
+        sched = Schedule(self.steps, self.inliner.inlined, self.decisions)
+        logs.log("fusion", "schedule:\n%s", sched.describe())
+        return sched
+
+    def place_reduce(self, node: Reduce) -> None:
+        body = self.inliner.body(node.name)
+        parallel = numel(node.shape)
+        contraction = match_contraction(node, body)
+        if contraction is not None:
+            k = self.new_kernel("contraction", parallel)
+            k.contraction = contraction
+            self.add(k, Stage(node.name, "contraction", body))
+            self.note(f"{node.name}: contraction (m=dim {contraction.m_dim}, n=dim {contraction.n_dim}) -> {k.name}", k)
+            return
+        deps = self.deps(body)
+        index_map = dict(zip(out_index(node.rank), (Index(e) for e in unravel_sym(X, node.shape))))
+        for k in reversed(self.kernels()):
+            if k.kind != "reduction" or k.reduction != tuple(node.ranges):
+                continue
+            if sympy.simplify(k.parallel - parallel) != 0:
+                continue
+            kidx = self.steps.index(k)
+            members = {s.node for s in k.stages if s.kind == "reduce"}
+            ranges = {X: k.parallel}
+            if not self.reachable_before(deps, kidx, members):
+                continue
+            if not self.loads_at_position(body, members, index_map, ranges):
+                continue
+            level = 1 + max((k.stage(d).level for d in deps & members), default=-1)
+            self.add(k, Stage(node.name, "reduce", body, level=level))
+            self.note(f"{node.name}: joins {k.name} as a reduction over the same axis (pass {level})", k)
+            return
+        k = self.new_kernel("reduction", parallel, tuple(node.ranges))
+        self.add(k, Stage(node.name, "reduce", body, level=0))
+        self.note(f"{node.name}: reduction over {list(node.ranges)} -> {k.name}", k)
+
+    def place_pointwise(self, node: Pointwise) -> None:
+        body = self.inliner.body(node.name)
+        deps = self.deps(body)
+        size = numel(node.shape)
+        candidates = sorted({self.where[d] for d in deps}, reverse=True)
+        for kidx in candidates:
+            k = self.steps[kidx]
+            if not isinstance(k, KernelPlan) or k.kind == "pointwise":
+                continue
+            anchors = {s.node for s in k.stages if s.kind in ("reduce", "contraction")}
+            if not self.reachable_before(deps, kidx, anchors):
+                self.note(f"{node.name}: cannot join {k.name}: reads a value produced after it")
+                continue
+            if sympy.simplify(size - k.parallel) == 0:
+                index_map = dict(zip(out_index(node.rank), (Index(e) for e in unravel_sym(X, node.shape))))
+                if self.loads_at_position(body, anchors, index_map, {X: k.parallel}):
+                    level = 1 + max((k.stage(d).level for d in deps & anchors), default=-1)
+                    self.add(k, Stage(node.name, "row", body, level=level))
+                    self.note(f"{node.name}: epilogue of {k.name}", k)
+                    return
+            if k.kind == "reduction":
+                rn = numel(k.reduction)
+                if sympy.simplify(size - k.parallel * rn) == 0:
+                    flat = X * rn + R
+                    index_map = dict(zip(out_index(node.rank), (Index(e) for e in unravel_sym(flat, node.shape))))
+                    ranges = {X: k.parallel, R: rn}
+                    if self.loads_at_position(body, anchors, index_map, ranges):
+                        level = 1 + max((k.stage(d).level for d in deps & anchors), default=-1)
+                        self.add(k, Stage(node.name, "full", body, level=level))
+                        self.note(f"{node.name}: full-row output of {k.name} (pass {level})", k)
+                        return
+            self.note(f"{node.name}: not fused into {k.name}: it does not read the kernel's results at the kernel's own position")
+        k = self.new_kernel("pointwise", size)
+        self.add(k, Stage(node.name, "pointwise", body))
+        self.note(f"{node.name}: pointwise -> {k.name}", k)
+
+    def mark_stores(self) -> None:
+        """A member is written to memory if it is an output, an extern reads it, or a node in
+        another kernel reads it (directly or through inlined producers)."""
+        outputs = set(self.graph.output_names())
+        read_elsewhere: set[str] = set()
+        for step in self.steps:
+            if isinstance(step, ExternStep):
+                ext = self.graph[step.node]
+                read_elsewhere |= ext.inputs()
+                continue
+            own = set(step.members)
+            for st in step.stages:
+                read_elsewhere |= {e.buffer for e in walk(st.body) if isinstance(e, Load)} - own
+        for k in self.kernels():
+            for st in k.stages:
+                st.store = st.node in outputs or st.node in read_elsewhere
+                if st.kind in ("row", "full", "pointwise") and not st.store:
+                    st.store = True  # realised for a reason the inliner recorded
+
+
+def plan_graph(graph: Graph) -> Schedule:
+    return Planner(graph).run()
+
+
+__all__ = ["plan_graph", "match_contraction", "X", "R"]

@@ -1,0 +1,76 @@
+"""Scalar element types of the IR.
+
+The IR names dtypes by short strings so that nothing below the frontend needs PyTorch.
+`promote` follows PyTorch's category rules (bool < int < float) for the few places the IR
+itself combines types; the frontend takes result dtypes from PyTorch's own metadata.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str
+    itemsize: int
+    kind: str  # "b" bool, "i" signed int, "u" unsigned int, "f" float
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "f"
+
+    @property
+    def is_int(self) -> bool:
+        return self.kind in "iu"
+
+    @property
+    def is_bool(self) -> bool:
+        return self.kind == "b"
+
+    @property
+    def is_low_precision(self) -> bool:
+        return self.kind == "f" and self.itemsize < 4
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+bool_ = DType("bool", 1, "b")
+uint8 = DType("uint8", 1, "u")
+int8 = DType("int8", 1, "i")
+int16 = DType("int16", 2, "i")
+int32 = DType("int32", 4, "i")
+int64 = DType("int64", 8, "i")
+float16 = DType("float16", 2, "f")
+bfloat16 = DType("bfloat16", 2, "f")
+float32 = DType("float32", 4, "f")
+float64 = DType("float64", 8, "f")
+
+ALL = {d.name: d for d in (bool_, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64)}
+
+
+def by_name(name: str) -> DType:
+    try:
+        return ALL[name]
+    except KeyError:
+        raise ValueError(f"tilefuse has no dtype {name!r}") from None
+
+
+def compute_dtype(dtype: DType) -> DType:
+    """The dtype arithmetic is carried out in: fp32 for fp16/bf16 (as PyTorch's CPU and
+    Inductor's kernels do), the dtype itself otherwise."""
+    return float32 if dtype.is_low_precision else dtype
+
+
+def promote(a: DType, b: DType) -> DType:
+    rank = {"b": 0, "u": 1, "i": 1, "f": 2}
+    if rank[a.kind] != rank[b.kind]:
+        return a if rank[a.kind] > rank[b.kind] else b
+    if a == b:
+        return a
+    if {a, b} == {float16, bfloat16}:
+        return float32
+    return a if a.itemsize >= b.itemsize else b

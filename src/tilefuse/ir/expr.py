@@ -1,0 +1,322 @@
+"""The scalar expression language that Pointwise and Reduce bodies are written in.
+
+An expression describes one element: constants, index arithmetic (`Index`, a sympy
+expression over index and size symbols), loads of other tensors at index expressions,
+arithmetic, comparisons, `Where` and casts. Expressions are immutable and hashable, so CSE
+is dictionary lookup and substitution is a tree map.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import sympy
+
+from . import dtypes as dt
+from .dtypes import DType
+
+UNARY_OPS = frozenset(
+    """neg abs exp exp2 log log2 log10 log1p expm1 sqrt rsqrt sin cos tan asin acos atan
+    sinh cosh tanh asinh acosh atanh sigmoid erf erfc floor ceil round trunc sign
+    reciprocal logical_not bitwise_not isnan isinf lgamma""".split()
+)
+BINARY_OPS = frozenset(
+    """add sub mul truediv floordiv mod fmod pow maximum minimum atan2 copysign
+    eq ne lt le gt ge logical_and logical_or logical_xor bitwise_and bitwise_or
+    bitwise_xor lshift rshift""".split()
+)
+COMPARISONS = frozenset("eq ne lt le gt ge".split())
+LOGICAL = frozenset("logical_and logical_or logical_xor".split())
+PREDICATES = frozenset("isnan isinf logical_not".split())
+
+
+class Expr:
+    """Base of all scalar expressions; every subclass has a `dtype` field."""
+
+    dtype: DType
+
+    def children(self) -> tuple["Expr", ...]:
+        return ()
+
+    def rebuild(self, children: tuple["Expr", ...]) -> "Expr":
+        return self
+
+    # Operator sugar keeps lowerings readable: `a * b + c`.
+    def __add__(self, o):
+        return binary("add", self, o)
+
+    def __radd__(self, o):
+        return binary("add", o, self)
+
+    def __sub__(self, o):
+        return binary("sub", self, o)
+
+    def __rsub__(self, o):
+        return binary("sub", o, self)
+
+    def __mul__(self, o):
+        return binary("mul", self, o)
+
+    def __rmul__(self, o):
+        return binary("mul", o, self)
+
+    def __truediv__(self, o):
+        return binary("truediv", self, o)
+
+    def __rtruediv__(self, o):
+        return binary("truediv", o, self)
+
+    def __neg__(self):
+        return Unary("neg", self, self.dtype)
+
+    def __str__(self) -> str:
+        from .printer import format_expr
+
+        return format_expr(self)
+
+
+@dataclass(frozen=True, eq=True)
+class Const(Expr):
+    value: object  # python bool/int/float; float may be inf/nan
+    dtype: DType
+
+    def __post_init__(self):
+        if isinstance(self.value, float) and math.isnan(self.value):
+            # nan != nan would break hashing-based CSE; store a canonical marker.
+            object.__setattr__(self, "value", "nan")
+
+
+@dataclass(frozen=True, eq=True)
+class Index(Expr):
+    """An integer (or, for symbolic scalars, float) value given by a sympy expression over
+    index symbols (i0, r0, ...) and size symbols (s0, ...)."""
+
+    expr: sympy.Expr
+    dtype: DType = dt.int64
+
+
+@dataclass(frozen=True, eq=True)
+class Load(Expr):
+    """Element of tensor `buffer` at a multi-dimensional logical index. Each component is an
+    expression: usually `Index`, or a loaded value for gathers (indirect indexing)."""
+
+    buffer: str
+    index: tuple[Expr, ...]
+    dtype: DType
+
+    def children(self):
+        return self.index
+
+    def rebuild(self, children):
+        return Load(self.buffer, tuple(children), self.dtype)
+
+
+@dataclass(frozen=True, eq=True)
+class Var(Expr):
+    """A named value bound outside the expression (a reduction result inside a fused
+    kernel, a tile-IR variable)."""
+
+    name: str
+    dtype: DType
+
+
+@dataclass(frozen=True, eq=True)
+class Unary(Expr):
+    op: str
+    x: Expr
+    dtype: DType
+
+    def __post_init__(self):
+        assert self.op in UNARY_OPS, self.op
+
+    def children(self):
+        return (self.x,)
+
+    def rebuild(self, children):
+        return Unary(self.op, children[0], self.dtype)
+
+
+@dataclass(frozen=True, eq=True)
+class Binary(Expr):
+    op: str
+    a: Expr
+    b: Expr
+    dtype: DType
+
+    def __post_init__(self):
+        assert self.op in BINARY_OPS, self.op
+
+    def children(self):
+        return (self.a, self.b)
+
+    def rebuild(self, children):
+        return Binary(self.op, children[0], children[1], self.dtype)
+
+
+@dataclass(frozen=True, eq=True)
+class Where(Expr):
+    cond: Expr
+    a: Expr
+    b: Expr
+    dtype: DType
+
+    def children(self):
+        return (self.cond, self.a, self.b)
+
+    def rebuild(self, children):
+        return Where(children[0], children[1], children[2], self.dtype)
+
+
+@dataclass(frozen=True, eq=True)
+class Cast(Expr):
+    x: Expr
+    dtype: DType
+
+    def children(self):
+        return (self.x,)
+
+    def rebuild(self, children):
+        return Cast(children[0], self.dtype)
+
+
+# ---------------------------------------------------------------- construction helpers
+
+
+def const(value, dtype: DType | None = None) -> Const:
+    if dtype is None:
+        dtype = dt.bool_ if isinstance(value, bool) else dt.int64 if isinstance(value, int) else dt.float32
+    if dtype.is_bool:
+        value = bool(value)
+    elif dtype.is_int:
+        value = int(value)
+    else:
+        value = float(value)
+    return Const(value, dtype)
+
+
+def as_expr(x, like: DType | None = None) -> Expr:
+    if isinstance(x, Expr):
+        return x
+    if isinstance(x, sympy.Basic):
+        return Index(sympy.sympify(x))
+    if like is not None and not isinstance(x, bool):
+        return const(x, like if (like.is_float or isinstance(x, int)) else dt.float32)
+    return const(x)
+
+
+def cast(x: Expr, dtype: DType) -> Expr:
+    if x.dtype == dtype:
+        return x
+    if isinstance(x, Const):
+        return const(x.value if x.value != "nan" else float("nan"), dtype)
+    return Cast(x, dtype)
+
+
+def unary(op: str, x: Expr, dtype: DType | None = None) -> Expr:
+    if dtype is None:
+        dtype = dt.bool_ if op in PREDICATES else x.dtype
+    return Unary(op, x, dtype)
+
+
+def binary(op: str, a, b, dtype: DType | None = None) -> Expr:
+    if not isinstance(a, Expr) and not isinstance(b, Expr):
+        raise TypeError("binary() needs at least one expression")
+    a = as_expr(a, b.dtype if isinstance(b, Expr) else None)
+    b = as_expr(b, a.dtype)
+    if dtype is None:
+        if op in COMPARISONS or op in LOGICAL:
+            dtype = dt.bool_
+        else:
+            dtype = dt.promote(a.dtype, b.dtype)
+    if op not in COMPARISONS and op not in LOGICAL and not op.startswith(("bitwise", "lshift", "rshift")):
+        a, b = cast(a, dtype), cast(b, dtype)
+    return Binary(op, a, b, dtype)
+
+
+def where(c: Expr, a, b) -> Expr:
+    a = as_expr(a, b.dtype if isinstance(b, Expr) else None)
+    b = as_expr(b, a.dtype)
+    dtype = dt.promote(a.dtype, b.dtype)
+    return Where(c, cast(a, dtype), cast(b, dtype), dtype)
+
+
+# ---------------------------------------------------------------- traversal
+
+
+def walk(e: Expr) -> Iterator[Expr]:
+    """Pre-order traversal (a node may appear several times if shared)."""
+    stack = [e]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(reversed(node.children()))
+
+
+def transform(e: Expr, fn: Callable[[Expr], Expr | None], memo: dict | None = None) -> Expr:
+    """Bottom-up rewrite. `fn` sees a node whose children are already rewritten and returns
+    a replacement or None to keep it."""
+    memo = {} if memo is None else memo
+    if e in memo:
+        return memo[e]
+    kids = e.children()
+    if kids:
+        new_kids = tuple(transform(k, fn, memo) for k in kids)
+        node = e.rebuild(new_kids) if new_kids != kids else e
+    else:
+        node = e
+    out = fn(node)
+    out = node if out is None else out
+    memo[e] = out
+    return out
+
+
+def subs_index(e: Expr, mapping: dict) -> Expr:
+    """Substitute sympy symbols inside every `Index` leaf (views, inlining)."""
+    if not mapping:
+        return e
+
+    def fn(node):
+        if isinstance(node, Index):
+            new = node.expr.xreplace(mapping)
+            if new is not node.expr:
+                return Index(new, node.dtype)
+        return None
+
+    return transform(e, fn)
+
+
+def loads(e: Expr) -> list[Load]:
+    return [n for n in walk(e) if isinstance(n, Load)]
+
+
+def buffers_read(e: Expr) -> set[str]:
+    return {n.buffer for n in walk(e) if isinstance(n, Load)}
+
+
+def free_symbols(e: Expr) -> set[sympy.Symbol]:
+    out: set = set()
+    for n in walk(e):
+        if isinstance(n, Index):
+            out |= n.expr.free_symbols
+    return out
+
+
+def count_ops(e: Expr) -> int:
+    return sum(1 for n in walk(e) if isinstance(n, (Unary, Binary, Where)))
+
+
+def index_symbol(prefix: str, k: int) -> sympy.Symbol:
+    return sympy.Symbol(f"{prefix}{k}", integer=True, nonnegative=True)
+
+
+def out_index(rank: int) -> tuple[sympy.Symbol, ...]:
+    return tuple(index_symbol("i", k) for k in range(rank))
+
+
+def red_index(rank: int) -> tuple[sympy.Symbol, ...]:
+    return tuple(index_symbol("r", k) for k in range(rank))
+
+
+def size_symbol(k: int) -> sympy.Symbol:
+    return sympy.Symbol(f"s{k}", integer=True, positive=True)

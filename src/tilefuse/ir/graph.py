@@ -1,0 +1,189 @@
+"""Graph IR: tensors defined by index formulas.
+
+A `Graph` has inputs, nodes in topological order, and outputs. Node kinds:
+
+* `Input` / `ScalarInput` / `Constant` — values that come from outside;
+* `Pointwise` — element `i` is a scalar expression over index symbols `i0..`;
+* `Reduce` — element `i` combines a body over reduction symbols `r0..` with a monoid;
+* `Extern` (+ `ExternResult` for multi-output calls) — a library call for what tilefuse does
+  not generate.
+
+Views are not nodes: they are index maps already folded into the loads of their consumers.
+Shapes are tuples of sympy integers or expressions over size symbols `s0, s1, ...`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import sympy
+
+from .dtypes import DType
+from .expr import Expr, buffers_read
+
+Shape = tuple  # tuple[sympy.Expr, ...]
+
+#: combiners a Reduce may use, with their identity (None: no finite identity needed)
+COMBINERS = ("sum", "prod", "max", "min", "argmax", "argmin", "any", "all")
+
+
+@dataclass(eq=False)
+class Node:
+    name: str
+    dtype: DType
+    shape: Shape
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    def inputs(self) -> set[str]:
+        return set()
+
+
+@dataclass(eq=False)
+class Input(Node):
+    """A tensor argument of the graph, at position `position` of the call. `strides` (sympy,
+    from the capture's metadata, which torch.compile's guards keep true) lets generated code
+    fold layouts at compile time; None means "read the strides at run time"."""
+
+    position: int = 0
+    strides: tuple | None = None
+
+
+@dataclass(eq=False)
+class ScalarInput(Node):
+    """A symbolic integer argument (Dynamo passes SymInts as graph inputs)."""
+
+    position: int = 0
+    symbol: sympy.Symbol | None = None
+
+
+@dataclass(eq=False)
+class Constant(Node):
+    """A tensor constant captured with the graph (its value is opaque to the IR)."""
+
+    value: Any = None
+
+
+@dataclass(eq=False)
+class Pointwise(Node):
+    body: Expr = None
+
+    def inputs(self):
+        return buffers_read(self.body)
+
+
+@dataclass(eq=False)
+class Reduce(Node):
+    """out[i] = combiner over r in ranges of body(i, r). `body.dtype` is the accumulation
+    dtype; the result is cast to `dtype`. argmax/argmin yield the flat index of r."""
+
+    ranges: Shape = ()
+    combiner: str = "sum"
+    body: Expr = None
+
+    def __post_init__(self):
+        assert self.combiner in COMBINERS, self.combiner
+
+    def inputs(self):
+        return buffers_read(self.body)
+
+    @property
+    def reduction_numel(self):
+        return sympy.Mul(*self.ranges) if self.ranges else sympy.Integer(1)
+
+
+@dataclass(frozen=True)
+class TensorArg:
+    """Placeholder for a tensor argument inside an Extern's args."""
+
+    name: str
+
+
+@dataclass(eq=False)
+class Extern(Node):
+    """A call to a library kernel. args/kwargs hold python values, `TensorArg`s and sympy
+    expressions (symbolic ints, resolved at run time). `outputs` lists (dtype, shape) per
+    result when the call returns several tensors; then `ExternResult` nodes name them."""
+
+    target: Any = None
+    target_name: str = ""
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+    reason: str = ""
+    multi_output: bool = False
+
+    def inputs(self):
+        found: set[str] = set()
+
+        def visit(a):
+            if isinstance(a, TensorArg):
+                found.add(a.name)
+            elif isinstance(a, (list, tuple)):
+                for x in a:
+                    visit(x)
+            elif isinstance(a, dict):
+                for x in a.values():
+                    visit(x)
+
+        visit(self.args)
+        visit(self.kwargs)
+        return found
+
+
+@dataclass(eq=False)
+class ExternResult(Node):
+    extern: str = ""
+    item: int = 0
+
+    def inputs(self):
+        return {self.extern}
+
+
+@dataclass
+class Graph:
+    inputs: list[Node] = field(default_factory=list)  # Input and ScalarInput, by position
+    nodes: dict[str, Node] = field(default_factory=dict)  # every node, topological order
+    outputs: list[Any] = field(default_factory=list)  # node names, or python/sympy scalars
+    name: str = "graph"
+
+    def add(self, node: Node) -> Node:
+        if node.name in self.nodes:
+            raise ValueError(f"duplicate node name {node.name}")
+        self.nodes[node.name] = node
+        return node
+
+    def fresh_name(self, prefix: str = "buf") -> str:
+        k = len(self.nodes)
+        while f"{prefix}{k}" in self.nodes:
+            k += 1
+        return f"{prefix}{k}"
+
+    def __getitem__(self, name: str) -> Node:
+        return self.nodes[name]
+
+    def output_names(self) -> list[str]:
+        return [o for o in self.outputs if isinstance(o, str)]
+
+    def users(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {n: [] for n in self.nodes}
+        for node in self.nodes.values():
+            for src in node.inputs():
+                out[src].append(node.name)
+        return out
+
+    def size_symbols(self) -> set[sympy.Symbol]:
+        syms: set = set()
+        for node in self.nodes.values():
+            for d in node.shape:
+                syms |= sympy.sympify(d).free_symbols
+        return syms
+
+    def computed(self) -> Iterable[Node]:
+        return (n for n in self.nodes.values() if isinstance(n, (Pointwise, Reduce, Extern, ExternResult)))
+
+    def __str__(self) -> str:
+        from .printer import format_graph
+
+        return format_graph(self)

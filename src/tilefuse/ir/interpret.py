@@ -1,0 +1,227 @@
+"""Reference interpreter for the graph IR: the oracle every lowering is tested against.
+
+It evaluates each node in one vectorised step with PyTorch: index symbols become broadcast
+`arange` tensors, loads become advanced indexing, reductions reduce the trailing axes.
+Correctness over speed: loads clamp out-of-range indices (they only occur in the branch of a
+`where` that is not selected, as with padding and concatenation).
+"""
+from __future__ import annotations
+
+import math
+
+import sympy
+import torch
+
+from . import symbolic
+from .dtypes import DType
+from .expr import Binary, Cast, Const, Expr, Index, Load, Unary, Var, Where, index_symbol, out_index, red_index
+from .graph import Constant, Extern, ExternResult, Graph, Input, Pointwise, Reduce, ScalarInput, TensorArg
+
+
+def torch_dtype(d: DType) -> torch.dtype:
+    return getattr(torch, {"bool": "bool"}.get(d.name, d.name))
+
+
+def bind_symbols(graph: Graph, args) -> dict:
+    """Size-symbol values from the call's tensors and ints."""
+    env: dict = {}
+    for node in graph.inputs:
+        value = args[node.position]
+        if isinstance(node, ScalarInput):
+            if isinstance(node.symbol, sympy.Symbol):
+                env[node.symbol] = int(value)
+        elif isinstance(node, Input):
+            for d, actual in zip(node.shape, value.shape):
+                if isinstance(d, sympy.Symbol):
+                    env.setdefault(d, int(actual))
+    env.update({s.name: v for s, v in list(env.items()) if isinstance(s, sympy.Symbol)})
+    return env
+
+
+_UNARY = {
+    "neg": torch.neg, "abs": torch.abs, "exp": torch.exp, "exp2": torch.exp2, "log": torch.log,
+    "log2": torch.log2, "log10": torch.log10, "log1p": torch.log1p, "expm1": torch.expm1,
+    "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "sin": torch.sin, "cos": torch.cos, "tan": torch.tan,
+    "asin": torch.asin, "acos": torch.acos, "atan": torch.atan, "sinh": torch.sinh,
+    "cosh": torch.cosh, "tanh": torch.tanh, "asinh": torch.asinh, "acosh": torch.acosh,
+    "atanh": torch.atanh, "sigmoid": torch.sigmoid, "erf": torch.erf, "erfc": torch.erfc,
+    "floor": torch.floor, "ceil": torch.ceil, "round": torch.round, "trunc": torch.trunc,
+    "sign": torch.sign, "reciprocal": torch.reciprocal, "logical_not": torch.logical_not,
+    "bitwise_not": torch.bitwise_not, "isnan": torch.isnan, "isinf": torch.isinf,
+    "lgamma": torch.lgamma,
+}
+_BINARY = {
+    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "truediv": torch.true_divide,
+    "floordiv": torch.floor_divide, "mod": torch.remainder, "fmod": torch.fmod, "pow": torch.pow,
+    "maximum": torch.maximum, "minimum": torch.minimum, "atan2": torch.atan2,
+    "copysign": torch.copysign, "eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le,
+    "gt": torch.gt, "ge": torch.ge, "logical_and": torch.logical_and,
+    "logical_or": torch.logical_or, "logical_xor": torch.logical_xor,
+    "bitwise_and": torch.bitwise_and, "bitwise_or": torch.bitwise_or,
+    "bitwise_xor": torch.bitwise_xor, "lshift": torch.bitwise_left_shift,
+    "rshift": torch.bitwise_right_shift,
+}
+
+
+class Evaluator:
+    """Evaluates expressions given buffers (tensors) and symbol values (ints/tensors)."""
+
+    def __init__(self, buffers: dict, env: dict, variables: dict | None = None):
+        self.buffers = buffers
+        self.env = env
+        self.variables = variables or {}
+        self.memo: dict = {}
+
+    def __call__(self, e: Expr) -> torch.Tensor:
+        if e in self.memo:
+            return self.memo[e]
+        out = self._eval(e)
+        self.memo[e] = out
+        return out
+
+    def _eval(self, e: Expr) -> torch.Tensor:
+        td = torch_dtype(e.dtype)
+        if isinstance(e, Const):
+            v = float("nan") if e.value == "nan" else e.value
+            return torch.tensor(v, dtype=td)
+        if isinstance(e, Index):
+            return torch.as_tensor(symbolic.evaluate(e.expr, self.env)).to(td)
+        if isinstance(e, Var):
+            return self.variables[e.name]
+        if isinstance(e, Load):
+            src = self.buffers[e.buffer]
+            if src.dim() == 0:
+                return src.to(td)
+            idx = []
+            for comp, size in zip(e.index, src.shape):
+                v = self(comp).to(torch.int64)
+                idx.append(v.clamp(0, max(size - 1, 0)))
+            idx = torch.broadcast_tensors(*idx)
+            return src[tuple(idx)].to(td)
+        if isinstance(e, Unary):
+            x = self(e.x)
+            if e.op in ("floor", "ceil", "round", "trunc") and not x.dtype.is_floating_point:
+                return x
+            return _UNARY[e.op](x).to(td)
+        if isinstance(e, Binary):
+            a, b = self(e.a), self(e.b)
+            if e.op == "truediv" and not td.is_floating_point:
+                raise TypeError("truediv must produce a float")
+            return _BINARY[e.op](a, b).to(td)
+        if isinstance(e, Where):
+            return torch.where(self(e.cond).to(torch.bool), self(e.a), self(e.b)).to(td)
+        if isinstance(e, Cast):
+            x = self(e.x)
+            if e.dtype.is_bool:
+                return x != 0
+            return x.to(td)
+        raise TypeError(f"cannot evaluate {type(e).__name__}")
+
+
+def _grid(shape: tuple, symbols: tuple, total_rank: int, offset: int) -> dict:
+    env = {}
+    for k, (sym, n) in enumerate(zip(symbols, shape)):
+        view = [1] * total_rank
+        view[offset + k] = n
+        env[sym] = torch.arange(n).view(view)
+    return env
+
+
+def evaluate_pointwise(node: Pointwise, buffers: dict, env: dict) -> torch.Tensor:
+    shape = tuple(int(symbolic.evaluate(d, env)) for d in node.shape)
+    local = dict(env)
+    local.update(_grid(shape, out_index(len(shape)), len(shape), 0))
+    value = Evaluator(buffers, local)(node.body)
+    return value.expand(shape).to(torch_dtype(node.dtype)).contiguous()
+
+
+_REDUCERS = {
+    "sum": lambda x: x.sum(-1),
+    "prod": lambda x: x.prod(-1),
+    "max": lambda x: x.amax(-1),
+    "min": lambda x: x.amin(-1),
+    "argmax": lambda x: x.argmax(-1),
+    "argmin": lambda x: x.argmin(-1),
+    "any": lambda x: x.any(-1),
+    "all": lambda x: x.all(-1),
+}
+
+
+def evaluate_reduce(node: Reduce, buffers: dict, env: dict) -> torch.Tensor:
+    shape = tuple(int(symbolic.evaluate(d, env)) for d in node.shape)
+    ranges = tuple(int(symbolic.evaluate(d, env)) for d in node.ranges)
+    rank = len(shape) + len(ranges)
+    local = dict(env)
+    local.update(_grid(shape, out_index(len(shape)), rank, 0))
+    local.update(_grid(ranges, red_index(len(ranges)), rank, len(shape)))
+    value = Evaluator(buffers, local)(node.body).expand(shape + ranges)
+    flat = value.reshape(shape + (math.prod(ranges),))
+    if flat.shape[-1] == 0:
+        identity = {"sum": 0, "prod": 1, "any": False, "all": True}.get(node.combiner)
+        if identity is None:
+            raise RuntimeError(f"{node.combiner} over an empty range")
+        return torch.full(shape, identity, dtype=torch_dtype(node.dtype))
+    if node.combiner in ("max", "min") and flat.dtype.is_floating_point:
+        # propagate NaN like torch.amax does
+        out = _REDUCERS[node.combiner](flat)
+        out = torch.where(flat.isnan().any(-1), torch.tensor(float("nan"), dtype=out.dtype), out)
+    else:
+        out = _REDUCERS[node.combiner](flat)
+    return out.to(torch_dtype(node.dtype))
+
+
+def resolve_extern_args(obj, buffers: dict, env: dict):
+    if isinstance(obj, TensorArg):
+        return buffers[obj.name]
+    if isinstance(obj, sympy.Basic):
+        v = symbolic.evaluate(obj, env)
+        return v
+    if isinstance(obj, list):
+        return [resolve_extern_args(x, buffers, env) for x in obj]
+    if isinstance(obj, tuple):
+        return tuple(resolve_extern_args(x, buffers, env) for x in obj)
+    if isinstance(obj, dict):
+        return {k: resolve_extern_args(v, buffers, env) for k, v in obj.items()}
+    return obj
+
+
+def run_extern(node: Extern, buffers: dict, env: dict):
+    args = resolve_extern_args(node.args, buffers, env)
+    kwargs = resolve_extern_args(node.kwargs, buffers, env)
+    return node.target(*args, **kwargs)
+
+
+def output_value(out, buffers: dict, env: dict):
+    if isinstance(out, str):
+        return buffers[out]
+    if isinstance(out, sympy.Basic):
+        return symbolic.evaluate(out, env)
+    return out
+
+
+def interpret(graph: Graph, args, env: dict | None = None) -> list:
+    """Run `graph` on concrete inputs; returns the outputs in order."""
+    env = dict(env or {})
+    env.update(bind_symbols(graph, args))
+    buffers: dict = {}
+    for node in graph.nodes.values():
+        if isinstance(node, Input):
+            buffers[node.name] = args[node.position]
+        elif isinstance(node, ScalarInput):
+            buffers[node.name] = torch.tensor(int(args[node.position]))
+        elif isinstance(node, Constant):
+            buffers[node.name] = node.value
+        elif isinstance(node, Pointwise):
+            buffers[node.name] = evaluate_pointwise(node, buffers, env)
+        elif isinstance(node, Reduce):
+            buffers[node.name] = evaluate_reduce(node, buffers, env)
+        elif isinstance(node, Extern):
+            buffers[node.name] = run_extern(node, buffers, env)
+        elif isinstance(node, ExternResult):
+            buffers[node.name] = buffers[node.extern][node.item]
+        else:
+            raise TypeError(f"cannot interpret node {node.name} of kind {type(node).__name__}")
+    return [output_value(o, buffers, env) for o in graph.outputs]
+
+
+__all__ = ["interpret", "Evaluator", "bind_symbols", "torch_dtype", "index_symbol"]

@@ -1,0 +1,248 @@
+"""Index arithmetic on sympy: integer division and modulo with range-aware simplification,
+and evaluation of index expressions on concrete values (ints or tensors).
+
+Index symbols are non-negative integers with known extents; `simplify_index` uses those
+extents to drop divisions and modulos that cannot change a value (`(i0 + 4*i1) // 4 == i1`
+when `i0 < 4`), which is what keeps folded reshapes cheap in generated code.
+"""
+from __future__ import annotations
+
+import math
+
+import sympy
+
+
+def floordiv(a, b) -> sympy.Expr:
+    a, b = sympy.sympify(a), sympy.sympify(b)
+    if b == 1:
+        return a
+    return sympy.floor(a / b)
+
+
+def mod(a, b) -> sympy.Expr:
+    a, b = sympy.sympify(a), sympy.sympify(b)
+    if b == 1:
+        return sympy.Integer(0)
+    return sympy.Mod(a, b)
+
+
+def bounds(expr: sympy.Expr, ranges: dict) -> tuple[float, float]:
+    """Inclusive (lo, hi) of an integer expression given `ranges[sym] = extent` (the symbol
+    lies in [0, extent)). Unknown parts give infinite bounds."""
+    expr = sympy.sympify(expr)
+    if expr.is_Integer:
+        v = int(expr)
+        return v, v
+    if expr.is_Symbol:
+        ext = ranges.get(expr)
+        if ext is not None and sympy.sympify(ext).is_Integer:
+            return 0, int(ext) - 1
+        return (0 if expr.is_nonnegative else -math.inf), math.inf
+    if expr.is_Add:
+        lo = hi = 0
+        for t in expr.args:
+            a, b = bounds(t, ranges)
+            lo, hi = lo + a, hi + b
+        return lo, hi
+    if expr.is_Mul:
+        lo, hi = 1, 1
+        for t in expr.args:
+            a, b = bounds(t, ranges)
+            cands = [x * y for x in (lo, hi) for y in (a, b) if not (x == 0 and math.isinf(y)) and not (y == 0 and math.isinf(x))]
+            if not cands:
+                return -math.inf, math.inf
+            lo, hi = min(cands), max(cands)
+        return lo, hi
+    if isinstance(expr, sympy.floor):
+        inner = expr.args[0]
+        num, den = inner.as_numer_denom()
+        if den.is_Integer and int(den) > 0:
+            a, b = bounds(num, ranges)
+            return (a // int(den) if not math.isinf(a) else a), (b // int(den) if not math.isinf(b) else b)
+    if isinstance(expr, sympy.Mod):
+        m = expr.args[1]
+        if m.is_Integer:
+            return 0, int(m) - 1
+        return 0, math.inf
+    return -math.inf, math.inf
+
+
+def simplify_index(expr, ranges: dict) -> sympy.Expr:
+    """Remove divisions/modulos that the symbols' ranges make redundant."""
+    expr = sympy.sympify(expr)
+    if expr.is_Atom:
+        return expr
+
+    def rewrite(e):
+        if isinstance(e, sympy.floor):
+            num, den = e.args[0].as_numer_denom()
+            if not den.is_Integer and den.is_positive:
+                # symbolic divisor: (q*den + r) // den == q when r is a symbol ranging over den
+                q, rest = _split_multiple(num, den)
+                if rest == 0 or (rest.is_Symbol and sympy.sympify(ranges.get(rest)) == den):
+                    return q
+            if den.is_Integer and int(den) > 0:
+                d = int(den)
+                # split num = d*q + rest where q collects terms with coefficients divisible by d
+                q, rest = sympy.Integer(0), sympy.Integer(0)
+                for t in sympy.Add.make_args(sympy.expand(num)):
+                    c, _ = t.as_coeff_Mul()
+                    if c.is_Integer and int(c) % d == 0:
+                        q += t / d
+                    else:
+                        rest += t
+                lo, hi = bounds(rest, ranges)
+                if lo >= 0 and hi < d:
+                    return q
+                if q != 0 and lo >= 0:
+                    return q + sympy.floor(rest / d)
+        if isinstance(e, sympy.Mod):
+            a, m = e.args
+            if not m.is_Integer and m.is_positive:
+                q, rest = _split_multiple(a, m)
+                if rest.is_Symbol and sympy.sympify(ranges.get(rest)) == m:
+                    return rest
+            if m.is_Integer:
+                d = int(m)
+                rest = sympy.Integer(0)
+                for t in sympy.Add.make_args(sympy.expand(a)):
+                    c, _ = t.as_coeff_Mul()
+                    if not (c.is_Integer and int(c) % d == 0):
+                        rest += t
+                lo, hi = bounds(rest, ranges)
+                if lo >= 0 and hi < d:
+                    return rest
+                if rest != a:
+                    return sympy.Mod(rest, m)
+        return e
+
+    prev = None
+    while prev != expr:
+        prev = expr
+        expr = _postorder_rewrite(expr, rewrite)
+        expr = _postorder_rewrite(expr, _recombine_divmod)
+    return expr
+
+
+def _recombine_divmod(e):
+    """c*d*floor(a/d) + c*Mod(a, d) -> c*a (what ravel(unravel(a)) produces)."""
+    if not e.is_Add:
+        return e
+    terms = list(sympy.Add.make_args(e))
+    changed = True
+    while changed:
+        changed = False
+        for t in terms:
+            coeff, core = t.as_coeff_Mul()
+            mods = [f for f in sympy.Mul.make_args(core) if isinstance(f, sympy.Mod)]
+            if len(mods) != 1:
+                continue
+            m = mods[0]
+            rest = sympy.Mul(*[f for f in sympy.Mul.make_args(core) if f is not m])
+            a, d = m.args
+            target = coeff * rest * d * sympy.floor(a / d)
+            for u in terms:
+                if u is not t and sympy.expand(u - target) == 0:
+                    terms.remove(u)
+                    terms.remove(t)
+                    terms.append(coeff * rest * a)
+                    changed = True
+                    break
+            if changed:
+                break
+    return sympy.Add(*terms)
+
+
+def _split_multiple(num, den):
+    """num = den*q + rest, collecting the terms of num that are multiples of den."""
+    q, rest = sympy.Integer(0), sympy.Integer(0)
+    for t in sympy.Add.make_args(sympy.expand(num)):
+        quotient = sympy.cancel(t / den)
+        if quotient.is_polynomial() and sympy.fraction(quotient)[1] == 1 and not quotient.has(sympy.floor, sympy.Mod) and sympy.expand(quotient * den - t) == 0 and all(
+                f.is_Integer for f in [sympy.fraction(quotient)[1]]):
+            q += quotient
+        else:
+            rest += t
+    return q, rest
+
+
+def _postorder_rewrite(e, fn):
+    if e.is_Atom:
+        return e
+    args = [_postorder_rewrite(a, fn) for a in e.args]
+    if any(a is not b for a, b in zip(args, e.args)):
+        e = e.func(*args)
+    return fn(e)
+
+
+def evaluate(expr, env: dict):
+    """Evaluate an index expression with symbols bound to ints or integer tensors."""
+    expr = sympy.sympify(expr)
+    if expr.is_Integer:
+        return int(expr)
+    if expr.is_Rational:
+        return float(expr)
+    if expr.is_Float:
+        return float(expr)
+    if expr.is_Symbol:
+        if expr in env:
+            return env[expr]
+        if expr.name in env:
+            return env[expr.name]
+        raise KeyError(f"no value bound for symbol {expr}")
+    args = [evaluate(a, env) for a in expr.args]
+    if expr.is_Add:
+        out = args[0]
+        for a in args[1:]:
+            out = out + a
+        return out
+    if expr.is_Mul:
+        # keep integer arithmetic exact: multiply by the numerators, then floor-divide
+        num, den = expr.as_numer_denom()
+        if den != 1:
+            return evaluate(num, env) / evaluate(den, env)
+        out = args[0]
+        for a in args[1:]:
+            out = out * a
+        return out
+    if expr.is_Pow:
+        base, exp = args
+        return base**exp
+    if isinstance(expr, sympy.floor):
+        inner = expr.args[0]
+        num, den = inner.as_numer_denom()
+        n, d = evaluate(num, env), evaluate(den, env)
+        return n // d
+    if isinstance(expr, sympy.ceiling):
+        num, den = expr.args[0].as_numer_denom()
+        n, d = evaluate(num, env), evaluate(den, env)
+        return -((-n) // d)
+    if isinstance(expr, sympy.Mod):
+        return args[0] % args[1]
+    if isinstance(expr, sympy.Max):
+        out = args[0]
+        for a in args[1:]:
+            out = _max(out, a)
+        return out
+    if isinstance(expr, sympy.Min):
+        out = args[0]
+        for a in args[1:]:
+            out = _min(out, a)
+        return out
+    raise NotImplementedError(f"cannot evaluate index expression {expr} ({type(expr).__name__})")
+
+
+def _max(a, b):
+    if hasattr(a, "clamp_min") or hasattr(b, "clamp_min"):
+        import torch
+
+        return torch.maximum(torch.as_tensor(a), torch.as_tensor(b))
+    return max(a, b)
+
+
+def _min(a, b):
+    if hasattr(a, "clamp_min") or hasattr(b, "clamp_min"):
+        import torch
+
+        return torch.minimum(torch.as_tensor(a), torch.as_tensor(b))
+    return min(a, b)

@@ -1,0 +1,15 @@
+"""Graph-IR passes, run in order by the driver: constant folding, CSE, dead-code elimination."""
+from .cse import eliminate_common_subexpressions
+from .dce import eliminate_dead_code
+from .fold import fold_constants
+
+PIPELINE = (("fold", fold_constants), ("cse", eliminate_common_subexpressions), ("dce", eliminate_dead_code))
+
+
+def run_passes(graph):
+    for _, fn in PIPELINE:
+        graph = fn(graph)
+    return graph
+
+
+__all__ = ["run_passes", "fold_constants", "eliminate_common_subexpressions", "eliminate_dead_code"]

@@ -1,0 +1,15 @@
+"""Dead-code elimination: drop computed nodes that no output depends on."""
+from __future__ import annotations
+
+from ..ir.graph import Graph, Input, ScalarInput
+
+
+def eliminate_dead_code(graph: Graph) -> Graph:
+    live = set(graph.output_names())
+    for node in reversed(list(graph.nodes.values())):
+        if node.name in live:
+            live |= node.inputs()
+    # an extern whose result is used only through ExternResult nodes stays live via them
+    graph.nodes = {n: node for n, node in graph.nodes.items()
+                   if n in live or isinstance(node, (Input, ScalarInput))}
+    return graph

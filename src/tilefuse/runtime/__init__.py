@@ -1,0 +1,1 @@
+"""Runtime: compiled graphs (buffers, launches, extern calls) and the on-disk cache."""

@@ -1,0 +1,81 @@
+"""A compiled graph: kernel launches and extern calls over planned buffers.
+
+Each step allocates its outputs (contiguous, on the graph's device) just before it runs;
+every intermediate buffer is released right after its last use, so peak memory follows the
+live set rather than the whole graph (PyTorch's caching allocator reuses the freed blocks).
+Symbolic sizes are bound from the call's arguments on every call, so one compiled graph
+serves every size.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..ir import symbolic
+from ..ir.graph import Constant, Extern, ExternResult, Graph, Input, ScalarInput
+from ..ir.interpret import bind_symbols, output_value, run_extern, torch_dtype
+
+
+@dataclass
+class KernelStep:
+    name: str
+    launch: object  # callable(buffers, env)
+    writes: list
+    reads: list
+
+
+@dataclass
+class ExternCall:
+    name: str
+    reads: list
+
+
+class CompiledGraph:
+    def __init__(self, graph: Graph, steps: list, device: torch.device):
+        self.graph = graph
+        self.steps = steps
+        self.device = device
+        outputs = set(graph.output_names())
+        last_use: dict[str, int] = {}
+        for k, step in enumerate(steps):
+            for name in step.reads:
+                last_use[name] = k
+        self.free_after: list[list[str]] = [[] for _ in steps]
+        for name, k in last_use.items():
+            node = graph.nodes.get(name)
+            if name not in outputs and not isinstance(node, (Input, ScalarInput, Constant)):
+                self.free_after[k].append(name)
+        self.constants = {n.name: n.value for n in graph.nodes.values() if isinstance(n, Constant)}
+
+    def _alloc(self, name: str, env: dict) -> torch.Tensor:
+        node = self.graph[name]
+        shape = tuple(int(symbolic.evaluate(d, env)) for d in node.shape)
+        return torch.empty(shape, dtype=torch_dtype(node.dtype), device=self.device)
+
+    def __call__(self, *args):
+        graph = self.graph
+        env = bind_symbols(graph, args)
+        buffers = dict(self.constants)
+        for node in graph.inputs:
+            if isinstance(node, Input):
+                buffers[node.name] = args[node.position]
+        for k, step in enumerate(self.steps):
+            if isinstance(step, KernelStep):
+                for name in step.writes:
+                    buffers[name] = self._alloc(name, env)
+                step.launch(buffers, env)
+            else:
+                node = graph[step.name]
+                result = run_extern(node, buffers, env)
+                buffers[node.name] = result
+                if node.multi_output:
+                    for other in graph.nodes.values():
+                        if isinstance(other, ExternResult) and other.extern == node.name:
+                            buffers[other.name] = result[other.item]
+            for name in self.free_after[k]:
+                buffers.pop(name, None)
+        return [output_value(o, buffers, env) for o in graph.outputs]
+
+
+__all__ = ["CompiledGraph", "KernelStep", "ExternCall", "Extern"]

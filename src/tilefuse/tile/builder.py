@@ -1,0 +1,200 @@
+"""Shared machinery for lowering kernel plans to tile IR.
+
+`KernelBuilder` collects parameters (buffers with their strides, size symbols), emits
+statements into the current block, and turns graph-IR expressions into tile values: every
+shared subexpression becomes one `Let`, loads become masked `LoadTile`s at strided offsets,
+and loads under an unselected `where` branch are masked by that branch's condition (padding,
+concatenation and gathers never read out of bounds).
+"""
+from __future__ import annotations
+
+import sympy
+
+from ..ir import dtypes as dt
+from ..ir.expr import Binary, Cast, Const, Expr, Index, Load, Unary, Var, Where, binary, unary
+from ..ir.graph import Constant, Extern, ExternResult, Graph, Input
+from ..ir.symbolic import simplify_index
+from .ir import LoadTile, Let, Param, StoreTile
+
+
+def contiguous_strides(shape) -> tuple:
+    strides, acc = [], sympy.Integer(1)
+    for d in reversed(shape):
+        strides.append(acc)
+        acc = acc * d
+    return tuple(reversed(strides))
+
+
+def tile_symbol(name: str) -> sympy.Symbol:
+    return sympy.Symbol(name, integer=True)
+
+
+def land(a: Expr | None, b: Expr | None) -> Expr | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return binary("logical_and", a, b)
+
+
+class KernelBuilder:
+    def __init__(self, graph: Graph, name: str):
+        self.graph = graph
+        self.name = name
+        self.params: dict[str, Param] = {}
+        self.blocks: list[list] = [[]]
+        self.memo: list[dict] = [{}]
+        self.counter = 0
+        self.reads: list[str] = []
+        self.writes: list[str] = []
+        self.bound: dict[str, Var] = {}  # node name -> in-register value (kernel members)
+        self.helpers: set[str] = set()
+        self.tile_symbols: set[str] = set()
+        self.index_ranges: dict = {}  # tile symbol -> extent, for index simplification
+
+    # ------------------------------------------------------------------ statements
+    @property
+    def body(self) -> list:
+        return self.blocks[0]
+
+    def fresh(self, prefix: str = "tmp") -> str:
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    def emit(self, stmt) -> None:
+        self.blocks[-1].append(stmt)
+
+    def push_block(self, block: list) -> None:
+        self.blocks.append(block)
+        self.memo.append(dict(self.memo[-1]))
+
+    def pop_block(self) -> None:
+        self.blocks.pop()
+        self.memo.pop()
+
+    def let(self, value: Expr, prefix: str = "tmp") -> Var:
+        if isinstance(value, (Var, Const)):
+            return value
+        name = self.fresh(prefix)
+        self.emit(Let(name, value))
+        return Var(name, value.dtype)
+
+    # ------------------------------------------------------------------ parameters
+    def size_params(self, expr) -> None:
+        for s in sympy.sympify(expr).free_symbols:
+            name = str(s)
+            if name not in self.params and not self._is_tile_symbol(name):
+                self.params[name] = Param(name, "size")
+
+    def _is_tile_symbol(self, name: str) -> bool:
+        return name in self.tile_symbols
+
+    def buffer(self, name: str, write: bool = False) -> tuple:
+        """Register a buffer parameter; returns its (symbolic) strides."""
+        node = self.graph[name]
+        if name not in self.params:
+            self.params[name] = Param(name, "buffer", node.dtype)
+        seen = self.writes if write else self.reads
+        if name not in seen:
+            seen.append(name)
+        if isinstance(node, Input) and node.strides is not None:
+            strides = tuple(sympy.Integer(0) if sympy.sympify(d) == 1 else st for d, st in zip(node.shape, node.strides))
+            for st in strides:
+                self.size_params(st)
+            return strides
+        if isinstance(node, Constant):
+            return tuple(sympy.Integer(0) if d == 1 else sympy.Integer(st) for d, st in zip(node.shape, node.value.stride()))
+        if isinstance(node, (Input, Extern, ExternResult)):
+            strides = []
+            for k, d in enumerate(node.shape):
+                if sympy.sympify(d) == 1:
+                    strides.append(sympy.Integer(0))
+                else:
+                    sname = f"{name}_stride{k}"
+                    self.params.setdefault(sname, Param(sname, "size"))
+                    strides.append(sympy.Symbol(sname, integer=True))
+            return tuple(strides)
+        strides = contiguous_strides(node.shape)
+        for s in strides:
+            self.size_params(s)
+        return strides
+
+    def finish_params(self) -> list[Param]:
+        buffers = [p for p in self.params.values() if p.kind == "buffer"]
+        sizes = sorted((p for p in self.params.values() if p.kind == "size"), key=lambda p: p.name)
+        return buffers + sizes
+
+    # ------------------------------------------------------------------ expressions
+    def offset(self, name: str, index: tuple, write: bool = False) -> Expr:
+        strides = self.buffer(name, write=write)
+        if all(isinstance(c, Index) for c in index):
+            off = sympy.Integer(0)
+            for c, s in zip(index, strides):
+                off += c.expr * s
+            off = simplify_index(sympy.expand(off), self.index_ranges)
+            self.size_params(off)
+            return Index(off)
+        off: Expr = Index(sympy.Integer(0))
+        for c, s in zip(index, strides):
+            if s == 0:
+                continue
+            comp = self.value(c) if not isinstance(c, Index) else Index(c.expr)
+            if isinstance(c, Index):
+                self.size_params(c.expr)
+            self.size_params(s)
+            off = binary("add", off, binary("mul", comp, Index(s)))
+        return off
+
+    def value(self, e: Expr, mask: Expr | None = None, guard: Expr | None = None) -> Expr:
+        """Emit `e` and return a tile value (a Var, or a constant)."""
+        key = (e, mask, guard)
+        memo = self.memo[-1]
+        if key in memo:
+            return memo[key]
+        out = self._value(e, mask, guard)
+        memo[key] = out
+        return out
+
+    def _value(self, e: Expr, mask, guard) -> Expr:
+        if isinstance(e, Const):
+            return e
+        if isinstance(e, Var):
+            return e
+        if isinstance(e, Index):
+            self.size_params(e.expr)
+            return self.let(e, "idx")
+        if isinstance(e, Load):
+            if e.buffer in self.bound:
+                return self.bound[e.buffer]
+            m = land(mask, guard)
+            off = self.offset(e.buffer, e.index)
+            off_v = self.let(off, "off") if not isinstance(off, Index) else off
+            name = self.fresh("ld")
+            self.emit(LoadTile(name, e.buffer, off_v, m, e.dtype))
+            return Var(name, e.dtype)
+        if isinstance(e, Where):
+            c = self.value(e.cond, mask, guard)
+            not_c = self.let(unary("logical_not", c), "tmp")
+            a = self.value(e.a, mask, land(guard, c) if _has_load(e.a) else guard)
+            b = self.value(e.b, mask, land(guard, not_c) if _has_load(e.b) else guard)
+            return self.let(Where(c, a, b, e.dtype))
+        if isinstance(e, (Unary, Binary, Cast)):
+            kids = tuple(self.value(k, mask, guard) for k in e.children())
+            return self.let(e.rebuild(kids))
+        raise TypeError(f"cannot lower {type(e).__name__} to tile IR")
+
+    def store(self, name: str, index: tuple, value: Expr, mask: Expr | None) -> None:
+        node = self.graph[name]
+        off = self.offset(name, index, write=True)
+        v = value if value.dtype == node.dtype else self.let(Cast(value, node.dtype) if not node.dtype.is_bool
+                                                              else binary("ne", value, Const(0, value.dtype)))
+        self.emit(StoreTile(name, off, v, mask, node.dtype))
+
+
+def _has_load(e: Expr) -> bool:
+    from ..ir.expr import walk
+
+    return any(isinstance(n, Load) for n in walk(e))
+
+
+__all__ = ["KernelBuilder", "contiguous_strides", "tile_symbol", "land", "dt"]

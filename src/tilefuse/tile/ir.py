@@ -1,0 +1,167 @@
+"""Tile IR: backend-neutral tiled kernels.
+
+A `TileKernel` has parameters (buffers, sizes, strides), a launch grid over its parallel
+axes, tunable compile-time block sizes, and a body of statements over *tiles* (blocks of
+values that broadcast like NumPy arrays): program ids, ranges, masked loads and stores,
+elementwise math (the graph IR's expression language, with `Var` leaves naming tiles and
+`Index` leaves holding sympy index arithmetic over tile and size symbols), reductions along a
+tile axis, `dot`, and loops over reduction-axis tiles with carried state.
+
+The Triton backend prints it as Triton; a CPU backend prints the same statements as C++.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy
+
+from ..ir.dtypes import DType
+from ..ir.expr import Expr
+
+
+@dataclass
+class Param:
+    name: str
+    kind: str  # "buffer" | "size"
+    dtype: DType | None = None
+
+
+# ---------------------------------------------------------------------------- statements
+class Stmt:
+    pass
+
+
+@dataclass
+class ProgramId(Stmt):
+    name: str
+    axis: int
+
+
+@dataclass
+class Arange(Stmt):
+    """name = start + arange(0, BLOCK), laid along `axis` of an `ndim`-dimensional tile."""
+
+    name: str
+    start: Expr
+    block: str  # constexpr name
+    axis: int
+    ndim: int
+
+
+@dataclass
+class Let(Stmt):
+    name: str
+    value: Expr
+
+
+@dataclass
+class Full(Stmt):
+    """name = a tile of `shape` (constexpr names / ints) filled with `value`."""
+
+    name: str
+    shape: tuple
+    value: object
+    dtype: DType
+
+
+@dataclass
+class LoadTile(Stmt):
+    name: str
+    buffer: str
+    offset: Expr
+    mask: Expr | None
+    dtype: DType
+    other: object = 0
+
+
+@dataclass
+class StoreTile(Stmt):
+    buffer: str
+    offset: Expr
+    value: Expr
+    mask: Expr | None
+    dtype: DType
+
+
+@dataclass
+class ReduceTile(Stmt):
+    """name = combiner of `value` along `axis` (kept as a size-1 axis)."""
+
+    name: str
+    value: Expr
+    combiner: str
+    axis: int
+    dtype: DType
+
+
+@dataclass
+class ArgReduceTile(Stmt):
+    """name = index (from `index`) of the max/min of `value` along `axis`, ties to the lowest
+    index; NaN counts as the largest value, as in PyTorch."""
+
+    name: str
+    value: Expr
+    index: Expr
+    combiner: str  # "argmax" | "argmin"
+    axis: int
+
+
+@dataclass
+class DotTile(Stmt):
+    """name = acc + a @ b (fp32 accumulation)."""
+
+    name: str
+    a: Expr
+    b: Expr
+    acc: Expr
+    input_dtype: DType | None = None  # dtype the operands are cast to before the dot
+
+
+@dataclass
+class Assign(Stmt):
+    """Update a loop-carried variable."""
+
+    name: str
+    value: Expr
+
+
+@dataclass
+class For(Stmt):
+    var: str
+    start: Expr
+    stop: Expr
+    step: str  # constexpr name
+    body: list = field(default_factory=list)
+
+
+@dataclass
+class Comment(Stmt):
+    text: str
+
+
+@dataclass
+class TileKernel:
+    name: str
+    params: list[Param]
+    constexprs: dict  # block-size name -> int
+    grid: tuple  # sympy expressions over size symbols and constexpr symbols
+    body: list
+    num_warps: int = 4
+    num_stages: int = 1
+    reads: list = field(default_factory=list)
+    writes: list = field(default_factory=list)
+    kind: str = "pointwise"
+    plan: object = None  # the KernelPlan it implements (for reports)
+    helpers: set = field(default_factory=set)  # helper functions the body uses
+
+    def grid_size(self, env: dict) -> tuple:
+        from ..ir import symbolic
+
+        full = dict(env)
+        full.update(self.constexprs)
+        return tuple(max(1, int(symbolic.evaluate(g, full))) for g in self.grid)
+
+    def __str__(self) -> str:
+        from .printer import format_tile_kernel
+
+        return format_tile_kernel(self)

@@ -1,0 +1,383 @@
+"""Lowering of kernel plans to tile IR: pointwise, reduction and contraction kernels.
+
+* pointwise: a 1-D tile of XBLOCK elements per program;
+* reduction: a [XBLOCK, RBLOCK] tile; the reduction axis is held whole (persistent row) when
+  it is static and at most `persistent_reduction_limit`, otherwise walked in RBLOCK steps with
+  elementwise accumulators, one pass per dependency level of the plan's reductions;
+* contraction: a [BLOCK_M, BLOCK_N] output tile per program (grouped ordering), a loop over
+  K in BLOCK_K steps with `dot`, then the epilogue stages on the accumulator.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+
+from ..fusion.plan import KernelPlan
+from ..fusion.planner import unravel_sym
+from ..ir import dtypes as dt
+from ..ir.expr import Binary, Cast, Const, Expr, Index, Var, binary, cast, out_index, red_index, unary, where
+from ..ir.graph import Graph
+from ..ir.rewrite import substitute_index
+from ..ir.symbolic import simplify_index
+from .builder import KernelBuilder, land
+from .ir import Arange, ArgReduceTile, Assign, DotTile, For, Full, Let, ProgramId, ReduceTile, TileKernel
+
+
+@dataclass
+class LoweringOptions:
+    interpret: bool = False
+    persistent_reduction_limit: int = 8192
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, int(n - 1).bit_length())
+
+
+def _static(e) -> int | None:
+    e = sympy.sympify(e)
+    return int(e) if e.is_Integer else None
+
+
+def _needs_int64(*sizes) -> bool:
+    total = sympy.Mul(*sizes)
+    v = _static(total)
+    return v is None or v >= 2**31
+
+
+def identity(combiner: str, dtype):
+    if combiner == "sum" or combiner == "any":
+        return 0
+    if combiner == "prod" or combiner == "all":
+        return 1
+    big = float("inf") if dtype.is_float else (2 ** (8 * dtype.itemsize - 1) - 1)
+    if combiner in ("max", "argmax"):
+        return -big if dtype.is_float else -big - 1
+    return big
+
+
+def _sym(name: str) -> sympy.Symbol:
+    return sympy.Symbol(name, integer=True)
+
+
+def _mapped(body: Expr, symbols, values) -> Expr:
+    return substitute_index(body, {s: Index(v) for s, v in zip(symbols, values)})
+
+
+def _index_values(shape, flat, ranges: dict) -> tuple:
+    return tuple(simplify_index(v, ranges) for v in unravel_sym(flat, shape))
+
+
+def lower_plan(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> TileKernel:
+    if plan.kind == "pointwise":
+        return lower_pointwise(graph, plan, options)
+    if plan.kind == "reduction":
+        return lower_reduction(graph, plan, options)
+    if plan.kind == "contraction":
+        return lower_contraction(graph, plan, options)
+    raise ValueError(plan.kind)
+
+
+# ------------------------------------------------------------------------------ pointwise
+def lower_pointwise(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> TileKernel:
+    b = KernelBuilder(graph, plan.name)
+    b.tile_symbols |= {"pid", "xindex"}
+    n = plan.parallel
+    b.size_params(n)
+    b.emit(ProgramId("pid", 0))
+    x = _sym("xindex")
+    b.emit(Arange("xindex", Index(_sym("pid") * _sym("XBLOCK")), "XBLOCK", 0, 1))
+    xmask = b.let(binary("lt", Index(x), Index(n)), "xmask")
+    for st in plan.stages:
+        node = graph[st.node]
+        vals = _index_values(node.shape, x, {x: n})
+        v = b.value(_mapped(st.body, out_index(node.rank), vals), mask=xmask)
+        b.store(node.name, tuple(Index(e) for e in vals), v, xmask)
+    block = 1024 if not options.interpret else 256
+    nv = _static(n)
+    if nv is not None:
+        block = min(block, max(16, _pow2(nv)))
+    return TileKernel(plan.name, b.finish_params(), {"XBLOCK": block},
+                      (sympy.ceiling(n / _sym("XBLOCK")),), b.body, num_warps=4 if block >= 512 else 2,
+                      reads=b.reads, writes=b.writes, kind="pointwise", plan=plan, helpers=b.helpers)
+
+
+# ------------------------------------------------------------------------------ reduction
+def _combine(b: KernelBuilder, combiner: str, acc: Expr, v: Expr) -> Expr:
+    if combiner == "sum":
+        return binary("add", acc, v)
+    if combiner == "prod":
+        return binary("mul", acc, v)
+    if combiner in ("max", "any"):
+        b.helpers.add("maximum")
+        return binary("maximum", acc, v)
+    if combiner in ("min", "all"):
+        b.helpers.add("minimum")
+        return binary("minimum", acc, v)
+    raise ValueError(combiner)
+
+
+def _acc_dtype(combiner: str, body_dtype):
+    return dt.int32 if combiner in ("any", "all") else body_dtype
+
+
+def lower_reduction(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> TileKernel:
+    b = KernelBuilder(graph, plan.name)
+    b.tile_symbols |= {"pid", "xindex", "rindex", "roffset"}
+    P, ranges = plan.parallel, plan.reduction
+    Rn = sympy.Mul(*ranges)
+    b.size_params(P)
+    b.size_params(Rn)
+    x, r = _sym("xindex"), _sym("rindex")
+    rstatic = _static(Rn)
+    persistent = rstatic is not None and rstatic <= options.persistent_reduction_limit
+    b.emit(ProgramId("pid", 0))
+    b.emit(Arange("xindex", Index(_sym("pid") * _sym("XBLOCK")), "XBLOCK", 0, 2))
+    xmask = b.let(binary("lt", Index(x), Index(P)), "xmask")
+    sym_ranges = {x: P, r: Rn}
+
+    reduces = [s for s in plan.stages if s.kind == "reduce"]
+    fulls = [s for s in plan.stages if s.kind == "full"]
+    rows = [s for s in plan.stages if s.kind == "row"]
+    passes = 1 + max([s.level for s in reduces + fulls], default=0)
+
+    def reduce_body(st):
+        node = graph[st.node]
+        xi = _index_values(node.shape, x, sym_ranges)
+        ri = _index_values(node.ranges, r, sym_ranges)
+        return node, _mapped(_mapped(st.body, out_index(node.rank), xi), red_index(len(node.ranges)), ri)
+
+    def full_stage(st, mask):
+        node = graph[st.node]
+        vals = _index_values(node.shape, x * Rn + r, sym_ranges)
+        v = b.value(_mapped(st.body, out_index(node.rank), vals), mask=mask)
+        b.store(node.name, tuple(Index(e) for e in vals), v, mask)
+
+    def finish(node, st, red_value):
+        final = b.let(cast(red_value, node.dtype) if node.combiner not in ("any", "all")
+                      else binary("ne", red_value, Const(0, red_value.dtype)), "red")
+        b.bound[node.name] = final
+
+    for p in range(passes):
+        level_reduces = [s for s in reduces if s.level == p]
+        level_fulls = [s for s in fulls if s.level == p]
+        if persistent:
+            if p == 0:
+                b.emit(Arange("rindex", Index(sympy.Integer(0)), "RBLOCK", 1, 2))
+                rmask = b.let(binary("lt", Index(r), Index(Rn)), "rmask")
+                mask = b.let(binary("logical_and", xmask, rmask), "mask")
+            for st in level_reduces:
+                node, body = reduce_body(st)
+                v = b.value(body, mask=mask)
+                accd = _acc_dtype(node.combiner, body.dtype)
+                v = cast(v, accd)
+                ident = Const(identity(node.combiner, accd), accd) if not accd.is_float else Const(float(identity(node.combiner, accd)), accd)
+                masked = b.let(where(mask, v, ident))
+                name = b.fresh("red")
+                if node.combiner in ("argmax", "argmin"):
+                    rr = b.let(Index(r), "ridx")
+                    b.helpers.add(node.combiner)
+                    b.emit(ArgReduceTile(name, masked, rr, node.combiner, 1))
+                    finish(node, st, Var(name, dt.int64))
+                else:
+                    if node.combiner in ("max", "min", "prod", "any", "all"):
+                        b.helpers.add({"any": "maximum", "all": "minimum"}.get(node.combiner, node.combiner))
+                    b.emit(ReduceTile(name, masked, {"any": "max", "all": "min"}.get(node.combiner, node.combiner), 1, accd))
+                    finish(node, st, Var(name, accd))
+            for st in level_fulls:
+                full_stage(st, mask)
+            continue
+        # looped: accumulators, then a loop over RBLOCK tiles
+        accs = {}
+        for st in level_reduces:
+            node = graph[st.node]
+            accd = _acc_dtype(node.combiner, st.body.dtype)
+            name = b.fresh("acc")
+            ident = identity(node.combiner, accd)
+            b.emit(Full(name, ("XBLOCK", "RBLOCK"), ident, accd))
+            idx_name = None
+            if node.combiner in ("argmax", "argmin"):
+                idx_name = b.fresh("accidx")
+                b.emit(Full(idx_name, ("XBLOCK", "RBLOCK"), 0, dt.int64))
+            accs[st.node] = (name, accd, idx_name)
+        loop = For("roffset", Index(sympy.Integer(0)), Index(Rn), "RBLOCK")
+        b.emit(loop)
+        b.push_block(loop.body)
+        b.emit(Arange("rindex", Index(_sym("roffset")), "RBLOCK", 1, 2))
+        rmask = b.let(binary("lt", Index(r), Index(Rn)), "rmask")
+        mask = b.let(binary("logical_and", xmask, rmask), "mask")
+        for st in level_reduces:
+            node, body = reduce_body(st)
+            name, accd, idx_name = accs[st.node]
+            acc = Var(name, accd)
+            v = cast(b.value(body, mask=mask), accd)
+            if idx_name is not None:
+                better = _arg_better(node.combiner, v, acc)
+                upd = b.let(binary("logical_and", mask, better))
+                b.emit(Assign(idx_name, where(upd, Index(r), Var(idx_name, dt.int64))))
+                b.emit(Assign(name, where(upd, v, acc)))
+            else:
+                ident = Const(identity(node.combiner, accd), accd)
+                b.emit(Assign(name, _combine(b, node.combiner, acc, b.let(where(mask, v, ident)))))
+        for st in level_fulls:
+            full_stage(st, mask)
+        b.pop_block()
+        for st in level_reduces:
+            node = graph[st.node]
+            name, accd, idx_name = accs[st.node]
+            out = b.fresh("red")
+            if idx_name is not None:
+                b.helpers.add(node.combiner)
+                b.emit(ArgReduceTile(out, Var(name, accd), Var(idx_name, dt.int64), node.combiner, 1))
+                finish(node, st, Var(out, dt.int64))
+            else:
+                comb = {"any": "max", "all": "min"}.get(node.combiner, node.combiner)
+                if comb in ("max", "min", "prod"):
+                    b.helpers.add({"max": "maximum", "min": "minimum"}.get(comb, comb))
+                b.emit(ReduceTile(out, Var(name, accd), comb, 1, accd))
+                finish(node, st, Var(out, accd))
+    for st in rows:
+        node = graph[st.node]
+        vals = _index_values(node.shape, x, sym_ranges)
+        v = b.value(_mapped(st.body, out_index(node.rank), vals), mask=xmask)
+        b.store(node.name, tuple(Index(e) for e in vals), v, xmask)
+    for st in reduces:
+        if st.store:
+            node = graph[st.node]
+            vals = _index_values(node.shape, x, sym_ranges)
+            b.store(node.name, tuple(Index(e) for e in vals), b.bound[node.name], xmask)
+
+    if persistent:
+        rblock = _pow2(rstatic)
+        xblock = max(1, min(64 if not options.interpret else 16, 4096 // rblock))
+        pv = _static(P)
+        if pv is not None:
+            xblock = min(xblock, _pow2(pv))
+        warps = 1 if rblock <= 128 else 2 if rblock <= 512 else 4 if rblock <= 2048 else 8 if rblock <= 4096 else 16
+    else:
+        rblock, xblock, warps = (512 if options.interpret else 2048), 1, 8
+    return TileKernel(plan.name, b.finish_params(), {"XBLOCK": xblock, "RBLOCK": rblock},
+                      (sympy.ceiling(P / _sym("XBLOCK")),), b.body, num_warps=warps,
+                      reads=b.reads, writes=b.writes, kind="reduction", plan=plan, helpers=b.helpers)
+
+
+def _arg_better(combiner: str, v: Expr, acc: Expr) -> Expr:
+    if combiner == "argmax":
+        strictly = binary("gt", v, acc)
+    else:
+        strictly = binary("lt", v, acc)
+    if v.dtype.is_float:
+        v_nan = unary("isnan", v)
+        acc_nan = unary("isnan", acc)
+        return binary("logical_or", binary("logical_and", strictly, unary("logical_not", acc_nan)),
+                      binary("logical_and", v_nan, unary("logical_not", acc_nan)))
+    return strictly
+
+
+# ------------------------------------------------------------------------------ contraction
+def _dot_operand(e: Expr) -> tuple[Expr, object]:
+    """Strip an upcast of a low-precision operand so the dot runs on tensor cores with fp32
+    accumulation."""
+    if isinstance(e, Cast) and e.dtype == dt.float32 and e.x.dtype.is_low_precision:
+        return e.x, e.x.dtype
+    return e, e.dtype
+
+
+def lower_contraction(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> TileKernel:
+    b = KernelBuilder(graph, plan.name)
+    c = plan.contraction
+    main = plan.stages[0]
+    node = graph[main.node]
+    M, N, K = node.shape[c.m_dim], node.shape[c.n_dim], node.ranges[0]
+    batch_shape = tuple(node.shape[d] for d in c.batch_dims)
+    for e in (M, N, K, *batch_shape):
+        b.size_params(e)
+    b.tile_symbols |= {"pid", "pid_b", "rm", "rn", "rka", "rkb", "koffset", "pid_m", "pid_n"}
+    BM, BN, BK, G = (_sym(n) for n in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"))
+    b.emit(ProgramId("pid", 0))
+    b.emit(ProgramId("pid_b", 1))
+    pid, pid_b = _sym("pid"), _sym("pid_b")
+    num_m, num_n = sympy.ceiling(M / BM), sympy.ceiling(N / BN)
+    group = sympy.floor(pid / (G * num_n))
+    first_m = group * G
+    size_m = sympy.Min(num_m - first_m, G)
+    b.emit(Let("pid_m", Index(first_m + sympy.Mod(pid, size_m))))
+    b.emit(Let("pid_n", Index(sympy.floor(sympy.Mod(pid, G * num_n) / size_m))))
+    b.emit(Arange("rm", Index(_sym("pid_m") * BM), "BLOCK_M", 0, 2))
+    b.emit(Arange("rn", Index(_sym("pid_n") * BN), "BLOCK_N", 1, 2))
+    rm, rn = _sym("rm"), _sym("rn")
+    batch_vals = unravel_sym(pid_b, batch_shape) if batch_shape else ()
+    outs = out_index(node.rank)
+    (r0,) = red_index(1)
+
+    def dims(m_val, n_val):
+        vals = [None] * node.rank
+        vals[c.m_dim], vals[c.n_dim] = m_val, n_val
+        for d, v in zip(c.batch_dims, batch_vals):
+            vals[d] = v
+        return vals
+
+    acc = b.fresh("acc")
+    b.emit(Full(acc, ("BLOCK_M", "BLOCK_N"), 0.0, dt.float32))
+    loop = For("koffset", Index(sympy.Integer(0)), Index(K), "BLOCK_K")
+    b.emit(loop)
+    b.push_block(loop.body)
+    b.emit(Arange("rka", Index(_sym("koffset")), "BLOCK_K", 1, 2))
+    b.emit(Arange("rkb", Index(_sym("koffset")), "BLOCK_K", 0, 2))
+    rka, rkb = _sym("rka"), _sym("rkb")
+    mask_a = b.let(binary("logical_and", binary("lt", Index(rm), Index(M)), binary("lt", Index(rka), Index(K))), "amask")
+    mask_b = b.let(binary("logical_and", binary("lt", Index(rkb), Index(K)), binary("lt", Index(rn), Index(N))), "bmask")
+    operands = []
+    for factor, m_val, n_val, k_val, mask in ((c.a, rm, 0, rka, mask_a), (c.b, 0, rn, rkb, mask_b)):
+        expr, in_dtype = _dot_operand(factor)
+        expr = _mapped(expr, outs, dims(m_val, n_val))
+        expr = _mapped(expr, (r0,), (k_val,))
+        v = b.value(expr, mask=mask)
+        zero = Const(0.0, v.dtype)
+        operands.append((b.let(where(mask, v, zero), "op"), in_dtype))
+    (a_v, a_dt), (b_v, b_dt) = operands
+    dot_dtype = a_dt if a_dt == b_dt and a_dt.is_low_precision and not options.interpret else dt.float32
+    b.emit(DotTile(acc, a_v, b_v, Var(acc, dt.float32), dot_dtype))
+    b.pop_block()
+
+    omask = b.let(binary("logical_and", binary("lt", Index(rm), Index(M)), binary("lt", Index(rn), Index(N))), "omask")
+    out_vals = dims(rm, rn)
+    b.bound[node.name] = b.let(cast(Var(acc, dt.float32), node.dtype), "mm")
+    if main.store:
+        b.store(node.name, tuple(Index(v) for v in out_vals), b.bound[node.name], omask)
+    flat = sum((v * s for v, s in zip(out_vals, _contig(node.shape))), sympy.Integer(0))
+    for st in plan.stages[1:]:
+        enode = graph[st.node]
+        if tuple(enode.shape) == tuple(node.shape):
+            vals = out_vals
+        else:
+            vals = _index_values(enode.shape, flat, {})
+        v = b.value(_mapped(st.body, out_index(enode.rank), vals), mask=omask)
+        b.store(enode.name, tuple(Index(e) for e in vals), v, omask)
+
+    if options.interpret:
+        cfg = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8}
+        warps, stages = 4, 1
+    elif dot_dtype.is_low_precision:
+        cfg = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}
+        warps, stages = 8, 3
+    else:
+        cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8}
+        warps, stages = 4, 3
+    for key, dim in (("BLOCK_M", M), ("BLOCK_N", N), ("BLOCK_K", K)):
+        v = _static(dim)
+        if v is not None:
+            cfg[key] = min(cfg[key], max(16, _pow2(v)))
+    nbatch = sympy.Mul(*batch_shape) if batch_shape else sympy.Integer(1)
+    return TileKernel(plan.name, b.finish_params(), cfg, (num_m * num_n, nbatch), b.body,
+                      num_warps=warps, num_stages=stages, reads=b.reads, writes=b.writes,
+                      kind="contraction", plan=plan, helpers=b.helpers)
+
+
+def _contig(shape):
+    from .builder import contiguous_strides
+
+    return contiguous_strides(shape)
+
+
+__all__ = ["lower_plan", "LoweringOptions", "land"]

@@ -1,0 +1,44 @@
+"""Readable text of tile IR (`TILEFUSE_LOGS=tile`, `explain`)."""
+from __future__ import annotations
+
+from ..ir.printer import format_expr
+from .ir import (Arange, ArgReduceTile, Assign, Comment, DotTile, For, Full, Let, LoadTile, ProgramId, ReduceTile,
+                 StoreTile, TileKernel)
+
+
+def _stmt(s, pad: str, out: list) -> None:
+    if isinstance(s, ProgramId):
+        out.append(f"{pad}{s.name} = program_id({s.axis})")
+    elif isinstance(s, Arange):
+        out.append(f"{pad}{s.name} = {format_expr(s.start)} + range({s.block}) @axis{s.axis}/{s.ndim}")
+    elif isinstance(s, (Let, Assign)):
+        out.append(f"{pad}{s.name} {'=' if isinstance(s, Let) else '<-'} {format_expr(s.value)}")
+    elif isinstance(s, Full):
+        out.append(f"{pad}{s.name} = full({list(s.shape)}, {s.value}, {s.dtype})")
+    elif isinstance(s, LoadTile):
+        mask = f" if {format_expr(s.mask)}" if s.mask is not None else ""
+        out.append(f"{pad}{s.name} = load {s.buffer}[{format_expr(s.offset)}]{mask}")
+    elif isinstance(s, StoreTile):
+        mask = f" if {format_expr(s.mask)}" if s.mask is not None else ""
+        out.append(f"{pad}store {s.buffer}[{format_expr(s.offset)}] = {format_expr(s.value)}{mask}")
+    elif isinstance(s, ReduceTile):
+        out.append(f"{pad}{s.name} = reduce_{s.combiner}({format_expr(s.value)}, axis={s.axis})")
+    elif isinstance(s, ArgReduceTile):
+        out.append(f"{pad}{s.name} = {s.combiner}({format_expr(s.value)}, axis={s.axis})")
+    elif isinstance(s, DotTile):
+        out.append(f"{pad}{s.name} = dot({format_expr(s.a)}, {format_expr(s.b)}) + {format_expr(s.acc)}")
+    elif isinstance(s, For):
+        out.append(f"{pad}for {s.var} in range({format_expr(s.start)}, {format_expr(s.stop)}, {s.step}):")
+        for t in s.body:
+            _stmt(t, pad + "  ", out)
+    elif isinstance(s, Comment):
+        out.append(f"{pad}# {s.text}")
+
+
+def format_tile_kernel(k: TileKernel) -> str:
+    params = ", ".join(p.name for p in k.params)
+    blocks = ", ".join(f"{n}={v}" for n, v in k.constexprs.items())
+    out = [f"tile kernel {k.name}({params}) grid={tuple(str(g) for g in k.grid)} {blocks} warps={k.num_warps}"]
+    for s in k.body:
+        _stmt(s, "  ", out)
+    return "\n".join(out)
