@@ -76,6 +76,16 @@ def compile_fx(gm: torch.fx.GraphModule, device: torch.device, name: str = "grap
     interpret = backend == "interpret"
     with stage("lower"):
         graph = lower_fx(gm, name)
+    return compile_ir(graph, device, report)
+
+
+def compile_ir(graph, device: torch.device, report: CompileReport | None = None):
+    """Compile a graph-IR graph (the part of the pipeline after the frontend)."""
+    report = report or CompileReport(graph.name)
+    stage = _Stages(report)
+    backend = choose_backend(device)
+    report.backend = backend
+    interpret = backend == "interpret"
     with stage("passes"):
         graph = run_passes(graph)
         verify(graph)

@@ -9,7 +9,9 @@ the reduced dims), and ordered stages:
   (a reduction that reads another is computed in a later pass over the axis);
 * `full` stages — outputs indexed by the reduction axis too (RMSNorm's normalised row),
   computed in the pass after the reductions they read;
-* `row` stages — outputs indexed by the parallel space only, after every pass;
+* `row` stages — outputs indexed by the parallel space only, computed as soon as the pass
+  they need has finished (their `level` is that pass, -1 for none) and readable by later
+  stages in registers (LayerNorm's mean feeding its variance);
 * `contraction` — a Reduce(sum) of a product computed as a blocked `dot`, with `row` stages
   as its epilogue.
 

@@ -173,7 +173,7 @@ class Planner:
             if sympy.simplify(k.parallel - parallel) != 0:
                 continue
             kidx = self.steps.index(k)
-            members = {s.node for s in k.stages if s.kind == "reduce"}
+            members = {s.node for s in k.stages if s.kind in ("reduce", "row")}
             ranges = {X: k.parallel}
             if not self.reachable_before(deps, kidx, members):
                 continue
@@ -196,14 +196,14 @@ class Planner:
             k = self.steps[kidx]
             if not isinstance(k, KernelPlan) or k.kind == "pointwise":
                 continue
-            anchors = {s.node for s in k.stages if s.kind in ("reduce", "contraction")}
+            anchors = {s.node for s in k.stages if s.kind in ("reduce", "contraction", "row")}
             if not self.reachable_before(deps, kidx, anchors):
                 self.note(f"{node.name}: cannot join {k.name}: reads a value produced after it")
                 continue
             if sympy.simplify(size - k.parallel) == 0:
                 index_map = dict(zip(out_index(node.rank), (Index(e) for e in unravel_sym(X, node.shape))))
                 if self.loads_at_position(body, anchors, index_map, {X: k.parallel}):
-                    level = 1 + max((k.stage(d).level for d in deps & anchors), default=-1)
+                    level = max((k.stage(d).level for d in deps & anchors), default=-1)
                     self.add(k, Stage(node.name, "row", body, level=level))
                     self.note(f"{node.name}: epilogue of {k.name}", k)
                     return

@@ -158,7 +158,21 @@ def lower_reduction(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
                       else binary("ne", red_value, Const(0, red_value.dtype)), "red")
         b.bound[node.name] = final
 
+    def row_stages(level):
+        for st in rows:
+            if st.level != level:
+                continue
+            node = graph[st.node]
+            vals = _index_values(node.shape, x, sym_ranges)
+            v = b.value(_mapped(st.body, out_index(node.rank), vals), mask=xmask)
+            b.bound[node.name] = v
+            if st.store:
+                b.store(node.name, tuple(Index(e) for e in vals), v, xmask)
+
+    row_stages(-1)
     for p in range(passes):
+        if p > 0:
+            row_stages(p - 1)
         level_reduces = [s for s in reduces if s.level == p]
         level_fulls = [s for s in fulls if s.level == p]
         if persistent:
@@ -236,11 +250,7 @@ def lower_reduction(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
                     b.helpers.add({"max": "maximum", "min": "minimum"}.get(comb, comb))
                 b.emit(ReduceTile(out, Var(name, accd), comb, 1, accd))
                 finish(node, st, Var(out, accd))
-    for st in rows:
-        node = graph[st.node]
-        vals = _index_values(node.shape, x, sym_ranges)
-        v = b.value(_mapped(st.body, out_index(node.rank), vals), mask=xmask)
-        b.store(node.name, tuple(Index(e) for e in vals), v, xmask)
+    row_stages(passes - 1)
     for st in reduces:
         if st.store:
             node = graph[st.node]

@@ -4,8 +4,8 @@ Generated source goes through the disk cache (namespace "triton", keyed by the s
 environment fingerprint) and is imported from the cached file, because `triton.jit` needs a
 real file to read the source from. Triton's own binary cache is pointed inside the tilefuse
 cache directory unless the user set `TRITON_CACHE_DIR`, so a second process with the same
-graph compiles nothing new. In interpreter mode the module is imported with
-`TRITON_INTERPRET=1`, which makes `triton.jit` produce interpreted kernels.
+graph compiles nothing new. Interpreter mode needs `TRITON_INTERPRET=1` from before Triton's
+import (`import tilefuse` sets it on machines without CUDA).
 """
 from __future__ import annotations
 
@@ -30,7 +30,15 @@ def _point_triton_cache() -> None:
         os.environ["TRITON_CACHE_DIR"] = os.path.join(config.cache_dir, "triton-bin")
 
 
+def _check_interpreter(interpret: bool) -> None:
+    if interpret and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError(
+            "the interpret backend needs the Triton interpreter, which must be chosen before Triton "
+            "is imported: set TRITON_INTERPRET=1 (or import tilefuse before triton)")
+
+
 def _import_source(source: str, key: str, interpret: bool):
+    _check_interpreter(interpret)
     mod_name = f"tilefuse_kernel_{key[:24]}_{'i' if interpret else 'g'}"
     if mod_name in _modules:
         return _modules[mod_name]
@@ -43,21 +51,10 @@ def _import_source(source: str, key: str, interpret: bool):
         with os.fdopen(fd, "w") as f:
             f.write(source)
     with _import_lock:
-        old = os.environ.get("TRITON_INTERPRET")
-        if interpret:
-            os.environ["TRITON_INTERPRET"] = "1"
-        else:
-            os.environ.pop("TRITON_INTERPRET", None)
-        try:
-            spec = importlib.util.spec_from_file_location(mod_name, path)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[mod_name] = module
-            spec.loader.exec_module(module)
-        finally:
-            if old is None:
-                os.environ.pop("TRITON_INTERPRET", None)
-            else:
-                os.environ["TRITON_INTERPRET"] = old
+        spec = importlib.util.spec_from_file_location(mod_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[mod_name] = module
+        spec.loader.exec_module(module)
     _modules[mod_name] = module
     return module
 

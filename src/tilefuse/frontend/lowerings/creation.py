@@ -1,0 +1,95 @@
+"""Tensor creation: full / zeros / ones / empty (and their _like / new_ forms), scalar_tensor,
+arange and iota. Each is a Pointwise node whose body is a constant or an index formula.
+
+`empty` has no defined contents; it is filled with zeros so results are deterministic.
+"""
+from __future__ import annotations
+
+import sympy
+import torch
+
+from ...ir import dtypes as dt
+from ...ir.expr import Index, binary, cast
+from ..registry import lowering
+from .common import pointwise, py, scalar, sym
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+
+def _ops(*names, ns=aten):
+    out = []
+    for name in names:
+        pkt, _, ov = name.partition(".")
+        target = getattr(getattr(ns, pkt, None), ov or "default", None)
+        if target is not None:
+            out.append(target)
+    return out
+
+
+def fill(ctx, value):
+    out = ctx.out_dtype
+    return pointwise(ctx, ctx.out_shape, out, lambda idx: scalar(value, out))
+
+
+@lowering(*_ops("full.default", "full_like.default"))
+def full(ctx, size_or_like, fill_value, **kwargs):
+    return fill(ctx, fill_value)
+
+
+@lowering(*_ops("new_full.default"))
+def new_full(ctx, x, size, fill_value, **kwargs):
+    return fill(ctx, fill_value)
+
+
+@lowering(*_ops("zeros.default", "zeros_like.default", "new_zeros.default", "empty.memory_format",
+                "empty_like.default", "new_empty.default", "empty_strided.default", "new_empty_strided.default",
+                "empty_permuted.default"))
+def zeros(ctx, *args, **kwargs):
+    return fill(ctx, 0)
+
+
+@lowering(*_ops("ones.default", "ones_like.default", "new_ones.default"))
+def ones(ctx, *args, **kwargs):
+    return fill(ctx, 1)
+
+
+@lowering(aten.scalar_tensor.default)
+def scalar_tensor(ctx, value, **kwargs):
+    return fill(ctx, value)
+
+
+def _range(ctx, start, step):
+    """out[i] = start + i*step, computed exactly for integers and in fp64 for floats (as
+    eager's arange accumulates in double), then cast."""
+    out = ctx.out_dtype
+    start, step = py(start), py(step)
+    exact = all(isinstance(v, int) or (isinstance(v, sympy.Basic) and v.is_integer) for v in (start, step))
+
+    def body(idx):
+        i = idx[0]
+        if exact:
+            return Index(sym(start) + sym(step) * i.expr)
+        return binary("add", scalar(start, dt.float64), binary("mul", cast(i, dt.float64), scalar(step, dt.float64)))
+
+    return pointwise(ctx, ctx.out_shape, out, body)
+
+
+@lowering(aten.arange.start_step)
+def arange_start_step(ctx, start, end=None, step=1, **kwargs):
+    return _range(ctx, start, step)
+
+
+@lowering(aten.arange.start)
+def arange_start(ctx, start, end, **kwargs):
+    return _range(ctx, start, 1)
+
+
+@lowering(aten.arange.default)
+def arange(ctx, end, **kwargs):
+    return _range(ctx, 0, 1)
+
+
+@lowering(*_ops("iota.default", ns=prims))
+def iota(ctx, length, *, start, step, **kwargs):
+    return _range(ctx, start, step)

@@ -1,0 +1,10 @@
+"""Test configuration: make tests/ importable for shared helpers and keep the kernel cache
+inside a per-session temporary directory."""
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(__file__))
+os.environ.setdefault("TILEFUSE_CACHE_DIR", tempfile.mkdtemp(prefix="tilefuse-test-cache-"))
+os.environ.setdefault("TILEFUSE_FALLBACK", "error")
+os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -1,0 +1,36 @@
+"""Build small graph-IR graphs by hand for tests below the frontend."""
+from __future__ import annotations
+
+import sympy
+import torch
+
+from tilefuse.frontend.context import LoweringContext
+from tilefuse.frontend.values import BufferValue
+from tilefuse.ir import dtypes as dt
+from tilefuse.ir.graph import Graph, Input
+
+
+class GraphBuilder:
+    def __init__(self, name="g"):
+        self.graph = Graph(name=name)
+        self.ctx = LoweringContext(self.graph)
+
+    def input(self, name, shape, dtype=dt.float32):
+        shape = tuple(sympy.sympify(d) for d in shape)
+        node = Input(name, dtype, shape, position=len(self.graph.inputs))
+        self.graph.add(node)
+        self.graph.inputs.append(node)
+        return BufferValue(name, dtype, shape)
+
+    def output(self, *values):
+        self.graph.outputs = [self.ctx.realize(v) for v in values]
+        return self.graph
+
+
+def run_compiled(graph, args):
+    from tilefuse.compiler import compile_ir
+    from tilefuse.config import config
+
+    with config.patch(backend="interpret"):
+        compiled, report = compile_ir(graph, torch.device("cpu"))
+        return compiled(*args), report
