@@ -145,7 +145,7 @@ def compile(fn, *, dynamic=None, fullgraph=False, **options):
 
 def explain(fn, *inputs, dynamic=None, **options):
     """Compile and run `fn(*inputs)`; return an `Explanation` of every graph compiled."""
-    from .explain import Explanation
+    from .explanation import Explanation
 
     sink: list = []
     _report_sinks.append(sink)

@@ -88,7 +88,11 @@ def lower_fx(gm: torch.fx.GraphModule, name: str = "graph") -> Graph:
             for o in outs:
                 v = arg(o) if o is not None else None
                 if isinstance(v, TensorValue):
-                    graph.outputs.append(ctx.realize(v))
+                    name = ctx.realize(v)
+                    graph.outputs.append(name)
+                    meta_val = o.meta.get("val") if isinstance(o, torch.fx.Node) else None
+                    if isinstance(meta_val, torch.Tensor) and name not in graph.output_strides:
+                        graph.output_strides[name] = tuple(sympy.sympify(sym_expr(st)) for st in meta_val.stride())
                 else:
                     graph.outputs.append(v)
         else:

@@ -147,6 +147,9 @@ class Graph:
     nodes: dict[str, Node] = field(default_factory=dict)  # every node, topological order
     outputs: list[Any] = field(default_factory=list)  # node names, or python/sympy scalars
     name: str = "graph"
+    #: layouts the caller expects for computed outputs (AOTAutograd saves activations with
+    #: the strides it traced); others are allocated contiguous
+    output_strides: dict = field(default_factory=dict)
 
     def add(self, node: Node) -> Node:
         if node.name in self.nodes:

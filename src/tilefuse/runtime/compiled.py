@@ -51,6 +51,10 @@ class CompiledGraph:
     def _alloc(self, name: str, env: dict) -> torch.Tensor:
         node = self.graph[name]
         shape = tuple(int(symbolic.evaluate(d, env)) for d in node.shape)
+        strides = self.graph.output_strides.get(name)
+        if strides is not None:
+            stride = tuple(int(symbolic.evaluate(st, env)) for st in strides)
+            return torch.empty_strided(shape, stride, dtype=torch_dtype(node.dtype), device=self.device)
         return torch.empty(shape, dtype=torch_dtype(node.dtype), device=self.device)
 
     def __call__(self, *args):

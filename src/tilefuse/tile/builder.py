@@ -114,7 +114,8 @@ class KernelBuilder:
                     self.params.setdefault(sname, Param(sname, "size"))
                     strides.append(sympy.Symbol(sname, integer=True))
             return tuple(strides)
-        strides = contiguous_strides(node.shape)
+        strides = self.graph.output_strides.get(name) or contiguous_strides(node.shape)
+        strides = tuple(sympy.Integer(0) if sympy.sympify(d) == 1 else st for d, st in zip(node.shape, strides))
         for s in strides:
             self.size_params(s)
         return strides

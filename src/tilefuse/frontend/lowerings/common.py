@@ -11,6 +11,7 @@ import math
 
 import sympy
 import torch
+import torch.utils._sympy.functions
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
 from ...ir import dtypes as dt
@@ -27,6 +28,42 @@ aten = torch.ops.aten
 
 # ---------------------------------------------------------------- argument normalisation
 
+_tf = torch.utils._sympy.functions
+
+
+def to_sympy(e):
+    """Rewrite PyTorch's sympy functions (FloorDiv, ModularIndexing, its own Max/Min, ...),
+    which appear in symbolic shapes, into the plain sympy the IR evaluates."""
+    if not isinstance(e, sympy.Basic) or e.is_Atom:
+        return e
+    args = [to_sympy(a) for a in e.args]
+    if isinstance(e, (_tf.FloorDiv, _tf.FloorToInt)) and len(args) == 2:
+        return sympy.floor(args[0] / args[1])
+    if isinstance(e, _tf.CeilDiv):
+        return sympy.ceiling(args[0] / args[1])
+    if isinstance(e, _tf.ModularIndexing):
+        return sympy.Mod(sympy.floor(args[0] / args[1]), args[2])
+    if isinstance(e, (_tf.PythonMod, _tf.Mod)):
+        return sympy.Mod(args[0], args[1])
+    if isinstance(e, (_tf.IntTrueDiv, _tf.FloatTrueDiv)):
+        return args[0] / args[1]
+    if isinstance(e, (_tf.PowByNatural, _tf.FloatPow)):
+        return args[0] ** args[1]
+    if isinstance(e, (_tf.ToFloat, _tf.Identity, _tf.TruncToFloat)):
+        return args[0]
+    if isinstance(e, _tf.FloorToInt):
+        return sympy.floor(args[0])
+    if isinstance(e, _tf.CeilToInt):
+        return sympy.ceiling(args[0])
+    if isinstance(e, _tf.Max):
+        return sympy.Max(*args)
+    if isinstance(e, _tf.Min):
+        return sympy.Min(*args)
+    if any(a is not b for a, b in zip(args, e.args)):
+        return e.func(*args)
+    return e
+
+
 
 def py(x):
     """Concrete sympy numbers → python numbers (recursively through lists/tuples);
@@ -34,6 +71,7 @@ def py(x):
     if isinstance(x, (list, tuple)):
         return type(x)(py(v) for v in x)
     if isinstance(x, sympy.Basic):
+        x = to_sympy(x)
         if x is sympy.true or x is sympy.false:
             return bool(x)
         if x.is_Integer:
@@ -79,7 +117,7 @@ def canonical_dims(dims, rank: int) -> list[int]:
 
 
 def sym(x) -> sympy.Expr:
-    return sympy.sympify(x)
+    return to_sympy(sympy.sympify(x))
 
 
 def numel(shape) -> sympy.Expr:
@@ -99,7 +137,12 @@ def meta_dtype(ctx, k: int = 0) -> DType:
 
 
 def meta_shape(ctx, k: int = 0) -> tuple:
-    return shape_of(meta_at(ctx, k))
+    return tuple(sym(d) for d in shape_of(meta_at(ctx, k)))
+
+
+def out_shape(ctx) -> tuple:
+    """PyTorch's result shape of the op being lowered, in plain sympy."""
+    return tuple(sym(d) for d in ctx.out_shape)
 
 
 # ---------------------------------------------------------------- dtypes and scalars
@@ -223,56 +266,10 @@ def shape_of_operand(v) -> tuple:
 # ---------------------------------------------------------------- node builders with simplification
 
 
-def _fold_divmod(e: sympy.Expr) -> sympy.Expr:
-    """`a*c*floor(x/c) + a*Mod(x, c) → a*x` (what splitting a merged index gives back)."""
-    if e.is_Atom:
-        return e
-    args = [_fold_divmod(a) for a in e.args]
-    if any(a is not b for a, b in zip(args, e.args)):
-        e = e.func(*args)
-    if not e.is_Add:
-        return e
-    terms = list(e.args)
-    changed = True
-    while changed:
-        changed = False
-        for t in terms:
-            coeff, rest = t.as_coeff_Mul()
-            if not isinstance(rest, sympy.Mod):
-                continue
-            x, c = rest.args
-            want = sympy.floor(x / c)
-            for u in terms:
-                if u is t:
-                    continue
-                cu, ru = u.as_coeff_Mul()
-                if ru == want and cu == coeff * c:
-                    terms.remove(t)
-                    terms.remove(u)
-                    terms.append(coeff * x)
-                    changed = True
-                    break
-                if ru.is_Mul and want in ru.args:
-                    other = ru / want
-                    if sympy.simplify(cu * other - coeff * c) == 0:
-                        terms.remove(t)
-                        terms.remove(u)
-                        terms.append(coeff * x)
-                        changed = True
-                        break
-            if changed:
-                break
-    return sympy.Add(*terms)
-
-
 def simplify_sym(expr: sympy.Expr, ranges: dict) -> sympy.Expr:
     if not expr.has(sympy.floor, sympy.Mod):
         return expr
-    prev = None
-    while prev != expr:
-        prev = expr
-        expr = _fold_divmod(simplify_index(expr, ranges))
-    return expr
+    return simplify_index(expr, ranges)
 
 
 def simplify_body(body: Expr, ranges: dict) -> Expr:
@@ -289,14 +286,14 @@ def simplify_body(body: Expr, ranges: dict) -> Expr:
 
 
 def pointwise(ctx, shape, dtype: DType, fn) -> BufferValue:
-    shape = tuple(sympy.sympify(d) for d in shape)
+    shape = tuple(sym(d) for d in shape)
     ranges = dict(zip(out_index(len(shape)), shape))
     return ctx.pointwise(shape, dtype, lambda idx: simplify_body(fn(idx), ranges))
 
 
 def reduce(ctx, shape, ranges, combiner: str, fn, dtype: DType) -> BufferValue:
-    shape = tuple(sympy.sympify(d) for d in shape)
-    ranges = tuple(sympy.sympify(d) for d in ranges)
+    shape = tuple(sym(d) for d in shape)
+    ranges = tuple(sym(d) for d in ranges)
     extents = dict(zip(out_index(len(shape)), shape))
     extents.update(zip(red_index(len(ranges)), ranges))
     return ctx.reduce(shape, ranges, combiner, lambda idx, ridx: simplify_body(fn(idx, ridx), extents), dtype)
@@ -308,7 +305,7 @@ def elementwise(ctx, operands, fn, compute: DType | None = None, out_dtype: DTyp
     cast to the result dtype."""
     out_dtype = out_dtype or ctx.out_dtype
     compute = compute or dt.compute_dtype(out_dtype)
-    shape = ctx.out_shape
+    shape = out_shape(ctx)
     return pointwise(ctx, shape, out_dtype,
                      lambda idx: fn(*[broadcast_load(v, idx, shape, compute, round_to) for v in operands]))
 

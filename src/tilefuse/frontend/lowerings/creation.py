@@ -11,7 +11,7 @@ import torch
 from ...ir import dtypes as dt
 from ...ir.expr import Index, binary, cast
 from ..registry import lowering
-from .common import pointwise, py, scalar, sym
+from .common import out_shape, pointwise, py, scalar, sym
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -29,7 +29,7 @@ def _ops(*names, ns=aten):
 
 def fill(ctx, value):
     out = ctx.out_dtype
-    return pointwise(ctx, ctx.out_shape, out, lambda idx: scalar(value, out))
+    return pointwise(ctx, out_shape(ctx), out, lambda idx: scalar(value, out))
 
 
 @lowering(*_ops("full.default", "full_like.default"))
@@ -72,7 +72,7 @@ def _range(ctx, start, step):
             return Index(sym(start) + sym(step) * i.expr)
         return binary("add", scalar(start, dt.float64), binary("mul", cast(i, dt.float64), scalar(step, dt.float64)))
 
-    return pointwise(ctx, ctx.out_shape, out, body)
+    return pointwise(ctx, out_shape(ctx), out, body)
 
 
 @lowering(aten.arange.start_step)

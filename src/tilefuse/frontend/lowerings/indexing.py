@@ -14,7 +14,7 @@ from ...ir import dtypes as dt
 from ...ir.expr import Binary, Expr, Index, Where, binary, cast, const
 from ..registry import Unsupported, lowering
 from ..values import ViewValue, ix, ix_add
-from .common import (as_int, broadcast_index, broadcast_shapes, canonical_dim, copy_of, is_tensor, pointwise,
+from .common import (out_shape, as_int, broadcast_index, broadcast_shapes, canonical_dim, copy_of, is_tensor, pointwise,
                      py, scalar, sym)
 from .views import _ops, slice_start, slice_view
 
@@ -58,7 +58,7 @@ def index_select(ctx, x, dim, index):
         j = _index_expr(index, (idx[d],) if index.rank == 1 else ())
         return tuple(idx[:d]) + (j,) + tuple(idx[d + 1:])
 
-    return ViewValue(x, ctx.out_shape, index_map, "index_select")
+    return ViewValue(x, out_shape(ctx), index_map, "index_select")
 
 
 @lowering(aten.embedding.default)
@@ -70,14 +70,14 @@ def embedding(ctx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sp
     def index_map(idx):
         return (_index_expr(indices, idx[:r]), idx[r])
 
-    return ViewValue(weight, ctx.out_shape, index_map, "embedding")
+    return ViewValue(weight, out_shape(ctx), index_map, "embedding")
 
 
 @lowering(aten.gather.default)
 def gather(ctx, x, dim, index, sparse_grad=False):
     rank = x.rank
     if rank == 0:
-        return ViewValue(x, ctx.out_shape, lambda idx: (), "gather")
+        return ViewValue(x, out_shape(ctx), lambda idx: (), "gather")
     d = canonical_dim(dim, rank)
 
     def index_map(idx):
@@ -85,7 +85,7 @@ def gather(ctx, x, dim, index, sparse_grad=False):
         out[d] = _index_expr(index, idx)
         return tuple(out)
 
-    return ViewValue(x, ctx.out_shape, index_map, "gather")
+    return ViewValue(x, out_shape(ctx), index_map, "gather")
 
 
 @lowering(*_ops("index.Tensor", "_unsafe_index.Tensor"))
@@ -118,7 +118,7 @@ def index_tensor(ctx, x, indices):
             out[k] = other[j]
         return tuple(out)
 
-    return ViewValue(x, ctx.out_shape, index_map, "index")
+    return ViewValue(x, out_shape(ctx), index_map, "index")
 
 
 # ---------------------------------------------------------------- assembling (pointwise nodes)
@@ -137,7 +137,7 @@ def _non_empty_parts(tensors, d):
 
 @lowering(aten.cat.default)
 def cat(ctx, tensors, dim=0):
-    shape = ctx.out_shape
+    shape = out_shape(ctx)
     out = ctx.out_dtype
     rank = len(shape)
     if rank == 0:
@@ -172,7 +172,7 @@ def constant_pad_nd(ctx, x, pad, value=0):
     pad = [py(p) for p in pad]
     if len(pad) % 2 or len(pad) // 2 > x.rank:
         raise Unsupported("bad padding")
-    shape = ctx.out_shape
+    shape = out_shape(ctx)
     rank = x.rank
     lefts = [0] * rank
     rights = [0] * rank

@@ -16,7 +16,7 @@ from ...ir.dtypes import DType
 from ...ir.expr import Binary, Load, binary, cast
 from ..registry import Unsupported, lowering
 from ..values import TensorValue
-from .common import broadcast_load, is_scalar_value, pointwise, py, reduce, scalar
+from .common import out_shape, broadcast_load, is_scalar_value, pointwise, py, reduce, scalar
 
 aten = torch.ops.aten
 
@@ -68,7 +68,7 @@ def _add_product(ctx, bias, a, b, beta, alpha):
     acc = dt.compute_dtype(out)
     prod = contraction(ctx, a, b, acc)
     beta, alpha = py(beta), py(alpha)
-    shape = ctx.out_shape
+    shape = out_shape(ctx)
 
     def body(idx):
         p = prod.load(idx)

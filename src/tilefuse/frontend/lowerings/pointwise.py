@@ -14,7 +14,7 @@ import torch
 from ...ir import dtypes as dt
 from ...ir.expr import Binary, Expr, Unary, Where, binary, cast, const, unary, where
 from ..registry import Unsupported, lowering
-from .common import (broadcast_load, copy_of, elementwise, finfo, is_scalar_value, is_tensor, pointwise,
+from .common import (out_shape, broadcast_load, copy_of, elementwise, finfo, is_scalar_value, is_tensor, pointwise,
                      promoted_dtype, py, scalar)
 
 aten = torch.ops.aten
@@ -110,8 +110,8 @@ def logical_not(ctx, x):
 def _predicate(op):
     def lower(ctx, x):
         if not x.dtype.is_float:
-            return pointwise(ctx, ctx.out_shape, dt.bool_, lambda idx: const(False))
-        return pointwise(ctx, ctx.out_shape, dt.bool_, lambda idx: unary(op, x.load(idx)))
+            return pointwise(ctx, out_shape(ctx), dt.bool_, lambda idx: const(False))
+        return pointwise(ctx, out_shape(ctx), dt.bool_, lambda idx: unary(op, x.load(idx)))
 
     return lower
 
@@ -123,13 +123,13 @@ lowering(aten.isinf.default)(_predicate("isinf"))
 @lowering(aten.isfinite.default)
 def isfinite(ctx, x):
     if not x.dtype.is_float:
-        return pointwise(ctx, ctx.out_shape, dt.bool_, lambda idx: const(True))
+        return pointwise(ctx, out_shape(ctx), dt.bool_, lambda idx: const(True))
 
     def body(idx):
         v = x.load(idx)
         return unary("logical_not", binary("logical_or", unary("isnan", v), unary("isinf", v)))
 
-    return pointwise(ctx, ctx.out_shape, dt.bool_, body)
+    return pointwise(ctx, out_shape(ctx), dt.bool_, body)
 
 
 @lowering(aten.signbit.default)
@@ -256,10 +256,9 @@ def _binary_lowering(op):
     return lower
 
 
-for _target, _op in [(aten.maximum, "maximum"), (aten.minimum, "minimum"), (aten.atan2, "atan2"),
-                     (aten.copysign, "copysign")]:
-    lowering(_target.default)(_binary_lowering(_op))
-lowering(aten.copysign.Scalar)(_binary_lowering("copysign"))
+for _op in ("maximum", "minimum", "atan2"):
+    lowering(getattr(aten, _op).default)(_binary_lowering(_op))
+lowering(aten.copysign.Tensor, aten.copysign.Scalar)(_binary_lowering("copysign"))
 
 
 def _fmax_fmin(op):
@@ -359,7 +358,7 @@ lowering(aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar
 @lowering(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
 def where_(ctx, cond, a, b):
     out = ctx.out_dtype
-    shape = ctx.out_shape
+    shape = out_shape(ctx)
     return pointwise(ctx, shape, out, lambda idx: Where(
         broadcast_load(cond, idx, shape, dt.bool_), broadcast_load(a, idx, shape, out),
         broadcast_load(b, idx, shape, out), out))

@@ -20,7 +20,7 @@ from ...ir.dtypes import DType
 from ...ir.expr import Expr, Index, binary, cast, const, unary
 from ..registry import Unsupported, lowering
 from ..values import TensorValue, ix
-from .common import acc_dtype, canonical_dims, copy_of, meta_dtype, meta_shape, pointwise, py, reduce, sym
+from .common import acc_dtype, canonical_dims, meta_dtype, out_shape, pointwise, py, reduce, scalar, sym
 
 aten = torch.ops.aten
 
@@ -124,7 +124,7 @@ def mean_value(ctx, x, p: Plan, acc: DType, out: DType | None = None, first: DTy
     """Mean over the plan in `acc` (a Reduce(sum) and a Pointwise divide), cast to `out`."""
     s = reduce_value(ctx, x, p, "sum", acc, acc, first=first)
     n = p.numel
-    return pointwise(ctx, p.out_shape, out or acc, lambda idx: binary("truediv", s.load(idx), cast(ix(n), acc)))
+    return pointwise(ctx, p.out_shape, out or acc, lambda idx: binary("truediv", s.load(idx), scalar(n, acc)))
 
 
 @lowering(aten.mean.dim, aten.mean.default)
@@ -174,7 +174,7 @@ def _arg(combiner):
             r = reduce_value(ctx, x, p, combiner, _minmax_body_dtype(x), dt.int64)
             if keepdim and x.rank:
                 from .views import reshape
-                return reshape(r, ctx.out_shape)
+                return reshape(r, out_shape(ctx))
             return r
         dims = [dim]
         return reduce_value(ctx, x, plan(x, dims, keepdim), combiner, _minmax_body_dtype(x), dt.int64)

@@ -15,7 +15,7 @@ from ...ir.expr import Index
 from ...ir.symbolic import floordiv, mod
 from ..registry import Unsupported, lowering
 from ..values import ViewValue, ix, ix_add, ix_mod, ix_mul, ravel, unravel
-from .common import as_int, canonical_dim, meta_shape, py, simplify_sym, sym
+from .common import out_shape, as_int, canonical_dim, meta_shape, py, simplify_sym, sym
 
 aten = torch.ops.aten
 
@@ -153,7 +153,7 @@ def reshape(x, shape):
 @lowering(*_ops("view.default", "_unsafe_view.default", "reshape.default", "view_copy.default",
                 "_reshape_alias.default", "_reshape_alias_copy.default"))
 def view_lowering(ctx, x, size, *rest):
-    return reshape(x, ctx.out_shape)
+    return reshape(x, out_shape(ctx))
 
 
 @lowering(*_ops("view.dtype"))
@@ -229,12 +229,12 @@ def expand(x, shape):
 
 @lowering(*_ops("expand.default", "expand_copy.default"))
 def expand_lowering(ctx, x, size, implicit=False):
-    return expand(x, ctx.out_shape)
+    return expand(x, out_shape(ctx))
 
 
 @lowering(*_ops("repeat.default"))
 def repeat(ctx, x, repeats):
-    shape = ctx.out_shape
+    shape = out_shape(ctx)
     reps = py(list(repeats))
     lead = len(reps) - x.rank
 
@@ -292,7 +292,7 @@ def slice_lowering(ctx, x, dim=0, start=None, end=None, step=1):
     step = as_int(step, "slice step")
     if step <= 0:
         raise Unsupported("non-positive slice step")
-    length = ctx.out_shape[d]
+    length = out_shape(ctx)[d]
     s = slice_start(start, x.shape[d])
     if s == 0 and step == 1 and sympy.simplify(length - sym(x.shape[d])) == 0:
         return x
@@ -302,7 +302,7 @@ def slice_lowering(ctx, x, dim=0, start=None, end=None, step=1):
 @lowering(*_ops("narrow.default", "narrow_copy.default"))
 def narrow(ctx, x, dim, start, length):
     d = canonical_dim(dim, x.rank)
-    return slice_view(x, d, slice_start(start, x.shape[d]), ctx.out_shape[d], 1)
+    return slice_view(x, d, slice_start(start, x.shape[d]), out_shape(ctx)[d], 1)
 
 
 def select(x, dim, index):
@@ -474,7 +474,7 @@ def unfold(ctx, x, dimension, size, step):
         out[d] = ix_add(ix_mul(idx[d], step), idx[rank])
         return tuple(out)
 
-    return view(x, ctx.out_shape, index_map, "unfold")
+    return view(x, out_shape(ctx), index_map, "unfold")
 
 
 @lowering(*_ops("diagonal.default", "diagonal_copy.default"))
@@ -493,4 +493,4 @@ def diagonal(ctx, x, offset=0, dim1=0, dim2=1):
         out[d2] = ix_add(diag, max(offset, 0))
         return tuple(out)
 
-    return view(x, ctx.out_shape, index_map, "diagonal")
+    return view(x, out_shape(ctx), index_map, "diagonal")
