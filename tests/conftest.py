@@ -7,4 +7,5 @@ import tempfile
 sys.path.insert(0, os.path.dirname(__file__))
 os.environ.setdefault("TILEFUSE_CACHE_DIR", tempfile.mkdtemp(prefix="tilefuse-test-cache-"))
 os.environ.setdefault("TILEFUSE_FALLBACK", "error")
-os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("TILEFUSE_TEST_DEVICE", "cpu") == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")

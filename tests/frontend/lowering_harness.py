@@ -129,7 +129,10 @@ def check(fn, *inputs, dynamic=False, allow_extern=(), factor=3.0, expect_graphs
     """Compile `fn`, run it, compare every output with eager by the fp64 rule and assert that
     no Extern node appears (except ops named in `allow_extern`). Returns the recorder."""
     expected = fn(*inputs)
-    ref64 = fn(*to_fp64(list(inputs)))
+    try:
+        ref64 = fn(*to_fp64(list(inputs)))
+    except RuntimeError:  # the function does not accept fp64 (explicit dtype arguments)
+        ref64 = expected
     actual, rec = compile_run(fn, *inputs, dynamic=dynamic)
     exp_l, act_l, ref_l = flatten(expected), flatten(actual), flatten(ref64)
     assert len(exp_l) == len(act_l), f"{len(act_l)} outputs, eager has {len(exp_l)}"
@@ -176,3 +179,55 @@ def noncontig(*shape, dtype=torch.float32, kind="t", **kw):
         out = rand(*big, dtype=dtype, **kw)[..., ::2]
     assert tuple(out.shape) == tuple(shape)
     return out
+
+
+# ---------------------------------------------------------------- ops that core ATen decomposes
+
+
+def check_traced(fn, *inputs, allow_extern=()):
+    """Lower `fn` traced by make_fx *without* decompositions (for ops, such as most backward
+    ops, that torch.compile's core-ATen graphs never contain) and compare with eager."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(fn, tracing_mode="fake")(*inputs)
+    graph = verify(lower_fx(gm))
+    actual = interpret(graph, list(inputs))
+    expected = fn(*inputs)
+    try:
+        ref64 = fn(*to_fp64(list(inputs)))
+    except RuntimeError:
+        ref64 = expected
+    for k, (a, e, r) in enumerate(zip(flatten(actual), flatten(expected), flatten(ref64))):
+        if isinstance(e, torch.Tensor):
+            assert_close_fp64(a, e, r, name=f"output {k}")
+    bad = [n for n in graph.nodes.values() if isinstance(n, Extern) and not any(s in n.target_name for s in allow_extern)]
+    assert not bad, "unexpected extern calls: " + ", ".join(f"{n.target_name} ({n.reason})" for n in bad)
+    return graph, gm
+
+
+def check_training(make_model, *inputs, allow_extern=(), dynamic=False, factor=3.0):
+    """Compile a module, run forward and backward, compare the loss and every parameter's
+    gradient with eager by the fp64 rule. Returns the recorder (forward and backward graphs)."""
+    import copy
+
+    torch.manual_seed(1)
+    model = make_model()
+    eager_model = copy.deepcopy(model)
+    ref_model = copy.deepcopy(model).double()
+    torch._dynamo.reset()
+    rec = Recorder()
+    compiled = torch.compile(model, backend=rec, fullgraph=True, dynamic=dynamic)
+    loss = compiled(*inputs)
+    loss.backward()
+    eager_loss = eager_model(*inputs)
+    eager_loss.backward()
+    ref_loss = ref_model(*to_fp64(list(inputs)))
+    ref_loss.backward()
+    assert_close_fp64(loss.detach(), eager_loss.detach(), ref_loss.detach(), name="loss", factor=factor)
+    for (name, p), pe, pr in zip(model.named_parameters(), eager_model.parameters(), ref_model.parameters()):
+        assert p.grad is not None, name
+        assert_close_fp64(p.grad, pe.grad, pr.grad, name=f"grad {name}", factor=factor)
+    assert len(rec.graphs) == 2, "expected a forward and a backward graph"
+    bad = [n for n in rec.externs() if isinstance(n, Extern) and not any(s in n.target_name for s in allow_extern)]
+    assert not bad, "unexpected extern calls: " + ", ".join(f"{n.target_name} ({n.reason})" for n in bad)
+    return rec

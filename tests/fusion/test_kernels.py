@@ -158,3 +158,19 @@ def test_padding_reads_are_masked():
     (res,), _ = _check(graph, [torch.randn(n)], expect_kernels=1)
     assert res[0] == 0 and res[-1] == 0
     del i0
+
+
+@pytest.mark.parametrize("looped", [False, True])
+def test_reduction_body_independent_of_axis_and_broadcast_output(looped):
+    """sum over an expanded axis counts each element R times; a full-row output that does not
+    vary along the row is still written at every position."""
+    n, c = 5, 32  # c a power of two: no masks at all in the persistent kernel
+    g = GraphBuilder("bcast")
+    x = g.input("x", (n,))
+    s = g.ctx.reduce((n,), (c,), "sum", lambda i, r: x.load((i[0],)), F32)
+    out = g.ctx.pointwise((n, c), F32, lambda i: s.load((i[0],)) + x.load((i[0],)))
+    graph = g.output(out)
+    xv = torch.randn(n)
+    with config.patch(persistent_reduction_limit=8 if looped else 8192):
+        (res,), _ = _check(graph, [xv], expect_kernels=1)
+    torch.testing.assert_close(res, (xv * (c + 1))[:, None].expand(n, c))

@@ -124,6 +124,19 @@ def to_markdown(report: dict) -> str:
     return "\n".join(out)
 
 
+def progress_line(r: dict) -> str:
+    """One line of rich markup for a finished result, printed while the run goes on."""
+    from rich.markup import escape
+
+    head = f"  {r['workload']:<12} {r['backend']:<10}"
+    if r["status"] != "ok":
+        reason = r["reason"] if len(r["reason"]) <= 80 else r["reason"][:77] + "..."
+        return f"{head} [yellow]n/a[/] {escape(reason)}"
+    mark = "" if r["correct"] else "  [red]MISMATCH vs fp64[/]"
+    return (f"{head} p50 {_sig(r['p50_ms'])} ms  compile {_sig(r['compile_s'])} s  "
+            f"err {_err(r['max_abs_err'])}{mark}")
+
+
 def _json_safe(x):
     if isinstance(x, float) and not math.isfinite(x):
         return str(x)

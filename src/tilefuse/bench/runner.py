@@ -31,6 +31,7 @@ from typing import Callable, Mapping
 import torch
 
 from . import timing
+from .report import progress_line
 from .workloads import Workload, get_workloads
 
 DEFAULT_BACKENDS = ("eager", "inductor", "tilefuse")
@@ -250,14 +251,17 @@ def _release(device: str) -> None:
 
 
 def run(options: BenchOptions | None = None, compilers: Compilers | None = None,
-        console=None) -> dict:
-    """Benchmark every requested (workload, backend) pair: {"meta": ..., "results": [...]}."""
+        console=None, workloads: list[Workload] | None = None) -> dict:
+    """Benchmark every requested (workload, backend) pair: {"meta": ..., "results": [...]}.
+
+    `workloads` (Workload objects) replaces the named ones of `options`, for custom
+    programs or sizes; `compilers` adds or overrides backends by name."""
     from rich.console import Console
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn,
                                TextColumn, TimeElapsedColumn)
 
     opts = (options or BenchOptions()).resolved()
-    workloads = get_workloads(opts.workloads)
+    workloads = list(workloads) if workloads else get_workloads(opts.workloads)
     dtype = DTYPES[opts.dtype]
     console = console or Console(stderr=True)
     results: list[Result] = []
@@ -286,7 +290,7 @@ def run(options: BenchOptions | None = None, compilers: Compilers | None = None,
                 r = _bench_pair(w, b, inputs, ref, ref_scale, eager_err, opts, compilers)
                 results.append(r)
                 if not opts.quiet:
-                    progress.console.print(_progress_line(r))
+                    progress.console.print(progress_line(asdict(r)))
                 progress.advance(task)
             del inputs, ref
             _release(opts.device)
@@ -298,18 +302,3 @@ def run(options: BenchOptions | None = None, compilers: Compilers | None = None,
                         "CUDA events per call, median; warm L2" if opts.device.startswith("cuda")
                         else "perf_counter per call, median"))
     return {"meta": meta, "results": [asdict(r) for r in results]}
-
-
-def _progress_line(r: Result) -> str:
-    head = f"  {r.workload:<12} {r.backend:<10}"
-    if r.status != "ok":
-        reason = r.reason if len(r.reason) <= 80 else r.reason[:77] + "..."
-        return f"{head} [yellow]n/a[/] {_escape(reason)}"
-    mark = "" if r.correct else "  [red]numerical mismatch[/]"
-    return (f"{head} p50 {r.p50_ms:.4g} ms  compile {r.compile_s:.3g} s  "
-            f"err {r.max_abs_err:.2e}{mark}")
-
-
-def _escape(text: str) -> str:
-    from rich.markup import escape
-    return escape(text)

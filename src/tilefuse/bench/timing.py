@@ -8,8 +8,9 @@ host overhead the call has (guards, launches) when that overhead exceeds the GPU
 
 CPU: a `time.perf_counter_ns` loop, one sample per call, after a warm-up.
 
-Both run for about `budget_s` seconds, between `min_samples` and `max_samples` calls, and
-report the median (p50) and 99th percentile in milliseconds. Timings are never asserted
+Both run for about `budget_s` seconds, between `min_samples` and `max_samples` calls (on
+CPU, a call slower than the budget gets fewer samples: sampling stops after
+max(5·budget_s, 1 s)), and report the median (p50) and 99th percentile in milliseconds. Timings are never asserted
 in tests; they depend on the machine.
 """
 from __future__ import annotations
@@ -50,17 +51,20 @@ def measure(fn: Callable, inputs: Sequence[torch.Tensor], device: str | torch.de
 
 
 def _measure_host(fn, inputs, budget_s, min_samples, max_samples, warmup_s) -> dict:
-    t_end = time.perf_counter() + warmup_s
-    fn(*inputs)
-    while time.perf_counter() < t_end:
+    t0 = time.perf_counter()
+    fn(*inputs)  # at least one warm-up call, more while within warmup_s
+    while time.perf_counter() - t0 < warmup_s:
         fn(*inputs)
-    samples = []
-    t_end = time.perf_counter() + budget_s
-    while len(samples) < max_samples and (len(samples) < min_samples
-                                          or time.perf_counter() < t_end):
-        t0 = time.perf_counter_ns()
+    samples: list[float] = []
+    start = time.perf_counter()
+    hard_stop = start + max(5 * budget_s, 1.0)  # slow calls: fewer than min_samples
+    while len(samples) < max_samples:
+        t = time.perf_counter_ns()
         fn(*inputs)
-        samples.append((time.perf_counter_ns() - t0) / 1e6)
+        samples.append((time.perf_counter_ns() - t) / 1e6)
+        now = time.perf_counter()
+        if now >= hard_stop or (len(samples) >= min_samples and now - start >= budget_s):
+            break
     return _percentiles(samples)
 
 

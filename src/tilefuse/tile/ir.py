@@ -65,6 +65,15 @@ class Full(Stmt):
 
 
 @dataclass
+class BroadcastTile(Stmt):
+    """name = value broadcast to a tile of `shape` (constexpr names / ints)."""
+
+    name: str
+    value: Expr
+    shape: tuple
+
+
+@dataclass
 class LoadTile(Stmt):
     name: str
     buffer: str

@@ -21,7 +21,7 @@ from ..ir.graph import Graph
 from ..ir.rewrite import substitute_index
 from ..ir.symbolic import simplify_index
 from .builder import KernelBuilder, land
-from .ir import Arange, ArgReduceTile, Assign, DotTile, For, Full, Let, ProgramId, ReduceTile, TileKernel
+from .ir import Arange, ArgReduceTile, Assign, BroadcastTile, DotTile, For, Full, Let, ProgramId, ReduceTile, TileKernel
 
 
 @dataclass
@@ -56,6 +56,27 @@ def identity(combiner: str, dtype):
     return big
 
 
+def bound_check(b: KernelBuilder, index, extent, block: int, name: str):
+    """`index < extent` as a mask, or None when every block is full (static extent that the
+    block divides): unmasked loads and stores vectorise better."""
+    ext = _static(extent)
+    if ext is not None and ext % block == 0:
+        return None
+    return b.let(binary("lt", Index(index), Index(extent)), name)
+
+
+def full_tile(b: KernelBuilder, value: Expr) -> Var:
+    """A reduction's contribution as a whole [XBLOCK, RBLOCK] tile: a body that does not
+    depend on the reduction index still counts once per element of the axis."""
+    name = b.fresh("bc")
+    b.emit(BroadcastTile(name, value, ("XBLOCK", "RBLOCK")))
+    return Var(name, value.dtype)
+
+
+def masked(b: KernelBuilder, mask, value, other):
+    return value if mask is None else b.let(where(mask, value, other))
+
+
 def _sym(name: str) -> sympy.Symbol:
     return sympy.Symbol(name, integer=True)
 
@@ -87,16 +108,16 @@ def lower_pointwise(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
     b.emit(ProgramId("pid", 0))
     x = _sym("xindex")
     b.emit(Arange("xindex", Index(_sym("pid") * _sym("XBLOCK")), "XBLOCK", 0, 1))
-    xmask = b.let(binary("lt", Index(x), Index(n)), "xmask")
+    block = 1024 if not options.interpret else 256
+    nv = _static(n)
+    if nv is not None:
+        block = min(block, max(16, _pow2(nv)))
+    xmask = bound_check(b, x, n, block, "xmask")
     for st in plan.stages:
         node = graph[st.node]
         vals = _index_values(node.shape, x, {x: n})
         v = b.value(_mapped(st.body, out_index(node.rank), vals), mask=xmask)
         b.store(node.name, tuple(Index(e) for e in vals), v, xmask)
-    block = 1024 if not options.interpret else 256
-    nv = _static(n)
-    if nv is not None:
-        block = min(block, max(16, _pow2(nv)))
     return TileKernel(plan.name, b.finish_params(), {"XBLOCK": block},
                       (sympy.ceiling(n / _sym("XBLOCK")),), b.body, num_warps=4 if block >= 512 else 2,
                       reads=b.reads, writes=b.writes, kind="pointwise", plan=plan, helpers=b.helpers)
@@ -131,9 +152,18 @@ def lower_reduction(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
     x, r = _sym("xindex"), _sym("rindex")
     rstatic = _static(Rn)
     persistent = rstatic is not None and rstatic <= options.persistent_reduction_limit
+    if persistent:
+        rblock = _pow2(rstatic)
+        xblock = max(1, min(64 if not options.interpret else 16, 4096 // rblock))
+        pv = _static(P)
+        if pv is not None:
+            xblock = min(xblock, _pow2(pv))
+        warps = 1 if rblock <= 128 else 2 if rblock <= 512 else 4 if rblock <= 2048 else 8 if rblock <= 4096 else 16
+    else:
+        rblock, xblock, warps = (512 if options.interpret else 2048), 1, 8
     b.emit(ProgramId("pid", 0))
     b.emit(Arange("xindex", Index(_sym("pid") * _sym("XBLOCK")), "XBLOCK", 0, 2))
-    xmask = b.let(binary("lt", Index(x), Index(P)), "xmask")
+    xmask = bound_check(b, x, P, xblock, "xmask")
     sym_ranges = {x: P, r: Rn}
 
     reduces = [s for s in plan.stages if s.kind == "reduce"]
@@ -178,25 +208,26 @@ def lower_reduction(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
         if persistent:
             if p == 0:
                 b.emit(Arange("rindex", Index(sympy.Integer(0)), "RBLOCK", 1, 2))
-                rmask = b.let(binary("lt", Index(r), Index(Rn)), "rmask")
-                mask = b.let(binary("logical_and", xmask, rmask), "mask")
+                rmask = bound_check(b, r, Rn, rblock, "rmask")
+                mask = land(xmask, rmask)
+                mask = b.let(mask, "mask") if mask is not None else None
             for st in level_reduces:
                 node, body = reduce_body(st)
                 v = b.value(body, mask=mask)
                 accd = _acc_dtype(node.combiner, body.dtype)
                 v = cast(v, accd)
                 ident = Const(identity(node.combiner, accd), accd) if not accd.is_float else Const(float(identity(node.combiner, accd)), accd)
-                masked = b.let(where(mask, v, ident))
+                contrib = full_tile(b, where(mask, v, ident) if mask is not None else v)
                 name = b.fresh("red")
                 if node.combiner in ("argmax", "argmin"):
                     rr = b.let(Index(r), "ridx")
                     b.helpers.add(node.combiner)
-                    b.emit(ArgReduceTile(name, masked, rr, node.combiner, 1))
+                    b.emit(ArgReduceTile(name, contrib, rr, node.combiner, 1))
                     finish(node, st, Var(name, dt.int64))
                 else:
                     if node.combiner in ("max", "min", "prod", "any", "all"):
                         b.helpers.add({"any": "maximum", "all": "minimum"}.get(node.combiner, node.combiner))
-                    b.emit(ReduceTile(name, masked, {"any": "max", "all": "min"}.get(node.combiner, node.combiner), 1, accd))
+                    b.emit(ReduceTile(name, contrib, {"any": "max", "all": "min"}.get(node.combiner, node.combiner), 1, accd))
                     finish(node, st, Var(name, accd))
             for st in level_fulls:
                 full_stage(st, mask)
@@ -218,21 +249,23 @@ def lower_reduction(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
         b.emit(loop)
         b.push_block(loop.body)
         b.emit(Arange("rindex", Index(_sym("roffset")), "RBLOCK", 1, 2))
-        rmask = b.let(binary("lt", Index(r), Index(Rn)), "rmask")
-        mask = b.let(binary("logical_and", xmask, rmask), "mask")
+        rmask = bound_check(b, r, Rn, rblock, "rmask")
+        mask = land(xmask, rmask)
+        mask = b.let(mask, "mask") if mask is not None else None
         for st in level_reduces:
             node, body = reduce_body(st)
             name, accd, idx_name = accs[st.node]
             acc = Var(name, accd)
             v = cast(b.value(body, mask=mask), accd)
             if idx_name is not None:
+                v = full_tile(b, v)
                 better = _arg_better(node.combiner, v, acc)
-                upd = b.let(binary("logical_and", mask, better))
+                upd = b.let(land(mask, better))
                 b.emit(Assign(idx_name, where(upd, Index(r), Var(idx_name, dt.int64))))
                 b.emit(Assign(name, where(upd, v, acc)))
             else:
                 ident = Const(identity(node.combiner, accd), accd)
-                b.emit(Assign(name, _combine(b, node.combiner, acc, b.let(where(mask, v, ident)))))
+                b.emit(Assign(name, _combine(b, node.combiner, acc, full_tile(b, masked(b, mask, v, ident)))))
         for st in level_fulls:
             full_stage(st, mask)
         b.pop_block()
@@ -257,15 +290,6 @@ def lower_reduction(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
             vals = _index_values(node.shape, x, sym_ranges)
             b.store(node.name, tuple(Index(e) for e in vals), b.bound[node.name], xmask)
 
-    if persistent:
-        rblock = _pow2(rstatic)
-        xblock = max(1, min(64 if not options.interpret else 16, 4096 // rblock))
-        pv = _static(P)
-        if pv is not None:
-            xblock = min(xblock, _pow2(pv))
-        warps = 1 if rblock <= 128 else 2 if rblock <= 512 else 4 if rblock <= 2048 else 8 if rblock <= 4096 else 16
-    else:
-        rblock, xblock, warps = (512 if options.interpret else 2048), 1, 8
     return TileKernel(plan.name, b.finish_params(), {"XBLOCK": xblock, "RBLOCK": rblock},
                       (sympy.ceiling(P / _sym("XBLOCK")),), b.body, num_warps=warps,
                       reads=b.reads, writes=b.writes, kind="reduction", plan=plan, helpers=b.helpers)
@@ -303,6 +327,20 @@ def lower_contraction(graph: Graph, plan: KernelPlan, options: LoweringOptions) 
     for e in (M, N, K, *batch_shape):
         b.size_params(e)
     b.tile_symbols |= {"pid", "pid_b", "rm", "rn", "rka", "rkb", "koffset", "pid_m", "pid_n"}
+    low = all(_dot_operand(f)[1].is_low_precision for f in (c.a, c.b))
+    if options.interpret:
+        cfg = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8}
+        warps, stages = 4, 1
+    elif low:
+        cfg = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}
+        warps, stages = 8, 3
+    else:
+        cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8}
+        warps, stages = 4, 3
+    for key, dim in (("BLOCK_M", M), ("BLOCK_N", N), ("BLOCK_K", K)):
+        v = _static(dim)
+        if v is not None:
+            cfg[key] = min(cfg[key], max(16, _pow2(v)))
     BM, BN, BK, G = (_sym(n) for n in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"))
     b.emit(ProgramId("pid", 0))
     b.emit(ProgramId("pid_b", 1))
@@ -327,6 +365,8 @@ def lower_contraction(graph: Graph, plan: KernelPlan, options: LoweringOptions) 
             vals[d] = v
         return vals
 
+    m_ok = bound_check(b, rm, M, cfg["BLOCK_M"], "mmask")  # loop-invariant: before the K loop
+    n_ok = bound_check(b, rn, N, cfg["BLOCK_N"], "nmask")
     acc = b.fresh("acc")
     b.emit(Full(acc, ("BLOCK_M", "BLOCK_N"), 0.0, dt.float32))
     loop = For("koffset", Index(sympy.Integer(0)), Index(K), "BLOCK_K")
@@ -335,22 +375,26 @@ def lower_contraction(graph: Graph, plan: KernelPlan, options: LoweringOptions) 
     b.emit(Arange("rka", Index(_sym("koffset")), "BLOCK_K", 1, 2))
     b.emit(Arange("rkb", Index(_sym("koffset")), "BLOCK_K", 0, 2))
     rka, rkb = _sym("rka"), _sym("rkb")
-    mask_a = b.let(binary("logical_and", binary("lt", Index(rm), Index(M)), binary("lt", Index(rka), Index(K))), "amask")
-    mask_b = b.let(binary("logical_and", binary("lt", Index(rkb), Index(K)), binary("lt", Index(rn), Index(N))), "bmask")
+    ka_ok = bound_check(b, rka, K, cfg["BLOCK_K"], "kamask")
+    kb_ok = bound_check(b, rkb, K, cfg["BLOCK_K"], "kbmask")
+    mask_a = land(m_ok, ka_ok)
+    mask_b = land(kb_ok, n_ok)
     operands = []
     for factor, m_val, n_val, k_val, mask in ((c.a, rm, 0, rka, mask_a), (c.b, 0, rn, rkb, mask_b)):
         expr, in_dtype = _dot_operand(factor)
         expr = _mapped(expr, outs, dims(m_val, n_val))
         expr = _mapped(expr, (r0,), (k_val,))
         v = b.value(expr, mask=mask)
-        zero = Const(0.0, v.dtype)
-        operands.append((b.let(where(mask, v, zero), "op"), in_dtype))
+        if mask is not None and not _is_plain_load(expr):
+            v = b.let(where(mask, v, Const(0.0, v.dtype)), "op")  # a prologue may map 0 to non-0
+        operands.append((v, in_dtype))
     (a_v, a_dt), (b_v, b_dt) = operands
     dot_dtype = a_dt if a_dt == b_dt and a_dt.is_low_precision and not options.interpret else dt.float32
     b.emit(DotTile(acc, a_v, b_v, Var(acc, dt.float32), dot_dtype))
     b.pop_block()
 
-    omask = b.let(binary("logical_and", binary("lt", Index(rm), Index(M)), binary("lt", Index(rn), Index(N))), "omask")
+    omask = land(m_ok, n_ok)
+    omask = b.let(omask, "omask") if omask is not None else None
     out_vals = dims(rm, rn)
     b.bound[node.name] = b.let(cast(Var(acc, dt.float32), node.dtype), "mm")
     if main.store:
@@ -365,23 +409,18 @@ def lower_contraction(graph: Graph, plan: KernelPlan, options: LoweringOptions) 
         v = b.value(_mapped(st.body, out_index(enode.rank), vals), mask=omask)
         b.store(enode.name, tuple(Index(e) for e in vals), v, omask)
 
-    if options.interpret:
-        cfg = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8}
-        warps, stages = 4, 1
-    elif dot_dtype.is_low_precision:
-        cfg = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}
-        warps, stages = 8, 3
-    else:
-        cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8}
-        warps, stages = 4, 3
-    for key, dim in (("BLOCK_M", M), ("BLOCK_N", N), ("BLOCK_K", K)):
-        v = _static(dim)
-        if v is not None:
-            cfg[key] = min(cfg[key], max(16, _pow2(v)))
     nbatch = sympy.Mul(*batch_shape) if batch_shape else sympy.Integer(1)
     return TileKernel(plan.name, b.finish_params(), cfg, (num_m * num_n, nbatch), b.body,
                       num_warps=warps, num_stages=stages, reads=b.reads, writes=b.writes,
                       kind="contraction", plan=plan, helpers=b.helpers)
+
+
+def _is_plain_load(e: Expr) -> bool:
+    from ..ir.expr import Load
+
+    while isinstance(e, Cast):
+        e = e.x
+    return isinstance(e, Load)
 
 
 def _contig(shape):

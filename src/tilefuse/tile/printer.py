@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..ir.printer import format_expr
-from .ir import (Arange, ArgReduceTile, Assign, Comment, DotTile, For, Full, Let, LoadTile, ProgramId, ReduceTile,
+from .ir import (Arange, ArgReduceTile, Assign, BroadcastTile, Comment, DotTile, For, Full, Let, LoadTile, ProgramId, ReduceTile,
                  StoreTile, TileKernel)
 
 
@@ -13,6 +13,8 @@ def _stmt(s, pad: str, out: list) -> None:
         out.append(f"{pad}{s.name} = {format_expr(s.start)} + range({s.block}) @axis{s.axis}/{s.ndim}")
     elif isinstance(s, (Let, Assign)):
         out.append(f"{pad}{s.name} {'=' if isinstance(s, Let) else '<-'} {format_expr(s.value)}")
+    elif isinstance(s, BroadcastTile):
+        out.append(f"{pad}{s.name} = broadcast({format_expr(s.value)}, {list(s.shape)})")
     elif isinstance(s, Full):
         out.append(f"{pad}{s.name} = full({list(s.shape)}, {s.value}, {s.dtype})")
     elif isinstance(s, LoadTile):

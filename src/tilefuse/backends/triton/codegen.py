@@ -10,7 +10,7 @@ import sympy
 
 from ...ir import dtypes as dt
 from ...ir.expr import Binary, Cast, Const, Expr, Index, Unary, Var, Where
-from ...tile.ir import (Arange, ArgReduceTile, Assign, Comment, DotTile, For, Full, Let, LoadTile, ProgramId,
+from ...tile.ir import (Arange, ArgReduceTile, Assign, BroadcastTile, Comment, DotTile, For, Full, Let, LoadTile, ProgramId,
                         ReduceTile, StoreTile, TileKernel)
 from .helpers import HELPERS, InterpretUnsupported, unary_call
 
@@ -89,6 +89,7 @@ class TritonPrinter:
         self.interpret = interpret
         self.helpers: set[str] = set()
         self.uses_libdevice = False
+        self.stores = 0
 
     def expr(self, e: Expr) -> str:
         if isinstance(e, Var):
@@ -207,22 +208,30 @@ class TritonPrinter:
             elif isinstance(s, Full):
                 shape = ", ".join(str(d) for d in s.shape)
                 out.append(f"{pad}{s.name} = tl.full([{shape}], {_const(s.value, s.dtype)}, {TL_DTYPE[s.dtype.name]})")
+            elif isinstance(s, BroadcastTile):
+                shape = ", ".join(str(d) for d in s.shape)
+                out.append(f"{pad}{s.name} = tl.broadcast_to({self.expr(s.value)}, [{shape}])")
             elif isinstance(s, LoadTile):
                 ptr = f"ptr_{s.buffer} + {self.expr(s.offset)}"
                 if s.mask is not None:
-                    m = self.expr(s.mask)
-                    out.append(f"{pad}{s.name} = tl.load({ptr} + tl.full({m}.shape, 0, tl.int32), {m}, other=0)")
+                    # pointer and mask may be tiles of different (broadcastable) shapes
+                    out.append(f"{pad}{s.name}_p, {s.name}_m = tl.broadcast({ptr}, {self.expr(s.mask)})")
+                    out.append(f"{pad}{s.name} = tl.load({s.name}_p, {s.name}_m, other=0)")
                 else:
                     out.append(f"{pad}{s.name} = tl.load({ptr})")
             elif isinstance(s, StoreTile):
-                v = self.expr(s.value)
+                v = f"({self.expr(s.value)}).to({TL_DTYPE[s.dtype.name]})"
                 ptr = f"ptr_{s.buffer} + {self.expr(s.offset)}"
+                self.stores += 1
+                p_, v_ = f"st{self.stores}_p", f"st{self.stores}_v"
+                out.append(f"{pad}{p_}, {v_} = tl.broadcast({ptr}, {v})")
                 if s.mask is not None:
-                    m = self.expr(s.mask)
-                    out.append(f"{pad}tl.store({ptr} + tl.full({m}.shape, 0, tl.int32), "
-                               f"tl.broadcast_to(({v}).to({TL_DTYPE[s.dtype.name]}), {m}.shape), {m})")
+                    m_ = f"st{self.stores}_m"
+                    out.append(f"{pad}{p_}, {m_} = tl.broadcast({p_}, {self.expr(s.mask)})")
+                    out.append(f"{pad}{v_}, {m_} = tl.broadcast({v_}, {m_})")
+                    out.append(f"{pad}tl.store({p_}, {v_}, {m_})")
                 else:
-                    out.append(f"{pad}tl.store({ptr}, {v})")
+                    out.append(f"{pad}tl.store({p_}, {v_})")
             elif isinstance(s, ReduceTile):
                 v = self.expr(s.value)
                 keep = "[:, None]" if s.axis == 1 else "[None, :]"

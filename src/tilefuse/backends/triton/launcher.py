@@ -23,6 +23,16 @@ from ...tile.ir import TileKernel
 
 _import_lock = threading.Lock()
 _modules: dict[str, object] = {}
+_caches: dict[str, DiskCache] = {}
+
+
+def kernel_cache() -> DiskCache:
+    """The process's handle on the "triton" cache namespace (its hit/miss/build counters
+    tell whether a run compiled anything new)."""
+    root = config.cache_dir
+    if root not in _caches:
+        _caches[root] = DiskCache("triton", root)
+    return _caches[root]
 
 
 def _point_triton_cache() -> None:
@@ -42,7 +52,7 @@ def _import_source(source: str, key: str, interpret: bool):
     mod_name = f"tilefuse_kernel_{key[:24]}_{'i' if interpret else 'g'}"
     if mod_name in _modules:
         return _modules[mod_name]
-    cache = DiskCache("triton")
+    cache = kernel_cache()
     cache.get_or_create(key, lambda: {"kernel.py": source.encode()})
     entry = cache.path_of(key)
     path = os.path.join(entry, "kernel.py") if entry is not None else None

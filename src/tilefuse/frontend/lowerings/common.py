@@ -22,7 +22,7 @@ from ...ir.interpret import torch_dtype
 from ...ir.symbolic import simplify_index
 from ..context import ir_dtype, shape_of
 from ..registry import Unsupported
-from ..values import BufferValue, TensorValue
+from ..values import BufferValue, TensorValue, ViewValue
 
 aten = torch.ops.aten
 
@@ -316,10 +316,11 @@ def is_graph_input(ctx, value) -> bool:
 
 def copy_of(ctx, value: TensorValue) -> TensorValue:
     """A value equal to `value` for an op that returns a fresh tensor (clone, _to_copy): the
-    IR is functional so the value itself, except that a graph input gets a real copy (the
-    caller must not receive its own input object back)."""
+    IR is functional, so the value itself; a graph input is wrapped in an identity view so
+    that, if it is returned, the output is a copy rather than the caller's own input object
+    (consumers read through the view for free)."""
     if is_graph_input(ctx, value):
-        return pointwise(ctx, value.shape, value.dtype, value.load)
+        return ViewValue(value, tuple(value.shape), lambda idx: tuple(idx), "clone")
     return value
 
 

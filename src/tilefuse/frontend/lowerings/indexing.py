@@ -213,9 +213,14 @@ def slice_scatter(ctx, x, src, dim=0, start=None, end=None, step=1):
     if length == 0:
         return copy_of(ctx, x)
 
+    n = sym(x.shape[d])
+    end = s + step * (length - 1) + 1
+
     def body(idx):
         i = idx[d]
-        cond = _and(_ge(i, s), _lt(i, s + step * (length - 1) + 1))
+        cond = None if s == 0 else _ge(i, s)
+        if not sympy.simplify(end - n).is_nonnegative:
+            cond = _and(cond, _lt(i, end))
         sub = list(idx)
         if step == 1:
             sub[d] = ix_add(i, -s)
@@ -224,6 +229,8 @@ def slice_scatter(ctx, x, src, dim=0, start=None, end=None, step=1):
                                      binary("mod", binary("sub", i, ix(s)), ix(step)), const(0), dt.bool_))
             sub[d] = Index(sympy.floor((i.expr - s) / step)) if isinstance(i, Index) else \
                 binary("floordiv", binary("sub", i, ix(s)), ix(step))
+        if cond is None:
+            return cast(src.load(tuple(sub)), out)
         return Where(cond, cast(src.load(tuple(sub)), out), cast(x.load(idx), out), out)
 
     return pointwise(ctx, x.shape, out, body)

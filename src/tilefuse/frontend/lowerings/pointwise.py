@@ -239,6 +239,8 @@ def pow_expr(x: Expr, e) -> Expr:
 @lowering(aten.pow.Tensor_Scalar)
 def pow_tensor_scalar(ctx, x, exponent):
     exponent = py(exponent)
+    if is_scalar_value(exponent, 1) and ctx.out_dtype == x.dtype:
+        return copy_of(ctx, x)
     if isinstance(exponent, (int, float)):
         return elementwise(ctx, (x,), lambda v: pow_expr(v, exponent))
     return elementwise(ctx, (x, exponent), lambda v, e: binary("pow", v, e))

@@ -11,10 +11,10 @@ from __future__ import annotations
 import sympy
 import torch
 
-from ...ir.expr import Index
+from ...ir.expr import Index, Load, out_index
 from ...ir.symbolic import floordiv, mod
 from ..registry import Unsupported, lowering
-from ..values import ViewValue, ix, ix_add, ix_mod, ix_mul, ravel, unravel
+from ..values import BufferValue, TensorValue, ViewValue, ix, ix_add, ix_mod, ix_mul, ravel, unravel
 from .common import out_shape, as_int, canonical_dim, meta_shape, py, simplify_sym, sym
 
 aten = torch.ops.aten
@@ -31,8 +31,31 @@ def _ops(*names):
     return out
 
 
-def view(x, shape, index_map, what: str) -> ViewValue:
-    return ViewValue(x, tuple(sym(d) for d in shape), index_map, what)
+def view(x, shape, index_map, what: str) -> TensorValue:
+    return collapse(ViewValue(x, tuple(sym(d) for d in shape), index_map, what))
+
+
+def collapse(v: ViewValue) -> TensorValue:
+    """The buffer itself when a chain of views reads it at the identity index (a permute
+    undone by another, a reshape back to the original shape)."""
+    root = v
+    while isinstance(root, ViewValue):
+        if root.what == "clone":  # a copy of a graph input must stay a copy
+            return v
+        root = root.base
+    if not isinstance(root, BufferValue) or len(root.shape) != len(v.shape):
+        return v
+    if any(sympy.simplify(sym(a) - sym(b)) != 0 for a, b in zip(root.shape, v.shape)):
+        return v
+    syms = out_index(len(v.shape))
+    e = v.load(tuple(Index(s) for s in syms))
+    if not isinstance(e, Load) or e.buffer != root.name:
+        return v
+    ranges = dict(zip(syms, v.shape))
+    for comp, s in zip(e.index, syms):
+        if not (isinstance(comp, Index) and simplify_sym(comp.expr, ranges) == s):
+            return v
+    return root
 
 
 def _all_sym(idx) -> bool:
@@ -42,6 +65,23 @@ def _all_sym(idx) -> bool:
 # ---------------------------------------------------------------- reshape
 
 _PLACEHOLDERS = [sympy.Symbol(f"_p{k}", integer=True, nonnegative=True) for k in range(64)]
+
+
+def _exact(e) -> sympy.Expr:
+    """Sizes compared as if their floor divisions were exact: a valid view's sizes multiply
+    to the same numel, which makes those divisions exact (torch guards on it)."""
+    e = sympy.sympify(e)
+    return e.replace(sympy.floor, lambda a: a) if e.has(sympy.floor) else e
+
+
+def _clean_size(d) -> sympy.Expr:
+    """A size whose floor divisions are exact, written without them when that gives an
+    integer polynomial (`s//(s//4)` → 4)."""
+    d = sympy.sympify(d)
+    if not d.has(sympy.floor):
+        return d
+    e = sympy.simplify(_exact(d))
+    return e if e.as_numer_denom()[1] == 1 else d
 
 
 def _is_multiple(big, small) -> bool:
@@ -68,12 +108,12 @@ def reshape_groups(old: tuple, new: tuple):
         po, pn = sym(old[i]), sym(new[j])
         i += 1
         j += 1
-        while sympy.simplify(po - pn) != 0:
+        while sympy.simplify(_exact(po) - _exact(pn)) != 0:
             if po.is_number and pn.is_number:
                 grow_old = po < pn
-            elif _is_multiple(pn, po):
+            elif _is_multiple(_exact(pn), _exact(po)):
                 grow_old = True
-            elif _is_multiple(po, pn):
+            elif _is_multiple(_exact(po), _exact(pn)):
                 grow_old = False
             else:
                 return None
@@ -112,8 +152,8 @@ def _unravel_sym(flat, shape):
 
 def reshape_map(old: tuple, new: tuple):
     """Index map of `x.reshape(new)` for `x` of shape `old`: new index → old index."""
-    old = tuple(sym(d) for d in old)
-    new = tuple(sym(d) for d in new)
+    old = tuple(_clean_size(sym(d)) for d in old)
+    new = tuple(_clean_size(sym(d)) for d in new)
     if len(new) > len(_PLACEHOLDERS):
         raise Unsupported("rank too large")
     if any(d == 0 for d in old + new):

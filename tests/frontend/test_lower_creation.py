@@ -1,0 +1,60 @@
+"""Creation lowerings: full / zeros / ones / empty (+ _like, new_), scalar_tensor, arange."""
+import pytest
+import torch
+from lowering_harness import check, rand
+
+F32, BF16 = torch.float32, torch.bfloat16
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16, torch.int64, torch.bool])
+def test_full_and_like(dtype):
+    x = rand(7, 13, dtype=dtype)
+
+    def f(x):
+        return (torch.full((3, 5), 2.5, dtype=F32), torch.full_like(x, 3), torch.zeros_like(x), torch.ones_like(x),
+                torch.zeros(2, 7, dtype=dtype), torch.ones(4, dtype=dtype), x.new_full((2, 3), 1),
+                x.new_zeros(5), x.new_ones((1, 2)), torch.empty_like(x).fill_(1), torch.empty(3, 2).zero_(),
+                torch.full((2,), True), torch.full_like(x, 0.1, dtype=BF16), x + torch.ones_like(x))
+
+    check(f, x)
+
+
+def test_scalar_tensor_and_constants():
+    x = rand(7, 13)
+    check(lambda x: (x * torch.scalar_tensor(0.5), torch.where(x > 0, x, torch.scalar_tensor(-1.0)),
+                     x + torch.tensor(2.0), torch.ops.aten.scalar_tensor(3, dtype=torch.int64) + 1), x)
+
+
+ARANGES = [
+    ("end", lambda: torch.arange(13)), ("start_end", lambda: torch.arange(3, 17)),
+    ("step", lambda: torch.arange(1, 20, 3)), ("neg_step", lambda: torch.arange(10, -7, -2)),
+    ("float", lambda: torch.arange(0.5, 3.2, 0.3)), ("float_neg", lambda: torch.arange(1.0, -1.0, -0.25)),
+    ("float_dtype", lambda: torch.arange(0, 13, dtype=F32)), ("bf16", lambda: torch.arange(0, 2, 0.125, dtype=BF16)),
+    ("int32", lambda: torch.arange(5, dtype=torch.int32)), ("linspace", lambda: torch.linspace(-1, 1, 17)),
+]
+
+
+@pytest.mark.parametrize("name,fn", ARANGES, ids=[a[0] for a in ARANGES])
+def test_arange(name, fn):
+    check(lambda x: fn() * x[0], torch.tensor([1.5]) if fn().is_floating_point() else torch.tensor([3]))
+
+
+def test_arange_dynamic():
+    check(lambda x: x * torch.arange(x.shape[0]).unsqueeze(1) + torch.arange(1, x.shape[1] * 2, 2), rand(7, 13),
+          dynamic=True)
+    check(lambda x: torch.full((x.shape[0], 3), 1.5) + x.sum(1, keepdim=True), rand(7, 13), dynamic=True)
+
+
+def test_iota():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from tilefuse.frontend.to_ir import lower_fx
+    from tilefuse.ir.interpret import interpret
+
+    def f(x):
+        return torch.ops.prims.iota(7, start=3, step=2, dtype=torch.int64, device=x.device, requires_grad=False) + x
+
+    x = torch.randint(0, 5, (7,))
+    g = lower_fx(make_fx(f)(x))
+    assert not any(type(n).__name__ == "Extern" for n in g.nodes.values())
+    assert torch.equal(interpret(g, [x])[0], f(x))
