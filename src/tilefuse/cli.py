@@ -42,20 +42,20 @@ def _explain(args) -> int:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:  # the benchmark parses its own options
+        from .bench import main as bench_main
+
+        return bench_main(argv[1:]) or 0
     parser = argparse.ArgumentParser(prog="tilefuse", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    b = sub.add_parser("bench", help="run the benchmark (see python -m tilefuse.bench --help)", add_help=False)
-    b.add_argument("rest", nargs=argparse.REMAINDER)
+    sub.add_parser("bench", help="run the benchmark (tilefuse bench --help for its options)")
     c = sub.add_parser("cache", help="inspect or clear the kernel cache")
     c.add_argument("action", choices=["info", "clear"])
     sub.add_parser("ops", help="list the ATen ops tilefuse generates code for")
     e = sub.add_parser("explain", help="run a script with every compiler stage logged")
     e.add_argument("script")
     args = parser.parse_args(argv)
-    if args.command == "bench":
-        from .bench import main as bench_main
-
-        return bench_main(args.rest) or 0
     if args.command == "cache":
         return _cache(args)
     if args.command == "ops":

@@ -121,6 +121,7 @@ def test_max_abs_error_structure_mismatch_is_inf():
     assert max_abs_error(torch.ones(4, 3), ref) == 1.0
 
 
+@pytest.mark.slow  # ~5 s with warm Inductor caches, up to ~50 s on a fresh machine
 @pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")), reason="no C++ compiler")
 def test_inductor_one_workload():
     with torch._inductor.config.patch(compile_threads=1):  # no worker pool for one kernel

@@ -200,7 +200,8 @@ def check_traced(fn, *inputs, allow_extern=()):
     for k, (a, e, r) in enumerate(zip(flatten(actual), flatten(expected), flatten(ref64))):
         if isinstance(e, torch.Tensor):
             assert_close_fp64(a, e, r, name=f"output {k}")
-    bad = [n for n in graph.nodes.values() if isinstance(n, Extern) and not any(s in n.target_name for s in allow_extern)]
+    bad = [n for n in graph.nodes.values()
+           if isinstance(n, Extern) and not any(s in n.target_name for s in allow_extern)]
     assert not bad, "unexpected extern calls: " + ", ".join(f"{n.target_name} ({n.reason})" for n in bad)
     return graph, gm
 

@@ -56,7 +56,8 @@ def test_addmm_baddbmm(dtype):
     bias, a, b = rand(33, dtype=dtype), rand(7, 13, dtype=dtype), rand(13, 33, dtype=dtype)
     bb, x, y = rand(3, 5, 1, dtype=dtype), rand(3, 5, 13, dtype=dtype), rand(3, 13, 7, dtype=dtype)
     rec = check(lambda bias, a, b, bb, x, y: (
-        torch.addmm(bias, a, b), torch.addmm(bias, a, b, beta=0.5, alpha=2.0), torch.addmm(bias[:7, None], a, b, beta=0),
+        torch.addmm(bias, a, b), torch.addmm(bias, a, b, beta=0.5, alpha=2.0),
+        torch.addmm(bias[:7, None], a, b, beta=0),
         torch.baddbmm(bb, x, y), torch.baddbmm(bb, x, y, beta=-1.5, alpha=0.25), F.linear(a, b.t(), bias)),
         bias, a, b, bb, x, y)
     nodes = _matmul_nodes(rec)
@@ -80,7 +81,8 @@ def test_noncontiguous_and_views():
     a = noncontig(13, 7)
     b = noncontig(7, 33, kind="s")
     w = rand(2, 7, 9)
-    rec = check(lambda a, b, w: (a @ b, (a[::2] @ b[:, 1:]).relu(), torch.matmul(a, w), a.unsqueeze(0).expand(4, 13, 7) @ b),
+    rec = check(lambda a, b, w: (a @ b, (a[::2] @ b[:, 1:]).relu(), torch.matmul(a, w),
+                                 a.unsqueeze(0).expand(4, 13, 7) @ b),
                 a, b, w)
     for n in _matmul_nodes(rec):
         assert_contraction(n, False)
@@ -112,3 +114,8 @@ def test_linear_dynamic():
 def test_vector_products():
     a, v = rand(7, 13), rand(13)
     check(lambda a, v: (a @ v, v @ v, torch.outer(v, v[:5]), torch.mv(a, v)), a, v)
+
+
+def test_addmv():
+    b, a, v = rand(7), rand(7, 13), rand(13)
+    check(lambda b, a, v: (torch.addmv(b, a, v), torch.addmv(b, a, v, beta=0.5, alpha=-2)), b, a, v)

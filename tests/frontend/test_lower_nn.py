@@ -3,7 +3,7 @@ ops (traced without decompositions, since core ATen decomposes them)."""
 import pytest
 import torch
 import torch.nn.functional as F
-from lowering_harness import check, check_traced, noncontig, rand
+from lowering_harness import check, check_traced, rand
 
 from tilefuse.ir import Reduce
 
@@ -132,3 +132,32 @@ def test_native_layer_norm_backward(mask):
         return aten.native_layer_norm_backward(g, x, [33], mean, rstd, w, b, list(mask))
 
     check_traced(f, g, x, w, b)
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_batch_norm_training_and_instance_norm(dtype):
+    x = rand(4, 3, 5, 2, dtype=dtype)
+    w, b = rand(3, dtype=dtype), rand(3, dtype=dtype)
+
+    def f(x, w, b, rm, rv):
+        rm, rv = rm.clone(), rv.clone()
+        y = F.batch_norm(x, rm, rv, w, b, training=True, momentum=0.2)
+        return y, rm, rv, F.instance_norm(x), F.batch_norm(x, None, None, training=True)
+
+    rm, rv = rand(3, dtype=dtype), rand(3, dtype=dtype, low=0.5, high=2.0)
+    check(f, x, w, b, rm, rv)
+
+
+def test_batchnorm_module_train_step():
+    from lowering_harness import check_training
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bn = torch.nn.BatchNorm1d(6)
+            self.lin = torch.nn.Linear(6, 3)
+
+        def forward(self, x):
+            return self.lin(self.bn(x)).square().mean()
+
+    check_training(Net, rand(9, 6))

@@ -1,5 +1,4 @@
 """Pointwise lowerings against eager (fp64 rule; exact for integer/bool results)."""
-import math
 
 import pytest
 import torch
@@ -135,7 +134,8 @@ INT_BINARY = [
     ("mixed_float", lambda a, b: a * 0.5 + b), ("abs_neg", lambda a, b: (-a).abs() + torch.sign(b)),
     ("where", lambda a, b: torch.where(a > b, a, 7)), ("clamp", lambda a, b: torch.clamp(a, -3, 4)),
     ("clamp_float", lambda a, b: torch.clamp(a, min=0.5)), ("bitwise_not", lambda a, b: ~a),
-    ("int_scalar_ops", lambda a, b: (a // 3, a % -4, a * 2 - 1, torch.fmod(a, 3), torch.div(a, -3, rounding_mode="trunc"))),
+    ("int_scalar_ops", lambda a, b: (a // 3, a % -4, a * 2 - 1, torch.fmod(a, 3),
+                                      torch.div(a, -3, rounding_mode="trunc"))),
 ]
 
 

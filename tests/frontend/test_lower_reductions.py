@@ -51,7 +51,8 @@ def test_prod_and_logical():
 def test_integer_and_bool_sums():
     i = torch.randint(-50, 50, (7, 13), dtype=torch.int32)
     b = rand(7, 13, dtype=torch.bool)
-    check(lambda i, b: (i.sum(), i.sum(0), b.sum(1), i.sum(1, dtype=torch.int32), i.amax(1), b.sum(dtype=torch.float32)),
+    check(lambda i, b: (i.sum(), i.sum(0), b.sum(1), i.sum(1, dtype=torch.int32), i.amax(1),
+                        b.sum(dtype=torch.float32)),
           i, b)
 
 

@@ -206,3 +206,14 @@ def test_index_int32_and_dynamic():
 def test_as_strided_is_extern():
     x = rand(4, 6)
     check(lambda x: torch.as_strided(x + 1, (3, 3), (2, 1)), x, allow_extern=("as_strided",))
+
+
+def test_symbolic_view_arguments():
+    def f(x):
+        n, m = x.shape
+        return (x[:, m // 2:] * 2, x[n - 1] + 1, x.narrow(1, 1, m - 2) * 3, torch.cat([x, x[:, : m // 2]], 1) + 1,
+                torch.nn.functional.pad(x, (0, n)) * 2, x.reshape(n * m)[m:] + 1, x.expand(3, n, m) * 1,
+                x[:, :, None].expand(n, m, 4).reshape(n, m * 4) + 1)
+
+    check(f, rand(7, 13), dynamic=True)
+    check(f, rand(8, 6), dynamic=True)

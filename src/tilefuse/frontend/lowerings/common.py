@@ -124,6 +124,20 @@ def numel(shape) -> sympy.Expr:
     return sympy.Mul(*[sym(d) for d in shape]) if shape else sympy.Integer(1)
 
 
+def overloads(*names, ns=None) -> list:
+    """The overloads among `names` ("packet.overload", default overload when none) that this
+    PyTorch version has; registering only these keeps the package importable across
+    versions."""
+    ns = aten if ns is None else ns
+    out = []
+    for name in names:
+        pkt, _, ov = name.partition(".")
+        target = getattr(getattr(ns, pkt, None), ov or "default", None)
+        if target is not None:
+            out.append(target)
+    return out
+
+
 # ---------------------------------------------------------------- metadata of multi-output ops
 
 
@@ -311,7 +325,8 @@ def elementwise(ctx, operands, fn, compute: DType | None = None, out_dtype: DTyp
 
 
 def is_graph_input(ctx, value) -> bool:
-    return isinstance(value, BufferValue) and isinstance(ctx.graph.nodes.get(value.name), (Input, ScalarInput, Constant))
+    node = ctx.graph.nodes.get(value.name) if isinstance(value, BufferValue) else None
+    return isinstance(node, (Input, ScalarInput, Constant))
 
 
 def copy_of(ctx, value: TensorValue) -> TensorValue:

@@ -11,20 +11,10 @@ import torch
 from ...ir import dtypes as dt
 from ...ir.expr import Index, binary, cast
 from ..registry import lowering
-from .common import out_shape, pointwise, py, scalar, sym
+from .common import out_shape, overloads, pointwise, py, scalar, sym
 
 aten = torch.ops.aten
 prims = torch.ops.prims
-
-
-def _ops(*names, ns=aten):
-    out = []
-    for name in names:
-        pkt, _, ov = name.partition(".")
-        target = getattr(getattr(ns, pkt, None), ov or "default", None)
-        if target is not None:
-            out.append(target)
-    return out
 
 
 def fill(ctx, value):
@@ -32,24 +22,24 @@ def fill(ctx, value):
     return pointwise(ctx, out_shape(ctx), out, lambda idx: scalar(value, out))
 
 
-@lowering(*_ops("full.default", "full_like.default"))
+@lowering(*overloads("full.default", "full_like.default"))
 def full(ctx, size_or_like, fill_value, **kwargs):
     return fill(ctx, fill_value)
 
 
-@lowering(*_ops("new_full.default"))
+@lowering(*overloads("new_full.default"))
 def new_full(ctx, x, size, fill_value, **kwargs):
     return fill(ctx, fill_value)
 
 
-@lowering(*_ops("zeros.default", "zeros_like.default", "new_zeros.default", "empty.memory_format",
+@lowering(*overloads("zeros.default", "zeros_like.default", "new_zeros.default", "empty.memory_format",
                 "empty_like.default", "new_empty.default", "empty_strided.default", "new_empty_strided.default",
                 "empty_permuted.default"))
 def zeros(ctx, *args, **kwargs):
     return fill(ctx, 0)
 
 
-@lowering(*_ops("ones.default", "ones_like.default", "new_ones.default"))
+@lowering(*overloads("ones.default", "ones_like.default", "new_ones.default"))
 def ones(ctx, *args, **kwargs):
     return fill(ctx, 1)
 
@@ -90,6 +80,17 @@ def arange(ctx, end, **kwargs):
     return _range(ctx, 0, 1)
 
 
-@lowering(*_ops("iota.default", ns=prims))
+@lowering(*overloads("iota.default", ns=prims))
 def iota(ctx, length, *, start, step, **kwargs):
     return _range(ctx, start, step)
+
+
+# ---------------------------------------------------------------- runtime assertions
+
+
+@lowering(*overloads("_assert_async.msg", "_assert_async.default", "_assert_scalar.default",
+                "sym_constrain_range_for_size.default", "sym_constrain_range.default"))
+def runtime_assert(ctx, *args, **kwargs):
+    """Data-dependent checks (e.g. one_hot's index bound) produce no value; tilefuse does
+    not generate device-side asserts, so they are dropped."""
+    return None

@@ -14,9 +14,9 @@ from ...ir import dtypes as dt
 from ...ir.expr import Binary, Expr, Index, Where, binary, cast, const
 from ..registry import Unsupported, lowering
 from ..values import ViewValue, ix, ix_add
-from .common import (out_shape, as_int, broadcast_index, broadcast_shapes, canonical_dim, copy_of, is_tensor, pointwise,
-                     py, scalar, sym)
-from .views import _ops, slice_start, slice_view
+from .common import (as_int, broadcast_index, broadcast_shapes, canonical_dim, copy_of, is_tensor, out_shape,
+                     overloads, pointwise, py, scalar, sym)
+from .views import slice_start
 
 aten = torch.ops.aten
 
@@ -88,7 +88,7 @@ def gather(ctx, x, dim, index, sparse_grad=False):
     return ViewValue(x, out_shape(ctx), index_map, "gather")
 
 
-@lowering(*_ops("index.Tensor", "_unsafe_index.Tensor"))
+@lowering(*overloads("index.Tensor", "_unsafe_index.Tensor"))
 def index_tensor(ctx, x, indices):
     """Advanced indexing with integer index tensors (boolean masks have data-dependent
     shapes and stay extern)."""

@@ -16,7 +16,7 @@ from ...ir.dtypes import DType
 from ...ir.expr import Binary, Load, binary, cast
 from ..registry import Unsupported, lowering
 from ..values import TensorValue
-from .common import out_shape, broadcast_load, is_scalar_value, pointwise, py, reduce, scalar
+from .common import broadcast_load, is_scalar_value, out_shape, pointwise, py, reduce, scalar
 
 aten = torch.ops.aten
 
@@ -92,3 +92,31 @@ def addmm(ctx, bias, a, b, *, beta=1, alpha=1):
 @lowering(aten.addmm.dtype, aten.baddbmm.dtype)
 def addmm_out_dtype(ctx, bias, a, b, out_dtype, *, beta=1, alpha=1):
     return _add_product(ctx, bias, a, b, beta, alpha)
+
+
+@lowering(aten.addmv.default)
+def addmv(ctx, bias, mat, vec, *, beta=1, alpha=1):
+    """beta*bias + alpha*(mat @ vec): a sum-of-products reduction (not a 2-D contraction, so
+    the tile layer treats it as an ordinary reduction) and a pointwise epilogue."""
+    out = ctx.out_dtype
+    if mat.rank != 2 or vec.rank != 1 or not out.is_float:
+        raise Unsupported("addmv operands")
+    acc = dt.compute_dtype(out)
+    prod = reduce(ctx, (mat.shape[0],), (mat.shape[1],), "sum",
+                  lambda idx, ridx: Binary("mul", cast(mat.load((idx[0], ridx[0])), acc),
+                                           cast(vec.load((ridx[0],)), acc), acc), acc)
+    beta, alpha = py(beta), py(alpha)
+    shape = out_shape(ctx)
+
+    def body(idx):
+        p = prod.load(idx)
+        if not is_scalar_value(alpha, 1):
+            p = binary("mul", p, scalar(alpha, acc))
+        if is_scalar_value(beta, 0):
+            return p
+        bv = broadcast_load(bias, idx, shape, acc)
+        if not is_scalar_value(beta, 1):
+            bv = binary("mul", bv, scalar(beta, acc))
+        return binary("add", bv, p)
+
+    return pointwise(ctx, shape, out, body)

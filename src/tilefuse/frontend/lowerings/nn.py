@@ -18,9 +18,9 @@ from ...ir.dtypes import DType
 from ...ir.expr import Expr, binary, cast, unary, where
 from ..registry import Unsupported, lowering
 from ..values import TensorValue, ViewValue
-from .common import (broadcast_load, canonical_dim, elementwise, is_tensor, meta_dtype, meta_shape, pointwise, py,
+from .common import (broadcast_load, canonical_dim, elementwise, meta_dtype, meta_shape, pointwise, py,
                      scalar)
-from .pointwise import c, clamp_expr, maximum
+from .pointwise import c, clamp_expr
 from .reductions import Plan, reduce_value, var_value
 
 aten = torch.ops.aten
@@ -355,8 +355,8 @@ def native_layer_norm_backward(ctx, grad, x, normalized_shape, mean, rstd, weigh
         results.append(None)
     if output_mask[1] and weight is not None:
         wd = meta_dtype(ctx, 1)
-        results.append(reduce_value(ctx, _Lazy(shape, acc, lambda idx: binary("mul", cast(grad.load(idx), acc), xhat(idx))),
-                                    outer, "sum", acc, wd))
+        g_xhat = _Lazy(shape, acc, lambda idx: binary("mul", cast(grad.load(idx), acc), xhat(idx)))
+        results.append(reduce_value(ctx, g_xhat, outer, "sum", acc, wd))
     else:
         results.append(None)
     if output_mask[2] and bias is not None:
@@ -367,6 +367,26 @@ def native_layer_norm_backward(ctx, grad, x, normalized_shape, mean, rstd, weigh
     return tuple(results)
 
 
+def _batch_norm_apply(ctx, x, weight, bias, mean_at, rstd_at, out, acc):
+    """y[n, c, ...] = (x - mean[c]) * rstd[c] * weight[c] + bias[c]."""
+
+    def body(idx):
+        c = idx[1]
+        y = binary("mul", binary("sub", cast(x.load(idx), acc), mean_at(c)), rstd_at(c))
+        if weight is not None:
+            y = binary("mul", y, cast(weight.load((c,)), acc))
+        if bias is not None:
+            y = binary("add", y, cast(bias.load((c,)), acc))
+        return y
+
+    return pointwise(ctx, x.shape, out, body)
+
+
+def _empty_outputs(ctx, ks):
+    return tuple(pointwise(ctx, meta_shape(ctx, k), meta_dtype(ctx, k), lambda idx: scalar(0, dt.float32))
+                 for k in ks)
+
+
 @lowering(aten._native_batch_norm_legit_no_training.default)
 def batch_norm_inference(ctx, x, weight, bias, running_mean, running_var, momentum, eps):
     if x.rank < 2:
@@ -374,22 +394,64 @@ def batch_norm_inference(ctx, x, weight, bias, running_mean, running_var, moment
     out = meta_dtype(ctx, 0)
     acc = dt.compute_dtype(out)
     eps = py(eps)
+    y = _batch_norm_apply(
+        ctx, x, weight, bias, lambda c: cast(running_mean.load((c,)), acc),
+        lambda c: unary("rsqrt", binary("add", cast(running_var.load((c,)), acc), scalar(eps, acc))), out, acc)
+    return (y,) + _empty_outputs(ctx, (1, 2))
 
-    def channel(v, idx):
-        return cast(v.load((idx[1],)), acc)
 
-    def body(idx):
-        y = binary("mul", binary("sub", cast(x.load(idx), acc), channel(running_mean, idx)),
-                   unary("rsqrt", binary("add", channel(running_var, idx), scalar(eps, acc))))
-        if weight is not None:
-            y = binary("mul", y, channel(weight, idx))
-        if bias is not None:
-            y = binary("add", y, channel(bias, idx))
-        return y
+def _batch_stats(ctx, x, eps, acc):
+    """Per-channel (mean, biased variance, rstd) over every dim but 1, each of shape (C,)."""
+    p = Plan(tuple(x.shape), [d for d in range(x.rank) if d != 1], False)
+    var, mean = var_value(ctx, x, p, 0, acc)
+    rstd = pointwise(ctx, p.out_shape, acc,
+                     lambda idx: unary("rsqrt", binary("add", var.load(idx), scalar(eps, acc))))
+    return p, mean, var, rstd
 
-    y = pointwise(ctx, x.shape, out, body)
-    empties = tuple(pointwise(ctx, meta_shape(ctx, k), meta_dtype(ctx, k), lambda idx: scalar(0, acc)) for k in (1, 2))
-    return (y,) + empties
+
+@lowering(aten._native_batch_norm_legit.no_stats)
+def batch_norm_no_stats(ctx, x, weight, bias, training, momentum, eps):
+    """Batch statistics (instance norm and batch norm without running stats)."""
+    if x.rank < 2:
+        raise Unsupported("batch norm input must have a channel dim")
+    out = meta_dtype(ctx, 0)
+    acc = dt.compute_dtype(out)
+    _, mean, _, rstd = _batch_stats(ctx, x, py(eps), acc)
+    y = _batch_norm_apply(ctx, x, weight, bias, lambda c: mean.load((c,)), lambda c: rstd.load((c,)), out, acc)
+    return y, _maybe_cast(ctx, mean, meta_dtype(ctx, 1)), _maybe_cast(ctx, rstd, meta_dtype(ctx, 2))
+
+
+@lowering(aten._native_batch_norm_legit_functional.default)
+def batch_norm_functional(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps):
+    """Training-mode batch norm as AOTAutograd's functionalised graphs call it: returns the
+    output, the saved mean / rstd and the updated running statistics."""
+    if not training:
+        y = batch_norm_inference(ctx, x, weight, bias, running_mean, running_var, momentum, eps)[0]
+        return (y,) + _empty_outputs(ctx, (1, 2)) + (running_mean, running_var)
+    if x.rank < 2:
+        raise Unsupported("batch norm input must have a channel dim")
+    out = meta_dtype(ctx, 0)
+    acc = dt.compute_dtype(out)
+    momentum = py(momentum)
+    p, mean, var, rstd = _batch_stats(ctx, x, py(eps), acc)
+    y = _batch_norm_apply(ctx, x, weight, bias, lambda c: mean.load((c,)), lambda c: rstd.load((c,)), out, acc)
+    n = p.numel
+    unbias = cast(binary("truediv", cast(scalar(n), dt.float64), cast(scalar(sympy.Max(n - 1, 1)), dt.float64)), acc)
+
+    def update(running, stat, scale=None):
+        rd = running.dtype
+
+        def body(idx):
+            new = cast(stat.load(idx), acc)
+            if scale is not None:
+                new = binary("mul", new, scale)
+            return binary("add", binary("mul", cast(running.load(idx), acc), scalar(1.0 - momentum, acc)),
+                          binary("mul", new, scalar(momentum, acc)))
+
+        return pointwise(ctx, running.shape, rd, body)
+
+    return (y, _maybe_cast(ctx, mean, meta_dtype(ctx, 1)), _maybe_cast(ctx, rstd, meta_dtype(ctx, 2)),
+            update(running_mean, mean), update(running_var, var, unbias))
 
 
 @lowering(aten.native_group_norm.default)

@@ -12,10 +12,10 @@ import math
 import torch
 
 from ...ir import dtypes as dt
-from ...ir.expr import Binary, Expr, Unary, Where, binary, cast, const, unary, where
+from ...ir.expr import Binary, Expr, Where, binary, cast, const, unary, where
 from ..registry import Unsupported, lowering
-from .common import (out_shape, broadcast_load, copy_of, elementwise, finfo, is_scalar_value, is_tensor, pointwise,
-                     promoted_dtype, py, scalar)
+from .common import (broadcast_load, copy_of, elementwise, finfo, is_scalar_value, is_tensor, out_shape,
+                     pointwise, promoted_dtype, py, scalar)
 
 aten = torch.ops.aten
 prims = torch.ops.prims

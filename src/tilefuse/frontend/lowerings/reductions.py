@@ -17,7 +17,7 @@ import torch
 
 from ...ir import dtypes as dt
 from ...ir.dtypes import DType
-from ...ir.expr import Expr, Index, binary, cast, const, unary
+from ...ir.expr import Index, binary, cast, const, unary
 from ..registry import Unsupported, lowering
 from ..values import TensorValue, ix
 from .common import acc_dtype, canonical_dims, meta_dtype, out_shape, pointwise, py, reduce, scalar, sym

@@ -15,20 +15,9 @@ from ...ir.expr import Index, Load, out_index
 from ...ir.symbolic import floordiv, mod
 from ..registry import Unsupported, lowering
 from ..values import BufferValue, TensorValue, ViewValue, ix, ix_add, ix_mod, ix_mul, ravel, unravel
-from .common import out_shape, as_int, canonical_dim, meta_shape, py, simplify_sym, sym
+from .common import as_int, canonical_dim, meta_shape, out_shape, overloads, py, simplify_sym, sym
 
 aten = torch.ops.aten
-
-
-def _ops(*names):
-    """The overloads among `names` ("packet.overload") that this PyTorch has."""
-    out = []
-    for name in names:
-        pkt, _, ov = name.partition(".")
-        target = getattr(getattr(aten, pkt, None), ov or "default", None)
-        if target is not None:
-            out.append(target)
-    return out
 
 
 def view(x, shape, index_map, what: str) -> TensorValue:
@@ -190,18 +179,18 @@ def reshape(x, shape):
     return view(x, shape, reshape_map(x.shape, shape), "reshape")
 
 
-@lowering(*_ops("view.default", "_unsafe_view.default", "reshape.default", "view_copy.default",
+@lowering(*overloads("view.default", "_unsafe_view.default", "reshape.default", "view_copy.default",
                 "_reshape_alias.default", "_reshape_alias_copy.default"))
 def view_lowering(ctx, x, size, *rest):
     return reshape(x, out_shape(ctx))
 
 
-@lowering(*_ops("view.dtype"))
+@lowering(*overloads("view.dtype"))
 def view_dtype(ctx, x, dtype):
     raise Unsupported("bitcast views are not generated")
 
 
-@lowering(*_ops("as_strided.default", "as_strided_copy.default"))
+@lowering(*overloads("as_strided.default", "as_strided_copy.default"))
 def as_strided(ctx, x, size, stride, storage_offset=None):
     raise Unsupported("as_strided depends on the physical strides of its input")
 
@@ -226,7 +215,7 @@ def permute(x, dims):
     return view(x, [x.shape[d] for d in dims], index_map, "permute")
 
 
-@lowering(*_ops("permute.default", "permute_copy.default"))
+@lowering(*overloads("permute.default", "permute_copy.default"))
 def permute_lowering(ctx, x, dims):
     return permute(x, dims)
 
@@ -241,12 +230,12 @@ def transpose(x, d0, d1):
     return permute(x, dims)
 
 
-@lowering(*_ops("transpose.int", "transpose_copy.int"))
+@lowering(*overloads("transpose.int", "transpose_copy.int"))
 def transpose_lowering(ctx, x, d0, d1):
     return transpose(x, d0, d1)
 
 
-@lowering(*_ops("t.default", "t_copy.default"))
+@lowering(*overloads("t.default", "t_copy.default"))
 def t(ctx, x):
     return transpose(x, 0, 1)
 
@@ -267,12 +256,12 @@ def expand(x, shape):
     return view(x, shape, index_map, "expand")
 
 
-@lowering(*_ops("expand.default", "expand_copy.default"))
+@lowering(*overloads("expand.default", "expand_copy.default"))
 def expand_lowering(ctx, x, size, implicit=False):
     return expand(x, out_shape(ctx))
 
 
-@lowering(*_ops("repeat.default"))
+@lowering(*overloads("repeat.default"))
 def repeat(ctx, x, repeats):
     shape = out_shape(ctx)
     reps = py(list(repeats))
@@ -326,7 +315,7 @@ def slice_view(x, dim, start, length, step):
     return view(x, shape, index_map, "slice")
 
 
-@lowering(*_ops("slice.Tensor", "slice_copy.Tensor"))
+@lowering(*overloads("slice.Tensor", "slice_copy.Tensor"))
 def slice_lowering(ctx, x, dim=0, start=None, end=None, step=1):
     d = canonical_dim(dim, x.rank)
     step = as_int(step, "slice step")
@@ -339,7 +328,7 @@ def slice_lowering(ctx, x, dim=0, start=None, end=None, step=1):
     return slice_view(x, d, s, length, step)
 
 
-@lowering(*_ops("narrow.default", "narrow_copy.default"))
+@lowering(*overloads("narrow.default", "narrow_copy.default"))
 def narrow(ctx, x, dim, start, length):
     d = canonical_dim(dim, x.rank)
     return slice_view(x, d, slice_start(start, x.shape[d]), out_shape(ctx)[d], 1)
@@ -368,7 +357,7 @@ def select(x, dim, index):
     return view(x, shape, index_map, "select")
 
 
-@lowering(*_ops("select.int", "select_copy.int"))
+@lowering(*overloads("select.int", "select_copy.int"))
 def select_lowering(ctx, x, dim, index):
     return select(x, dim, index)
 
@@ -384,17 +373,17 @@ def _split_by_meta(ctx, x, dim):
     return tuple(outs)
 
 
-@lowering(*_ops("split_with_sizes.default", "split_with_sizes_copy.default"))
+@lowering(*overloads("split_with_sizes.default", "split_with_sizes_copy.default"))
 def split_with_sizes(ctx, x, split_sizes, dim=0):
     return _split_by_meta(ctx, x, dim)
 
 
-@lowering(*_ops("split.Tensor", "split_copy.Tensor"))
+@lowering(*overloads("split.Tensor", "split_copy.Tensor"))
 def split(ctx, x, split_size, dim=0):
     return _split_by_meta(ctx, x, dim)
 
 
-@lowering(*_ops("unbind.int", "unbind_copy.int"))
+@lowering(*overloads("unbind.int", "unbind_copy.int"))
 def unbind(ctx, x, dim=0):
     return tuple(select(x, dim, k) for k in range(len(ctx.current_meta)))
 
@@ -402,7 +391,7 @@ def unbind(ctx, x, dim=0):
 # ---------------------------------------------------------------- rank changes
 
 
-@lowering(*_ops("squeeze.default", "squeeze.dim", "squeeze.dims", "squeeze_copy.default",
+@lowering(*overloads("squeeze.default", "squeeze.dim", "squeeze.dims", "squeeze_copy.default",
                 "squeeze_copy.dim", "squeeze_copy.dims"))
 def squeeze(ctx, x, dims=None):
     rank = x.rank
@@ -440,7 +429,7 @@ def unsqueeze(x, dim):
     return view(x, shape, index_map, "unsqueeze")
 
 
-@lowering(*_ops("unsqueeze.default", "unsqueeze_copy.default"))
+@lowering(*overloads("unsqueeze.default", "unsqueeze_copy.default"))
 def unsqueeze_lowering(ctx, x, dim):
     return unsqueeze(x, dim)
 
@@ -448,7 +437,7 @@ def unsqueeze_lowering(ctx, x, dim):
 # ---------------------------------------------------------------- reorderings
 
 
-@lowering(*_ops("flip.default"))
+@lowering(*overloads("flip.default"))
 def flip(ctx, x, dims):
     rank = x.rank
     flipped = {canonical_dim(d, rank) for d in dims} if rank else set()
@@ -475,7 +464,7 @@ def _roll_index(i, n, shift):
     return ix_mod(ix_add(i, -shift), n)
 
 
-@lowering(*_ops("roll.default"))
+@lowering(*overloads("roll.default"))
 def roll(ctx, x, shifts, dims=()):
     shifts = [as_int(s, "roll shift") for s in shifts]
     dims = [canonical_dim(d, x.rank) for d in dims]
@@ -501,7 +490,7 @@ def roll(ctx, x, shifts, dims=()):
     return view(x, x.shape, index_map, "roll")
 
 
-@lowering(*_ops("unfold.default", "unfold_copy.default"))
+@lowering(*overloads("unfold.default", "unfold_copy.default"))
 def unfold(ctx, x, dimension, size, step):
     rank = x.rank
     d = canonical_dim(dimension, rank)
@@ -517,7 +506,7 @@ def unfold(ctx, x, dimension, size, step):
     return view(x, out_shape(ctx), index_map, "unfold")
 
 
-@lowering(*_ops("diagonal.default", "diagonal_copy.default"))
+@lowering(*overloads("diagonal.default", "diagonal_copy.default"))
 def diagonal(ctx, x, offset=0, dim1=0, dim2=1):
     rank = x.rank
     d1, d2 = canonical_dim(dim1, rank), canonical_dim(dim2, rank)

@@ -1,0 +1,56 @@
+"""The user-facing contract: logs, safe failure, tilefuse.compile options, externs reported."""
+import subprocess
+import sys
+import os
+import warnings
+
+import pytest
+import torch
+
+import tilefuse
+from tilefuse.api import TilefuseFallbackWarning
+
+
+def test_unsupported_function_falls_back_to_eager_with_a_warning():
+    fn = lambda x: torch.atan2(x, x + 2) * 2  # no Triton-interpreter spelling of atan2
+    x = torch.randn(8)
+    with tilefuse.config.patch(fallback="eager"), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch._dynamo.reset()
+        out = torch.compile(fn, backend="tilefuse")(x)
+    torch.testing.assert_close(out, fn(x))
+    assert any(issubclass(w.category, TilefuseFallbackWarning) for w in caught)
+
+
+def test_fallback_error_raises_naming_the_stage():
+    fn = lambda x: torch.atan2(x, x + 2) * 2
+    with tilefuse.config.patch(fallback="error"):
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match="tilefuse failed while"):
+            torch.compile(fn, backend="tilefuse")(torch.randn(8))
+
+
+def test_tilefuse_compile_accepts_config_keywords_and_rejects_unknown():
+    fn = lambda x: x.sin() + 1
+    x = torch.randn(5)
+    torch.testing.assert_close(tilefuse.compile(fn, persistent_reduction_limit=64)(x), fn(x))
+    with pytest.raises(TypeError, match="unknown tilefuse option"):
+        tilefuse.compile(fn, no_such_knob=1)
+
+
+def test_ops_without_lowering_become_reported_externs():
+    fn = lambda x: torch.sort(x, dim=-1).values * 2
+    x = torch.randn(4, 9)
+    report = tilefuse.explain(fn, x)
+    assert report.externs and "sort" in report.externs[0][1]
+    torch.testing.assert_close(torch.compile(fn, backend="tilefuse")(x), fn(x))
+
+
+def test_logs_channels_print_each_stage():
+    script = "import torch, tilefuse; torch.compile(lambda x: (x * 2).sum(-1), backend='tilefuse')(torch.randn(3, 5))"
+    env = dict(os.environ, TILEFUSE_LOGS="graph,fusion,tile,code", TRITON_INTERPRET="1",
+               PYTHONPATH=os.path.join(os.path.dirname(__file__), "..", "..", "src"))
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for channel in ("[tilefuse.graph]", "[tilefuse.fusion]", "[tilefuse.tile]", "[tilefuse.code]"):
+        assert channel in out.stderr
