@@ -69,11 +69,8 @@ def choose_backend(device: torch.device) -> str:
 def compile_fx(gm: torch.fx.GraphModule, device: torch.device, name: str = "graph"):
     report = CompileReport(name)
     stage = _Stages(report)
-    backend = choose_backend(device)
-    report.backend = backend
-    if backend == "triton" and device.type != "cuda":
+    if choose_backend(device) == "triton" and device.type != "cuda":
         raise RuntimeError("TILEFUSE_BACKEND=triton needs CUDA tensors; use 'interpret' for CPU tensors")
-    interpret = backend == "interpret"
     with stage("lower"):
         graph = lower_fx(gm, name)
     return compile_ir(graph, device, report)

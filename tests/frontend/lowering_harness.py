@@ -125,9 +125,10 @@ def assert_close_fp64(actual, expected, ref64, name="output", factor=3.0):
     assert ok, (f"{name}: max error vs fp64 {err:.3g} > max({factor} x eager's {eager_err:.3g}, tol {tol:.3g})")
 
 
-def check(fn, *inputs, dynamic=False, allow_extern=(), factor=3.0, expect_graphs=None):
+def check(fn, *inputs, dynamic=False, allow_extern=(), factor=3.0, expect_graphs=None, names=None):
     """Compile `fn`, run it, compare every output with eager by the fp64 rule and assert that
-    no Extern node appears (except ops named in `allow_extern`). Returns the recorder."""
+    no Extern node appears (except ops named in `allow_extern`). `names` labels the outputs in
+    failure messages. Returns the recorder."""
     expected = fn(*inputs)
     try:
         ref64 = fn(*to_fp64(list(inputs)))
@@ -137,8 +138,9 @@ def check(fn, *inputs, dynamic=False, allow_extern=(), factor=3.0, expect_graphs
     exp_l, act_l, ref_l = flatten(expected), flatten(actual), flatten(ref64)
     assert len(exp_l) == len(act_l), f"{len(act_l)} outputs, eager has {len(exp_l)}"
     for k, (a, e, r) in enumerate(zip(act_l, exp_l, ref_l)):
+        label = f"output {k}" + (f" ({names[k]})" if names is not None and k < len(names) else "")
         if isinstance(e, torch.Tensor):
-            assert_close_fp64(a, e, r, name=f"output {k}", factor=factor)
+            assert_close_fp64(a, e, r, name=label, factor=factor)
         elif isinstance(e, float):
             assert math.isclose(a, e, rel_tol=1e-6) or (math.isnan(a) and math.isnan(e))
         else:

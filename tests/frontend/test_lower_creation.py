@@ -58,3 +58,13 @@ def test_iota():
     g = lower_fx(make_fx(f)(x))
     assert not any(type(n).__name__ == "Extern" for n in g.nodes.values())
     assert torch.equal(interpret(g, [x])[0], f(x))
+
+
+def test_copy_into_fresh_tensor():
+    y = rand(5, dtype=BF16)
+    check(lambda y: (torch.empty(3, 5).copy_(y), torch.zeros(2, 5, dtype=torch.int64).copy_(y * 4)), y)
+
+
+def test_runtime_asserts_are_dropped():
+    i = torch.randint(0, 5, (7,))
+    check(lambda i: torch.nn.functional.one_hot(i, 5) * 2, i)

@@ -100,9 +100,8 @@ SCALAR_OPS = [
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name,fn", SCALAR_OPS, ids=[s[0] for s in SCALAR_OPS])
-def test_scalar_operand(name, fn, dtype):
-    check(fn, rand(13, 7, dtype=dtype))
+def test_scalar_operands(dtype):
+    check(lambda x: tuple(fn(x) for _, fn in SCALAR_OPS), rand(13, 7, dtype=dtype), names=[n for n, _ in SCALAR_OPS])
 
 
 def test_comparison_rounds_scalar_to_bf16():
@@ -134,17 +133,18 @@ INT_BINARY = [
     ("mixed_float", lambda a, b: a * 0.5 + b), ("abs_neg", lambda a, b: (-a).abs() + torch.sign(b)),
     ("where", lambda a, b: torch.where(a > b, a, 7)), ("clamp", lambda a, b: torch.clamp(a, -3, 4)),
     ("clamp_float", lambda a, b: torch.clamp(a, min=0.5)), ("bitwise_not", lambda a, b: ~a),
-    ("int_scalar_ops", lambda a, b: (a // 3, a % -4, a * 2 - 1, torch.fmod(a, 3),
-                                      torch.div(a, -3, rounding_mode="trunc"))),
+    ("floordiv_scalar", lambda a, b: a // 3), ("mod_scalar", lambda a, b: a % -4), ("affine", lambda a, b: a * 2 - 1),
+    ("fmod_scalar", lambda a, b: torch.fmod(a, 3)),
+    ("trunc_scalar", lambda a, b: torch.div(a, -3, rounding_mode="trunc")),
 ]
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
-@pytest.mark.parametrize("name,fn", INT_BINARY, ids=[b[0] for b in INT_BINARY])
-def test_integer_ops(name, fn, dtype):
+def test_integer_ops(dtype):
+    """Floor vs trunc division and remainder semantics on negative operands, exact results."""
     a = torch.randint(-20, 20, (7, 13), dtype=dtype)
     b = torch.randint(1, 6, (13,), dtype=dtype) * (torch.randint(0, 2, (13,), dtype=dtype) * 2 - 1)
-    check(fn, a, b)
+    check(lambda a, b: tuple(fn(a, b) for _, fn in INT_BINARY), a, b, names=[n for n, _ in INT_BINARY])
 
 
 def test_bool_ops():
@@ -235,3 +235,10 @@ def test_dynamic_scalar_arithmetic():
 
     rec = check(f, rand(7, 13), dynamic=True)
     check(f, rand(9, 5), dynamic=True)
+
+
+def test_float16():
+    x, y = rand(7, 13, dtype=torch.float16), rand(13, dtype=torch.float16)
+    check(lambda x, y: (torch.exp(x) * y, F.gelu(x), x / y, x > 0.1, torch.where(x > y, x, 0.3), x.to(BF16),
+                        x.sum(1), x.softmax(-1), x @ x.t(), F.layer_norm(x, (13,)), x.var(0), x.amax(1)),
+          x, y)

@@ -44,7 +44,8 @@ def test_prod_and_logical():
     x = rand(5, 7, dtype=F32, low=0.5, high=1.5)
     b = rand(5, 7, dtype=torch.bool)
     check(lambda x, b: (x.prod(), x.prod(1), x.prod(0, keepdim=True), b.any(), b.all(), b.any(1), b.all(0),
-                        b.any(-1, keepdim=True), (x > 1).all(1), torch.any(b, dim=(0, 1)), x.to(torch.int64).prod(0)),
+                        b.any(-1, keepdim=True), (x > 1).all(1), torch.any(b, dim=(0, 1)), torch.any(b, dim=()),
+                        torch.all(x, dim=()), x.to(torch.int64).prod(0)),
           x, b)
 
 

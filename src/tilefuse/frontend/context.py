@@ -26,10 +26,42 @@ def ir_dtype(d: torch.dtype) -> DType:
         raise TypeError(f"tilefuse does not generate code for dtype {d}") from None
 
 
+def plain_sympy(e):
+    """Rewrite PyTorch's own sympy functions (FloorDiv, ModularIndexing, PythonMod, CeilDiv,
+    its Max/Min, ...) into plain sympy, which the IR's simplifier, evaluator and printers
+    understand."""
+    if not isinstance(e, sympy.Basic) or e.is_Atom:
+        return e
+    args = [plain_sympy(a) for a in e.args]
+    name = type(e).__name__
+    if name == "FloorDiv":
+        return sympy.floor(args[0] / args[1])
+    if name == "CeilDiv":
+        return sympy.ceiling(args[0] / args[1])
+    if name == "ModularIndexing":
+        return sympy.Mod(sympy.floor(args[0] / args[1]), args[2])
+    if name in ("PythonMod", "Mod"):
+        return sympy.Mod(args[0], args[1])
+    if name in ("Max",):
+        return sympy.Max(*args)
+    if name in ("Min",):
+        return sympy.Min(*args)
+    if name in ("IntTrueDiv", "FloatTrueDiv"):
+        return args[0] / args[1]
+    if name in ("TruncToInt", "TruncToFloat"):
+        return sympy.sign(args[0]) * sympy.floor(sympy.Abs(args[0]))
+    if name == "ToFloat":
+        return args[0]
+    try:
+        return e.func(*args)
+    except Exception:  # noqa: BLE001 - keep the original when it cannot be rebuilt
+        return e
+
+
 def sym_expr(x):
     """A python int / SymInt / SymFloat as a sympy expression."""
     if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return x.node.expr
+        return plain_sympy(x.node.expr)
     if isinstance(x, bool):
         return x
     if isinstance(x, (int, float)):

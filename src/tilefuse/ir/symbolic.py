@@ -112,7 +112,7 @@ def simplify_index(expr, ranges: dict) -> sympy.Expr:
                 lo, hi = bounds(rest, ranges)
                 if lo >= 0 and hi < d:
                     return rest
-                if rest != a:
+                if rest != a and lo >= 0:
                     return sympy.Mod(rest, m)
         return e
 

@@ -26,7 +26,7 @@ def contiguous_strides(shape) -> tuple:
 
 
 def tile_symbol(name: str) -> sympy.Symbol:
-    return sympy.Symbol(name, integer=True)
+    return sympy.Symbol(name, integer=True, nonnegative=True)
 
 
 def land(a: Expr | None, b: Expr | None) -> Expr | None:
@@ -112,7 +112,7 @@ class KernelBuilder:
                 else:
                     sname = f"{name}_stride{k}"
                     self.params.setdefault(sname, Param(sname, "size"))
-                    strides.append(sympy.Symbol(sname, integer=True))
+                    strides.append(sympy.Symbol(sname, integer=True, nonnegative=True))
             return tuple(strides)
         strides = self.graph.output_strides.get(name) or contiguous_strides(node.shape)
         strides = tuple(sympy.Integer(0) if sympy.sympify(d) == 1 else st for d, st in zip(node.shape, strides))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import sympy
 
 from ..ir.dtypes import DType
 from ..ir.expr import Expr
@@ -35,6 +34,7 @@ class Stmt:
 class ProgramId(Stmt):
     name: str
     axis: int
+    wide: bool = False  # 64-bit: index arithmetic of this kernel may pass 2**31
 
 
 @dataclass
@@ -153,6 +153,7 @@ class TileKernel:
     name: str
     params: list[Param]
     constexprs: dict  # block-size name -> int
+    numel: object  # sympy size of the parallel space: nothing to launch when it is 0
     grid: tuple  # sympy expressions over size symbols and constexpr symbols
     body: list
     num_warps: int = 4

@@ -16,7 +16,7 @@ import sympy
 from ..fusion.plan import KernelPlan
 from ..fusion.planner import unravel_sym
 from ..ir import dtypes as dt
-from ..ir.expr import Binary, Cast, Const, Expr, Index, Var, binary, cast, out_index, red_index, unary, where
+from ..ir.expr import Cast, Const, Expr, Index, Var, binary, cast, out_index, red_index, unary, where
 from ..ir.graph import Graph
 from ..ir.rewrite import substitute_index
 from ..ir.symbolic import simplify_index
@@ -46,21 +46,27 @@ def _needs_int64(*sizes) -> bool:
 
 
 def identity(combiner: str, dtype):
-    if combiner == "sum" or combiner == "any":
+    """The value padding lanes contribute: neutral for the combiner in `dtype`."""
+    if combiner in ("sum", "any"):
         return 0
-    if combiner == "prod" or combiner == "all":
+    if combiner in ("prod", "all"):
         return 1
-    big = float("inf") if dtype.is_float else (2 ** (8 * dtype.itemsize - 1) - 1)
-    if combiner in ("max", "argmax"):
-        return -big if dtype.is_float else -big - 1
-    return big
+    if dtype.is_float:
+        lo, hi = float("-inf"), float("inf")
+    elif dtype.is_bool:
+        lo, hi = 0, 1
+    elif dtype.kind == "u":
+        lo, hi = 0, 2 ** (8 * dtype.itemsize) - 1
+    else:
+        lo, hi = -(2 ** (8 * dtype.itemsize - 1)), 2 ** (8 * dtype.itemsize - 1) - 1
+    return lo if combiner in ("max", "argmax") else hi
 
 
 def bound_check(b: KernelBuilder, index, extent, block: int, name: str):
     """`index < extent` as a mask, or None when every block is full (static extent that the
     block divides): unmasked loads and stores vectorise better."""
     ext = _static(extent)
-    if ext is not None and ext % block == 0:
+    if ext is not None and ext > 0 and ext % block == 0:
         return None
     return b.let(binary("lt", Index(index), Index(extent)), name)
 
@@ -78,7 +84,9 @@ def masked(b: KernelBuilder, mask, value, other):
 
 
 def _sym(name: str) -> sympy.Symbol:
-    return sympy.Symbol(name, integer=True)
+    # tile indices, program ids and block sizes are never negative: this lets index
+    # arithmetic use the fast truncating // and % of the backend
+    return sympy.Symbol(name, integer=True, nonnegative=True)
 
 
 def _mapped(body: Expr, symbols, values) -> Expr:
@@ -105,7 +113,7 @@ def lower_pointwise(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
     b.tile_symbols |= {"pid", "xindex"}
     n = plan.parallel
     b.size_params(n)
-    b.emit(ProgramId("pid", 0))
+    b.emit(ProgramId("pid", 0, wide=_needs_int64(n)))
     x = _sym("xindex")
     b.emit(Arange("xindex", Index(_sym("pid") * _sym("XBLOCK")), "XBLOCK", 0, 1))
     block = 1024 if not options.interpret else 256
@@ -118,8 +126,8 @@ def lower_pointwise(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
         vals = _index_values(node.shape, x, {x: n})
         v = b.value(_mapped(st.body, out_index(node.rank), vals), mask=xmask)
         b.store(node.name, tuple(Index(e) for e in vals), v, xmask)
-    return TileKernel(plan.name, b.finish_params(), {"XBLOCK": block},
-                      (sympy.ceiling(n / _sym("XBLOCK")),), b.body, num_warps=4 if block >= 512 else 2,
+    return TileKernel(plan.name, b.finish_params(), {"XBLOCK": block}, numel=n,
+                      grid=(sympy.ceiling(n / _sym("XBLOCK")),), body=b.body, num_warps=4 if block >= 512 else 2,
                       reads=b.reads, writes=b.writes, kind="pointwise", plan=plan, helpers=b.helpers)
 
 
@@ -161,7 +169,7 @@ def lower_reduction(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
         warps = 1 if rblock <= 128 else 2 if rblock <= 512 else 4 if rblock <= 2048 else 8 if rblock <= 4096 else 16
     else:
         rblock, xblock, warps = (512 if options.interpret else 2048), 1, 8
-    b.emit(ProgramId("pid", 0))
+    b.emit(ProgramId("pid", 0, wide=_needs_int64(P, Rn)))
     b.emit(Arange("xindex", Index(_sym("pid") * _sym("XBLOCK")), "XBLOCK", 0, 2))
     xmask = bound_check(b, x, P, xblock, "xmask")
     sym_ranges = {x: P, r: Rn}
@@ -290,8 +298,8 @@ def lower_reduction(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
             vals = _index_values(node.shape, x, sym_ranges)
             b.store(node.name, tuple(Index(e) for e in vals), b.bound[node.name], xmask)
 
-    return TileKernel(plan.name, b.finish_params(), {"XBLOCK": xblock, "RBLOCK": rblock},
-                      (sympy.ceiling(P / _sym("XBLOCK")),), b.body, num_warps=warps,
+    return TileKernel(plan.name, b.finish_params(), {"XBLOCK": xblock, "RBLOCK": rblock}, numel=P,
+                      grid=(sympy.ceiling(P / _sym("XBLOCK")),), body=b.body, num_warps=warps,
                       reads=b.reads, writes=b.writes, kind="reduction", plan=plan, helpers=b.helpers)
 
 
@@ -342,8 +350,9 @@ def lower_contraction(graph: Graph, plan: KernelPlan, options: LoweringOptions) 
         if v is not None:
             cfg[key] = min(cfg[key], max(16, _pow2(v)))
     BM, BN, BK, G = (_sym(n) for n in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"))
-    b.emit(ProgramId("pid", 0))
-    b.emit(ProgramId("pid_b", 1))
+    wide = any(_needs_int64(*sizes) for sizes in ((M, K, *batch_shape), (K, N, *batch_shape), (M, N, *batch_shape)))
+    b.emit(ProgramId("pid", 0, wide=wide))
+    b.emit(ProgramId("pid_b", 1, wide=wide))
     pid, pid_b = _sym("pid"), _sym("pid_b")
     num_m, num_n = sympy.ceiling(M / BM), sympy.ceiling(N / BN)
     group = sympy.floor(pid / (G * num_n))
@@ -407,10 +416,11 @@ def lower_contraction(graph: Graph, plan: KernelPlan, options: LoweringOptions) 
         else:
             vals = _index_values(enode.shape, flat, {})
         v = b.value(_mapped(st.body, out_index(enode.rank), vals), mask=omask)
+        b.bound[enode.name] = v  # later epilogues read it from registers
         b.store(enode.name, tuple(Index(e) for e in vals), v, omask)
 
     nbatch = sympy.Mul(*batch_shape) if batch_shape else sympy.Integer(1)
-    return TileKernel(plan.name, b.finish_params(), cfg, (num_m * num_n, nbatch), b.body,
+    return TileKernel(plan.name, b.finish_params(), cfg, numel=M * N * nbatch, grid=(num_m * num_n, nbatch), body=b.body,
                       num_warps=warps, num_stages=stages, reads=b.reads, writes=b.writes,
                       kind="contraction", plan=plan, helpers=b.helpers)
 

@@ -25,8 +25,15 @@ _INFIX = {"add": "+", "sub": "-", "mul": "*", "eq": "==", "ne": "!=", "lt": "<",
           "bitwise_or": "|", "bitwise_xor": "^", "lshift": "<<", "rshift": ">>"}
 
 
-def format_sympy(e) -> str:
-    e = sympy.sympify(e)
+def format_sympy(e, helpers: set | None = None) -> str:
+    """Print an integer index expression. sympy's floor/Mod round toward minus infinity;
+    Triton's // and % truncate, so a dividend that may be negative goes through helpers."""
+    helpers = set() if helpers is None else helpers
+    return _fmt(sympy.sympify(e), helpers)
+
+
+def _fmt(e, helpers: set) -> str:
+    format_sympy = lambda x: _fmt(sympy.sympify(x), helpers)  # noqa: E731
     if e.is_Integer:
         return str(int(e))
     if e.is_Rational:
@@ -50,12 +57,19 @@ def format_sympy(e) -> str:
         return "(" + " * ".join([format_sympy(e.base)] * int(e.exp)) + ")"
     if isinstance(e, sympy.floor):
         num, den = e.args[0].as_numer_denom()
-        return f"({format_sympy(num)} // {format_sympy(den)})"
+        if num.is_nonnegative and den.is_positive:
+            return f"({format_sympy(num)} // {format_sympy(den)})"
+        helpers.add("floordiv")
+        return f"_floordiv({format_sympy(num)}, {format_sympy(den)})"
     if isinstance(e, sympy.ceiling):
         num, den = e.args[0].as_numer_denom()
         return f"tl.cdiv({format_sympy(num)}, {format_sympy(den)})"
     if isinstance(e, sympy.Mod):
-        return f"({format_sympy(e.args[0])} % {format_sympy(e.args[1])})"
+        a, m = e.args
+        if a.is_nonnegative and m.is_positive:
+            return f"({format_sympy(a)} % {format_sympy(m)})"
+        helpers.add("remainder")
+        return f"_remainder({format_sympy(a)}, {format_sympy(m)})"
     if isinstance(e, sympy.Min):
         out = format_sympy(e.args[0])
         for a in e.args[1:]:
@@ -97,12 +111,12 @@ class TritonPrinter:
         if isinstance(e, Const):
             return _const(e.value, e.dtype)
         if isinstance(e, Index):
-            return format_sympy(e.expr)
+            return format_sympy(e.expr, self.helpers)
         if isinstance(e, Cast):
             x = self.expr(e.x)
             if e.dtype.is_bool:
                 return f"({x} != 0)"
-            return f"({x}).to({TL_DTYPE[e.dtype.name]})"
+            return self.cast(x, e.dtype, e.x.dtype)
         if isinstance(e, Where):
             return f"tl.where({self.expr(e.cond)}, {self.expr(e.a)}, {self.expr(e.b)})"
         if isinstance(e, Unary):
@@ -110,6 +124,13 @@ class TritonPrinter:
         if isinstance(e, Binary):
             return self.binary(e)
         raise TypeError(f"cannot print {type(e).__name__}")
+
+    def cast(self, x: str, dtype, from_dtype=None) -> str:
+        if self.interpret and dtype == dt.bfloat16 and (from_dtype is None or from_dtype.is_float) \
+                and from_dtype != dt.bfloat16:
+            self.helpers.add("bf16_rtne")
+            return f"_bf16_rtne({x})"
+        return f"({x}).to({TL_DTYPE[dtype.name]})"
 
     def unary(self, e: Unary) -> str:
         x = self.expr(e.x)
@@ -149,23 +170,21 @@ class TritonPrinter:
             return f"({a} {_INFIX[op]} {b})"
         if op == "truediv":
             return f"({a} / {b})"
+        if op in ("floordiv", "mod", "fmod") and e.dtype.is_float:
+            # PyTorch's float floor_divide/remainder are built on an exact fmod
+            self.helpers.add("fmod_interp" if self.interpret else "fmod_gpu")
+            self.uses_libdevice |= not self.interpret
+            if op == "fmod":
+                return f"_fmod({a}, {b})"
+            self.helpers.add("ffloordiv" if op == "floordiv" else "fremainder")
+            return f"_ffloordiv({a}, {b})" if op == "floordiv" else f"_fremainder({a}, {b})"
         if op == "floordiv":
-            if e.dtype.is_float:
-                return f"tl.floor({a} / {b})"
             self.helpers.add("floordiv")
             return f"_floordiv({a}, {b})"
         if op == "mod":
-            if e.dtype.is_float:
-                self.helpers.add("fremainder")
-                return f"_fremainder({a}, {b})"
             self.helpers.add("remainder")
             return f"_remainder({a}, {b})"
         if op == "fmod":
-            if e.dtype.is_float:
-                if self.interpret:
-                    return f"({a} - tl.where({a} / {b} < 0, tl.ceil({a} / {b}), tl.floor({a} / {b})) * {b})"
-                self.uses_libdevice = True
-                return f"libdevice.fmod({a}, {b})"
             return f"({a} % {b})"
         if op == "maximum":
             self.helpers.add("maximum")
@@ -196,7 +215,8 @@ class TritonPrinter:
         pad = "    " * indent
         for s in stmts:
             if isinstance(s, ProgramId):
-                out.append(f"{pad}{s.name} = tl.program_id({s.axis})")
+                wide = ".to(tl.int64)" if s.wide else ""
+                out.append(f"{pad}{s.name} = tl.program_id({s.axis}){wide}")
             elif isinstance(s, Arange):
                 rng = f"tl.arange(0, {s.block})"
                 if s.ndim == 2:
@@ -220,7 +240,7 @@ class TritonPrinter:
                 else:
                     out.append(f"{pad}{s.name} = tl.load({ptr})")
             elif isinstance(s, StoreTile):
-                v = f"({self.expr(s.value)}).to({TL_DTYPE[s.dtype.name]})"
+                v = self.cast(self.expr(s.value), s.dtype, s.value.dtype)
                 ptr = f"ptr_{s.buffer} + {self.expr(s.offset)}"
                 self.stores += 1
                 p_, v_ = f"st{self.stores}_p", f"st{self.stores}_v"
@@ -255,9 +275,10 @@ class TritonPrinter:
                     t = TL_DTYPE[s.input_dtype.name]
                     out.append(f"{pad}{s.name} = tl.dot(({a}).to({t}), ({b}).to({t}), {self.expr(s.acc)})")
                 else:
-                    prec = "" if self.interpret else ', input_precision="ieee"'
+                    # fp32 operands: full precision like eager (the default would be TF32,
+                    # which the interpreter emulates too)
                     out.append(f"{pad}{s.name} = tl.dot(({a}).to(tl.float32), ({b}).to(tl.float32), "
-                               f"{self.expr(s.acc)}{prec})")
+                               f"{self.expr(s.acc)}, input_precision=\"ieee\")")
             elif isinstance(s, For):
                 out.append(f"{pad}for {s.var} in range({self.expr(s.start)}, {self.expr(s.stop)}, {s.step}):")
                 self.stmts(s.body, indent + 1, out)

@@ -70,11 +70,40 @@ def _remainder(a, b):
     r = a % b
     return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
 """,
+    "fmod_gpu": """
+@triton.jit
+def _fmod(a, b):
+    return libdevice.fmod(a, b)
+""",
+    "fmod_interp": """
+@triton.jit
+def _fmod(a, b):
+    # no libdevice in the interpreter: divide in float64 (exact enough for fp32 and lower),
+    # then bring the remainder to a's sign and below |b| as fmod requires
+    a64 = a.to(tl.float64)
+    b64 = b.to(tl.float64)
+    q = a64 / b64
+    q = tl.where(q < 0, tl.ceil(q), tl.floor(q))
+    r = a64 - q * b64
+    babs = tl.where(b64 < 0, -b64, b64)
+    r = tl.where((r != 0) & ((r < 0) != (a64 < 0)), tl.where(a64 < 0, r - babs, r + babs), r)
+    return r.to(a.dtype)
+""",
     "fremainder": """
 @triton.jit
 def _fremainder(a, b):
-    r = a - tl.floor(a / b) * b
-    return r
+    r = _fmod(a, b)
+    return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+""",
+    "ffloordiv": """
+@triton.jit
+def _ffloordiv(a, b):
+    r = _fmod(a, b)
+    div = (a - r) / b
+    div = tl.where((r != 0) & ((b < 0) != (r < 0)), div - 1.0, div)
+    fl = tl.floor(div)
+    fl = tl.where(div - fl > 0.5, fl + 1.0, fl)
+    return tl.where(b == 0, a / b, fl)
 """,
     "ipow": """
 @triton.jit
@@ -105,6 +134,16 @@ def _tanh_interp(x):
     t = tl.exp(-2.0 * tl.abs(x))
     y = (1.0 - t) / (1.0 + t)
     return tl.where(x < 0, -y, y)
+""",
+    "bf16_rtne": """
+@triton.jit
+def _bf16_rtne(x):
+    # the Triton interpreter truncates fp32 -> bf16; round to nearest even as GPUs do
+    x = x.to(tl.float32)
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = bits + (((bits >> 16) & 1) + 0x7FFF)
+    y = (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    return tl.where(x != x, x.to(tl.bfloat16), y)
 """,
     "round_interp": """
 @triton.jit

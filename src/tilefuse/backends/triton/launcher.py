@@ -98,6 +98,8 @@ class TritonKernel:
                 args.append(buffers[name].stride(k))
             else:
                 args.append(int(symbolic.evaluate(_symbol(name), env)))
+        if int(symbolic.evaluate(self.kernel.numel, env)) == 0:
+            return  # empty output: nothing to compute
         grid = self.kernel.grid_size(env)
         self.fn[grid](*args, **self.kernel.constexprs, num_warps=self.kernel.num_warps,
                       num_stages=self.kernel.num_stages)

@@ -16,7 +16,7 @@ from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dty
 
 from ...ir import dtypes as dt
 from ...ir.dtypes import DType
-from ...ir.expr import Const, Expr, Index, as_expr, cast, const, out_index, red_index, transform
+from ...ir.expr import Expr, Index, as_expr, cast, const, out_index, red_index, transform
 from ...ir.graph import Constant, Input, ScalarInput
 from ...ir.interpret import torch_dtype
 from ...ir.symbolic import simplify_index
@@ -37,7 +37,7 @@ def to_sympy(e):
     if not isinstance(e, sympy.Basic) or e.is_Atom:
         return e
     args = [to_sympy(a) for a in e.args]
-    if isinstance(e, (_tf.FloorDiv, _tf.FloorToInt)) and len(args) == 2:
+    if isinstance(e, _tf.FloorDiv):
         return sympy.floor(args[0] / args[1])
     if isinstance(e, _tf.CeilDiv):
         return sympy.ceiling(args[0] / args[1])
@@ -51,7 +51,7 @@ def to_sympy(e):
         return args[0] ** args[1]
     if isinstance(e, (_tf.ToFloat, _tf.Identity, _tf.TruncToFloat)):
         return args[0]
-    if isinstance(e, _tf.FloorToInt):
+    if isinstance(e, (_tf.FloorToInt, _tf.TruncToInt)):  # sizes are non-negative: trunc == floor
         return sympy.floor(args[0])
     if isinstance(e, _tf.CeilToInt):
         return sympy.ceiling(args[0])
@@ -62,7 +62,6 @@ def to_sympy(e):
     if any(a is not b for a, b in zip(args, e.args)):
         return e.func(*args)
     return e
-
 
 
 def py(x):
@@ -77,8 +76,7 @@ def py(x):
         if x.is_Integer:
             return int(x)
         if x.is_Number:
-            f = float(x)
-            return f
+            return float(x)
     return x
 
 
@@ -118,10 +116,6 @@ def canonical_dims(dims, rank: int) -> list[int]:
 
 def sym(x) -> sympy.Expr:
     return to_sympy(sympy.sympify(x))
-
-
-def numel(shape) -> sympy.Expr:
-    return sympy.Mul(*[sym(d) for d in shape]) if shape else sympy.Integer(1)
 
 
 def overloads(*names, ns=None) -> list:
@@ -273,10 +267,6 @@ def broadcast_load(value, index: tuple, out_shape: tuple, dtype: DType | None = 
     return scalar(value, dtype, round_to=round_to)
 
 
-def shape_of_operand(v) -> tuple:
-    return v.shape if isinstance(v, TensorValue) else ()
-
-
 # ---------------------------------------------------------------- node builders with simplification
 
 
@@ -341,7 +331,3 @@ def copy_of(ctx, value: TensorValue) -> TensorValue:
 
 def finfo(dtype: DType):
     return torch.finfo(torch_dtype(dtype))
-
-
-def is_const(e: Expr, value) -> bool:
-    return isinstance(e, Const) and e.value == value

@@ -219,7 +219,7 @@ def slice_scatter(ctx, x, src, dim=0, start=None, end=None, step=1):
     def body(idx):
         i = idx[d]
         cond = None if s == 0 else _ge(i, s)
-        if not sympy.simplify(end - n).is_nonnegative:
+        if not sympy.expand(end - n).is_nonnegative:
             cond = _and(cond, _lt(i, end))
         sub = list(idx)
         if step == 1:
@@ -269,7 +269,7 @@ def scatter(ctx, x, dim, index, src):
         sub = tuple(sub)
         cond = Binary("eq", idx[d], _index_expr(index, sub), dt.bool_)
         for k in range(rank):
-            if k != d and sympy.simplify(sym(index.shape[k]) - sym(x.shape[k])) != 0:
+            if k != d and sympy.expand(sym(index.shape[k]) - sym(x.shape[k])) != 0:
                 cond = _and(cond, _lt(idx[k], index.shape[k]))
         v = cast(src.load(sub), out) if is_tensor(src) else scalar(src, out)
         return Where(cond, v, cast(x.load(idx), out), out)

@@ -20,7 +20,7 @@ from ..registry import Unsupported, lowering
 from ..values import TensorValue, ViewValue
 from .common import (broadcast_load, canonical_dim, elementwise, meta_dtype, meta_shape, pointwise, py,
                      scalar)
-from .pointwise import c, clamp_expr
+from .pointwise import clamp_expr, lit
 from .reductions import Plan, reduce_value, var_value
 
 aten = torch.ops.aten
@@ -35,9 +35,9 @@ _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 def gelu_expr(x: Expr, approximate: str = "none") -> Expr:
     if approximate == "tanh":
-        inner = c(_SQRT_2_PI, x) * (x + c(0.044715, x) * x * x * x)
-        return c(0.5, x) * x * (c(1.0, x) + unary("tanh", inner))
-    return x * c(0.5, x) * (c(1.0, x) + unary("erf", x * c(_SQRT1_2, x)))
+        inner = lit(_SQRT_2_PI, x) * (x + lit(0.044715, x) * x * x * x)
+        return lit(0.5, x) * x * (lit(1.0, x) + unary("tanh", inner))
+    return x * lit(0.5, x) * (lit(1.0, x) + unary("erf", x * lit(_SQRT1_2, x)))
 
 
 @lowering(aten.gelu.default)
@@ -64,18 +64,18 @@ def hardtanh(ctx, x, min_val=-1.0, max_val=1.0):
 
 @lowering(aten.hardsigmoid.default)
 def hardsigmoid(ctx, x):
-    return elementwise(ctx, (x,), lambda v: clamp_expr(v + c(3.0, v), 0.0, 6.0) / c(6.0, v))
+    return elementwise(ctx, (x,), lambda v: clamp_expr(v + lit(3.0, v), 0.0, 6.0) / lit(6.0, v))
 
 
 @lowering(aten.hardswish.default)
 def hardswish(ctx, x):
-    return elementwise(ctx, (x,), lambda v: v * clamp_expr(v + c(3.0, v), 0.0, 6.0) / c(6.0, v))
+    return elementwise(ctx, (x,), lambda v: v * clamp_expr(v + lit(3.0, v), 0.0, 6.0) / lit(6.0, v))
 
 
 @lowering(aten.leaky_relu.default)
 def leaky_relu(ctx, x, negative_slope=0.01):
     slope = py(negative_slope)
-    return elementwise(ctx, (x,), lambda v: where(binary("gt", v, c(0, v)), v, v * c(slope, v)))
+    return elementwise(ctx, (x,), lambda v: where(binary("gt", v, lit(0, v)), v, v * lit(slope, v)))
 
 
 @lowering(aten.elu.default)
@@ -83,15 +83,15 @@ def elu(ctx, x, alpha=1, scale=1, input_scale=1):
     alpha, scale, input_scale = py(alpha), py(scale), py(input_scale)
 
     def body(v):
-        neg = unary("expm1", v * c(input_scale, v)) * c(alpha * scale, v)
-        return where(binary("gt", v, c(0, v)), v * c(scale, v), neg)
+        neg = unary("expm1", v * lit(input_scale, v)) * lit(alpha * scale, v)
+        return where(binary("gt", v, lit(0, v)), v * lit(scale, v), neg)
 
     return elementwise(ctx, (x,), body)
 
 
 def _softplus_expr(v: Expr, beta, threshold) -> Expr:
-    bx = v * c(beta, v)
-    return where(binary("gt", bx, c(threshold, v)), v, unary("log1p", unary("exp", bx)) / c(beta, v))
+    bx = v * lit(beta, v)
+    return where(binary("gt", bx, lit(threshold, v)), v, unary("log1p", unary("exp", bx)) / lit(beta, v))
 
 
 @lowering(aten.softplus.default)
@@ -101,7 +101,7 @@ def softplus(ctx, x, beta=1, threshold=20):
 
 @lowering(aten.threshold.default)
 def threshold(ctx, x, threshold, value):
-    return elementwise(ctx, (x,), lambda v: where(binary("le", v, c(py(threshold), v)), c(py(value), v), v))
+    return elementwise(ctx, (x,), lambda v: where(binary("le", v, lit(py(threshold), v)), lit(py(value), v), v))
 
 
 # ---------------------------------------------------------------- activation backward ops
@@ -109,24 +109,24 @@ def threshold(ctx, x, threshold, value):
 
 @lowering(aten.threshold_backward.default)
 def threshold_backward(ctx, grad, x, threshold):
-    return elementwise(ctx, (grad, x), lambda g, v: where(binary("le", v, c(py(threshold), v)), c(0, g), g))
+    return elementwise(ctx, (grad, x), lambda g, v: where(binary("le", v, lit(py(threshold), v)), lit(0, g), g))
 
 
 @lowering(aten.sigmoid_backward.default)
 def sigmoid_backward(ctx, grad, y):
-    return elementwise(ctx, (grad, y), lambda g, s: g * (c(1.0, s) - s) * s)
+    return elementwise(ctx, (grad, y), lambda g, s: g * (lit(1.0, s) - s) * s)
 
 
 @lowering(aten.tanh_backward.default)
 def tanh_backward(ctx, grad, y):
-    return elementwise(ctx, (grad, y), lambda g, t: g * (c(1.0, t) - t * t))
+    return elementwise(ctx, (grad, y), lambda g, t: g * (lit(1.0, t) - t * t))
 
 
 @lowering(aten.silu_backward.default)
 def silu_backward(ctx, grad, x):
     def body(g, v):
         s = unary("sigmoid", v)
-        return g * s * (c(1.0, v) + v * (c(1.0, v) - s))
+        return g * s * (lit(1.0, v) + v * (lit(1.0, v) - s))
 
     return elementwise(ctx, (grad, x), body)
 
@@ -138,17 +138,17 @@ def gelu_backward(ctx, grad, x, *, approximate="none"):
         kappa = 0.044715
 
         def body(g, v):
-            inner = c(beta, v) * (v + c(kappa, v) * v * v * v)
+            inner = lit(beta, v) * (v + lit(kappa, v) * v * v * v)
             t = unary("tanh", inner)
-            left = c(0.5, v) * v
-            right = c(1.0, v) + t
-            dleft = c(0.5, v) * right
-            dright = left * (c(1.0, v) - t * t) * c(beta, v) * (c(1.0, v) + c(3.0 * kappa, v) * v * v)
+            left = lit(0.5, v) * v
+            right = lit(1.0, v) + t
+            dleft = lit(0.5, v) * right
+            dright = left * (lit(1.0, v) - t * t) * lit(beta, v) * (lit(1.0, v) + lit(3.0 * kappa, v) * v * v)
             return g * (dleft + dright)
     elif approximate == "none":
         def body(g, v):
-            cdf = c(0.5, v) * (c(1.0, v) + unary("erf", v * c(_SQRT1_2, v)))
-            pdf = unary("exp", c(-0.5, v) * v * v) * c(_INV_SQRT_2PI, v)
+            cdf = lit(0.5, v) * (lit(1.0, v) + unary("erf", v * lit(_SQRT1_2, v)))
+            pdf = unary("exp", lit(-0.5, v) * v * v) * lit(_INV_SQRT_2PI, v)
             return g * (cdf + v * pdf)
     else:
         raise Unsupported(f"gelu approximate={approximate!r}")
@@ -159,13 +159,13 @@ def gelu_backward(ctx, grad, x, *, approximate="none"):
 def hardtanh_backward(ctx, grad, x, min_val, max_val):
     lo, hi = py(min_val), py(max_val)
     return elementwise(ctx, (grad, x), lambda g, v: where(
-        binary("logical_or", binary("le", v, c(lo, v)), binary("ge", v, c(hi, v))), c(0, g), g))
+        binary("logical_or", binary("le", v, lit(lo, v)), binary("ge", v, lit(hi, v))), lit(0, g), g))
 
 
 @lowering(aten.leaky_relu_backward.default)
 def leaky_relu_backward(ctx, grad, x, negative_slope, self_is_result):
     slope = py(negative_slope)
-    return elementwise(ctx, (grad, x), lambda g, v: where(binary("gt", v, c(0, v)), g, g * c(slope, g)))
+    return elementwise(ctx, (grad, x), lambda g, v: where(binary("gt", v, lit(0, v)), g, g * lit(slope, g)))
 
 
 @lowering(aten.elu_backward.default)
@@ -173,11 +173,12 @@ def elu_backward(ctx, grad, alpha, scale, input_scale, is_result, self_or_result
     alpha, scale, input_scale = py(alpha), py(scale), py(input_scale)
     if is_result:
         def body(g, y):
-            return where(binary("le", y, c(0, y)), g * c(input_scale, g) * (y + c(alpha * scale, y)), g * c(scale, g))
+            neg = g * lit(input_scale, g) * (y + lit(alpha * scale, y))
+            return where(binary("le", y, lit(0, y)), neg, g * lit(scale, g))
     else:
         def body(g, v):
-            neg = g * c(input_scale * alpha * scale, g) * unary("exp", v * c(input_scale, v))
-            return where(binary("le", v, c(0, v)), neg, g * c(scale, g))
+            neg = g * lit(input_scale * alpha * scale, g) * unary("exp", v * lit(input_scale, v))
+            return where(binary("le", v, lit(0, v)), neg, g * lit(scale, g))
     return elementwise(ctx, (grad, self_or_result), body)
 
 
@@ -186,8 +187,8 @@ def softplus_backward(ctx, grad, x, beta, threshold):
     beta, threshold = py(beta), py(threshold)
 
     def body(g, v):
-        z = unary("exp", v * c(beta, v))
-        return where(binary("gt", v * c(beta, v), c(threshold, v)), g, g * z / (z + c(1.0, z)))
+        z = unary("exp", v * lit(beta, v))
+        return where(binary("gt", v * lit(beta, v), lit(threshold, v)), g, g * z / (z + lit(1.0, z)))
 
     return elementwise(ctx, (grad, x), body)
 

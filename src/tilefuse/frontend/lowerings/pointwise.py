@@ -31,7 +31,8 @@ def bin_(op: str, a: Expr, b, dtype=None) -> Expr:
     return binary(op, a, b, dtype)
 
 
-def c(value, like: Expr) -> Expr:
+def lit(value, like: Expr) -> Expr:
+    """A python number as a constant of `like`'s dtype."""
     return scalar(value, like.dtype)
 
 
@@ -90,8 +91,8 @@ def round_decimals(ctx, x, decimals=0):
         return _rounding_lowering("round")(ctx, x)
     ten = 10.0 ** abs(decimals)
     if decimals > 0:
-        return elementwise(ctx, (x,), lambda v: unary("round", v * c(ten, v)) / c(ten, v))
-    return elementwise(ctx, (x,), lambda v: unary("round", v / c(ten, v)) * c(ten, v))
+        return elementwise(ctx, (x,), lambda v: unary("round", v * lit(ten, v)) / lit(ten, v))
+    return elementwise(ctx, (x,), lambda v: unary("round", v / lit(ten, v)) * lit(ten, v))
 
 
 @lowering(aten.bitwise_not.default)
@@ -135,9 +136,9 @@ def isfinite(ctx, x):
 @lowering(aten.signbit.default)
 def signbit(ctx, x):
     if not x.dtype.is_float:
-        return elementwise(ctx, (x,), lambda v: binary("lt", v, c(0, v)), compute=x.dtype, out_dtype=dt.bool_)
+        return elementwise(ctx, (x,), lambda v: binary("lt", v, lit(0, v)), compute=x.dtype, out_dtype=dt.bool_)
     cd = dt.compute_dtype(x.dtype)
-    return elementwise(ctx, (x,), lambda v: binary("lt", binary("copysign", c(1.0, v), v), c(0.0, v)),
+    return elementwise(ctx, (x,), lambda v: binary("lt", binary("copysign", lit(1.0, v), v), lit(0.0, v)),
                        compute=cd, out_dtype=dt.bool_)
 
 
@@ -153,7 +154,7 @@ def _add_sub(op):
     def lower(ctx, a, b, alpha=1):
         if is_scalar_value(alpha, 1):
             return elementwise(ctx, (a, b), lambda x, y: binary(op, x, y))
-        return elementwise(ctx, (a, b), lambda x, y: binary(op, x, binary("mul", y, c(py(alpha), y))))
+        return elementwise(ctx, (a, b), lambda x, y: binary(op, x, binary("mul", y, lit(py(alpha), y))))
 
     return lower
 
@@ -232,7 +233,7 @@ def pow_expr(x: Expr, e) -> Expr:
         if e == -2:
             return unary("reciprocal", x * x)
     if isinstance(e, (int, float)) and not isinstance(e, bool) and e == 0:
-        return c(1, x)
+        return lit(1, x)
     return binary("pow", x, e if isinstance(e, Expr) else scalar(e, x.dtype))
 
 
@@ -287,19 +288,19 @@ def hypot(ctx, a, b):
 
 @lowering(aten.addcmul.default)
 def addcmul(ctx, x, t1, t2, value=1):
-    return elementwise(ctx, (x, t1, t2), lambda a, b, d: a + c(py(value), a) * b * d)
+    return elementwise(ctx, (x, t1, t2), lambda a, b, d: a + lit(py(value), a) * b * d)
 
 
 @lowering(aten.addcdiv.default)
 def addcdiv(ctx, x, t1, t2, value=1):
-    return elementwise(ctx, (x, t1, t2), lambda a, b, d: a + c(py(value), a) * (b / d))
+    return elementwise(ctx, (x, t1, t2), lambda a, b, d: a + lit(py(value), a) * (b / d))
 
 
 @lowering(aten.lerp.Scalar, aten.lerp.Tensor)
 def lerp(ctx, start, end, weight):
     def body(s, e, w):
         diff = e - s
-        return where(binary("lt", unary("abs", w), c(0.5, w)), s + w * diff, e - diff * (c(1.0, w) - w))
+        return where(binary("lt", unary("abs", w), lit(0.5, w)), s + w * diff, e - diff * (lit(1.0, w) - w))
 
     return elementwise(ctx, (start, end, weight), body)
 
@@ -414,9 +415,9 @@ def nan_to_num(ctx, x, nan=0.0, posinf=None, neginf=None):
     neginf = info.min if neginf is None else py(neginf)
 
     def body(v):
-        r = where(binary("eq", v, c(math.inf, v)), c(posinf, v), v)
-        r = where(binary("eq", v, c(-math.inf, v)), c(neginf, v), r)
-        return where(unary("isnan", v), c(nan, v), r)
+        r = where(binary("eq", v, lit(math.inf, v)), lit(posinf, v), v)
+        r = where(binary("eq", v, lit(-math.inf, v)), lit(neginf, v), r)
+        return where(unary("isnan", v), lit(nan, v), r)
 
     return elementwise(ctx, (x,), body)
 

@@ -205,12 +205,15 @@ lowering(aten.min.dim)(_with_indices("min", "argmin"))
 
 def _logical(combiner):
     def lower(ctx, x, dim=None, keepdim=False):
-        target = ctx.current_target
-        if target in (aten.any.default, aten.all.default):
+        if ctx.current_target in (aten.any.default, aten.all.default):
             dim = None
         elif dim is not None and not isinstance(dim, (list, tuple)):
             dim = [dim]
-        return reduce_value(ctx, x, plan(x, dim, keepdim), combiner, dt.bool_, ctx.out_dtype)
+        if dim is not None and len(dim) == 0:  # unlike sum, any/all over dims=[] reduce nothing
+            p = Plan(tuple(x.shape), [], bool(keepdim))
+        else:
+            p = plan(x, dim, keepdim)
+        return reduce_value(ctx, x, p, combiner, dt.bool_, ctx.out_dtype)
 
     return lower
 

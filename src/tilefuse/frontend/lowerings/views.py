@@ -34,7 +34,7 @@ def collapse(v: ViewValue) -> TensorValue:
         root = root.base
     if not isinstance(root, BufferValue) or len(root.shape) != len(v.shape):
         return v
-    if any(sympy.simplify(sym(a) - sym(b)) != 0 for a, b in zip(root.shape, v.shape)):
+    if not all(_same(sym(a), sym(b)) for a, b in zip(root.shape, v.shape)):
         return v
     syms = out_index(len(v.shape))
     e = v.load(tuple(Index(s) for s in syms))
@@ -57,30 +57,46 @@ _PLACEHOLDERS = [sympy.Symbol(f"_p{k}", integer=True, nonnegative=True) for k in
 
 
 def _exact(e) -> sympy.Expr:
-    """Sizes compared as if their floor divisions were exact: a valid view's sizes multiply
-    to the same numel, which makes those divisions exact (torch guards on it)."""
+    """A size with its floor divisions taken as exact (used only to pair dims up; see
+    `reshape_groups` for why the pairing stays sound)."""
     e = sympy.sympify(e)
     return e.replace(sympy.floor, lambda a: a) if e.has(sympy.floor) else e
 
 
-def _clean_size(d) -> sympy.Expr:
-    """A size whose floor divisions are exact, written without them when that gives an
-    integer polynomial (`s//(s//4)` → 4)."""
-    d = sympy.sympify(d)
-    if not d.has(sympy.floor):
-        return d
-    e = sympy.simplify(_exact(d))
-    return e if e.as_numer_denom()[1] == 1 else d
-
-
 def _is_multiple(big, small) -> bool:
-    q = sympy.simplify(sympy.sympify(big) / sympy.sympify(small))
+    q = sympy.cancel(sympy.sympify(big) / sympy.sympify(small))
     return q != 1 and (q.is_integer is True or (q.is_number is False and q.as_numer_denom()[1] == 1))
+
+
+def _same(a, b) -> bool:
+    return a == b or sympy.expand(a - b) == 0
 
 
 def reshape_groups(old: tuple, new: tuple):
     """[(old dims, new dims), ...] with equal products; None when the shapes cannot be
-    grouped (then the whole tensor is one group). Size-1 dims outside groups are skipped."""
+    grouped (then the whole tensor is one group). Size-1 dims outside groups are skipped.
+
+    Symbolic sizes with floor divisions (`s//4`) are paired as if the divisions were exact.
+    That is sound as long as at most one group has such sizes: every other group's products
+    are equal outright, and the numel of a valid view is the same on both sides, so the
+    remaining group's products are equal too. Groups from the first to the last one with a
+    floor are therefore merged into one."""
+    groups = _pair_dims(old, new)
+    if groups is None:
+        return None
+    floored = [k for k, (go, gn) in enumerate(groups)
+               if any(sympy.sympify(old[i]).has(sympy.floor) for i in go)
+               or any(sympy.sympify(new[j]).has(sympy.floor) for j in gn)]
+    if len(floored) > 1:
+        a, b = floored[0], floored[-1]
+        # the merged group spans the dims in between, size-1 dims skipped by the pairing included
+        merged = (list(range(groups[a][0][0], groups[b][0][-1] + 1)),
+                  list(range(groups[a][1][0], groups[b][1][-1] + 1)))
+        groups = groups[:a] + [merged] + groups[b + 1:]
+    return groups
+
+
+def _pair_dims(old: tuple, new: tuple):
     groups = []
     i = j = 0
     no, nn = len(old), len(new)
@@ -97,7 +113,7 @@ def reshape_groups(old: tuple, new: tuple):
         po, pn = sym(old[i]), sym(new[j])
         i += 1
         j += 1
-        while sympy.simplify(_exact(po) - _exact(pn)) != 0:
+        while not _same(_exact(po), _exact(pn)):
             if po.is_number and pn.is_number:
                 grow_old = po < pn
             elif _is_multiple(_exact(pn), _exact(po)):
@@ -141,8 +157,8 @@ def _unravel_sym(flat, shape):
 
 def reshape_map(old: tuple, new: tuple):
     """Index map of `x.reshape(new)` for `x` of shape `old`: new index → old index."""
-    old = tuple(_clean_size(sym(d)) for d in old)
-    new = tuple(_clean_size(sym(d)) for d in new)
+    old = tuple(sym(d) for d in old)
+    new = tuple(sym(d) for d in new)
     if len(new) > len(_PLACEHOLDERS):
         raise Unsupported("rank too large")
     if any(d == 0 for d in old + new):
@@ -323,7 +339,7 @@ def slice_lowering(ctx, x, dim=0, start=None, end=None, step=1):
         raise Unsupported("non-positive slice step")
     length = out_shape(ctx)[d]
     s = slice_start(start, x.shape[d])
-    if s == 0 and step == 1 and sympy.simplify(length - sym(x.shape[d])) == 0:
+    if s == 0 and step == 1 and _same(sym(length), sym(x.shape[d])):
         return x
     return slice_view(x, d, s, length, step)
 
