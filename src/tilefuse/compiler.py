@@ -20,6 +20,7 @@ from .ir.verify import verify
 from .passes import run_passes
 from .runtime.compiled import CompiledGraph, ExternCall, KernelStep
 from .tile.lower import LoweringOptions, lower_plan
+from .tile.verify import verify_tile_kernel
 
 
 @dataclass
@@ -99,7 +100,7 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
             steps.append(ExternCall(node.name, sorted(node.inputs())))
             continue
         with stage("tile"):
-            tk = lower_plan(graph, step, options)
+            tk = verify_tile_kernel(lower_plan(graph, step, options))
         logs.log("tile", "%s", tk)
         with stage("codegen"):
             source = generate(tk, interpret=interpret)

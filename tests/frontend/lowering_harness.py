@@ -18,7 +18,7 @@ from torch._decomp import core_aten_decompositions
 from torch._functorch.aot_autograd import aot_module_simplified
 
 from tilefuse.frontend.to_ir import lower_fx
-from tilefuse.ir import Extern, ExternResult, verify
+from tilefuse.ir import Extern, verify
 from tilefuse.ir.interpret import interpret
 
 _DECOMPS = core_aten_decompositions()
@@ -50,7 +50,7 @@ class Recorder:
                                      decompositions=_DECOMPS)
 
     def externs(self):
-        return [n for g in self.graphs for n in g.nodes.values() if isinstance(n, (Extern, ExternResult))]
+        return [n for g in self.graphs for n in g.nodes.values() if isinstance(n, Extern)]
 
 
 def compile_run(fn, *inputs, dynamic=False):

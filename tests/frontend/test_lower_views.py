@@ -3,7 +3,7 @@ rules for slices, and the assembling ops (cat, pad, scatters)."""
 import pytest
 import sympy
 import torch
-from lowering_harness import check, noncontig, rand
+from lowering_harness import compile_run, check, noncontig, rand
 
 from tilefuse.ir import Pointwise
 from tilefuse.ir.expr import Index, Load, walk
@@ -217,3 +217,20 @@ def test_symbolic_view_arguments():
 
     check(f, rand(7, 13), dynamic=True)
     check(f, rand(8, 6), dynamic=True)
+
+
+def test_extern_with_view_argument():
+    # a view argument of an extern is materialised first (this once produced duplicate names)
+    x = rand(4, 6)
+    check(lambda x: torch.sort(x.t() * 2, dim=-1).values + 1, x, allow_extern=("sort",))
+
+
+def test_storage_dependent_op_on_a_view_is_refused():
+    """as_strided reads the view's storage: computing it on a materialised copy would be wrong,
+    so the graph is refused (and runs eagerly under the default fallback)."""
+    from tilefuse.frontend.context import StorageAliasError
+
+    x = rand(4, 6)
+    with pytest.raises(Exception) as info:
+        compile_run(lambda x: torch.as_strided(x.t(), (3, 3), (2, 1)) + 1, x)
+    assert "StorageAliasError" in repr(info.value) or isinstance(info.value, StorageAliasError)

@@ -5,6 +5,7 @@ from typing import Callable
 
 import sympy
 import torch
+import torch.utils._sympy.functions as _tf
 
 from ..ir import dtypes as dt
 from ..ir.dtypes import DType
@@ -19,6 +20,15 @@ _TORCH_TO_IR = {
 }
 
 
+#: ops whose result depends on where a view's elements sit in memory, not only on its values
+STORAGE_DEPENDENT = frozenset({"as_strided", "as_strided_scatter", "as_strided_copy"})
+
+
+class StorageAliasError(RuntimeError):
+    """An op that reads a view's storage was applied to a view tilefuse folded into indices;
+    the graph cannot be compiled faithfully (it runs eagerly instead)."""
+
+
 def ir_dtype(d: torch.dtype) -> DType:
     try:
         return _TORCH_TO_IR[d]
@@ -28,34 +38,36 @@ def ir_dtype(d: torch.dtype) -> DType:
 
 def plain_sympy(e):
     """Rewrite PyTorch's own sympy functions (FloorDiv, ModularIndexing, PythonMod, CeilDiv,
-    its Max/Min, ...) into plain sympy, which the IR's simplifier, evaluator and printers
-    understand."""
+    its Max/Min, ...), which appear in symbolic shapes, into the plain sympy that the IR's
+    simplifier, evaluator and printers understand."""
     if not isinstance(e, sympy.Basic) or e.is_Atom:
         return e
     args = [plain_sympy(a) for a in e.args]
-    name = type(e).__name__
-    if name == "FloorDiv":
+    if isinstance(e, _tf.FloorDiv):
         return sympy.floor(args[0] / args[1])
-    if name == "CeilDiv":
+    if isinstance(e, _tf.CeilDiv):
         return sympy.ceiling(args[0] / args[1])
-    if name == "ModularIndexing":
+    if isinstance(e, _tf.ModularIndexing):
         return sympy.Mod(sympy.floor(args[0] / args[1]), args[2])
-    if name in ("PythonMod", "Mod"):
+    if isinstance(e, (_tf.PythonMod, _tf.Mod)):
         return sympy.Mod(args[0], args[1])
-    if name in ("Max",):
-        return sympy.Max(*args)
-    if name in ("Min",):
-        return sympy.Min(*args)
-    if name in ("IntTrueDiv", "FloatTrueDiv"):
+    if isinstance(e, (_tf.IntTrueDiv, _tf.FloatTrueDiv)):
         return args[0] / args[1]
-    if name in ("TruncToInt", "TruncToFloat"):
-        return sympy.sign(args[0]) * sympy.floor(sympy.Abs(args[0]))
-    if name == "ToFloat":
+    if isinstance(e, (_tf.PowByNatural, _tf.FloatPow)):
+        return args[0] ** args[1]
+    if isinstance(e, (_tf.ToFloat, _tf.Identity, _tf.TruncToFloat)):
         return args[0]
-    try:
+    if isinstance(e, (_tf.FloorToInt, _tf.TruncToInt)):  # sizes are non-negative: trunc == floor
+        return sympy.floor(args[0])
+    if isinstance(e, _tf.CeilToInt):
+        return sympy.ceiling(args[0])
+    if isinstance(e, _tf.Max):
+        return sympy.Max(*args)
+    if isinstance(e, _tf.Min):
+        return sympy.Min(*args)
+    if any(x is not y for x, y in zip(args, e.args)):
         return e.func(*args)
-    except Exception:  # noqa: BLE001 - keep the original when it cannot be rebuilt
-        return e
+    return e
 
 
 def sym_expr(x):
@@ -138,14 +150,20 @@ class LoweringContext:
                 return sym_expr(a)
             return a
 
+        if str(target).split(".")[1] in STORAGE_DEPENDENT and any(
+                isinstance(a, TensorValue) and not isinstance(a, BufferValue) for a in args):
+            # the op reads the view's *storage*, which a materialised copy does not have
+            raise StorageAliasError(f"{target} of a view depends on the storage layout of the view's base")
         meta = self.current_meta
         multi = isinstance(meta, (tuple, list))
         first = next((m for m in meta if isinstance(m, torch.Tensor)), None) if multi else meta
+        # convert first: realising a view argument adds a node, and so takes a name
+        ext_args, ext_kwargs = convert(tuple(args)), convert(dict(kwargs))
         name = self._name()
         node = Extern(
             name, ir_dtype(first.dtype) if first is not None else dt.float32,
             shape_of(first) if first is not None else (), target=target,
-            target_name=str(target), args=convert(tuple(args)), kwargs=convert(dict(kwargs)),
+            target_name=str(target), args=ext_args, kwargs=ext_kwargs,
             reason=reason, multi_output=multi,
         )
         self.graph.add(node)

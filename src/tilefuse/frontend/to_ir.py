@@ -121,6 +121,10 @@ def _lower_call(ctx: LoweringContext, node: torch.fx.Node, args, kwargs, meta):
             return out
         except Unsupported as e:
             reason = f"lowering declined: {e}"
+    if meta is None:
+        # run-time checks (asserts, range constraints) have no value to compute
+        logs.log("graph", "%s returns nothing: dropped", target)
+        return None
     if not isinstance(meta, (torch.Tensor, list, tuple)):
         raise LoweringError(f"{target}: produces {type(meta).__name__}, which tilefuse cannot represent")
     return ctx.extern(target, args, kwargs, reason)

@@ -205,11 +205,33 @@ def as_expr(x, like: DType | None = None) -> Expr:
     return const(x)
 
 
+def round_to(value: float, dtype: DType) -> float:
+    """`value` rounded to the nearest `dtype` number (ties to even), as a cast would."""
+    import struct
+
+    import numpy as np
+
+    if dtype.name == "float32":
+        return float(np.float32(value))
+    if dtype.name == "float16":
+        return float(np.float16(value))
+    if dtype.name == "bfloat16":
+        if value != value or value in (float("inf"), float("-inf")):
+            return value
+        bits = struct.unpack("<I", struct.pack("<f", np.float32(value)))[0]
+        bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
+        return struct.unpack("<f", struct.pack("<I", bits))[0]
+    return float(value)
+
+
 def cast(x: Expr, dtype: DType) -> Expr:
     if x.dtype == dtype:
         return x
     if isinstance(x, Const):
-        return const(x.value if x.value != "nan" else float("nan"), dtype)
+        v = float("nan") if x.value == "nan" else x.value
+        if dtype.is_float and not isinstance(v, bool):
+            v = round_to(float(v), dtype)
+        return const(v, dtype)
     return Cast(x, dtype)
 
 

@@ -11,7 +11,6 @@ import math
 
 import sympy
 import torch
-import torch.utils._sympy.functions
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
 from ...ir import dtypes as dt
@@ -20,7 +19,7 @@ from ...ir.expr import Expr, Index, as_expr, cast, const, out_index, red_index, 
 from ...ir.graph import Constant, Input, ScalarInput
 from ...ir.interpret import torch_dtype
 from ...ir.symbolic import simplify_index
-from ..context import ir_dtype, shape_of
+from ..context import ir_dtype, plain_sympy, shape_of
 from ..registry import Unsupported
 from ..values import BufferValue, TensorValue, ViewValue
 
@@ -28,40 +27,7 @@ aten = torch.ops.aten
 
 # ---------------------------------------------------------------- argument normalisation
 
-_tf = torch.utils._sympy.functions
-
-
-def to_sympy(e):
-    """Rewrite PyTorch's sympy functions (FloorDiv, ModularIndexing, its own Max/Min, ...),
-    which appear in symbolic shapes, into the plain sympy the IR evaluates."""
-    if not isinstance(e, sympy.Basic) or e.is_Atom:
-        return e
-    args = [to_sympy(a) for a in e.args]
-    if isinstance(e, _tf.FloorDiv):
-        return sympy.floor(args[0] / args[1])
-    if isinstance(e, _tf.CeilDiv):
-        return sympy.ceiling(args[0] / args[1])
-    if isinstance(e, _tf.ModularIndexing):
-        return sympy.Mod(sympy.floor(args[0] / args[1]), args[2])
-    if isinstance(e, (_tf.PythonMod, _tf.Mod)):
-        return sympy.Mod(args[0], args[1])
-    if isinstance(e, (_tf.IntTrueDiv, _tf.FloatTrueDiv)):
-        return args[0] / args[1]
-    if isinstance(e, (_tf.PowByNatural, _tf.FloatPow)):
-        return args[0] ** args[1]
-    if isinstance(e, (_tf.ToFloat, _tf.Identity, _tf.TruncToFloat)):
-        return args[0]
-    if isinstance(e, (_tf.FloorToInt, _tf.TruncToInt)):  # sizes are non-negative: trunc == floor
-        return sympy.floor(args[0])
-    if isinstance(e, _tf.CeilToInt):
-        return sympy.ceiling(args[0])
-    if isinstance(e, _tf.Max):
-        return sympy.Max(*args)
-    if isinstance(e, _tf.Min):
-        return sympy.Min(*args)
-    if any(a is not b for a, b in zip(args, e.args)):
-        return e.func(*args)
-    return e
+to_sympy = plain_sympy  # PyTorch's sympy functions -> plain sympy
 
 
 def py(x):

@@ -1,0 +1,81 @@
+"""Structural checks on tile IR: every value is defined before use, loop-carried updates
+target values defined outside the loop, buffers are parameters, block sizes are powers of two.
+
+The compiler runs `verify_tile_kernel` on every kernel it lowers; a failure names the kernel
+and the statement, which is far easier to act on than a Triton compile error.
+"""
+from __future__ import annotations
+
+import sympy
+
+from ..ir.expr import Index, Var, walk
+from .ir import (Arange, ArgReduceTile, Assign, BroadcastTile, DotTile, For, Full, Let, LoadTile, ProgramId,
+                 ReduceTile, StoreTile, TileKernel)
+
+
+class TileVerificationError(ValueError):
+    pass
+
+
+def _used(expr) -> set[str]:
+    names = set()
+    for e in walk(expr):
+        if isinstance(e, Var):
+            names.add(e.name)
+        elif isinstance(e, Index):
+            names |= {s.name for s in e.expr.free_symbols}
+    return names
+
+
+def verify_tile_kernel(k: TileKernel) -> TileKernel:
+    params = {p.name for p in k.params}
+    for name, value in k.constexprs.items():
+        if name != "GROUP_M" and (value < 1 or value & (value - 1)):
+            raise TileVerificationError(f"{k.name}: block size {name}={value} is not a power of two")
+    defined = set(params) | set(k.constexprs)
+
+    def check(stmts, scope: set, where: str) -> None:
+        for s in stmts:
+            exprs = []
+            if isinstance(s, (Let, Assign)):
+                exprs = [s.value]
+            elif isinstance(s, Arange):
+                exprs = [s.start]
+            elif isinstance(s, BroadcastTile):
+                exprs = [s.value]
+            elif isinstance(s, LoadTile):
+                exprs = [s.offset] + ([s.mask] if s.mask is not None else [])
+                if s.buffer not in params:
+                    raise TileVerificationError(f"{k.name}: loads {s.buffer}, which is not a parameter")
+            elif isinstance(s, StoreTile):
+                exprs = [s.offset, s.value] + ([s.mask] if s.mask is not None else [])
+                if s.buffer not in params:
+                    raise TileVerificationError(f"{k.name}: stores {s.buffer}, which is not a parameter")
+            elif isinstance(s, ReduceTile):
+                exprs = [s.value]
+            elif isinstance(s, ArgReduceTile):
+                exprs = [s.value, s.index]
+            elif isinstance(s, DotTile):
+                exprs = [s.a, s.b, s.acc]
+            elif isinstance(s, For):
+                exprs = [s.start, s.stop]
+            for e in exprs:
+                missing = _used(e) - scope
+                if missing:
+                    raise TileVerificationError(f"{k.name}{where}: {type(s).__name__} uses undefined {sorted(missing)}")
+            if isinstance(s, Assign) and s.name not in scope:
+                raise TileVerificationError(f"{k.name}{where}: updates {s.name}, which is not defined before the loop")
+            if isinstance(s, For):
+                check(s.body, set(scope) | {s.var}, f" (loop over {s.var})")
+            elif isinstance(s, (Let, Arange, BroadcastTile, LoadTile, ReduceTile, ArgReduceTile, Full, ProgramId)):
+                scope.add(s.name)
+            elif isinstance(s, DotTile):
+                if s.name not in scope:
+                    raise TileVerificationError(f"{k.name}{where}: dot accumulates into undefined {s.name}")
+
+    check(k.body, defined, "")
+    for g in k.grid:
+        missing = {str(x) for x in sympy.sympify(g).free_symbols} - defined
+        if missing:
+            raise TileVerificationError(f"{k.name}: grid uses undefined {sorted(missing)}")
+    return k
