@@ -1,11 +1,16 @@
 """Regression tests for bugs found in review; each once produced a wrong result or a crash."""
+import os
+
 import pytest
 import torch
 
 import tilefuse  # noqa: F401
 
+DEVICE = os.environ.get("TILEFUSE_TEST_DEVICE", "cpu")
+
 
 def _check(fn, *args, dynamic=None):
+    args = tuple(a.to(DEVICE) for a in args)
     torch._dynamo.reset()
     out = torch.compile(fn, backend="tilefuse", dynamic=dynamic)(*args)
     ref = fn(*args)
