@@ -59,3 +59,15 @@ def test_logs_channels_print_each_stage():
     assert out.returncode == 0, out.stderr[-2000:]
     for channel in ("[tilefuse.graph]", "[tilefuse.fusion]", "[tilefuse.tile]", "[tilefuse.code]"):
         assert channel in out.stderr
+
+
+def test_installed_entry_point_registers_the_backend_without_import():
+    from importlib.metadata import entry_points
+
+    if not any(ep.name == "tilefuse" for ep in entry_points(group="torch_dynamo_backends")):
+        pytest.skip("tilefuse is not installed as a distribution (pip install -e . registers it)")
+    script = ("import torch; f = torch.compile(lambda x: x.exp() + 1, backend='tilefuse'); "
+              "x = torch.randn(6); assert torch.allclose(f(x), x.exp() + 1); print('ok')")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-2000:]
