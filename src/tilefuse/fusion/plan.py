@@ -15,7 +15,9 @@ the reduced dims), and ordered stages:
 * `contraction` — a Reduce(sum) of a product computed as a blocked `dot`, with `row` stages
   as its epilogue.
 
-Semantic repair (a later capability) adds repaired carried stages to this same structure.
+A `reduce` stage with a `repair` reads an earlier reduction of the same kernel but can still be
+carried in the same pass over the axis: the derived rolling update re-bases its partial sum
+whenever the earlier reduction's running value changes (see `fusion.repair`).
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ class Stage:
     body: Expr
     level: int = 0
     store: bool = True
+    repair: object = None  # a fusion.repair.Repair: carried in the same pass as its producer
 
 
 @dataclass

@@ -25,6 +25,7 @@ from ..ir.rewrite import substitute_index
 from ..ir.symbolic import simplify_index
 from .inline import Inliner
 from .plan import Contraction, ExternStep, KernelPlan, Schedule, Stage
+from .repair import NoRepair, derive_rolling_update
 
 X = sympy.Symbol("x", integer=True, nonnegative=True)
 R = sympy.Symbol("r", integer=True, nonnegative=True)
@@ -180,12 +181,34 @@ class Planner:
             if not self.loads_at_position(body, members, index_map, ranges):
                 continue
             level = 1 + max((k.stage(d).level for d in deps & members), default=-1)
-            self.add(k, Stage(node.name, "reduce", body, level=level))
+            stage = Stage(node.name, "reduce", body, level=level, repair=self.try_repair(k, node, body, deps & members))
+            self.add(k, stage)
             self.note(f"{node.name}: joins {k.name} as a reduction over the same axis (pass {level})", k)
             return
         k = self.new_kernel("reduction", parallel, tuple(node.ranges))
         self.add(k, Stage(node.name, "reduce", body, level=0))
         self.note(f"{node.name}: reduction over {list(node.ranges)} -> {k.name}", k)
+
+    def try_repair(self, k: KernelPlan, node: Reduce, body: Expr, deps: set):
+        """A rolling update over the latest reduction this one reads, if one can be derived."""
+        reduce_deps = [d for d in deps if k.stage(d).kind == "reduce"]
+        if not reduce_deps:
+            return None
+        producer = max(reduce_deps, key=lambda d: k.stage(d).level)
+        top = k.stage(producer).level
+        if any(k.stage(d).level >= top for d in deps if d != producer):
+            self.note(f"{node.name}: no rolling update: it reads several reductions of pass {top}", k)
+            return None
+        if self.graph[producer].combiner not in ("max", "min", "sum", "prod"):
+            self.note(f"{node.name}: no rolling update over {producer} ({self.graph[producer].combiner})", k)
+            return None
+        try:
+            repair = derive_rolling_update(body, node.combiner, producer)
+        except NoRepair as why:
+            self.note(f"{node.name}: no rolling update over {producer}: {why}", k)
+            return None
+        self.note(f"{node.name}: {repair.describe()}", k)
+        return repair
 
     def place_pointwise(self, node: Pointwise) -> None:
         body = self.inliner.body(node.name)

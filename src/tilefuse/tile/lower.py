@@ -16,12 +16,12 @@ import sympy
 from ..fusion.plan import KernelPlan
 from ..fusion.planner import unravel_sym
 from ..ir import dtypes as dt
-from ..ir.expr import Cast, Const, Expr, Index, Var, binary, cast, out_index, red_index, unary, where
+from ..ir.expr import Cast, Const, Expr, Index, Var, binary, cast, out_index, red_index, where
 from ..ir.graph import Graph
 from ..ir.rewrite import substitute_index
 from ..ir.symbolic import simplify_index
 from .builder import KernelBuilder, land
-from .ir import Arange, ArgReduceTile, Assign, BroadcastTile, DotTile, For, Full, Let, ProgramId, ReduceTile, TileKernel
+from .ir import Arange, BroadcastTile, DotTile, For, Full, Let, ProgramId, TileKernel
 
 
 @dataclass
@@ -101,6 +101,8 @@ def lower_plan(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> Tile
     if plan.kind == "pointwise":
         return lower_pointwise(graph, plan, options)
     if plan.kind == "reduction":
+        from .reduction import lower_reduction
+
         return lower_reduction(graph, plan, options)
     if plan.kind == "contraction":
         return lower_contraction(graph, plan, options)
@@ -129,191 +131,6 @@ def lower_pointwise(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
     return TileKernel(plan.name, b.finish_params(), {"XBLOCK": block}, numel=n,
                       grid=(sympy.ceiling(n / _sym("XBLOCK")),), body=b.body, num_warps=4 if block >= 512 else 2,
                       reads=b.reads, writes=b.writes, kind="pointwise", plan=plan, helpers=b.helpers)
-
-
-# ------------------------------------------------------------------------------ reduction
-def _combine(b: KernelBuilder, combiner: str, acc: Expr, v: Expr) -> Expr:
-    if combiner == "sum":
-        return binary("add", acc, v)
-    if combiner == "prod":
-        return binary("mul", acc, v)
-    if combiner in ("max", "any"):
-        b.helpers.add("maximum")
-        return binary("maximum", acc, v)
-    if combiner in ("min", "all"):
-        b.helpers.add("minimum")
-        return binary("minimum", acc, v)
-    raise ValueError(combiner)
-
-
-def _acc_dtype(combiner: str, body_dtype):
-    return dt.int32 if combiner in ("any", "all") else body_dtype
-
-
-def lower_reduction(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> TileKernel:
-    b = KernelBuilder(graph, plan.name)
-    b.tile_symbols |= {"pid", "xindex", "rindex", "roffset"}
-    P, ranges = plan.parallel, plan.reduction
-    Rn = sympy.Mul(*ranges)
-    b.size_params(P)
-    b.size_params(Rn)
-    x, r = _sym("xindex"), _sym("rindex")
-    rstatic = _static(Rn)
-    persistent = rstatic is not None and rstatic <= options.persistent_reduction_limit
-    if persistent:
-        rblock = _pow2(rstatic)
-        xblock = max(1, min(64 if not options.interpret else 16, 4096 // rblock))
-        pv = _static(P)
-        if pv is not None:
-            xblock = min(xblock, _pow2(pv))
-        warps = 1 if rblock <= 128 else 2 if rblock <= 512 else 4 if rblock <= 2048 else 8 if rblock <= 4096 else 16
-    else:
-        rblock, xblock, warps = (512 if options.interpret else 2048), 1, 8
-    b.emit(ProgramId("pid", 0, wide=_needs_int64(P, Rn)))
-    b.emit(Arange("xindex", Index(_sym("pid") * _sym("XBLOCK")), "XBLOCK", 0, 2))
-    xmask = bound_check(b, x, P, xblock, "xmask")
-    sym_ranges = {x: P, r: Rn}
-
-    reduces = [s for s in plan.stages if s.kind == "reduce"]
-    fulls = [s for s in plan.stages if s.kind == "full"]
-    rows = [s for s in plan.stages if s.kind == "row"]
-    passes = 1 + max([s.level for s in reduces + fulls], default=0)
-
-    def reduce_body(st):
-        node = graph[st.node]
-        xi = _index_values(node.shape, x, sym_ranges)
-        ri = _index_values(node.ranges, r, sym_ranges)
-        return node, _mapped(_mapped(st.body, out_index(node.rank), xi), red_index(len(node.ranges)), ri)
-
-    def full_stage(st, mask):
-        node = graph[st.node]
-        vals = _index_values(node.shape, x * Rn + r, sym_ranges)
-        v = b.value(_mapped(st.body, out_index(node.rank), vals), mask=mask)
-        b.store(node.name, tuple(Index(e) for e in vals), v, mask)
-
-    def finish(node, st, red_value):
-        final = b.let(cast(red_value, node.dtype) if node.combiner not in ("any", "all")
-                      else binary("ne", red_value, Const(0, red_value.dtype)), "red")
-        b.bound[node.name] = final
-
-    def row_stages(level):
-        for st in rows:
-            if st.level != level:
-                continue
-            node = graph[st.node]
-            vals = _index_values(node.shape, x, sym_ranges)
-            v = b.value(_mapped(st.body, out_index(node.rank), vals), mask=xmask)
-            b.bound[node.name] = v
-            if st.store:
-                b.store(node.name, tuple(Index(e) for e in vals), v, xmask)
-
-    row_stages(-1)
-    for p in range(passes):
-        if p > 0:
-            row_stages(p - 1)
-        level_reduces = [s for s in reduces if s.level == p]
-        level_fulls = [s for s in fulls if s.level == p]
-        if persistent:
-            if p == 0:
-                b.emit(Arange("rindex", Index(sympy.Integer(0)), "RBLOCK", 1, 2))
-                rmask = bound_check(b, r, Rn, rblock, "rmask")
-                mask = land(xmask, rmask)
-                mask = b.let(mask, "mask") if mask is not None else None
-            for st in level_reduces:
-                node, body = reduce_body(st)
-                v = b.value(body, mask=mask)
-                accd = _acc_dtype(node.combiner, body.dtype)
-                v = cast(v, accd)
-                ident = Const(identity(node.combiner, accd), accd) if not accd.is_float else Const(float(identity(node.combiner, accd)), accd)
-                contrib = full_tile(b, where(mask, v, ident) if mask is not None else v)
-                name = b.fresh("red")
-                if node.combiner in ("argmax", "argmin"):
-                    rr = b.let(Index(r), "ridx")
-                    b.helpers.add(node.combiner)
-                    b.emit(ArgReduceTile(name, contrib, rr, node.combiner, 1))
-                    finish(node, st, Var(name, dt.int64))
-                else:
-                    if node.combiner in ("max", "min", "prod", "any", "all"):
-                        b.helpers.add({"any": "maximum", "all": "minimum"}.get(node.combiner, node.combiner))
-                    b.emit(ReduceTile(name, contrib, {"any": "max", "all": "min"}.get(node.combiner, node.combiner), 1, accd))
-                    finish(node, st, Var(name, accd))
-            for st in level_fulls:
-                full_stage(st, mask)
-            continue
-        # looped: accumulators, then a loop over RBLOCK tiles
-        accs = {}
-        for st in level_reduces:
-            node = graph[st.node]
-            accd = _acc_dtype(node.combiner, st.body.dtype)
-            name = b.fresh("acc")
-            ident = identity(node.combiner, accd)
-            b.emit(Full(name, ("XBLOCK", "RBLOCK"), ident, accd))
-            idx_name = None
-            if node.combiner in ("argmax", "argmin"):
-                idx_name = b.fresh("accidx")
-                b.emit(Full(idx_name, ("XBLOCK", "RBLOCK"), 0, dt.int64))
-            accs[st.node] = (name, accd, idx_name)
-        loop = For("roffset", Index(sympy.Integer(0)), Index(Rn), "RBLOCK")
-        b.emit(loop)
-        b.push_block(loop.body)
-        b.emit(Arange("rindex", Index(_sym("roffset")), "RBLOCK", 1, 2))
-        rmask = bound_check(b, r, Rn, rblock, "rmask")
-        mask = land(xmask, rmask)
-        mask = b.let(mask, "mask") if mask is not None else None
-        for st in level_reduces:
-            node, body = reduce_body(st)
-            name, accd, idx_name = accs[st.node]
-            acc = Var(name, accd)
-            v = cast(b.value(body, mask=mask), accd)
-            if idx_name is not None:
-                v = full_tile(b, v)
-                better = _arg_better(node.combiner, v, acc)
-                upd = b.let(land(mask, better))
-                b.emit(Assign(idx_name, where(upd, Index(r), Var(idx_name, dt.int64))))
-                b.emit(Assign(name, where(upd, v, acc)))
-            else:
-                ident = Const(identity(node.combiner, accd), accd)
-                b.emit(Assign(name, _combine(b, node.combiner, acc, full_tile(b, masked(b, mask, v, ident)))))
-        for st in level_fulls:
-            full_stage(st, mask)
-        b.pop_block()
-        for st in level_reduces:
-            node = graph[st.node]
-            name, accd, idx_name = accs[st.node]
-            out = b.fresh("red")
-            if idx_name is not None:
-                b.helpers.add(node.combiner)
-                b.emit(ArgReduceTile(out, Var(name, accd), Var(idx_name, dt.int64), node.combiner, 1))
-                finish(node, st, Var(out, dt.int64))
-            else:
-                comb = {"any": "max", "all": "min"}.get(node.combiner, node.combiner)
-                if comb in ("max", "min", "prod"):
-                    b.helpers.add({"max": "maximum", "min": "minimum"}.get(comb, comb))
-                b.emit(ReduceTile(out, Var(name, accd), comb, 1, accd))
-                finish(node, st, Var(out, accd))
-    row_stages(passes - 1)
-    for st in reduces:
-        if st.store:
-            node = graph[st.node]
-            vals = _index_values(node.shape, x, sym_ranges)
-            b.store(node.name, tuple(Index(e) for e in vals), b.bound[node.name], xmask)
-
-    return TileKernel(plan.name, b.finish_params(), {"XBLOCK": xblock, "RBLOCK": rblock}, numel=P,
-                      grid=(sympy.ceiling(P / _sym("XBLOCK")),), body=b.body, num_warps=warps,
-                      reads=b.reads, writes=b.writes, kind="reduction", plan=plan, helpers=b.helpers)
-
-
-def _arg_better(combiner: str, v: Expr, acc: Expr) -> Expr:
-    if combiner == "argmax":
-        strictly = binary("gt", v, acc)
-    else:
-        strictly = binary("lt", v, acc)
-    if v.dtype.is_float:
-        v_nan = unary("isnan", v)
-        acc_nan = unary("isnan", acc)
-        return binary("logical_or", binary("logical_and", strictly, unary("logical_not", acc_nan)),
-                      binary("logical_and", v_nan, unary("logical_not", acc_nan)))
-    return strictly
 
 
 # ------------------------------------------------------------------------------ contraction

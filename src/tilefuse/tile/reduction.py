@@ -1,0 +1,268 @@
+"""Lowering of reduction plans: a [XBLOCK, RBLOCK] tile per program.
+
+The reduction axis is held whole in the tile (persistent row) when it is static and at most
+`persistent_reduction_limit`; every stage then runs once, in order, from registers. Otherwise
+the kernel walks the axis in RBLOCK steps, in *passes*: a stage that needs a finished
+reduction waits for the next pass — unless it carries a derived rolling update (`repair`),
+in which case it runs in the same pass as its producer:
+
+    per tile:  m_new = max(m, max_tile(c))
+               t     = h(t, m, m_new) + sum_tile(g(m_new, c))      # h from fusion.repair
+               m     = m_new
+
+Reductions without repairs accumulate elementwise ([XBLOCK, RBLOCK] lanes, reduced once after
+the loop); the producer and consumer of a repair keep one value per row, reduced per tile.
+"""
+from __future__ import annotations
+
+import sympy
+
+from ..fusion.plan import KernelPlan, Stage
+from ..ir import dtypes as dt
+from ..ir.expr import Const, Expr, Index, Load, Var, binary, cast, out_index, red_index, unary, walk, where
+from ..ir.graph import Graph
+from .builder import KernelBuilder, land
+from .ir import Arange, ArgReduceTile, Assign, Full, ProgramId, ReduceTile, TileKernel
+from .lower import (LoweringOptions, _index_values, _mapped, _needs_int64, _pow2, _static, _sym, bound_check,
+                    full_tile, identity, masked)
+
+_TILE_COMBINER = {"any": "max", "all": "min"}
+
+
+def _acc_dtype(combiner: str, body_dtype):
+    return dt.int32 if combiner in ("any", "all") else body_dtype
+
+
+def _combine(b: KernelBuilder, combiner: str, acc: Expr, v: Expr) -> Expr:
+    combiner = _TILE_COMBINER.get(combiner, combiner)
+    if combiner == "sum":
+        return binary("add", acc, v)
+    if combiner == "prod":
+        return binary("mul", acc, v)
+    if combiner == "max":
+        b.helpers.add("maximum")
+        return binary("maximum", acc, v)
+    if combiner == "min":
+        b.helpers.add("minimum")
+        return binary("minimum", acc, v)
+    raise ValueError(combiner)
+
+
+def _arg_better(combiner: str, v: Expr, acc: Expr) -> Expr:
+    strictly = binary("gt" if combiner == "argmax" else "lt", v, acc)
+    if v.dtype.is_float:
+        acc_ok = unary("logical_not", unary("isnan", acc))
+        return binary("logical_and", binary("logical_or", strictly, unary("isnan", v)), acc_ok)
+    return strictly
+
+
+def _ident(combiner: str, dtype) -> Const:
+    v = identity(combiner, dtype)
+    return Const(float(v) if dtype.is_float else v, dtype)
+
+
+def schedule_passes(plan: KernelPlan, use_repairs: bool) -> tuple[dict, set]:
+    """The pass each stage runs in (rows: the pass after which they are computed; -1 before
+    any), and the set of repaired stages that actually share their producer's pass."""
+    members = {s.node: s for s in plan.stages}
+    level: dict = {}
+    repaired: set = set()
+    for st in plan.stages:
+        deps = {e.buffer for e in walk(st.body) if isinstance(e, Load) and e.buffer in level}
+        need = -1
+        for d in deps:
+            dep = members[d]
+            if dep.kind == "row":
+                need = max(need, level[d] + 1 if st.kind != "row" else level[d])
+            elif st.kind == "row":
+                need = max(need, level[d])
+            elif use_repairs and st.repair is not None and d == st.repair.producer:
+                need = max(need, level[d])
+            else:
+                need = max(need, level[d] + 1)
+        level[st.node] = need if st.kind == "row" else max(need, 0)
+        if st.repair is not None and use_repairs and level[st.node] == level.get(st.repair.producer):
+            repaired.add(st.node)
+    return level, repaired
+
+
+def lower_reduction(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> TileKernel:
+    b = KernelBuilder(graph, plan.name)
+    b.tile_symbols |= {"pid", "xindex", "rindex", "roffset"}
+    P = plan.parallel
+    Rn = sympy.Mul(*plan.reduction)
+    b.size_params(P)
+    b.size_params(Rn)
+    x, r = _sym("xindex"), _sym("rindex")
+    rstatic = _static(Rn)
+    persistent = rstatic is not None and rstatic <= options.persistent_reduction_limit
+    if persistent:
+        rblock = _pow2(rstatic)
+        xblock = max(1, min(64 if not options.interpret else 16, 4096 // rblock))
+        pv = _static(P)
+        if pv is not None:
+            xblock = min(xblock, _pow2(pv))
+        warps = 1 if rblock <= 128 else 2 if rblock <= 512 else 4 if rblock <= 2048 else 8 if rblock <= 4096 else 16
+    else:
+        rblock, xblock, warps = (512 if options.interpret else 2048), 1, 8
+    b.emit(ProgramId("pid", 0, wide=_needs_int64(P, Rn)))
+    b.emit(Arange("xindex", Index(_sym("pid") * _sym("XBLOCK")), "XBLOCK", 0, 2))
+    xmask = bound_check(b, x, P, xblock, "xmask")
+    sym_ranges = {x: P, r: Rn}
+    level, repaired = schedule_passes(plan, use_repairs=not persistent)
+    for st in plan.stages:
+        if st.repair is not None and st.node in repaired:
+            plan.notes.append(f"{st.node}: carried in pass {level[st.node]} with {st.repair.describe()}")
+    reduces = [s for s in plan.stages if s.kind == "reduce"]
+    passes = 1 + max([level[s.node] for s in plan.stages if s.kind != "row"], default=0)
+
+    def body_of(st: Stage):
+        node = graph[st.node]
+        if st.kind == "reduce":
+            xi = _index_values(node.shape, x, sym_ranges)
+            ri = _index_values(node.ranges, r, sym_ranges)
+            return _mapped(_mapped(st.body, out_index(node.rank), xi), red_index(len(node.ranges)), ri)
+        flat = x if st.kind == "row" else x * Rn + r
+        return _mapped(st.body, out_index(node.rank), _index_values(node.shape, flat, sym_ranges))
+
+    def out_index_of(st: Stage):
+        node = graph[st.node]
+        flat = x * Rn + r if st.kind == "full" else x
+        return tuple(Index(e) for e in _index_values(node.shape, flat, sym_ranges))
+
+    def finish(st: Stage, value: Var) -> None:
+        node = graph[st.node]
+        if node.combiner in ("any", "all"):
+            b.bound[st.node] = b.let(binary("ne", value, Const(0, value.dtype)), "red")
+        else:
+            b.bound[st.node] = b.let(cast(value, node.dtype), "red")
+
+    def row_stages(after_pass: int) -> None:
+        for st in plan.stages:
+            if st.kind == "row" and level[st.node] == after_pass:
+                v = b.value(body_of(st), mask=xmask)
+                b.bound[st.node] = v
+                if st.store:
+                    b.store(st.node, out_index_of(st), v, xmask)
+
+    def tile_reduce(st: Stage, mask, accd) -> Var:
+        """The reduction of this tile's contribution to one value per row."""
+        node = graph[st.node]
+        v = cast(b.value(body_of(st), mask=mask), accd)
+        contrib = full_tile(b, where(mask, v, _ident(node.combiner, accd)) if mask is not None else v)
+        name = b.fresh("red")
+        if node.combiner in ("argmax", "argmin"):
+            b.helpers.add(node.combiner)
+            b.emit(ArgReduceTile(name, contrib, b.let(Index(r), "ridx"), node.combiner, 1))
+            return Var(name, dt.int64)
+        comb = _TILE_COMBINER.get(node.combiner, node.combiner)
+        if comb != "sum":
+            b.helpers.add(comb)
+        b.emit(ReduceTile(name, contrib, comb, 1, accd))
+        return Var(name, accd)
+
+    row_stages(-1)
+    for p in range(passes):
+        if p > 0:
+            row_stages(p - 1)
+        in_pass = [s for s in reduces if level[s.node] == p]
+        fulls = [s for s in plan.stages if s.kind == "full" and level[s.node] == p]
+        if persistent:
+            if p == 0:
+                b.emit(Arange("rindex", Index(sympy.Integer(0)), "RBLOCK", 1, 2))
+                mask = land(xmask, bound_check(b, r, Rn, rblock, "rmask"))
+                mask = b.let(mask, "mask") if mask is not None else None
+            for st in in_pass:
+                finish(st, tile_reduce(st, mask, _acc_dtype(graph[st.node].combiner, st.body.dtype)))
+            for st in fulls:
+                b.store(st.node, out_index_of(st), b.value(body_of(st), mask=mask), mask)
+            continue
+        _looped_pass(b, graph, in_pass, fulls, repaired, Rn, rblock, xmask, r,
+                     body_of, out_index_of, finish, tile_reduce)
+    row_stages(passes - 1)
+    for st in reduces:
+        if st.store:
+            b.store(st.node, out_index_of(st), b.bound[st.node], xmask)
+    return TileKernel(plan.name, b.finish_params(), {"XBLOCK": xblock, "RBLOCK": rblock}, numel=P,
+                      grid=(sympy.ceiling(P / _sym("XBLOCK")),), body=b.body, num_warps=warps,
+                      reads=b.reads, writes=b.writes, kind="reduction", plan=plan, helpers=b.helpers)
+
+
+def _looped_pass(b, graph, in_pass, fulls, repaired, Rn, rblock, xmask, r, body_of, out_index_of, finish,
+                 tile_reduce):
+    from .ir import For
+
+    # stages that keep one value per row: repaired consumers and their producers
+    per_row = {s.node for s in in_pass if s.node in repaired}
+    per_row |= {s.repair.producer for s in in_pass if s.node in repaired}
+    state = {}
+    for st in in_pass:
+        node = graph[st.node]
+        accd = _acc_dtype(node.combiner, st.body.dtype)
+        shape = ("XBLOCK", 1) if st.node in per_row else ("XBLOCK", "RBLOCK")
+        name = b.fresh("acc")
+        b.emit(Full(name, shape, identity(node.combiner, accd), accd))
+        idx = None
+        if node.combiner in ("argmax", "argmin"):
+            idx = b.fresh("accidx")
+            b.emit(Full(idx, shape, 0, dt.int64))
+        state[st.node] = (Var(name, accd), idx)
+    loop = For("roffset", Index(sympy.Integer(0)), Index(Rn), "RBLOCK")
+    b.emit(loop)
+    b.push_block(loop.body)
+    b.emit(Arange("rindex", Index(_sym("roffset")), "RBLOCK", 1, 2))
+    mask = land(xmask, bound_check(b, r, Rn, rblock, "rmask"))
+    mask = b.let(mask, "mask") if mask is not None else None
+    updates = []  # per-row states are assigned after every stage of the tile has read them
+    running = {}  # producer -> (value before this tile, value after it)
+    for st in in_pass:
+        node = graph[st.node]
+        acc, idx = state[st.node]
+        if st.node in per_row:
+            tile_value = tile_reduce(st, mask, acc.dtype)
+            if st.node in repaired:
+                old, new = running[st.repair.producer]
+                factor = b.let(st.repair.factor_expr(cast(old, dt.float32), cast(new, dt.float32)), "factor")
+                # an empty partial sum stays empty, and a factor of 0 discards the old partial
+                # sum even when it is undefined (terms of a row that has only seen -inf so far)
+                discard = binary("logical_or", binary("eq", acc, Const(0.0, acc.dtype)),
+                                 binary("eq", factor, Const(0.0, factor.dtype)))
+                rebased = where(discard, Const(0.0, acc.dtype), cast(binary("mul", acc, factor), acc.dtype))
+                value = b.let(binary("add", b.let(rebased, "rebased"), tile_value), "carry")
+            else:
+                value = b.let(_combine(b, node.combiner, acc, tile_value), "carry")
+                b.bound[st.node] = b.let(cast(value, node.dtype), "run")  # this tile's readers
+                running[st.node] = (b.let(cast(acc, node.dtype), "prev"), b.bound[st.node])
+            updates.append(Assign(acc.name, value))
+            continue
+        v = cast(b.value(body_of(st), mask=mask), acc.dtype)
+        if idx is not None:
+            v = full_tile(b, v)
+            upd = b.let(land(mask, _arg_better(node.combiner, v, acc)))
+            b.emit(Assign(idx, where(upd, Index(r), Var(idx, dt.int64))))
+            b.emit(Assign(acc.name, where(upd, v, acc)))
+        else:
+            b.emit(Assign(acc.name, _combine(b, node.combiner, acc,
+                                             full_tile(b, masked(b, mask, v, _ident(node.combiner, acc.dtype))))))
+    for u in updates:
+        b.emit(u)
+    for st in fulls:
+        b.store(st.node, out_index_of(st), b.value(body_of(st), mask=mask), mask)
+    b.pop_block()
+    for st in in_pass:
+        node = graph[st.node]
+        acc, idx = state[st.node]
+        if st.node in per_row:
+            finish(st, acc)
+            continue
+        out = b.fresh("red")
+        if idx is not None:
+            b.helpers.add(node.combiner)
+            b.emit(ArgReduceTile(out, acc, Var(idx, dt.int64), node.combiner, 1))
+            finish(st, Var(out, dt.int64))
+        else:
+            comb = _TILE_COMBINER.get(node.combiner, node.combiner)
+            if comb != "sum":
+                b.helpers.add(comb)
+            b.emit(ReduceTile(out, acc, comb, 1, acc.dtype))
+            finish(st, Var(out, acc.dtype))

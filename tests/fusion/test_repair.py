@@ -1,0 +1,106 @@
+"""Semantic repair: the rolling update is derived (not looked up), checked, refused when it
+does not exist, and fuses dependent reductions into one pass over the axis."""
+import pytest
+import sympy
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+
+import tilefuse
+from tilefuse.config import config
+from tilefuse.fusion.repair import NoRepair, derive_rolling_update
+from tilefuse.ir import dtypes as dt
+from tilefuse.ir.expr import Index, Load, binary, const, unary, where
+
+I0, R0 = sympy.Symbol("i0", integer=True, nonnegative=True), sympy.Symbol("r0", integer=True, nonnegative=True)
+X = Load("x", (Index(I0), Index(R0)), dt.float32)
+M = Load("m", (Index(I0),), dt.float32)
+
+
+@pytest.mark.parametrize("body,factor", [
+    (unary("exp", X - M), "exp(r_old - r_new)"),
+    (unary("exp", unary("tanh", X / 30.0) * 30.0 - M), "exp(r_old - r_new)"),          # soft-capping
+    (unary("exp", X + Index(R0) * 0.25 - M), "exp(r_old - r_new)"),                   # ALiBi-style bias
+    (unary("exp", (X - M) / 0.5), "exp(2*r_old - 2*r_new)"),                          # temperature
+    (unary("exp", X - M) * Load("v", (Index(R0),), dt.float32), "exp(r_old - r_new)"),  # P·V
+    (unary("exp", X - where(unary("isinf", M), const(0.0), M)), "exp(r_old - r_new)"),  # guarded max
+])
+def test_rolling_update_is_derived_for_variants(body, factor):
+    repair = derive_rolling_update(body, "sum", "m")
+    assert sympy.simplify(repair.factor - sympy.sympify(factor, locals={
+        "r_old": sympy.Symbol("r_old", real=True), "r_new": sympy.Symbol("r_new", real=True)})) == 0
+    assert "h(t, r, r')" in repair.describe()
+
+
+@pytest.mark.parametrize("body,why", [
+    (binary("mul", X - M, X - M), "depends on the data"),      # variance: moment expansion, not h
+    (unary("exp", X * M), "depends on the data"),
+])
+def test_bodies_without_rolling_update_are_refused(body, why):
+    with pytest.raises(NoRepair, match=why):
+        derive_rolling_update(body, "sum", "m")
+    with pytest.raises(NoRepair, match="only sums"):
+        derive_rolling_update(unary("exp", X - M), "max", "m")
+
+
+def _loops(fn, x):
+    with config.patch(persistent_reduction_limit=16):
+        report = tilefuse.explain(fn, x)
+    (kernel,) = report.kernels
+    return kernel.source.count("for roffset"), kernel.notes
+
+
+@pytest.mark.parametrize("fn,loops", [
+    (lambda x: torch.logsumexp(x, -1), 1),
+    (lambda x: torch.logsumexp(torch.tanh(x / 4) * 4, -1), 1),
+    (lambda x: torch.softmax(x, -1), 2),      # max and normaliser in one pass, then the output
+    (lambda x: F.log_softmax(x * 0.7, -1), 2),
+])
+def test_dependent_reductions_share_a_pass(fn, loops):
+    x = torch.randn(6, 77) * 3
+    n, notes = _loops(fn, x)
+    assert n == loops, notes
+    assert any("rolling update" in note and "exp(r - r')" in note for note in notes)
+    with config.patch(persistent_reduction_limit=16):
+        torch._dynamo.reset()
+        torch.testing.assert_close(torch.compile(fn, backend="tilefuse")(x), fn(x), atol=1e-5, rtol=1e-5)
+
+
+def test_masked_rows_follow_eager():
+    x = torch.randn(5, 77) * 3
+    x[0, :40] = float("-inf")
+    x[1] = float("-inf")
+    x[2, ::3] = float("-inf")
+    for fn in (lambda x: torch.softmax(x, -1), lambda x: torch.logsumexp(x, -1), lambda x: F.log_softmax(x, -1)):
+        with config.patch(persistent_reduction_limit=16):
+            torch._dynamo.reset()
+            out = torch.compile(fn, backend="tilefuse")(x)
+        torch.testing.assert_close(out, fn(x), equal_nan=True, atol=1e-5, rtol=1e-5)
+
+
+_TERMS = {
+    "exp": lambda c, m, k: torch.exp((c - m) * k),
+    "exp_bias": lambda c, m, k: torch.exp(c + k - m),
+    "softcap": lambda c, m, k: torch.exp(torch.tanh(c / 3) * 3 * k - m * k),
+    "square": lambda c, m, k: (c - m) ** 2 * k,          # no rolling update: two passes
+    "exp2": lambda c, m, k: torch.exp2((c - m) * k),
+}
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.sampled_from(sorted(_TERMS)), st.sampled_from(["amax", "amin", "sum"]),
+       st.floats(0.25, 2.0), st.integers(20, 70), st.booleans())
+def test_random_reduction_chains_fused_match_unfused(term, first, k, n, then_output):
+    """r = first(x); t = Σ g(r, x): the fused (one-pass where derivable) kernel matches eager."""
+
+    def fn(x):
+        r = getattr(torch, first)(x, -1, keepdim=True) if first != "sum" else x.sum(-1, keepdim=True) / x.shape[-1]
+        t = _TERMS[term](x, r, k).sum(-1, keepdim=True)
+        return _TERMS[term](x, r, k) / t if then_output else t
+
+    x = torch.randn(3, n)
+    with config.patch(persistent_reduction_limit=16):
+        torch._dynamo.reset()
+        out = torch.compile(fn, backend="tilefuse")(x)
+    ref = fn(x.double())
+    assert (out.double() - ref).abs().max() <= 2 * (fn(x).double() - ref).abs().max() + 1e-4 * (1 + ref.abs().max())
