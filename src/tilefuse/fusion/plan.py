@@ -57,6 +57,7 @@ class KernelPlan:
     stages: list[Stage] = field(default_factory=list)
     contraction: Contraction | None = None
     notes: list[str] = field(default_factory=list)
+    flash: object = None  # fusion.flash.FlashInfo for attention-shaped kernels
 
     @property
     def members(self) -> list[str]:

@@ -25,6 +25,7 @@ from ..ir.rewrite import substitute_index
 from ..ir.symbolic import simplify_index
 from .inline import Inliner
 from .plan import Contraction, ExternStep, KernelPlan, Schedule, Stage
+from .flash import fuse_flash
 from .repair import NoRepair, derive_rolling_update
 
 X = sympy.Symbol("x", integer=True, nonnegative=True)
@@ -74,8 +75,8 @@ def match_contraction(node: Reduce, body: Expr) -> Contraction | None:
     only_b = [k for k, s in enumerate(outs) if s in sb and s not in sa and node.shape[k] != 1]
     if not only_a or not only_b:
         return None
-    if len(only_a) > 1 or len(only_b) > 1:
-        return None  # several M-like dims: not a plain blocked GEMM
+    # the innermost dim only one factor reads is its matrix dim; any other such dim is a batch
+    # dim the other factor broadcasts along (grouped-query attention's heads)
     m, n = only_a[-1], only_b[-1]
     # both factors must be loads (with casts and cheap prologues), not already products of
     # reductions over k; the dot needs floating point operands
@@ -149,6 +150,7 @@ class Planner:
             elif isinstance(node, Pointwise) and node.name not in self.inliner.inlined:
                 self.place_pointwise(node)
         self.mark_stores()
+        self.steps = fuse_flash(self.steps, self.graph, set(self.graph.output_names()), self.note)
         for name, why in self.inliner.reasons.items():
             if why != "unused":
                 self.decisions.append(f"{name}: not inlined — {why}")

@@ -23,8 +23,7 @@ import sympy
 from ..ir import dtypes as dt
 from ..ir.expr import Binary, Cast, Const, Expr, Index, Load, Unary, binary, cast, const, transform, unary, walk
 
-T, R_OLD, R_NEW = sympy.symbols("t r_old r_new", real=True)
-_R = sympy.Symbol("r", real=True)
+T = sympy.Symbol("t", real=True)
 
 _SYMPY_UNARY = {"exp": sympy.exp, "log": sympy.log, "neg": lambda x: -x, "tanh": sympy.tanh,
                 "sigmoid": lambda x: 1 / (1 + sympy.exp(-x)), "sqrt": sympy.sqrt,
@@ -40,38 +39,59 @@ class NoRepair(Exception):
 
 @dataclass
 class Repair:
-    """t_new = t_old * factor(r_old, r_new), valid for the consumer over producer `producer`."""
+    """t_new = t_old * factor(r_old.., r_new..) for a consumer reading the running values of
+    `producers` (one, like softmax's max; or several, like attention's max and normaliser)."""
 
-    producer: str
-    factor: sympy.Expr  # over R_OLD, R_NEW
-    g: sympy.Expr  # the consumer's term as derived, over _R and opaque symbols (for reports)
-    pivot: Expr = None  # φ(r): how the body reads the producer (r itself, or e.g. a guarded r)
+    producers: tuple
+    factor: sympy.Expr  # over old_k / new_k symbols, one pair per producer
+    g: sympy.Expr  # the consumer's term as derived (for reports)
+    pivots: tuple = ()  # φ_k(r_k): how the body reads producer k (r_k itself, or a guarded r_k)
+    olds: tuple = ()
+    news: tuple = ()
+
+    @property
+    def producer(self) -> str:
+        return self.producers[0]
 
     @property
     def h(self) -> sympy.Expr:
         return T * self.factor
 
     def describe(self) -> str:
-        shown = self.h.subs({R_OLD: sympy.Symbol("r"), R_NEW: sympy.Symbol("r'")})
-        return f"rolling update over {self.producer}: h(t, r, r') = {sympy.sstr(shown)}"
+        names = {}
+        for k, (o, n) in enumerate(zip(self.olds, self.news)):
+            base = "r" if len(self.producers) == 1 else f"r{k}"
+            names[o], names[n] = sympy.Symbol(base), sympy.Symbol(base + "'")
+        args = ", ".join(str(names[o]) for o in self.olds) + ", " + ", ".join(str(names[n]) for n in self.news)
+        over = ", ".join(self.producers)
+        return f"rolling update over {over}: h(t, {args}) = {sympy.sstr(self.h.subs(names))}"
 
-    def factor_expr(self, r_old: Expr, r_new: Expr) -> Expr:
-        """The factor as an IR expression over the producer's running values."""
+    def factor_expr(self, old_values, new_values) -> Expr:
+        """The factor as an IR expression over the producers' running values (one value per
+        producer, in `producers` order; a single value may be passed bare)."""
+        if isinstance(old_values, Expr):
+            old_values, new_values = (old_values,), (new_values,)
+        env = {}
+        for prod, pivot, o, n, ov, nv in zip(self.producers, self.pivots, self.olds, self.news, old_values, new_values):
+            def at(value, pivot=pivot, prod=prod):
+                return transform(pivot, lambda e: cast(value, e.dtype)
+                                 if isinstance(e, Load) and e.buffer == prod else None)
 
-        def at(value):
-            return transform(self.pivot, lambda n: cast(value, n.dtype)
-                             if isinstance(n, Load) and n.buffer == self.producer else None)
-
-        return _to_ir(self.factor, {R_OLD: cast(at(r_old), dt.float32), R_NEW: cast(at(r_new), dt.float32)})
+            env[o], env[n] = cast(at(ov), dt.float32), cast(at(nv), dt.float32)
+        return _to_ir(self.factor, env)
 
 
-def _reads_producer(e: Expr, producer: str) -> bool:
-    return any(isinstance(n, Load) and n.buffer == producer for n in walk(e))
+def _reads_producer(e: Expr, producer) -> bool:
+    producers = (producer,) if isinstance(producer, str) else producer
+    return any(isinstance(n, Load) and n.buffer in producers for n in walk(e))
 
 
 def _is_pivot(e: Expr, producer: str) -> bool:
     """True for a subexpression of the producer's value alone (no other data, no reduction
     index): the body sees the earlier result only through such an expression φ(r)."""
+    loaded = {n.buffer for n in walk(e) if isinstance(n, Load)}
+    if len(loaded) != 1:
+        return False
     for n in walk(e):
         if isinstance(n, Load) and n.buffer != producer:
             return False
@@ -88,12 +108,15 @@ def _pivots(e: Expr, producer: str, found: set) -> None:
         _pivots(k, producer, found)
 
 
-def _to_sympy(e: Expr, producer: str, pivot: Expr, opaque: dict) -> sympy.Expr:
-    """The body as sympy: the pivot φ(r) becomes `r`; any subexpression that does not involve
-    the producer becomes an opaque symbol."""
-    if e == pivot:
-        return _R
-    if not _reads_producer(e, producer):
+
+
+
+def _to_sympy(e: Expr, producers: tuple, pivots: dict, opaque: dict) -> sympy.Expr:
+    """The body as sympy: each pivot φ_k(r_k) becomes its symbol; any subexpression that does
+    not involve a producer becomes an opaque symbol."""
+    if e in pivots:
+        return pivots[e]
+    if not _reads_producer(e, producers):
         if isinstance(e, Const) and e.value != "nan":
             return sympy.nsimplify(e.value) if e.dtype.is_float else sympy.Integer(e.value)
         if e not in opaque:
@@ -101,44 +124,51 @@ def _to_sympy(e: Expr, producer: str, pivot: Expr, opaque: dict) -> sympy.Expr:
         return opaque[e]
     if isinstance(e, Cast):
         if not e.dtype.is_float:
-            raise NoRepair(f"the body casts the earlier result to {e.dtype}")
-        return _to_sympy(e.x, producer, pivot, opaque)
+            raise NoRepair(f"the body casts an earlier result to {e.dtype}")
+        return _to_sympy(e.x, producers, pivots, opaque)
     if isinstance(e, Unary) and e.op in _SYMPY_UNARY:
-        return _SYMPY_UNARY[e.op](_to_sympy(e.x, producer, pivot, opaque))
+        return _SYMPY_UNARY[e.op](_to_sympy(e.x, producers, pivots, opaque))
     if isinstance(e, Binary) and e.op in _SYMPY_BINARY:
-        return _SYMPY_BINARY[e.op](_to_sympy(e.a, producer, pivot, opaque), _to_sympy(e.b, producer, pivot, opaque))
-    raise NoRepair(f"the body applies {getattr(e, 'op', type(e).__name__)} to data and the earlier result together")
+        return _SYMPY_BINARY[e.op](_to_sympy(e.a, producers, pivots, opaque),
+                                   _to_sympy(e.b, producers, pivots, opaque))
+    raise NoRepair(f"the body applies {getattr(e, 'op', type(e).__name__)} to data and an earlier result together")
 
 
-def derive_rolling_update(body: Expr, combiner: str, producer: str) -> Repair:
-    """Derive h for `combiner_j body(r, c_j)` where `producer` names r. Raises NoRepair."""
+def derive_rolling_update(body: Expr, combiner: str, producer) -> Repair:
+    """Derive h for `combiner_j body(r.., c_j)` where `producer` names the earlier reduction
+    (or a tuple of them) whose running values the body reads. Raises NoRepair."""
+    producers = (producer,) if isinstance(producer, str) else tuple(producer)
     if combiner != "sum":
         raise NoRepair(f"the consumer combines with {combiner}; only sums are re-based")
-    pivots: set = set()
-    _pivots(body, producer, pivots)
-    if len(pivots) != 1:
-        raise NoRepair(f"the body reads the earlier result through {len(pivots)} different expressions")
-    (pivot,) = pivots
+    pivots: dict = {}
+    olds, news = [], []
+    for k, prod in enumerate(producers):
+        found: set = set()
+        _pivots(body, prod, found)
+        if len(found) != 1:
+            raise NoRepair(f"the body reads {prod} through {len(found)} different expressions")
+        base = "r" if len(producers) == 1 else f"r{k}"
+        pivots[found.pop()] = sympy.Symbol(base, real=True)
+        olds.append(sympy.Symbol(f"{base}_old", real=True))
+        news.append(sympy.Symbol(f"{base}_new", real=True))
     opaque: dict = {}
-    g = _to_sympy(body, producer, pivot, opaque)
+    g = _to_sympy(body, producers, pivots, opaque)
     cs = set(opaque.values())
-    g_new = g.subs(_R, R_NEW)
-    g_old = g.subs(_R, R_OLD)
+    syms = list(pivots.values())
+    g_new = g.subs(dict(zip(syms, news)), simultaneous=True)
+    g_old = g.subs(dict(zip(syms, olds)), simultaneous=True)
     factor = sympy.simplify(sympy.powsimp(g_new / g_old, force=True))
     if factor.free_symbols & cs:
         raise NoRepair(f"g(r', c) / g(r, c) = {factor} depends on the data, so no h re-bases a partial sum")
-    if sympy.fraction(sympy.together(factor))[1].free_symbols & {R_OLD, R_NEW}:
-        raise NoRepair(f"the factor {factor} has a pole in r")
     h = T * factor
     # condition 1: h(g(r, c), r, r') == g(r', c)
-    lhs = h.subs(T, g_old)
-    if sympy.simplify(sympy.powsimp(sympy.expand(lhs - g_new), force=True)) != 0:
+    if sympy.simplify(sympy.powsimp(sympy.expand(h.subs(T, g_old) - g_new), force=True)) != 0:
         raise NoRepair("h(g(r, c), r, r') != g(r', c)")
     # condition 2: h distributes over the sum
     a, b = sympy.symbols("a b", real=True)
     if sympy.simplify(h.subs(T, a + b) - h.subs(T, a) - h.subs(T, b)) != 0:
         raise NoRepair("h does not distribute over the sum")
-    return Repair(producer=producer, factor=factor, g=g, pivot=pivot)
+    return Repair(producers=producers, factor=factor, g=g, pivots=tuple(pivots), olds=tuple(olds), news=tuple(news))
 
 
 def _to_ir(e: sympy.Expr, env: dict) -> Expr:

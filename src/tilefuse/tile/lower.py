@@ -106,6 +106,10 @@ def lower_plan(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> Tile
         return lower_reduction(graph, plan, options)
     if plan.kind == "contraction":
         return lower_contraction(graph, plan, options)
+    if plan.kind == "flash":
+        from .flash import lower_flash
+
+        return lower_flash(graph, plan, options)
     raise ValueError(plan.kind)
 
 

@@ -61,6 +61,26 @@ def _ident(combiner: str, dtype) -> Const:
     return Const(float(v) if dtype.is_float else v, dtype)
 
 
+def rebase(b: KernelBuilder, graph: Graph, carried: Var, repair, running: dict) -> Var:
+    """h(t) = t·factor(old, new) for a carried partial sum. The old partial sum is dropped
+    (not re-based) when it is empty, when the factor is 0, or when a max/min producer has just
+    left its identity (±inf): its terms were then built on an undefined base (a row that had
+    only seen -inf), and in the finished reduction they are exactly 0."""
+    olds = tuple(running[p][0] for p in repair.producers)
+    news = tuple(running[p][1] for p in repair.producers)
+    factor = b.let(repair.factor_expr(olds, news), "factor")
+    discard = binary("logical_or", binary("eq", carried, Const(0.0, carried.dtype)),
+                     binary("eq", factor, Const(0.0, factor.dtype)))
+    for prod, old, new in zip(repair.producers, olds, news):
+        combiner = graph[prod].combiner
+        if combiner in ("max", "min") and old.dtype.is_float:
+            ident = Const(float("-inf") if combiner == "max" else float("inf"), old.dtype)
+            left = binary("logical_and", binary("eq", old, ident), binary("ne", new, ident))
+            discard = binary("logical_or", discard, left)
+    return b.let(where(discard, Const(0.0, carried.dtype), cast(binary("mul", carried, factor), carried.dtype)),
+                 "rebased")
+
+
 def schedule_passes(plan: KernelPlan, use_repairs: bool) -> tuple[dict, set]:
     """The pass each stage runs in (rows: the pass after which they are computed; -1 before
     any), and the set of repaired stages that actually share their producer's pass."""
@@ -221,14 +241,7 @@ def _looped_pass(b, graph, in_pass, fulls, repaired, Rn, rblock, xmask, r, body_
         if st.node in per_row:
             tile_value = tile_reduce(st, mask, acc.dtype)
             if st.node in repaired:
-                old, new = running[st.repair.producer]
-                factor = b.let(st.repair.factor_expr(cast(old, dt.float32), cast(new, dt.float32)), "factor")
-                # an empty partial sum stays empty, and a factor of 0 discards the old partial
-                # sum even when it is undefined (terms of a row that has only seen -inf so far)
-                discard = binary("logical_or", binary("eq", acc, Const(0.0, acc.dtype)),
-                                 binary("eq", factor, Const(0.0, factor.dtype)))
-                rebased = where(discard, Const(0.0, acc.dtype), cast(binary("mul", acc, factor), acc.dtype))
-                value = b.let(binary("add", b.let(rebased, "rebased"), tile_value), "carry")
+                value = b.let(binary("add", rebase(b, graph, acc, st.repair, running), tile_value), "carry")
             else:
                 value = b.let(_combine(b, node.combiner, acc, tile_value), "carry")
                 b.bound[st.node] = b.let(cast(value, node.dtype), "run")  # this tile's readers

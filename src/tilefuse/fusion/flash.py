@@ -1,0 +1,222 @@
+"""Attention-shaped fusion: contraction → dependent reductions → contraction, in one kernel.
+
+The planner first builds, for `softmax(q @ kᵀ · s) @ v`, three kernels: the score contraction
+S, the row reductions over the key axis (max, normaliser — already one pass thanks to the
+rolling update), and the output contraction O whose operand reads the normalised scores. This
+pass merges them when
+
+* O's reduction axis is the reduction kernel's axis (the key position),
+* S, the reductions and the normalised scores are read by nothing but each other and O,
+* S's own contraction axis and O's output axis held whole in a tile are static and small,
+* O's sum over the key axis has a rolling update over the reductions its operand reads
+  (derived by `fusion.repair`, e.g. `h = t·exp(m − m')·l/l'`).
+
+The merged plan has kind "flash": a loop over key tiles computing the S tile with a `dot`,
+carrying the reductions and the O accumulator (a second `dot`) with their repairs. Nothing
+here is specific to softmax: any score → row-reductions → weighted-sum chain whose repairs
+derive is merged; anything else keeps its three kernels.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+
+from ..ir.expr import Expr, Index, Load, free_symbols, out_index, red_index, transform, walk
+from ..ir.graph import Graph
+from ..ir.rewrite import substitute_index
+from .plan import KernelPlan, Stage
+from .repair import NoRepair, derive_rolling_update
+
+MAX_HELD = 256  # largest head dimension held whole in a tile
+
+
+def _static(e) -> int | None:
+    e = sympy.sympify(e)
+    return int(e) if e.is_Integer else None
+
+
+def _inline(expr: Expr, graph: Graph, bodies: dict) -> Expr:
+    """Substitute the bodies of `bodies` (node -> body over its own indices) into `expr`."""
+    def fn(e):
+        if isinstance(e, Load) and e.buffer in bodies:
+            node = graph[e.buffer]
+            return substitute_index(bodies[e.buffer], dict(zip(out_index(node.rank), e.index)))
+        return None
+
+    return transform(expr, fn)
+
+
+def _loads_of(expr: Expr, name: str) -> set:
+    return {e.index for e in walk(expr) if isinstance(e, Load) and e.buffer == name}
+
+
+def fuse_flash(steps: list, graph: Graph, outputs: set, note) -> list:
+    """Merge score/reduction/output kernel triples into flash kernels; returns new steps."""
+    kernels = [s for s in steps if isinstance(s, KernelPlan)]
+    by_node = {st.node: k for k in kernels for st in k.stages}
+    for out_k in kernels:
+        if out_k.kind != "contraction":
+            continue
+        merged = _try_merge(out_k, by_node, graph, outputs, steps, note)
+        if merged is None:
+            continue
+        score_k, red_k, flash = merged
+        steps = [flash if s is out_k else s for s in steps if s is not score_k and s is not red_k]
+        by_node = {st.node: k for k in steps if isinstance(k, KernelPlan) for st in k.stages}
+    return steps
+
+
+def _readers(steps: list, graph: Graph) -> dict:
+    readers: dict = {}
+    for k in steps:
+        if isinstance(k, KernelPlan):
+            for st in k.stages:
+                for e in walk(st.body):
+                    if isinstance(e, Load):
+                        readers.setdefault(e.buffer, set()).add(st.node)
+        else:
+            for name in graph[k.node].inputs():
+                readers.setdefault(name, set()).add(k.node)
+    return readers
+
+
+def _try_merge(out_k: KernelPlan, by_node: dict, graph: Graph, outputs: set, steps: list, note):
+    o_stage = out_k.stages[0]
+    o_node = graph[o_stage.node]
+    con = out_k.contraction
+    key_extent = o_node.ranges[0]
+    # the operand reading a full-row output of a reduction kernel over the same axis
+    for side in ("a", "b"):
+        factor = getattr(con, side)
+        for f_name in {e.buffer for e in walk(factor) if isinstance(e, Load)}:
+            red_k = by_node.get(f_name)
+            if red_k is None or red_k.kind != "reduction" or red_k.reduction != (key_extent,):
+                continue
+            if red_k.stage(f_name).kind != "full":
+                continue
+            merged = _check(out_k, red_k, f_name, side, by_node, graph, outputs, steps, note)
+            if merged is not None:
+                return merged
+    return None
+
+
+def _check(out_k, red_k, f_name, side, by_node, graph, outputs, steps, note):
+    con = out_k.contraction
+    o_node = graph[out_k.stages[0].node]
+    reduces = [s for s in red_k.stages if s.kind == "reduce"]
+    others = [s for s in red_k.stages if s.kind not in ("reduce",) and s.node != f_name]
+    if others:
+        return None
+    reads = {e.buffer for st in red_k.stages for e in walk(st.body) if isinstance(e, Load)}
+    score_names = [n for n in reads if n in by_node and by_node[n].kind == "contraction"
+                   and len(by_node[n].stages) == 1]
+    if len(score_names) != 1:
+        return None
+    s_name = score_names[0]
+    score_k = by_node[s_name]
+    readers = _readers(steps, graph)
+    internal = {st.node for st in red_k.stages} | {s_name, out_k.stages[0].node}
+    for name in [s_name, f_name] + [s.node for s in reduces]:
+        if name in outputs or not readers.get(name, set()) <= internal:
+            note(f"{out_k.stages[0].node}: no attention fusion: {name} is needed outside the chain")
+            return None
+    held_n = o_node.shape[con.n_dim if side == "a" else con.m_dim]
+    s_node = graph[s_name]
+    if _static(held_n) is None or _static(held_n) > MAX_HELD or _static(s_node.ranges[0]) is None \
+            or _static(s_node.ranges[0]) > MAX_HELD:
+        note(f"{out_k.stages[0].node}: no attention fusion: head dimensions must be static and at most {MAX_HELD}")
+        return None
+    if side != "a":
+        return None  # the weights must be the left operand (P @ V); V @ Pᵀ is left alone
+    # the output's term with the normalised scores inlined: it must have a rolling update
+    f_body = red_k.stage(f_name).body
+    term = _inline(out_k.stages[0].body, graph, {f_name: f_body})
+    producers = tuple(s.node for s in reduces if _loads_of(term, s.node))
+    if not producers:
+        return None
+    try:
+        repair = derive_rolling_update(term, "sum", producers)
+    except NoRepair as why:
+        note(f"{out_k.stages[0].node}: no attention fusion: {why}")
+        return None
+    info = _coordinates(graph, out_k, score_k, reduces, term, f_name, f_body, s_name)
+    if isinstance(info, str):
+        note(f"{out_k.stages[0].node}: no attention fusion: {info}")
+        return None
+    flash = KernelPlan(name=out_k.name, kind="flash", parallel=out_k.parallel, reduction=(o_node.ranges[0],))
+    flash.contraction = con
+    flash.flash = info
+    flash.stages.append(Stage(s_name, "score", score_k.stages[0].body, store=False))
+    flash.stages.extend(Stage(s.node, "reduce", info.reduce_bodies[s.node], level=0, store=False, repair=s.repair)
+                        for s in reduces)
+    flash.stages.append(Stage(out_k.stages[0].node, "contraction", term, store=out_k.stages[0].store, repair=repair))
+    flash.stages.extend(out_k.stages[1:])
+    flash.notes = score_k.notes + red_k.notes + out_k.notes + [
+        f"{out_k.stages[0].node}: attention fusion of {score_k.name}, {red_k.name}, {out_k.name} "
+        f"(scores {s_name} never reach memory)", f"{out_k.stages[0].node}: {repair.describe()}"]
+    note(flash.notes[-2])
+    note(flash.notes[-1])
+    return score_k, red_k, flash
+
+
+K0 = sympy.Symbol("k0", integer=True, nonnegative=True)  # the score contraction's own axis
+
+
+@dataclass
+class FlashInfo:
+    """Every member re-expressed in the output contraction's coordinates (its index symbols
+    i0.. and its reduction symbol r0, the key position)."""
+
+    q: Expr  # score factor read along (query rows, k0)
+    k: Expr  # score factor read along (k0, key positions)
+    score_extent: object  # extent of k0
+    a: Expr  # output operand over (query rows, key positions): the weights, inlined
+    b: Expr  # output operand over (key positions, held dim): the values
+    reduce_bodies: dict  # reduction node -> body in output coordinates
+
+
+def _coordinates(graph, out_k, score_k, reduces, term, f_name, f_body, s_name):
+    con = out_k.contraction
+    o_node = graph[out_k.stages[0].node]
+    (r0,) = red_index(1)
+    outs = out_index(o_node.rank)
+    n_sym = outs[con.n_dim]
+    a_inl = _inline(con.a, graph, {f_name: f_body})
+    s_loads = _loads_of(a_inl, s_name)
+    if len(s_loads) != 1:
+        return "the weights read the scores at several positions"
+    (s_idx,) = s_loads
+    if any(not isinstance(c, Index) for c in s_idx):
+        return "the scores are read through a gather"
+    s_node = graph[s_name]
+    key_dims = [d for d, c in enumerate(s_idx) if r0 in c.expr.free_symbols]
+    if len(key_dims) != 1 or s_idx[key_dims[0]].expr != r0:
+        return "the key position does not index the scores directly"
+    if any(n_sym in c.expr.free_symbols for c in s_idx):
+        return "the scores depend on the held output dimension"
+    bodies = {}
+    for st in reduces:
+        loads = _loads_of(term, st.node)
+        if len(loads) != 1:
+            return f"{st.node} is read at several positions"
+        (idx,) = loads
+        if any(not isinstance(c, Index) or (c.expr.free_symbols & {r0, n_sym}) for c in idx):
+            return f"{st.node} is not read once per query row"
+        node = graph[st.node]
+        mapping = dict(zip(out_index(node.rank), idx))
+        mapping[red_index(1)[0]] = Index(r0)
+        body = substitute_index(st.body, mapping)
+        if not _loads_of(body, s_name) <= {s_idx}:
+            return f"{st.node} reads the scores at other positions than the weights do"
+        bodies[st.node] = body
+    sc = score_k.contraction
+    if sc is None or len(s_node.ranges) != 1:
+        return "the scores are not a plain contraction"
+    key_sym = out_index(s_node.rank)[key_dims[0]]
+    s_map = dict(zip(out_index(s_node.rank), s_idx))
+    s_map[red_index(1)[0]] = Index(K0)
+    fa, fb = substitute_index(sc.a, s_map), substitute_index(sc.b, s_map)
+    a_reads_key = key_sym in free_symbols(sc.a)
+    q, k = (fb, fa) if a_reads_key else (fa, fb)
+    return FlashInfo(q=q, k=k, score_extent=s_node.ranges[0], a=a_inl, b=con.b, reduce_bodies=bodies)

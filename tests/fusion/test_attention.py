@@ -1,0 +1,113 @@
+"""Naive attention written in plain PyTorch compiles to one flash kernel — the scores never
+reach memory — for variants the compiler was never told about; results match eager."""
+import math
+import os
+
+import pytest
+import torch
+
+import tilefuse
+
+DEVICE = os.environ.get("TILEFUSE_TEST_DEVICE", "cpu")
+
+
+def plain(q, k, v):
+    return torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1) @ v
+
+
+def causal_triu(q, k, v):
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    mask = torch.triu(torch.ones(s.shape[-2], s.shape[-1], dtype=torch.bool, device=q.device), 1)
+    return torch.softmax(s.masked_fill(mask, float("-inf")), -1) @ v
+
+
+def causal_index(q, k, v):
+    s = q @ k.transpose(-1, -2) * 0.25
+    i = torch.arange(s.shape[-2], device=q.device)[:, None]
+    j = torch.arange(s.shape[-1], device=q.device)[None, :]
+    return torch.softmax(torch.where(j > i, float("-inf"), s), -1) @ v
+
+
+def sliding_window(q, k, v):
+    s = q @ k.transpose(-1, -2) * 0.25
+    i = torch.arange(s.shape[-2], device=q.device)[:, None]
+    j = torch.arange(s.shape[-1], device=q.device)[None, :]
+    return torch.softmax(torch.where((j > i) | (i - j > 8), float("-inf"), s), -1) @ v
+
+
+def softcap(q, k, v):
+    s = q @ k.transpose(-1, -2) * 0.25
+    return torch.softmax(torch.tanh(s / 20) * 20, -1) @ v
+
+
+def alibi(q, k, v):
+    s = q @ k.transpose(-1, -2) * 0.25
+    i = torch.arange(s.shape[-2], device=q.device)[:, None]
+    j = torch.arange(s.shape[-1], device=q.device)[None, :]
+    slopes = (2.0 ** (-torch.arange(1, q.shape[1] + 1, device=q.device)))[:, None, None].to(q.dtype)
+    return torch.softmax(s + slopes * (j - i), -1) @ v
+
+
+def gqa_expand(q, k, v):
+    k, v = (t[:, :1].expand(-1, q.shape[1], -1, -1) for t in (k, v))
+    return torch.softmax(q @ k.transpose(-1, -2) * 0.25, -1) @ v
+
+
+def gqa_repeat_interleave(q, k, v):
+    k, v = (t[:, :1].repeat_interleave(q.shape[1], dim=1) for t in (k, v))
+    return torch.softmax(q @ k.transpose(-1, -2) * 0.25, -1) @ v
+
+
+VARIANTS = [plain, causal_triu, causal_index, sliding_window, softcap, alibi, gqa_expand, gqa_repeat_interleave]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("fn", VARIANTS, ids=lambda f: f.__name__)
+def test_attention_variant_is_one_flash_kernel(fn, dtype):
+    q = torch.randn(1, 2, 37, 16, dtype=dtype, device=DEVICE)
+    k, v = (torch.randn(1, 2, 45, 16, dtype=dtype, device=DEVICE) for _ in range(2))
+    torch._dynamo.reset()
+    report = tilefuse.explain(fn, q, k, v)
+    assert [k_.kind for k_ in report.kernels] == ["flash"], str(report)
+    assert not report.externs
+    notes = "\n".join(report.kernels[0].notes)
+    assert "attention fusion" in notes and "h(t," in notes
+    torch._dynamo.reset()
+    out = torch.compile(fn, backend="tilefuse")(q, k, v)
+    ref = fn(q.double(), k.double(), v.double())
+    eager_err = (fn(q, k, v).double() - ref).abs().max().item()
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert (out.double() - ref).abs().max().item() <= 2 * eager_err + tol
+
+
+def test_fully_masked_rows_follow_eager():
+    q = torch.randn(1, 1, 9, 16, device=DEVICE)
+    k, v = (torch.randn(1, 1, 40, 16, device=DEVICE) for _ in range(2))
+
+    def fn(q, k, v):
+        s = q @ k.transpose(-1, -2) * 0.25
+        j = torch.arange(40, device=q.device)[None, :]
+        i = torch.arange(9, device=q.device)[:, None]
+        return torch.softmax(torch.where((j < 35) & (i < 3), float("-inf"), s), -1) @ v
+
+    torch._dynamo.reset()
+    out = torch.compile(fn, backend="tilefuse")(q, k, v)
+    torch.testing.assert_close(out, fn(q, k, v), equal_nan=True, atol=1e-5, rtol=1e-5)
+
+
+def test_attention_whose_scores_are_also_returned_keeps_three_kernels():
+    """Scores needed outside the chain must reach memory: no flash fusion, still correct."""
+    q, k, v = (torch.randn(1, 2, 20, 16, device=DEVICE) for _ in range(3))
+
+    def fn(q, k, v):
+        p = torch.softmax(q @ k.transpose(-1, -2), -1)
+        return p @ v, p
+
+    torch._dynamo.reset()
+    report = tilefuse.explain(fn, q, k, v)
+    assert "flash" not in [k_.kind for k_ in report.kernels]
+    torch._dynamo.reset()
+    out, p = torch.compile(fn, backend="tilefuse")(q, k, v)
+    ref_out, ref_p = fn(q, k, v)
+    torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(p, ref_p, atol=1e-5, rtol=1e-5)
