@@ -1,0 +1,128 @@
+"""Attention on the GPU: tilefuse on naive PyTorch next to SDPA (flash, cuDNN), FlexAttention
+(compiled, same variant) and Inductor on the same naive code, in one run.
+
+    PYTHONPATH=src python scripts/bench_attention.py --out DIR
+
+Prints a table and writes attention.json / attention.md into DIR. TFLOP/s counts 4·B·H·Sq·Sk·D
+(halved for causal); decode reports TB/s of K and V read.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+
+import tilefuse
+from tilefuse.bench.timing import measure
+
+
+def naive(kind, cap=20.0):
+    def plain(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1) @ v
+
+    def causal(q, k, v):
+        s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        i = torch.arange(s.shape[-2], device=q.device)[:, None]
+        j = torch.arange(s.shape[-1], device=q.device)[None, :]
+        return torch.softmax(torch.where(j > i, float("-inf"), s), dim=-1) @ v
+
+    def softcap(q, k, v):
+        s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        return torch.softmax(torch.tanh(s / cap) * cap, dim=-1) @ v
+
+    return {"plain": plain, "causal": causal, "softcap": softcap, "decode": plain}[kind]
+
+
+def peers(kind, shape):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    out = {}
+    if kind != "softcap":
+        def sdpa(backend):
+            def run(q, k, v):
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=kind == "causal")
+            return run
+        out["sdpa-flash"] = sdpa(SDPBackend.FLASH_ATTENTION)
+        out["sdpa-cudnn"] = sdpa(SDPBackend.CUDNN_ATTENTION)
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        flex = torch.compile(flex_attention)
+        b, h, sq, d = shape[0], shape[1], shape[2], shape[3]
+        sk = shape[4] if len(shape) > 4 else sq
+        if kind == "causal":
+            mask = create_block_mask(lambda b_, h_, qi, ki: qi >= ki, None, None, sq, sk)
+            out["flex"] = lambda q, k, v: flex(q, k, v, block_mask=mask)
+        elif kind == "softcap":
+            out["flex"] = lambda q, k, v: flex(q, k, v, score_mod=lambda s, b_, h_, qi, ki: torch.tanh(s / 20.0) * 20.0)
+        else:
+            out["flex"] = lambda q, k, v: flex(q, k, v)
+    except Exception as err:  # noqa: BLE001
+        print("flex unavailable:", err)
+    out["inductor"] = torch.compile(naive(kind))
+    out["tilefuse"] = torch.compile(naive(kind), backend="tilefuse")
+    return out
+
+
+CASES = [("plain", (4, 32, 4096, 128)), ("causal", (4, 32, 4096, 128)), ("softcap", (4, 32, 4096, 128)),
+         ("plain", (8, 16, 4096, 64)), ("causal", (8, 16, 4096, 64)), ("decode", (32, 32, 1, 128, 8192))]
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default=".")
+    p.add_argument("--cases", default="all")
+    args = p.parse_args()
+    rows = []
+    for kind, shape in CASES:
+        b, h, sq, d = shape[:4]
+        sk = shape[4] if len(shape) > 4 else sq
+        q = torch.randn(b, h, sq, d, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, h, sk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        ref = naive(kind)(q.double(), k.double(), v.double()) if sq * sk * b * h <= 2**28 else None
+        flops = 4 * b * h * sq * sk * d / (2 if kind == "causal" else 1)
+        kv_bytes = 2 * b * h * sk * d * 2
+        for name, fn in peers(kind, shape).items():
+            torch._dynamo.reset() if name in ("tilefuse",) else None
+            try:
+                t0 = time.perf_counter()
+                out = fn(q, k, v)
+                torch.cuda.synchronize()
+                first = time.perf_counter() - t0
+                m = measure(fn, (q, k, v), torch.device("cuda"))
+                ms = m["p50_ms"]
+                err = (out.double() - ref).abs().max().item() if ref is not None else float("nan")
+                row = {"case": kind, "shape": list(shape), "backend": name, "ms": ms, "first_s": first,
+                       "tflops": flops / ms / 1e9, "tbps": kv_bytes / ms / 1e9, "err": err}
+            except Exception as e:  # noqa: BLE001
+                row = {"case": kind, "shape": list(shape), "backend": name, "error": f"{type(e).__name__}: {str(e)[:200]}"}
+            if name == "tilefuse" and "error" not in row:
+                try:
+                    torch._dynamo.reset()
+                    rep = tilefuse.explain(naive(kind), q, k, v)
+                    row["kernels"] = [kk.kind for kk in rep.kernels]
+                except Exception as e:  # noqa: BLE001
+                    row["kernels"] = f"? {e}"
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    with open(f"{args.out}/attention.json", "w") as f:
+        json.dump(rows, f, indent=1)
+    lines = ["| case | B,H,Sq,D(,Sk) | backend | ms | TFLOP/s | KV TB/s | max err vs fp64 | kernels |", "|---|---|---|---:|---:|---:|---:|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['case']} | {r['shape']} | {r['backend']} | n/a: {r['error'][:80]} | | | | |")
+        else:
+            lines.append(f"| {r['case']} | {r['shape']} | {r['backend']} | {r['ms']:.3f} | {r['tflops']:.0f} | "
+                         f"{r['tbps']:.2f} | {r['err']:.1e} | {r.get('kernels', '')} |")
+    with open(f"{args.out}/attention.md", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
