@@ -91,7 +91,8 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
     with stage("fusion"):
         schedule = plan_graph(graph)
     report.decisions = list(schedule.decisions)
-    options = LoweringOptions(interpret=interpret, persistent_reduction_limit=config.persistent_reduction_limit)
+    options = LoweringOptions(interpret=interpret, persistent_reduction_limit=config.persistent_reduction_limit,
+                              flash_config=config.flash_config)
     steps = []
     for step in schedule.steps:
         if isinstance(step, ExternStep):

@@ -34,6 +34,9 @@ class Config:
     fallback: str = "eager"
     #: largest reduction extent held whole in one tile (longer rows loop over tiles)
     persistent_reduction_limit: int = 8192
+    #: attention kernels' "BLOCK_M,BLOCK_N,warps,stages" (empty: built-in choice); a manual
+    #: override until the autotuner chooses it
+    flash_config: str = ""
 
     def __post_init__(self):
         for f in fields(self):

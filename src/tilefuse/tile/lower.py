@@ -28,6 +28,7 @@ from .ir import Arange, BroadcastTile, DotTile, For, Full, Let, ProgramId, TileK
 class LoweringOptions:
     interpret: bool = False
     persistent_reduction_limit: int = 8192
+    flash_config: str = ""
 
 
 def _pow2(n: int) -> int:
