@@ -144,6 +144,12 @@ def _check(out_k, red_k, f_name, side, by_node, graph, outputs, steps, note):
     if isinstance(info, str):
         note(f"{out_k.stages[0].node}: no attention fusion: {info}")
         return None
+    deferred = _defer(info, term, producers, o_node, con)
+    extra = []
+    if deferred is not None:
+        info, repair = deferred
+        extra.append(f"{out_k.stages[0].node}: factor {info.post} taken out of the sum: applied once after the loop")
+        note(extra[-1])
     flash = KernelPlan(name=out_k.name, kind="flash", parallel=out_k.parallel, reduction=(o_node.ranges[0],))
     flash.contraction = con
     flash.flash = info
@@ -154,7 +160,7 @@ def _check(out_k, red_k, f_name, side, by_node, graph, outputs, steps, note):
     flash.stages.extend(out_k.stages[1:])
     flash.notes = score_k.notes + red_k.notes + out_k.notes + [
         f"{out_k.stages[0].node}: attention fusion of {score_k.name}, {red_k.name}, {out_k.name} "
-        f"(scores {s_name} never reach memory)", f"{out_k.stages[0].node}: {repair.describe()}"]
+        f"(scores {s_name} never reach memory)", f"{out_k.stages[0].node}: {repair.describe()}"] + extra
     note(flash.notes[-2])
     note(flash.notes[-1])
     return score_k, red_k, flash
@@ -174,6 +180,7 @@ class FlashInfo:
     a: Expr  # output operand over (query rows, key positions): the weights, inlined
     b: Expr  # output operand over (key positions, held dim): the values
     reduce_bodies: dict  # reduction node -> body in output coordinates
+    post: Expr | None = None  # row factor applied after the loop (deferred normalisation)
 
 
 def _coordinates(graph, out_k, score_k, reduces, term, f_name, f_body, s_name):
@@ -220,3 +227,32 @@ def _coordinates(graph, out_k, score_k, reduces, term, f_name, f_body, s_name):
     a_reads_key = key_sym in free_symbols(sc.a)
     q, k = (fb, fa) if a_reads_key else (fa, fb)
     return FlashInfo(q=q, k=k, score_extent=s_node.ranges[0], a=a_inl, b=con.b, reduce_bodies=bodies)
+
+
+def _defer(info: FlashInfo, term: Expr, producers: tuple, o_node, con):
+    """Pull factors that depend only on the row reductions (1/l) out of the weighted sum:
+    the loop then accumulates Σ exp(s − m)·v re-based by exp(m − m') alone."""
+    from .repair import defer_row_factors
+
+    # the weights' own rounding to the output dtype is dropped with the factor (as
+    # FlashAttention does): the unnormalised weights are rounded for the dot instead
+    split = defer_row_factors(term, producers)
+    if split is None:
+        return None
+    n_sym = out_index(o_node.rank)[con.n_dim]
+    a_parts = [f for f in split.factors if n_sym not in free_symbols(f)]
+    b_parts = [f for f in split.factors if n_sym in free_symbols(f)]
+    if not a_parts or not b_parts:
+        return None
+    a, b = a_parts[0], b_parts[0]
+    for f in a_parts[1:]:
+        a = a * f
+    for f in b_parts[1:]:
+        b = b * f
+    rest_producers = tuple(p for p in producers if _loads_of(a, p) or _loads_of(b, p))
+    try:
+        repair = derive_rolling_update(a * b, "sum", rest_producers)
+    except NoRepair:
+        return None
+    return FlashInfo(q=info.q, k=info.k, score_extent=info.score_extent, a=a, b=b,
+                     reduce_bodies=info.reduce_bodies, post=split.post), repair

@@ -64,7 +64,9 @@ class Repair:
             names[o], names[n] = sympy.Symbol(base), sympy.Symbol(base + "'")
         args = ", ".join(str(names[o]) for o in self.olds) + ", " + ", ".join(str(names[n]) for n in self.news)
         over = ", ".join(self.producers)
-        return f"rolling update over {over}: h(t, {args}) = {sympy.sstr(self.h.subs(names))}"
+        text = f"rolling update over {over}: h(t, {args}) = {sympy.sstr(self.h.subs(names))}"
+        shown = [f"{names[o]} = {p}" for o, p in zip(self.olds, self.pivots) if not isinstance(p, Load)]
+        return text + (f" where {', '.join(shown)}" if shown else "")
 
     def factor_expr(self, old_values, new_values) -> Expr:
         """The factor as an IR expression over the producers' running values (one value per
@@ -201,4 +203,50 @@ def _to_ir(e: sympy.Expr, env: dict) -> Expr:
     raise NoRepair(f"cannot generate code for the factor term {e}")
 
 
-__all__ = ["Repair", "NoRepair", "derive_rolling_update"]
+__all__ = ["Repair", "NoRepair", "derive_rolling_update", "Deferred", "defer_row_factors"]
+
+
+@dataclass
+class Deferred:
+    """Σ_j φ(r..)·g'(c_j) = φ(r..)·Σ_j g'(c_j): φ depends on the rows' reductions alone, so it
+    is applied once after the loop instead of to every term (attention's 1/l)."""
+
+    post: Expr  # φ over loads of the producers (evaluated with their final values)
+    factors: tuple  # the remaining term's multiplicative factors, as IR expressions
+
+
+def _factors(e: Expr) -> list:
+    """Multiplicative factors of an expression as (expr, is_divisor) pairs; float casts are
+    looked through (the factors are recombined in fp32)."""
+    if isinstance(e, Cast) and e.dtype.is_float and e.x.dtype.is_float:
+        return _factors(e.x)
+    if isinstance(e, Binary) and e.op == "mul":
+        return _factors(e.a) + _factors(e.b)
+    if isinstance(e, Binary) and e.op == "truediv":
+        return _factors(e.a) + [(f, not d) for f, d in _factors(e.b)]
+    return [(e, False)]
+
+
+def defer_row_factors(body: Expr, producers: tuple) -> Deferred | None:
+    """Split `body` into factors that depend only on the producers' values (no data, no
+    reduction index) and the rest, keeping the original subexpressions."""
+    post, rest = [], []
+    for f, is_div in _factors(body):
+        row_only = all(_is_pivot(f, p) or not _reads_producer(f, p) for p in producers) and \
+            _reads_producer(f, producers) and not any(
+                isinstance(n, Load) and n.buffer not in producers for n in walk(f)) and not any(
+                isinstance(n, Index) and any(str(s).startswith("r") for s in n.expr.free_symbols) for n in walk(f))
+        (post if row_only else rest).append((cast(f, dt.float32), is_div))
+    if not post or not rest:
+        return None
+
+    def product(parts):
+        out = None
+        for f, is_div in parts:
+            term = binary("truediv", const(1.0, dt.float32), f) if is_div else f
+            out = term if out is None else binary("mul", out, term)
+        return out
+
+    if any(is_div for _, is_div in rest):
+        return None
+    return Deferred(post=product(post), factors=tuple(f for f, _ in rest))

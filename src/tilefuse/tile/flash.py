@@ -142,10 +142,12 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> Til
         updates.append(Assign(carried.name, value))
 
     a_expr, a_dtype = _dot_operand(info.a)
+    v_expr, v_dtype = _dot_operand(info.b)
+    if info.post is not None and v_dtype.is_low_precision:
+        a_dtype = v_dtype  # unnormalised weights are rounded for the tensor-core dot
     p_tile = b.value(at(a_expr, rm, 0, rj), mask=tile_mask)
     if tile_mask is not None:
         p_tile = b.let(where(tile_mask, p_tile, Const(0.0, p_tile.dtype)), "p")
-    v_expr, v_dtype = _dot_operand(info.b)
     v_mask = land(jb_ok, n_ok)
     v_tile = b.value(at(v_expr, 0, rn, rjb), mask=v_mask)
     if v_mask is not None:
@@ -164,7 +166,11 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> Til
     omask = b.let(omask, "omask") if omask is not None else None
     for st in reduces:
         b.bound[st.node] = b.let(cast(state[st.node], graph[st.node].dtype), "red")
-    b.bound[o_node.name] = b.let(cast(acc, o_node.dtype), "out")
+    total = acc
+    if info.post is not None:
+        post = b.value(at(info.post, rm, 0, 0), mask=m_ok)
+        total = b.let(binary("mul", acc, cast(post, dt.float32)), "normalised")
+    b.bound[o_node.name] = b.let(cast(total, o_node.dtype), "out")
     syms, vals = coords(rm, rn, 0)
     o_index = tuple(Index(v) if not isinstance(v, Index) else v for v in (dict(zip(syms, vals))[s] for s in outs))
     if o_stage.store:

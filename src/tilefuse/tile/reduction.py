@@ -68,7 +68,7 @@ def rebase(b: KernelBuilder, graph: Graph, carried: Var, repair, running: dict) 
     only seen -inf), and in the finished reduction they are exactly 0."""
     olds = tuple(running[p][0] for p in repair.producers)
     news = tuple(running[p][1] for p in repair.producers)
-    factor = b.let(repair.factor_expr(olds, news), "factor")
+    factor = b.value(repair.factor_expr(olds, news))
     discard = binary("logical_or", binary("eq", carried, Const(0.0, carried.dtype)),
                      binary("eq", factor, Const(0.0, factor.dtype)))
     for prod, old, new in zip(repair.producers, olds, news):
