@@ -111,3 +111,24 @@ def test_attention_whose_scores_are_also_returned_keeps_three_kernels():
     ref_out, ref_p = fn(q, k, v)
     torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(p, ref_p, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fn,bounds", [(causal_triu, "upper"), (causal_index, "upper"), (sliding_window, "both"),
+                                       (plain, None), (alibi, None)], ids=lambda x: getattr(x, "__name__", str(x)))
+def test_fully_masked_key_tiles_are_skipped(fn, bounds):
+    """Block skipping is derived from the program's own mask (causal, sliding window); the
+    result over several row and key blocks still matches eager."""
+    q, k, v = (torch.randn(1, 2, 100, 16, device=DEVICE) for _ in range(3))
+    torch._dynamo.reset()
+    report = tilefuse.explain(fn, q, k, v)
+    notes = [n for n in report.kernels[0].notes if "skipped" in n]
+    source = report.kernels[0].source
+    if bounds is None:
+        assert not notes and "for joffset in range(0, 100," in source
+    else:
+        assert notes and "tl.minimum(100" in source
+        if bounds == "both":
+            assert "tl.maximum(0" in source
+    torch._dynamo.reset()
+    out = torch.compile(fn, backend="tilefuse")(q, k, v)
+    torch.testing.assert_close(out, fn(q, k, v), atol=1e-5, rtol=1e-5)

@@ -100,7 +100,11 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> Til
     acc = Var(b.fresh("acc"), dt.float32)
     b.emit(Full(acc.name, ("BLOCK_M", "BLOCK_DN"), 0.0, dt.float32))
 
-    loop = For("joffset", Index(sympy.Integer(0)), Index(N), "BLOCK_N")
+    start, stop = _live_keys(info, reduces, graph, outs[con.m_dim], r0, N)
+    if start != 0 or stop != N:
+        plan.notes.append(f"{o_node.name}: key tiles outside [{start}, {stop}) are fully masked for the "
+                          f"row block and skipped")
+    loop = For("joffset", Index(start), Index(stop), "BLOCK_N")
     b.emit(loop)
     b.push_block(loop.body)
     b.emit(Arange("rj", Index(_sym("joffset")), "BLOCK_N", 1, 2))
@@ -188,6 +192,24 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> Til
                       grid=(sympy.ceiling(M / _sym("BLOCK_M")), nbatch), body=b.body, num_warps=warps,
                       num_stages=stages, reads=b.reads, writes=b.writes, kind="flash",
                       plan=plan, helpers=b.helpers)
+
+
+def _live_keys(info, reduces, graph, row, key, N):
+    """The key range a block of query rows must visit (block skipping of masked tiles)."""
+    from .masking import HI, LO, live_key_range
+
+    start, stop = sympy.Integer(0), N
+    maxes = [st for st in reduces if graph[st.node].combiner == "max"]
+    if not maxes:
+        return start, stop
+    lower, upper = live_key_range(info.reduce_bodies[maxes[0].node], row, key)
+    lo = _sym("pid") * _sym("BLOCK_M")
+    if lower is not None:
+        first = sympy.Max(0, lower.subs(LO, lo))
+        start = sympy.floor(first / _sym("BLOCK_N")) * _sym("BLOCK_N")
+    if upper is not None:
+        stop = sympy.Min(N, upper.subs(HI, lo + _sym("BLOCK_M") - 1) + 1)
+    return start, stop
 
 
 def full_tile_2d(b: KernelBuilder, value) -> Var:

@@ -1,0 +1,119 @@
+"""Block skipping: which key tiles a block of query rows can skip because the program's own
+mask makes every score in them -inf.
+
+The score reduction's body (the running max's input) is inspected for the form
+`where(cond(i, j), -inf, score)`; each disjunct of `cond` that is linear in the query row `i`
+and key position `j` with unit coefficients (`j > i + c`, `i − j > w`, ...) bounds the live
+key range of a row block: causal masks end the loop at the diagonal, sliding windows also
+start it late. Skipped tiles would contribute the reductions' identities, so the result is
+unchanged; conditions of any other shape simply skip nothing.
+"""
+from __future__ import annotations
+
+import sympy
+
+from ..ir.expr import Binary, Cast, Const, Expr, Index, Where
+
+_REL = {"gt": sympy.StrictGreaterThan, "ge": sympy.GreaterThan, "lt": sympy.StrictLessThan, "le": sympy.LessThan}
+
+
+def _strip(e: Expr) -> Expr:
+    while isinstance(e, Cast) and e.dtype.is_float and e.x.dtype.is_float:
+        e = e.x
+    return e
+
+
+def _is_neg_inf(e: Expr) -> bool:
+    e = _strip(e)
+    return isinstance(e, Const) and e.dtype.is_float and e.value == float("-inf")
+
+
+def _condition(e: Expr) -> Expr:
+    """Look through bool casts of 0/1 selections: cast(where(c, 1, 0), bool) → c."""
+    while True:
+        if isinstance(e, Cast) and e.dtype.is_bool:
+            e = e.x
+        elif isinstance(e, Binary) and e.op == "ne" and isinstance(e.b, Const) and e.b.value == 0:
+            e = e.a
+        elif isinstance(e, Where) and isinstance(e.a, Const) and isinstance(e.b, Const) \
+                and e.a.value not in (0, False) and e.b.value in (0, False):
+            e = e.cond
+        else:
+            return e
+
+
+def _disjuncts(c: Expr) -> list:
+    if isinstance(c, Binary) and c.op == "logical_or":
+        return _disjuncts(c.a) + _disjuncts(c.b)
+    if isinstance(c, Binary) and c.op == "logical_and":
+        # `x && True` (a mask combined with an all-true tensor) is x; other conjunctions are
+        # dead only where both parts are, which a single linear bound cannot express
+        for x, y in ((c.a, c.b), (c.b, c.a)):
+            if isinstance(_condition(y), Const) and _condition(y).value in (True, 1):
+                return _disjuncts(_condition(x))
+        return []
+    return [c]
+
+
+def _int_expr(e: Expr):
+    """Integer index arithmetic as sympy (indices, integer constants, +, -, *), else None."""
+    if isinstance(e, Index) and e.dtype.is_int:
+        return e.expr
+    if isinstance(e, Const) and (e.dtype.is_int or (e.dtype.is_float and float(e.value).is_integer())):
+        return sympy.Integer(int(float(e.value)))
+    if isinstance(e, Cast):
+        return _int_expr(e.x)
+    if isinstance(e, Binary) and e.op in ("add", "sub", "mul"):
+        a, b = _int_expr(e.a), _int_expr(e.b)
+        if a is None or b is None:
+            return None
+        return a + b if e.op == "add" else a - b if e.op == "sub" else a * b
+    return None
+
+
+def masked_condition(body: Expr):
+    """The condition under which the body is -inf, or None."""
+    e = _strip(body)
+    if isinstance(e, Where) and _is_neg_inf(e.a):
+        return _condition(e.cond)
+    return None
+
+
+def live_key_range(body: Expr, row: sympy.Symbol, key: sympy.Symbol):
+    """(lower, upper) bounds of the live keys for rows [lo, hi] as functions
+    `lower(lo)` / `upper(hi)` — sympy expressions over the symbols LO and HI — or None for no
+    bound. A key j is dead for the whole block when j < lower or j > upper."""
+    cond = masked_condition(body)
+    if cond is None:
+        return None, None
+    lower = upper = None
+    for d in _disjuncts(cond):
+        if not (isinstance(d, Binary) and d.op in _REL):
+            continue
+        lhs, rhs = _int_expr(d.a), _int_expr(d.b)
+        if lhs is None or rhs is None:
+            continue
+        diff = sympy.expand(lhs - rhs)  # d: diff OP 0
+        cj, ci = diff.coeff(key), diff.coeff(row)
+        rest = sympy.expand(diff - cj * key - ci * row)
+        if rest.free_symbols or abs(cj) != 1 or ci != -cj:
+            continue
+        strict = d.op in ("gt", "lt")
+        positive = (d.op in ("gt", "ge")) == (cj == 1)  # the masked side is j - i > -rest (after sign)
+        c0 = -rest if cj == 1 else rest
+        # masked where j - i > c0 (positive, strict) / >= c0, or j - i < c0 / <= c0
+        if positive:
+            first_dead = c0 + (1 if strict else 0)  # j >= i + first_dead is masked
+            bound = HI + first_dead - 1  # the last live key of the block's last row
+            upper = bound if upper is None else sympy.Min(upper, bound)
+        else:
+            last_dead = c0 - (1 if strict else 0)  # j <= i + last_dead is masked
+            bound = LO + last_dead + 1
+            lower = bound if lower is None else sympy.Max(lower, bound)
+    return lower, upper
+
+
+LO = sympy.Symbol("LO", integer=True)
+HI = sympy.Symbol("HI", integer=True)
+
+__all__ = ["live_key_range", "masked_condition", "LO", "HI"]
