@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import sympy
 
 from ..ir import dtypes as dt
-from ..ir.expr import Binary, Cast, Const, Expr, Index, Load, Unary, binary, cast, const, transform, unary, walk
+from ..ir.expr import Binary, Cast, Const, Expr, Index, Load, Unary, binary, cast, const, transform, walk
+from ..ir.rewrite import sympy_to_expr
 
 T = sympy.Symbol("t", real=True)
 
@@ -174,33 +175,10 @@ def derive_rolling_update(body: Expr, combiner: str, producer) -> Repair:
 
 
 def _to_ir(e: sympy.Expr, env: dict) -> Expr:
-    f32 = dt.float32
-    if e in env:
-        return env[e]
-    if e.is_Number:
-        return const(float(e), f32)
-    if e.is_Add:
-        out = _to_ir(e.args[0], env)
-        for a in e.args[1:]:
-            out = binary("add", out, _to_ir(a, env))
-        return out
-    if e.is_Mul:
-        out = _to_ir(e.args[0], env)
-        for a in e.args[1:]:
-            out = binary("mul", out, _to_ir(a, env))
-        return out
-    if isinstance(e, sympy.exp):
-        return unary("exp", _to_ir(e.args[0], env))
-    if isinstance(e, sympy.log):
-        return unary("log", _to_ir(e.args[0], env))
-    if e.is_Pow:
-        base, ex = e.args
-        if ex == -1:
-            return binary("truediv", const(1.0, f32), _to_ir(base, env))
-        if base == 2:
-            return unary("exp2", _to_ir(ex, env))
-        return binary("pow", _to_ir(base, env), _to_ir(ex, env))
-    raise NoRepair(f"cannot generate code for the factor term {e}")
+    try:
+        return sympy_to_expr(e, env, dt.float32)
+    except NotImplementedError as err:
+        raise NoRepair(f"cannot generate code for the factor term {e}") from err
 
 
 __all__ = ["Repair", "NoRepair", "derive_rolling_update", "Deferred", "defer_row_factors"]

@@ -10,35 +10,47 @@ from __future__ import annotations
 import sympy
 
 from . import dtypes as dt
-from .expr import Expr, Index, binary, const, transform
+from .expr import Expr, Index, binary, const, transform, unary
 
 
-def sympy_to_expr(e: sympy.Expr, mapping: dict) -> Expr:
-    """Turn an integer sympy expression into an expression tree, replacing symbols in
-    `mapping` by their expressions."""
+def sympy_to_expr(e: sympy.Expr, mapping: dict, dtype=dt.int64) -> Expr:
+    """Turn a sympy expression into an expression tree of `dtype`, replacing symbols in
+    `mapping` by their expressions: integer index arithmetic (+, *, floor division, modulo)
+    and, for float dtypes, the exp/log/power terms that derived repairs contain."""
     e = sympy.sympify(e)
+    if e in mapping:
+        return mapping[e]
     if e.is_Symbol:
-        return mapping.get(e, Index(e))
-    if e.is_Integer:
-        return const(int(e), dt.int64)
-    if not (e.free_symbols & set(mapping)):
         return Index(e)
-    if e.is_Add:
-        out = sympy_to_expr(e.args[0], mapping)
+    if e.is_Number:
+        return const(int(e) if dtype.is_int else float(e), dtype)
+    if dtype.is_int and not (e.free_symbols & set(mapping)):
+        return Index(e)
+
+    def sub(x):
+        return sympy_to_expr(x, mapping, dtype)
+
+    if e.is_Add or e.is_Mul:
+        op = "add" if e.is_Add else "mul"
+        out = sub(e.args[0])
         for a in e.args[1:]:
-            out = binary("add", out, sympy_to_expr(a, mapping))
-        return out
-    if e.is_Mul:
-        out = sympy_to_expr(e.args[0], mapping)
-        for a in e.args[1:]:
-            out = binary("mul", out, sympy_to_expr(a, mapping))
+            out = binary(op, out, sub(a))
         return out
     if isinstance(e, sympy.floor):
         num, den = e.args[0].as_numer_denom()
-        return binary("floordiv", sympy_to_expr(num, mapping), sympy_to_expr(den, mapping))
+        return binary("floordiv", sub(num), sub(den))
     if isinstance(e, sympy.Mod):
-        return binary("mod", sympy_to_expr(e.args[0], mapping), sympy_to_expr(e.args[1], mapping))
-    raise NotImplementedError(f"cannot rebuild index expression {e}")
+        return binary("mod", sub(e.args[0]), sub(e.args[1]))
+    if dtype.is_float and isinstance(e, (sympy.exp, sympy.log)):
+        return unary("exp" if isinstance(e, sympy.exp) else "log", sub(e.args[0]))
+    if dtype.is_float and e.is_Pow:
+        base, ex = e.args
+        if ex == -1:
+            return binary("truediv", const(1.0, dtype), sub(base))
+        if base == 2:
+            return unary("exp2", sub(ex))
+        return binary("pow", sub(base), sub(ex))
+    raise NotImplementedError(f"cannot rebuild expression {e}")
 
 
 def substitute_index(body: Expr, mapping: dict) -> Expr:

@@ -66,7 +66,11 @@ def mm_out_dtype(ctx, a, b, out_dtype):
 def _add_product(ctx, bias, a, b, beta, alpha):
     out = ctx.out_dtype
     acc = dt.compute_dtype(out)
-    prod = contraction(ctx, a, b, acc)
+    return _scaled_sum(ctx, bias, contraction(ctx, a, b, acc), beta, alpha, out, acc)
+
+
+def _scaled_sum(ctx, bias, prod, beta, alpha, out, acc):
+    """beta * bias + alpha * prod, as PyTorch's addmm family defines it."""
     beta, alpha = py(beta), py(alpha)
     shape = out_shape(ctx)
 
@@ -105,18 +109,4 @@ def addmv(ctx, bias, mat, vec, *, beta=1, alpha=1):
     prod = reduce(ctx, (mat.shape[0],), (mat.shape[1],), "sum",
                   lambda idx, ridx: Binary("mul", cast(mat.load((idx[0], ridx[0])), acc),
                                            cast(vec.load((ridx[0],)), acc), acc), acc)
-    beta, alpha = py(beta), py(alpha)
-    shape = out_shape(ctx)
-
-    def body(idx):
-        p = prod.load(idx)
-        if not is_scalar_value(alpha, 1):
-            p = binary("mul", p, scalar(alpha, acc))
-        if is_scalar_value(beta, 0):
-            return p
-        bv = broadcast_load(bias, idx, shape, acc)
-        if not is_scalar_value(beta, 1):
-            bv = binary("mul", bv, scalar(beta, acc))
-        return binary("add", bv, p)
-
-    return pointwise(ctx, shape, out, body)
+    return _scaled_sum(ctx, bias, prod, beta, alpha, out, acc)
