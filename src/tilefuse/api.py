@@ -57,11 +57,12 @@ def _fail(stage: str, name: str, err: BaseException, eager):
     return eager
 
 
-def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str):
+def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, options: dict | None = None):
     name = f"{kind}{next(_graph_ids)}"
     t0 = time.perf_counter()
     try:
-        compiled, report = compile_fx(gm, _device_of(gm), name)
+        with config.patch(**(options or {})):  # also for backward graphs, compiled later
+            compiled, report = compile_fx(gm, _device_of(gm), name)
     except Exception as err:  # noqa: BLE001 - every failure falls back or raises clearly
         report = CompileReport(name, graph_ir=f"(compilation failed: {type(err).__name__}: {err})")
         for sink in _report_sinks:
@@ -116,21 +117,12 @@ def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **options):
     """The `torch.compile(backend="tilefuse")` entry point."""
     from torch._functorch.aot_autograd import aot_module_simplified
 
-    with config.patch(**options) if options else _nullcontext():
-        return aot_module_simplified(
-            gm, example_inputs,
-            fw_compiler=functools.partial(_compile_graph, kind="forward"),
-            bw_compiler=functools.partial(_compile_graph, kind="backward"),
-            decompositions=_decompositions(),
-        )
-
-
-class _nullcontext:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+    return aot_module_simplified(
+        gm, example_inputs,
+        fw_compiler=functools.partial(_compile_graph, kind="forward", options=options),
+        bw_compiler=functools.partial(_compile_graph, kind="backward", options=options),
+        decompositions=_decompositions(),
+    )
 
 
 def compile(fn, *, dynamic=None, fullgraph=False, **options):
@@ -149,9 +141,15 @@ def explain(fn, *inputs, dynamic=None, **options):
 
     sink: list = []
     _report_sinks.append(sink)
+    for k in options:
+        if not hasattr(config, k):
+            raise TypeError(f"unknown tilefuse option {k!r}")
+
+    def backend(gm, example_inputs):  # a fresh backend object: Dynamo compiles anew for it
+        return dynamo_backend(gm, example_inputs, **options)
+
     try:
-        torch._dynamo.reset()
-        compiled = compile(fn, dynamic=dynamic, **options)
+        compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
         t0 = time.perf_counter()
         compiled(*inputs)
         first_call = time.perf_counter() - t0
