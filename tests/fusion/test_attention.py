@@ -132,3 +132,25 @@ def test_fully_masked_key_tiles_are_skipped(fn, bounds):
     torch._dynamo.reset()
     out = torch.compile(fn, backend="tilefuse")(q, k, v)
     torch.testing.assert_close(out, fn(q, k, v), atol=1e-5, rtol=1e-5)
+
+
+def test_scaled_dot_product_attention_calls_get_the_same_kernel():
+    """F.scaled_dot_product_attention reaches tilefuse through PyTorch's math definition (on
+    CPU); it becomes one flash kernel — with block skipping for is_causal, and PyTorch's rule
+    that rows masked entirely give 0."""
+    import torch.nn.functional as F
+
+    q, k, v = (torch.randn(1, 2, 100, 16) for _ in range(3))
+    keep = torch.ones(100, 100, dtype=torch.bool)
+    keep[:5] = False
+    cases = [(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), False),
+             (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), True),
+             (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=keep), False)]
+    for fn, skips in cases:
+        torch._dynamo.reset()
+        report = tilefuse.explain(fn, q, k, v)
+        assert [k_.kind for k_ in report.kernels] == ["flash"] and not report.externs, str(report)
+        assert any("skipped" in n for n in report.kernels[0].notes) == skips
+        torch._dynamo.reset()
+        out = torch.compile(fn, backend="tilefuse")(q, k, v)
+        torch.testing.assert_close(out, fn(q, k, v), atol=1e-5, rtol=1e-5)

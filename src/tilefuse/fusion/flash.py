@@ -135,11 +135,6 @@ def _check(out_k, red_k, f_name, side, by_node, graph, outputs, steps, note):
     producers = tuple(s.node for s in reduces if _loads_of(term, s.node))
     if not producers:
         return None
-    try:
-        repair = derive_rolling_update(term, "sum", producers)
-    except NoRepair as why:
-        note(f"{out_k.stages[0].node}: no attention fusion: {why}")
-        return None
     info = _coordinates(graph, out_k, score_k, reduces, term, f_name, f_body, s_name)
     if isinstance(info, str):
         note(f"{out_k.stages[0].node}: no attention fusion: {info}")
@@ -148,8 +143,15 @@ def _check(out_k, red_k, f_name, side, by_node, graph, outputs, steps, note):
     extra = []
     if deferred is not None:
         info, repair = deferred
-        extra.append(f"{out_k.stages[0].node}: factor {info.post} taken out of the sum: applied once after the loop")
+        extra.append(f"{out_k.stages[0].node}: factor {info.post} taken out of the sum: applied once after the loop"
+                     + (f"; rows where {', '.join(str(g) for g in info.guards)} give 0" if info.guards else ""))
         note(extra[-1])
+    else:
+        try:
+            repair = derive_rolling_update(term, "sum", producers)
+        except NoRepair as why:
+            note(f"{out_k.stages[0].node}: no attention fusion: {why}")
+            return None
     flash = KernelPlan(name=out_k.name, kind="flash", parallel=out_k.parallel, reduction=(o_node.ranges[0],))
     flash.contraction = con
     flash.flash = info
@@ -181,6 +183,7 @@ class FlashInfo:
     b: Expr  # output operand over (key positions, held dim): the values
     reduce_bodies: dict  # reduction node -> body in output coordinates
     post: Expr | None = None  # row factor applied after the loop (deferred normalisation)
+    guards: tuple = ()  # row conditions under which the output is 0 (PyTorch's masked-row rule)
 
 
 def _coordinates(graph, out_k, score_k, reduces, term, f_name, f_body, s_name):
@@ -255,4 +258,4 @@ def _defer(info: FlashInfo, term: Expr, producers: tuple, o_node, con):
     except NoRepair:
         return None
     return FlashInfo(q=info.q, k=info.k, score_extent=info.score_extent, a=a, b=b,
-                     reduce_bodies=info.reduce_bodies, post=split.post), repair
+                     reduce_bodies=info.reduce_bodies, post=split.post, guards=split.guards), repair

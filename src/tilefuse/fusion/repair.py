@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import sympy
 
 from ..ir import dtypes as dt
-from ..ir.expr import Binary, Cast, Const, Expr, Index, Load, Unary, binary, cast, const, transform, walk
+from ..ir.expr import Binary, Cast, Const, Expr, Index, Load, Unary, Where, binary, cast, const, transform, walk
 from ..ir.rewrite import sympy_to_expr
 
 T = sympy.Symbol("t", real=True)
@@ -191,6 +191,7 @@ class Deferred:
 
     post: Expr  # φ over loads of the producers (evaluated with their final values)
     factors: tuple  # the remaining term's multiplicative factors, as IR expressions
+    guards: tuple = ()  # row-only conditions under which the whole sum is 0 (where(c, 0, x))
 
 
 def _factors(e: Expr) -> list:
@@ -202,20 +203,26 @@ def _factors(e: Expr) -> list:
         return _factors(e.a) + _factors(e.b)
     if isinstance(e, Binary) and e.op == "truediv":
         return _factors(e.a) + [(f, not d) for f, d in _factors(e.b)]
+    if isinstance(e, Where) and isinstance(e.a, Const) and e.a.value == 0:
+        return [(e.cond, "guard")] + _factors(e.b)
     return [(e, False)]
 
 
 def defer_row_factors(body: Expr, producers: tuple) -> Deferred | None:
     """Split `body` into factors that depend only on the producers' values (no data, no
     reduction index) and the rest, keeping the original subexpressions."""
-    post, rest = [], []
-    for f, is_div in _factors(body):
-        row_only = all(_is_pivot(f, p) or not _reads_producer(f, p) for p in producers) and \
-            _reads_producer(f, producers) and not any(
-                isinstance(n, Load) and n.buffer not in producers for n in walk(f)) and not any(
-                isinstance(n, Index) and any(str(s).startswith("r") for s in n.expr.free_symbols) for n in walk(f))
-        (post if row_only else rest).append((cast(f, dt.float32), is_div))
-    if not post or not rest:
+    post, rest, guards = [], [], []
+    for f, kind in _factors(body):
+        row_only = _reads_producer(f, producers) and not any(
+            isinstance(n, Load) and n.buffer not in producers for n in walk(f)) and not any(
+            isinstance(n, Index) and any(str(s).startswith("r") for s in n.expr.free_symbols) for n in walk(f))
+        if kind == "guard":
+            if not row_only:
+                return None
+            guards.append(f)
+            continue
+        (post if row_only else rest).append((cast(f, dt.float32), kind))
+    if not (post or guards) or not rest:
         return None
 
     def product(parts):
@@ -227,4 +234,5 @@ def defer_row_factors(body: Expr, producers: tuple) -> Deferred | None:
 
     if any(is_div for _, is_div in rest):
         return None
-    return Deferred(post=product(post), factors=tuple(f for f, _ in rest))
+    return Deferred(post=product(post) if post else const(1.0, dt.float32), factors=tuple(f for f, _ in rest),
+                    guards=tuple(guards))

@@ -24,7 +24,7 @@ from .builder import KernelBuilder, contiguous_strides, land
 from .ir import Arange, Assign, DotTile, For, Full, ProgramId, ReduceTile, TileKernel
 from .lower import (LoweringOptions, _dot_operand, _index_values, _mapped, _needs_int64, _pow2, _static, _sym, bound_check,
                     full_tile, identity)
-from .reduction import _combine, rebase
+from .reduction import _TILE_COMBINER, _acc_dtype, _combine, rebase
 
 
 def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> TileKernel:
@@ -95,8 +95,9 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> Til
     for st in reduces:
         node = graph[st.node]
         name = b.fresh("acc")
-        b.emit(Full(name, ("BLOCK_M", 1), identity(node.combiner, st.body.dtype), st.body.dtype))
-        state[st.node] = Var(name, st.body.dtype)
+        accd = _acc_dtype(node.combiner, st.body.dtype)
+        b.emit(Full(name, ("BLOCK_M", 1), identity(node.combiner, accd), accd))
+        state[st.node] = Var(name, accd)
     acc = Var(b.fresh("acc"), dt.float32)
     b.emit(Full(acc.name, ("BLOCK_M", "BLOCK_DN"), 0.0, dt.float32))
 
@@ -129,10 +130,11 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> Til
         node = graph[st.node]
         carried = state[st.node]
         v = cast(b.value(at(st.body, rm, 0, rj), mask=tile_mask), carried.dtype)
-        ident = Const(float(identity(node.combiner, carried.dtype)), carried.dtype)
+        ident = Const(identity(node.combiner, carried.dtype), carried.dtype) if not carried.dtype.is_float \
+            else Const(float(identity(node.combiner, carried.dtype)), carried.dtype)
         contrib = full_tile_2d(b, where(tile_mask, v, ident) if tile_mask is not None else v)
         red = b.fresh("red")
-        comb = node.combiner
+        comb = _TILE_COMBINER.get(node.combiner, node.combiner)
         if comb != "sum":
             b.helpers.add(comb)
         b.emit(ReduceTile(red, contrib, comb, 1, carried.dtype))
@@ -141,7 +143,7 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> Til
             value = b.let(binary("add", rebase(b, graph, carried, st.repair, running), red_v), "carry")
         else:
             value = b.let(_combine(b, comb, carried, red_v), "carry")
-        running[st.node] = (b.let(cast(carried, node.dtype), "prev"), b.let(cast(value, node.dtype), "run"))
+        running[st.node] = (b.let(_finished(carried, node), "prev"), b.let(_finished(value, node), "run"))
         b.bound[st.node] = running[st.node][1]
         updates.append(Assign(carried.name, value))
 
@@ -169,11 +171,14 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> Til
     omask = land(m_ok, n_ok)
     omask = b.let(omask, "omask") if omask is not None else None
     for st in reduces:
-        b.bound[st.node] = b.let(cast(state[st.node], graph[st.node].dtype), "red")
+        b.bound[st.node] = b.let(_finished(state[st.node], graph[st.node]), "red")
     total = acc
     if info.post is not None:
         post = b.value(at(info.post, rm, 0, 0), mask=m_ok)
         total = b.let(binary("mul", acc, cast(post, dt.float32)), "normalised")
+        for guard in info.guards:
+            g = b.value(at(guard, rm, 0, 0), mask=m_ok)
+            total = b.let(where(g, Const(0.0, dt.float32), total), "guarded")
     b.bound[o_node.name] = b.let(cast(total, o_node.dtype), "out")
     syms, vals = coords(rm, rn, 0)
     o_index = tuple(Index(v) if not isinstance(v, Index) else v for v in (dict(zip(syms, vals))[s] for s in outs))
@@ -192,6 +197,13 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> Til
                       grid=(sympy.ceiling(M / _sym("BLOCK_M")), nbatch), body=b.body, num_warps=warps,
                       num_stages=stages, reads=b.reads, writes=b.writes, kind="flash",
                       plan=plan, helpers=b.helpers)
+
+
+def _finished(value, node):
+    """A carried value as the reduction's result dtype (any/all accumulate as int32)."""
+    if node.combiner in ("any", "all"):
+        return binary("ne", value, Const(0, value.dtype))
+    return cast(value, node.dtype)
 
 
 def _live_keys(info, reduces, graph, row, key, N):

@@ -52,6 +52,8 @@ def _disjuncts(c: Expr) -> list:
             if isinstance(_condition(y), Const) and _condition(y).value in (True, 1):
                 return _disjuncts(_condition(x))
         return []
+    if isinstance(c, Binary) and c.op == "logical_or" or isinstance(c, Const):
+        return []
     return [c]
 
 
@@ -71,11 +73,38 @@ def _int_expr(e: Expr):
     return None
 
 
+_FLIP = {"gt": "le", "ge": "lt", "lt": "ge", "le": "gt"}
+
+
+def _negate(c: Expr):
+    c = _condition(c)
+    if isinstance(c, Binary) and c.op in _FLIP:
+        return Binary(_FLIP[c.op], c.a, c.b, c.dtype)
+    if isinstance(c, Binary) and c.op in ("logical_and", "logical_or"):
+        a, b = _negate(c.a), _negate(c.b)
+        if a is None or b is None:
+            return None
+        return Binary("logical_or" if c.op == "logical_and" else "logical_and", a, b, c.dtype)
+    if isinstance(c, Const):
+        return Const(not c.value, c.dtype)
+    return None
+
+
 def masked_condition(body: Expr):
-    """The condition under which the body is -inf, or None."""
+    """The condition under which the body is -inf, or None: `where(c, -inf, s)` masks where
+    c holds, `where(c, s, -inf)` (keep-masks, as PyTorch's SDPA builds) where it does not."""
     e = _strip(body)
     if isinstance(e, Where) and _is_neg_inf(e.a):
         return _condition(e.cond)
+    if isinstance(e, Where) and _is_neg_inf(e.b):
+        return _negate(e.cond)
+    if isinstance(e, Binary) and e.op == "add":  # score + mask bias (where(keep, 0, -inf))
+        parts = [c for c in (masked_condition(e.a), masked_condition(e.b)) if c is not None]
+        if len(parts) == 2:
+            return Binary("logical_or", parts[0], parts[1], parts[0].dtype)
+        return parts[0] if parts else None
+    if isinstance(e, Binary) and e.op == "mul" and isinstance(e.b, Const) and e.b.dtype.is_float and e.b.value > 0:
+        return masked_condition(e.a)
     return None
 
 
