@@ -154,3 +154,27 @@ def test_scaled_dot_product_attention_calls_get_the_same_kernel():
         torch._dynamo.reset()
         out = torch.compile(fn, backend="tilefuse")(q, k, v)
         torch.testing.assert_close(out, fn(q, k, v), atol=1e-5, rtol=1e-5)
+
+
+def test_review_regressions_block_skipping_and_merging():
+    """Skipping must not drop keys another reduction still reads; reductions that need a
+    finished reduction must not be merged into one loop."""
+    q = torch.randn(1, 2, 70, 16, device=DEVICE)
+    k, v = (torch.randn(1, 2, 100, 16, device=DEVICE) for _ in range(2))
+
+    def partly_masked(q, k, v):
+        s = q @ k.transpose(-1, -2) * 0.25
+        i = torch.arange(70, device=q.device)[:, None]
+        j = torch.arange(100, device=q.device)[None, :]
+        sm = torch.where(j > i, float("-inf"), s)
+        m = sm.amax(-1, keepdim=True)
+        return (torch.exp(sm - m) / torch.exp(s - m).sum(-1, keepdim=True)) @ v
+
+    def centred(q, k, v):
+        s = q @ k.transpose(-1, -2) * 0.25
+        return torch.softmax(s - s.mean(-1, keepdim=True), -1) @ v
+
+    for fn in (partly_masked, centred):
+        torch._dynamo.reset()
+        out = torch.compile(fn, backend="tilefuse")(q, k, v)
+        torch.testing.assert_close(out, fn(q, k, v), atol=1e-5, rtol=1e-5)

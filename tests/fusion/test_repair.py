@@ -104,3 +104,20 @@ def test_random_reduction_chains_fused_match_unfused(term, first, k, n, then_out
         out = torch.compile(fn, backend="tilefuse")(x)
     ref = fn(x.double())
     assert (out.double() - ref).abs().max() <= 2 * (fn(x).double() - ref).abs().max() + 1e-4 * (1 + ref.abs().max())
+
+
+def test_review_regressions_chained_row_indexed_and_sign_changing_repairs():
+    chained = lambda x: (x / torch.exp(x - x.amax(-1, keepdim=True)).sum(-1, keepdim=True)).sum(-1)
+    row_term = lambda x: torch.exp(x - (x.amax(-1, keepdim=True) + torch.arange(x.shape[0])[:, None] * 0.1)).sum(-1)
+    crosses_zero = lambda x: (x * x.amax(-1, keepdim=True)).sum(-1)   # h = t·r'/r: refused
+    x = torch.randn(3, 1000)
+    z = torch.cat([-torch.rand(3, 512), torch.rand(3, 512) + 0.5], 1)
+    z[:, 0] = 0
+    for fn, arg in ((chained, x), (row_term, x), (crosses_zero, z)):
+        with config.patch(persistent_reduction_limit=16):
+            torch._dynamo.reset()
+            out = torch.compile(fn, backend="tilefuse")(arg)
+        ref = fn(arg.double())
+        assert (out.double() - ref).abs().max() <= 2 * (fn(arg).double() - ref).abs().max() + 1e-4 * (1 + ref.abs().max())
+    with pytest.raises(NoRepair, match="positive and finite"):
+        derive_rolling_update(X * M, "sum", "m")

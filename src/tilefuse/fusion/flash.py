@@ -27,6 +27,7 @@ from ..ir.graph import Graph
 from ..ir.rewrite import substitute_index
 from .plan import KernelPlan, Stage
 from .repair import NoRepair, derive_rolling_update
+from .schedule import schedule_passes
 
 MAX_HELD = 256  # largest head dimension held whole in a tile
 
@@ -108,6 +109,14 @@ def _check(out_k, red_k, f_name, side, by_node, graph, outputs, steps, note):
     others = [s for s in red_k.stages if s.kind not in ("reduce",) and s.node != f_name]
     if others:
         return None
+    # one loop carries every reduction: each must run in the first pass, reading earlier
+    # reductions only through a rolling update
+    level, repaired = schedule_passes(red_k, use_repairs=True)
+    for st in reduces:
+        reads_reduce = any(_loads_of(st.body, o.node) for o in reduces if o is not st)
+        if level[st.node] != 0 or (reads_reduce and st.node not in repaired):
+            note(f"{out_k.stages[0].node}: no attention fusion: {st.node} needs a finished reduction")
+            return None
     reads = {e.buffer for st in red_k.stages for e in walk(st.body) if isinstance(e, Load)}
     score_names = [n for n in reads if n in by_node and by_node[n].kind == "contraction"
                    and len(by_node[n].stages) == 1]

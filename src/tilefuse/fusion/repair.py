@@ -90,17 +90,17 @@ def _reads_producer(e: Expr, producer) -> bool:
 
 
 def _is_pivot(e: Expr, producer: str) -> bool:
-    """True for a subexpression of the producer's value alone (no other data, no reduction
-    index): the body sees the earlier result only through such an expression φ(r)."""
-    loaded = {n.buffer for n in walk(e) if isinstance(n, Load)}
-    if len(loaded) != 1:
-        return False
-    for n in walk(e):
-        if isinstance(n, Load) and n.buffer != producer:
+    """True for a subexpression of the producer's value alone (no other data, no index terms):
+    the body sees the earlier result only through such an expression φ(r)."""
+
+    def clean(n) -> bool:
+        if isinstance(n, Load):
+            return n.buffer == producer  # its own index addresses the producer: not a term
+        if isinstance(n, Index):
             return False
-        if isinstance(n, Index) and any(str(s).startswith("r") for s in n.expr.free_symbols):
-            return False
-    return _reads_producer(e, producer)
+        return all(clean(k) for k in n.children())
+
+    return _reads_producer(e, producer) and clean(e)
 
 
 def _pivots(e: Expr, producer: str, found: set) -> None:
@@ -163,6 +163,10 @@ def derive_rolling_update(body: Expr, combiner: str, producer) -> Repair:
     factor = sympy.simplify(sympy.powsimp(g_new / g_old, force=True))
     if factor.free_symbols & cs:
         raise NoRepair(f"g(r', c) / g(r, c) = {factor} depends on the data, so no h re-bases a partial sum")
+    if not (factor.is_positive and factor.is_finite):
+        # condition 1 divides by g(r, c): a factor that can be 0 or infinite (r'/r when a
+        # running value crosses 0) would lose the partial sum at run time
+        raise NoRepair(f"the factor {factor} is not provably positive and finite")
     h = T * factor
     # condition 1: h(g(r, c), r, r') == g(r', c)
     if sympy.simplify(sympy.powsimp(sympy.expand(h.subs(T, g_old) - g_new), force=True)) != 0:

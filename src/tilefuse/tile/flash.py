@@ -199,6 +199,41 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> Til
                       plan=plan, helpers=b.helpers)
 
 
+def _vanishes_when_masked(body, masked, combiner: str) -> bool:
+    """A skipped key tile must contribute the combiner's identity to `body`: the body reads the
+    scores only through the masked score expression, and where that is -inf it evaluates to
+    the identity (checked on random values of everything else, e.g. exp(-inf - m) == 0)."""
+    import random
+
+    import torch
+
+    from ..ir.expr import Load, transform, walk
+    from ..ir.interpret import Evaluator
+
+    scores = {e.buffer for e in walk(masked) if isinstance(e, Load)}
+    placeholder = Var("__masked__", masked.dtype)
+    hidden = transform(body, lambda e: placeholder if e == masked else None)
+    if any(isinstance(e, Load) and e.buffer in scores for e in walk(hidden)):
+        return False
+    ident = {"sum": 0.0, "any": 0.0, "max": float("-inf"), "min": float("inf")}.get(combiner)
+    if ident is None:
+        return False
+    rng = random.Random(0)
+    for _ in range(3):
+        def leaf(e):
+            if e is placeholder or e == placeholder:
+                return Const(float("-inf"), e.dtype)
+            if isinstance(e, (Load, Index)) and not isinstance(e, Var):
+                v = rng.uniform(-4, 4)
+                return Const(v if e.dtype.is_float else int(v), e.dtype) if not e.dtype.is_bool else Const(v > 0, e.dtype)
+            return None
+
+        value = Evaluator({}, {})(transform(hidden, leaf))
+        if float(torch.as_tensor(value).double()) != ident:
+            return False
+    return True
+
+
 def _finished(value, node):
     """A carried value as the reduction's result dtype (any/all accumulate as int32)."""
     if node.combiner in ("any", "all"):
@@ -214,7 +249,11 @@ def _live_keys(info, reduces, graph, row, key, N):
     maxes = [st for st in reduces if graph[st.node].combiner == "max"]
     if not maxes:
         return start, stop
-    lower, upper = live_key_range(info.reduce_bodies[maxes[0].node], row, key)
+    masked = info.reduce_bodies[maxes[0].node]
+    others = [(info.reduce_bodies[st.node], graph[st.node].combiner) for st in reduces if st is not maxes[0]]
+    if not all(_vanishes_when_masked(body, masked, combiner) for body, combiner in others + [(info.a, "sum")]):
+        return start, stop  # some reduction still needs the masked keys: skip nothing
+    lower, upper = live_key_range(masked, row, key)
     lo = _sym("pid") * _sym("BLOCK_M")
     if lower is not None:
         first = sympy.Max(0, lower.subs(LO, lo))

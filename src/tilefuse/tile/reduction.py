@@ -18,8 +18,9 @@ from __future__ import annotations
 import sympy
 
 from ..fusion.plan import KernelPlan, Stage
+from ..fusion.schedule import schedule_passes
 from ..ir import dtypes as dt
-from ..ir.expr import Const, Expr, Index, Load, Var, binary, cast, out_index, red_index, unary, walk, where
+from ..ir.expr import Const, Expr, Index, Var, binary, cast, out_index, red_index, unary, where
 from ..ir.graph import Graph
 from .builder import KernelBuilder, land
 from .ir import Arange, ArgReduceTile, Assign, Full, ProgramId, ReduceTile, TileKernel
@@ -79,31 +80,6 @@ def rebase(b: KernelBuilder, graph: Graph, carried: Var, repair, running: dict) 
             discard = binary("logical_or", discard, left)
     return b.let(where(discard, Const(0.0, carried.dtype), cast(binary("mul", carried, factor), carried.dtype)),
                  "rebased")
-
-
-def schedule_passes(plan: KernelPlan, use_repairs: bool) -> tuple[dict, set]:
-    """The pass each stage runs in (rows: the pass after which they are computed; -1 before
-    any), and the set of repaired stages that actually share their producer's pass."""
-    members = {s.node: s for s in plan.stages}
-    level: dict = {}
-    repaired: set = set()
-    for st in plan.stages:
-        deps = {e.buffer for e in walk(st.body) if isinstance(e, Load) and e.buffer in level}
-        need = -1
-        for d in deps:
-            dep = members[d]
-            if dep.kind == "row":
-                need = max(need, level[d] + 1 if st.kind != "row" else level[d])
-            elif st.kind == "row":
-                need = max(need, level[d])
-            elif use_repairs and st.repair is not None and d == st.repair.producer:
-                need = max(need, level[d])
-            else:
-                need = max(need, level[d] + 1)
-        level[st.node] = need if st.kind == "row" else max(need, 0)
-        if st.repair is not None and use_repairs and level[st.node] == level.get(st.repair.producer):
-            repaired.add(st.node)
-    return level, repaired
 
 
 def lower_reduction(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> TileKernel:
@@ -244,8 +220,9 @@ def _looped_pass(b, graph, in_pass, fulls, repaired, Rn, rblock, xmask, r, body_
                 value = b.let(binary("add", rebase(b, graph, acc, st.repair, running), tile_value), "carry")
             else:
                 value = b.let(_combine(b, node.combiner, acc, tile_value), "carry")
-                b.bound[st.node] = b.let(cast(value, node.dtype), "run")  # this tile's readers
-                running[st.node] = (b.let(cast(acc, node.dtype), "prev"), b.bound[st.node])
+            # this tile's readers (and chained repairs) see the running value
+            b.bound[st.node] = b.let(cast(value, node.dtype), "run")
+            running[st.node] = (b.let(cast(acc, node.dtype), "prev"), b.bound[st.node])
             updates.append(Assign(acc.name, value))
             continue
         v = cast(b.value(body_of(st), mask=mask), acc.dtype)
