@@ -178,3 +178,14 @@ def test_review_regressions_block_skipping_and_merging():
         torch._dynamo.reset()
         out = torch.compile(fn, backend="tilefuse")(q, k, v)
         torch.testing.assert_close(out, fn(q, k, v), atol=1e-5, rtol=1e-5)
+
+
+def test_sdpa_with_symbolic_sizes_serves_several_lengths():
+    import torch.nn.functional as F
+
+    fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="tilefuse", dynamic=True)
+    for n in (40, 23):
+        q, k, v = (torch.randn(1, 2, n, 16) for _ in range(3))
+        torch.testing.assert_close(compiled(q, k, v), fn(q, k, v), atol=1e-5, rtol=1e-5)

@@ -55,6 +55,8 @@ def _fmt(e, helpers: set) -> str:
         return "(" + " * ".join(format_sympy(a) for a in e.args) + ")"
     if e.is_Pow and e.exp.is_Integer and int(e.exp) > 0:
         return "(" + " * ".join([format_sympy(e.base)] * int(e.exp)) + ")"
+    if e.is_Pow:  # float powers of sizes (SDPA's d ** -0.25 with a symbolic head dim)
+        return f"tl.exp2(tl.log2(({format_sympy(e.base)}).to(tl.float32)) * {format_sympy(e.exp)})"
     if isinstance(e, sympy.floor):
         num, den = e.args[0].as_numer_denom()
         if num.is_nonnegative and den.is_positive:
