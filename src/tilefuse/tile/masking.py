@@ -63,8 +63,8 @@ def _int_expr(e: Expr):
         return e.expr
     if isinstance(e, Const) and (e.dtype.is_int or (e.dtype.is_float and float(e.value).is_integer())):
         return sympy.Integer(int(float(e.value)))
-    if isinstance(e, Cast):
-        return _int_expr(e.x)
+    if isinstance(e, Cast) and e.dtype.name in ("int64", "int32", "float32", "float64"):
+        return _int_expr(e.x)  # value-preserving for index ranges (narrow types could wrap or round)
     if isinstance(e, Binary) and e.op in ("add", "sub", "mul"):
         a, b = _int_expr(e.a), _int_expr(e.b)
         if a is None or b is None:
