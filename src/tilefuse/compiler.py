@@ -6,6 +6,7 @@ and a `CompileReport` that `tilefuse.explain` prints.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -45,20 +46,19 @@ class CompileReport:
 
 
 class _Stages:
+    """`with stage("tile"):` adds the block's wall time to the report's per-stage totals."""
+
     def __init__(self, report: CompileReport):
         self.report = report
 
+    @contextlib.contextmanager
     def __call__(self, name):
-        stages = self
-
-        class _T:
-            def __enter__(self):
-                self.t = time.perf_counter()
-
-            def __exit__(self, *exc):
-                stages.report.stage_seconds[name] = stages.report.stage_seconds.get(name, 0.0) + time.perf_counter() - self.t
-
-        return _T()
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            times = self.report.stage_seconds
+            times[name] = times.get(name, 0.0) + time.perf_counter() - t0
 
 
 def choose_backend(device: torch.device) -> str:

@@ -47,6 +47,10 @@ class CompiledGraph:
             if name not in outputs and not isinstance(node, (Input, ScalarInput, Constant)):
                 self.free_after[k].append(name)
         self.constants = {n.name: n.value for n in graph.nodes.values() if isinstance(n, Constant)}
+        self.extern_results: dict[str, list] = {}
+        for n in graph.nodes.values():
+            if isinstance(n, ExternResult):
+                self.extern_results.setdefault(n.extern, []).append((n.name, n.item))
 
     def _alloc(self, name: str, env: dict) -> torch.Tensor:
         node = self.graph[name]
@@ -73,10 +77,8 @@ class CompiledGraph:
                 node = graph[step.name]
                 result = run_extern(node, buffers, env)
                 buffers[node.name] = result
-                if node.multi_output:
-                    for other in graph.nodes.values():
-                        if isinstance(other, ExternResult) and other.extern == node.name:
-                            buffers[other.name] = result[other.item]
+                for name, item in self.extern_results.get(node.name, ()):
+                    buffers[name] = result[item]
             for name in self.free_after[k]:
                 buffers.pop(name, None)
         return [output_value(o, buffers, env) for o in graph.outputs]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sympy
 
-from ..ir import dtypes as dt
 from ..ir.expr import Binary, Cast, Const, Expr, Index, Load, Unary, Var, Where, binary, unary
 from ..ir.graph import Constant, Extern, ExternResult, Graph, Input
 from ..ir.symbolic import simplify_index
@@ -198,4 +197,4 @@ def _has_load(e: Expr) -> bool:
     return any(isinstance(n, Load) for n in walk(e))
 
 
-__all__ = ["KernelBuilder", "contiguous_strides", "tile_symbol", "land", "dt"]
+__all__ = ["KernelBuilder", "contiguous_strides", "tile_symbol", "land"]

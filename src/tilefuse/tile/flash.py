@@ -132,7 +132,7 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> Til
         v = cast(b.value(at(st.body, rm, 0, rj), mask=tile_mask), carried.dtype)
         ident = Const(identity(node.combiner, carried.dtype), carried.dtype) if not carried.dtype.is_float \
             else Const(float(identity(node.combiner, carried.dtype)), carried.dtype)
-        contrib = full_tile_2d(b, where(tile_mask, v, ident) if tile_mask is not None else v)
+        contrib = full_tile(b, where(tile_mask, v, ident) if tile_mask is not None else v, ("BLOCK_M", "BLOCK_N"))
         red = b.fresh("red")
         comb = _TILE_COMBINER.get(node.combiner, node.combiner)
         if comb != "sum":
@@ -263,12 +263,4 @@ def _live_keys(info, reduces, graph, row, key, N):
     return start, stop
 
 
-def full_tile_2d(b: KernelBuilder, value) -> Var:
-    from .ir import BroadcastTile
-
-    name = b.fresh("bc")
-    b.emit(BroadcastTile(name, value, ("BLOCK_M", "BLOCK_N")))
-    return Var(name, value.dtype)
-
-
-__all__ = ["lower_flash", "full_tile"]
+__all__ = ["lower_flash"]

@@ -72,11 +72,11 @@ def bound_check(b: KernelBuilder, index, extent, block: int, name: str):
     return b.let(binary("lt", Index(index), Index(extent)), name)
 
 
-def full_tile(b: KernelBuilder, value: Expr) -> Var:
-    """A reduction's contribution as a whole [XBLOCK, RBLOCK] tile: a body that does not
-    depend on the reduction index still counts once per element of the axis."""
+def full_tile(b: KernelBuilder, value: Expr, shape=("XBLOCK", "RBLOCK")) -> Var:
+    """A reduction's contribution as a whole tile: a body that does not depend on the
+    reduction index still counts once per element of the axis."""
     name = b.fresh("bc")
-    b.emit(BroadcastTile(name, value, ("XBLOCK", "RBLOCK")))
+    b.emit(BroadcastTile(name, value, shape))
     return Var(name, value.dtype)
 
 
