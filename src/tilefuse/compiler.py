@@ -20,7 +20,7 @@ from .fusion import ExternStep, plan_graph
 from .ir.verify import verify
 from .passes import run_passes
 from .runtime.compiled import CompiledGraph, ExternCall, KernelStep
-from .tile.lower import LoweringOptions, lower_plan
+from .tile.lower import LoweringOptions, lower_plan_kernels
 from .tile.verify import verify_tile_kernel
 
 
@@ -92,7 +92,8 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
         schedule = plan_graph(graph)
     report.decisions = list(schedule.decisions)
     options = LoweringOptions(interpret=interpret, persistent_reduction_limit=config.persistent_reduction_limit,
-                              flash_config=config.flash_config)
+                              flash_config=config.flash_config, flash_split=config.flash_split,
+                              sm_count=_sm_count(device))
     steps = []
     for step in schedule.steps:
         if isinstance(step, ExternStep):
@@ -101,12 +102,20 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
             steps.append(ExternCall(node.name, sorted(node.inputs())))
             continue
         with stage("tile"):
-            tk = verify_tile_kernel(lower_plan(graph, step, options))
-        logs.log("tile", "%s", tk)
-        with stage("codegen"):
-            source = generate(tk, interpret=interpret)
-        with stage("load"):
-            launcher = load_kernel(tk, source, interpret)
-        report.kernels.append(KernelReport(tk.name, step.kind, step.members, source, str(tk), step.notes))
-        steps.append(KernelStep(tk.name, launcher, list(tk.writes), list(tk.reads)))
+            tks = [verify_tile_kernel(tk) for tk in lower_plan_kernels(graph, step, options)]
+        for tk in tks:
+            logs.log("tile", "%s", tk)
+            with stage("codegen"):
+                source = generate(tk, interpret=interpret)
+            with stage("load"):
+                launcher = load_kernel(tk, source, interpret)
+            kind = step.kind if tk.kind != "flash-merge" else "flash-merge"
+            report.kernels.append(KernelReport(tk.name, kind, step.members, source, str(tk), step.notes))
+            steps.append(KernelStep(tk.name, launcher, list(tk.writes), list(tk.reads), dict(tk.scratch)))
     return CompiledGraph(graph, steps, device), report
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return 0
+    return torch.cuda.get_device_properties(device).multi_processor_count

@@ -37,6 +37,9 @@ class Config:
     #: attention kernels' "BLOCK_M,BLOCK_N,warps,stages" (empty: built-in choice); a manual
     #: override until the autotuner chooses it
     flash_config: str = ""
+    #: key ranges per block of query rows in attention kernels (split and merge): 0 chooses
+    #: by occupancy (decode), 1 never splits, k > 1 forces k
+    flash_split: int = 0
 
     def __post_init__(self):
         for f in fields(self):

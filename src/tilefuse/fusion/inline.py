@@ -8,7 +8,7 @@ large body.
 """
 from __future__ import annotations
 
-from ..ir.expr import Expr, Load, Unary, count_ops, out_index, transform, walk
+from ..ir.expr import Expr, Load, Unary, count_ops, out_index, skip_intermediate_rounding, transform, walk
 from ..ir.graph import Extern, ExternResult, Graph, Pointwise, Reduce
 from ..ir.rewrite import substitute_index
 
@@ -74,5 +74,7 @@ class Inliner:
             return None
 
         out = transform(node.body, fn)
+        if out is not node.body:
+            out = skip_intermediate_rounding(out)
         self._bodies[name] = out
         return out

@@ -59,6 +59,11 @@ def ravel_sym(index, shape) -> sympy.Expr:
     return flat
 
 
+def _unit_dims(node: Reduce, outs, other_reads) -> list:
+    """Extent-1 output dims the other factor does not read: a matrix dim of one row."""
+    return [k for k, s in enumerate(outs) if node.shape[k] == 1 and s not in other_reads][-1:]
+
+
 def match_contraction(node: Reduce, body: Expr) -> Contraction | None:
     """Recognise out[b.., m, n] = sum_k a(b.., m, k) * b(b.., k, n)."""
     if node.combiner != "sum" or len(node.ranges) != 1:
@@ -73,6 +78,10 @@ def match_contraction(node: Reduce, body: Expr) -> Contraction | None:
         return None
     only_a = [k for k, s in enumerate(outs) if s in sa and s not in sb and node.shape[k] != 1]
     only_b = [k for k, s in enumerate(outs) if s in sb and s not in sa and node.shape[k] != 1]
+    if not only_a and only_b:
+        only_a = _unit_dims(node, outs, sb)  # a single row (decode's one query, a GEMV)
+    elif only_a and not only_b:
+        only_b = _unit_dims(node, outs, sa)
     if not only_a or not only_b:
         return None
     # the innermost dim only one factor reads is its matrix dim; any other such dim is a batch

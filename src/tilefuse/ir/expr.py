@@ -293,6 +293,20 @@ def transform(e: Expr, fn: Callable[[Expr], Expr | None], memo: dict | None = No
     return out
 
 
+def skip_intermediate_rounding(e: Expr) -> Expr:
+    """`float32(bfloat16(x))` with `x` already float32 becomes `x`: a value that stays in
+    registers between two fused ops keeps its compute precision, as in Inductor's kernels;
+    rounding to a low-precision dtype happens where a value is stored."""
+
+    def fn(n):
+        if (isinstance(n, Cast) and isinstance(n.x, Cast) and n.dtype.is_float and n.x.dtype.is_low_precision
+                and n.x.x.dtype == n.dtype):
+            return n.x.x
+        return None
+
+    return transform(e, fn)
+
+
 def subs_index(e: Expr, mapping: dict) -> Expr:
     """Substitute sympy symbols inside every `Index` leaf (views, inlining)."""
     if not mapping:

@@ -8,7 +8,7 @@ serves every size.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -23,6 +23,7 @@ class KernelStep:
     launch: object  # callable(buffers, env)
     writes: list
     reads: list
+    scratch: dict = field(default_factory=dict)  # name -> tile.ir.Scratch among `writes`
 
 
 @dataclass
@@ -47,13 +48,14 @@ class CompiledGraph:
             if name not in outputs and not isinstance(node, (Input, ScalarInput, Constant)):
                 self.free_after[k].append(name)
         self.constants = {n.name: n.value for n in graph.nodes.values() if isinstance(n, Constant)}
+        self.scratch = {name: spec for step in steps for name, spec in getattr(step, "scratch", {}).items()}
         self.extern_results: dict[str, list] = {}
         for n in graph.nodes.values():
             if isinstance(n, ExternResult):
                 self.extern_results.setdefault(n.extern, []).append((n.name, n.item))
 
     def _alloc(self, name: str, env: dict) -> torch.Tensor:
-        node = self.graph[name]
+        node = self.scratch[name] if name in self.scratch else self.graph[name]
         shape = tuple(int(symbolic.evaluate(d, env)) for d in node.shape)
         strides = self.graph.output_strides.get(name)
         if strides is not None:

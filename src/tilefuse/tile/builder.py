@@ -50,6 +50,7 @@ class KernelBuilder:
         self.helpers: set[str] = set()
         self.tile_symbols: set[str] = set()
         self.index_ranges: dict = {}  # tile symbol -> extent, for index simplification
+        self.scratch: dict = {}  # name -> tile.ir.Scratch: temporaries outside the graph
 
     # ------------------------------------------------------------------ statements
     @property
@@ -90,7 +91,7 @@ class KernelBuilder:
 
     def buffer(self, name: str, write: bool = False) -> tuple:
         """Register a buffer parameter; returns its (symbolic) strides."""
-        node = self.graph[name]
+        node = self.scratch[name] if name in self.scratch else self.graph[name]
         if name not in self.params:
             self.params[name] = Param(name, "buffer", node.dtype)
         seen = self.writes if write else self.reads
@@ -184,7 +185,7 @@ class KernelBuilder:
         raise TypeError(f"cannot lower {type(e).__name__} to tile IR")
 
     def store(self, name: str, index: tuple, value: Expr, mask: Expr | None) -> None:
-        node = self.graph[name]
+        node = self.scratch[name] if name in self.scratch else self.graph[name]
         off = self.offset(name, index, write=True)
         v = value if value.dtype == node.dtype else self.let(Cast(value, node.dtype) if not node.dtype.is_bool
                                                               else binary("ne", value, Const(0, value.dtype)))

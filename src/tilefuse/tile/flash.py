@@ -18,21 +18,31 @@ from ..fusion.flash import K0
 from ..fusion.plan import KernelPlan
 from ..fusion.planner import unravel_sym
 from ..ir import dtypes as dt
-from ..ir.expr import Const, Index, Var, binary, cast, out_index, red_index, where
+from ..ir.expr import Const, Index, Load, Var, binary, cast, out_index, red_index, where
 from ..ir.graph import Graph
 from .builder import KernelBuilder, contiguous_strides, land
-from .ir import Arange, Assign, DotTile, For, Full, ProgramId, ReduceTile, TileKernel
+from .ir import Arange, Assign, DotTile, For, Full, ProgramId, ReduceTile, Scratch, TileKernel
 from .lower import (LoweringOptions, _dot_operand, _index_values, _mapped, _needs_int64, _pow2, _static, _sym, bound_check,
                     full_tile, identity)
 from .reduction import _TILE_COMBINER, _acc_dtype, _combine, rebase
 
 
-def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> TileKernel:
+def lower_flash_kernels(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> list[TileKernel]:
+    """The flash kernel, or (split and merge) a partial kernel over `splits` ranges of keys per
+    block of rows plus a merge kernel that combines the partial states with the same derived
+    rolling updates (FlashDecoding's log-sum-exp merge, derived rather than written)."""
+    splits = split_factor(graph, plan, options)
+    if splits <= 1:
+        return [lower_flash(graph, plan, options)]
+    partial = lower_flash(graph, plan, options, splits=splits)
+    return [partial, lower_flash_merge(graph, plan, options, splits, partial)]
+
+
+def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits: int = 1) -> TileKernel:
     info = plan.flash
     con = plan.contraction
     stages = {st.kind: st for st in plan.stages if st.kind in ("score", "contraction")}
     reduces = [st for st in plan.stages if st.kind == "reduce"]
-    epilogues = [st for st in plan.stages if st.kind == "row"]
     o_stage = stages["contraction"]
     o_node = graph[o_stage.node]
     s_node = graph[stages["score"].node]
@@ -52,13 +62,16 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> Til
     dn, dk = max(16, _pow2(_static(DN))), max(16, _pow2(_static(DK)))
     cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_DN": dn, "BLOCK_DK": dk}
 
-    b = KernelBuilder(graph, plan.name)
-    b.tile_symbols |= {"pid", "pid_b", "rm", "rn", "rj", "rjb", "kq", "kk", "joffset"}
+    kname = plan.name if splits == 1 else f"{plan.name}_partial"
+    b = KernelBuilder(graph, kname)
+    b.tile_symbols |= {"pid", "pid_b", "pid_s", "rm", "rn", "rj", "rjb", "kq", "kk", "joffset"}
     for e in (M, DN, N, DK, *batch_shape):
         b.size_params(e)
     wide = _needs_int64(M, N, DN, *batch_shape) or _needs_int64(M, DK, *batch_shape)
     b.emit(ProgramId("pid", 0, wide=wide))
     b.emit(ProgramId("pid_b", 1, wide=wide))
+    if splits > 1:
+        b.emit(ProgramId("pid_s", 2))
     b.emit(Arange("rm", Index(_sym("pid") * _sym("BLOCK_M")), "BLOCK_M", 0, 2))
     b.emit(Arange("rn", Index(sympy.Integer(0)), "BLOCK_DN", 1, 2))
     b.emit(Arange("kq", Index(sympy.Integer(0)), "BLOCK_DK", 1, 2))
@@ -102,9 +115,14 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> Til
     b.emit(Full(acc.name, ("BLOCK_M", "BLOCK_DN"), 0.0, dt.float32))
 
     start, stop = _live_keys(info, reduces, graph, outs[con.m_dim], r0, N)
-    if start != 0 or stop != N:
+    if (start != 0 or stop != N) and splits == 1:
         plan.notes.append(f"{o_node.name}: key tiles outside [{start}, {stop}) are fully masked for the "
                           f"row block and skipped")
+    if splits > 1:
+        # split s walks its own whole number of key tiles: [s·chunk, (s+1)·chunk)
+        chunk = sympy.floor((N + splits * bn - 1) / (splits * bn)) * bn
+        start = sympy.Max(start, _sym("pid_s") * chunk)
+        stop = sympy.Min(stop, (_sym("pid_s") + 1) * chunk)
     loop = For("joffset", Index(start), Index(stop), "BLOCK_N")
     b.emit(loop)
     b.push_block(loop.body)
@@ -121,7 +139,8 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> Til
     b.emit(Full(s_acc, ("BLOCK_M", "BLOCK_N"), 0.0, dt.float32))
     dot_dtype = q_dtype if q_dtype == k_dtype and q_dtype.is_low_precision and not options.interpret else dt.float32
     b.emit(DotTile(s_acc, q_tile, k_tile, Var(s_acc, dt.float32), dot_dtype))
-    b.bound[s_node.name] = b.let(cast(Var(s_acc, dt.float32), s_node.dtype), "score")
+    # the scores stay in fp32 registers (never rounded to the graph's dtype: they never reach memory)
+    b.bound[s_node.name] = Var(s_acc, dt.float32)
     tile_mask = land(m_ok, j_ok)
     tile_mask = b.let(tile_mask, "tmask") if tile_mask is not None else None
 
@@ -170,8 +189,36 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> Til
 
     omask = land(m_ok, n_ok)
     omask = b.let(omask, "omask") if omask is not None else None
+    nbatch = sympy.Mul(*batch_shape) if batch_shape else sympy.Integer(1)
+    if splits > 1:
+        scratch = _scratch_buffers(plan, reduces, graph, splits, nbatch, M, DN)
+        b.scratch.update(scratch)
+        for st in reduces:
+            part = scratch[_part_name(plan, st.node)]
+            b.store(part.name, (Index(_sym("pid_s")), Index(_sym("pid_b")), Index(rm)), state[st.node], m_ok)
+        b.store(_part_name(plan, "acc"), (Index(_sym("pid_s")), Index(_sym("pid_b")), Index(rm), Index(rn)), acc, omask)
+        plan.notes.append(f"{o_node.name}: split into {splits} ranges of keys per block of rows; partial "
+                          f"states merged by {plan.name}_merge with the same rolling updates")
+        return TileKernel(kname, b.finish_params(), cfg, numel=M * DN * nbatch,
+                          grid=(sympy.ceiling(M / _sym("BLOCK_M")), nbatch, splits), body=b.body, num_warps=warps,
+                          num_stages=stages, reads=b.reads, writes=b.writes, kind="flash",
+                          plan=plan, helpers=b.helpers, scratch=scratch)
     for st in reduces:
         b.bound[st.node] = b.let(_finished(state[st.node], graph[st.node]), "red")
+    _finish(b, graph, plan, acc, rm, rn, m_ok, omask, coords, at)
+    return TileKernel(plan.name, b.finish_params(), cfg, numel=M * DN * nbatch,
+                      grid=(sympy.ceiling(M / _sym("BLOCK_M")), nbatch), body=b.body, num_warps=warps,
+                      num_stages=stages, reads=b.reads, writes=b.writes, kind="flash",
+                      plan=plan, helpers=b.helpers)
+
+
+def _finish(b: KernelBuilder, graph: Graph, plan: KernelPlan, acc, rm, rn, m_ok, omask, coords, at) -> None:
+    """After the key loop: the deferred row factor and guards, the output store, epilogues."""
+    info = plan.flash
+    o_stage = next(st for st in plan.stages if st.kind == "contraction")
+    o_node = graph[o_stage.node]
+    epilogues = [st for st in plan.stages if st.kind == "row"]
+    outs = out_index(o_node.rank)
     total = acc
     if info.post is not None:
         post = b.value(at(info.post, rm, 0, 0), mask=m_ok)
@@ -192,11 +239,122 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> Til
         v = b.value(_mapped(st.body, out_index(enode.rank), vals), mask=omask)
         b.bound[st.node] = v
         b.store(st.node, tuple(Index(e) for e in vals), v, omask)
+
+
+def split_factor(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> int:
+    """How many ranges of keys each block of rows is split into. `options.flash_split` > 0
+    forces it; otherwise split only when the rows alone cannot fill the device (decode: one
+    query row per head) and each split keeps at least four key tiles."""
+    if options.flash_split > 0:
+        return options.flash_split
+    if options.interpret or options.sm_count <= 0:
+        return 1
+    con = plan.contraction
+    o_node = graph[next(st.node for st in plan.stages if st.kind == "contraction")]
+    M, N = _static(o_node.shape[con.m_dim]), _static(o_node.ranges[0])
+    nbatch = _static(sympy.Mul(*(o_node.shape[d] for d in con.batch_dims)))
+    if None in (M, N, nbatch):
+        return 1
+    programs = -(-M // 64) * nbatch
+    target = 2 * options.sm_count
+    if programs >= target:
+        return 1
+    return max(1, min(-(-target // programs), N // (4 * 64), 64))
+
+
+def _part_name(plan: KernelPlan, what: str) -> str:
+    return f"{plan.name}_part_{what}"
+
+
+def _scratch_buffers(plan, reduces, graph, splits, nbatch, M, DN) -> dict:
+    """Partial states of a split flash kernel: each carried reduction per (split, batch, row)
+    and the unnormalised output accumulator per (split, batch, row, column), in fp32."""
+    out = {}
+    for st in reduces:
+        node = graph[st.node]
+        name = _part_name(plan, st.node)
+        out[name] = Scratch(name, (sympy.Integer(splits), nbatch, M), _acc_dtype(node.combiner, st.body.dtype))
+    name = _part_name(plan, "acc")
+    out[name] = Scratch(name, (sympy.Integer(splits), nbatch, M, DN), dt.float32)
+    return out
+
+
+def lower_flash_merge(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits: int,
+                      partial: TileKernel) -> TileKernel:
+    """One program per (row, batch): load the `splits` partial states as a [BLOCK_S, ·] tile,
+    combine the producers (max ...), re-base every repaired partial sum onto the combined
+    values with its derived h, sum over the splits, then finish as the flash kernel does."""
+    info = plan.flash
+    con = plan.contraction
+    reduces = [st for st in plan.stages if st.kind == "reduce"]
+    o_stage = next(st for st in plan.stages if st.kind == "contraction")
+    o_node = graph[o_stage.node]
+    M, DN = o_node.shape[con.m_dim], o_node.shape[con.n_dim]
+    batch_shape = tuple(o_node.shape[d] for d in con.batch_dims)
     nbatch = sympy.Mul(*batch_shape) if batch_shape else sympy.Integer(1)
-    return TileKernel(plan.name, b.finish_params(), cfg, numel=M * DN * nbatch,
-                      grid=(sympy.ceiling(M / _sym("BLOCK_M")), nbatch), body=b.body, num_warps=warps,
-                      num_stages=stages, reads=b.reads, writes=b.writes, kind="flash",
-                      plan=plan, helpers=b.helpers)
+    bs, dn = _pow2(splits), max(16, _pow2(_static(DN)))
+    b = KernelBuilder(graph, f"{plan.name}_merge")
+    b.scratch.update(partial.scratch)
+    b.tile_symbols |= {"pid", "pid_b", "rs", "rn"}
+    for e in (M, DN, *batch_shape):
+        b.size_params(e)
+    wide = _needs_int64(M, DN, *batch_shape, splits)
+    b.emit(ProgramId("pid", 0, wide=wide))
+    b.emit(ProgramId("pid_b", 1, wide=wide))
+    b.emit(Arange("rs", Index(sympy.Integer(0)), "BLOCK_S", 0, 2))
+    b.emit(Arange("rn", Index(sympy.Integer(0)), "BLOCK_DN", 1, 2))
+    rm, rs, rn, pid_b = _sym("pid"), _sym("rs"), _sym("rn"), _sym("pid_b")
+    s_ok = bound_check(b, rs, splits, bs, "smask")
+    n_ok = bound_check(b, rn, DN, dn, "nmask")
+    running = {}
+    for st in reduces:
+        node = graph[st.node]
+        part = b.scratch[_part_name(plan, st.node)]
+        ident = Const(identity(node.combiner, part.dtype) if not part.dtype.is_float
+                      else float(identity(node.combiner, part.dtype)), part.dtype)
+        v = b.value(Load(part.name, (Index(rs), Index(pid_b), Index(rm)), part.dtype), mask=s_ok)
+        if s_ok is not None:
+            v = b.let(where(s_ok, v, ident), "part")
+        raw = v  # a producer's per-split value is the base its consumers' partial sums were built on
+        if st.repair is not None:
+            v = rebase(b, graph, v, st.repair, running)
+        comb = "sum" if st.repair is not None else _TILE_COMBINER.get(node.combiner, node.combiner)
+        if comb not in ("sum", "prod"):
+            b.helpers.add(comb)
+        red = b.fresh("red")
+        b.emit(ReduceTile(red, v, comb, 0, part.dtype))
+        total = Var(red, part.dtype)
+        running[st.node] = (b.let(_finished(raw, node), "prev"), b.let(_finished(total, node), "run"))
+        b.bound[st.node] = running[st.node][1]
+    part_acc = b.scratch[_part_name(plan, "acc")]
+    a_mask = land(s_ok, n_ok)
+    acc = b.value(Load(part_acc.name, (Index(rs), Index(pid_b), Index(rm), Index(rn)), dt.float32), mask=a_mask)
+    if a_mask is not None:
+        acc = b.let(where(a_mask, acc, Const(0.0, dt.float32)), "part")
+    if o_stage.repair is not None:
+        acc = rebase(b, graph, acc, o_stage.repair, running)
+    red = b.fresh("out")
+    b.emit(ReduceTile(red, acc, "sum", 0, dt.float32))
+    acc = Var(red, dt.float32)
+    outs = out_index(o_node.rank)
+    (r0,) = red_index(1)
+    batch_vals = unravel_sym(pid_b, batch_shape) if batch_shape else ()
+
+    def coords(m_val, n_val, key_val, k0_val=None):
+        vals = {}
+        for d, v in zip(con.batch_dims, batch_vals):
+            vals[outs[d]] = v
+        vals[outs[con.m_dim]], vals[outs[con.n_dim]], vals[r0] = m_val, n_val, key_val
+        return list(vals), list(vals.values())
+
+    def at(expr, m_val, n_val, key_val, k0_val=None):
+        syms, vals = coords(m_val, n_val, key_val, k0_val)
+        return _mapped(expr, syms, vals)
+
+    _finish(b, graph, plan, acc, rm, rn, None, n_ok, coords, at)
+    return TileKernel(f"{plan.name}_merge", b.finish_params(), {"BLOCK_S": bs, "BLOCK_DN": dn}, numel=M * DN * nbatch,
+                      grid=(M, nbatch), body=b.body, num_warps=4 if dn >= 128 else 2, num_stages=1,
+                      reads=b.reads, writes=b.writes, kind="flash-merge", plan=plan, helpers=b.helpers)
 
 
 def _vanishes_when_masked(body, masked, combiner: str) -> bool:
@@ -263,4 +421,4 @@ def _live_keys(info, reduces, graph, row, key, N):
     return start, stop
 
 
-__all__ = ["lower_flash"]
+__all__ = ["lower_flash", "lower_flash_kernels", "lower_flash_merge", "split_factor"]

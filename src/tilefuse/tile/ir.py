@@ -18,6 +18,16 @@ from ..ir.dtypes import DType
 from ..ir.expr import Expr
 
 
+@dataclass(frozen=True)
+class Scratch:
+    """A temporary buffer a kernel writes for a later kernel of the same plan (the partial
+    states of a split reduction); the runtime allocates it like a graph buffer."""
+
+    name: str
+    shape: tuple  # sympy extents
+    dtype: DType
+
+
 @dataclass
 class Param:
     name: str
@@ -163,6 +173,7 @@ class TileKernel:
     kind: str = "pointwise"
     plan: object = None  # the KernelPlan it implements (for reports)
     helpers: set = field(default_factory=set)  # helper functions the body uses
+    scratch: dict = field(default_factory=dict)  # name -> Scratch it writes for a later kernel
 
     def grid_size(self, env: dict) -> tuple:
         from ..ir import symbolic

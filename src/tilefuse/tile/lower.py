@@ -29,6 +29,8 @@ class LoweringOptions:
     interpret: bool = False
     persistent_reduction_limit: int = 8192
     flash_config: str = ""
+    flash_split: int = 0  # key ranges per block of rows in attention kernels (0: by occupancy)
+    sm_count: int = 0  # the device's multiprocessors (0: unknown)
 
 
 def _pow2(n: int) -> int:
@@ -96,6 +98,15 @@ def _mapped(body: Expr, symbols, values) -> Expr:
 
 def _index_values(shape, flat, ranges: dict) -> tuple:
     return tuple(simplify_index(v, ranges) for v in unravel_sym(flat, shape))
+
+
+def lower_plan_kernels(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> list[TileKernel]:
+    """The kernels implementing one plan: one, or a split flash kernel and its merge."""
+    if plan.kind == "flash":
+        from .flash import lower_flash_kernels
+
+        return lower_flash_kernels(graph, plan, options)
+    return [lower_plan(graph, plan, options)]
 
 
 def lower_plan(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> TileKernel:
@@ -261,4 +272,4 @@ def _contig(shape):
     return contiguous_strides(shape)
 
 
-__all__ = ["lower_plan", "LoweringOptions", "land"]
+__all__ = ["lower_plan", "lower_plan_kernels", "LoweringOptions", "land"]

@@ -63,21 +63,29 @@ def _ident(combiner: str, dtype) -> Const:
 
 
 def rebase(b: KernelBuilder, graph: Graph, carried: Var, repair, running: dict) -> Var:
-    """h(t) = t·factor(old, new) for a carried partial sum. The old partial sum is dropped
-    (not re-based) when it is empty, when the factor is 0, or when a max/min producer has just
-    left its identity (±inf): its terms were then built on an undefined base (a row that had
-    only seen -inf), and in the finished reduction they are exactly 0."""
+    """h(t) = t·factor(old, new) for a carried partial sum, with every guard decided per row
+    (the carried tile itself is only multiplied and selected once):
+
+    * an unchanged base needs no re-basing: condition 1 of the derivation gives
+      h(t, r, r) = t, so the factor is 1 there (and `exp(-inf - -inf)` is never formed);
+    * the old partial sum is dropped when the factor is 0, or when a max/min producer has just
+      left its identity (±inf): its terms were then built on an undefined base (a row that had
+      only seen -inf), and in the finished reduction they are exactly 0."""
     olds = tuple(running[p][0] for p in repair.producers)
     news = tuple(running[p][1] for p in repair.producers)
-    factor = b.value(repair.factor_expr(olds, news))
-    discard = binary("logical_or", binary("eq", carried, Const(0.0, carried.dtype)),
-                     binary("eq", factor, Const(0.0, factor.dtype)))
+    raw = b.value(repair.factor_expr(olds, news))
+    same = None
+    for old, new in zip(olds, news):
+        same = land(same, binary("eq", old, new))
+    factor = b.let(where(same, Const(1.0, raw.dtype), raw), "factor")
+    discard = binary("eq", factor, Const(0.0, factor.dtype))
     for prod, old, new in zip(repair.producers, olds, news):
         combiner = graph[prod].combiner
         if combiner in ("max", "min") and old.dtype.is_float:
             ident = Const(float("-inf") if combiner == "max" else float("inf"), old.dtype)
             left = binary("logical_and", binary("eq", old, ident), binary("ne", new, ident))
             discard = binary("logical_or", discard, left)
+    discard = b.let(discard, "discard")
     return b.let(where(discard, Const(0.0, carried.dtype), cast(binary("mul", carried, factor), carried.dtype)),
                  "rebased")
 

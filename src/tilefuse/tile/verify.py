@@ -23,7 +23,7 @@ def _used(expr) -> set[str]:
         if isinstance(e, Var):
             names.add(e.name)
         elif isinstance(e, Index):
-            names |= {s.name for s in e.expr.free_symbols}
+            names |= {s.name for s in sympy.sympify(e.expr).free_symbols}
     return names
 
 

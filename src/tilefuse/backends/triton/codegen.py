@@ -188,6 +188,9 @@ class TritonPrinter:
             return f"_remainder({a}, {b})"
         if op == "fmod":
             return f"({a} % {b})"
+        if op in ("maximum", "minimum") and e.dtype.is_float:
+            # one max.NaN / min.NaN instruction: NaN propagates as in eager
+            return f"tl.{op}({a}, {b}, propagate_nan=tl.PropagateNan.ALL)"
         if op == "maximum":
             self.helpers.add("maximum")
             return f"_maximum({a}, {b})"
@@ -260,8 +263,11 @@ class TritonPrinter:
                 if s.combiner == "sum":
                     red = f"tl.sum({v}, {s.axis})"
                 else:
-                    fn = {"max": "_max_combine", "min": "_min_combine", "prod": "_prod_combine"}[s.combiner]
-                    self.helpers.add(s.combiner)
+                    helper = s.combiner
+                    if s.combiner in ("max", "min") and s.dtype.is_float:
+                        helper = "f" + s.combiner
+                    fn = f"_{helper}_combine"
+                    self.helpers.add(helper)
                     red = f"tl.reduce({v}, {s.axis}, {fn})"
                 out.append(f"{pad}{s.name} = {red}{keep}")
             elif isinstance(s, ArgReduceTile):

@@ -33,6 +33,16 @@ def _max_combine(a, b):
 def _min_combine(a, b):
     return tl.where((a < b) | (a != a), a, b)
 """,
+    "fmax": """
+@triton.jit
+def _fmax_combine(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+""",
+    "fmin": """
+@triton.jit
+def _fmin_combine(a, b):
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+""",
     "prod": """
 @triton.jit
 def _prod_combine(a, b):

@@ -1,0 +1,258 @@
+"""PyTorch's fused attention ops, lowered through the math definition of attention.
+
+On CUDA, `F.scaled_dot_product_attention` reaches AOTAutograd as one of the backend-specific
+ops (`_scaled_dot_product_flash_attention`, `_efficient_attention`, `_cudnn_attention`,
+`_fused_attention_overrideable`, and on CPU `_flash_attention_for_cpu` when no decomposition
+ran). This module owns their `.default` overloads: each is lowered to the graph IR that
+PyTorch's math path (`_scaled_dot_product_attention_math`, the CPU decomposition) produces,
+
+    q·√s  @  (kᵀ·√s)  [+ bias / causal mask]  → _safe_softmax (fp32)  →  @ v  → output dtype
+
+so the fusion planner turns it into the same single "flash" kernel. Half-precision inputs are
+upcast to fp32 first, as the math path does; rows masked entirely give 0 (`_safe_softmax`).
+Key/value with fewer heads than the query (grouped-query attention) are repeated per group.
+
+Only the attention output (result 0) is produced. If the graph uses another result (the
+logsumexp a backward op reads, RNG state, ...), or dropout is on, or an argument is not
+understood, the lowering declines and the op stays an ATen `Extern`.
+"""
+from __future__ import annotations
+
+import math
+import operator
+import sys
+
+import sympy
+import torch
+import torch.fx
+
+from ...ir import dtypes as dt
+from ...ir.expr import Index, binary, cast, const, unary, where
+from ..registry import Unsupported, lowering
+from ..values import TensorValue
+from .common import broadcast_load, broadcast_shapes, meta_dtype, overloads, pointwise, py, reduce, scalar, sym
+from .matmul import contraction
+from .nn import softmax_parts
+from .views import expand, reshape, transpose, unsqueeze
+
+aten = torch.ops.aten
+
+#: op -> (name of its mask / bias argument or None, causal mask aligned to the bottom right)
+_OPS = {
+    "_scaled_dot_product_flash_attention": (None, True),  # FlashAttention-2: lower-right causal
+    "_scaled_dot_product_efficient_attention": ("attn_bias", False),
+    "_scaled_dot_product_cudnn_attention": ("attn_bias", False),
+    "_scaled_dot_product_flash_attention_for_cpu": ("attn_mask", False),
+    "_scaled_dot_product_fused_attention_overrideable": ("attn_bias", False),
+}
+
+#: arguments that do not change the attention output
+_IGNORED = {"compute_log_sumexp", "return_debug_mask"}
+
+
+@lowering(*overloads(*(f"{name}.default" for name in _OPS)))
+def fused_attention(ctx, *args, **kwargs):
+    target = ctx.current_target
+    name = target._schema.name.split("::")[-1]
+    mask_arg, bottom_right = _OPS[name]
+    a = _bind(target, args, kwargs)
+    _only_output_zero_used(ctx, name)
+    known = {"query", "key", "value", "dropout_p", "is_causal", "scale", mask_arg} | _IGNORED
+    for arg in target._schema.arguments:
+        if arg.name not in known and a[arg.name] != (arg.default_value if arg.has_default_value() else None):
+            raise Unsupported(f"{name}: argument {arg.name}={a[arg.name]!r} is not supported")
+    dropout = py(a["dropout_p"])
+    if not isinstance(dropout, (int, float)) or dropout != 0:
+        raise Unsupported(f"{name}: dropout_p={dropout!r} (only 0 is lowered; dropout needs RNG)")
+    is_causal = py(a["is_causal"])
+    if not isinstance(is_causal, bool):
+        raise Unsupported(f"{name}: is_causal must be a constant, got {is_causal!r}")
+    mask = a[mask_arg] if mask_arg is not None else None
+    return (attention(ctx, a["query"], a["key"], a["value"], mask, is_causal, a["scale"], bottom_right),) + \
+        (None,) * (len(ctx.current_meta) - 1)
+
+
+def _bind(target, args, kwargs) -> dict:
+    """The op's arguments by schema name, defaults filled in."""
+    params = target._schema.arguments
+    if len(args) > len(params):
+        raise Unsupported(f"{target}: {len(args)} positional arguments")
+    bound = {p.name: v for p, v in zip(params, args)}
+    for k, v in kwargs.items():
+        if k in bound or k not in {p.name for p in params}:
+            raise Unsupported(f"{target}: unexpected argument {k!r}")
+        bound[k] = v
+    for p in params:
+        if p.name not in bound:
+            if not p.has_default_value():
+                raise Unsupported(f"{target}: missing argument {p.name!r}")
+            bound[p.name] = p.default_value
+    return bound
+
+
+# ---------------------------------------------------------------- which results the graph reads
+
+
+def _fx_node(ctx):
+    """The FX node being lowered. The lowering interface passes only its arguments, so this
+    reads it from `ctx.current_node` where the frontend provides one, else from the caller's
+    frame (`to_ir._lower_call`); None when neither is found."""
+    node = getattr(ctx, "current_node", None)
+    if isinstance(node, torch.fx.Node):
+        return node
+    frame = sys._getframe(1)
+    for _ in range(6):
+        frame = frame.f_back
+        if frame is None:
+            break
+        cand = frame.f_locals.get("node")
+        if isinstance(cand, torch.fx.Node) and cand.target is ctx.current_target \
+                and cand.meta.get("val") is ctx.current_meta:
+            return cand
+    return None
+
+
+def _only_output_zero_used(ctx, name: str):
+    node = _fx_node(ctx)
+    if node is None:
+        raise Unsupported(f"{name}: cannot tell which of its results the graph uses")
+    returns = ctx.current_target._schema.returns
+    for user in node.users:
+        if user.target is not operator.getitem:
+            raise Unsupported(f"{name}: its result tuple is used whole by {user.name}")
+        k = user.args[1]
+        if k == 0 or not user.users:
+            continue
+        what = returns[k].name if k < len(returns) and returns[k].name else f"result {k}"
+        raise Unsupported(f"{name}: result {k} ({what}) is used by {', '.join(u.name for u in user.users)}; "
+                          "only the attention output is lowered")
+
+
+# ---------------------------------------------------------------- the math definition
+
+
+def attention(ctx, q, k, v, mask, is_causal: bool, scale, bottom_right: bool = False) -> TensorValue:
+    """softmax(q @ kᵀ · scale + mask) @ v for (B, H, L, E) inputs, built as PyTorch's math path
+    builds it."""
+    if not all(isinstance(t, TensorValue) and t.rank == 4 for t in (q, k, v)):
+        raise Unsupported("query, key and value must be 4-D tensors")
+    if not (q.dtype.is_float and q.dtype == k.dtype == v.dtype):
+        raise Unsupported(f"attention of {q.dtype}, {k.dtype}, {v.dtype}")
+    if mask is not None and not isinstance(mask, TensorValue):
+        raise Unsupported(f"mask of type {type(mask).__name__}")
+    out_dtype = meta_dtype(ctx, 0)
+    acc = dt.compute_dtype(q.dtype)  # the math path upcasts fp16/bf16 to fp32
+    q, k, v = (_as(ctx, t, acc) for t in (q, k, v))
+    b, h, n_q, e = (sym(d) for d in q.shape)
+    n_k, e_v = sym(k.shape[2]), sym(v.shape[3])
+    k, v = _repeat_heads(k, h), _repeat_heads(v, h)
+
+    # scale q and k by √scale each before the product, as the math path does for stability
+    root, sign = _root_scale(scale, e)
+    q_s = pointwise(ctx, q.shape, acc, lambda i: binary("mul", q.load(i), scalar(sign * root, acc)))
+    k_t = transpose(k, -2, -1)
+    k_s = pointwise(ctx, k_t.shape, acc, lambda i: binary("mul", k_t.load(i), scalar(root, acc)))
+    shape = (b, h, n_q, n_k)
+    scores = reshape(contraction(ctx, reshape(q_s, (b * h, n_q, e)), reshape(k_s, (b * h, e, n_k)), acc), shape)
+
+    terms = []
+    if is_causal:
+        terms.append(_causal_mask(ctx, n_q, n_k, acc, bottom_right))
+    if mask is not None:
+        if len(broadcast_shapes(mask.shape, shape)) != 4 or broadcast_shapes(mask.shape, shape) != shape:
+            raise Unsupported(f"mask of shape {mask.shape} does not broadcast to the scores {shape}")
+        terms.append(_additive(ctx, mask, acc))
+    if terms:
+        base = scores
+        scores = pointwise(ctx, shape, acc, lambda i: _sum(
+            [base.load(i)] + [broadcast_load(t, i, shape, acc) for t in terms]))
+
+    weights = _safe_softmax(ctx, scores, acc)
+    out = contraction(ctx, reshape(weights, (b * h, n_q, n_k)), reshape(v, (b * h, n_k, e_v)), acc)
+    out = reshape(out, (b, h, n_q, e_v))
+    if out_dtype != acc:
+        src = out
+        out = pointwise(ctx, src.shape, out_dtype, lambda i: cast(src.load(i), out_dtype))
+    return out
+
+
+def _as(ctx, t: TensorValue, dtype) -> TensorValue:
+    if t.dtype == dtype:
+        return t
+    return pointwise(ctx, t.shape, dtype, lambda i: cast(t.load(i), dtype))
+
+
+def _sum(exprs):
+    total = exprs[0]
+    for x in exprs[1:]:
+        total = binary("add", total, x)
+    return total
+
+
+def _repeat_heads(t: TensorValue, heads) -> TensorValue:
+    """Key/value heads repeated to the query's head count (`repeat_interleave` on dim 1)."""
+    kv = sym(t.shape[1])
+    if kv == heads:
+        return t
+    group = sympy.simplify(heads / kv)
+    if not (group.is_Integer and group > 0):
+        raise Unsupported(f"{heads} query heads do not split into groups of {kv} key/value heads")
+    b, _, n, d = t.shape
+    return reshape(expand(unsqueeze(t, 2), (b, kv, group, n, d)), (b, heads, n, d))
+
+
+def _root_scale(scale, head_dim):
+    """(√|scale|, sign of scale); scale defaults to 1/√E like `sdp::calculate_scale`."""
+    scale = py(scale)
+    if scale is None:
+        if isinstance(py(head_dim), int):
+            return math.sqrt(1.0 / math.sqrt(py(head_dim))), 1.0
+        return sympy.sqrt(1 / sympy.sqrt(head_dim)), 1.0
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise Unsupported(f"scale must be a constant, got {scale!r}")
+    return math.sqrt(abs(scale)), (-1.0 if scale < 0 else 1.0)
+
+
+def _causal_mask(ctx, n_q, n_k, acc, bottom_right: bool) -> TensorValue:
+    """0 where key j may be attended from query i, -inf elsewhere: j <= i (top-left, the
+    math path's `ones(L, S).tril()`) or j <= i + S - L (bottom-right, FlashAttention-2)."""
+    offset = sym(n_k) - sym(n_q) if bottom_right else sympy.Integer(0)
+
+    def body(i):
+        keep = binary("le", Index(i[1].expr - i[0].expr), Index(offset))
+        return where(keep, const(0.0, acc), const(float("-inf"), acc))
+
+    return pointwise(ctx, (n_q, n_k), acc, body)
+
+
+def _additive(ctx, mask: TensorValue, acc) -> TensorValue:
+    """A boolean keep-mask as 0 / -inf (`convert_boolean_attn_mask`); a float bias as is."""
+    if mask.dtype.is_bool:
+        return pointwise(ctx, mask.shape, acc, lambda i: where(
+            mask.load(i), const(0.0, acc), const(float("-inf"), acc)))
+    if not mask.dtype.is_float:
+        raise Unsupported(f"attention mask of dtype {mask.dtype}")
+    return mask
+
+
+def _safe_softmax(ctx, x: TensorValue, acc) -> TensorValue:
+    """softmax over the last dim, with rows that are -inf throughout giving 0
+    (`aten._safe_softmax` as PyTorch decomposes it)."""
+    p, m, s = softmax_parts(ctx, x, -1, acc)
+    shape = tuple(x.shape)
+
+    def softmax(i):
+        j = p.output_index(i)
+        return binary("truediv", unary("exp", binary("sub", x.load(i), m.load(j))), s.load(j))
+
+    probs = pointwise(ctx, shape, acc, softmax)
+    is_inf = pointwise(ctx, shape, dt.bool_, lambda i: binary("eq", x.load(i), const(float("-inf"), acc)))
+    finite = pointwise(ctx, shape, dt.bool_, lambda i: unary("logical_not", is_inf.load(i)))
+    row_any = reduce(ctx, p.out_shape, p.ranges, "any", lambda i, r: finite.load(p.input_index(i, r)), dt.bool_)
+    masked_row = pointwise(ctx, p.out_shape, dt.bool_, lambda i: unary("logical_not", row_any.load(i)))
+    zeros = pointwise(ctx, shape, acc, lambda i: const(0.0, acc))
+    return pointwise(ctx, shape, acc, lambda i: where(
+        masked_row.load(p.output_index(i)), zeros.load(i), probs.load(i)))
+
+
+__all__ = ["attention", "fused_attention"]
