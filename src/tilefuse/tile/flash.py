@@ -242,9 +242,8 @@ def _finish(b: KernelBuilder, graph: Graph, plan: KernelPlan, acc, rm, rn, m_ok,
 
 
 def split_factor(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> int:
-    """How many ranges of keys each block of rows is split into. `options.flash_split` > 0
-    forces it; otherwise split only when the rows alone cannot fill the device (decode: one
-    query row per head) and each split keeps at least four key tiles."""
+    """How many ranges of keys each block of rows is split into: `options.flash_split` when
+    set, else `choose_splits` on static sizes (symbolic sizes and the interpreter: 1)."""
     if options.flash_split > 0:
         return options.flash_split
     if options.interpret or options.sm_count <= 0:
@@ -255,11 +254,16 @@ def split_factor(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> in
     nbatch = _static(sympy.Mul(*(o_node.shape[d] for d in con.batch_dims)))
     if None in (M, N, nbatch):
         return 1
-    programs = -(-M // 64) * nbatch
-    target = 2 * options.sm_count
+    return choose_splits(-(-M // 64) * nbatch, -(-N // 64), options.sm_count)
+
+
+def choose_splits(programs: int, key_tiles: int, sm_count: int) -> int:
+    """Split only when the blocks of rows alone cannot fill the device twice over (decode: one
+    query row per head), keeping at least four key tiles per split."""
+    target = 2 * sm_count
     if programs >= target:
         return 1
-    return max(1, min(-(-target // programs), N // (4 * 64), 64))
+    return max(1, min(-(-target // programs), key_tiles // 4, 64))
 
 
 def _part_name(plan: KernelPlan, what: str) -> str:
@@ -421,4 +425,4 @@ def _live_keys(info, reduces, graph, row, key, N):
     return start, stop
 
 
-__all__ = ["lower_flash", "lower_flash_kernels", "lower_flash_merge", "split_factor"]
+__all__ = ["lower_flash", "lower_flash_kernels", "lower_flash_merge", "split_factor", "choose_splits"]
