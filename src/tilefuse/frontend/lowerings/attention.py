@@ -29,11 +29,11 @@ import torch.fx
 from ...ir import dtypes as dt
 from ...ir.expr import Index, binary, cast, const, unary, where
 from ..registry import Unsupported, lowering
-from ..values import TensorValue
+from ..values import TensorValue, ix_floordiv, ix_mul
 from .common import broadcast_load, broadcast_shapes, meta_dtype, overloads, pointwise, py, reduce, scalar, sym
 from .matmul import contraction
 from .nn import softmax_parts
-from .views import expand, reshape, transpose, unsqueeze
+from .views import reshape, transpose, view
 
 aten = torch.ops.aten
 
@@ -153,13 +153,13 @@ def attention(ctx, q, k, v, mask, is_causal: bool, scale, bottom_right: bool = F
     k_t = transpose(k, -2, -1)
     k_s = pointwise(ctx, k_t.shape, acc, lambda i: binary("mul", k_t.load(i), scalar(root, acc)))
     shape = (b, h, n_q, n_k)
-    scores = reshape(contraction(ctx, reshape(q_s, (b * h, n_q, e)), reshape(k_s, (b * h, e, n_k)), acc), shape)
+    scores = reshape(contraction(ctx, _batched(q_s), _batched(k_s), acc), shape)
 
     terms = []
     if is_causal:
         terms.append(_causal_mask(ctx, n_q, n_k, acc, bottom_right))
     if mask is not None:
-        if len(broadcast_shapes(mask.shape, shape)) != 4 or broadcast_shapes(mask.shape, shape) != shape:
+        if broadcast_shapes(mask.shape, shape) != shape:
             raise Unsupported(f"mask of shape {mask.shape} does not broadcast to the scores {shape}")
         terms.append(_additive(ctx, mask, acc))
     if terms:
@@ -168,12 +168,18 @@ def attention(ctx, q, k, v, mask, is_causal: bool, scale, bottom_right: bool = F
             [base.load(i)] + [broadcast_load(t, i, shape, acc) for t in terms]))
 
     weights = _safe_softmax(ctx, scores, acc)
-    out = contraction(ctx, reshape(weights, (b * h, n_q, n_k)), reshape(v, (b * h, n_k, e_v)), acc)
+    out = contraction(ctx, _batched(weights), _batched(v), acc)
     out = reshape(out, (b, h, n_q, e_v))
     if out_dtype != acc:
         src = out
         out = pointwise(ctx, src.shape, out_dtype, lambda i: cast(src.load(i), out_dtype))
     return out
+
+
+def _batched(t: TensorValue) -> TensorValue:
+    """(B, H, M, N) seen as (B·H, M, N), the batched matrix `at::matmul` multiplies."""
+    b, h, m, n = (sym(d) for d in t.shape)
+    return reshape(t, (b * h, m, n))
 
 
 def _as(ctx, t: TensorValue, dtype) -> TensorValue:
@@ -190,15 +196,18 @@ def _sum(exprs):
 
 
 def _repeat_heads(t: TensorValue, heads) -> TensorValue:
-    """Key/value heads repeated to the query's head count (`repeat_interleave` on dim 1)."""
+    """Key/value heads repeated to the query's head count, as `repeat_interleave` on dim 1
+    does: query head h reads key/value head ⌊h·Hkv/H⌋ (= ⌊h/group⌋; stays in bounds for
+    any symbolic head counts)."""
     kv = sym(t.shape[1])
     if kv == heads:
         return t
-    group = sympy.simplify(heads / kv)
-    if not (group.is_Integer and group > 0):
+    group = heads / kv
+    if group.is_number and not (group.is_Integer and group > 0):
         raise Unsupported(f"{heads} query heads do not split into groups of {kv} key/value heads")
     b, _, n, d = t.shape
-    return reshape(expand(unsqueeze(t, 2), (b, kv, group, n, d)), (b, heads, n, d))
+    return view(t, (b, heads, n, d), lambda i: (i[0], ix_floordiv(ix_mul(i[1], kv), heads), i[2], i[3]),
+                "repeat_interleave")
 
 
 def _root_scale(scale, head_dim):
