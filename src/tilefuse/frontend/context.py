@@ -14,7 +14,8 @@ from ..ir.graph import Extern, ExternResult, Graph, Pointwise, Reduce, TensorArg
 from .values import BufferValue, TensorValue
 
 _TORCH_TO_IR = {
-    torch.bool: dt.bool_, torch.uint8: dt.uint8, torch.int8: dt.int8, torch.int16: dt.int16,
+    torch.bool: dt.bool_, torch.uint8: dt.uint8, torch.uint16: dt.uint16, torch.uint32: dt.uint32,
+    torch.uint64: dt.uint64, torch.int8: dt.int8, torch.int16: dt.int16,
     torch.int32: dt.int32, torch.int64: dt.int64, torch.float16: dt.float16,
     torch.bfloat16: dt.bfloat16, torch.float32: dt.float32, torch.float64: dt.float64,
 }
@@ -90,6 +91,7 @@ class LoweringContext:
         self.graph = graph
         self.current_meta = None  # FakeTensor(s) PyTorch computed for the op being lowered
         self.current_target = None
+        self.current_node = None  # the FX node being lowered (lowerings that look at its users)
 
     # -------------------------------------------------------------- what the op must produce
     @property

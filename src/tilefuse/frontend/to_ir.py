@@ -112,6 +112,7 @@ def _lower_call(ctx: LoweringContext, node: torch.fx.Node, args, kwargs, meta):
         return sym_expr(meta)
     ctx.current_meta = meta
     ctx.current_target = target
+    ctx.current_node = node
     fn = find_lowering(target)
     reason = "no tilefuse lowering"
     if fn is not None:

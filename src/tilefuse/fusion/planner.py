@@ -19,6 +19,7 @@ from __future__ import annotations
 import sympy
 
 from .. import logs
+from ..config import config
 from ..ir.expr import Binary, Expr, Index, Load, free_symbols, out_index, red_index, walk
 from ..ir.graph import Extern, ExternResult, Graph, Pointwise, Reduce
 from ..ir.rewrite import substitute_index
@@ -26,7 +27,9 @@ from ..ir.symbolic import simplify_index
 from .inline import Inliner
 from .plan import Contraction, ExternStep, KernelPlan, Schedule, Stage
 from .flash import fuse_flash
+from .moments import derive_moments
 from .repair import NoRepair, derive_rolling_update
+from .schedule import schedule_passes
 
 X = sympy.Symbol("x", integer=True, nonnegative=True)
 R = sympy.Symbol("r", integer=True, nonnegative=True)
@@ -201,7 +204,12 @@ class Planner:
         self.note(f"{node.name}: reduction over {list(node.ranges)} -> {k.name}", k)
 
     def try_repair(self, k: KernelPlan, node: Reduce, body: Expr, deps: set):
-        """A rolling update over the latest reduction this one reads, if one can be derived."""
+        """A rolling update over the latest reduction this one reads, if one can be derived;
+        failing that, a moment expansion over the results it reads."""
+        repair = self.try_rolling_update(k, node, body, deps)
+        return repair if repair is not None else self.try_moments(k, node, body, deps)
+
+    def try_rolling_update(self, k: KernelPlan, node: Reduce, body: Expr, deps: set):
         reduce_deps = [d for d in deps if k.stage(d).kind == "reduce"]
         if not reduce_deps:
             return None
@@ -217,6 +225,25 @@ class Planner:
             repair = derive_rolling_update(body, node.combiner, producer)
         except NoRepair as why:
             self.note(f"{node.name}: no rolling update over {producer}: {why}", k)
+            return None
+        self.note(f"{node.name}: {repair.describe()}", k)
+        return repair
+
+    def try_moments(self, k: KernelPlan, node: Reduce, body: Expr, deps: set):
+        """Moments carried in the pass that finishes the results this one reads (reductions
+        of that pass and rows computed after it), when the body is polynomial in them."""
+        axis = sympy.sympify(numel(k.reduction))
+        if axis.is_Integer and int(axis) <= config.persistent_reduction_limit:
+            return None  # a persistent row: the body reads the finished results from registers
+        level, _ = schedule_passes(k, use_repairs=True)
+        top = max((level[d] for d in deps), default=-1)
+        if top < 0:
+            return None
+        producers = tuple(s.node for s in k.stages if s.node in deps and level[s.node] == top)
+        try:
+            repair = derive_moments(body, node.combiner, producers, node.name)
+        except NoRepair as why:
+            self.note(f"{node.name}: no moment expansion over {', '.join(producers)}: {why}", k)
             return None
         self.note(f"{node.name}: {repair.describe()}", k)
         return repair

@@ -40,6 +40,9 @@ class DType:
 
 bool_ = DType("bool", 1, "b")
 uint8 = DType("uint8", 1, "u")
+uint16 = DType("uint16", 2, "u")
+uint32 = DType("uint32", 4, "u")
+uint64 = DType("uint64", 8, "u")  # e.g. the RNG state fused attention ops return
 int8 = DType("int8", 1, "i")
 int16 = DType("int16", 2, "i")
 int32 = DType("int32", 4, "i")
@@ -49,7 +52,7 @@ bfloat16 = DType("bfloat16", 2, "f")
 float32 = DType("float32", 4, "f")
 float64 = DType("float64", 8, "f")
 
-ALL = {d.name: d for d in (bool_, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64)}
+ALL = {d.name: d for d in (bool_, uint8, uint16, uint32, uint64, int8, int16, int32, int64, float16, bfloat16, float32, float64)}
 
 
 def by_name(name: str) -> DType:

@@ -294,14 +294,23 @@ def transform(e: Expr, fn: Callable[[Expr], Expr | None], memo: dict | None = No
 
 
 def skip_intermediate_rounding(e: Expr) -> Expr:
-    """`float32(bfloat16(x))` with `x` already float32 becomes `x`: a value that stays in
-    registers between two fused ops keeps its compute precision, as in Inductor's kernels;
-    rounding to a low-precision dtype happens where a value is stored."""
+    """`float32(bfloat16(x))` with `x` already float32 becomes `x`, also through selections
+    (`float32(where(c, bfloat16(x), -inf))`): a value that stays in registers between two
+    fused ops keeps its compute precision, as in Inductor's kernels; rounding to a
+    low-precision dtype happens where a value is stored."""
+
+    def lift(x: Expr, dtype: DType) -> Expr:
+        if isinstance(x, Cast) and x.dtype.is_low_precision and x.x.dtype == dtype:
+            return x.x
+        if isinstance(x, Where) and x.dtype.is_low_precision:
+            return Where(x.cond, lift(x.a, dtype), lift(x.b, dtype), dtype)
+        return cast(x, dtype)
 
     def fn(n):
-        if (isinstance(n, Cast) and isinstance(n.x, Cast) and n.dtype.is_float and n.x.dtype.is_low_precision
-                and n.x.x.dtype == n.dtype):
-            return n.x.x
+        if isinstance(n, Cast) and n.dtype.is_float and not n.dtype.is_low_precision and n.x.dtype.is_low_precision \
+                and isinstance(n.x, (Cast, Where)):
+            out = lift(n.x, n.dtype)
+            return out if out != n else None
         return None
 
     return transform(e, fn)

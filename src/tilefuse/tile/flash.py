@@ -49,17 +49,10 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
     M, DN, N = o_node.shape[con.m_dim], o_node.shape[con.n_dim], o_node.ranges[0]
     DK = info.score_extent
     batch_shape = tuple(o_node.shape[d] for d in con.batch_dims)
-    low = _dot_operand(info.q)[1].is_low_precision
-    # 64×64, 4 warps, 3 stages measured best of a small sweep on the H200 (docs/benchmarks.md)
-    bm, bn = (32, 32) if options.interpret else ((64, 64) if low else (64, 32))
-    mv = _static(M)
-    if mv is not None:
-        bm = min(bm, max(16, _pow2(mv)))
-    warps = 4
-    stages = 1 if options.interpret else 3
+    dn, dk = max(16, _pow2(_static(DN))), max(16, _pow2(_static(DK)))
+    bm, bn, warps, stages = _default_config(_dot_operand(info.q)[1].is_low_precision, max(dn, dk), _static(M), options)
     if options.flash_config:
         bm, bn, warps, stages = (int(v) for v in options.flash_config.split(","))
-    dn, dk = max(16, _pow2(_static(DN))), max(16, _pow2(_static(DK)))
     cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_DN": dn, "BLOCK_DK": dk}
 
     kname = plan.name if splits == 1 else f"{plan.name}_partial"
@@ -123,69 +116,92 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
         chunk = sympy.floor((N + splits * bn - 1) / (splits * bn)) * bn
         start = sympy.Max(start, _sym("pid_s") * chunk)
         stop = sympy.Min(stop, (_sym("pid_s") + 1) * chunk)
-    loop = For("joffset", Index(start), Index(stop), "BLOCK_N")
-    b.emit(loop)
-    b.push_block(loop.body)
-    b.emit(Arange("rj", Index(_sym("joffset")), "BLOCK_N", 1, 2))
-    b.emit(Arange("rjb", Index(_sym("joffset")), "BLOCK_N", 0, 2))
-    j_ok = bound_check(b, rj, N, bn, "jmask")
-    jb_ok = bound_check(b, rjb, N, bn, "jbmask")
-    k_expr, k_dtype = _dot_operand(info.k)
-    k_mask = land(kk_ok, j_ok)
-    k_tile = b.value(at(k_expr, 0, 0, rj, kk), mask=k_mask)
-    if k_mask is not None:
-        k_tile = b.let(where(k_mask, k_tile, Const(0.0, k_tile.dtype)), "k")
-    s_acc = b.fresh("s")
-    b.emit(Full(s_acc, ("BLOCK_M", "BLOCK_N"), 0.0, dt.float32))
-    dot_dtype = q_dtype if q_dtype == k_dtype and q_dtype.is_low_precision and not options.interpret else dt.float32
-    b.emit(DotTile(s_acc, q_tile, k_tile, Var(s_acc, dt.float32), dot_dtype))
-    # the scores stay in fp32 registers (never rounded to the graph's dtype: they never reach memory)
-    b.bound[s_node.name] = Var(s_acc, dt.float32)
-    tile_mask = land(m_ok, j_ok)
-    tile_mask = b.let(tile_mask, "tmask") if tile_mask is not None else None
+    row_values = {st.node for st in reduces}
 
-    running, updates = {}, []
-    for st in reduces:
-        node = graph[st.node]
-        carried = state[st.node]
-        v = cast(b.value(at(st.body, rm, 0, rj), mask=tile_mask), carried.dtype)
-        ident = Const(identity(node.combiner, carried.dtype), carried.dtype) if not carried.dtype.is_float \
-            else Const(float(identity(node.combiner, carried.dtype)), carried.dtype)
-        contrib = full_tile(b, where(tile_mask, v, ident) if tile_mask is not None else v, ("BLOCK_M", "BLOCK_N"))
-        red = b.fresh("red")
-        comb = _TILE_COMBINER.get(node.combiner, node.combiner)
-        if comb != "sum":
-            b.helpers.add(comb)
-        b.emit(ReduceTile(red, contrib, comb, 1, carried.dtype))
-        red_v = Var(red, carried.dtype)
-        if st.repair is not None:
-            value = b.let(binary("add", rebase(b, graph, carried, st.repair, running), red_v), "carry")
-        else:
-            value = b.let(_combine(b, comb, carried, red_v), "carry")
-        running[st.node] = (b.let(_finished(carried, node), "prev"), b.let(_finished(value, node), "run"))
-        b.bound[st.node] = running[st.node][1]
-        updates.append(Assign(carried.name, value))
+    def key_loop(lo, hi, edit):
+        """One loop over key tiles [lo, hi); `edit` rewrites the bodies (removes the mask)."""
+        loop = For("joffset", Index(lo), Index(hi), "BLOCK_N")
+        b.emit(loop)
+        b.push_block(loop.body)
+        b.emit(Arange("rj", Index(_sym("joffset")), "BLOCK_N", 1, 2))
+        b.emit(Arange("rjb", Index(_sym("joffset")), "BLOCK_N", 0, 2))
+        j_ok = bound_check(b, rj, N, bn, "jmask")
+        jb_ok = bound_check(b, rjb, N, bn, "jbmask")
+        k_expr, k_dtype = _dot_operand(info.k)
+        k_mask = land(kk_ok, j_ok)
+        k_tile = b.value(at(k_expr, 0, 0, rj, kk), mask=k_mask)
+        if k_mask is not None:
+            k_tile = b.let(where(k_mask, k_tile, Const(0.0, k_tile.dtype)), "k")
+        s_acc = b.fresh("s")
+        b.emit(Full(s_acc, ("BLOCK_M", "BLOCK_N"), 0.0, dt.float32))
+        dot_dtype = q_dtype if q_dtype == k_dtype and q_dtype.is_low_precision and not options.interpret else dt.float32
+        b.emit(DotTile(s_acc, q_tile, k_tile, Var(s_acc, dt.float32), dot_dtype))
+        # the scores stay in fp32 registers (never rounded to the graph's dtype: they never reach memory)
+        b.bound[s_node.name] = Var(s_acc, dt.float32)
+        tile_mask = land(m_ok, j_ok)
+        tile_mask = b.let(tile_mask, "tmask") if tile_mask is not None else None
 
-    a_expr, a_dtype = _dot_operand(info.a)
-    v_expr, v_dtype = _dot_operand(info.b)
-    if info.post is not None and v_dtype.is_low_precision:
-        a_dtype = v_dtype  # unnormalised weights are rounded for the tensor-core dot
-    p_tile = b.value(at(a_expr, rm, 0, rj), mask=tile_mask)
-    if tile_mask is not None:
-        p_tile = b.let(where(tile_mask, p_tile, Const(0.0, p_tile.dtype)), "p")
-    v_mask = land(jb_ok, n_ok)
-    v_tile = b.value(at(v_expr, 0, rn, rjb), mask=v_mask)
-    if v_mask is not None:
-        v_tile = b.let(where(v_mask, v_tile, Const(0.0, v_tile.dtype)), "v")
-    rebased = rebase(b, graph, acc, o_stage.repair, running)
-    pv = b.fresh("pv")
-    b.emit(Full(pv, ("BLOCK_M", "BLOCK_DN"), 0.0, dt.float32))
-    pv_dtype = a_dtype if a_dtype == v_dtype and a_dtype.is_low_precision and not options.interpret else dt.float32
-    b.emit(DotTile(pv, p_tile, v_tile, Var(pv, dt.float32), pv_dtype))
-    updates.append(Assign(acc.name, binary("add", rebased, Var(pv, dt.float32))))
-    for u in updates:
-        b.emit(u)
-    b.pop_block()
+        running, updates = {}, []
+        for st in reduces:
+            node = graph[st.node]
+            carried = state[st.node]
+            body, scale = pull_scales(edit(st.body)), None
+            if node.combiner in ("max", "min") and _positive_scale(body) and body.dtype == carried.dtype:
+                # max_j(x_j·c) = c·max_j(x_j) for c > 0 (rounding is monotonic: exactly equal)
+                body, scale = body.a, body
+            v = cast(b.value(at(exp_as_exp2(body, row_values), rm, 0, rj), mask=tile_mask), carried.dtype)
+            ident = Const(identity(node.combiner, carried.dtype), carried.dtype) if not carried.dtype.is_float \
+                else Const(float(identity(node.combiner, carried.dtype)), carried.dtype)
+            contrib = full_tile(b, where(tile_mask, v, ident) if tile_mask is not None else v, ("BLOCK_M", "BLOCK_N"))
+            red = b.fresh("red")
+            comb = _TILE_COMBINER.get(node.combiner, node.combiner)
+            if comb != "sum":
+                b.helpers.add(comb)
+            b.emit(ReduceTile(red, contrib, comb, 1, carried.dtype))
+            red_v = Var(red, carried.dtype)
+            if scale is not None:
+                red_v = b.let(binary(scale.op, red_v, scale.b), "scaled")
+            if st.repair is not None:
+                value = b.let(binary("add", rebase(b, graph, carried, st.repair, running), red_v), "carry")
+            else:
+                value = b.let(_combine(b, comb, carried, red_v), "carry")
+            running[st.node] = (b.let(_finished(carried, node), "prev"), b.let(_finished(value, node), "run"))
+            b.bound[st.node] = running[st.node][1]
+            updates.append(Assign(carried.name, value))
+
+        a_expr, a_dtype = _dot_operand(edit(info.a))
+        v_expr, v_dtype = _dot_operand(info.b)
+        if info.post is not None and v_dtype.is_low_precision:
+            a_dtype = v_dtype  # unnormalised weights are rounded for the tensor-core dot
+        p_tile = b.value(at(exp_as_exp2(pull_scales(a_expr), row_values), rm, 0, rj), mask=tile_mask)
+        if tile_mask is not None:
+            p_tile = b.let(where(tile_mask, p_tile, Const(0.0, p_tile.dtype)), "p")
+        v_mask = land(jb_ok, n_ok)
+        v_tile = b.value(at(v_expr, 0, rn, rjb), mask=v_mask)
+        if v_mask is not None:
+            v_tile = b.let(where(v_mask, v_tile, Const(0.0, v_tile.dtype)), "v")
+        rebased = rebase(b, graph, acc, o_stage.repair, running)
+        pv = b.fresh("pv")
+        b.emit(Full(pv, ("BLOCK_M", "BLOCK_DN"), 0.0, dt.float32))
+        pv_dtype = a_dtype if a_dtype == v_dtype and a_dtype.is_low_precision and not options.interpret else dt.float32
+        b.emit(DotTile(pv, p_tile, v_tile, Var(pv, dt.float32), pv_dtype))
+        updates.append(Assign(acc.name, binary("add", rebased, Var(pv, dt.float32))))
+        for u in updates:
+            b.emit(u)
+        b.pop_block()
+
+    interior = _interior_keys(info, reduces, graph, outs[con.m_dim], r0, start, stop, bn)
+    if interior is None:
+        key_loop(start, stop, lambda e: e)
+    else:
+        first, last, edit = interior
+        if first != start:
+            key_loop(start, first, lambda e: e)
+        key_loop(first, last, edit)
+        if last != stop:
+            key_loop(last, stop, lambda e: e)
+        plan.notes.append(f"{o_node.name}: key tiles in [{first}, {last}) are unmasked for the whole row block: "
+                          f"their loop evaluates no mask")
 
     omask = land(m_ok, n_ok)
     omask = b.let(omask, "omask") if omask is not None else None
@@ -210,6 +226,86 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
                       grid=(sympy.ceiling(M / _sym("BLOCK_M")), nbatch), body=b.body, num_warps=warps,
                       num_stages=stages, reads=b.reads, writes=b.writes, kind="flash",
                       plan=plan, helpers=b.helpers)
+
+
+LOG2E = 1.4426950408889634
+
+
+def _positive_scale(e) -> bool:
+    from ..ir.expr import Binary
+
+    return (isinstance(e, Binary) and e.op in ("mul", "truediv") and isinstance(e.b, Const) and e.b.dtype.is_float
+            and e.b.value != "nan" and 0 < float(e.b.value) < float("inf"))
+
+
+def pull_scales(body):
+    """`where(c, ±inf or 0, x·k)` → `where(c, ±inf or 0, x)·k` for a positive constant k (the
+    masked branch is unchanged by the scale): the scale then folds into `exp2`'s constant and
+    comes out of a running max."""
+    from ..ir.expr import Where, transform
+
+    def special(e) -> bool:
+        return isinstance(e, Const) and e.dtype.is_float and e.value != "nan" and float(e.value) in (
+            0.0, float("inf"), float("-inf"))
+
+    def fn(n):
+        if isinstance(n, Where) and n.dtype.is_float:
+            if special(n.a) and _positive_scale(n.b):
+                return binary(n.b.op, Where(n.cond, n.a, n.b.a, n.dtype), n.b.b)
+            if special(n.b) and _positive_scale(n.a):
+                return binary(n.a.op, Where(n.cond, n.a.a, n.b, n.dtype), n.a.b)
+        return None
+
+    return transform(body, fn)
+
+
+def exp_as_exp2(body, row_buffers: set):
+    """`exp(x·c − r)` with `r` a per-row value (a running max) as `exp2(x·(c·log2 e) − r·log2 e)`:
+    one fused multiply-add and one `ex2` per score, the scale folded into the constant, as
+    FlashAttention kernels write it; `r·log2 e` is computed once per row. (Triton's `exp`
+    multiplies by log2 e before its `ex2` anyway, so the accuracy is the same.)"""
+    from ..ir.expr import Binary, Cast, Index, Load, Unary, transform, unary, walk
+
+    def row_only(e) -> bool:
+        loads = [n for n in walk(e) if isinstance(n, Load)]
+        return bool(loads) and all(n.buffer in row_buffers for n in loads) and not any(
+            isinstance(n, Index) and any(str(x).startswith("r") for x in n.expr.free_symbols)
+            for n in walk(e) if not isinstance(n, Load) and n not in [i for ld in loads for i in ld.index])
+
+    def fn(n):
+        if not (isinstance(n, Unary) and n.op == "exp" and n.dtype == dt.float32 and isinstance(n.x, Binary)
+                and n.x.op == "sub" and row_only(n.x.b)):
+            return None
+        x, k = n.x.a, LOG2E
+        while isinstance(x, Cast) and x.dtype == dt.float32 and x.x.dtype == dt.float32:
+            x = x.x
+        if isinstance(x, Binary) and x.op in ("mul", "truediv") and isinstance(x.b, Const) and x.b.dtype.is_float:
+            c = float(x.b.value)
+            if c != 0 and c == c and abs(c) != float("inf"):
+                k, x = (k * c if x.op == "mul" else k / c), x.a
+        scaled = binary("mul", x, Const(k, dt.float32))
+        return unary("exp2", binary("sub", scaled, binary("mul", n.x.b, Const(LOG2E, dt.float32))))
+
+    return transform(body, fn)
+
+
+def _default_config(low_precision: bool, head_block: int, rows, options: LoweringOptions) -> tuple:
+    """(BLOCK_M, BLOCK_N, warps, stages) until the autotuner chooses: the best of a sweep on the
+    H200 (docs/benchmarks.md) — 128×128 tiles and 8 warps for head dim 128, 64×128 and 4 warps
+    below; 16 rows (the smallest `dot`) when there are at most 16 (decode)."""
+    if options.interpret:
+        bm, bn, warps, stages = 32, 32, 4, 1
+    elif not low_precision:
+        bm, bn, warps, stages = 64, 32, 4, 3
+    elif head_block >= 128:
+        bm, bn, warps, stages = 128, 128, 8, 3
+    else:
+        bm, bn, warps, stages = 64, 128, 4, 3
+    if rows is not None and rows <= 16:
+        bm, bn, warps = 16, max(bn, 64) if not options.interpret else bn, 4
+    elif rows is not None:
+        bm = min(bm, max(16, _pow2(rows)))
+    return bm, bn, warps, stages
 
 
 def _finish(b: KernelBuilder, graph: Graph, plan: KernelPlan, acc, rm, rn, m_ok, omask, coords, at) -> None:
@@ -359,6 +455,33 @@ def lower_flash_merge(graph: Graph, plan: KernelPlan, options: LoweringOptions, 
     return TileKernel(f"{plan.name}_merge", b.finish_params(), {"BLOCK_S": bs, "BLOCK_DN": dn}, numel=M * DN * nbatch,
                       grid=(M, nbatch), body=b.body, num_warps=4 if dn >= 128 else 2, num_stages=1,
                       reads=b.reads, writes=b.writes, kind="flash-merge", plan=plan, helpers=b.helpers)
+
+
+def _interior_keys(info, reduces, graph, row, key, start, stop, bn):
+    """(first, last, edit): the tile-aligned key range [first, last) inside [start, stop) where
+    the program's mask holds for no row of the block, and the rewrite that drops the mask from
+    the bodies there — or None when the mask is not exactly a set of unit-linear bounds."""
+    from .masking import HI, LO, full_key_range, unmasked
+    from ..ir.expr import transform
+
+    maxes = [st for st in reduces if graph[st.node].combiner == "max"]
+    if not maxes:
+        return None
+    masked = info.reduce_bodies[maxes[0].node]
+    full = full_key_range(masked, row, key)
+    if full is None:
+        return None
+    lower, upper = full
+    lo = _sym("pid") * _sym("BLOCK_M")
+    first, last = start, stop
+    if lower is not None:
+        ceil_tile = sympy.floor((lower.subs(HI, lo + _sym("BLOCK_M") - 1) + bn - 1) / bn) * bn
+        first = sympy.Min(stop, sympy.Max(start, ceil_tile))
+    if upper is not None:
+        floor_tile = sympy.floor((upper.subs(LO, lo) + 1) / bn) * bn
+        last = sympy.Max(first, sympy.Min(stop, floor_tile))
+    live = unmasked(masked)
+    return first, last, lambda e: transform(e, lambda n: live if n == masked else None)
 
 
 def _vanishes_when_masked(body, masked, combiner: str) -> bool:

@@ -142,7 +142,85 @@ def live_key_range(body: Expr, row: sympy.Symbol, key: sympy.Symbol):
     return lower, upper
 
 
+def _exact_disjuncts(c: Expr):
+    """The disjuncts of `c` when every one is a comparison (None otherwise: a conjunction or
+    anything else that no unit-linear bound describes exactly)."""
+    if isinstance(c, Binary) and c.op == "logical_or":
+        a, b = _exact_disjuncts(c.a), _exact_disjuncts(c.b)
+        return None if a is None or b is None else a + b
+    if isinstance(c, Binary) and c.op == "logical_and":
+        for x, y in ((c.a, c.b), (c.b, c.a)):
+            if isinstance(_condition(y), Const) and _condition(y).value in (True, 1):
+                return _exact_disjuncts(_condition(x))
+        return None
+    if isinstance(c, Binary) and c.op in _REL:
+        return [c]
+    return None
+
+
+def _unit_bound(d: Expr, row, key):
+    """`d` as (masks_above, c): masked where j − i ≥ c (masks_above) or j − i ≤ c, or None."""
+    lhs, rhs = _int_expr(d.a), _int_expr(d.b)
+    if lhs is None or rhs is None:
+        return None
+    diff = sympy.expand(lhs - rhs)
+    cj, ci = diff.coeff(key), diff.coeff(row)
+    rest = sympy.expand(diff - cj * key - ci * row)
+    if rest.free_symbols or abs(cj) != 1 or ci != -cj:
+        return None
+    strict = d.op in ("gt", "lt")
+    above = (d.op in ("gt", "ge")) == (cj == 1)
+    c0 = -rest if cj == 1 else rest
+    if above:
+        return True, c0 + (1 if strict else 0)
+    return False, c0 - (1 if strict else 0)
+
+
+def full_key_range(body: Expr, row: sympy.Symbol, key: sympy.Symbol):
+    """(lower, upper): keys live for *every* row of the block [LO, HI] — `lower(HI)` and
+    `upper(LO)` over the symbols LO and HI, None for no bound — or None when the mask is not
+    exactly a disjunction of unit-linear bounds (then every tile must evaluate it)."""
+    cond = masked_condition(body)
+    ds = _exact_disjuncts(cond) if cond is not None else None
+    if not ds:
+        return None
+    lower = upper = None
+    for d in ds:
+        bound = _unit_bound(d, row, key)
+        if bound is None:
+            return None
+        above, c = bound
+        if above:  # dead where j >= i + c: live for all rows while j <= LO + c - 1
+            upper = LO + c - 1 if upper is None else sympy.Min(upper, LO + c - 1)
+        else:  # dead where j <= i + c: live for all rows from HI + c + 1
+            lower = HI + c + 1 if lower is None else sympy.Max(lower, HI + c + 1)
+    return lower, upper
+
+
+def unmasked(body: Expr) -> Expr:
+    """`body` with the mask that `masked_condition` reads removed (its live branch kept): the
+    score expression of tiles where the mask holds nowhere."""
+    e = _strip(body)
+    if isinstance(e, Where) and _is_neg_inf(e.a):
+        return _cast(e.b, body.dtype)
+    if isinstance(e, Where) and _is_neg_inf(e.b):
+        return _cast(e.a, body.dtype)
+    if isinstance(e, Binary) and e.op == "add":
+        a = unmasked(e.a) if masked_condition(e.a) is not None else e.a
+        b = unmasked(e.b) if masked_condition(e.b) is not None else e.b
+        return _cast(Binary("add", a, b, e.dtype), body.dtype)
+    if isinstance(e, Binary) and e.op == "mul" and isinstance(e.b, Const):
+        return _cast(Binary("mul", unmasked(e.a), e.b, e.dtype), body.dtype)
+    return body
+
+
+def _cast(e: Expr, dtype):
+    from ..ir.expr import cast
+
+    return cast(e, dtype)
+
+
 LO = sympy.Symbol("LO", integer=True)
 HI = sympy.Symbol("HI", integer=True)
 
-__all__ = ["live_key_range", "masked_condition", "LO", "HI"]
+__all__ = ["live_key_range", "full_key_range", "unmasked", "masked_condition", "LO", "HI"]

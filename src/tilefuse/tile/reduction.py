@@ -12,18 +12,24 @@ in which case it runs in the same pass as its producer:
 
 Reductions without repairs accumulate elementwise ([XBLOCK, RBLOCK] lanes, reduced once after
 the loop); the producer and consumer of a repair keep one value per row, reduced per tile.
+
+A stage with a moment expansion (`fusion.moments`) also runs in its producers' pass: before
+the loop each expansion point is estimated from the axis's first tile, the loop carries one
+lane accumulator per moment, and after the loop, once the producers are final (rows of that
+pass included, in stage order), the stage is combined as Σ_α (r − s)^α · M_α.
 """
 from __future__ import annotations
 
 import sympy
 
 from ..fusion.plan import KernelPlan, Stage
-from ..fusion.schedule import schedule_passes
+from ..fusion.schedule import schedule_stages
 from ..ir import dtypes as dt
-from ..ir.expr import Const, Expr, Index, Var, binary, cast, out_index, red_index, unary, where
+from ..ir.expr import Const, Expr, Index, Load, Var, binary, cast, out_index, red_index, unary, walk, where
+from ..ir.printer import format_expr
 from ..ir.graph import Graph
 from .builder import KernelBuilder, land
-from .ir import Arange, ArgReduceTile, Assign, Full, ProgramId, ReduceTile, TileKernel
+from .ir import Arange, ArgReduceTile, Assign, Full, Let, ProgramId, ReduceTile, TileKernel
 from .lower import (LoweringOptions, _index_values, _mapped, _needs_int64, _pow2, _static, _sym, bound_check,
                     full_tile, identity, masked)
 
@@ -113,9 +119,9 @@ def lower_reduction(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
     b.emit(Arange("xindex", Index(_sym("pid") * _sym("XBLOCK")), "XBLOCK", 0, 2))
     xmask = bound_check(b, x, P, xblock, "xmask")
     sym_ranges = {x: P, r: Rn}
-    level, repaired = schedule_passes(plan, use_repairs=not persistent)
+    level, repaired, expanded = schedule_stages(plan, use_repairs=not persistent)
     for st in plan.stages:
-        if st.repair is not None and st.node in repaired:
+        if st.repair is not None and (st.node in repaired or st.node in expanded):
             plan.notes.append(f"{st.node}: carried in pass {level[st.node]} with {st.repair.describe()}")
     reduces = [s for s in plan.stages if s.kind == "reduce"]
     passes = 1 + max([level[s.node] for s in plan.stages if s.kind != "row"], default=0)
@@ -143,7 +149,9 @@ def lower_reduction(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
 
     def row_stages(after_pass: int) -> None:
         for st in plan.stages:
-            if st.kind == "row" and level[st.node] == after_pass:
+            if st.node in expanded and level[st.node] == after_pass:
+                finish(st, moments.combine(st))
+            elif st.kind == "row" and level[st.node] == after_pass:
                 v = b.value(body_of(st), mask=xmask)
                 b.bound[st.node] = v
                 if st.store:
@@ -165,6 +173,7 @@ def lower_reduction(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
         b.emit(ReduceTile(name, contrib, comb, 1, accd))
         return Var(name, accd)
 
+    moments = _Moments(b, graph, plan, level, repaired, expanded, (x, P), (Rn, rblock), xmask, body_of)
     row_stages(-1)
     for p in range(passes):
         if p > 0:
@@ -182,7 +191,7 @@ def lower_reduction(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
                 b.store(st.node, out_index_of(st), b.value(body_of(st), mask=mask), mask)
             continue
         _looped_pass(b, graph, in_pass, fulls, repaired, Rn, rblock, xmask, r,
-                     body_of, out_index_of, finish, tile_reduce)
+                     body_of, out_index_of, finish, tile_reduce, moments)
     row_stages(passes - 1)
     for st in reduces:
         if st.store:
@@ -193,8 +202,12 @@ def lower_reduction(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
 
 
 def _looped_pass(b, graph, in_pass, fulls, repaired, Rn, rblock, xmask, r, body_of, out_index_of, finish,
-                 tile_reduce):
+                 tile_reduce, moments):
     from .ir import For
+
+    expanded = [s for s in in_pass if s.node in moments.expanded]
+    in_pass = [s for s in in_pass if s.node not in moments.expanded]
+    moments.before_loop(expanded)
 
     # stages that keep one value per row: repaired consumers and their producers
     per_row = {s.node for s in in_pass if s.node in repaired}
@@ -242,11 +255,13 @@ def _looped_pass(b, graph, in_pass, fulls, repaired, Rn, rblock, xmask, r, body_
         else:
             b.emit(Assign(acc.name, _combine(b, node.combiner, acc,
                                              full_tile(b, masked(b, mask, v, _ident(node.combiner, acc.dtype))))))
+    moments.in_loop(expanded, mask)
     for u in updates:
         b.emit(u)
     for st in fulls:
         b.store(st.node, out_index_of(st), b.value(body_of(st), mask=mask), mask)
     b.pop_block()
+    moments.after_loop(expanded)
     for st in in_pass:
         node = graph[st.node]
         acc, idx = state[st.node]
@@ -264,3 +279,142 @@ def _looped_pass(b, graph, in_pass, fulls, repaired, Rn, rblock, xmask, r, body_
                 b.helpers.add(comb)
             b.emit(ReduceTile(out, acc, comb, 1, acc.dtype))
             finish(st, Var(out, acc.dtype))
+
+
+class _Moments:
+    """Moment-expanded stages of a looped reduction (`fusion.moments`)."""
+
+    def __init__(self, b, graph, plan, level, repaired, expanded, parallel, axis, xmask, body_of):
+        self.b, self.graph, self.plan, self.level, self.repaired = b, graph, plan, level, repaired
+        self.expanded = expanded
+        (self.x, self.P), (self.Rn, self.rblock) = parallel, axis
+        self.xmask, self.body_of = xmask, body_of
+        self.acc: dict = {}  # (stage, α) -> lane accumulator
+        self.sums: dict = {}  # (stage, α) -> its moment after the loop
+
+    def n(self, dtype) -> Expr:
+        """The axis length as a float."""
+        rn = _static(self.Rn)
+        return Const(float(rn), dtype) if rn is not None else Index(self.Rn, dtype)
+
+    def mapped(self, st: Stage, e: Expr, rsym) -> Expr:
+        node = self.graph[st.node]
+        ranges = {self.x: self.P, rsym: self.Rn}
+        xi = _index_values(node.shape, self.x, ranges)
+        ri = _index_values(node.ranges, rsym, ranges)
+        return _mapped(_mapped(e, out_index(node.rank), xi), red_index(len(node.ranges)), ri)
+
+    def before_loop(self, stages) -> None:
+        b = self.b
+        shifted = [(st, k) for st in stages for k, s in enumerate(st.repair.shifts) if s is not None]
+        if shifted:
+            self._shifts(shifted)
+        for st in stages:
+            for alpha, q in st.repair.terms:
+                if st.repair.reads_axis(q):
+                    name = b.fresh("macc")
+                    b.emit(Full(name, ("XBLOCK", "RBLOCK"), 0.0, st.repair.dtype))
+                    self.acc[(st.node, alpha)] = Var(name, st.repair.dtype)
+
+    def in_loop(self, stages, mask) -> None:
+        b, r = self.b, _sym("rindex")
+        for st in stages:
+            for alpha, q in st.repair.terms:
+                acc = self.acc.get((st.node, alpha))
+                if acc is not None:
+                    v = cast(b.value(self.mapped(st, q, r), mask=mask), acc.dtype)
+                    b.emit(Assign(acc.name, binary("add", acc, full_tile(b, masked(b, mask, v, Const(0.0, acc.dtype))))))
+
+    def after_loop(self, stages) -> None:
+        for st in stages:
+            for alpha, _ in st.repair.terms:
+                acc = self.acc.get((st.node, alpha))
+                if acc is not None:
+                    name = self.b.fresh("moment")
+                    self.b.emit(ReduceTile(name, acc, "sum", 1, acc.dtype))
+                    self.sums[(st.node, alpha)] = Var(name, acc.dtype)
+
+    def combine(self, st: Stage) -> Var:
+        """The stage's value from its moments and its producers' final values."""
+        b, rep, r = self.b, st.repair, _sym("rindex")
+        pivots = [b.value(self.mapped(st, p, r), mask=self.xmask) for p in rep.pivots]
+        moments = []
+        for alpha, q in rep.terms:
+            if rep.reads_axis(q):
+                moments.append(self.sums[(st.node, alpha)])
+            elif isinstance(q, Const) and isinstance(self.n(rep.dtype), Const):
+                moments.append(Const(self.n(rep.dtype).value * q.value, rep.dtype))
+            else:  # constant along the axis: n·q, no accumulator
+                moments.append(binary("mul", self.n(rep.dtype), b.value(self.mapped(st, q, r), mask=self.xmask)))
+        return b.let(rep.combine(pivots, moments), "combined")
+
+    def _shifts(self, shifted) -> None:
+        """Each shift = its pivot evaluated on estimates of this pass's results from the first
+        tile of the axis (a sum extrapolated to the whole axis): close to the final value, so
+        r − s stays small. A pivot without an estimate, or a non-finite one, expands around 0."""
+        b = self.b
+        p = self.level[shifted[0][0].node]
+        block: list = []
+        saved = dict(b.bound)
+        b.push_block(block)  # its own memo: the estimates must not stand in for the final values
+        try:
+            est = self._estimates(p)
+            b.bound.update(est)
+            for st, k in shifted:
+                shift = st.repair.shifts[k]
+                pivot = st.repair.pivots[k]
+                reads = {e.buffer for e in walk(pivot) if isinstance(e, Load)}
+                if not all(d in est or self.level[d] < p for d in reads):
+                    self.plan.notes.append(f"{st.node}: no first-tile estimate of {format_expr(pivot)}; "
+                                           "expanded around 0")
+                    b.emit(Full(shift.name, ("XBLOCK", 1), 0.0, shift.dtype))
+                    continue
+                s = b.let(cast(b.value(self.mapped(st, pivot, _sym("rindex")), mask=self.xmask), shift.dtype))
+                finite = binary("lt", unary("abs", s), Const(float("inf"), s.dtype))
+                b.emit(Let(shift.name, where(finite, s, Const(0.0, s.dtype))))
+        finally:
+            b.pop_block()
+            b.bound.clear()
+            b.bound.update(saved)
+            b.blocks[-1].extend(block)
+
+    def _estimates(self, p: int) -> dict:
+        b, graph = self.b, self.graph
+        rf = _sym("rfirst")
+        b.tile_symbols.add("rfirst")
+        b.emit(Arange("rfirst", Index(sympy.Integer(0)), "RBLOCK", 1, 2))
+        rmask = bound_check(b, rf, self.Rn, self.rblock, "fmask")
+        mask = land(self.xmask, rmask)
+        mask = b.let(mask, "mask") if mask is not None else None
+        count = None
+        est: dict = {}
+        for st in self.plan.stages:
+            if self.level[st.node] != p:
+                continue
+            node = graph[st.node]
+            if st.kind == "row":
+                reads = {e.buffer for e in walk(st.body) if isinstance(e, Load) and e.buffer in self.level}
+                if all(d in est or self.level[d] < p for d in reads):
+                    b.bound.update(est)
+                    est[st.node] = b.value(self.body_of(st), mask=self.xmask)
+                continue
+            if (st.kind != "reduce" or st.node in self.repaired or st.node in self.expanded
+                    or node.combiner not in ("sum", "max", "min") or not st.body.dtype.is_float):
+                continue
+            v = b.value(self.mapped(st, st.body, rf), mask=mask)
+            contrib = full_tile(b, masked(b, mask, v, _ident(node.combiner, v.dtype)))
+            name = b.fresh("first")
+            if node.combiner != "sum":
+                b.helpers.add(node.combiner)
+            b.emit(ReduceTile(name, contrib, node.combiner, 1, v.dtype))
+            value = Var(name, v.dtype)
+            if node.combiner == "sum":
+                if count is None:
+                    count = Const(float(self.rblock), v.dtype)
+                    if rmask is not None:
+                        ones = full_tile(b, where(rmask, Const(1.0, v.dtype), Const(0.0, v.dtype)))
+                        count = Var(b.fresh("count"), v.dtype)
+                        b.emit(ReduceTile(count.name, ones, "sum", 1, v.dtype))
+                value = binary("mul", value, binary("truediv", self.n(v.dtype), count))
+            est[st.node] = b.let(cast(value, node.dtype), "first")
+        return est

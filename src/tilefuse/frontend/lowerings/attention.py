@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import operator
-import sys
 
 import sympy
 import torch
@@ -94,22 +93,9 @@ def _bind(target, args, kwargs) -> dict:
 
 
 def _fx_node(ctx):
-    """The FX node being lowered. The lowering interface passes only its arguments, so this
-    reads it from `ctx.current_node` where the frontend provides one, else from the caller's
-    frame (`to_ir._lower_call`); None when neither is found."""
+    """The FX node being lowered (None when lowering outside the FX frontend)."""
     node = getattr(ctx, "current_node", None)
-    if isinstance(node, torch.fx.Node):
-        return node
-    frame = sys._getframe(1)
-    for _ in range(6):
-        frame = frame.f_back
-        if frame is None:
-            break
-        cand = frame.f_locals.get("node")
-        if isinstance(cand, torch.fx.Node) and cand.target is ctx.current_target \
-                and cand.meta.get("val") is ctx.current_meta:
-            return cand
-    return None
+    return node if isinstance(node, torch.fx.Node) else None
 
 
 def _only_output_zero_used(ctx, name: str):
