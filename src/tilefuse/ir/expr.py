@@ -18,7 +18,7 @@ from .dtypes import DType
 
 UNARY_OPS = frozenset(
     """neg abs exp exp2 log log2 log10 log1p expm1 sqrt rsqrt sin cos tan asin acos atan
-    sinh cosh tanh asinh acosh atanh sigmoid erf erfc floor ceil round trunc sign
+    sinh cosh tanh tanh_approx asinh acosh atanh sigmoid erf erfc floor ceil round trunc sign
     reciprocal logical_not bitwise_not isnan isinf lgamma""".split()
 )
 BINARY_OPS = frozenset(

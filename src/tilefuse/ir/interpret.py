@@ -43,7 +43,7 @@ _UNARY = {
     "log2": torch.log2, "log10": torch.log10, "log1p": torch.log1p, "expm1": torch.expm1,
     "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "sin": torch.sin, "cos": torch.cos, "tan": torch.tan,
     "asin": torch.asin, "acos": torch.acos, "atan": torch.atan, "sinh": torch.sinh,
-    "cosh": torch.cosh, "tanh": torch.tanh, "asinh": torch.asinh, "acosh": torch.acosh,
+    "cosh": torch.cosh, "tanh": torch.tanh, "tanh_approx": torch.tanh, "asinh": torch.asinh, "acosh": torch.acosh,
     "atanh": torch.atanh, "sigmoid": torch.sigmoid, "erf": torch.erf, "erfc": torch.erfc,
     "floor": torch.floor, "ceil": torch.ceil, "round": torch.round, "trunc": torch.trunc,
     "sign": torch.sign, "reciprocal": torch.reciprocal, "logical_not": torch.logical_not,

@@ -117,6 +117,8 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
         start = sympy.Max(start, _sym("pid_s") * chunk)
         stop = sympy.Min(stop, (_sym("pid_s") + 1) * chunk)
     row_values = {st.node for st in reduces}
+    low_inputs = q_dtype.is_low_precision and _dot_operand(info.k)[1].is_low_precision
+    relax = relax_for_low_precision if low_inputs else (lambda e: e)
 
     def key_loop(lo, hi, edit):
         """One loop over key tiles [lo, hi); `edit` rewrites the bodies (removes the mask)."""
@@ -145,7 +147,7 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
         for st in reduces:
             node = graph[st.node]
             carried = state[st.node]
-            body, scale = pull_scales(edit(st.body)), None
+            body, scale = pull_scales(relax(edit(st.body))), None
             if node.combiner in ("max", "min") and _positive_scale(body) and body.dtype == carried.dtype:
                 # max_j(x_j·c) = c·max_j(x_j) for c > 0 (rounding is monotonic: exactly equal)
                 body, scale = body.a, body
@@ -169,7 +171,7 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
             b.bound[st.node] = running[st.node][1]
             updates.append(Assign(carried.name, value))
 
-        a_expr, a_dtype = _dot_operand(edit(info.a))
+        a_expr, a_dtype = _dot_operand(relax(edit(info.a)))
         v_expr, v_dtype = _dot_operand(info.b)
         if info.post is not None and v_dtype.is_low_precision:
             a_dtype = v_dtype  # unnormalised weights are rounded for the tensor-core dot
@@ -229,6 +231,28 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
 
 
 LOG2E = 1.4426950408889634
+
+
+def relax_for_low_precision(body):
+    """Inside an attention kernel whose operands are bf16/fp16 the scores feed `exp` and a
+    low-precision `dot`: a division by a constant becomes a multiplication by its reciprocal
+    (≤ 1 ulp apart) and `tanh` (soft-capping) the hardware approximation, both far below the
+    inputs' own resolution — as FlashAttention kernels compute them."""
+    from ..ir.expr import Binary, Unary, transform, unary
+
+    def fn(n):
+        if isinstance(n, Unary) and n.op == "tanh" and n.dtype == dt.float32:
+            return unary("tanh_approx", n.x)
+        if isinstance(n, Binary) and n.op == "truediv" and n.dtype == dt.float32 and isinstance(n.b, Const) \
+                and n.b.value != "nan" and float(n.b.value) not in (0.0, float("inf"), float("-inf")):
+            return fn(binary("mul", n.a, Const(1.0 / float(n.b.value), dt.float32))) or \
+                binary("mul", n.a, Const(1.0 / float(n.b.value), dt.float32))
+        if isinstance(n, Binary) and n.op == "mul" and isinstance(n.b, Const) and isinstance(n.a, Binary) \
+                and n.a.op == "mul" and isinstance(n.a.b, Const) and n.dtype == dt.float32 and n.a.dtype == dt.float32:
+            return binary("mul", n.a.a, Const(float(n.a.b.value) * float(n.b.value), dt.float32))  # (x·c)·d
+        return None
+
+    return transform(body, fn)
 
 
 def _positive_scale(e) -> bool:
