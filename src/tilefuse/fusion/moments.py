@@ -214,28 +214,35 @@ def derive_moments(body: Expr, combiner: str, producers, name: str = "t") -> Mom
     accd = dt.float64 if body.dtype == dt.float64 else dt.float32
     shifts = tuple(Var(f"shift_{name}_{k}", accd) if sh else None for k, sh in enumerate(shifted))
     jets = _Jets(producers, {p: k for k, p in enumerate(found)}, shifts, poly.total_degree(), accd)(body)
-    terms = tuple(sorted(jets.items(), key=lambda kv: (sum(kv[0]), kv[0])))
-    text = _describe(name, producers, found, syms, shifts, g, terms, opaque)
-    return MomentRepair(producers=producers, pivots=tuple(found), shifts=shifts, terms=terms, dtype=accd, text=text)
-
-
-def _describe(name, producers, found, syms, shifts, g, terms, opaque) -> str:
-    """The expansion as reports print it, from sympy: t = Σ_α δ^α M_α, each moment M_i = Σ_j q."""
+    # sympy's Taylor coefficient q_α = ∂^α g / α! at the shifts, for the report; a term whose
+    # coefficient only cancels structurally in the IR is dropped
     single = len(syms) == 1
     s_syms = [sympy.Symbol("s" if single else f"s_{k}", real=True) for k in range(len(syms))]
-    d_syms = [sympy.Symbol("d" if single else f"d_{k}", real=True) if s is not None else r
-              for k, (r, s) in enumerate(zip(syms, shifts))]
     at = {r: (sv if s is not None else 0) for r, sv, s in zip(syms, s_syms, shifts)}
-    n = sympy.Symbol("n", positive=True)
-    total, defs, count = sympy.Integer(0), [], 0
-    for alpha, q in terms:
+    terms, coefficients = [], []
+    for alpha, q in sorted(jets.items(), key=lambda kv: (sum(kv[0]), kv[0])):
         deriv = g
         for r, a in zip(syms, alpha):
             if a:
                 deriv = sympy.diff(deriv, r, a)
         q_sym = sympy.factor_terms(deriv.subs(at, simultaneous=True) / math.prod(math.factorial(a) for a in alpha))
-        if q_sym == 0:
-            continue
+        if q_sym != 0:
+            terms.append((alpha, q))
+            coefficients.append(q_sym)
+    text = _describe(name, producers, found, syms, s_syms, shifts, terms, coefficients, opaque)
+    return MomentRepair(producers=producers, pivots=tuple(found), shifts=shifts, terms=tuple(terms), dtype=accd,
+                        text=text)
+
+
+def _describe(name, producers, found, syms, s_syms, shifts, terms, coefficients, opaque) -> str:
+    """The expansion as reports print it: t = Σ_α δ^α M_α, each moment M_i = Σ_j q_α (n·q_α
+    for a coefficient constant along the axis)."""
+    single = len(syms) == 1
+    d_syms = [sympy.Symbol("d" if single else f"d_{k}", real=True) if s is not None else r
+              for k, (r, s) in enumerate(zip(syms, shifts))]
+    n = sympy.Symbol("n", positive=True)
+    total, defs, count = sympy.Integer(0), [], 0
+    for (alpha, q), q_sym in zip(terms, coefficients):
         mono = sympy.Mul(*(d ** a for d, a in zip(d_syms, alpha)))
         if not _reads_axis(q):
             total += mono * n * q_sym

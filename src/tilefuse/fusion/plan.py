@@ -17,7 +17,9 @@ the reduced dims), and ordered stages:
 
 A `reduce` stage with a `repair` reads an earlier reduction of the same kernel but can still be
 carried in the same pass over the axis: the derived rolling update re-bases its partial sum
-whenever the earlier reduction's running value changes (see `fusion.repair`).
+whenever the earlier reduction's running value changes (see `fusion.repair`), or, for a body
+polynomial in the earlier results, independent moments are carried and combined after the
+loop (see `fusion.moments`).
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ class Stage:
     body: Expr
     level: int = 0
     store: bool = True
-    repair: object = None  # a fusion.repair.Repair: carried in the same pass as its producer
+    repair: object = None  # fusion.repair.Repair or fusion.moments.MomentRepair: same pass as its producer
 
 
 @dataclass

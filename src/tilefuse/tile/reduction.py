@@ -358,7 +358,7 @@ class _Moments:
         saved = dict(b.bound)
         b.push_block(block)  # its own memo: the estimates must not stand in for the final values
         try:
-            est = self._estimates(p)
+            est = self._estimates(p, self._needed(p, [st.repair.pivots[k] for st, k in shifted]))
             b.bound.update(est)
             for st, k in shifted:
                 shift = st.repair.shifts[k]
@@ -378,7 +378,23 @@ class _Moments:
             b.bound.update(saved)
             b.blocks[-1].extend(block)
 
-    def _estimates(self, p: int) -> dict:
+    def _needed(self, p: int, pivots) -> set:
+        """The results of pass `p` the pivots read, directly or through rows of that pass."""
+        members = {s.node: s for s in self.plan.stages}
+        todo = [e.buffer for piv in pivots for e in walk(piv) if isinstance(e, Load)]
+        needed: set = set()
+        while todo:
+            name = todo.pop()
+            if name in needed or name not in members or self.level[name] != p:
+                continue
+            needed.add(name)
+            if members[name].kind == "row":
+                todo += [e.buffer for e in walk(members[name].body) if isinstance(e, Load)]
+        return needed
+
+    def _estimates(self, p: int, needed: set) -> dict:
+        """First-tile estimates of the `needed` results of pass `p`: its plain sums (scaled to
+        the axis length), maxima and minima, and the rows computed from them."""
         b, graph = self.b, self.graph
         rf = _sym("rfirst")
         b.tile_symbols.add("rfirst")
@@ -389,7 +405,7 @@ class _Moments:
         count = None
         est: dict = {}
         for st in self.plan.stages:
-            if self.level[st.node] != p:
+            if st.node not in needed:
                 continue
             node = graph[st.node]
             if st.kind == "row":
@@ -402,6 +418,7 @@ class _Moments:
                     or node.combiner not in ("sum", "max", "min") or not st.body.dtype.is_float):
                 continue
             v = b.value(self.mapped(st, st.body, rf), mask=mask)
+            v = cast(v, dt.compute_dtype(v.dtype))
             contrib = full_tile(b, masked(b, mask, v, _ident(node.combiner, v.dtype)))
             name = b.fresh("first")
             if node.combiner != "sum":
