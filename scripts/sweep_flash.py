@@ -26,9 +26,12 @@ def main():
     p.add_argument("--decode-configs", default="16,64,4,3;16,128,4,3;16,64,4,4")
     p.add_argument("--splits", default="0,1,2,4,8")
     p.add_argument("--budget", type=float, default=0.2)
+    p.add_argument("--cases", default="plain,causal,softcap,decode")
     args = p.parse_args()
     rows = []
     for kind, shape in PREFILL + DECODE:
+        if kind not in args.cases.split(","):
+            continue
         b, h, sq, d = shape[:4]
         sk = shape[4] if len(shape) > 4 else sq
         q = torch.randn(b, h, sq, d, device="cuda", dtype=torch.bfloat16)

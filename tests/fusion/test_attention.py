@@ -136,12 +136,12 @@ def test_fully_masked_key_tiles_are_skipped(fn, bounds):
 
 def test_scaled_dot_product_attention_calls_get_the_same_kernel():
     """F.scaled_dot_product_attention reaches tilefuse through PyTorch's math definition (on
-    CPU); it becomes one flash kernel — with block skipping for is_causal, and PyTorch's rule
+    CPU) or its fused attention ops (CUDA), lowered through the same math; it becomes one flash kernel — with block skipping for is_causal, and PyTorch's rule
     that rows masked entirely give 0."""
     import torch.nn.functional as F
 
-    q, k, v = (torch.randn(1, 2, 100, 16) for _ in range(3))
-    keep = torch.ones(100, 100, dtype=torch.bool)
+    q, k, v = (torch.randn(1, 2, 100, 16, device=DEVICE) for _ in range(3))
+    keep = torch.ones(100, 100, dtype=torch.bool, device=DEVICE)
     keep[:5] = False
     cases = [(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), False),
              (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), True),
@@ -187,5 +187,5 @@ def test_sdpa_with_symbolic_sizes_serves_several_lengths():
     torch._dynamo.reset()
     compiled = torch.compile(fn, backend="tilefuse", dynamic=True)
     for n in (40, 23):
-        q, k, v = (torch.randn(1, 2, n, 16) for _ in range(3))
+        q, k, v = (torch.randn(1, 2, n, 16, device=DEVICE) for _ in range(3))
         torch.testing.assert_close(compiled(q, k, v), fn(q, k, v), atol=1e-5, rtol=1e-5)

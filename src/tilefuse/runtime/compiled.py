@@ -48,6 +48,7 @@ class CompiledGraph:
             if name not in outputs and not isinstance(node, (Input, ScalarInput, Constant)):
                 self.free_after[k].append(name)
         self.constants = {n.name: n.value for n in graph.nodes.values() if isinstance(n, Constant)}
+        self._layouts: dict = {}  # (buffer, sizes) -> (shape, stride, dtype)
         self.scratch = {name: spec for step in steps for name, spec in getattr(step, "scratch", {}).items()}
         self.extern_results: dict[str, list] = {}
         for n in graph.nodes.values():
@@ -55,13 +56,21 @@ class CompiledGraph:
                 self.extern_results.setdefault(n.extern, []).append((n.name, n.item))
 
     def _alloc(self, name: str, env: dict) -> torch.Tensor:
+        key = (name, tuple(sorted((k, v) for k, v in env.items() if isinstance(k, str))))
+        layout = self._layouts.get(key)
+        if layout is None:  # evaluated once per set of sizes
+            layout = self._layouts[key] = self._layout(name, env)
+        shape, stride, dtype = layout
+        if stride is not None:
+            return torch.empty_strided(shape, stride, dtype=dtype, device=self.device)
+        return torch.empty(shape, dtype=dtype, device=self.device)
+
+    def _layout(self, name: str, env: dict) -> tuple:
         node = self.scratch[name] if name in self.scratch else self.graph[name]
         shape = tuple(int(symbolic.evaluate(d, env)) for d in node.shape)
         strides = self.graph.output_strides.get(name)
-        if strides is not None:
-            stride = tuple(int(symbolic.evaluate(st, env)) for st in strides)
-            return torch.empty_strided(shape, stride, dtype=torch_dtype(node.dtype), device=self.device)
-        return torch.empty(shape, dtype=torch_dtype(node.dtype), device=self.device)
+        stride = tuple(int(symbolic.evaluate(st, env)) for st in strides) if strides is not None else None
+        return shape, stride, torch_dtype(node.dtype)
 
     def __call__(self, *args):
         graph = self.graph

@@ -315,8 +315,7 @@ def exp_as_exp2(body, row_buffers: set):
 
 def _default_config(low_precision: bool, head_block: int, rows, options: LoweringOptions) -> tuple:
     """(BLOCK_M, BLOCK_N, warps, stages) until the autotuner chooses: the best of a sweep on the
-    H200 (docs/benchmarks.md) — 128×128 tiles and 8 warps for head dim 128, 64×128 and 4 warps
-    below; 16 rows (the smallest `dot`) when there are at most 16 (decode)."""
+    H200 (docs/benchmarks.md) — 128×128 tiles for head dim 128, 128×64 below, 8 warps; 16 rows (the smallest `dot`) when there are at most 16 (decode)."""
     if options.interpret:
         bm, bn, warps, stages = 32, 32, 4, 1
     elif not low_precision:
@@ -324,7 +323,7 @@ def _default_config(low_precision: bool, head_block: int, rows, options: Lowerin
     elif head_block >= 128:
         bm, bn, warps, stages = 128, 128, 8, 3
     else:
-        bm, bn, warps, stages = 64, 128, 4, 3
+        bm, bn, warps, stages = 128, 64, 8, 3
     if rows is not None and rows <= 16:
         bm, bn, warps = 16, max(bn, 64) if not options.interpret else bn, 4
     elif rows is not None:

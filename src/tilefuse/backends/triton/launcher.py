@@ -79,6 +79,7 @@ class TritonKernel:
         _point_triton_cache()
         key = cache_key("triton-kernel", source, interpret, environment_fingerprint())
         self.fn = getattr(_import_source(source, key, interpret), kernel.name)
+        self._shapes: dict = {}  # size_key(env) -> (size arguments, grid, empty)
         self.arg_plan = []
         for p in kernel.params:
             if p.kind == "buffer":
@@ -90,6 +91,16 @@ class TritonKernel:
                 self.arg_plan.append(("size", p.name, None))
 
     def __call__(self, buffers: dict, env: dict) -> None:
+        sizes = size_key(env)
+        shape = self._shapes.get(sizes)
+        if shape is None:  # sizes, grid and emptiness once per set of sizes: sympy stays off the hot path
+            values = {name: int(symbolic.evaluate(_symbol(name), env)) for kind, name, _ in self.arg_plan
+                      if kind == "size"}
+            empty = int(symbolic.evaluate(self.kernel.numel, env)) == 0
+            shape = self._shapes[sizes] = (values, self.kernel.grid_size(env), empty)
+        values, grid, empty = shape
+        if empty:
+            return  # empty output: nothing to compute
         args = []
         for kind, name, k in self.arg_plan:
             if kind == "buffer":
@@ -97,12 +108,14 @@ class TritonKernel:
             elif kind == "stride":
                 args.append(buffers[name].stride(k))
             else:
-                args.append(int(symbolic.evaluate(_symbol(name), env)))
-        if int(symbolic.evaluate(self.kernel.numel, env)) == 0:
-            return  # empty output: nothing to compute
-        grid = self.kernel.grid_size(env)
+                args.append(values[name])
         self.fn[grid](*args, **self.kernel.constexprs, num_warps=self.kernel.num_warps,
                       num_stages=self.kernel.num_stages)
+
+
+def size_key(env: dict) -> tuple:
+    """The call's symbol values as a hashable key (names only: each symbol is bound twice)."""
+    return tuple(sorted((k, v) for k, v in env.items() if isinstance(k, str)))
 
 
 def _symbol(name: str):
