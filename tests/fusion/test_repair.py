@@ -121,3 +121,18 @@ def test_review_regressions_chained_row_indexed_and_sign_changing_repairs():
         assert (out.double() - ref).abs().max() <= 2 * (fn(arg).double() - ref).abs().max() + 1e-4 * (1 + ref.abs().max())
     with pytest.raises(NoRepair, match="positive and finite"):
         derive_rolling_update(X * M, "sum", "m")
+
+
+def test_cross_entropy_with_integer_targets_is_one_pass():
+    """Per-row loss: max, normaliser (rolling update) and the target's logit in one kernel and,
+    when the row loops over tiles, one pass; the batch mean is a separate small reduction."""
+    x, t = torch.randn(37, 300) * 2, torch.randint(0, 300, (37,))
+    fn = lambda x, t: F.cross_entropy(x, t, reduction="none")  # noqa: E731
+    with config.patch(persistent_reduction_limit=64):
+        report = tilefuse.explain(fn, x, t)
+        assert [k.kind for k in report.kernels] == ["reduction"] and not report.externs
+        assert report.kernels[0].source.count("for roffset") == 1
+        torch._dynamo.reset()
+        out = torch.compile(fn, backend="tilefuse")(x, t)
+    ref = fn(x.double(), t)
+    assert (out.double() - ref).abs().max() <= 2 * (fn(x, t).double() - ref).abs().max() + 1e-5
