@@ -7,5 +7,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(__file__))
 os.environ.setdefault("TILEFUSE_CACHE_DIR", tempfile.mkdtemp(prefix="tilefuse-test-cache-"))
 os.environ.setdefault("TILEFUSE_FALLBACK", "error")
+# tests check results, not speed: no measured tuning on a GPU (the cost model still chooses)
+os.environ.setdefault("TILEFUSE_AUTOTUNE", "0")
 if os.environ.get("TILEFUSE_TEST_DEVICE", "cpu") == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")

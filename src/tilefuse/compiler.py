@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -22,6 +22,7 @@ from .passes import run_passes
 from .runtime.compiled import CompiledGraph, ExternCall, KernelStep
 from .tile.lower import LoweringOptions, lower_plan_kernels
 from .tile.verify import verify_tile_kernel
+from .tune.tuner import tune_plan
 
 
 @dataclass
@@ -32,6 +33,7 @@ class KernelReport:
     source: str
     tile_ir: str
     notes: list
+    tune_seconds: float = 0.0
 
 
 @dataclass
@@ -101,8 +103,13 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
             report.externs.append((node.name, node.target_name, node.reason))
             steps.append(ExternCall(node.name, sorted(node.inputs())))
             continue
+        with stage("tune"):
+            tuned = tune_plan(graph, step, options, level=config.autotune, device=device, backend=backend)
+        if tuned.config is not None:
+            step.notes.append(f"{step.name}: {tuned.describe()}")
+        plan_options = replace(options, schedule=tuned.config) if tuned.config is not None else options
         with stage("tile"):
-            tks = [verify_tile_kernel(tk) for tk in lower_plan_kernels(graph, step, options)]
+            tks = [verify_tile_kernel(tk) for tk in lower_plan_kernels(graph, step, plan_options)]
         for tk in tks:
             logs.log("tile", "%s", tk)
             with stage("codegen"):
@@ -110,7 +117,8 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
             with stage("load"):
                 launcher = load_kernel(tk, source, interpret)
             kind = step.kind if tk.kind != "flash-merge" else "flash-merge"
-            report.kernels.append(KernelReport(tk.name, kind, step.members, source, str(tk), step.notes))
+            report.kernels.append(KernelReport(tk.name, kind, step.members, source, str(tk), step.notes,
+                                               tuned.seconds if tk is tks[0] else 0.0))
             steps.append(KernelStep(tk.name, launcher, list(tk.writes), list(tk.reads), dict(tk.scratch)))
     return CompiledGraph(graph, steps, device), report
 

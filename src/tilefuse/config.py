@@ -26,7 +26,8 @@ class Config:
     logs: str = ""
     #: where compiled kernels are cached (per user, created private)
     cache_dir: str = ""
-    #: "0" cost-model choice only, "1" small budget, "max" wide search (tuning issue)
+    #: "0" no measurement (cost-model choice), "1" a few candidates measured (about 10 s per new
+    #: kernel, cached), "max" a wide search (about 60 s per new kernel)
     autotune: str = "1"
     #: check every compiled graph against the reference interpreter on first run
     verify: bool = False
@@ -59,6 +60,8 @@ class Config:
     def validate(self) -> None:
         if self.backend not in ("auto", "triton", "interpret"):
             raise ValueError(f"TILEFUSE_BACKEND must be auto, triton or interpret, not {self.backend!r}")
+        if self.autotune not in ("0", "1", "max"):
+            raise ValueError(f"TILEFUSE_AUTOTUNE must be 0, 1 or max, not {self.autotune!r}")
         if self.fallback not in ("eager", "error"):
             raise ValueError(f"TILEFUSE_FALLBACK must be eager or error, not {self.fallback!r}")
 

@@ -50,9 +50,7 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
     DK = info.score_extent
     batch_shape = tuple(o_node.shape[d] for d in con.batch_dims)
     dn, dk = max(16, _pow2(_static(DN))), max(16, _pow2(_static(DK)))
-    bm, bn, warps, stages = _default_config(_dot_operand(info.q)[1].is_low_precision, max(dn, dk), _static(M), options)
-    if options.flash_config:
-        bm, bn, warps, stages = (int(v) for v in options.flash_config.split(","))
+    bm, bn, warps, stages = _chosen_config(graph, plan, options)
     cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_DN": dn, "BLOCK_DK": dk}
 
     kname = plan.name if splits == 1 else f"{plan.name}_partial"
@@ -313,6 +311,63 @@ def exp_as_exp2(body, row_buffers: set):
     return transform(body, fn)
 
 
+def _flash_sizes(graph: Graph, plan: KernelPlan) -> tuple:
+    con = plan.contraction
+    o_node = graph[next(st.node for st in plan.stages if st.kind == "contraction")]
+    M, DN, N = o_node.shape[con.m_dim], o_node.shape[con.n_dim], o_node.ranges[0]
+    DK = plan.flash.score_extent
+    batch = tuple(o_node.shape[d] for d in con.batch_dims)
+    return M, N, DN, DK, batch
+
+
+def _chosen_config(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> tuple:
+    """(BLOCK_M, BLOCK_N, warps, stages): a tuned schedule, else TILEFUSE_FLASH_CONFIG, else rules."""
+    M, N, DN, DK, _ = _flash_sizes(graph, plan)
+    head = max(16, _pow2(_static(DN)), _pow2(_static(DK)))
+    low = _dot_operand(plan.flash.q)[1].is_low_precision
+    bm, bn, warps, stages = _default_config(low, head, _static(M), options)
+    if options.flash_config:
+        bm, bn, warps, stages = (int(v) for v in options.flash_config.split(","))
+    if options.schedule:
+        sch = options.schedule
+        bm, bn = sch.get("BLOCK_M", bm), sch.get("BLOCK_N", bn)
+        warps, stages = sch.get("warps", warps), sch.get("stages", stages)
+    return bm, bn, warps, stages
+
+
+def flash_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
+    """Row and key tiles, warps, pipeline stages and (few rows: decode) the split factor."""
+    from .space import SMEM_PER_BLOCK, ScheduleSpace
+
+    M, N, DN, DK, batch = _flash_sizes(graph, plan)
+    dn, dk = max(16, _pow2(_static(DN))), max(16, _pow2(_static(DK)))
+    low = _dot_operand(plan.flash.q)[1].is_low_precision
+    item = 2 if low else 4
+    rows = _static(M)
+    bm, bn, warps, stages = _chosen_config(graph, plan, options)
+    default = {"BLOCK_M": bm, "BLOCK_N": bn, "warps": warps, "stages": stages}
+    if rows is not None and rows <= 16:
+        auto = split_factor(graph, plan, options)
+        default["split"] = auto
+        knobs = {"BLOCK_M": (16,), "BLOCK_N": (64, 128, 256), "warps": (4, 8), "stages": (2, 3, 4),
+                 "split": tuple(sorted({1, auto, max(1, auto // 2), 2 * auto}))}
+    elif low:
+        knobs = {"BLOCK_M": (64, 128), "BLOCK_N": (32, 64, 128), "warps": (4, 8), "stages": (2, 3, 4)}
+    else:
+        knobs = {"BLOCK_M": (32, 64), "BLOCK_N": (32, 64), "warps": (4, 8), "stages": (2, 3)}
+
+    def valid(cfg):
+        if rows is not None and cfg["BLOCK_M"] > max(16, _pow2(rows)):
+            return False
+        smem = cfg["stages"] * cfg["BLOCK_N"] * (dk + dn) * item + cfg["BLOCK_M"] * dk * item
+        regs = cfg["BLOCK_M"] * (dn + cfg["BLOCK_N"]) // (32 * cfg["warps"])
+        return smem <= SMEM_PER_BLOCK and regs <= 192
+
+    nbatch = _static(sympy.Mul(*batch)) if batch else 1
+    sizes = {"M": rows, "N": _static(N), "D": max(dn, dk), "batch": nbatch}
+    return ScheduleSpace("flash", knobs, default, sizes=sizes, itemsize=item, valid=valid)
+
+
 def _default_config(low_precision: bool, head_block: int, rows, options: LoweringOptions) -> tuple:
     """(BLOCK_M, BLOCK_N, warps, stages) until the autotuner chooses: the best of a sweep on the
     H200 (docs/benchmarks.md) — 128×128 tiles for head dim 128, 128×64 below, 8 warps; 16 rows (the smallest `dot`) when there are at most 16 (decode)."""
@@ -363,6 +418,8 @@ def _finish(b: KernelBuilder, graph: Graph, plan: KernelPlan, acc, rm, rn, m_ok,
 def split_factor(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> int:
     """How many ranges of keys each block of rows is split into: `options.flash_split` when
     set, else `choose_splits` on static sizes (symbolic sizes and the interpreter: 1)."""
+    if options.schedule and "split" in options.schedule:
+        return int(options.schedule["split"])
     if options.flash_split > 0:
         return options.flash_split
     if options.interpret or options.sm_count <= 0:
@@ -571,4 +628,4 @@ def _live_keys(info, reduces, graph, row, key, N):
     return start, stop
 
 
-__all__ = ["lower_flash", "lower_flash_kernels", "lower_flash_merge", "split_factor", "choose_splits"]
+__all__ = ["lower_flash", "lower_flash_kernels", "lower_flash_merge", "split_factor", "choose_splits", "flash_space"]

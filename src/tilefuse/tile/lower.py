@@ -30,6 +30,7 @@ class LoweringOptions:
     persistent_reduction_limit: int = 8192
     flash_config: str = ""
     flash_split: int = 0  # key ranges per block of rows in attention kernels (0: by occupancy)
+    schedule: dict | None = None  # a tuned configuration of the plan's schedule space (overrides rules)
     sm_count: int = 0  # the device's multiprocessors (0: unknown)
 
 
@@ -109,6 +110,17 @@ def lower_plan_kernels(graph: Graph, plan: KernelPlan, options: LoweringOptions)
     return [lower_plan(graph, plan, options)]
 
 
+def schedule_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
+    """The plan's tunable space (None: nothing to tune, the rules decide)."""
+    if plan.kind == "contraction":
+        return contraction_space(graph, plan, options)
+    if plan.kind == "flash":
+        from .flash import flash_space
+
+        return flash_space(graph, plan, options)
+    return None
+
+
 def lower_plan(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> TileKernel:
     if plan.kind == "pointwise":
         return lower_pointwise(graph, plan, options)
@@ -158,6 +170,62 @@ def _dot_operand(e: Expr) -> tuple[Expr, object]:
     return e, e.dtype
 
 
+def _contraction_sizes(graph: Graph, plan: KernelPlan) -> tuple:
+    c = plan.contraction
+    node = graph[plan.stages[0].node]
+    return node.shape[c.m_dim], node.shape[c.n_dim], node.ranges[0], tuple(node.shape[d] for d in c.batch_dims)
+
+
+def contraction_rules(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> dict:
+    """The fixed rule's tiles: 128×128×64, 8 warps for bf16/fp16; 64×64×32 for fp32; clipped
+    to small static extents."""
+    c = plan.contraction
+    M, N, K, _ = _contraction_sizes(graph, plan)
+    low = all(_dot_operand(f)[1].is_low_precision for f in (c.a, c.b))
+    if options.interpret:
+        cfg = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8, "warps": 4, "stages": 1}
+    elif low:
+        cfg = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "warps": 8, "stages": 3}
+    else:
+        cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8, "warps": 4, "stages": 3}
+    for key, dim in (("BLOCK_M", M), ("BLOCK_N", N), ("BLOCK_K", K)):
+        v = _static(dim)
+        if v is not None:
+            cfg[key] = min(cfg[key], max(16, _pow2(v)))
+    return cfg
+
+
+def contraction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
+    """Tiles, warps, pipeline stages and grouped ordering of a blocked `dot` kernel."""
+    from .space import SMEM_PER_BLOCK, ScheduleSpace
+
+    c = plan.contraction
+    M, N, K, batch = _contraction_sizes(graph, plan)
+    low = all(_dot_operand(f)[1].is_low_precision for f in (c.a, c.b))
+    item = 2 if low else 4
+    statics = {n: _static(v) for n, v in (("M", M), ("N", N), ("K", K))}
+    caps = {"BLOCK_M": statics["M"], "BLOCK_N": statics["N"], "BLOCK_K": statics["K"]}
+    if low:
+        knobs = {"BLOCK_M": (64, 128, 256), "BLOCK_N": (64, 128, 256), "BLOCK_K": (32, 64, 128),
+                 "GROUP_M": (8,), "warps": (4, 8), "stages": (3, 4, 5)}
+    else:
+        knobs = {"BLOCK_M": (32, 64, 128), "BLOCK_N": (32, 64, 128), "BLOCK_K": (16, 32),
+                 "GROUP_M": (8,), "warps": (4, 8), "stages": (2, 3, 4)}
+
+    def valid(cfg):
+        for key, cap in caps.items():
+            if cap is not None and cfg[key] > max(16, _pow2(cap)):
+                return False
+        smem = cfg["stages"] * (cfg["BLOCK_M"] + cfg["BLOCK_N"]) * cfg["BLOCK_K"] * item
+        acc_regs = cfg["BLOCK_M"] * cfg["BLOCK_N"] // (32 * cfg["warps"])  # fp32 accumulators per thread
+        return smem <= SMEM_PER_BLOCK and acc_regs <= 128
+
+    nbatch = _static(sympy.Mul(*batch)) if batch else 1
+    sizes = {k: v for k, v in statics.items()} | {"batch": nbatch}
+    return ScheduleSpace("contraction", knobs, contraction_rules(graph, plan, options), sizes=sizes, itemsize=item,
+                         valid=valid)
+
+
 def lower_contraction(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> TileKernel:
     b = KernelBuilder(graph, plan.name)
     c = plan.contraction
@@ -168,20 +236,11 @@ def lower_contraction(graph: Graph, plan: KernelPlan, options: LoweringOptions) 
     for e in (M, N, K, *batch_shape):
         b.size_params(e)
     b.tile_symbols |= {"pid", "pid_b", "rm", "rn", "rka", "rkb", "koffset", "pid_m", "pid_n"}
-    low = all(_dot_operand(f)[1].is_low_precision for f in (c.a, c.b))
-    if options.interpret:
-        cfg = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8}
-        warps, stages = 4, 1
-    elif low:
-        cfg = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}
-        warps, stages = 8, 3
-    else:
-        cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8}
-        warps, stages = 4, 3
-    for key, dim in (("BLOCK_M", M), ("BLOCK_N", N), ("BLOCK_K", K)):
-        v = _static(dim)
-        if v is not None:
-            cfg[key] = min(cfg[key], max(16, _pow2(v)))
+    chosen = contraction_rules(graph, plan, options)
+    if options.schedule:
+        chosen.update(options.schedule)
+    warps, stages = chosen.pop("warps"), chosen.pop("stages")
+    cfg = chosen
     BM, BN, BK, G = (_sym(n) for n in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"))
     wide = any(_needs_int64(*sizes) for sizes in ((M, K, *batch_shape), (K, N, *batch_shape), (M, N, *batch_shape)))
     b.emit(ProgramId("pid", 0, wide=wide))
@@ -272,4 +331,4 @@ def _contig(shape):
     return contiguous_strides(shape)
 
 
-__all__ = ["lower_plan", "lower_plan_kernels", "LoweringOptions", "land"]
+__all__ = ["lower_plan", "lower_plan_kernels", "schedule_space", "LoweringOptions", "land"]

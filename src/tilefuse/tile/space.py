@@ -1,0 +1,47 @@
+"""Schedule spaces: the knobs a lowering exposes for tuning, declared next to the kernel.
+
+A lowering that can be tuned has a `<kind>_space(graph, plan, options)` function beside it
+returning a `ScheduleSpace`: named knobs with their candidate values, the configuration its
+fixed rules would choose (`default`), and a validity check (shared memory, registers, sizes).
+The tuner (`tune/`) ranks and measures configurations; the chosen one reaches the lowering as
+`LoweringOptions.schedule`, which overrides its rules knob by knob.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+@dataclass
+class ScheduleSpace:
+    kind: str  # "contraction" | "flash" | ...
+    knobs: dict  # knob -> tuple of candidate values, in a stable order
+    default: dict  # the lowering's rule-based choice
+    sizes: dict = field(default_factory=dict)  # static problem sizes the cost model reads (M, N, K, ...)
+    itemsize: int = 2  # bytes per element of the dot operands
+    valid: Callable[[dict], bool] | None = None
+
+    def configs(self) -> list[dict]:
+        """Every valid configuration, the default first."""
+        out = [dict(self.default)]
+        names = list(self.knobs)
+        for values in itertools.product(*(self.knobs[n] for n in names)):
+            cfg = dict(zip(names, values))
+            if cfg != self.default and (self.valid is None or self.valid(cfg)):
+                out.append(cfg)
+        return out
+
+    def __len__(self) -> int:
+        return len(self.configs())
+
+
+def describe(cfg: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in cfg.items())
+
+
+#: shared memory one Hopper SM gives a block (bytes), and the warps it can hold
+SMEM_PER_BLOCK = 227 * 1024
+MAX_WARPS_PER_SM = 64
+
+__all__ = ["ScheduleSpace", "describe", "SMEM_PER_BLOCK", "MAX_WARPS_PER_SM"]

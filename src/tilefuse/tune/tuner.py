@@ -1,0 +1,201 @@
+"""Autotuning of one kernel plan: find its configuration in the tuning cache, or rank the
+plan's schedule space with the cost model, measure the best candidates with the bandit search
+within a time budget, and store the winner.
+
+`TILEFUSE_AUTOTUNE`: `0` — no measurement, the cost model's choice (the rules' default unless
+the model predicts a clear win); `1` (default) — up to 8 candidates, about 10 s per kernel;
+`max` — up to 32 candidates, about 60 s. Only kernels with static sizes on a CUDA device are
+measured (synthetic inputs of the plan's shapes); the rest use the model's choice.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass, replace
+
+from .. import logs
+from ..tile.lower import LoweringOptions, lower_plan_kernels, schedule_space
+from ..tile.space import describe
+from .cost import NOMINAL, Ceilings, choose_without_measuring, measure_ceilings, rank
+
+LEVELS = {"1": (8, 10.0), "max": (32, 60.0)}  # level -> (candidates measured, budget seconds)
+
+
+@dataclass
+class TuneOutcome:
+    config: dict | None  # None: the plan has nothing to tune
+    source: str  # "rules" | "model" | "cache" | "measured"
+    seconds: float = 0.0  # time spent tuning (lookups and measurements)
+    measured: int = 0  # measurements taken
+    best_time: float | None = None  # measured seconds per launch of the chosen configuration
+    note: str = ""
+
+    def describe(self) -> str:
+        if self.config is None:
+            return ""
+        what = {"model": "cost model (not measured)", "cache": "tuning cache hit (not re-measured)",
+                "measured": f"measured {self.measured} runs in {self.seconds:.1f} s"}.get(self.source, self.source)
+        best = f", {self.best_time * 1e6:.1f} us" if self.best_time else ""
+        return f"schedule {describe(self.config)} — {what}{best}"
+
+
+_ceilings: dict = {}
+
+
+def device_ceilings(device) -> Ceilings:
+    """Measured once per device and process, and cached on disk across processes."""
+    if device.type != "cuda":
+        return NOMINAL
+    key = str(device)
+    if key not in _ceilings:
+        from ..runtime.cache import DiskCache, cache_key, environment_fingerprint
+
+        cache = DiskCache("tune-ceilings")
+        entry = cache.get_or_create(cache_key("ceilings", environment_fingerprint()),
+                                    lambda: {"ceilings.json": measure_ceilings(device).to_json().encode()})
+        try:
+            _ceilings[key] = Ceilings.from_json(entry["ceilings.json"].decode()) if entry else measure_ceilings(device)
+        except (KeyError, TypeError, ValueError):
+            _ceilings[key] = measure_ceilings(device)
+    return _ceilings[key]
+
+
+def tune_plan(graph, plan, options: LoweringOptions, *, level: str, device, backend: str) -> TuneOutcome:
+    t0 = time.perf_counter()
+    if backend != "triton" or options.flash_config or options.flash_split:
+        return TuneOutcome(None, "rules")  # the interpreter's tiles, or the user's own choice
+    space = schedule_space(graph, plan, options)
+    if space is None:
+        return TuneOutcome(None, "rules")
+    measurable = (level in LEVELS and device.type == "cuda"
+                  and all(v is not None for v in space.sizes.values()))
+    ceilings = device_ceilings(device) if measurable else NOMINAL
+    if not measurable:
+        return TuneOutcome(choose_without_measuring(space, ceilings), "model", time.perf_counter() - t0)
+    from ..backends.triton import generate
+    from .cache import TuningCache, tuning_key
+
+    default_kernels = lower_plan_kernels(graph, plan, replace(options, schedule=space.default))
+    source = "\n".join(generate(tk, interpret=False) for tk in default_kernels)
+    dtypes = sorted({str(graph[n].dtype) for tk in default_kernels for n in tk.reads if n in graph.nodes})
+    key = tuning_key(source, space.sizes, dtypes, {"name": ceilings.name, "kind": space.kind})
+    outcome = select_config(space, key, level, ceilings, _Bench(graph, plan, options, device).measure,
+                            TuningCache(), plan.name)
+    outcome.seconds = time.perf_counter() - t0
+    return outcome
+
+
+def select_config(space, key: str, level: str, ceilings: Ceilings, measure, cache, name: str) -> TuneOutcome:
+    """A cache hit, else the search over the model's best candidates (stored for next time)."""
+    t0 = time.perf_counter()
+    hit = cache.lookup(key)
+    if hit is not None:
+        return TuneOutcome(dict(hit["config"]), "cache", time.perf_counter() - t0, best_time=hit.get("time_s"))
+    keep, budget = LEVELS[level]
+    ranked = rank(space, ceilings, keep=keep)
+    result = _search(ranked, measure, budget, name)
+    cache.store(key, result.best, result.best_time, {"kind": space.kind, "candidates": len(ranked)})
+    logs.log("tune", "%s: %s in %d measurements (%s)", name, describe(result.best), result.measured,
+             ", ".join(f"{describe(c)}: {e}" for c, e in result.failures[:3]))
+    return TuneOutcome(dict(result.best), "measured", time.perf_counter() - t0, measured=result.measured,
+                       best_time=result.best_time)
+
+
+def _search(ranked, measure, budget, name):
+    from .search import Candidate, search
+
+    candidates = [Candidate(cfg, predicted) for predicted, cfg in ranked]
+    bar = _progress(name, len(candidates))
+    try:
+        return search(candidates, measure, budget_s=budget, progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+class _progress:
+    """A one-line progress display on an interactive terminal (nothing otherwise)."""
+
+    def __new__(cls, name, total):
+        return super().__new__(cls) if sys.stderr.isatty() else None
+
+    def __init__(self, name, total):
+        self.name = name
+
+    def __call__(self, done, total, best):
+        best_us = f"{best * 1e6:.1f} us" if best is not None and math.isfinite(best) else "-"
+        sys.stderr.write(f"\rtilefuse: tuning {self.name}: {done} runs, best {best_us}   ")
+        sys.stderr.flush()
+
+    def close(self):
+        sys.stderr.write("\n")
+
+
+class _Bench:
+    """Builds the plan's kernels for a configuration (once) and times one launch of all of
+    them on synthetic buffers of the plan's shapes (random floats; zeros for integer and
+    boolean inputs, so that any index they hold is in range)."""
+
+    def __init__(self, graph, plan, options, device):
+        self.graph, self.plan, self.options, self.device = graph, plan, options, device
+        self.built: dict = {}
+        self.buffers: dict = {}
+
+    def _buffer(self, name, spec):
+        import torch
+
+        from ..ir import symbolic
+        from ..ir.interpret import torch_dtype
+
+        if name in self.buffers:
+            return self.buffers[name]
+        shape = tuple(int(symbolic.evaluate(d, {})) for d in spec.shape)
+        strides = getattr(spec, "strides", None) or self.graph.output_strides.get(name)
+        dtype = torch_dtype(spec.dtype)
+        if strides is not None:
+            t = torch.empty_strided(shape, tuple(int(symbolic.evaluate(s, {})) for s in strides), dtype=dtype,
+                                    device=self.device)
+        else:
+            t = torch.empty(shape, dtype=dtype, device=self.device)
+        if dtype.is_floating_point:
+            t.normal_()
+        else:
+            t.zero_()
+        self.buffers[name] = t
+        return t
+
+    def _kernels(self, cfg):
+        from ..backends.triton import generate, load_kernel
+
+        key = tuple(sorted(cfg.items()))
+        if key not in self.built:
+            options = replace(self.options, schedule=cfg)
+            launchers = []
+            for tk in lower_plan_kernels(self.graph, self.plan, options):
+                launchers.append(load_kernel(tk, generate(tk, interpret=False), False))
+                for name in list(tk.reads) + list(tk.writes):
+                    spec = tk.scratch.get(name) or self.graph[name]
+                    self._buffer(name, spec)
+            self.built[key] = launchers
+            self._run(launchers)  # compiles: not timed
+        return self.built[key]
+
+    def _run(self, launchers):
+        for launch in launchers:
+            launch(self.buffers, {})
+
+    def measure(self, cfg) -> float:
+        import torch
+
+        launchers = self._kernels(cfg)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(3):
+            self._run(launchers)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 3e3
+
+
+__all__ = ["tune_plan", "select_config", "TuneOutcome", "device_ceilings", "LEVELS"]

@@ -1,0 +1,115 @@
+"""Schedule spaces declared by the lowerings, the roofline cost model that ranks them, and the
+tuner's selection (cache first, then a measured search) with a fake timer."""
+import math
+
+import pytest
+
+from irgraphs import GraphBuilder
+from tilefuse.fusion import plan_graph
+from tilefuse.ir import dtypes as dt
+from tilefuse.ir.expr import cast
+from tilefuse.tile.lower import LoweringOptions, lower_plan_kernels, schedule_space
+from tilefuse.tile.space import SMEM_PER_BLOCK
+from tilefuse.tune.cost import NOMINAL, choose_without_measuring, predict, rank
+
+GPU = LoweringOptions(interpret=False, sm_count=132)
+
+
+def _matmul(m, n, k, dtype=dt.bfloat16):
+    g = GraphBuilder("mm")
+    a, b = g.input("a", (m, k), dtype), g.input("b", (k, n), dtype)
+    mm = g.ctx.reduce((m, n), (k,), "sum",
+                      lambda i, r: cast(a.load((i[0], r[0])), dt.float32) * cast(b.load((r[0], i[1])), dt.float32),
+                      dt.float32)
+    graph = g.output(mm)
+    (plan,) = plan_graph(graph).kernels
+    assert plan.kind == "contraction"
+    return graph, plan
+
+
+def test_contraction_space_is_valid_and_starts_from_the_rules():
+    graph, plan = _matmul(4096, 4096, 4096)
+    space = schedule_space(graph, plan, GPU)
+    configs = space.configs()
+    assert configs[0] == space.default == {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8,
+                                           "warps": 8, "stages": 3}
+    assert len(configs) > 20 and len({tuple(sorted(c.items())) for c in configs}) == len(configs)
+    for c in configs[1:]:
+        assert c["stages"] * (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * 2 <= SMEM_PER_BLOCK
+        assert c["BLOCK_M"] * c["BLOCK_N"] // (32 * c["warps"]) <= 128
+    # a small problem never gets tiles larger than itself
+    graph, plan = _matmul(40, 24, 1000)
+    for c in schedule_space(graph, plan, GPU).configs():
+        assert c["BLOCK_M"] <= 64 and c["BLOCK_N"] <= 32
+
+
+def test_a_tuned_schedule_reaches_the_generated_kernel():
+    graph, plan = _matmul(256, 512, 128)
+    chosen = {"BLOCK_M": 64, "BLOCK_N": 256, "BLOCK_K": 32, "GROUP_M": 8, "warps": 4, "stages": 4}
+    (tk,) = lower_plan_kernels(graph, plan, LoweringOptions(interpret=False, schedule=chosen))
+    assert tk.constexprs["BLOCK_M"] == 64 and tk.constexprs["BLOCK_N"] == 256 and tk.constexprs["BLOCK_K"] == 32
+    assert (tk.num_warps, tk.num_stages) == (4, 4)
+
+
+def test_cost_model_prefers_large_tiles_on_large_products_and_counts_waves():
+    graph, plan = _matmul(8192, 8192, 8192)
+    space = schedule_space(graph, plan, GPU)
+    big = dict(space.default)
+    small = dict(big, BLOCK_M=64, BLOCK_N=64, warps=4)
+    assert predict(space, big) < predict(space, small)
+    # the prediction is a time: at least the roofline of the useful work
+    assert predict(space, big) >= 2 * 8192**3 / NOMINAL.matrix_flops
+    # a product with few output tiles: a config filling more SMs is predicted faster
+    graph, plan = _matmul(512, 512, 16384)
+    space = schedule_space(graph, plan, GPU)
+    few = dict(space.default, BLOCK_M=256, BLOCK_N=256, warps=8)
+    many = dict(space.default, BLOCK_M=64, BLOCK_N=64, warps=4)
+    assert predict(space, many) < predict(space, few)
+
+
+def test_ranking_keeps_the_default_and_model_choice_defers_to_close_rules():
+    graph, plan = _matmul(4096, 4096, 4096)
+    space = schedule_space(graph, plan, GPU)
+    ranked = rank(space, keep=4)
+    assert len(ranked) == 4 and any(cfg == space.default for _, cfg in ranked)
+    assert [t for t, _ in ranked] == sorted(t for t, _ in ranked) or ranked[-1][1] == space.default
+    chosen = choose_without_measuring(space)
+    best_t = rank(space)[0][0]
+    assert chosen == space.default or predict(space, space.default) > 1.1 * best_t
+    assert math.isfinite(predict(space, chosen))
+
+
+def test_unknown_sizes_are_not_ranked():
+    import sympy
+
+    graph, plan = _matmul(sympy.Symbol("s0", integer=True, positive=True), 64, 64)
+    space = schedule_space(graph, plan, GPU)
+    assert space.sizes["M"] is None and math.isinf(predict(space, space.default))
+    assert choose_without_measuring(space) == space.default
+
+
+def test_selection_measures_once_then_hits_the_cache(tmp_path):
+    pytest.importorskip("tilefuse.tune.search")
+    from tilefuse.tune.cache import TuningCache
+    from tilefuse.tune.cost import NOMINAL
+    from tilefuse.tune.tuner import select_config
+
+    graph, plan = _matmul(2048, 2048, 2048)
+    space = schedule_space(graph, plan, GPU)
+    best = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "warps": 8, "stages": 3}
+    calls = []
+
+    def fake_measure(cfg):  # the best configuration is fastest; the rest slower by their tile area
+        calls.append(cfg)
+        return 1e-3 if cfg == best else 1e-3 * (1.5 + 64 * 64 / (cfg["BLOCK_M"] * cfg["BLOCK_N"]))
+
+    from tilefuse.config import config
+
+    with config.patch(cache_dir=str(tmp_path)):
+        first = select_config(space, "k1", "max", NOMINAL, fake_measure, TuningCache(), "kernel0")
+        assert first.source == "measured" and first.measured == len(calls) > 0
+        n = len(calls)
+        again = select_config(space, "k1", "max", NOMINAL, fake_measure, TuningCache(), "kernel0")
+        assert again.source == "cache" and len(calls) == n and again.config == first.config
+    if any(c == best for c in calls):
+        assert first.config == best
