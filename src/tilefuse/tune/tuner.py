@@ -37,7 +37,8 @@ class TuneOutcome:
         what = {"model": "cost model (not measured)", "cache": "tuning cache hit (not re-measured)",
                 "measured": f"measured {self.measured} runs in {self.seconds:.1f} s"}.get(self.source, self.source)
         best = f", {self.best_time * 1e6:.1f} us" if self.best_time else ""
-        return f"schedule {describe(self.config)} — {what}{best}"
+        why = f" ({self.note})" if self.note else ""
+        return f"schedule {describe(self.config)} — {what}{best}{why}"
 
 
 _ceilings: dict = {}
@@ -70,7 +71,8 @@ def tune_plan(graph, plan, options: LoweringOptions, *, level: str, device, back
         return TuneOutcome(None, "rules")
     measurable = (level in LEVELS and device.type == "cuda"
                   and all(v is not None for v in space.sizes.values()))
-    ceilings = device_ceilings(device) if measurable else NOMINAL
+    with real_tensors():
+        ceilings = device_ceilings(device) if measurable else NOMINAL
     if not measurable:
         return TuneOutcome(choose_without_measuring(space, ceilings), "model", time.perf_counter() - t0)
     from ..backends.triton import generate
@@ -80,10 +82,29 @@ def tune_plan(graph, plan, options: LoweringOptions, *, level: str, device, back
     source = "\n".join(generate(tk, interpret=False) for tk in default_kernels)
     dtypes = sorted({str(graph[n].dtype) for tk in default_kernels for n in tk.reads if n in graph.nodes})
     key = tuning_key(source, space.sizes, dtypes, {"name": ceilings.name, "kind": space.kind})
-    outcome = select_config(space, key, level, ceilings, _Bench(graph, plan, options, device).measure,
-                            TuningCache(), plan.name)
+    from .search import TuningError
+
+    try:
+        with real_tensors():
+            outcome = select_config(space, key, level, ceilings, _Bench(graph, plan, options, device).measure,
+                                    TuningCache(), plan.name)
+    except TuningError as err:  # nothing measurable: the model's choice, and say why
+        logs.log("tune", "%s: %s", plan.name, err)
+        outcome = TuneOutcome(choose_without_measuring(space, ceilings), "model", note=str(err)[:200])
     outcome.seconds = time.perf_counter() - t0
     return outcome
+
+
+def real_tensors():
+    """Compilation runs inside AOTAutograd's fake-tensor mode; measuring needs real tensors
+    (as Inductor's autotuning does, this leaves that mode for the duration)."""
+    import contextlib
+
+    try:
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+    except ImportError:  # a PyTorch without it: nothing to leave
+        return contextlib.nullcontext()
+    return unset_fake_temporarily()
 
 
 def select_config(space, key: str, level: str, ceilings: Ceilings, measure, cache, name: str) -> TuneOutcome:
