@@ -63,6 +63,14 @@ def device_ceilings(device) -> Ceilings:
 
 
 def tune_plan(graph, plan, options: LoweringOptions, *, level: str, device, backend: str) -> TuneOutcome:
+    notes = list(plan.notes)
+    try:
+        return _tune_plan(graph, plan, options, level, device, backend)
+    finally:
+        plan.notes[:] = notes  # lowering candidates annotates the plan: keep only the final lowering's notes
+
+
+def _tune_plan(graph, plan, options: LoweringOptions, level: str, device, backend: str) -> TuneOutcome:
     t0 = time.perf_counter()
     if backend != "triton" or options.flash_config or options.flash_split:
         return TuneOutcome(None, "rules")  # the interpreter's tiles, or the user's own choice
