@@ -113,3 +113,43 @@ def test_selection_measures_once_then_hits_the_cache(tmp_path):
         assert again.source == "cache" and len(calls) == n and again.config == first.config
     if any(c == best for c in calls):
         assert first.config == best
+
+
+def _rmsnorm(rows, width):
+    g = GraphBuilder("rms")
+    x = g.input("x", (rows, width))
+    ss = g.ctx.reduce((rows,), (width,), "sum", lambda i, r: x.load((i[0], r[0])) * x.load((i[0], r[0])), dt.float32)
+    graph = g.output(ss)
+    (plan,) = plan_graph(graph).kernels
+    return graph, plan
+
+
+@pytest.mark.parametrize("width,persistent", [(4096, True), (100000, False)])
+def test_reduction_space_and_memory_model(width, persistent):
+    graph, plan = _rmsnorm(1024, width)
+    space = schedule_space(graph, plan, GPU)
+    assert space.kind == "memory" and space.sizes["bytes"] == 1024 * width * 4 + 1024 * 4
+    assert ("XBLOCK" in space.knobs) == persistent and ("RBLOCK" in space.knobs) == (not persistent)
+    ranked = rank(space, keep=6)
+    assert len(ranked) <= 6 and any(cfg == space.default for _, cfg in ranked)
+    # never faster than the bytes at full bandwidth
+    assert all(t >= space.sizes["bytes"] / NOMINAL.bandwidth for t, _ in ranked)
+    # a tuned schedule reaches the kernel
+    (_, cfg), = [x for x in ranked if x[1] != space.default][:1] or [ranked[0]]
+    (tk,) = lower_plan_kernels(graph, plan, LoweringOptions(interpret=False, schedule=cfg))
+    assert tk.num_warps == cfg["warps"]
+    for knob in ("XBLOCK", "RBLOCK"):
+        if knob in cfg:
+            assert tk.constexprs[knob] == cfg[knob]
+
+
+def test_pointwise_space_and_too_few_programs():
+    g = GraphBuilder("pw")
+    x = g.input("x", (64, 1000))
+    y = g.ctx.pointwise((64, 1000), dt.float32, lambda i: x.load(i) * 2.0)
+    graph = g.output(y)
+    (plan,) = plan_graph(graph).kernels
+    space = schedule_space(graph, plan, GPU)
+    big = dict(space.default, XBLOCK=4096)
+    small = dict(space.default, XBLOCK=256)
+    assert predict(space, small) <= predict(space, big)  # 64 000 elements: small blocks fill more SMs

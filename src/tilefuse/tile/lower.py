@@ -118,6 +118,12 @@ def schedule_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
         from .flash import flash_space
 
         return flash_space(graph, plan, options)
+    if plan.kind == "reduction":
+        from .reduction import reduction_space
+
+        return reduction_space(graph, plan, options)
+    if plan.kind == "pointwise":
+        return pointwise_space(graph, plan, options)
     return None
 
 
@@ -138,6 +144,26 @@ def lower_plan(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> Tile
 
 
 # ------------------------------------------------------------------------------ pointwise
+def pointwise_rules(plan: KernelPlan, options: LoweringOptions) -> dict:
+    block = 1024 if not options.interpret else 256
+    nv = _static(plan.parallel)
+    if nv is not None:
+        block = min(block, max(16, _pow2(nv)))
+    return {"XBLOCK": block, "warps": 4 if block >= 512 else 2}
+
+
+def pointwise_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
+    """Elements per program and warps."""
+    from .space import ScheduleSpace, memory_bytes
+
+    n = _static(plan.parallel)
+    cap = max(16, _pow2(n)) if n is not None else 1 << 30
+    knobs = {"XBLOCK": tuple(x for x in (256, 512, 1024, 2048, 4096) if x <= cap) or (cap,), "warps": (2, 4, 8)}
+    return ScheduleSpace("memory", knobs, pointwise_rules(plan, options),
+                         sizes={"programs": n, "rows": n, "R": 1, "bytes": memory_bytes(graph, plan)},
+                         valid=lambda cfg: cfg["XBLOCK"] >= 32 * cfg["warps"])
+
+
 def lower_pointwise(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> TileKernel:
     b = KernelBuilder(graph, plan.name)
     b.tile_symbols |= {"pid", "xindex"}
@@ -146,10 +172,10 @@ def lower_pointwise(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
     b.emit(ProgramId("pid", 0, wide=_needs_int64(n)))
     x = _sym("xindex")
     b.emit(Arange("xindex", Index(_sym("pid") * _sym("XBLOCK")), "XBLOCK", 0, 1))
-    block = 1024 if not options.interpret else 256
-    nv = _static(n)
-    if nv is not None:
-        block = min(block, max(16, _pow2(nv)))
+    rules = pointwise_rules(plan, options)
+    if options.schedule:
+        rules.update(options.schedule)
+    block, warps = rules["XBLOCK"], rules["warps"]
     xmask = bound_check(b, x, n, block, "xmask")
     for st in plan.stages:
         node = graph[st.node]
@@ -157,7 +183,7 @@ def lower_pointwise(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
         v = b.value(_mapped(st.body, out_index(node.rank), vals), mask=xmask)
         b.store(node.name, tuple(Index(e) for e in vals), v, xmask)
     return TileKernel(plan.name, b.finish_params(), {"XBLOCK": block}, numel=n,
-                      grid=(sympy.ceiling(n / _sym("XBLOCK")),), body=b.body, num_warps=4 if block >= 512 else 2,
+                      grid=(sympy.ceiling(n / _sym("XBLOCK")),), body=b.body, num_warps=warps,
                       reads=b.reads, writes=b.writes, kind="pointwise", plan=plan, helpers=b.helpers)
 
 

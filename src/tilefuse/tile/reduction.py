@@ -96,14 +96,10 @@ def rebase(b: KernelBuilder, graph: Graph, carried: Var, repair, running: dict) 
                  "rebased")
 
 
-def lower_reduction(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> TileKernel:
-    b = KernelBuilder(graph, plan.name)
-    b.tile_symbols |= {"pid", "xindex", "rindex", "roffset"}
-    P = plan.parallel
-    Rn = sympy.Mul(*plan.reduction)
-    b.size_params(P)
-    b.size_params(Rn)
-    x, r = _sym("xindex"), _sym("rindex")
+def reduction_rules(plan: KernelPlan, options: LoweringOptions) -> dict:
+    """The fixed rule: a persistent row of pow2(R) lanes with up to 4096 elements per program
+    and warps by row length; a looped row walks 2048-wide tiles with 8 warps."""
+    P, Rn = plan.parallel, sympy.Mul(*plan.reduction)
     rstatic = _static(Rn)
     persistent = rstatic is not None and rstatic <= options.persistent_reduction_limit
     if persistent:
@@ -115,6 +111,46 @@ def lower_reduction(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
         warps = 1 if rblock <= 128 else 2 if rblock <= 512 else 4 if rblock <= 2048 else 8 if rblock <= 4096 else 16
     else:
         rblock, xblock, warps = (512 if options.interpret else 2048), 1, 8
+    return {"persistent": persistent, "RBLOCK": rblock, "XBLOCK": xblock, "warps": warps}
+
+
+def reduction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
+    """Rows per program and warps (persistent rows); tile width and warps (looped rows)."""
+    from .space import ScheduleSpace, memory_bytes
+
+    rules = reduction_rules(plan, options)
+    P, R = _static(plan.parallel), _static(sympy.Mul(*plan.reduction))
+    rows = _pow2(P) if P is not None else 1 << 20
+    if rules["persistent"]:
+        rb = rules["RBLOCK"]
+        knobs = {"XBLOCK": tuple(x for x in (1, 2, 4, 8, 16, 32, 64) if x <= rows and x * rb <= 32768),
+                 "warps": (1, 2, 4, 8, 16)}
+
+        def valid(cfg):
+            return cfg["XBLOCK"] * rb // (32 * cfg["warps"]) <= 128 and cfg["warps"] * 32 <= max(32, cfg["XBLOCK"] * rb)
+    else:
+        knobs = {"RBLOCK": (512, 1024, 2048, 4096), "warps": (4, 8, 16)}
+
+        def valid(cfg):
+            return cfg["RBLOCK"] >= 32 * cfg["warps"]
+    default = {k: rules[k] for k in knobs}
+    return ScheduleSpace("memory", knobs, default,
+                         sizes={"programs": P, "rows": P, "R": R, "bytes": memory_bytes(graph, plan)},
+                         valid=valid)
+
+
+def lower_reduction(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> TileKernel:
+    b = KernelBuilder(graph, plan.name)
+    b.tile_symbols |= {"pid", "xindex", "rindex", "roffset"}
+    P = plan.parallel
+    Rn = sympy.Mul(*plan.reduction)
+    b.size_params(P)
+    b.size_params(Rn)
+    x, r = _sym("xindex"), _sym("rindex")
+    cfg = reduction_rules(plan, options)
+    if options.schedule:
+        cfg.update(options.schedule)
+    persistent, rblock, xblock, warps = cfg["persistent"], cfg["RBLOCK"], cfg["XBLOCK"], cfg["warps"]
     b.emit(ProgramId("pid", 0, wide=_needs_int64(P, Rn)))
     b.emit(Arange("xindex", Index(_sym("pid") * _sym("XBLOCK")), "XBLOCK", 0, 2))
     xmask = bound_check(b, x, P, xblock, "xmask")

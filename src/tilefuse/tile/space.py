@@ -40,8 +40,31 @@ def describe(cfg: dict) -> str:
     return ",".join(f"{k}={v}" for k, v in cfg.items())
 
 
+def memory_bytes(graph, plan):
+    """Bytes a memory-bound kernel must move at least: every buffer its stages read (once) and
+    every output it stores; None when a size is symbolic."""
+    import sympy
+
+    from ..ir.expr import Load, walk
+
+    names = set()
+    for st in plan.stages:
+        names |= {e.buffer for e in walk(st.body) if isinstance(e, Load)}
+    members = {st.node for st in plan.stages}
+    total = 0
+    for name in (names - members) | {st.node for st in plan.stages if st.store}:
+        node = graph.nodes.get(name)
+        if node is None:
+            continue
+        n = sympy.Mul(*node.shape)
+        if not sympy.sympify(n).is_Integer:
+            return None
+        total += int(n) * node.dtype.itemsize
+    return total
+
+
 #: shared memory one Hopper SM gives a block (bytes), and the warps it can hold
 SMEM_PER_BLOCK = 227 * 1024
 MAX_WARPS_PER_SM = 64
 
-__all__ = ["ScheduleSpace", "describe", "SMEM_PER_BLOCK", "MAX_WARPS_PER_SM"]
+__all__ = ["ScheduleSpace", "describe", "memory_bytes", "SMEM_PER_BLOCK", "MAX_WARPS_PER_SM"]

@@ -60,7 +60,29 @@ def predict(space: ScheduleSpace, cfg: dict, ceilings: Ceilings = NOMINAL) -> fl
         return _contraction(space, cfg, ceilings)
     if space.kind == "flash":
         return _flash(space, cfg, ceilings)
+    if space.kind == "memory":
+        return _memory(space, cfg, ceilings)
     return math.inf
+
+
+def _memory(space, cfg, c: Ceilings) -> float:
+    """Reductions and pointwise kernels: their bytes over the bandwidth, slowed when too few
+    programs keep the SMs busy, by a ragged last wave, and by spilling (many elements per
+    thread)."""
+    s = space.sizes
+    total, rows, R = s.get("bytes"), s.get("rows"), s.get("R") or 1
+    if total is None or rows is None:
+        return math.inf
+    xblock, warps = cfg.get("XBLOCK", 1), cfg["warps"]
+    rblock = cfg.get("RBLOCK", space.default.get("RBLOCK", R))
+    programs = math.ceil(rows / xblock)
+    slots = c.sm_count * min(MAX_WARPS_PER_SM // warps, 32)
+    waves = math.ceil(programs / slots)
+    fill = programs / (waves * slots)
+    busy = min(1.0, programs / (2.0 * c.sm_count))
+    per_thread = xblock * min(rblock, max(R, 1)) / (32.0 * warps)
+    spill = 1.0 + max(0.0, per_thread - 64.0) / 256.0
+    return total / c.bandwidth / max(0.05, busy) / (0.85 + 0.15 * fill) * spill + 3e-6
 
 
 def _contraction(space, cfg, c: Ceilings) -> float:

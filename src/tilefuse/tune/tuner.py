@@ -20,6 +20,8 @@ from ..tile.space import describe
 from .cost import NOMINAL, Ceilings, choose_without_measuring, measure_ceilings, rank
 
 LEVELS = {"1": (8, 10.0), "max": (32, 60.0)}  # level -> (candidates measured, budget seconds)
+#: memory-bound kernels (reductions, pointwise) gain little from tuning: a smaller search
+MEMORY_LEVELS = {"1": (6, 3.0), "max": (16, 20.0)}
 
 
 @dataclass
@@ -121,7 +123,7 @@ def select_config(space, key: str, level: str, ceilings: Ceilings, measure, cach
     hit = cache.lookup(key)
     if hit is not None:
         return TuneOutcome(dict(hit["config"]), "cache", time.perf_counter() - t0, best_time=hit.get("time_s"))
-    keep, budget = LEVELS[level]
+    keep, budget = (MEMORY_LEVELS if space.kind == "memory" else LEVELS)[level]
     ranked = rank(space, ceilings, keep=keep)
     result = _search(ranked, measure, budget, name)
     cache.store(key, result.best, result.best_time, {"kind": space.kind, "candidates": len(ranked)})
