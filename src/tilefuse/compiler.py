@@ -105,7 +105,7 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
             continue
         with stage("tune"):
             tuned = tune_plan(graph, step, options, level=config.autotune, device=device, backend=backend)
-        if tuned.config is not None:
+        if tuned.describe():
             step.notes.append(f"{step.name}: {tuned.describe()}")
         plan_options = replace(options, schedule=tuned.config) if tuned.config is not None else options
         with stage("tile"):

@@ -153,3 +153,10 @@ def test_pointwise_space_and_too_few_programs():
     big = dict(space.default, XBLOCK=4096)
     small = dict(space.default, XBLOCK=256)
     assert predict(space, small) <= predict(space, big)  # 64 000 elements: small blocks fill more SMs
+
+
+def test_empty_problems_are_predicted_not_divided_by_zero():
+    graph, plan = _rmsnorm(0, 300)
+    space = schedule_space(graph, plan, GPU)
+    assert all(math.isfinite(predict(space, cfg)) for cfg in space.configs())
+    assert choose_without_measuring(space) is not None

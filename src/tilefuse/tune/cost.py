@@ -76,6 +76,8 @@ def _memory(space, cfg, c: Ceilings) -> float:
     xblock, warps = cfg.get("XBLOCK", 1), cfg["warps"]
     rblock = cfg.get("RBLOCK", space.default.get("RBLOCK", R))
     programs = math.ceil(rows / xblock)
+    if programs == 0 or total == 0:
+        return 3e-6  # an empty launch
     slots = c.sm_count * min(MAX_WARPS_PER_SM // warps, 32)
     waves = math.ceil(programs / slots)
     fill = programs / (waves * slots)

@@ -35,7 +35,7 @@ class TuneOutcome:
 
     def describe(self) -> str:
         if self.config is None:
-            return ""
+            return f"schedule by the lowering's rules ({self.note})" if self.note else ""
         what = {"model": "cost model (not measured)", "cache": "tuning cache hit (not re-measured)",
                 "measured": f"measured {self.measured} runs in {self.seconds:.1f} s"}.get(self.source, self.source)
         best = f", {self.best_time * 1e6:.1f} us" if self.best_time else ""
@@ -68,6 +68,9 @@ def tune_plan(graph, plan, options: LoweringOptions, *, level: str, device, back
     notes = list(plan.notes)
     try:
         return _tune_plan(graph, plan, options, level, device, backend)
+    except Exception as err:  # noqa: BLE001 — tuning is an optimisation: never the reason a graph fails
+        logs.log("tune", "%s: tuning failed, the rules choose: %s: %s", plan.name, type(err).__name__, err)
+        return TuneOutcome(None, "rules", note=f"tuning failed: {type(err).__name__}: {err}"[:200])
     finally:
         plan.notes[:] = notes  # lowering candidates annotates the plan: keep only the final lowering's notes
 
