@@ -8,7 +8,7 @@ large body.
 """
 from __future__ import annotations
 
-from ..ir.expr import Expr, Load, Unary, count_ops, out_index, skip_intermediate_rounding, transform, walk
+from ..ir.expr import Cast, Expr, Load, Unary, count_ops, out_index, skip_intermediate_rounding, transform, walk
 from ..ir.graph import Extern, ExternResult, Graph, Pointwise, Reduce
 from ..ir.rewrite import substitute_index
 
@@ -36,6 +36,7 @@ class Inliner:
         self.inlined: set[str] = set()
         self.reasons: dict[str, str] = {}
         self._bodies: dict[str, Expr] = {}
+        self._rounded: dict[str, Expr] = {}  # bodies whose explicit narrowing conversions are still loads
         outputs = set(graph.output_names())
         extern_read = set()
         for n in graph.nodes.values():
@@ -64,17 +65,41 @@ class Inliner:
         """The node's body with every inlined producer substituted."""
         if name in self._bodies:
             return self._bodies[name]
+
+        def fn(e):
+            if isinstance(e, Load) and e.buffer in self.inlined:  # only explicit conversions are left
+                mapping = dict(zip(out_index(self.graph[e.buffer].rank), e.index))
+                return substitute_index(self.body(e.buffer), mapping)
+            return None
+
+        out = self._bodies[name] = transform(self._with_rounding(name), fn)
+        return out
+
+    def _with_rounding(self, name: str) -> Expr:
+        """The inlined body before explicit narrowing conversions (`x.to(bfloat16)`) are
+        substituted: they stay loads while `skip_intermediate_rounding` runs, because their
+        rounding is what they are for (fake quantisation, overflow checks); only the rounding
+        an op applies to its own result is skipped between fused ops."""
+        if name in self._rounded:
+            return self._rounded[name]
         node = self.graph[name]
 
         def fn(e):
-            if isinstance(e, Load) and e.buffer in self.inlined:
+            if isinstance(e, Load) and e.buffer in self.inlined and not _narrowing_conversion(self.graph[e.buffer]):
                 producer = self.graph[e.buffer]
                 mapping = dict(zip(out_index(producer.rank), e.index))
-                return substitute_index(self.body(e.buffer), mapping)
+                return substitute_index(self._with_rounding(e.buffer), mapping)
             return None
 
         out = transform(node.body, fn)
         if out is not node.body:
             out = skip_intermediate_rounding(out)
-        self._bodies[name] = out
+        self._rounded[name] = out
         return out
+
+
+def _narrowing_conversion(node) -> bool:
+    """A node that only converts a wider float to bfloat16/float16: `x.to(dtype)`."""
+    body = node.body
+    return (isinstance(node, Pointwise) and isinstance(body, Cast) and body.dtype.is_low_precision
+            and isinstance(body.x, Load) and body.x.dtype.is_float and not body.x.dtype.is_low_precision)

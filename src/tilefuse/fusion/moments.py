@@ -32,7 +32,7 @@ from itertools import product as cartesian
 import sympy
 
 from ..ir import dtypes as dt
-from ..ir.expr import Binary, Cast, Const, Expr, Unary, Var, binary, cast, free_symbols, red_index, unary
+from ..ir.expr import Binary, Cast, Const, Expr, Unary, Var, binary, cast, free_symbols, red_index, unary, where
 from ..ir.printer import format_expr
 from .repair import NoRepair, _pivots, _reads_producer, _to_sympy
 
@@ -66,10 +66,17 @@ class MomentRepair:
                   for v, s in zip(pivot_values, self.shifts)]
         out = None
         for (alpha, _), m in zip(self.terms, moments):
-            term = m
+            term, hit = m, None
             for k, a in enumerate(alpha):
                 for _ in range(a):
                     term = binary("mul", term, deltas[k])
+                if a and self.shifts[k] is not None:
+                    zero = binary("eq", deltas[k], Const(0.0, self.dtype))
+                    hit = zero if hit is None else binary("logical_or", hit, zero)
+            if hit is not None:
+                # a shift that is the pivot's final value leaves exactly Σ g(r, c): the term is 0
+                # even where its moment is infinite (data of ±inf; inf·0 would give NaN)
+                term = where(hit, Const(0.0, self.dtype), term)
             out = term if out is None else binary("add", out, term)
         return out if out is not None else Const(0.0, self.dtype)
 

@@ -297,7 +297,8 @@ def skip_intermediate_rounding(e: Expr) -> Expr:
     """`float32(bfloat16(x))` with `x` already float32 becomes `x`, also through selections
     (`float32(where(c, bfloat16(x), -inf))`): a value that stays in registers between two
     fused ops keeps its compute precision, as in Inductor's kernels; rounding to a
-    low-precision dtype happens where a value is stored."""
+    low-precision dtype happens where a value is stored. Only for the rounding an op applies
+    to its own result: the inliner keeps explicit conversions (`x.to(bfloat16)`) out of reach."""
 
     def lift(x: Expr, dtype: DType) -> Expr:
         if isinstance(x, Cast) and x.dtype.is_low_precision and x.x.dtype == dtype:

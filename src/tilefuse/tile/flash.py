@@ -437,7 +437,7 @@ def choose_splits(programs: int, key_tiles: int, sm_count: int) -> int:
     """Split only when the blocks of rows alone cannot fill the device twice over (decode: one
     query row per head), keeping at least four key tiles per split."""
     target = 2 * sm_count
-    if programs >= target:
+    if programs <= 0 or programs >= target:  # no rows (an empty batch) or enough programs
         return 1
     return max(1, min(-(-target // programs), key_tiles // 4, 64))
 
