@@ -10,6 +10,7 @@ import contextlib
 import time
 from dataclasses import dataclass, field, replace
 
+import sympy
 import torch
 
 from . import logs
@@ -103,6 +104,11 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
             report.externs.append((node.name, node.target_name, node.reason))
             steps.append(ExternCall(node.name, sorted(node.inputs())))
             continue
+        if _statically_empty(graph, step):
+            # no element to compute (a dim of 0): the outputs are only allocated
+            steps.append(KernelStep(step.name, _nothing, list(step.stores), []))
+            report.kernels.append(KernelReport(step.name, "empty", step.members, "", "", step.notes))
+            continue
         with stage("tune"):
             tuned = tune_plan(graph, step, options, level=config.autotune, device=device, backend=backend)
         if tuned.describe():
@@ -121,6 +127,15 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
                                                tuned.seconds if tk is tks[0] else 0.0))
             steps.append(KernelStep(tk.name, launcher, list(tk.writes), list(tk.reads), dict(tk.scratch)))
     return CompiledGraph(graph, steps, device), report
+
+
+def _statically_empty(graph, plan) -> bool:
+    sizes = [graph[n].shape for n in plan.stores]
+    return bool(sizes) and all(any(sympy.sympify(d) == 0 for d in shape) for shape in sizes)
+
+
+def _nothing(buffers, env) -> None:
+    return None
 
 
 def _sm_count(device: torch.device) -> int:

@@ -47,7 +47,7 @@ def unravel_sym(flat, shape) -> tuple:
         n = sympy.sympify(shape[k])
         if k == 0:
             out.append(flat)
-        elif n == 1:
+        elif n == 1 or n == 0:  # an extent of 0 has no elements: any index will do
             out.append(sympy.Integer(0))
         else:
             out.append(mod(flat, n))

@@ -262,6 +262,11 @@ class TritonPrinter:
                 keep = "[:, None]" if s.axis == 1 else "[None, :]"
                 if s.combiner == "sum":
                     red = f"tl.sum({v}, {s.axis})"
+                elif s.combiner in ("max", "min") and s.dtype.is_float and self.interpret:
+                    # the interpreter runs a custom combine pairwise in Python (seconds per
+                    # call); its tl.max/min are vectorised but drop NaN: put NaN back
+                    has_nan = f"(tl.max(({v} != {v}).to(tl.int32), {s.axis}) > 0)"
+                    red = f"tl.where({has_nan}, float('nan'), tl.{s.combiner}({v}, {s.axis}))"
                 else:
                     helper = s.combiner
                     if s.combiner in ("max", "min") and s.dtype.is_float:
