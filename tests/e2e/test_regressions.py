@@ -53,7 +53,7 @@ def test_float_floor_divide_and_remainder_match_pytorch():
 def test_empty_dims_compile_and_match_eager(shape):
     """A dim of 0 anywhere (rows, reduced axis, matrix dims): outputs have the right shape and
     the reductions' identities, and nothing fails to compile."""
-    x = torch.randn(shape)
+    x = torch.randn(shape, device=DEVICE)
     for fn in (lambda x: x.sum(-1), lambda x: torch.softmax(x, -1), lambda x: x @ x.T, lambda x: x.T @ x):
         torch._dynamo.reset()
         out = torch.compile(fn, backend="tilefuse")(x)
@@ -61,14 +61,14 @@ def test_empty_dims_compile_and_match_eager(shape):
 
 
 def test_attention_with_no_query_rows():
-    q, k, v = torch.randn(1, 2, 0, 16), torch.randn(1, 2, 9, 16), torch.randn(1, 2, 9, 16)
+    q, k, v = (torch.randn(1, 2, n, 16, device=DEVICE) for n in (0, 9, 9))
     fn = lambda q, k, v: torch.softmax(q @ k.transpose(-1, -2), -1) @ v  # noqa: E731
     torch._dynamo.reset()
     assert torch.compile(fn, backend="tilefuse")(q, k, v).shape == (1, 2, 0, 16)
 
 
 def test_max_and_min_propagate_nan_in_every_row_position():
-    x = torch.randn(6, 300)
+    x = torch.randn(6, 300, device=DEVICE)
     x[1, 0], x[2, 299], x[3, 150] = float("nan"), float("nan"), float("nan")
     for fn in (lambda x: x.amax(-1), lambda x: x.amin(-1), lambda x: torch.softmax(x, -1)):
         torch._dynamo.reset()
