@@ -122,7 +122,8 @@ def test_sdpa_keep_mask_with_empty_rows_split_bf16():
 
     out = _compile(fn, q, k, v, keep, flash_split=3)
     _assert_matches(out, fn, (q, k, v, keep))
-    assert out[:, :, 3].eq(0).all()  # a row masked throughout gives 0 (PyTorch's safe softmax)
+    if DEVICE == "cpu":  # the math path's rule: a row masked throughout gives 0 (safe softmax); on CUDA,
+        assert out[:, :, 3].eq(0).all()  # SDPA's fused kernels average v there, and tilefuse follows eager
 
 
 def test_dynamic_lengths_with_causal_split():

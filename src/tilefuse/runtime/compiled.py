@@ -47,7 +47,9 @@ class CompiledGraph:
             node = graph.nodes.get(name)
             if name not in outputs and not isinstance(node, (Input, ScalarInput, Constant)):
                 self.free_after[k].append(name)
-        self.constants = {n.name: n.value for n in graph.nodes.values() if isinstance(n, Constant)}
+        # lifted constants (a CPU scalar tensor from `where(c, -inf, x)`) live where the kernels run
+        self.constants = {n.name: n.value.to(device) if isinstance(n.value, torch.Tensor) else n.value
+                          for n in graph.nodes.values() if isinstance(n, Constant)}
         self._layouts: dict = {}  # (buffer, sizes) -> (shape, stride, dtype)
         self.scratch = {name: spec for step in steps for name, spec in getattr(step, "scratch", {}).items()}
         self.extern_results: dict[str, list] = {}
