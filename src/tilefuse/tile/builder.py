@@ -47,7 +47,6 @@ class KernelBuilder:
         self.reads: list[str] = []
         self.writes: list[str] = []
         self.bound: dict[str, Var] = {}  # node name -> in-register value (kernel members)
-        self.helpers: set[str] = set()
         self.tile_symbols: set[str] = set()
         self.index_ranges: dict = {}  # tile symbol -> extent, for index simplification
         self.scratch: dict = {}  # name -> tile.ir.Scratch: temporaries outside the graph

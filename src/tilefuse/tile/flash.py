@@ -155,8 +155,6 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
             contrib = full_tile(b, where(tile_mask, v, ident) if tile_mask is not None else v, ("BLOCK_M", "BLOCK_N"))
             red = b.fresh("red")
             comb = _TILE_COMBINER.get(node.combiner, node.combiner)
-            if comb != "sum":
-                b.helpers.add(comb)
             b.emit(ReduceTile(red, contrib, comb, 1, carried.dtype))
             red_v = Var(red, carried.dtype)
             if scale is not None:
@@ -218,14 +216,14 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
         return TileKernel(kname, b.finish_params(), cfg, numel=M * DN * nbatch,
                           grid=(sympy.ceiling(M / _sym("BLOCK_M")), nbatch, splits), body=b.body, num_warps=warps,
                           num_stages=stages, reads=b.reads, writes=b.writes, kind="flash",
-                          plan=plan, helpers=b.helpers, scratch=scratch)
+                          plan=plan, scratch=scratch)
     for st in reduces:
         b.bound[st.node] = b.let(_finished(state[st.node], graph[st.node]), "red")
     _finish(b, graph, plan, acc, rm, rn, m_ok, omask, coords, at)
     return TileKernel(plan.name, b.finish_params(), cfg, numel=M * DN * nbatch,
                       grid=(sympy.ceiling(M / _sym("BLOCK_M")), nbatch), body=b.body, num_warps=warps,
                       num_stages=stages, reads=b.reads, writes=b.writes, kind="flash",
-                      plan=plan, helpers=b.helpers)
+                      plan=plan)
 
 
 LOG2E = 1.4426950408889634
@@ -499,8 +497,6 @@ def lower_flash_merge(graph: Graph, plan: KernelPlan, options: LoweringOptions, 
         if st.repair is not None:
             v = rebase(b, graph, v, st.repair, running)
         comb = "sum" if st.repair is not None else _TILE_COMBINER.get(node.combiner, node.combiner)
-        if comb not in ("sum", "prod"):
-            b.helpers.add(comb)
         red = b.fresh("red")
         b.emit(ReduceTile(red, v, comb, 0, part.dtype))
         total = Var(red, part.dtype)
@@ -534,7 +530,7 @@ def lower_flash_merge(graph: Graph, plan: KernelPlan, options: LoweringOptions, 
     _finish(b, graph, plan, acc, rm, rn, None, n_ok, coords, at)
     return TileKernel(f"{plan.name}_merge", b.finish_params(), {"BLOCK_S": bs, "BLOCK_DN": dn}, numel=M * DN * nbatch,
                       grid=(M, nbatch), body=b.body, num_warps=4 if dn >= 128 else 2, num_stages=1,
-                      reads=b.reads, writes=b.writes, kind="flash-merge", plan=plan, helpers=b.helpers)
+                      reads=b.reads, writes=b.writes, kind="flash-merge", plan=plan)
 
 
 def _interior_keys(info, reduces, graph, row, key, start, stop, bn):

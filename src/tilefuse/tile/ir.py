@@ -172,7 +172,6 @@ class TileKernel:
     writes: list = field(default_factory=list)
     kind: str = "pointwise"
     plan: object = None  # the KernelPlan it implements (for reports)
-    helpers: set = field(default_factory=set)  # helper functions the body uses
     scratch: dict = field(default_factory=dict)  # name -> Scratch it writes for a later kernel
 
     def grid_size(self, env: dict) -> tuple:

@@ -184,7 +184,7 @@ def lower_pointwise(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
         b.store(node.name, tuple(Index(e) for e in vals), v, xmask)
     return TileKernel(plan.name, b.finish_params(), {"XBLOCK": block}, numel=n,
                       grid=(sympy.ceiling(n / _sym("XBLOCK")),), body=b.body, num_warps=warps,
-                      reads=b.reads, writes=b.writes, kind="pointwise", plan=plan, helpers=b.helpers)
+                      reads=b.reads, writes=b.writes, kind="pointwise", plan=plan)
 
 
 # ------------------------------------------------------------------------------ contraction
@@ -340,7 +340,7 @@ def lower_contraction(graph: Graph, plan: KernelPlan, options: LoweringOptions) 
     nbatch = sympy.Mul(*batch_shape) if batch_shape else sympy.Integer(1)
     return TileKernel(plan.name, b.finish_params(), cfg, numel=M * N * nbatch, grid=(num_m * num_n, nbatch), body=b.body,
                       num_warps=warps, num_stages=stages, reads=b.reads, writes=b.writes,
-                      kind="contraction", plan=plan, helpers=b.helpers)
+                      kind="contraction", plan=plan)
 
 
 def _is_plain_load(e: Expr) -> bool:

@@ -47,10 +47,8 @@ def _combine(b: KernelBuilder, combiner: str, acc: Expr, v: Expr) -> Expr:
     if combiner == "prod":
         return binary("mul", acc, v)
     if combiner == "max":
-        b.helpers.add("maximum")
         return binary("maximum", acc, v)
     if combiner == "min":
-        b.helpers.add("minimum")
         return binary("minimum", acc, v)
     raise ValueError(combiner)
 
@@ -200,12 +198,9 @@ def lower_reduction(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
         contrib = full_tile(b, where(mask, v, _ident(node.combiner, accd)) if mask is not None else v)
         name = b.fresh("red")
         if node.combiner in ("argmax", "argmin"):
-            b.helpers.add(node.combiner)
             b.emit(ArgReduceTile(name, contrib, b.let(Index(r), "ridx"), node.combiner, 1))
             return Var(name, dt.int64)
         comb = _TILE_COMBINER.get(node.combiner, node.combiner)
-        if comb != "sum":
-            b.helpers.add(comb)
         b.emit(ReduceTile(name, contrib, comb, 1, accd))
         return Var(name, accd)
 
@@ -234,7 +229,7 @@ def lower_reduction(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
             b.store(st.node, out_index_of(st), b.bound[st.node], xmask)
     return TileKernel(plan.name, b.finish_params(), {"XBLOCK": xblock, "RBLOCK": rblock}, numel=P,
                       grid=(sympy.ceiling(P / _sym("XBLOCK")),), body=b.body, num_warps=warps,
-                      reads=b.reads, writes=b.writes, kind="reduction", plan=plan, helpers=b.helpers)
+                      reads=b.reads, writes=b.writes, kind="reduction", plan=plan)
 
 
 def _looped_pass(b, graph, in_pass, fulls, repaired, Rn, rblock, xmask, r, body_of, out_index_of, finish,
@@ -306,13 +301,10 @@ def _looped_pass(b, graph, in_pass, fulls, repaired, Rn, rblock, xmask, r, body_
             continue
         out = b.fresh("red")
         if idx is not None:
-            b.helpers.add(node.combiner)
             b.emit(ArgReduceTile(out, acc, Var(idx, dt.int64), node.combiner, 1))
             finish(st, Var(out, dt.int64))
         else:
             comb = _TILE_COMBINER.get(node.combiner, node.combiner)
-            if comb != "sum":
-                b.helpers.add(comb)
             b.emit(ReduceTile(out, acc, comb, 1, acc.dtype))
             finish(st, Var(out, acc.dtype))
 
@@ -457,8 +449,6 @@ class _Moments:
             v = cast(v, dt.compute_dtype(v.dtype))
             contrib = full_tile(b, masked(b, mask, v, _ident(node.combiner, v.dtype)))
             name = b.fresh("first")
-            if node.combiner != "sum":
-                b.helpers.add(node.combiner)
             b.emit(ReduceTile(name, contrib, node.combiner, 1, v.dtype))
             value = Var(name, v.dtype)
             if node.combiner == "sum":

@@ -303,7 +303,6 @@ class TritonPrinter:
 
 def generate(kernel: TileKernel, interpret: bool = False) -> str:
     p = TritonPrinter(interpret)
-    p.helpers |= set(kernel.helpers)
     body: list[str] = []
     p.stmts(kernel.body, 1, body)
     params = [f"ptr_{q.name}" if q.kind == "buffer" else q.name for q in kernel.params]
