@@ -173,13 +173,17 @@ def measure_ceilings(device) -> Ceilings:
         torch.cuda.synchronize(device)
         return start.elapsed_time(end) / 1e3 / reps
 
-    x = torch.empty(256 * 1024 * 1024, dtype=torch.float32, device=device)
-    y = torch.empty_like(x)
-    bandwidth = 2 * x.numel() * 4 / timed(lambda: y.copy_(x))
-    del x, y
-    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device=device)
-    b = torch.randn(8192, 8192, dtype=torch.bfloat16, device=device)
-    matrix = 2.0 * 8192**3 / timed(lambda: a @ b)
+    def copy_bandwidth():  # 1 GiB read and written; freed on return
+        x = torch.empty(256 * 1024 * 1024, dtype=torch.float32, device=device)
+        y = torch.empty_like(x)
+        return 2 * x.numel() * 4 / timed(lambda: y.copy_(x))
+
+    def matmul_rate():
+        a = torch.randn(8192, 8192, dtype=torch.bfloat16, device=device)
+        b = torch.randn(8192, 8192, dtype=torch.bfloat16, device=device)
+        return 2.0 * 8192**3 / timed(lambda: a @ b)
+
+    bandwidth, matrix = copy_bandwidth(), matmul_rate()
     return Ceilings(props.name, bandwidth=bandwidth, matrix_flops=matrix, vector_flops=matrix / 12,
                     sm_count=props.multi_processor_count)
 
