@@ -22,6 +22,9 @@ from .ir.verify import verify
 from .passes import run_passes
 from .runtime.compiled import CompiledGraph, ExternCall, KernelStep
 from .tile.lower import LoweringOptions, lower_plan_kernels
+from .runtime.aten_matmul import AtenMatmul
+from .tile.matmul_views import describe as describe_matmul
+from .tile.matmul_views import matmul_views
 from .tile.verify import verify_tile_kernel
 from .tune.tuner import tune_plan
 
@@ -96,7 +99,7 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
     report.decisions = list(schedule.decisions)
     options = LoweringOptions(interpret=interpret, persistent_reduction_limit=config.persistent_reduction_limit,
                               flash_config=config.flash_config, flash_split=config.flash_split,
-                              sm_count=_sm_count(device))
+                              sm_count=_sm_count(device), matmul=config.matmul)
     steps = []
     for step in schedule.steps:
         if isinstance(step, ExternStep):
@@ -109,10 +112,19 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
             steps.append(KernelStep(step.name, _nothing, list(step.stores), []))
             report.kernels.append(KernelReport(step.name, "empty", step.members, "", "", step.notes))
             continue
+        views = matmul_views(graph, step) if config.matmul != "generated" else None
         with stage("tune"):
-            tuned = tune_plan(graph, step, options, level=config.autotune, device=device, backend=backend)
+            tuned = tune_plan(graph, step, options, level=config.autotune, device=device, backend=backend,
+                              aten=(lambda: _aten_step(step, views)) if views is not None else None)
         if tuned.describe():
             step.notes.append(f"{step.name}: {tuned.describe()}")
+        if views is not None and (config.matmul == "aten" or (tuned.config or {}).get("impl") == "aten"):
+            aten = _aten_step(step, views)
+            step.notes.append(f"{step.name}: nothing fused — {describe_matmul(views)} (ATen)")
+            steps.append(aten)
+            report.kernels.append(KernelReport(step.name, "aten-matmul", step.members, describe_matmul(views), "",
+                                               step.notes, tuned.seconds))
+            continue
         plan_options = replace(options, schedule=tuned.config) if tuned.config is not None else options
         with stage("tile"):
             tks = [verify_tile_kernel(tk) for tk in lower_plan_kernels(graph, step, plan_options)]
@@ -127,6 +139,10 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
                                                tuned.seconds if tk is tks[0] else 0.0))
             steps.append(KernelStep(tk.name, launcher, list(tk.writes), list(tk.reads), dict(tk.scratch)))
     return CompiledGraph(graph, steps, device), report
+
+
+def _aten_step(plan, views) -> KernelStep:
+    return KernelStep(plan.name, AtenMatmul(views), [views.out], [views.a.buffer, views.b.buffer])
 
 
 def _statically_empty(graph, plan) -> bool:

@@ -38,6 +38,10 @@ class Config:
     #: attention kernels' "BLOCK_M,BLOCK_N,warps,stages" (empty: built-in choice); a manual
     #: override until the autotuner chooses it
     flash_config: str = ""
+    #: plain matrix products (nothing fused into them): "auto" measures the generated kernel
+    #: against ATen's matmul (cuBLAS) when tuning on a GPU, "generated" never uses ATen,
+    #: "aten" always does (also on CPU: MKL/OpenBLAS instead of the interpreter)
+    matmul: str = "auto"
     #: key ranges per block of query rows in attention kernels (split and merge): 0 chooses
     #: by occupancy (decode), 1 never splits, k > 1 forces k
     flash_split: int = 0
@@ -60,6 +64,8 @@ class Config:
     def validate(self) -> None:
         if self.backend not in ("auto", "triton", "interpret"):
             raise ValueError(f"TILEFUSE_BACKEND must be auto, triton or interpret, not {self.backend!r}")
+        if self.matmul not in ("auto", "generated", "aten"):
+            raise ValueError(f"TILEFUSE_MATMUL must be auto, generated or aten, not {self.matmul!r}")
         if self.autotune not in ("0", "1", "max"):
             raise ValueError(f"TILEFUSE_AUTOTUNE must be 0, 1 or max, not {self.autotune!r}")
         if self.fallback not in ("eager", "error"):

@@ -31,6 +31,7 @@ class LoweringOptions:
     flash_config: str = ""
     flash_split: int = 0  # key ranges per block of rows in attention kernels (0: by occupancy)
     schedule: dict | None = None  # a tuned configuration of the plan's schedule space (overrides rules)
+    matmul: str = "auto"  # plain matmuls: "auto" (measured), "generated", "aten"
     sm_count: int = 0  # the device's multiprocessors (0: unknown)
 
 
@@ -248,8 +249,19 @@ def contraction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
 
     nbatch = _static(sympy.Mul(*batch)) if batch else 1
     sizes = {k: v for k, v in statics.items()} | {"batch": nbatch}
-    return ScheduleSpace("contraction", knobs, contraction_rules(graph, plan, options), sizes=sizes, itemsize=item,
-                         valid=valid)
+    default = contraction_rules(graph, plan, options)
+    if options.matmul != "generated" and not options.interpret:
+        from .matmul_views import matmul_views
+
+        if matmul_views(graph, plan) is not None:  # nothing fused: the library's matmul is a candidate
+            knobs["impl"], default["impl"] = ("generated", "aten"), "generated"
+            tiles = valid
+
+            def valid(cfg):  # the library ignores the tile knobs: one "aten" configuration
+                if cfg["impl"] == "aten":
+                    return all(cfg[k] == v for k, v in default.items() if k != "impl")
+                return tiles(cfg)
+    return ScheduleSpace("contraction", knobs, default, sizes=sizes, itemsize=item, valid=valid)
 
 
 def lower_contraction(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> TileKernel:
@@ -265,6 +277,7 @@ def lower_contraction(graph: Graph, plan: KernelPlan, options: LoweringOptions) 
     chosen = contraction_rules(graph, plan, options)
     if options.schedule:
         chosen.update(options.schedule)
+    chosen.pop("impl", None)  # "aten" never reaches a lowering (the driver runs ATen instead)
     warps, stages = chosen.pop("warps"), chosen.pop("stages")
     cfg = chosen
     BM, BN, BK, G = (_sym(n) for n in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"))

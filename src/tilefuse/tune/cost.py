@@ -103,6 +103,8 @@ def _contraction(space, cfg, c: Ceilings) -> float:
     flops_per_tile = 2.0 * bm * bn * math.ceil(K / bk) * bk
     sm_rate = c.matrix_flops / c.sm_count * _tile_efficiency(bm, bn, warps)
     t_compute = waves * min(per_sm, math.ceil(tiles / c.sm_count)) * flops_per_tile / sm_rate
+    if cfg.get("impl") == "aten":  # the vendor library: the device's measured matrix rate
+        t_compute = 2.0 * M * N * K * batch / c.matrix_flops
     # operands re-read once per output tile row/column; grouped ordering lets L2 serve most
     reread = (M * K * tn + K * N * tm) * batch * space.itemsize / max(1.0, min(cfg.get("GROUP_M", 1), tm) ** 0.5)
     t_memory = (reread + M * N * batch * space.itemsize) / c.bandwidth

@@ -64,10 +64,11 @@ def device_ceilings(device) -> Ceilings:
     return _ceilings[key]
 
 
-def tune_plan(graph, plan, options: LoweringOptions, *, level: str, device, backend: str) -> TuneOutcome:
+def tune_plan(graph, plan, options: LoweringOptions, *, level: str, device, backend: str, aten=None) -> TuneOutcome:
+    """`aten`: builds the plan's library step (a plain matmul), measured as `impl=aten`."""
     notes = list(plan.notes)
     try:
-        return _tune_plan(graph, plan, options, level, device, backend)
+        return _tune_plan(graph, plan, options, level, device, backend, aten)
     except Exception as err:  # noqa: BLE001 — tuning is an optimisation: never the reason a graph fails
         logs.log("tune", "%s: tuning failed, the rules choose: %s: %s", plan.name, type(err).__name__, err)
         return TuneOutcome(None, "rules", note=f"tuning failed: {type(err).__name__}: {err}"[:200])
@@ -75,7 +76,7 @@ def tune_plan(graph, plan, options: LoweringOptions, *, level: str, device, back
         plan.notes[:] = notes  # lowering candidates annotates the plan: keep only the final lowering's notes
 
 
-def _tune_plan(graph, plan, options: LoweringOptions, level: str, device, backend: str) -> TuneOutcome:
+def _tune_plan(graph, plan, options: LoweringOptions, level: str, device, backend: str, aten) -> TuneOutcome:
     t0 = time.perf_counter()
     if backend != "triton" or options.flash_config or options.flash_split:
         return TuneOutcome(None, "rules")  # the interpreter's tiles, or the user's own choice
@@ -99,7 +100,7 @@ def _tune_plan(graph, plan, options: LoweringOptions, level: str, device, backen
 
     try:
         with real_tensors():
-            outcome = select_config(space, key, level, ceilings, _Bench(graph, plan, options, device).measure,
+            outcome = select_config(space, key, level, ceilings, _Bench(graph, plan, options, device, aten).measure,
                                     TuningCache(), plan.name)
     except TuningError as err:  # nothing measurable: the model's choice, and say why
         logs.log("tune", "%s: %s", plan.name, err)
@@ -171,8 +172,8 @@ class _Bench:
     them on synthetic buffers of the plan's shapes (random floats; zeros for integer and
     boolean inputs, so that any index they hold is in range)."""
 
-    def __init__(self, graph, plan, options, device):
-        self.graph, self.plan, self.options, self.device = graph, plan, options, device
+    def __init__(self, graph, plan, options, device, aten=None):
+        self.graph, self.plan, self.options, self.device, self.aten = graph, plan, options, device, aten
         self.built: dict = {}
         self.buffers: dict = {}
 
@@ -203,6 +204,12 @@ class _Bench:
         from ..backends.triton import generate, load_kernel
 
         key = tuple(sorted(cfg.items()))
+        if key not in self.built and cfg.get("impl") == "aten":
+            step = self.aten()
+            for name in step.reads + step.writes:
+                self._buffer(name, self.graph[name])
+            self.built[key] = [step.launch]
+            self._run(self.built[key])
         if key not in self.built:
             options = replace(self.options, schedule=cfg)
             launchers = []

@@ -1,0 +1,44 @@
+"""Running a plain matrix product through ATen (cuBLAS on GPUs, MKL/OpenBLAS on CPUs).
+
+`tile.matmul_views` describes each operand as affine maps from the iteration symbols to the
+buffer's dims; here they become `as_strided` views using the buffers' actual strides at call
+time (so non-contiguous inputs need no copy), and the product is written into the output
+buffer that the compiled graph allocated.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..ir import symbolic
+
+
+class AtenMatmul:
+    """A launcher with the generated kernels' interface: `launch(buffers, env)`."""
+
+    def __init__(self, views):
+        self.views = views
+
+    def _view(self, t: torch.Tensor, op, symbols: tuple, sizes: tuple, env: dict) -> torch.Tensor:
+        strides, offset = [], t.storage_offset()
+        for name in symbols:
+            strides.append(sum(int(symbolic.evaluate(coefs.get(name, 0), env)) * t.stride(d)
+                               for d, (coefs, _) in enumerate(op.dims)))
+        for d, (_, const) in enumerate(op.dims):
+            offset += int(symbolic.evaluate(const, env)) * t.stride(d)
+        return torch.as_strided(t, sizes, strides, offset)
+
+    def __call__(self, buffers: dict, env: dict) -> None:
+        v = self.views
+        *batch, M, N, K = (int(symbolic.evaluate(s, env)) for s in v.sizes)
+        a = self._view(buffers[v.a.buffer], v.a, (*v.batch, v.m, v.k), (*batch, M, K), env)
+        b = self._view(buffers[v.b.buffer], v.b, (*v.batch, v.k, v.n), (*batch, K, N), env)
+        out = buffers[v.out].permute(v.order)
+        if out.numel() == 0:
+            return
+        if out.is_contiguous():
+            torch.matmul(a, b, out=out)
+        else:
+            out.copy_(torch.matmul(a, b))
+
+
+__all__ = ["AtenMatmul"]

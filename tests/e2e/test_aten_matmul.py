@@ -1,0 +1,88 @@
+"""Plain matrix products (nothing fused into them) can run through ATen's matmul on views of
+their buffers: chosen by measurement when tuning on a GPU, or forced with TILEFUSE_MATMUL=aten.
+Products with something fused keep the generated kernel."""
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tilefuse
+from irgraphs import GraphBuilder
+from tilefuse.fusion import plan_graph
+from tilefuse.ir import dtypes as dt
+from tilefuse.ir.expr import cast
+from tilefuse.tile.lower import LoweringOptions, schedule_space
+
+DEVICE = os.environ.get("TILEFUSE_TEST_DEVICE", "cpu")
+
+
+def _kinds(fn, *args, **kw):
+    torch._dynamo.reset()
+    return [k.kind for k in tilefuse.explain(fn, *args, matmul="aten", **kw).kernels]
+
+
+def _check(fn, *args, dynamic=False):
+    torch._dynamo.reset()
+    with tilefuse.config.patch(matmul="aten"):
+        out = torch.compile(fn, backend="tilefuse", dynamic=dynamic)(*args)
+    torch.testing.assert_close(out, fn(*args), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name,fn,shapes", [
+    ("mm", lambda a, b: a @ b, [(37, 20), (20, 45)]),
+    ("transposed", lambda a, b: a @ b.T, [(37, 20), (45, 20)]),
+    ("linear", lambda a, b: F.linear(a, b), [(37, 20), (45, 20)]),
+    ("bmm", lambda a, b: torch.bmm(a, b), [(3, 17, 9), (3, 9, 11)]),
+    ("sliced operands", lambda a, b: a[:, 3:30:2] @ b[1:], [(37, 60), (15, 45)]),
+    ("vector", lambda a, b: a @ b, [(1, 20), (20, 33)]),
+])
+def test_plain_products_run_through_aten_and_match(name, fn, shapes):
+    args = [torch.randn(s, device=DEVICE) for s in shapes]
+    assert _kinds(fn, *args) == ["aten-matmul"]
+    _check(fn, *args)
+
+
+def test_symbolic_sizes_and_bf16():
+    a, b = torch.randn(30, 16, device=DEVICE), torch.randn(16, 24, device=DEVICE)
+    fn = lambda a, b: a @ b  # noqa: E731
+    torch._dynamo.reset()
+    with tilefuse.config.patch(matmul="aten"):
+        compiled = torch.compile(fn, backend="tilefuse", dynamic=True)
+        for m in (30, 7, 55):
+            x = torch.randn(m, 16, device=DEVICE)
+            torch.testing.assert_close(compiled(x, b), fn(x, b))
+    a, b = (t.to(torch.bfloat16) for t in (a, b))
+    _check(fn, a, b)
+
+
+def test_flattened_batch_views_keep_the_generated_kernel():
+    """F.linear on a 3-D input reads it through a flattened view (floor/mod indices) and
+    reshapes the result: not yet a plain view, so the generated kernel runs — still correct."""
+    a, b = torch.randn(5, 37, 20, device=DEVICE), torch.randn(45, 20, device=DEVICE)
+    assert _kinds(lambda a, b: F.linear(a, b), a, b) == ["contraction"]
+    _check(lambda a, b: F.linear(a, b), a, b)
+    a, b = torch.randn(2, 3, 17, 9, device=DEVICE), torch.randn(9, 11, device=DEVICE)
+    _check(lambda a, b: a @ b, a, b)
+
+
+def test_products_with_something_fused_keep_the_generated_kernel():
+    a, b, bias = torch.randn(37, 20, device=DEVICE), torch.randn(20, 45, device=DEVICE), torch.randn(45, device=DEVICE)
+    assert _kinds(lambda a, b, c: F.gelu(a @ b + c), a, b, bias) == ["contraction"]
+    assert _kinds(lambda a, b: (a * 2) @ b, a, b) != ["aten-matmul"]  # a prologue: not a plain view
+
+
+def test_contraction_space_offers_aten_once_for_plain_products():
+    g = GraphBuilder("mm")
+    a, b = g.input("a", (512, 256), dt.bfloat16), g.input("b", (256, 384), dt.bfloat16)
+    mm = g.ctx.reduce((512, 384), (256,), "sum",
+                      lambda i, r: cast(a.load((i[0], r[0])), dt.float32) * cast(b.load((r[0], i[1])), dt.float32),
+                      dt.bfloat16)
+    graph = g.output(mm)
+    (plan,) = plan_graph(graph).kernels
+    space = schedule_space(graph, plan, LoweringOptions(interpret=False, sm_count=132))
+    configs = space.configs()
+    assert space.default["impl"] == "generated"
+    assert sum(c["impl"] == "aten" for c in configs) == 1
+    none = schedule_space(graph, plan, LoweringOptions(interpret=False, sm_count=132, matmul="generated"))
+    assert "impl" not in none.knobs
