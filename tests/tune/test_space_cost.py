@@ -15,12 +15,12 @@ from tilefuse.tune.cost import NOMINAL, choose_without_measuring, predict, rank
 GPU = LoweringOptions(interpret=False, sm_count=132)
 
 
-def _matmul(m, n, k, dtype=dt.bfloat16):
+def _matmul(m, n, k, dtype=dt.bfloat16, out_dtype=dt.float32):
     g = GraphBuilder("mm")
     a, b = g.input("a", (m, k), dtype), g.input("b", (k, n), dtype)
     mm = g.ctx.reduce((m, n), (k,), "sum",
                       lambda i, r: cast(a.load((i[0], r[0])), dt.float32) * cast(b.load((r[0], i[1])), dt.float32),
-                      dt.float32)
+                      out_dtype)
     graph = g.output(mm)
     (plan,) = plan_graph(graph).kernels
     assert plan.kind == "contraction"
@@ -160,3 +160,11 @@ def test_empty_problems_are_predicted_not_divided_by_zero():
     space = schedule_space(graph, plan, GPU)
     assert all(math.isfinite(predict(space, cfg)) for cfg in space.configs())
     assert choose_without_measuring(space) is not None
+
+
+def test_model_alone_never_switches_to_the_library():
+    graph, plan = _matmul(4096, 4096, 4096, out_dtype=dt.bfloat16)
+    space = schedule_space(graph, plan, GPU)
+    assert "impl" in space.knobs
+    assert choose_without_measuring(space)["impl"] == "generated"
+    assert any(cfg.get("impl") == "aten" for _, cfg in rank(space, keep=8))  # but it is measured

@@ -150,7 +150,8 @@ def rank(space: ScheduleSpace, ceilings: Ceilings = NOMINAL, keep: int | None = 
 def choose_without_measuring(space: ScheduleSpace, ceilings: Ceilings = NOMINAL) -> dict:
     """TILEFUSE_AUTOTUNE=0: the model's best, unless the rules' default is predicted within 10%
     of it (the model is too coarse to overrule a measured rule on a small margin)."""
-    scored = rank(space, ceilings)
+    # the implementation (generated kernel or a library) is only switched by measurement
+    scored = [x for x in rank(space, ceilings) if x[1].get("impl") == space.default.get("impl")]
     best_t, best = scored[0]
     default_t = predict(space, space.default, ceilings)
     if not math.isfinite(best_t) or default_t <= 1.1 * best_t:
