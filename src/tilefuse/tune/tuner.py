@@ -15,9 +15,12 @@ import time
 from dataclasses import dataclass, replace
 
 from .. import logs
+from ..backends.triton import generate, load_kernel
 from ..tile.lower import LoweringOptions, lower_plan_kernels, schedule_space
 from ..tile.space import describe
+from .cache import TuningCache, tuning_key
 from .cost import NOMINAL, Ceilings, choose_without_measuring, measure_ceilings, rank
+from .search import Candidate, TuningError, search
 
 LEVELS = {"1": (8, 10.0), "max": (32, 60.0)}  # level -> (candidates measured, budget seconds)
 #: memory-bound kernels (reductions, pointwise) gain little from tuning: a smaller search
@@ -89,15 +92,11 @@ def _tune_plan(graph, plan, options: LoweringOptions, level: str, device, backen
         ceilings = device_ceilings(device) if measurable else NOMINAL
     if not measurable:
         return TuneOutcome(choose_without_measuring(space, ceilings), "model", time.perf_counter() - t0)
-    from ..backends.triton import generate
-    from .cache import TuningCache, tuning_key
-
     default_kernels = lower_plan_kernels(graph, plan, replace(options, schedule=space.default))
     source = "\n".join(generate(tk, interpret=False) for tk in default_kernels)
     dtypes = sorted({str(graph[n].dtype) for tk in default_kernels for n in tk.reads if n in graph.nodes})
-    key = tuning_key(source, space.sizes, dtypes, {"name": ceilings.name, "kind": space.kind})
-    from .search import TuningError
-
+    key = tuning_key(source, space.sizes, dtypes, {"name": ceilings.name, "kind": space.kind},
+                     extra={k: list(v) for k, v in space.knobs.items()})  # a new knob invalidates old results
     try:
         with real_tensors():
             outcome = select_config(space, key, level, ceilings, _Bench(graph, plan, options, device, aten).measure,
@@ -138,8 +137,6 @@ def select_config(space, key: str, level: str, ceilings: Ceilings, measure, cach
 
 
 def _search(ranked, measure, budget, name):
-    from .search import Candidate, search
-
     candidates = [Candidate(cfg, predicted) for predicted, cfg in ranked]
     bar = _progress(name, len(candidates))
     try:
@@ -201,8 +198,6 @@ class _Bench:
         return t
 
     def _kernels(self, cfg):
-        from ..backends.triton import generate, load_kernel
-
         key = tuple(sorted(cfg.items()))
         if key not in self.built and cfg.get("impl") == "aten":
             step = self.aten()
