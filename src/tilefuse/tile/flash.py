@@ -73,18 +73,7 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
     outs = out_index(o_node.rank)
     (r0,) = red_index(1)
 
-    def coords(m_val, n_val, key_val, k0_val=None):
-        vals = {}
-        for d, v in zip(con.batch_dims, batch_vals):
-            vals[outs[d]] = v
-        vals[outs[con.m_dim]], vals[outs[con.n_dim]], vals[r0] = m_val, n_val, key_val
-        if k0_val is not None:
-            vals[K0] = k0_val
-        return list(vals), list(vals.values())
-
-    def at(expr, m_val, n_val, key_val, k0_val=None):
-        syms, vals = coords(m_val, n_val, key_val, k0_val)
-        return _mapped(expr, syms, vals)
+    coords, at = _coordinates(con, o_node, batch_vals)
 
     m_ok = bound_check(b, rm, M, bm, "mmask")
     n_ok = bound_check(b, rn, DN, dn, "nmask")
@@ -302,6 +291,25 @@ def _default_config(low_precision: bool, head_block: int, rows, options: Lowerin
     return bm, bn, warps, stages
 
 
+def _coordinates(con, o_node, batch_vals):
+    """`coords(m, n, key, k0)`: the output contraction's symbols and the tile values bound to
+    them (batch dims from the program id); `at(expr, ...)`: an expression with them bound."""
+    outs = out_index(o_node.rank)
+    (r0,) = red_index(1)
+
+    def coords(m_val, n_val, key_val, k0_val=None):
+        vals = {outs[d]: v for d, v in zip(con.batch_dims, batch_vals)}
+        vals[outs[con.m_dim]], vals[outs[con.n_dim]], vals[r0] = m_val, n_val, key_val
+        if k0_val is not None:
+            vals[K0] = k0_val
+        return list(vals), list(vals.values())
+
+    def at(expr, m_val, n_val, key_val, k0_val=None):
+        return _mapped(expr, *coords(m_val, n_val, key_val, k0_val))
+
+    return coords, at
+
+
 def _finish(b: KernelBuilder, graph: Graph, plan: KernelPlan, acc, rm, rn, m_ok, omask, coords, at) -> None:
     """After the key loop: the deferred row factor and guards, the output store, epilogues."""
     info = plan.flash
@@ -429,21 +437,7 @@ def lower_flash_merge(graph: Graph, plan: KernelPlan, options: LoweringOptions, 
     red = b.fresh("out")
     b.emit(ReduceTile(red, acc, "sum", 0, dt.float32))
     acc = Var(red, dt.float32)
-    outs = out_index(o_node.rank)
-    (r0,) = red_index(1)
-    batch_vals = unravel_sym(pid_b, batch_shape) if batch_shape else ()
-
-    def coords(m_val, n_val, key_val, k0_val=None):
-        vals = {}
-        for d, v in zip(con.batch_dims, batch_vals):
-            vals[outs[d]] = v
-        vals[outs[con.m_dim]], vals[outs[con.n_dim]], vals[r0] = m_val, n_val, key_val
-        return list(vals), list(vals.values())
-
-    def at(expr, m_val, n_val, key_val, k0_val=None):
-        syms, vals = coords(m_val, n_val, key_val, k0_val)
-        return _mapped(expr, syms, vals)
-
+    coords, at = _coordinates(con, o_node, unravel_sym(pid_b, batch_shape) if batch_shape else ())
     _finish(b, graph, plan, acc, rm, rn, None, n_ok, coords, at)
     return TileKernel(f"{plan.name}_merge", b.finish_params(), {"BLOCK_S": bs, "BLOCK_DN": dn}, numel=M * DN * nbatch,
                       grid=(M, nbatch), body=b.body, num_warps=4 if dn >= 128 else 2, num_stages=1,

@@ -81,7 +81,8 @@ def rebase(b: KernelBuilder, graph: Graph, carried: Var, repair, running: dict) 
     same = None
     for old, new in zip(olds, news):
         same = land(same, binary("eq", old, new))
-    factor = b.let(where(same, Const(1.0, raw.dtype), raw), "factor")
+    # through b.value (memoised): the sums re-based onto the same producers share one factor
+    factor = b.value(where(same, Const(1.0, raw.dtype), raw))
     discard = binary("eq", factor, Const(0.0, factor.dtype))
     for prod, old, new in zip(repair.producers, olds, news):
         combiner = graph[prod].combiner
@@ -89,7 +90,7 @@ def rebase(b: KernelBuilder, graph: Graph, carried: Var, repair, running: dict) 
             ident = Const(float("-inf") if combiner == "max" else float("inf"), old.dtype)
             left = binary("logical_and", binary("eq", old, ident), binary("ne", new, ident))
             discard = binary("logical_or", discard, left)
-    discard = b.let(discard, "discard")
+    discard = b.value(discard)
     return b.let(where(discard, Const(0.0, carried.dtype), cast(binary("mul", carried, factor), carried.dtype)),
                  "rebased")
 
