@@ -3,8 +3,9 @@
 The backend captures Dynamo's FX graph through AOTAutograd with PyTorch's core-ATen
 decompositions, so forward and backward graphs both reach the compiler. A failure inside
 tilefuse never silently breaks the user's program: with `TILEFUSE_FALLBACK=eager` (default)
-the graph runs eagerly with a warning naming the stage; with `error` it raises
-`TilefuseError`.
+the graph runs eagerly with a warning naming the stage, the op and a reproducer script; with
+`error` it raises `TilefuseError` with the same message. `TILEFUSE_VERIFY=1` checks each graph
+against eager on its first run and names the first diverging kernel (`check.verify`).
 """
 from __future__ import annotations
 
@@ -47,13 +48,25 @@ def _device_of(gm: torch.fx.GraphModule) -> torch.device:
     return torch.device("cpu")
 
 
-def _fail(stage: str, name: str, err: BaseException, eager):
-    msg = f"tilefuse failed while {stage} {name}: {type(err).__name__}: {err}"
+def _fail(phase: str, name: str, err: BaseException, eager, gm=None, args=None):
+    """Report an internal failure: raise `TilefuseError` (fallback "error") or warn and return
+    `eager` to run the graph with (fallback "eager"). The message names the stage and the op
+    that failed and points to a standalone reproducer of the graph."""
+    from .check.failure import describe_failure, write_reproducer
+
+    failure = describe_failure(err, phase)
+    msg = f"tilefuse failed while {phase} {name} — stage: {failure.stage}"
+    if failure.op:
+        msg += f"; op: {failure.op}"
+    msg += f"; {failure.error}"
+    repro = write_reproducer(gm, args, title=msg, name=name) if gm is not None else None
+    if repro:
+        msg += f"\nreproducer: python {repro}"
+    logs.log("runtime", "%s\n%s", msg, "".join(traceback.format_exception(err)))
     if config.fallback == "error":
         raise TilefuseError(msg) from err
-    warnings.warn(msg + " — running this graph eagerly (set TILEFUSE_FALLBACK=error to raise)",
+    warnings.warn(msg + "\nrunning this graph eagerly (set TILEFUSE_FALLBACK=error to raise)",
                   TilefuseFallbackWarning, stacklevel=3)
-    logs.log("runtime", "%s\n%s", msg, "".join(traceback.format_exception(err)))
     return eager
 
 
@@ -67,7 +80,8 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, options:
         report = CompileReport(name, graph_ir=f"(compilation failed: {type(err).__name__}: {err})")
         for sink in _report_sinks:
             sink.append(report)
-        runner = _fail("compiling", name, err, gm.forward)
+        with config.patch(**(options or {})):
+            runner = _fail("compiling", name, err, gm.forward, gm)
         return _boxed(runner)
     report.stage_seconds["total"] = time.perf_counter() - t0
     for sink in _report_sinks:
@@ -75,36 +89,46 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, options:
     state = {"first": True, "runner": compiled}
 
     def run(*args):
-        if not state["first"]:
-            return state["runner"](*args)
+        runner = state["runner"]
+        if runner is not compiled:
+            return runner(*args)
         try:
             out = compiled(*args)
-            if config.verify:
-                _verify(name, compiled, args, out)
+        except Exception as err:  # noqa: BLE001 - the first launch also compiles the kernels
+            eager_out = gm.forward(*args)  # if eager fails too, the error is the program's own
+            with config.patch(**(options or {})):
+                state["runner"] = _fail("running", name, err, gm.forward, gm, args)
+            return eager_out
+        if state["first"]:
             state["first"] = False
-            return out
-        except TilefuseError:
-            raise
-        except Exception as err:  # noqa: BLE001 - first launch compiles the kernels
-            state["runner"] = _fail("running", name, err, gm.forward)
-            state["first"] = False
-            return state["runner"](*args)
+            with config.patch(**(options or {})):
+                if config.verify:
+                    return _verify(name, gm, compiled, report, args, out, state)
+        return out
 
     return _boxed(run)
 
 
-def _verify(name, compiled, args, out):
-    from .ir.interpret import interpret
+def _verify(name, gm, compiled, report, args, out, state):
+    """TILEFUSE_VERIFY: the fp64 rule against eager on the first run; on a mismatch, the first
+    diverging kernel is reported (error, or warning and eager from then on)."""
+    from .check.verify import verify_graph
 
-    ref = interpret(compiled.graph, list(args))
-    for k, (a, b) in enumerate(zip(out, ref)):
-        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-            if a.dtype.is_floating_point:
-                ok = torch.allclose(a.double().cpu(), b.double().cpu(), rtol=2e-2, atol=2e-2, equal_nan=True)
-            else:
-                ok = torch.equal(a.cpu(), b.cpu())
-            if not ok:
-                raise TilefuseError(f"TILEFUSE_VERIFY: output {k} of {name} differs from the reference interpreter")
+    try:
+        result = verify_graph(name, gm.forward, compiled, args, out, report)
+    except Exception as err:  # noqa: BLE001 - a broken check must not break the program
+        logs.log("runtime", "verify of %s could not run: %s: %s", name, type(err).__name__, err)
+        return out
+    if result.ok:
+        logs.log("runtime", "%s", result)
+        return out
+    msg = str(result)
+    if config.fallback == "error":
+        raise TilefuseError(msg)
+    warnings.warn(msg + "\nrunning this graph eagerly from now on (set TILEFUSE_FALLBACK=error to raise)",
+                  TilefuseFallbackWarning, stacklevel=3)
+    state["runner"] = gm.forward
+    return gm.forward(*args)
 
 
 def _boxed(fn):

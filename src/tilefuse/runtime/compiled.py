@@ -75,6 +75,11 @@ class CompiledGraph:
         return shape, stride, torch_dtype(node.dtype)
 
     def __call__(self, *args):
+        return self.run(args)
+
+    def run(self, args, on_step=None):
+        """Run the graph on `args`. `on_step(k, step, buffers)`, when given, is called after
+        each step with the live buffers (verify mode records every prefix's state this way)."""
         graph = self.graph
         env = bind_symbols(graph, args)
         buffers = dict(self.constants)
@@ -92,6 +97,8 @@ class CompiledGraph:
                 buffers[node.name] = result
                 for name, item in self.extern_results.get(node.name, ()):
                     buffers[name] = result[item]
+            if on_step is not None:
+                on_step(k, step, buffers)
             for name in self.free_after[k]:
                 buffers.pop(name, None)
         return [output_value(o, buffers, env) for o in graph.outputs]
