@@ -87,6 +87,7 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, options:
     for sink in _report_sinks:
         sink.append(report)
     state = {"first": True, "runner": compiled}
+    aliases = _output_aliases(gm)
 
     def run(*args):
         runner = state["runner"]
@@ -94,6 +95,8 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, options:
             return runner(*args)
         try:
             out = compiled(*args)
+            if aliases:
+                out = _apply_aliases(aliases, compiled, args, out)
         except Exception as err:  # noqa: BLE001 - the first launch also compiles the kernels
             eager_out = gm.forward(*args)  # if eager fails too, the error is the program's own
             with config.patch(**(options or {})):
@@ -107,6 +110,67 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, options:
         return out
 
     return _boxed(run)
+
+
+def _output_aliases(gm: torch.fx.GraphModule) -> list:
+    """Outputs that are views of an input or of another output, as (output index, "input" or
+    "output", base index, sizes, strides, storage offset) with sympy sizes.
+
+    AOTAutograd rebuilds such outputs from their base after the call, replaying the view — or,
+    when the view has symbolic arguments (`x.narrow(-1, 1, x.shape[-1] - 1)` under
+    `dynamic=True`), by `base.as_strided(out.size(), out.stride(), out.storage_offset())` of the
+    compiled output. The compiled graph returns fresh buffers, so these outputs must be given
+    back as the views they are."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    from .frontend.context import sym_expr
+
+    def storage(val):
+        try:
+            return StorageWeakRef(val.untyped_storage()) if isinstance(val, torch.Tensor) else None
+        except Exception:  # noqa: BLE001 - tensors without storage (sparse, ...) alias nothing
+            return None
+
+    inputs = {}
+    for k, node in enumerate(n for n in gm.graph.nodes if n.op == "placeholder"):
+        ref = storage(node.meta.get("val"))
+        if ref is not None:
+            inputs.setdefault(ref, k)
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    outs = out_node.args[0] if isinstance(out_node.args[0], (list, tuple)) else (out_node.args[0],)
+    vals = [o.meta.get("val") if isinstance(o, torch.fx.Node) else None for o in outs]
+    owners: dict = {}  # storage -> index of the first output that is not a view
+    for k, val in enumerate(vals):
+        ref = storage(val)
+        if ref is not None and ref not in inputs and val.storage_offset() == 0 and not val._is_view():
+            owners.setdefault(ref, k)
+    plan = []
+    for k, val in enumerate(vals):
+        ref = storage(val)
+        if ref is None:
+            continue
+        if ref in inputs:
+            base = ("input", inputs[ref])
+        elif ref in owners and owners[ref] != k:
+            base = ("output", owners[ref])
+        else:
+            continue
+        plan.append((k, *base, tuple(sym_expr(d) for d in val.shape), tuple(sym_expr(st) for st in val.stride()),
+                     sym_expr(val.storage_offset())))
+    return plan
+
+
+def _apply_aliases(plan, compiled, args, out):
+    from .ir.interpret import bind_symbols
+    from .ir.symbolic import evaluate
+
+    env = bind_symbols(compiled.graph, args)
+    out = list(out)
+    for k, kind, base, sizes, strides, offset in plan:
+        src = args[base] if kind == "input" else out[base]
+        out[k] = src.as_strided([int(evaluate(d, env)) for d in sizes], [int(evaluate(st, env)) for st in strides],
+                                int(evaluate(offset, env)))
+    return out
 
 
 def _verify(name, gm, compiled, report, args, out, state):
