@@ -44,16 +44,20 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=".")
     p.add_argument("--warm", action="store_true", help="second process: tuning must come from the cache")
+    p.add_argument("--cases", default="", help="comma-separated name prefixes (default: all)")
     args = p.parse_args()
+    wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
     rows = []
     for name, fn, inputs, flops in cases():
+        if wanted and not any(name.startswith(w) for w in wanted):
+            continue
         peers = {} if args.warm else {"eager (cuBLAS)": fn, "inductor": torch.compile(fn)}
         for level in (["1"] if args.warm else ["0", "1"]):
             torch._dynamo.reset()
             t0 = time.perf_counter()
             rep = tilefuse.explain(fn, *inputs, autotune=level)
             compile_s = time.perf_counter() - t0
-            notes = [n for k in rep.kernels for n in k.notes if "schedule" in n]
+            notes = [n for k in rep.kernels for n in k.notes if "schedule" in n or "ATen" in n]
             tune_s = sum(k.tune_seconds for k in rep.kernels)
             torch._dynamo.reset()
             peers[f"tilefuse autotune={level}"] = tilefuse.compile(fn, autotune=level)

@@ -15,9 +15,16 @@ class GraphBuilder:
         self.graph = Graph(name=name)
         self.ctx = LoweringContext(self.graph)
 
-    def input(self, name, shape, dtype=dt.float32):
+    def input(self, name, shape, dtype=dt.float32, strides=None):
+        """`strides`: the layout known at compile time ("contiguous" or a tuple), as a captured
+        graph has it; None reads the strides at run time."""
         shape = tuple(sympy.sympify(d) for d in shape)
-        node = Input(name, dtype, shape, position=len(self.graph.inputs))
+        if strides == "contiguous":
+            from tilefuse.tile.builder import contiguous_strides
+            strides = contiguous_strides(shape)
+        elif strides is not None:
+            strides = tuple(sympy.sympify(s) for s in strides)
+        node = Input(name, dtype, shape, position=len(self.graph.inputs), strides=strides)
         self.graph.add(node)
         self.graph.inputs.append(node)
         return BufferValue(name, dtype, shape)

@@ -99,7 +99,7 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
     report.decisions = list(schedule.decisions)
     options = LoweringOptions(interpret=interpret, persistent_reduction_limit=config.persistent_reduction_limit,
                               flash_config=config.flash_config, flash_split=config.flash_split,
-                              sm_count=_sm_count(device), matmul=config.matmul)
+                              sm_count=_sm_count(device), matmul=config.matmul, tma=_tma_capable(device, backend))
     steps = []
     for step in schedule.steps:
         if isinstance(step, ExternStep):
@@ -152,6 +152,15 @@ def _statically_empty(graph, plan) -> bool:
 
 def _nothing(buffers, env) -> None:
     return None
+
+
+def _tma_capable(device: torch.device, backend: str) -> bool:
+    """Hopper or newer, and a Triton that builds tensor descriptors in kernels."""
+    if backend != "triton" or device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    import triton.language as tl
+
+    return torch.cuda.get_device_capability(device)[0] >= 9 and hasattr(tl, "make_tensor_descriptor")
 
 
 def _sm_count(device: torch.device) -> int:

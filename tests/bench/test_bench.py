@@ -148,7 +148,12 @@ def test_workloads_inputs_and_work_counts():
         assert all(t.dtype == torch.float32 for t in a)
         assert not torch.equal(a[0], b[0])  # fresh random values each call
         assert w.flops(a) > 0 and w.bytes(a) > 0 and set(w.sizes) == {"quick", "full"}
-        assert w.fn(*a).shape[0] == a[0].shape[0]
+        out = w.fn(*a)
+        assert (out if isinstance(out, torch.Tensor) else out[0]).shape[0] == a[0].shape[0]
+    q, k, cos, sin = WORKLOADS["rope"].make_inputs((1, 2, 6, 8), dev, torch.float32)
+    assert WORKLOADS["rope"].bytes((q, k, cos, sin)) == (4 * 96 + 2 * 48) * 4
+    rq, rk = WORKLOADS["rope"].fn(q, k, cos, sin)
+    assert torch.allclose(rq.norm(dim=-1), q.norm(dim=-1), atol=1e-5)  # a rotation keeps lengths
     m, k, n = WORKLOADS["gelu_linear"].sizes["quick"]
     inp = WORKLOADS["gelu_linear"].make_inputs((m, k, n), dev, torch.float32)
     assert WORKLOADS["gelu_linear"].flops(inp) == 2 * m * n * k

@@ -168,3 +168,15 @@ def test_model_alone_never_switches_to_the_library():
     assert "impl" in space.knobs
     assert choose_without_measuring(space)["impl"] == "generated"
     assert any(cfg.get("impl") == "aten" for _, cfg in rank(space, keep=8))  # but it is measured
+
+
+@pytest.mark.parametrize("keep", [1, 2, 8])
+def test_a_cut_keeps_the_default_and_each_implementation(keep):
+    graph, plan = _matmul(4096, 4096, 4096, out_dtype=dt.bfloat16)
+    space = schedule_space(graph, plan, GPU)
+    kept = [cfg for _, cfg in rank(space, keep=keep)]
+    assert space.default in kept
+    assert any(cfg["impl"] == "aten" for cfg in kept)
+    assert len(kept) == max(keep, 2)
+    times = [t for t, _ in rank(space, keep=keep)]
+    assert times == sorted(times)

@@ -138,6 +138,41 @@ def _mlp_bytes(inputs):
     return _nbytes(*inputs) + x.numel() * x.element_size()
 
 
+# ----------------------------------------------------------------------------- gelu_mul
+
+def gelu_mul(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x) * x
+
+
+def _gelu_mul_inputs(size, device, dtype):
+    m, n = size
+    return (_randn((m, n), device, dtype, 2.0),)
+
+
+# ----------------------------------------------------------------------------- rope
+
+def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """Rotary embeddings as Llama writes them: rotate_half by slicing and cat."""
+    def rotate(x):
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+    return rotate(q), rotate(k)
+
+
+def _rope_inputs(size, device, dtype):
+    b, h, s, d = size
+    pos = torch.arange(s, device=device, dtype=torch.float32)[:, None]
+    freq = 10000.0 ** (-torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)
+    angle = torch.cat((pos * freq, pos * freq), dim=-1)
+    return (_randn((b, h, s, d), device, dtype), _randn((b, h, s, d), device, dtype),
+            angle.cos().to(dtype), angle.sin().to(dtype))
+
+
+def _rope_bytes(inputs):
+    q, k, cos, sin = inputs
+    return float(2 * _nbytes(q, k) + _nbytes(cos, sin))
+
+
 # ----------------------------------------------------------------------------- registry
 
 def _elementwise(flops_per_element: int):
@@ -159,6 +194,11 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in (
     Workload("softmax", _softmax_inputs, softmax, _elementwise(5), _in_out_bytes,
              {"quick": (256, 512), "full": (16384, 8192)}, "memory",
              "torch.softmax(x, -1)"),
+    Workload("gelu_mul", _gelu_mul_inputs, gelu_mul, _elementwise(20), _in_out_bytes,
+             {"quick": (256, 512), "full": (16384, 8192)}, "memory", "F.gelu(x) * x"),
+    Workload("rope", _rope_inputs, rope, lambda inputs: 6.0 * 2 * inputs[0].numel(), _rope_bytes,
+             {"quick": (1, 4, 64, 32), "full": (8, 32, 4096, 128)}, "memory",
+             "rotary embeddings of q and k (rotate_half by cat), size (B, H, S, D)"),
     Workload("gelu_linear", _gelu_linear_inputs, gelu_linear, _gelu_linear_flops,
              _gelu_linear_bytes, {"quick": (128, 256, 256), "full": (8192, 4096, 4096)},
              "compute", "F.gelu(x @ w + b), size (M, K, N)"),

@@ -77,6 +77,15 @@ class CompiledGraph:
     def __call__(self, *args):
         return self.run(args)
 
+    def _on_device(self, value):
+        """A 0-dim CPU tensor input of a GPU graph (Dynamo passes a float computed from a
+        symbolic size, e.g. `1 / sqrt(d)`, as one) is moved to where the kernels run; eager
+        PyTorch allows such scalars beside GPU tensors, kernels cannot read them."""
+        if (isinstance(value, torch.Tensor) and value.dim() == 0 and value.device != self.device
+                and value.device.type == "cpu"):
+            return value.to(self.device, non_blocking=True)
+        return value
+
     def run(self, args, on_step=None):
         """Run the graph on `args`. `on_step(k, step, buffers)`, when given, is called after
         each step with the live buffers (verify mode records every prefix's state this way)."""
@@ -85,7 +94,7 @@ class CompiledGraph:
         buffers = dict(self.constants)
         for node in graph.inputs:
             if isinstance(node, Input):
-                buffers[node.name] = args[node.position]
+                buffers[node.name] = self._on_device(args[node.position])
         for k, step in enumerate(self.steps):
             if isinstance(step, KernelStep):
                 for name in step.writes:

@@ -151,6 +151,35 @@ class For(Stmt):
     stop: Expr
     step: str  # constexpr name
     body: list = field(default_factory=list)
+    #: a loop over a persistent program's tiles whose body holds the K loop: the backend may
+    #: flatten the two into one software pipeline (the next tile's loads overlap this epilogue)
+    flatten: bool = False
+
+
+@dataclass
+class MakeDescriptor(Stmt):
+    """name = a descriptor of a 2-D strided view of `buffer` (row-major: the last stride is 1)
+    for block reads of `block` (constexpr names); on Hopper GPUs the copies run on the tensor
+    memory accelerator (TMA). Elements outside `shape` read as 0."""
+
+    name: str
+    buffer: str
+    base: Expr  # element offset of the view's first element
+    shape: tuple  # two Exprs
+    strides: tuple  # (row stride Expr, 1)
+    block: tuple  # two constexpr names
+
+
+@dataclass
+class DescriptorLoad(Stmt):
+    """name = the block of `descriptor` at `offsets` (element coordinates), transposed when
+    `transpose` (an operand stored the other way round)."""
+
+    name: str
+    descriptor: str
+    offsets: tuple  # two Exprs
+    dtype: DType
+    transpose: bool = False
 
 
 @dataclass

@@ -21,7 +21,7 @@ from ..ir.graph import Graph
 from ..ir.rewrite import substitute_index
 from ..ir.symbolic import simplify_index
 from .builder import KernelBuilder, land
-from .ir import Arange, BroadcastTile, DotTile, For, Full, Let, ProgramId, TileKernel
+from .ir import Arange, BroadcastTile, DescriptorLoad, DotTile, For, Full, Let, MakeDescriptor, ProgramId, TileKernel
 
 
 @dataclass
@@ -33,6 +33,7 @@ class LoweringOptions:
     schedule: dict | None = None  # a tuned configuration of the plan's schedule space (overrides rules)
     matmul: str = "auto"  # plain matmuls: "auto" (measured), "generated", "aten"
     sm_count: int = 0  # the device's multiprocessors (0: unknown)
+    tma: bool = False  # the device and Triton read blocks through tensor descriptors (Hopper TMA)
 
 
 def _pow2(n: int) -> int:
@@ -250,6 +251,15 @@ def contraction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     nbatch = _static(sympy.Mul(*batch)) if batch else 1
     sizes = {k: v for k, v in statics.items()} | {"batch": nbatch}
     default = contraction_rules(graph, plan, options)
+    if options.tma and not options.interpret and _described(graph, plan) is not None:
+        # Hopper: operands through TMA descriptors, optionally one persistent program per SM
+        # walking the output tiles (pointer loads gain nothing from persistence: not offered)
+        knobs["tma"], knobs["persistent"] = (0, 1), ((0, 1) if options.sm_count else (0,))
+        default["tma"] = default["persistent"] = 0
+        tiles_ok = valid
+
+        def valid(cfg):
+            return tiles_ok(cfg) and (cfg["tma"] or not cfg["persistent"])
     if options.matmul != "generated" and not options.interpret:
         from .matmul_views import matmul_views
 
@@ -279,13 +289,33 @@ def lower_contraction(graph: Graph, plan: KernelPlan, options: LoweringOptions) 
         chosen.update(options.schedule)
     chosen.pop("impl", None)  # "aten" never reaches a lowering (the driver runs ATen instead)
     warps, stages = chosen.pop("warps"), chosen.pop("stages")
+    use_tma, persistent = bool(chosen.pop("tma", 0)), bool(chosen.pop("persistent", 0))
     cfg = chosen
     BM, BN, BK, G = (_sym(n) for n in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"))
     wide = any(_needs_int64(*sizes) for sizes in ((M, K, *batch_shape), (K, N, *batch_shape), (M, N, *batch_shape)))
-    b.emit(ProgramId("pid", 0, wide=wide))
-    b.emit(ProgramId("pid_b", 1, wide=wide))
-    pid, pid_b = _sym("pid"), _sym("pid_b")
+    described = _described(graph, plan) if use_tma and not wide else None
+    persistent = persistent and described is not None and options.sm_count > 0
     num_m, num_n = sympy.ceiling(M / BM), sympy.ceiling(N / BN)
+    b.tile_symbols |= {"pid_first", "tile", "desc_a", "desc_b"}
+    if persistent:  # one program per SM walks the output tiles; its loads overlap the last epilogue
+        cfg["NUM_SMS"] = options.sm_count
+        b.emit(ProgramId("pid_first", 0))
+    else:
+        b.emit(ProgramId("pid", 0, wide=wide))
+        b.emit(ProgramId("pid_b", 1, wide=wide))
+    for name, d in zip(("desc_a", "desc_b"), described or ()):
+        b.buffer(d.buffer)
+        b.size_params(d.base)
+        for e in (*d.shape, d.row_stride):
+            b.size_params(e)
+        b.emit(MakeDescriptor(name, d.buffer, Index(d.base), tuple(Index(e) for e in d.shape),
+                              (Index(d.row_stride), Index(sympy.Integer(1))), d.block))
+    if persistent:
+        tiles = For("tile", Index(_sym("pid_first")), Index(num_m * num_n), "NUM_SMS", flatten=True)
+        b.emit(tiles)
+        b.push_block(tiles.body)
+        b.emit(Let("pid", Index(_sym("tile"))))
+    pid, pid_b = _sym("pid"), _sym("pid_b")
     group = sympy.floor(pid / (G * num_n))
     first_m = group * G
     size_m = sympy.Min(num_m - first_m, G)
@@ -320,8 +350,15 @@ def lower_contraction(graph: Graph, plan: KernelPlan, options: LoweringOptions) 
     mask_a = land(m_ok, ka_ok)
     mask_b = land(kb_ok, n_ok)
     operands = []
-    for factor, m_val, n_val, k_val, mask in ((c.a, rm, 0, rka, mask_a), (c.b, 0, rn, rkb, mask_b)):
+    coords = {"BLOCK_M": _sym("pid_m") * BM, "BLOCK_N": _sym("pid_n") * BN, "BLOCK_K": _sym("koffset")}
+    for k, (factor, m_val, n_val, k_val, mask) in enumerate(((c.a, rm, 0, rka, mask_a), (c.b, 0, rn, rkb, mask_b))):
         expr, in_dtype = _dot_operand(factor)
+        if described is not None:  # a block through the descriptor: out-of-range elements read 0
+            d, name = described[k], b.fresh("blk")
+            b.emit(DescriptorLoad(name, ("desc_a", "desc_b")[k], tuple(Index(coords[n]) for n in d.block),
+                                  graph[d.buffer].dtype, d.transpose))
+            operands.append((Var(name, graph[d.buffer].dtype), in_dtype))
+            continue
         expr = _mapped(expr, outs, dims(m_val, n_val))
         expr = _mapped(expr, (r0,), (k_val,))
         v = b.value(expr, mask=mask)
@@ -350,10 +387,21 @@ def lower_contraction(graph: Graph, plan: KernelPlan, options: LoweringOptions) 
         b.bound[enode.name] = v  # later epilogues read it from registers
         b.store(enode.name, tuple(Index(e) for e in vals), v, omask)
 
+    if persistent:
+        b.pop_block()
     nbatch = sympy.Mul(*batch_shape) if batch_shape else sympy.Integer(1)
-    return TileKernel(plan.name, b.finish_params(), cfg, numel=M * N * nbatch, grid=(num_m * num_n, nbatch), body=b.body,
+    grid = (sympy.Min(_sym("NUM_SMS"), num_m * num_n), 1) if persistent else (num_m * num_n, nbatch)
+    return TileKernel(plan.name, b.finish_params(), cfg, numel=M * N * nbatch, grid=grid, body=b.body,
                       num_warps=warps, num_stages=stages, reads=b.reads, writes=b.writes,
                       kind="contraction", plan=plan)
+
+
+def _described(graph: Graph, plan: KernelPlan):
+    """The operands as tensor-descriptor views, or None (see `tile.descriptors`)."""
+    from .descriptors import describe_operands
+
+    c = plan.contraction
+    return describe_operands(graph, plan, _dot_operand(c.a)[0], _dot_operand(c.b)[0])
 
 
 def _is_plain_load(e: Expr) -> bool:

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from ..ir.printer import format_expr
-from .ir import (Arange, ArgReduceTile, Assign, BroadcastTile, Comment, DotTile, For, Full, Let, LoadTile, ProgramId, ReduceTile,
-                 StoreTile, TileKernel)
+from .ir import (Arange, ArgReduceTile, Assign, BroadcastTile, Comment, DescriptorLoad, DotTile, For, Full, Let, LoadTile,
+                 MakeDescriptor, ProgramId, ReduceTile, StoreTile, TileKernel)
 
 
 def _stmt(s, pad: str, out: list) -> None:
@@ -29,8 +29,17 @@ def _stmt(s, pad: str, out: list) -> None:
         out.append(f"{pad}{s.name} = {s.combiner}({format_expr(s.value)}, axis={s.axis})")
     elif isinstance(s, DotTile):
         out.append(f"{pad}{s.name} = dot({format_expr(s.a)}, {format_expr(s.b)}) + {format_expr(s.acc)}")
+    elif isinstance(s, MakeDescriptor):
+        dims = ", ".join(format_expr(d) for d in s.shape)
+        strides = ", ".join(format_expr(d) for d in s.strides)
+        out.append(f"{pad}{s.name} = descriptor {s.buffer}[{format_expr(s.base)} + view({dims}) strides ({strides})] "
+                   f"blocks {s.block[0]}×{s.block[1]}")
+    elif isinstance(s, DescriptorLoad):
+        at = ", ".join(format_expr(o) for o in s.offsets)
+        out.append(f"{pad}{s.name} = block {s.descriptor}[{at}]{'.T' if s.transpose else ''}")
     elif isinstance(s, For):
-        out.append(f"{pad}for {s.var} in range({format_expr(s.start)}, {format_expr(s.stop)}, {s.step}):")
+        flat = " (flattened with the inner loop)" if s.flatten else ""
+        out.append(f"{pad}for {s.var} in range({format_expr(s.start)}, {format_expr(s.stop)}, {s.step}):{flat}")
         for t in s.body:
             _stmt(t, pad + "  ", out)
     elif isinstance(s, Comment):

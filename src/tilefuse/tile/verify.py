@@ -9,8 +9,8 @@ from __future__ import annotations
 import sympy
 
 from ..ir.expr import Index, Var, walk
-from .ir import (Arange, ArgReduceTile, Assign, BroadcastTile, DotTile, For, Full, Let, LoadTile, ProgramId,
-                 ReduceTile, StoreTile, TileKernel)
+from .ir import (Arange, ArgReduceTile, Assign, BroadcastTile, DescriptorLoad, DotTile, For, Full, Let, LoadTile,
+                 MakeDescriptor, ProgramId, ReduceTile, StoreTile, TileKernel)
 
 
 class TileVerificationError(ValueError):
@@ -30,7 +30,7 @@ def _used(expr) -> set[str]:
 def verify_tile_kernel(k: TileKernel) -> TileKernel:
     params = {p.name for p in k.params}
     for name, value in k.constexprs.items():
-        if name != "GROUP_M" and (value < 1 or value & (value - 1)):
+        if name not in ("GROUP_M", "NUM_SMS") and (value < 1 or value & (value - 1)):
             raise TileVerificationError(f"{k.name}: block size {name}={value} is not a power of two")
     defined = set(params) | set(k.constexprs)
 
@@ -59,6 +59,14 @@ def verify_tile_kernel(k: TileKernel) -> TileKernel:
                 exprs = [s.a, s.b, s.acc]
             elif isinstance(s, For):
                 exprs = [s.start, s.stop]
+            elif isinstance(s, MakeDescriptor):
+                exprs = [s.base, *s.shape, *s.strides]
+                if s.buffer not in params:
+                    raise TileVerificationError(f"{k.name}: describes {s.buffer}, which is not a parameter")
+            elif isinstance(s, DescriptorLoad):
+                exprs = list(s.offsets)
+                if s.descriptor not in scope:
+                    raise TileVerificationError(f"{k.name}{where}: reads undefined descriptor {s.descriptor}")
             for e in exprs:
                 missing = _used(e) - scope
                 if missing:
@@ -67,7 +75,8 @@ def verify_tile_kernel(k: TileKernel) -> TileKernel:
                 raise TileVerificationError(f"{k.name}{where}: updates {s.name}, which is not defined before the loop")
             if isinstance(s, For):
                 check(s.body, set(scope) | {s.var}, f" (loop over {s.var})")
-            elif isinstance(s, (Let, Arange, BroadcastTile, LoadTile, ReduceTile, ArgReduceTile, Full, ProgramId)):
+            elif isinstance(s, (Let, Arange, BroadcastTile, LoadTile, ReduceTile, ArgReduceTile, Full, ProgramId,
+                                MakeDescriptor, DescriptorLoad)):
                 scope.add(s.name)
             elif isinstance(s, DotTile):
                 if s.name not in scope:

@@ -101,14 +101,20 @@ def _contraction(space, cfg, c: Ceilings) -> float:
     per_sm = slots // c.sm_count
     # padded work of one wave, spread over the SMs at the tile's efficiency
     flops_per_tile = 2.0 * bm * bn * math.ceil(K / bk) * bk
-    sm_rate = c.matrix_flops / c.sm_count * _tile_efficiency(bm, bn, warps)
+    sm_rate = c.matrix_flops / c.sm_count * _tile_efficiency(bm, bn, warps) * (1.02 if cfg.get("tma") else 1.0)
     t_compute = waves * min(per_sm, math.ceil(tiles / c.sm_count)) * flops_per_tile / sm_rate
-    if cfg.get("impl") == "aten":  # the vendor library: the device's measured matrix rate
-        t_compute = 2.0 * M * N * K * batch / c.matrix_flops
+    persistent = bool(cfg.get("persistent"))
+    if persistent:  # one program per SM, its tiles back to back
+        t_compute = math.ceil(tiles / c.sm_count) * flops_per_tile / sm_rate
+    if cfg.get("impl") == "aten":  # the vendor library: the device's measured matrix rate, its own pipelining
+        return max(2.0 * M * N * K * batch / c.matrix_flops, (M * K + K * N + M * N) * batch * space.itemsize
+                   / c.bandwidth) + 3e-6
     # operands re-read once per output tile row/column; grouped ordering lets L2 serve most
     reread = (M * K * tn + K * N * tm) * batch * space.itemsize / max(1.0, min(cfg.get("GROUP_M", 1), tm) ** 0.5)
     t_memory = (reread + M * N * batch * space.itemsize) / c.bandwidth
-    pipeline = 1.0 + 0.15 / stages  # prologue/epilogue of the software pipeline, per program
+    # prologue/epilogue of the software pipeline, per program; a persistent program overlaps
+    # the next tile's loads with this tile's epilogue
+    pipeline = 1.0 + (0.05 if persistent else 0.15) / stages
     return max(t_compute, t_memory) * pipeline + 3e-6
 
 
@@ -136,15 +142,20 @@ def _flash(space, cfg, c: Ceilings) -> float:
 
 
 def rank(space: ScheduleSpace, ceilings: Ceilings = NOMINAL, keep: int | None = None) -> list[tuple[float, dict]]:
-    """The space's configurations by predicted time, best first; the rules' default is always
-    kept (it is the measured-good starting point)."""
+    """The space's configurations by predicted time, best first. A cut to `keep` always keeps
+    the rules' default (the measured-good starting point) and the best-predicted configuration
+    of every other implementation (a library call is one measurement away from being chosen,
+    and the model's tile terms say nothing about how a library compares)."""
     scored = sorted(((predict(space, cfg, ceilings), cfg) for cfg in space.configs()), key=lambda x: x[0])
-    if keep is not None and len(scored) > keep:
-        head = scored[:keep]
-        if not any(cfg == space.default for _, cfg in head):
-            head[-1] = next(x for x in scored if x[1] == space.default)
-        scored = head
-    return scored
+    if keep is None or len(scored) <= keep:
+        return scored
+    must = [next(x for x in scored if x[1] == space.default)]
+    for impl in dict.fromkeys(cfg.get("impl") for _, cfg in scored):
+        if impl != space.default.get("impl"):
+            must.append(next(x for x in scored if x[1].get("impl") == impl))
+    head = [x for x in scored if any(x is m for m in must)]
+    head += [x for x in scored if not any(x is m for m in must)][:max(0, keep - len(head))]
+    return sorted(head, key=lambda x: x[0])
 
 
 def choose_without_measuring(space: ScheduleSpace, ceilings: Ceilings = NOMINAL) -> dict:

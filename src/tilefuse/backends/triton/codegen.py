@@ -10,7 +10,8 @@ import sympy
 
 from ...ir import dtypes as dt
 from ...ir.expr import Binary, Cast, Const, Expr, Index, Unary, Var, Where
-from ...tile.ir import (Arange, ArgReduceTile, Assign, BroadcastTile, Comment, DotTile, For, Full, Let, LoadTile, ProgramId,
+from ...tile.ir import (Arange, ArgReduceTile, Assign, BroadcastTile, Comment, DescriptorLoad, DotTile, For, Full, Let,
+                        LoadTile, MakeDescriptor, ProgramId,
                         ReduceTile, StoreTile, TileKernel)
 from .helpers import HELPERS, InterpretUnsupported, unary_call
 
@@ -105,6 +106,7 @@ class TritonPrinter:
         self.interpret = interpret
         self.helpers: set[str] = set()
         self.uses_libdevice = False
+        self.uses_descriptors = False  # device-side tensor descriptors need an allocator at launch
         self.stores = 0
 
     def expr(self, e: Expr) -> str:
@@ -292,6 +294,22 @@ class TritonPrinter:
                     # which the interpreter emulates too)
                     out.append(f"{pad}{s.name} = tl.dot(({a}).to(tl.float32), ({b}).to(tl.float32), "
                                f"{self.expr(s.acc)}, input_precision=\"ieee\")")
+            elif isinstance(s, MakeDescriptor):
+                self.uses_descriptors = True
+                base = self.expr(s.base)
+                ptr = f"ptr_{s.buffer}" + (f" + {base}" if base != "0" else "")
+                shape = ", ".join(self.expr(d) for d in s.shape)
+                strides = ", ".join(self.expr(d) for d in s.strides)
+                out.append(f"{pad}{s.name} = tl.make_tensor_descriptor({ptr}, shape=[{shape}], strides=[{strides}], "
+                           f"block_shape=[{s.block[0]}, {s.block[1]}])")
+            elif isinstance(s, DescriptorLoad):
+                at = ", ".join(self.expr(o) for o in s.offsets)
+                load = f"{s.descriptor}.load([{at}])"
+                out.append(f"{pad}{s.name} = {f'tl.trans({load})' if s.transpose else load}")
+            elif isinstance(s, For) and s.flatten:
+                out.append(f"{pad}for {s.var} in tl.range({self.expr(s.start)}, {self.expr(s.stop)}, {s.step}, "
+                           f"flatten=True):")
+                self.stmts(s.body, indent + 1, out)
             elif isinstance(s, For):
                 out.append(f"{pad}for {s.var} in range({self.expr(s.start)}, {self.expr(s.stop)}, {s.step}):")
                 self.stmts(s.body, indent + 1, out)

@@ -80,6 +80,7 @@ class TritonKernel:
         key = cache_key("triton-kernel", source, interpret, environment_fingerprint())
         self.fn = getattr(_import_source(source, key, interpret), kernel.name)
         self._shapes: dict = {}  # size_key(env) -> (size arguments, grid, empty)
+        self.described = _described_buffers(kernel.body)  # read through tensor descriptors (TMA)
         self.arg_plan = []
         for p in kernel.params:
             if p.kind == "buffer":
@@ -101,16 +102,61 @@ class TritonKernel:
         values, grid, empty = shape
         if empty:
             return  # empty output: nothing to compute
+        if self.described:
+            _ensure_allocator()
         args = []
         for kind, name, k in self.arg_plan:
             if kind == "buffer":
-                args.append(buffers[name])
+                t = buffers[name]
+                if name in self.described and t.data_ptr() % 16:
+                    t = _aligned_copy(t)  # TMA needs a 16-byte aligned base (a view at an odd offset)
+                args.append(t)
             elif kind == "stride":
                 args.append(buffers[name].stride(k))
             else:
                 args.append(values[name])
         self.fn[grid](*args, **self.kernel.constexprs, num_warps=self.kernel.num_warps,
                       num_stages=self.kernel.num_stages)
+
+
+def _described_buffers(stmts) -> set:
+    from ...tile.ir import For, MakeDescriptor
+
+    found = set()
+    for s in stmts:
+        if isinstance(s, MakeDescriptor):
+            found.add(s.buffer)
+        elif isinstance(s, For):
+            found |= _described_buffers(s.body)
+    return found
+
+
+def _aligned_copy(t):
+    import torch
+
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
+
+
+def _scratch_for_descriptors(size: int, alignment: int, stream):
+    import torch
+
+    return torch.empty(size, dtype=torch.int8, device="cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _ensure_allocator() -> None:
+    """Kernels that build tensor descriptors on the device need global scratch from an
+    allocator; install one backed by PyTorch's caching allocator unless the program set its own."""
+    import triton
+
+    try:
+        from triton.runtime import _allocation
+        current = _allocation._allocator
+        current = current.get() if hasattr(current, "get") else current
+        if current is not None and not isinstance(current, _allocation.NullAllocator):
+            return
+    except (ImportError, AttributeError):  # another Triton layout: install ours
+        pass
+    triton.set_allocator(_scratch_for_descriptors)
 
 
 def size_key(env: dict) -> tuple:
