@@ -107,6 +107,8 @@ def _lower_call(ctx: LoweringContext, node: torch.fx.Node, args, kwargs, meta):
         return args[0][args[1]]
     if target in _SYM_OPS and all(_is_sym_or_number(a) for a in args):
         return sympy.sympify(_SYM_OPS[target](*[sympy.sympify(a) for a in args]))
+    if target is getattr(torch, "sym_sum", None) and all(_is_sym_or_number(a) for a in args[0]):
+        return sympy.Add(*[sympy.sympify(a) for a in args[0]])  # Dynamo's n-ary size sum (cat of symbolic sizes)
     if isinstance(target, torch._ops.OpOverload) and target.name().startswith("aten::sym_"):
         # aten.sym_size / sym_stride / sym_numel: the answer is already in the metadata
         return sym_expr(meta)

@@ -130,9 +130,10 @@ class TritonPrinter:
         raise TypeError(f"cannot print {type(e).__name__}")
 
     def cast(self, x: str, dtype, from_dtype=None) -> str:
-        if self.interpret and dtype == dt.bfloat16 and (from_dtype is None or from_dtype.is_float) \
-                and from_dtype != dt.bfloat16:
+        if self.interpret and dtype == dt.bfloat16 and from_dtype != dt.bfloat16:
             self.helpers.add("bf16_rtne")
+            if from_dtype is not None and not from_dtype.is_float:
+                x = f"({x}).to(tl.float32)"  # the interpreter's integer -> bf16 cast gives garbage
             return f"_bf16_rtne({x})"
         return f"({x}).to({TL_DTYPE[dtype.name]})"
 
@@ -247,7 +248,10 @@ class TritonPrinter:
                 else:
                     out.append(f"{pad}{s.name} = tl.load({ptr})")
             elif isinstance(s, StoreTile):
-                v = self.cast(self.expr(s.value), s.dtype, s.value.dtype)
+                if isinstance(s.value, Const):  # a bare literal has no .to(): a scalar of the stored dtype
+                    v = f"tl.full([], {self.expr(s.value)}, {TL_DTYPE[s.dtype.name]})"
+                else:
+                    v = self.cast(self.expr(s.value), s.dtype, s.value.dtype)
                 ptr = f"ptr_{s.buffer} + {self.expr(s.offset)}"
                 self.stores += 1
                 p_, v_ = f"st{self.stores}_p", f"st{self.stores}_v"
