@@ -18,7 +18,7 @@ def _prepare_triton_interpreter() -> None:
     if "triton" in sys.modules or "TRITON_INTERPRET" in os.environ:
         return
     backend = os.environ.get("TILEFUSE_BACKEND", "auto")
-    if backend == "interpret":
+    if backend in ("interpret", "cpu"):  # cpu: for kernels the C++ printer hands to the interpreter
         os.environ["TRITON_INTERPRET"] = "1"
     elif backend == "auto":
         import torch

@@ -14,6 +14,7 @@ import sympy
 import torch
 
 from . import logs
+from .backends import cpu as cpu_backend
 from .backends.triton import generate, load_kernel
 from .config import config
 from .frontend.to_ir import lower_fx
@@ -68,16 +69,19 @@ class _Stages:
 
 
 def choose_backend(device: torch.device) -> str:
+    """`config.backend`, or for "auto": Triton for CUDA tensors, C++ kernels otherwise."""
     if config.backend != "auto":
         return config.backend
-    return "triton" if device.type == "cuda" else "interpret"
+    return "triton" if device.type == "cuda" else "cpu"
 
 
 def compile_fx(gm: torch.fx.GraphModule, device: torch.device, name: str = "graph"):
     report = CompileReport(name)
     stage = _Stages(report)
     if choose_backend(device) == "triton" and device.type != "cuda":
-        raise RuntimeError("TILEFUSE_BACKEND=triton needs CUDA tensors; use 'interpret' for CPU tensors")
+        raise RuntimeError("TILEFUSE_BACKEND=triton needs CUDA tensors; use 'cpu' or 'interpret' for CPU tensors")
+    if choose_backend(device) == "cpu" and device.type != "cpu":
+        raise RuntimeError(f"TILEFUSE_BACKEND=cpu needs CPU tensors, not {device.type}; use 'triton'")
     with stage("lower"):
         graph = lower_fx(gm, name)
     return compile_ir(graph, device, report)
@@ -90,6 +94,8 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
     backend = choose_backend(device)
     report.backend = backend
     interpret = backend == "interpret"
+    if backend == "cpu":
+        cpu_backend.require_compiler()  # no compiler: a clear error, and the graph runs eagerly
     with stage("passes"):
         graph = run_passes(graph)
         verify(graph)
@@ -99,7 +105,8 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
     report.decisions = list(schedule.decisions)
     options = LoweringOptions(interpret=interpret, persistent_reduction_limit=config.persistent_reduction_limit,
                               flash_config=config.flash_config, flash_split=config.flash_split,
-                              sm_count=_sm_count(device), matmul=config.matmul, tma=_tma_capable(device, backend))
+                              sm_count=_sm_count(device), matmul=config.matmul, tma=_tma_capable(device, backend),
+                              target="cpu" if backend == "cpu" else "gpu")
     steps = []
     for step in schedule.steps:
         if isinstance(step, ExternStep):
@@ -118,7 +125,8 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
                               aten=(lambda: _aten_step(step, views)) if views is not None else None)
         if tuned.describe():
             step.notes.append(f"{step.name}: {tuned.describe()}")
-        if views is not None and (config.matmul == "aten" or (tuned.config or {}).get("impl") == "aten"):
+        if views is not None and (config.matmul == "aten" or (tuned.config or {}).get("impl") == "aten"
+                                  or (backend == "cpu" and config.matmul == "auto" and _cpu_prefers_aten(views))):
             aten = _aten_step(step, views)
             step.notes.append(f"{step.name}: nothing fused — {describe_matmul(views)} (ATen)")
             steps.append(aten)
@@ -130,15 +138,44 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
             tks = [verify_tile_kernel(tk) for tk in lower_plan_kernels(graph, step, plan_options)]
         for tk in tks:
             logs.log("tile", "%s", tk)
-            with stage("codegen"):
-                source = generate(tk, interpret=interpret)
-            with stage("load"):
-                launcher = load_kernel(tk, source, interpret)
+            source, launcher = _generate_and_load(tk, backend, step, stage)
             kind = step.kind if tk.kind != "flash-merge" else "flash-merge"
             report.kernels.append(KernelReport(tk.name, kind, step.members, source, str(tk), step.notes,
                                                tuned.seconds if tk is tks[0] else 0.0))
             steps.append(KernelStep(tk.name, launcher, list(tk.writes), list(tk.reads), dict(tk.scratch)))
     return CompiledGraph(graph, steps, device), report
+
+
+def _generate_and_load(tk, backend: str, step, stage):
+    """(source, launcher) of one tile kernel. The CPU backend hands a kernel it cannot print
+    to the Triton interpreter, with the reason in the plan's notes."""
+    if backend == "cpu":
+        try:
+            with stage("codegen"):
+                source = cpu_backend.generate(tk)
+        except cpu_backend.CppUnsupported as err:
+            step.notes.append(f"{tk.name}: not printable as C++ ({err}): runs in the Triton interpreter")
+            logs.log("code", "%s: not printable as C++ (%s): Triton interpreter", tk.name, err)
+            backend = "interpret"
+        else:
+            with stage("load"):
+                return source, cpu_backend.load_kernel(tk, source)
+    interpret = backend == "interpret"
+    with stage("codegen"):
+        source = generate(tk, interpret=interpret)
+    with stage("load"):
+        return source, load_kernel(tk, source, interpret)
+
+
+#: plain matmuls (nothing fused) at least this many multiply-adds run in ATen's matmul on CPU
+#: (MKL/OpenBLAS beats a generated kernel there); smaller ones, and any with a fused prologue or
+#: epilogue, are generated. Symbolic sizes count as large.
+CPU_ATEN_MATMUL_MACS = 32 ** 3
+
+
+def _cpu_prefers_aten(views) -> bool:
+    macs = sympy.Mul(*views.sizes)
+    return not macs.is_Integer or int(macs) >= CPU_ATEN_MATMUL_MACS
 
 
 def _aten_step(plan, views) -> KernelStep:

@@ -20,7 +20,8 @@ def _env(name: str, default: str) -> str:
 
 @dataclass
 class Config:
-    #: "auto" (triton for CUDA tensors, interpret otherwise), "triton", or "interpret"
+    #: "auto" (triton for CUDA tensors, cpu otherwise), "triton", "cpu" (C++ kernels), or
+    #: "interpret" (the Triton interpreter on CPU tensors: slow, for tests)
     backend: str = "auto"
     #: comma-separated log channels: graph, fusion, tile, code, tune, runtime (or "all")
     logs: str = ""
@@ -62,8 +63,8 @@ class Config:
         self.validate()
 
     def validate(self) -> None:
-        if self.backend not in ("auto", "triton", "interpret"):
-            raise ValueError(f"TILEFUSE_BACKEND must be auto, triton or interpret, not {self.backend!r}")
+        if self.backend not in ("auto", "triton", "cpu", "interpret"):
+            raise ValueError(f"TILEFUSE_BACKEND must be auto, triton, cpu or interpret, not {self.backend!r}")
         if self.matmul not in ("auto", "generated", "aten"):
             raise ValueError(f"TILEFUSE_MATMUL must be auto, generated or aten, not {self.matmul!r}")
         if self.autotune not in ("0", "1", "max"):

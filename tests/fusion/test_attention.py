@@ -122,13 +122,13 @@ def test_fully_masked_key_tiles_are_skipped(fn, bounds):
     torch._dynamo.reset()
     report = tilefuse.explain(fn, q, k, v)
     notes = [n for n in report.kernels[0].notes if "skipped" in n]
-    source = report.kernels[0].source
+    source = report.kernels[0].tile_ir  # backend-neutral: the loop bounds of the tile IR
     if bounds is None:
         assert not notes and "for joffset in range(0, 100," in source
     else:
-        assert notes and "tl.minimum(100" in source
+        assert notes and "Min(100" in source
         if bounds == "both":
-            assert "tl.maximum(0" in source
+            assert "Max(0" in source
     torch._dynamo.reset()
     out = torch.compile(fn, backend="tilefuse")(q, k, v)
     torch.testing.assert_close(out, fn(q, k, v), atol=1e-5, rtol=1e-5)

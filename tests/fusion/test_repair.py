@@ -47,7 +47,7 @@ def _loops(fn, x):
     with config.patch(persistent_reduction_limit=16):
         report = tilefuse.explain(fn, x)
     (kernel,) = report.kernels
-    return kernel.source.count("for roffset"), kernel.notes
+    return kernel.tile_ir.count("for roffset"), kernel.notes
 
 
 @pytest.mark.parametrize("fn,loops", [
@@ -131,7 +131,7 @@ def test_cross_entropy_with_integer_targets_is_one_pass():
     with config.patch(persistent_reduction_limit=64):
         report = tilefuse.explain(fn, x, t)
         assert [k.kind for k in report.kernels] == ["reduction"] and not report.externs
-        assert report.kernels[0].source.count("for roffset") == 1
+        assert report.kernels[0].tile_ir.count("for roffset") == 1
         torch._dynamo.reset()
         out = torch.compile(fn, backend="tilefuse")(x, t)
     ref = fn(x.double(), t)

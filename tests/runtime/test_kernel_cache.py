@@ -6,12 +6,13 @@ import sys
 
 SCRIPT = r"""
 import json, torch, tilefuse
-from tilefuse.backends.triton.launcher import kernel_cache
+from tilefuse.backends.triton.launcher import kernel_cache as triton_cache
+from tilefuse.backends.cpu.launcher import kernel_cache as cpu_cache
 f = torch.compile(lambda x: torch.softmax(x * 2, -1) + 1, backend="tilefuse")
 x = torch.randn(5, 11)
 torch.testing.assert_close(f(x), torch.softmax(x * 2, -1) + 1)
-c = kernel_cache()
-print(json.dumps({"builds": c.builds, "hits": c.hits}))
+caches = (triton_cache(), cpu_cache())  # the interpreter's or the C++ backend's kernels
+print(json.dumps({"builds": sum(c.builds for c in caches), "hits": sum(c.hits for c in caches)}))
 """
 
 

@@ -276,7 +276,9 @@ def flash_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
 def _default_config(low_precision: bool, head_block: int, rows, options: LoweringOptions) -> tuple:
     """(BLOCK_M, BLOCK_N, warps, stages) until the autotuner chooses: the best of a sweep on the
     H200 (docs/benchmarks.md) — 128×128 tiles for head dim 128, 128×64 below, 8 warps; 16 rows (the smallest `dot`) when there are at most 16 (decode)."""
-    if options.interpret:
+    if options.target == "cpu":  # score tile and operands stay in the L1/L2 caches
+        bm, bn, warps, stages = 64, 64, 1, 1
+    elif options.interpret:
         bm, bn, warps, stages = 32, 32, 4, 1
     elif not low_precision:
         bm, bn, warps, stages = 64, 32, 4, 3

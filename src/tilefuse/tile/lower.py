@@ -33,6 +33,7 @@ class LoweringOptions:
     schedule: dict | None = None  # a tuned configuration of the plan's schedule space (overrides rules)
     matmul: str = "auto"  # plain matmuls: "auto" (measured), "generated", "aten"
     sm_count: int = 0  # the device's multiprocessors (0: unknown)
+    target: str = "gpu"  # "gpu" or "cpu": which machine the block-size rules choose for
     tma: bool = False  # the device and Triton read blocks through tensor descriptors (Hopper TMA)
 
 
@@ -148,6 +149,8 @@ def lower_plan(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> Tile
 # ------------------------------------------------------------------------------ pointwise
 def pointwise_rules(plan: KernelPlan, options: LoweringOptions) -> dict:
     block = 1024 if not options.interpret else 256
+    if options.target == "cpu":  # one program is a vectorised loop: amortise its start
+        block = 2048
     nv = _static(plan.parallel)
     if nv is not None:
         block = min(block, max(16, _pow2(nv)))
@@ -210,7 +213,9 @@ def contraction_rules(graph: Graph, plan: KernelPlan, options: LoweringOptions) 
     c = plan.contraction
     M, N, K, _ = _contraction_sizes(graph, plan)
     low = all(_dot_operand(f)[1].is_low_precision for f in (c.a, c.b))
-    if options.interpret:
+    if options.target == "cpu":  # acc, A and B tiles fit the L1 cache together
+        cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8, "warps": 1, "stages": 1}
+    elif options.interpret:
         cfg = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8, "warps": 4, "stages": 1}
     elif low:
         cfg = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "warps": 8, "stages": 3}

@@ -104,12 +104,16 @@ def reduction_rules(plan: KernelPlan, options: LoweringOptions) -> dict:
     if persistent:
         rblock = _pow2(rstatic)
         xblock = max(1, min(64 if not options.interpret else 16, 4096 // rblock))
+        if options.target == "cpu":  # one row per program: the row is the vectorised loop
+            xblock = 1
         pv = _static(P)
         if pv is not None:
             xblock = min(xblock, _pow2(pv))
         warps = 1 if rblock <= 128 else 2 if rblock <= 512 else 4 if rblock <= 2048 else 8 if rblock <= 4096 else 16
     else:
         rblock, xblock, warps = (512 if options.interpret else 2048), 1, 8
+        if options.target == "cpu":
+            rblock = 4096
     return {"persistent": persistent, "RBLOCK": rblock, "XBLOCK": xblock, "warps": warps}
 
 

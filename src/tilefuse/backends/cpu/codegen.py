@@ -1,0 +1,535 @@
+"""Tile IR → C++ source: one `extern "C"` function per kernel.
+
+The grid becomes an OpenMP-parallel loop over programs; each program runs the kernel body
+once. Tile statements with the same iteration space that follow each other are *fused into
+one loop nest* whose innermost loop runs along the contiguous axis under `#pragma omp simd`;
+values that never leave their loop nest stay scalars in registers, the others are stored in
+small arrays of the tile's shape. Reductions inside a loop nest accumulate in vector lanes
+(an array of 16 partial results, combined once after the loop); `dot` is a register-blocked
+i-k-j loop nest with fp32 accumulators. Loop-carried state (`For` with `Assign`) lives in
+arrays declared once per program.
+"""
+from __future__ import annotations
+
+from ...ir import dtypes as dt
+from ...ir.expr import Var
+from ...tile.ir import (Arange, ArgReduceTile, Assign, BroadcastTile, Comment, DotTile, For, Full, Let, LoadTile,
+                        ProgramId, ReduceTile, StoreTile, TileKernel)
+from ...tile.lower import identity
+from .exprs import STORAGE, CppUnsupported, ExprPrinter, const, ctype, round_to
+from .runtime import HEADER
+from .shapes import SCALAR, Shapes, defines, reads
+
+_ELEMENTWISE = (Let, LoadTile, StoreTile, BroadcastTile, Full, Assign, ReduceTile, ArgReduceTile)
+LANES = 16
+
+
+class _Group:
+    """Consecutive elementwise statements over one iteration space: one loop nest."""
+
+    def __init__(self, shape):
+        self.shape = shape
+        self.stmts: list = []
+        self.defined: set[str] = set()
+        self.touched: set[str] = set()  # defined or assigned here
+        self.reduced: set[str] = set()  # reduction results: final only after the loop
+
+
+class CppPrinter:
+    def __init__(self, kernel: TileKernel):
+        self.kernel = kernel
+        self.sh = Shapes(kernel)
+        self.site: dict[int, object] = {}  # id(stmt) -> its group (or the statement itself)
+        self.local: set[str] = set()  # values that never leave their loop nest
+        self.lines: list[str] = []
+        self.tmp = 0
+
+    # ------------------------------------------------------------------ grouping
+    def plan(self, stmts) -> list:
+        """Split a block into loop-nest groups and single statements (recursively)."""
+        items: list = []
+        group: _Group | None = None
+
+        def flush():
+            nonlocal group
+            if group is not None:
+                items.append(group)
+                group = None
+
+        for s in stmts:
+            if isinstance(s, For):
+                flush()
+                items.append(("for", s, self.plan(s.body)))
+                self.site[id(s)] = s
+                continue
+            if not isinstance(s, _ELEMENTWISE):
+                flush()
+                items.append(s)
+                self.site[id(s)] = s
+                continue
+            shape = self.sh.loop_shape(s)
+            if isinstance(s, (ReduceTile, ArgReduceTile)) and shape[self.sh.dim(s.axis)] == 1:
+                shape = SCALAR if shape == SCALAR else shape  # reduction over a broadcast dim: a copy
+            r = reads(s)
+            if shape == SCALAR and not isinstance(s, (ReduceTile, ArgReduceTile)):
+                pure = isinstance(s, (Let, LoadTile, BroadcastTile))
+                if group is not None and pure and not (r & group.touched):
+                    items.insert(len(items), s)  # hoisted above the open group
+                    self.site[id(s)] = s
+                    continue
+                flush()
+                items.append(s)
+                self.site[id(s)] = s
+                continue
+            if group is not None and (group.shape != shape or r & group.reduced):
+                flush()
+            if group is None:
+                group = _Group(shape)
+            group.stmts.append(s)
+            self.site[id(s)] = group
+            name = defines(s)
+            if name is not None:
+                group.defined.add(name)
+                group.touched.add(name)
+                if isinstance(s, (ReduceTile, ArgReduceTile)):
+                    group.reduced.add(name)
+            if isinstance(s, Assign):
+                group.touched.add(s.name)
+        flush()
+        return items
+
+    def find_locals(self, items) -> None:
+        """A value defined in a group and read only there never needs an array."""
+        readers: dict[str, set] = {}
+
+        def visit(stmts):
+            for s in stmts:
+                for name in reads(s) if not isinstance(s, For) else _for_reads(s):
+                    readers.setdefault(name, set()).add(id(self.site[id(s)]))
+                if isinstance(s, For):
+                    visit(s.body)
+
+        visit(self.kernel.body)
+        for g in _groups(items):
+            for s in g.stmts:
+                name = defines(s)
+                if name is None or name in g.reduced:
+                    continue
+                if readers.get(name, set()) <= {id(g)}:
+                    self.local.add(name)
+
+    # ------------------------------------------------------------------ references
+    def ref_in(self, loops: tuple, scope: set):
+        """A `ref(name)` spelling names at the element (loops[0], loops[1]) of a nest; names in
+        `scope` are scalars of the nest's body."""
+        def ref(name: str) -> str:
+            if name in scope:
+                return f"{name}_v"
+            if name in self.sh.aranges:
+                d = self.sh.aranges[name]
+                ext = self.sh.shape[name][d]
+                return f"({name} + {loops[d]})" if ext > 1 else name
+            shape = self.sh.shape.get(name)
+            if shape is None or shape == SCALAR:
+                return name
+            parts = []
+            if shape[0] > 1:
+                parts.append(f"{loops[0]} * {shape[1]}" if shape[1] > 1 else loops[0])
+            if shape[1] > 1:
+                parts.append(loops[1])
+            return f"{name}[{' + '.join(parts)}]"
+        return ref
+
+    def printer(self, loops=("0", "0"), scope=frozenset()) -> ExprPrinter:
+        return ExprPrinter(self.ref_in(loops, scope))
+
+    # ------------------------------------------------------------------ emission
+    def emit(self, line: str, indent: int) -> None:
+        self.lines.append("  " * indent + line)
+
+    def fresh(self, prefix: str) -> str:
+        self.tmp += 1
+        return f"tf_{prefix}{self.tmp}"
+
+    def items(self, items, indent: int) -> None:
+        for it in items:
+            if isinstance(it, _Group):
+                self.group(it, indent)
+            elif isinstance(it, tuple):
+                _, s, body = it
+                p = self.printer()
+                self.emit(f"for (int64_t {s.var} = {p.expr(s.start)}; {s.var} < {p.expr(s.stop)}; {s.var} += {s.step}) {{",
+                          indent)
+                self.items(body, indent + 1)
+                self.emit("}", indent)
+            else:
+                self.single(it, indent)
+
+    def single(self, s, indent: int) -> None:
+        p = self.printer()
+        if isinstance(s, ProgramId):
+            self.emit(f"{s.name} = tf_pid{s.axis};", indent)
+        elif isinstance(s, Arange):
+            self.emit(f"{s.name} = {p.expr(s.start)};", indent)
+        elif isinstance(s, Comment):
+            self.emit(f"// {s.text}", indent)
+        elif isinstance(s, DotTile):
+            self.dot(s, indent)
+        elif isinstance(s, (Let, LoadTile, BroadcastTile, Full, Assign, StoreTile)):
+            for line in self.body_lines(s, p, scalar=True):
+                self.emit(line, indent)
+        else:
+            raise CppUnsupported(f"cannot print {type(s).__name__} as C++")
+
+    def body_lines(self, s, p: ExprPrinter, scalar: bool, target: str | None = None) -> list[str]:
+        """The C++ for one element of an elementwise statement. `target`: where a defined
+        value goes (`name_v` for nest scalars, or the array element)."""
+        if isinstance(s, StoreTile):
+            v = p.expr(s.value)
+            buf = f"ptr_{s.buffer}[{p.expr(s.offset)}]"
+            if s.dtype == dt.bfloat16:
+                stored = f"tf_f_to_bf16((float)({v}))"
+            elif s.dtype == dt.float16:
+                stored = f"tf_f_to_h((float)({v}))"
+            elif s.dtype.is_bool:
+                stored = f"(({v}) != 0)"
+            else:
+                stored = f"({STORAGE[s.dtype.name]})({v})"
+            line = f"{buf} = {stored};"
+            return [f"if ({p.expr(s.mask)}) {line}" if s.mask is not None else line]
+        if isinstance(s, Assign):
+            t = ctype(self.sh.dtype[s.name])
+            return [f"{target or p.ref(s.name)} = ({t})({p.expr(s.value)});"]
+        name = s.name
+        t = ctype(self.sh.dtype[name])
+        if isinstance(s, Let) or isinstance(s, BroadcastTile):
+            value = f"({t})({p.expr(s.value)})"
+        elif isinstance(s, Full):
+            value = f"({t})({const(s.value, s.dtype)})"
+        elif isinstance(s, LoadTile):
+            elem = f"ptr_{s.buffer}[{p.expr(s.offset)}]"
+            if s.dtype == dt.bfloat16:
+                elem = f"tf_bf16_to_f({elem})"
+            elif s.dtype == dt.float16:
+                elem = f"tf_h_to_f({elem})"
+            if s.mask is not None:
+                value = f"(({p.expr(s.mask)}) ? ({t})({elem}) : ({t})({const(s.other, s.dtype)}))"
+            else:
+                value = f"({t})({elem})"
+        else:
+            raise CppUnsupported(f"cannot print {type(s).__name__} elementwise")
+        if target is None:
+            target = p.ref(name)
+        decl = f"const {t} " if target.endswith("_v") else ""
+        return [f"{decl}{target} = {value};"]
+
+    # ------------------------------------------------------------------ loop nests
+    def group(self, g: _Group, indent: int) -> None:
+        d0, d1 = g.shape
+        reds = [s for s in g.stmts if isinstance(s, (ReduceTile, ArgReduceTile))]
+        row_reds = [s for s in reds if self.sh.dim(s.axis) == 1 and d1 > 1]
+        col_reds = [s for s in reds if self.sh.dim(s.axis) == 0 and d0 > 1]
+        lanes = (LANES if d1 % LANES == 0 else d1) if row_reds else d1
+        i, j = ("tf_i" if d0 > 1 else "0"), ("tf_j" if d1 > 1 else "0")
+        # lanes that store to one address (a [BLOCK_M, 1] tile stored at a row-only offset)
+        # must keep their order: no `omp simd` on that loop
+        inner = 1 if d1 > 1 else 0
+        simd = "#pragma omp simd" if all(self.sh.of(s.offset)[inner] == g.shape[inner] for s in g.stmts
+                                         if isinstance(s, StoreTile)) else "// (stores to a shared address: not simd)"
+        self.emit("{", indent)
+        ind = indent + 1
+        for s in col_reds:  # per column accumulators, over rows
+            self.emit(f"for (int64_t tf_c = 0; tf_c < {d1}; ++tf_c) {self._acc_at(s, 'tf_c', d1)} = {self._ident(s)};", ind)
+            if isinstance(s, ArgReduceTile):
+                self.emit(f"for (int64_t tf_c = 0; tf_c < {d1}; ++tf_c) {self._acc_at(s, 'tf_c', d1, True)} = {self._vident(s)};", ind)
+        if d0 > 1:
+            if d1 == 1 and not col_reds:  # accumulating over rows is a dependence along them
+                self.emit(simd, ind)
+            self.emit(f"for (int64_t tf_i = 0; tf_i < {d0}; ++tf_i) {{", ind)
+            ind += 1
+        for s in row_reds:
+            t = ctype(self._acc_dtype(s))
+            self.emit(f"{t} {self._lanes(s)}[{lanes}];", ind)
+            self.emit(f"for (int64_t tf_l = 0; tf_l < {lanes}; ++tf_l) {self._lanes(s)}[tf_l] = {self._ident(s)};", ind)
+            if isinstance(s, ArgReduceTile):
+                vt = ctype(self.sh.dtype.get(s.name + "__v", s.value.dtype))
+                self.emit(f"{vt} {self._lanes(s)}_v[{lanes}];", ind)
+                self.emit(f"for (int64_t tf_l = 0; tf_l < {lanes}; ++tf_l) {self._lanes(s)}_v[tf_l] = {self._vident(s)};", ind)
+        if d1 > 1:
+            if row_reds:
+                self.emit(f"for (int64_t tf_jo = 0; tf_jo < {d1}; tf_jo += {lanes}) {{", ind)
+                self.emit(simd, ind + 1)
+                self.emit(f"for (int64_t tf_jl = 0; tf_jl < {lanes}; ++tf_jl) {{", ind + 1)
+                self.emit("const int64_t tf_j = tf_jo + tf_jl;", ind + 2)
+                ind += 2
+            else:
+                self.emit(simd, ind)
+                self.emit(f"for (int64_t tf_j = 0; tf_j < {d1}; ++tf_j) {{", ind)
+                ind += 1
+        scope: set[str] = set()
+        p = ExprPrinter(self.ref_in((i, j), scope))
+        for s in g.stmts:
+            if isinstance(s, (ReduceTile, ArgReduceTile)):
+                self._accumulate(s, p, row=s in row_reds, col=s in col_reds, d1=d1, ind=ind, loops=(i, j))
+                continue
+            name = defines(s)
+            if name is not None:
+                array = None if name in self.local else p.ref(name)
+                for line in self.body_lines(s, p, scalar=False, target=f"{name}_v"):
+                    self.emit(line, ind)
+                scope.add(name)
+                if array is not None:
+                    self.emit(f"{array} = {name}_v;", ind)
+            else:
+                for line in self.body_lines(s, p, scalar=False):
+                    self.emit(line, ind)
+        if d1 > 1:
+            if row_reds:
+                ind -= 1
+                self.emit("}", ind)
+                ind -= 1
+            else:
+                ind -= 1
+            self.emit("}", ind)
+        for s in row_reds:
+            self._finish_lanes(s, lanes, ind, (i, j))
+        if d0 > 1:
+            ind -= 1
+            self.emit("}", ind)
+        self.emit("}", indent)
+
+    def _acc_dtype(self, s):
+        return s.dtype if isinstance(s, ReduceTile) else dt.int64
+
+    def _lanes(self, s) -> str:
+        return f"{s.name}_lanes"
+
+    def _ident(self, s) -> str:
+        if isinstance(s, ArgReduceTile):
+            return "INT64_MAX"
+        combiner = {"any": "max", "all": "min"}.get(s.combiner, s.combiner)
+        return const(identity(combiner, s.dtype), s.dtype)
+
+    def _vident(self, s) -> str:
+        v = identity("max" if s.combiner == "argmax" else "min", s.value.dtype)
+        return const(v, s.value.dtype)
+
+    def _acc_at(self, s, col: str, d1: int, values: bool = False) -> str:
+        name = s.name + ("_cv" if values else "")
+        return f"{name}[{col}]" if d1 > 1 else name
+
+    def _combine(self, s, acc: str, v: str) -> str:
+        c = {"any": "max", "all": "min"}.get(s.combiner, s.combiner)
+        t = ctype(s.dtype)
+        if c == "sum":
+            return f"({acc} + {v})"
+        if c == "prod":
+            return f"({acc} * {v})"
+        if c in ("max", "min"):
+            return f"tf_{c}<{t}>({acc}, {v})"
+        raise CppUnsupported(f"reduction combiner {s.combiner}")
+
+    def _arg_step(self, s, vacc: str, iacc: str, v: str, ix: str, ind: int) -> None:
+        """(vacc, iacc) ← the better of itself and (v, ix): NaN counts as the largest value,
+        ties go to the lower index."""
+        t = ctype(s.value.dtype)
+        better = "(v2 > v1)" if s.combiner == "argmax" else "((v2 < v1) && !n1)"
+        self.emit("{", ind)
+        self.emit(f"const {t} v1 = {vacc}; const int64_t i1 = {iacc}; const {t} v2 = {v}; const int64_t i2 = {ix};", ind + 1)
+        self.emit("const bool n1 = v1 != v1, n2 = v2 != v2;", ind + 1)
+        self.emit(f"const bool take = {better} || (n2 && !n1) || ((v1 == v2 || (n1 && n2)) && i2 < i1);", ind + 1)
+        self.emit(f"{vacc} = take ? v2 : v1; {iacc} = take ? i2 : i1;", ind + 1)
+        self.emit("}", ind)
+
+    def _accumulate(self, s, p: ExprPrinter, row: bool, col: bool, d1: int, ind: int, loops) -> None:
+        v = p.expr(s.value)
+        if isinstance(s, ArgReduceTile):
+            ix = p.expr(s.index)
+            if row:
+                self._arg_step(s, f"{self._lanes(s)}_v[tf_jl]", f"{self._lanes(s)}[tf_jl]", v, ix, ind)
+            elif col:
+                self._arg_step(s, self._acc_at(s, loops[1], d1, True), self._acc_at(s, loops[1], d1), v, ix, ind)
+            else:  # over a dim of one element: the index itself
+                self.emit(f"{p.ref(s.name)} = {ix};", ind)
+            return
+        t = ctype(s.dtype)
+        if row:
+            lane = f"{self._lanes(s)}[tf_jl]"
+            self.emit(f"{lane} = {self._combine(s, lane, f'({t})({v})')};", ind)
+        elif col:
+            acc = self._acc_at(s, loops[1], d1)
+            self.emit(f"{acc} = {self._combine(s, acc, f'({t})({v})')};", ind)
+        else:
+            self.emit(f"{p.ref(s.name)} = ({t})({v});", ind)
+
+    def _finish_lanes(self, s, lanes: int, ind: int, loops) -> None:
+        out = self.ref_in(loops, set())(s.name)
+        if isinstance(s, ArgReduceTile):
+            t = ctype(s.value.dtype)
+            self.emit(f"{t} {s.name}_bv = {self._lanes(s)}_v[0]; int64_t {s.name}_bi = {self._lanes(s)}[0];", ind)
+            self.emit(f"for (int64_t tf_l = 1; tf_l < {lanes}; ++tf_l)", ind)
+            self._arg_step(s, f"{s.name}_bv", f"{s.name}_bi", f"{self._lanes(s)}_v[tf_l]", f"{self._lanes(s)}[tf_l]",
+                           ind + 1)
+            self.emit(f"{out} = {s.name}_bi;", ind)
+            return
+        t = ctype(s.dtype)
+        self.emit(f"{t} {s.name}_r = {self._lanes(s)}[0];", ind)
+        self.emit(f"for (int64_t tf_l = 1; tf_l < {lanes}; ++tf_l) {s.name}_r = "
+                  f"{self._combine(s, f'{s.name}_r', f'{self._lanes(s)}[tf_l]')};", ind)
+        self.emit(f"{out} = {s.name}_r;", ind)
+
+    # ------------------------------------------------------------------ dot
+    def dot(self, s: DotTile, indent: int) -> None:
+        (m, n) = self.sh.shape[s.name]
+        k = self.sh.of(s.a)[1]
+        if self.sh.of(s.b)[0] not in (1, k):
+            raise CppUnsupported("dot operands of mismatched inner extents")
+        self.emit("{", indent)
+        ind = indent + 1
+        if not (isinstance(s.acc, Var) and s.acc.name == s.name):
+            p = ExprPrinter(self.ref_in(("tf_i", "tf_j"), set()))
+            self.emit(f"for (int64_t tf_i = 0; tf_i < {m}; ++tf_i) for (int64_t tf_j = 0; tf_j < {n}; ++tf_j) "
+                      f"{s.name}[tf_i * {n} + tf_j] = {p.expr(s.acc)};", ind)
+        a = self._operand(s.a, (m, k), ind)
+        b = self._operand(s.b, (k, n), ind)
+        if m % 4 == 0 and n % 32 == 0:
+            self.emit(f"tf_dot_4x32<{m}, {n}, {k}>({a}, {b}, {s.name});", ind)
+        else:
+            self.emit(f"tf_dot_ikj<{m}, {n}, {k}>({a}, {b}, {s.name});", ind)
+        self.emit("}", indent)
+
+    def _operand(self, e, shape, ind) -> str:
+        """A pointer to the operand as a dense row-major float array of `shape`."""
+        if isinstance(e, Var) and e.name not in self.local and self.sh.shape.get(e.name) == shape \
+                and self.sh.dtype[e.name] in (dt.float32, dt.bfloat16, dt.float16) and e.name not in self.sh.aranges:
+            return e.name
+        name = self.fresh("op")
+        p = ExprPrinter(self.ref_in(("tf_i", "tf_j"), set()))
+        self.emit(f"alignas(64) float {name}[{shape[0] * shape[1]}];", ind)
+        self.emit(f"for (int64_t tf_i = 0; tf_i < {shape[0]}; ++tf_i) for (int64_t tf_j = 0; tf_j < {shape[1]}; ++tf_j) "
+                  f"{name}[tf_i * {shape[1]} + tf_j] = (float)({p.expr(e)});", ind)
+        return name
+
+    # ------------------------------------------------------------------ the kernel
+    def declarations(self, indent: int) -> None:
+        seen = set()
+        for name, shape in self.sh.shape.items():
+            if name in self.local or name in seen or _is_loop_var(self.kernel.body, name):
+                continue
+            seen.add(name)
+            t = ctype(self.sh.dtype[name])
+            size = shape[0] * shape[1]
+            if name in self.sh.aranges or size == 1:
+                self.emit(f"{t} {name};", indent)
+            else:  # bool arrays as bytes: GCC 12 miscompiles masked AVX-512 stores driven by bool arrays
+                self.emit(f"alignas(64) {'uint8_t' if t == 'bool' else t} {name}[{size}];", indent)
+        for s in _walk(self.kernel.body):  # column reductions of argmax keep their values too
+            if isinstance(s, ArgReduceTile):
+                shape = self.sh.shape[s.name]
+                size = shape[0] * shape[1]
+                vt = ctype(s.value.dtype)
+                self.emit(f"{vt} {s.name}_cv" + (f"[{size}];" if size > 1 else ";"), indent)
+
+    def generate(self) -> str:
+        k = self.kernel
+        items = self.plan(k.body)
+        self.find_locals(items)
+        body_start = len(self.lines)
+        self.items(items, 3)
+        body = self.lines[body_start:]
+        self.lines = []
+        out = [HEADER, _DOT, f'extern "C" void {k.name}(void* const* tf_ptrs, const int64_t* tf_sizes, '
+               f'const int64_t* tf_grid, int32_t tf_threads) {{']
+        for name, v in k.constexprs.items():
+            out.append(f"  constexpr int64_t {name} = {int(v)};")
+        nb = 0
+        for q in k.params:
+            if q.kind == "buffer":
+                out.append(f"  {STORAGE[q.dtype.name]}* __restrict__ ptr_{q.name} = "
+                           f"({STORAGE[q.dtype.name]}*)tf_ptrs[{nb}];")
+                nb += 1
+        ns = 0
+        for q in k.params:
+            if q.kind == "size":
+                out.append(f"  const int64_t {q.name} = tf_sizes[{ns}];")
+                ns += 1
+        out.append("  (void)tf_sizes; (void)tf_threads;")
+        out.append("  const int64_t tf_g0 = tf_grid[0], tf_g1 = tf_grid[1], tf_n = tf_grid[0] * tf_grid[1] * tf_grid[2];")
+        out.append("  #pragma omp parallel for schedule(static) num_threads(tf_threads) if(tf_n > 1 && tf_threads > 1)")
+        out.append("  for (int64_t tf_p = 0; tf_p < tf_n; ++tf_p) {")
+        out.append("    const int64_t tf_pid0 = tf_p % tf_g0, tf_pid1 = (tf_p / tf_g0) % tf_g1, tf_pid2 = tf_p / (tf_g0 * tf_g1);")
+        out.append("    (void)tf_pid0; (void)tf_pid1; (void)tf_pid2;")
+        self.lines = []
+        self.declarations(2)
+        out.extend("  " + line for line in self.lines)
+        out.append("    {")
+        out.extend(body)
+        out.append("    }")
+        out.append("  }")
+        out.append("}")
+        return "\n".join(out) + "\n"
+
+
+_DOT = r"""
+/* acc[M][N] += a[M][K] @ b[K][N], fp32: a register block of 4 rows x 32 columns */
+template <int M, int N, int K> TF_INLINE void tf_dot_4x32(const float* __restrict__ a, const float* __restrict__ b,
+                                                          float* __restrict__ acc) {
+  typedef float v16 __attribute__((vector_size(64), aligned(4)));
+  for (int i0 = 0; i0 < M; i0 += 4)
+    for (int j0 = 0; j0 < N; j0 += 32) {
+      v16 c[4][2];
+      for (int ii = 0; ii < 4; ++ii) for (int h = 0; h < 2; ++h) __builtin_memcpy(&c[ii][h], &acc[(i0 + ii) * N + j0 + 16 * h], 64);
+      for (int k = 0; k < K; ++k) {
+        v16 b0, b1;
+        __builtin_memcpy(&b0, &b[k * N + j0], 64); __builtin_memcpy(&b1, &b[k * N + j0 + 16], 64);
+        for (int ii = 0; ii < 4; ++ii) {
+          const float av = a[(i0 + ii) * K + k];
+          c[ii][0] += av * b0; c[ii][1] += av * b1;
+        }
+      }
+      for (int ii = 0; ii < 4; ++ii) for (int h = 0; h < 2; ++h) __builtin_memcpy(&acc[(i0 + ii) * N + j0 + 16 * h], &c[ii][h], 64);
+    }
+}
+template <int M, int N, int K> TF_INLINE void tf_dot_ikj(const float* __restrict__ a, const float* __restrict__ b,
+                                                         float* __restrict__ acc) {
+  for (int i = 0; i < M; ++i)
+    for (int k = 0; k < K; ++k) {
+      const float av = a[i * K + k];
+      #pragma omp simd
+      for (int j = 0; j < N; ++j) acc[i * N + j] += av * b[k * N + j];
+    }
+}
+"""
+
+
+def _walk(stmts):
+    for s in stmts:
+        yield s
+        if isinstance(s, For):
+            yield from _walk(s.body)
+
+
+def _is_loop_var(stmts, name: str) -> bool:
+    return any(isinstance(s, For) and s.var == name for s in _walk(stmts))
+
+
+def _for_reads(s: For) -> set:
+    from .shapes import _names
+
+    return _names(s.start) | _names(s.stop)
+
+
+def _groups(items):
+    for it in items:
+        if isinstance(it, _Group):
+            yield it
+        elif isinstance(it, tuple):
+            yield from _groups(it[2])
+
+
+def generate(kernel: TileKernel) -> str:
+    """The C++ source of one kernel (raises `CppUnsupported` for what it cannot print)."""
+    return CppPrinter(kernel).generate()
+
+
+__all__ = ["generate", "CppUnsupported", "round_to"]

@@ -1,0 +1,261 @@
+"""Scalar expressions of the tile IR printed as C++.
+
+A tile expression describes one element; the statement printer (`codegen.py`) places it in
+a loop nest over the tile and tells this printer how to spell each name at the current
+element (`ref(name)`: an array element, a scalar, or an index `base + i`). Semantics follow
+PyTorch (and the Triton backend): NaN-propagating max/min, Python floor division and
+remainder, round half to even, fp32 math for bf16/fp16 values with rounding to the value's
+dtype after each operation.
+"""
+from __future__ import annotations
+
+import math
+
+import sympy
+
+from ...ir import dtypes as dt
+from ...ir.expr import Binary, Cast, Const, Expr, Index, Unary, Var, Where
+
+
+class CppUnsupported(NotImplementedError):
+    """The C++ backend cannot print this tile IR (the kernel falls back to the interpreter)."""
+
+
+CTYPE = {
+    "bool": "bool", "uint8": "uint8_t", "uint16": "uint16_t", "uint32": "uint32_t", "uint64": "uint64_t",
+    "int8": "int8_t", "int16": "int16_t", "int32": "int32_t", "int64": "int64_t", "float16": "float",
+    "bfloat16": "float", "float32": "float", "float64": "double",
+}
+#: element type of a buffer in memory (low-precision floats are raw 16-bit patterns)
+STORAGE = dict(CTYPE, float16="uint16_t", bfloat16="uint16_t", bool="uint8_t")
+
+_INFIX = {"add": "+", "sub": "-", "mul": "*", "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">",
+          "ge": ">=", "bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^"}
+_VECTOR_MATH = {"exp": "tf_expf", "exp2": "tf_exp2f", "tanh": "tf_tanhf", "tanh_approx": "tf_tanhf",
+                "sigmoid": "tf_sigmoidf", "erf": "tf_erff"}
+_STD = {"exp", "exp2", "log", "log2", "log10", "log1p", "expm1", "sqrt", "sin", "cos", "tan", "asin", "acos",
+        "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc", "lgamma", "floor", "ceil",
+        "trunc"}
+
+
+def ctype(dtype) -> str:
+    try:
+        return CTYPE[dtype.name]
+    except KeyError:
+        raise CppUnsupported(f"dtype {dtype} has no C++ spelling") from None
+
+
+def round_to(x: str, dtype) -> str:
+    """`x` (a float or double value) rounded to a low-precision dtype; unchanged otherwise."""
+    if dtype == dt.bfloat16:
+        return f"tf_round_bf16((float)({x}))"
+    if dtype == dt.float16:
+        return f"tf_round_h_d((double)({x}))"
+    return x
+
+
+def _int_literal(v: int) -> str:
+    if -(2**31) <= v < 2**31:
+        return str(v)
+    if v == -(2**63):
+        return "INT64_MIN"
+    if v >= 2**63:
+        return f"{v}ULL"
+    return f"{v}LL"
+
+
+def const(value, dtype) -> str:
+    if dtype.is_bool:
+        return "true" if value and value != "nan" else "false"
+    if dtype.is_float:
+        suffix = "" if dtype == dt.float64 else "f"
+        if value == "nan":
+            return "NAN"
+        v = float(value)
+        if math.isinf(v):
+            return "INFINITY" if v > 0 else "(-INFINITY)"
+        text = repr(v)
+        if "e" not in text and "." not in text:
+            text += ".0"
+        return f"{text}{suffix}" if v >= 0 else f"({text}{suffix})"
+    return _int_literal(int(value))
+
+
+class ExprPrinter:
+    """Prints expressions; `ref(name)` spells a tile variable or index symbol at the current
+    element of the loop nest."""
+
+    def __init__(self, ref):
+        self.ref = ref
+
+    # ---------------------------------------------------------------- index arithmetic
+    def index(self, e) -> str:
+        e = sympy.sympify(e)
+        f = self.index
+        if e.is_Integer:
+            return _int_literal(int(e))
+        if e.is_Rational or e.is_Float:
+            return repr(float(e))
+        if e.is_Symbol:
+            return self.ref(e.name)
+        if e.is_Add:
+            return "(" + " + ".join(f(a) for a in e.args) + ")"
+        if e.is_Mul:
+            num, den = e.as_numer_denom()
+            if den != 1:
+                return f"((double)({f(num)}) / (double)({f(den)}))"
+            coeff, rest = e.as_coeff_Mul()
+            if coeff == -1:
+                return f"(-{f(rest)})"
+            return "(" + " * ".join(f(a) for a in e.args) + ")"
+        if e.is_Pow and e.exp.is_Integer and int(e.exp) > 0:
+            return "(" + " * ".join([f(e.base)] * int(e.exp)) + ")"
+        if e.is_Pow:  # float powers of sizes (SDPA's d ** -0.25 with a symbolic head dim)
+            return f"(float)tfm_pow((double)({f(e.base)}), (double)({f(e.exp)}))"
+        if isinstance(e, sympy.floor):
+            num, den = e.args[0].as_numer_denom()
+            if num.is_nonnegative and den.is_positive:
+                return f"({f(num)} / {f(den)})"
+            return f"tf_floordiv<int64_t>({f(num)}, {f(den)})"
+        if isinstance(e, sympy.ceiling):
+            num, den = e.args[0].as_numer_denom()
+            return f"tf_ceildiv<int64_t>({f(num)}, {f(den)})"
+        if isinstance(e, sympy.Mod):
+            a, m = e.args
+            if a.is_nonnegative and m.is_positive:
+                return f"({f(a)} % {f(m)})"
+            return f"tf_remainder<int64_t>({f(a)}, {f(m)})"
+        if isinstance(e, (sympy.Min, sympy.Max)):
+            fn = "tf_imin" if isinstance(e, sympy.Min) else "tf_imax"
+            out = f(e.args[0])
+            for a in e.args[1:]:
+                out = f"{fn}<int64_t>({out}, {f(a)})"
+            return out
+        raise CppUnsupported(f"cannot print index expression {e} as C++")
+
+    # ---------------------------------------------------------------- expressions
+    def expr(self, e: Expr) -> str:
+        if isinstance(e, Var):
+            return self.ref(e.name)
+        if isinstance(e, Const):
+            return const(e.value, e.dtype)
+        if isinstance(e, Index):
+            text = self.index(e.expr)
+            return text if e.dtype == dt.int64 else f"(({ctype(e.dtype)})({text}))"
+        if isinstance(e, Cast):
+            return self.cast(self.expr(e.x), e.x.dtype, e.dtype)
+        if isinstance(e, Where):
+            return f"(({self.expr(e.cond)}) ? ({ctype(e.dtype)})({self.expr(e.a)}) : ({ctype(e.dtype)})({self.expr(e.b)}))"
+        if isinstance(e, Unary):
+            return self._rounded(self.unary(e), e.dtype)
+        if isinstance(e, Binary):
+            return self._rounded(self.binary(e), e.dtype)
+        raise CppUnsupported(f"cannot print {type(e).__name__} as C++")
+
+    @staticmethod
+    def _rounded(text: str, dtype) -> str:
+        if dtype.is_low_precision:
+            return round_to(text, dtype)
+        if dtype.is_int or dtype.is_bool:
+            return f"(({ctype(dtype)})({text}))"  # C++ promotes narrow integers to int
+        return text
+
+    @staticmethod
+    def cast(x: str, src, dst) -> str:
+        if dst.is_bool:
+            return f"(({x}) != 0)"
+        if dst.is_low_precision:
+            if src == dst:
+                return x
+            if src == dt.float64:
+                return round_to(x, dst) if dst == dt.float16 else f"tf_round_bf16((float)({x}))"
+            return round_to(f"(float)({x})", dst)
+        if dst.is_float:
+            return f"(({ctype(dst)})({x}))"
+        if src.is_float and (dst.kind == "u" or dst.itemsize < 4):
+            return f"(({ctype(dst)})(int64_t)({x}))"  # out-of-range floats wrap, as on x86 eager
+        return f"(({ctype(dst)})({x}))"
+
+    def unary(self, e: Unary) -> str:
+        x = self.expr(e.x)
+        op, t = e.op, e.x.dtype
+        if op == "neg":
+            return f"(-{x})"
+        if op == "reciprocal":
+            return f"(({ctype(e.dtype)})1 / {x})"
+        if op == "logical_not":
+            return f"(({x}) == 0)"
+        if op == "bitwise_not":
+            return f"(!({x}))" if t.is_bool else f"(~{x})"
+        if op == "isnan":
+            return f"(({x}) != ({x}))" if t.is_float else "false"
+        if op == "isinf":
+            return f"(tfm_fabs({x}) == INFINITY)" if t.is_float else "false"
+        if op == "sign":
+            return f"tf_sign<{ctype(e.dtype)}>({x})"
+        if not t.is_float:
+            if op in ("floor", "ceil", "round", "trunc"):
+                return x
+            if op == "abs":
+                return f"(({x}) < 0 ? -({x}) : ({x}))"
+            x = f"(float)({x})"  # math on integers (the lowering normally casts first)
+        single = t != dt.float64
+        if op == "abs":
+            return f"tfm_fabs({x})"
+        if op == "round":
+            return f"tfm_nearbyint({x})"
+        if op == "rsqrt":
+            return f"(1.0f / tfm_sqrt({x}))" if single else f"(1.0 / tfm_sqrt({x}))"
+        if single and op in _VECTOR_MATH:
+            return f"{_VECTOR_MATH[op]}({x})"
+        if op == "sigmoid":
+            return f"(1.0 / (1.0 + tfm_exp(-{x})))"
+        if op == "tanh_approx":
+            return f"tfm_tanh({x})"
+        if op in _STD:
+            return f"tfm_{op}({x})"
+        raise CppUnsupported(f"unary op {op} has no C++ spelling")
+
+    def binary(self, e: Binary) -> str:
+        a, b = self.expr(e.a), self.expr(e.b)
+        op, t = e.op, e.dtype
+        if op in _INFIX:
+            return f"({a} {_INFIX[op]} {b})"
+        if op == "logical_and":
+            return f"((bool)({a}) && (bool)({b}))"
+        if op == "logical_or":
+            return f"((bool)({a}) || (bool)({b}))"
+        if op == "logical_xor":
+            return f"((bool)({a}) != (bool)({b}))"
+        if op == "truediv":
+            return f"({a} / {b})"
+        ct = ctype(t)
+        if op in ("maximum", "minimum"):
+            return f"tf_{op[:3]}<{ct}>({a}, {b})"
+        if t.is_float:
+            if op == "fmod":
+                return f"tfm_fmod(({ct})({a}), ({ct})({b}))"
+            if op == "mod":
+                return f"tf_fremainder<{ct}>({a}, {b})"
+            if op == "floordiv":
+                return f"tf_ffloordiv<{ct}>({a}, {b})"
+            if op == "pow":
+                return f"tfm_pow(({ct})({a}), ({ct})({b}))"
+            if op == "atan2":
+                return f"tfm_atan2(({ct})({a}), ({ct})({b}))"
+            if op == "copysign":
+                return f"tfm_copysign(({ct})({a}), ({ct})({b}))"
+        else:
+            if op == "floordiv":
+                return f"tf_floordiv<{ct}>({a}, {b})"
+            if op == "mod":
+                return f"tf_remainder<{ct}>({a}, {b})"
+            if op == "fmod":
+                return f"tf_ifmod<{ct}>({a}, {b})"
+            if op == "pow":
+                return f"tf_ipow<{ct}>({a}, {b})"
+            if op == "lshift":
+                return f"tf_shl<{ct}, {ctype(e.b.dtype)}>({a}, {b})"
+            if op == "rshift":
+                return f"tf_shr<{ct}, {ctype(e.b.dtype)}>({a}, {b})"
+        raise CppUnsupported(f"binary op {op} on {t} has no C++ spelling")

@@ -1,0 +1,113 @@
+"""Loading and launching generated C++ kernels.
+
+The shared library is built through the disk cache (namespace "cpu", keyed by the source, the
+compiler's version and flags, this CPU's ISA and the environment fingerprint), so a warm cache
+compiles nothing, and is loaded in place with ctypes. A launch passes the buffers' data
+pointers (no copies: strides are kernel arguments), the size arguments, the grid and the
+thread count PyTorch uses.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import tempfile
+import threading
+
+import torch
+
+from ... import logs
+from ...config import config
+from ...ir import symbolic
+from ...runtime.cache import DiskCache
+from ...tile.ir import TileKernel
+from . import toolchain
+
+_lock = threading.Lock()
+_libraries: dict[str, ctypes.CDLL] = {}
+_caches: dict[str, DiskCache] = {}
+
+
+def kernel_cache() -> DiskCache:
+    root = config.cache_dir
+    if root not in _caches:
+        _caches[root] = DiskCache("cpu", root)
+    return _caches[root]
+
+
+def _library(source: str) -> ctypes.CDLL:
+    cxx = toolchain.require_compiler()
+    key = toolchain.build_key(source, cxx)
+    with _lock:
+        if key in _libraries:
+            return _libraries[key]
+        cache = kernel_cache()
+        files = cache.get_or_create(key, lambda: {"kernel.cpp": source.encode(),
+                                                   "kernel.so": toolchain.build(source, cxx)})
+        entry = cache.path_of(key)
+        if entry is not None:
+            path = os.path.join(entry, "kernel.so")
+        else:  # cache unusable: a private temporary file
+            fd, path = tempfile.mkstemp(prefix="tilefuse_", suffix=".so")
+            with os.fdopen(fd, "wb") as f:
+                f.write(files["kernel.so"])
+        lib = ctypes.CDLL(path)
+        _libraries[key] = lib
+        return lib
+
+
+class CppKernel:
+    """A launchable kernel with the Triton launcher's interface: `launch(buffers, env)`."""
+
+    def __init__(self, kernel: TileKernel, source: str):
+        self.kernel = kernel
+        self.source = source
+        fn = getattr(_library(source), kernel.name)
+        fn.restype = None
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32]
+        self.fn = fn
+        self.buffers = [p.name for p in kernel.params if p.kind == "buffer"]
+        self.sizes = []  # ("stride", buffer, dim) | ("size", name, None)
+        for p in kernel.params:
+            if p.kind == "buffer":
+                continue
+            if "_stride" in p.name and p.name.rsplit("_stride", 1)[1].isdigit():
+                buf, k = p.name.rsplit("_stride", 1)
+                self.sizes.append(("stride", buf, int(k)))
+            else:
+                self.sizes.append(("size", p.name, None))
+        self._shapes: dict = {}
+        self._ptrs = (ctypes.c_void_p * max(1, len(self.buffers)))()
+
+    def __call__(self, buffers: dict, env: dict) -> None:
+        key = tuple(sorted((k, v) for k, v in env.items() if isinstance(k, str)))
+        shape = self._shapes.get(key)
+        if shape is None:  # sizes, grid and emptiness once per set of sizes
+            values = {name: int(symbolic.evaluate(_symbol(name), env)) for kind, name, _ in self.sizes if kind == "size"}
+            empty = int(symbolic.evaluate(self.kernel.numel, env)) == 0
+            grid = self.kernel.grid_size(env)
+            if len(grid) > 3:
+                raise RuntimeError(f"{self.kernel.name}: grids of more than 3 dims")
+            shape = self._shapes[key] = (values, (ctypes.c_int64 * 3)(*(grid + (1, 1))[:3]), empty)
+        values, grid, empty = shape
+        if empty:
+            return
+        ptrs = self._ptrs
+        for k, name in enumerate(self.buffers):
+            t = buffers[name]
+            if t.device.type != "cpu":
+                raise RuntimeError(f"the cpu backend got a {t.device.type} tensor for {name}; use TILEFUSE_BACKEND=triton")
+            ptrs[k] = t.data_ptr()
+        args = [buffers[name].stride(d) if kind == "stride" else values[name] for kind, name, d in self.sizes]
+        sizes = (ctypes.c_int64 * max(1, len(args)))(*args)
+        self.fn(ptrs, sizes, grid, torch.get_num_threads())
+
+
+def _symbol(name: str):
+    import sympy
+
+    return sympy.Symbol(name)
+
+
+def load_kernel(kernel: TileKernel, source: str) -> CppKernel:
+    logs.log("code", "%s:\n%s", kernel.name, source)
+    return CppKernel(kernel, source)

@@ -1,0 +1,158 @@
+"""The C++ runtime header every generated CPU kernel starts with.
+
+Small inline helpers only (one translation unit per kernel keeps compiles under a second):
+
+* bf16 / fp16 conversions (bf16 by bit arithmetic with round-to-nearest-even, fp16 through
+  the compiler's `_Float16`); low-precision values live in `float` registers, rounded where
+  the IR says their dtype is low precision;
+* `exp`, `exp2`, `tanh`, `sigmoid` and `erf` for fp32 written with arithmetic and bit
+  operations only, so loops that call them still vectorise (the C library's versions are
+  scalar calls); within a few ulp of the correctly rounded result, with IEEE results at
+  ±inf and NaN;
+* PyTorch's semantics where C++ differs: NaN-propagating max/min, floor division and Python
+  remainder for integers and floats, shifts past the bit width, integer division by zero
+  (0, never a SIGFPE that would kill the process).
+"""
+
+HEADER = r"""
+#include <stdint.h>
+/* no <cmath>: it alone doubles the compile time of a kernel; the compiler's builtins instead */
+#define TF_INLINE static inline __attribute__((always_inline))
+#define INFINITY __builtin_inff()
+#define NAN __builtin_nanf("")
+#define TF_MATH1(name) TF_INLINE float tfm_##name(float x) { return __builtin_##name##f(x); } \
+  TF_INLINE double tfm_##name(double x) { return __builtin_##name(x); }
+#define TF_MATH2(name) TF_INLINE float tfm_##name(float x, float y) { return __builtin_##name##f(x, y); } \
+  TF_INLINE double tfm_##name(double x, double y) { return __builtin_##name(x, y); }
+TF_MATH1(exp) TF_MATH1(exp2) TF_MATH1(log) TF_MATH1(log2) TF_MATH1(log10) TF_MATH1(log1p) TF_MATH1(expm1)
+TF_MATH1(sqrt) TF_MATH1(sin) TF_MATH1(cos) TF_MATH1(tan) TF_MATH1(asin) TF_MATH1(acos) TF_MATH1(atan)
+TF_MATH1(sinh) TF_MATH1(cosh) TF_MATH1(tanh) TF_MATH1(asinh) TF_MATH1(acosh) TF_MATH1(atanh) TF_MATH1(erf)
+TF_MATH1(erfc) TF_MATH1(lgamma) TF_MATH1(floor) TF_MATH1(ceil) TF_MATH1(trunc) TF_MATH1(nearbyint) TF_MATH1(fabs)
+TF_MATH2(pow) TF_MATH2(fmod) TF_MATH2(atan2) TF_MATH2(copysign)
+TF_INLINE float tfm_fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+
+/* ---- low-precision storage ------------------------------------------------------------ */
+TF_INLINE float tf_bf16_to_f(uint16_t h) { uint32_t b = (uint32_t)h << 16; float f; __builtin_memcpy(&f, &b, 4); return f; }
+TF_INLINE uint16_t tf_f_to_bf16(float f) {
+  uint32_t b; __builtin_memcpy(&b, &f, 4);
+  uint32_t r = (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16;
+  return (f != f) ? (uint16_t)((b >> 16) | 0x40u) : (uint16_t)r;
+}
+TF_INLINE float tf_round_bf16(float f) { return tf_bf16_to_f(tf_f_to_bf16(f)); }
+TF_INLINE float tf_h_to_f(uint16_t h) { _Float16 v; __builtin_memcpy(&v, &h, 2); return (float)v; }
+TF_INLINE uint16_t tf_f_to_h(float f) { _Float16 v = (_Float16)f; uint16_t h; __builtin_memcpy(&h, &v, 2); return h; }
+TF_INLINE float tf_round_h(float f) { return (float)(_Float16)f; }
+TF_INLINE float tf_round_h_d(double f) { return (float)(_Float16)f; }
+
+/* ---- vectorisable fp32 math ----------------------------------------------------------- */
+TF_INLINE float tf_pow2i(int32_t n) { uint32_t b = (uint32_t)(n + 127) << 23; float f; __builtin_memcpy(&f, &b, 4); return f; }
+/* 2^n * p for n in [-150, 128] without overflow of the exponent field: two factors */
+TF_INLINE float tf_ldexp(float p, float n) {
+  int32_t ni = (int32_t)n; int32_t n1 = ni >> 1; int32_t n2 = ni - n1;
+  return p * tf_pow2i(n1) * tf_pow2i(n2);
+}
+TF_INLINE float tf_exp_poly(float r) {  /* e^r, |r| <= ln2/2: Taylor to degree 7 */
+  float p = 1.0f / 5040.0f;
+  p = tfm_fma(p, r, 1.0f / 720.0f); p = tfm_fma(p, r, 1.0f / 120.0f); p = tfm_fma(p, r, 1.0f / 24.0f);
+  p = tfm_fma(p, r, 1.0f / 6.0f); p = tfm_fma(p, r, 0.5f); p = tfm_fma(p, r, 1.0f);
+  return tfm_fma(p, r, 1.0f);
+}
+TF_INLINE float tf_expf(float x) {
+  float xc = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
+  float n = tfm_floor(tfm_fma(xc, 1.44269504088896341f, 0.5f));
+  float r = tfm_fma(n, -0.693145751953125f, xc);
+  r = tfm_fma(n, -1.428606765330187045e-06f, r);
+  float y = tf_ldexp(tf_exp_poly(r), n);
+  y = x > 88.72283935546875f ? INFINITY : y;
+  y = x < -103.97208404541015625f ? 0.0f : y;
+  return x != x ? x : y;
+}
+TF_INLINE float tf_exp2f(float x) {
+  float xc = x < -150.0f ? -150.0f : (x > 129.0f ? 129.0f : x);
+  float n = tfm_floor(xc + 0.5f);
+  float r = (xc - n) * 0.693147180559945309f;
+  float y = tf_ldexp(tf_exp_poly(r), n);
+  y = x >= 128.0f ? INFINITY : y;
+  y = x < -150.0f ? 0.0f : y;
+  return x != x ? x : y;
+}
+TF_INLINE float tf_tanhf(float x) {
+  float a = tfm_fabs(x);
+  float t = tf_expf(-2.0f * a);
+  float big = (1.0f - t) / (1.0f + t);
+  float z = a * a;  /* odd Taylor series below 0.55, where 1 - t would cancel */
+  float p = -929569.0f / 638512875.0f;
+  p = tfm_fma(p, z, 21844.0f / 6081075.0f); p = tfm_fma(p, z, -1382.0f / 155925.0f);
+  p = tfm_fma(p, z, 62.0f / 2835.0f); p = tfm_fma(p, z, -17.0f / 315.0f);
+  p = tfm_fma(p, z, 2.0f / 15.0f); p = tfm_fma(p, z, -1.0f / 3.0f);
+  float small = tfm_fma(p * z, a, a);
+  float y = a < 0.55f ? small : big;
+  y = a > 9.1f ? 1.0f : y;
+  y = tfm_copysign(y, x);
+  return x != x ? x : y;
+}
+TF_INLINE float tf_sigmoidf(float x) { return 1.0f / (1.0f + tf_expf(-x)); }
+TF_INLINE float tf_erff(float x) {
+  float a = tfm_fabs(x);
+  float z = a * a;  /* Taylor series below 0.5 */
+  float p = -1.0f / 75600.0f;
+  p = tfm_fma(p, z, 1.0f / 9360.0f); p = tfm_fma(p, z, -1.0f / 1320.0f); p = tfm_fma(p, z, 1.0f / 216.0f);
+  p = tfm_fma(p, z, -1.0f / 42.0f); p = tfm_fma(p, z, 1.0f / 10.0f); p = tfm_fma(p, z, -1.0f / 3.0f);
+  p = tfm_fma(p, z, 1.0f);
+  float small = 1.12837916709551257f * a * p;
+  /* erfc by a Chebyshev fit (fractional error < 1.2e-7) above 0.5 */
+  float t = 1.0f / tfm_fma(0.5f, a, 1.0f);
+  float q = 0.17087277f;
+  q = tfm_fma(q, t, -0.82215223f); q = tfm_fma(q, t, 1.48851587f); q = tfm_fma(q, t, -1.13520398f);
+  q = tfm_fma(q, t, 0.27886807f); q = tfm_fma(q, t, -0.18628806f); q = tfm_fma(q, t, 0.09678418f);
+  q = tfm_fma(q, t, 0.37409196f); q = tfm_fma(q, t, 1.00002368f); q = tfm_fma(q, t, -1.26551223f);
+  float big = 1.0f - t * tf_expf(q - z);
+  float y = a < 0.5f ? small : big;
+  y = tfm_copysign(y, x);
+  return x != x ? x : y;
+}
+
+/* ---- PyTorch semantics ---------------------------------------------------------------- */
+template <class T> TF_INLINE T tf_max(T a, T b) { return (a > b || a != a) ? a : b; }
+template <class T> TF_INLINE T tf_min(T a, T b) { return (a < b || a != a) ? a : b; }
+template <class T> TF_INLINE T tf_imin(T a, T b) { return a < b ? a : b; }
+template <class T> TF_INLINE T tf_imax(T a, T b) { return a > b ? a : b; }
+template <class T> TF_INLINE T tf_floordiv(T a, T b) {
+  if (b == 0) return 0;
+  if (b == (T)-1) return (T)(0 - a);
+  T q = a / b;
+  return q - (T)(((a % b) != 0) && ((a < 0) != (b < 0)));
+}
+template <class T> TF_INLINE T tf_ceildiv(T a, T b) { return -tf_floordiv<T>(-a, b); }
+template <class T> TF_INLINE T tf_remainder(T a, T b) {
+  if (b == 0 || b == (T)-1) return 0;
+  T r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? (T)(r + b) : r;
+}
+template <class T> TF_INLINE T tf_ifmod(T a, T b) { return (b == 0 || b == (T)-1) ? (T)0 : (T)(a % b); }
+template <class T> TF_INLINE T tf_fremainder(T a, T b) {
+  T r = tfm_fmod(a, b);
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+template <class T> TF_INLINE T tf_ffloordiv(T a, T b) {
+  if (b == 0) return a / b;
+  T mod = tfm_fmod(a, b);
+  T div = (a - mod) / b;
+  if (mod != 0 && ((b < 0) != (mod < 0))) div -= 1;
+  T fl;
+  if (div != 0) { fl = tfm_floor(div); if (div - fl > (T)0.5) fl += 1; }
+  else fl = tfm_copysign((T)0, a / b);
+  return fl;
+}
+template <class T> TF_INLINE T tf_ipow(T a, T b) {
+  if (b < 0) return a == 1 ? (T)1 : (a == (T)-1 ? ((b & 1) ? (T)-1 : (T)1) : (T)0);
+  T r = 1;
+  while (b) { if (b & 1) r = (T)(r * a); a = (T)(a * a); b >>= 1; }
+  return r;
+}
+template <class T, class S> TF_INLINE T tf_shl(T a, S b) { return (b < 0 || b >= (S)(8 * sizeof(T))) ? (T)0 : (T)(a << b); }
+template <class T, class S> TF_INLINE T tf_shr(T a, S b) {
+  return (b < 0 || b >= (S)(8 * sizeof(T))) ? (T)(a < 0 ? -1 : 0) : (T)(a >> b);
+}
+template <class T> TF_INLINE T tf_sign(T x) { return (T)((T)(x > 0) - (T)(x < 0)); }
+"""

@@ -1,0 +1,248 @@
+"""The CPU backend (tile IR → C++ → shared library): every expression's semantics against
+eager with an fp64 reference, each kind of kernel (pointwise, persistent and looped
+reductions, contractions, flash attention, split-and-merge scratch), bf16, odd and symbolic
+sizes, non-contiguous inputs; the disk cache; the fallbacks (no compiler, unprintable IR)."""
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tilefuse
+from frontend.lowering_harness import assert_close_fp64, flatten, noncontig, rand, to_fp64
+from tilefuse.backends import cpu
+from tilefuse.backends.cpu import toolchain
+
+pytestmark = pytest.mark.skipif(cpu.find_compiler() is None, reason="no C++ compiler")
+
+
+def run_cpu(fn, *inputs, dynamic=False, **options):
+    """Compile with the CPU backend, compare with eager by the fp64 rule; returns the explanation."""
+    torch._dynamo.reset()
+    expected = fn(*inputs)
+    try:
+        ref64 = fn(*to_fp64(list(inputs)))
+    except RuntimeError:
+        ref64 = expected
+    with tilefuse.config.patch(backend="cpu", fallback="error", **options):
+        ex = tilefuse.explain(fn, *inputs, dynamic=dynamic)
+        torch._dynamo.reset()
+        actual = torch.compile(fn, backend="tilefuse", dynamic=dynamic)(*inputs)
+    for k, (a, e, r) in enumerate(zip(flatten(actual), flatten(expected), flatten(ref64))):
+        assert_close_fp64(a, e, r, name=f"output {k}")
+    assert ex.reports and all(r.backend == "cpu" for r in ex.reports)
+    for k in ex.kernels:
+        assert "not printable as C++" not in " ".join(k.notes), k.notes
+    return ex
+
+
+# ------------------------------------------------------------------ expression semantics
+SPECIAL = torch.tensor([0.0, -0.0, 1.5, -2.5, 2.5, 0.5, -0.5, float("inf"), float("-inf"), float("nan"), 3.0, -7.0,
+                        1e-30, 88.5, -100.0, 1e4])
+
+
+@pytest.mark.parametrize("op", [
+    torch.exp, torch.exp2, torch.tanh, torch.sigmoid, torch.erf, torch.erfc, torch.log, torch.log1p, torch.expm1,
+    torch.sqrt, torch.rsqrt, torch.sin, torch.cos, torch.round, torch.floor, torch.ceil, torch.trunc, torch.abs,
+    torch.sign, torch.atan, torch.asinh, torch.reciprocal, torch.isnan, torch.isinf, torch.log10,
+])
+def test_unary_math_matches_eager(op):
+    x = torch.cat([SPECIAL, rand(37, low=-6, high=6)])
+    run_cpu(lambda t: op(t), x)
+
+
+def test_nan_propagating_max_min_and_where():
+    a = torch.tensor([1.0, float("nan"), 3.0, -1.0, float("nan")] * 7)
+    b = torch.tensor([2.0, 0.0, float("nan"), -2.0, float("nan")] * 7)
+    run_cpu(lambda x, y: (torch.maximum(x, y), torch.minimum(x, y), torch.where(x > y, x, y * 2)), a, b)
+
+
+def test_nan_in_max_reduction_and_argmax():
+    x = rand(9, 300)
+    x[2, 17] = float("nan")
+    x[5, 3] = float("inf")
+    run_cpu(lambda t: (t.amax(-1), t.amin(-1), t.argmax(-1), t.argmin(-1)), x)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_integer_division_remainder_and_shifts(dtype):
+    a = torch.randint(-50, 50, (61,), dtype=dtype)
+    b = torch.randint(1, 9, (61,), dtype=dtype) * torch.where(torch.rand(61) > 0.5, 1, -1).to(dtype)
+    run_cpu(lambda x, y: (torch.div(x, y, rounding_mode="floor"), torch.remainder(x, y), torch.fmod(x, y),
+                          torch.div(x, y, rounding_mode="trunc"), x & y, x | y, x ^ y, ~x, x << 3, x >> 2), a, b)
+
+
+def test_float_floor_divide_and_remainder():
+    a, b = rand(53, low=-9, high=9), rand(53, low=-3, high=3)
+    run_cpu(lambda x, y: (torch.div(x, y, rounding_mode="floor"), torch.remainder(x, y), torch.fmod(x, y),
+                          torch.pow(x.abs(), y), torch.atan2(x, y), torch.copysign(x, y)), a, b)
+
+
+def test_casts_round_like_eager():
+    x = torch.cat([SPECIAL[:7], rand(40, low=-300, high=300)])
+    fn = lambda t: (t.to(torch.int32), t.to(torch.int64), t.to(torch.bfloat16), t.to(torch.float16), t.to(torch.bool),
+                    (t * 1e-3).to(torch.bfloat16).float() + 1, t.to(torch.int8).to(torch.float32))
+    run_cpu(fn, x)
+
+
+def test_comparisons_and_logical_ops():
+    a, b = rand(5, 7), rand(5, 7)
+    run_cpu(lambda x, y: ((x > y) & (x < 1), (x >= y) | (y <= 0), (x == x) ^ (y != 0), torch.logical_not(x > 0)), a, b)
+
+
+# ------------------------------------------------------------------ kernels
+def rmsnorm(x, w):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(1, 1), (7, 13), (33, 100), (4, 4096), (3, 10000)])
+def test_normalisations_and_softmax(shape, dtype):
+    x, w, b = rand(*shape, dtype=dtype), rand(shape[-1], dtype=dtype), rand(shape[-1], dtype=dtype)
+    ex = run_cpu(lambda t, w, b: (rmsnorm(t, w), F.layer_norm(t, (t.shape[-1],), w, b), torch.softmax(t, -1),
+                                  torch.log_softmax(t.float(), -1)), x, w, b)
+    assert any(k.kind == "reduction" for k in ex.kernels)
+
+
+def test_pointwise_broadcasting_and_noncontiguous_inputs():
+    x = noncontig(17, 29)
+    y = noncontig(17, 29, kind="s")
+    z = rand(29)
+    run_cpu(lambda a, b, c: F.gelu(a) * b + c.exp(), x, y, z)
+
+
+def test_column_and_middle_axis_reductions():
+    x = rand(6, 50, 9)
+    run_cpu(lambda t: (t.sum(0), t.amax(1), t.mean(-1), t.prod(1), (t > 0).any(1), (t > -5).all(0)), x)
+
+
+def test_symbolic_shapes():
+    for n in (5, 37):
+        x, w = rand(n, 300), rand(300)
+        run_cpu(lambda t, w: torch.softmax(t * w, -1) + rmsnorm(t, w), x, w, dynamic=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_contraction_with_epilogue(dtype):
+    x, w, b = rand(33, 40, dtype=dtype), rand(40, 70, dtype=dtype, low=-0.3, high=0.3), rand(70, dtype=dtype)
+    ex = run_cpu(lambda a, w, b: F.gelu(a @ w + b), x, w, b)
+    assert any(k.kind == "contraction" for k in ex.kernels)
+
+
+def test_batched_contraction_with_transposed_operand():
+    a, b = rand(3, 64, 48), noncontig(3, 48, 96)
+    run_cpu(lambda x, y: torch.relu(torch.bmm(x, y)) * 2, a, b)
+
+
+def test_plain_matmul_uses_aten_above_the_size_rule():
+    a, b = rand(64, 64), rand(64, 64)
+    ex = run_cpu(lambda x, y: x @ y, a, b)
+    assert [k.kind for k in ex.kernels] == ["aten-matmul"]
+    ex = run_cpu(lambda x, y: x @ y, rand(8, 8), rand(8, 8))
+    assert [k.kind for k in ex.kernels] == ["contraction"]
+
+
+def attention(q, k, v, causal=False):
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        i = torch.arange(s.shape[-2])[:, None]
+        j = torch.arange(s.shape[-1])[None, :]
+        s = torch.where(j > i, float("-inf"), s)
+    return torch.softmax(s, dim=-1) @ v
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention(causal, dtype):
+    q, k, v = (rand(1, 2, 100, 16, dtype=dtype) for _ in range(3))
+    ex = run_cpu(lambda q, k, v: attention(q, k, v, causal), q, k, v)
+    assert any(k.kind == "flash" for k in ex.kernels)
+
+
+def test_decode_split_and_merge_with_scratch():
+    q, k, v = rand(1, 2, 1, 32), rand(1, 2, 700, 32), rand(1, 2, 700, 32)
+    ex = run_cpu(attention, q, k, v, flash_split=3)
+    kinds = [k.kind for k in ex.kernels]
+    assert "flash" in kinds and "flash-merge" in kinds
+
+
+def test_training_step_forward_and_backward():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.GELU(), torch.nn.LayerNorm(40), torch.nn.Linear(40, 5))
+    x = rand(9, 24)
+    eager = torch.nn.Sequential(*[m for m in __import__("copy").deepcopy(model)])
+    torch._dynamo.reset()
+    with tilefuse.config.patch(backend="cpu", fallback="error"):
+        loss = torch.compile(model, backend="tilefuse")(x).square().mean()
+        loss.backward()
+    ref = eager(x).square().mean()
+    ref.backward()
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
+    for p, q in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------------------ toolchain, cache, fallbacks
+def test_source_is_cpp_and_explain_shows_it():
+    ex = run_cpu(lambda t: torch.softmax(t, -1), rand(3, 50))
+    src = ex.kernels[0].source
+    assert 'extern "C" void kernel' in src and "#pragma omp simd" in src
+    assert "kernel" in str(ex)
+
+
+def test_warm_cache_builds_nothing():
+    fn = lambda t: torch.tanh(t) * 3 + 1
+    x = rand(11, 3)
+    run_cpu(fn, x)
+    cache = cpu.launcher.kernel_cache()
+    cpu.launcher._libraries.clear()  # as in a new process: only the disk cache remains
+    builds = cache.builds
+    run_cpu(fn, x)
+    assert cache.builds == builds
+
+
+def test_cache_key_covers_compiler_flags_and_cpu():
+    cxx = cpu.require_compiler()
+    key = toolchain.build_key("int x;", cxx)
+    old = toolchain.FLAGS
+    try:
+        toolchain.FLAGS = old + ("-DX",)
+        assert toolchain.build_key("int x;", cxx) != key
+    finally:
+        toolchain.FLAGS = old
+    assert toolchain.build_key("int y;", cxx) != key
+
+
+def test_no_compiler_falls_back_to_eager_with_a_clear_warning(monkeypatch):
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    fn = lambda t: t.exp() + 1
+    x = rand(5)
+    torch._dynamo.reset()
+    with tilefuse.config.patch(backend="cpu", fallback="eager"), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = torch.compile(fn, backend="tilefuse")(x)
+    torch.testing.assert_close(out, fn(x))
+    assert any("C++ compiler" in str(w.message) for w in caught)
+
+
+def test_unprintable_kernel_runs_in_the_interpreter(monkeypatch):
+    import tilefuse.compiler as driver
+
+    def refuse(tk):
+        raise cpu.CppUnsupported("testing")
+
+    monkeypatch.setattr(driver.cpu_backend, "generate", refuse)
+    x = rand(4, 6)
+    torch._dynamo.reset()
+    with tilefuse.config.patch(backend="cpu", fallback="error"):
+        ex = tilefuse.explain(lambda t: t.sin() * 2, x)
+    assert any("Triton interpreter" in n for k in ex.kernels for n in k.notes)
+
+
+def test_backend_knob_is_validated():
+    with pytest.raises(ValueError):
+        with tilefuse.config.patch(backend="cuda"):
+            pass
+    with tilefuse.config.patch(backend="cpu"):
+        assert tilefuse.config.backend == "cpu"
