@@ -40,8 +40,23 @@ NONDETERMINISTIC = {
     "new_empty_strided", "empty_strided", "empty_permuted", "torch._C._nn._test_warn_in_autograd",
 }
 
-#: known failures: (op, dtype or "*") -> reason. Kept small; each one is a known limit.
-EXPECTED: dict = {}
+_NO_INTERPRETER_SPELLING = ("libdevice math the Triton interpreter cannot run (CPU only: the graph falls back "
+                            "to eager with a warning; generated on GPUs)")
+#: known failures: (op, dtype or "*") -> reason. Kept small; each one is a known limit or an
+#: open bug named as such.
+EXPECTED: dict = {
+    **{(op, "*"): _NO_INTERPRETER_SPELLING for op in ("acos", "asin", "asinh", "atan", "atan2", "arctan2",
+                                                       "lgamma", "acosh", "atanh", "erfinv", "digamma",
+                                                       "polygamma.polygamma_n_0", "mvlgamma.mvlgamma_p_1")},
+    ("combinations", "*"): "open bug: data-dependent sizes (unbacked symbols produced by an extern such as "
+                           "nonzero) are not bound when the compiled graph runs",
+    ("view_as_complex", "*"): "limit: complex dtypes have no graph-IR type; the frontend raises instead of "
+                              "making the op an extern (the graph runs eagerly)",
+    ("complex", "*"): "limit: complex dtypes have no graph-IR type (the graph runs eagerly)",
+    ("stft", "*"): "limit: complex dtypes have no graph-IR type (the graph runs eagerly)",
+    ("nn.functional.multilabel_margin_loss", "*"): "open bug: an int64-max sentinel constant overflows the "
+                                                   "Triton interpreter's scalar conversion",
+}
 
 #: the CI subset: representative ops of every family (pointwise, reduction, normalisation,
 #: views, indexing, matmul, extern), float32 and one bf16 / int case each
