@@ -56,14 +56,18 @@ def test_symbolic_sizes_and_bf16():
     _check(fn, a, b)
 
 
-def test_flattened_batch_views_keep_the_generated_kernel():
-    """F.linear on a 3-D input reads it through a flattened view (floor/mod indices) and
-    reshapes the result: not yet a plain view, so the generated kernel runs — still correct."""
+def test_flattened_batch_views_run_through_aten():
+    """F.linear on a 3-D input reads it through a flattened view (floor/mod indices): with the
+    buffer's compile-time strides that is still one affine offset, so ATen runs it."""
     a, b = torch.randn(5, 37, 20, device=DEVICE), torch.randn(45, 20, device=DEVICE)
-    assert _kinds(lambda a, b: F.linear(a, b), a, b) == ["contraction"]
+    assert _kinds(lambda a, b: F.linear(a, b), a, b) == ["aten-matmul"]
     _check(lambda a, b: F.linear(a, b), a, b)
+    _check(lambda a, b: F.linear(a, b), a, b, dynamic=True)
     a, b = torch.randn(2, 3, 17, 9, device=DEVICE), torch.randn(9, 11, device=DEVICE)
     _check(lambda a, b: a @ b, a, b)
+    # a batch that cannot be flattened (transposed input): the generated kernel, still right
+    a = torch.randn(37, 5, 20, device=DEVICE).transpose(0, 1)
+    _check(lambda a, b: F.linear(a, b), a, torch.randn(45, 20, device=DEVICE))
 
 
 def test_products_with_something_fused_keep_the_generated_kernel():

@@ -129,8 +129,15 @@ def test_reduction_space_and_memory_model(width, persistent):
     graph, plan = _rmsnorm(1024, width)
     space = schedule_space(graph, plan, GPU)
     assert space.kind == "memory" and space.sizes["bytes"] == 1024 * width * 4 + 1024 * 4
-    assert ("XBLOCK" in space.knobs) == persistent and ("RBLOCK" in space.knobs) == (not persistent)
+    assert ("XBLOCK" in space.knobs) == persistent and "RBLOCK" in space.knobs
+    # a row that fits may still be walked in tiles (two passes, the second from L2): measured
+    if persistent:
+        assert space.knobs["persistent"] == (True, False) and space.default["persistent"] is True
+    else:
+        assert "persistent" not in space.knobs
     ranked = rank(space, keep=6)
+    if persistent:
+        assert {cfg["persistent"] for _, cfg in ranked} == {True, False}
     assert len(ranked) <= 6 and any(cfg == space.default for _, cfg in ranked)
     # never faster than the bytes at full bandwidth
     assert all(t >= space.sizes["bytes"] / NOMINAL.bandwidth for t, _ in ranked)
@@ -177,6 +184,6 @@ def test_a_cut_keeps_the_default_and_each_implementation(keep):
     kept = [cfg for _, cfg in rank(space, keep=keep)]
     assert space.default in kept
     assert any(cfg["impl"] == "aten" for cfg in kept)
-    assert len(kept) == max(keep, 2)
+    assert len(kept) == keep if keep >= 3 else 2 <= len(kept) <= 3  # default, best generated, the library
     times = [t for t, _ in rank(space, keep=keep)]
     assert times == sorted(times)

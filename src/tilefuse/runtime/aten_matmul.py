@@ -19,6 +19,13 @@ class AtenMatmul:
         self.views = views
 
     def _view(self, t: torch.Tensor, op, symbols: tuple, sizes: tuple, env: dict) -> torch.Tensor:
+        if op.flat is not None:  # one offset into the storage, valid for the compiled strides
+            expected = tuple(int(symbolic.evaluate(s, env)) for s in op.strides)
+            if tuple(t.stride()) != expected:
+                raise RuntimeError(f"{op.buffer}: strides {tuple(t.stride())} are not the compiled {expected}")
+            coefs, const = op.flat
+            strides = [int(symbolic.evaluate(coefs.get(name, 0), env)) for name in symbols]
+            return torch.as_strided(t, sizes, strides, t.storage_offset() + int(symbolic.evaluate(const, env)))
         strides, offset = [], t.storage_offset()
         for name in symbols:
             strides.append(sum(int(symbolic.evaluate(coefs.get(name, 0), env)) * t.stride(d)
@@ -32,7 +39,10 @@ class AtenMatmul:
         *batch, M, N, K = (int(symbolic.evaluate(s, env)) for s in v.sizes)
         a = self._view(buffers[v.a.buffer], v.a, (*v.batch, v.m, v.k), (*batch, M, K), env)
         b = self._view(buffers[v.b.buffer], v.b, (*v.batch, v.k, v.n), (*batch, K, N), env)
-        out = buffers[v.out].permute(v.order)
+        out = buffers[v.out]
+        if v.out_shape is not None:  # the buffer holds a reshape of the product
+            out = out.view(tuple(int(symbolic.evaluate(d, env)) for d in v.out_shape))
+        out = out.permute(v.order)
         if out.numel() == 0:
             return
         if out.is_contiguous():

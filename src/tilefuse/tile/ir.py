@@ -91,6 +91,9 @@ class LoadTile(Stmt):
     mask: Expr | None
     dtype: DType
     other: object = 0
+    #: cache hint: "last" (read again soon: keep it in L2), "first" (its last read: let it go),
+    #: "" (none). Backends without such hints ignore it.
+    eviction: str = ""
 
 
 @dataclass

@@ -33,8 +33,8 @@ class LoweringOptions:
     schedule: dict | None = None  # a tuned configuration of the plan's schedule space (overrides rules)
     matmul: str = "auto"  # plain matmuls: "auto" (measured), "generated", "aten"
     sm_count: int = 0  # the device's multiprocessors (0: unknown)
-    target: str = "gpu"  # "gpu" or "cpu": which machine the block-size rules choose for
     tma: bool = False  # the device and Triton read blocks through tensor descriptors (Hopper TMA)
+    target: str = "gpu"  # "gpu" or "cpu": which machine the block-size rules choose for
 
 
 def _pow2(n: int) -> int:
@@ -276,7 +276,8 @@ def contraction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
                 if cfg["impl"] == "aten":
                     return all(cfg[k] == v for k, v in default.items() if k != "impl")
                 return tiles(cfg)
-    return ScheduleSpace("contraction", knobs, default, sizes=sizes, itemsize=item, valid=valid)
+    return ScheduleSpace("contraction", knobs, default, sizes=sizes, itemsize=item, valid=valid,
+                         families=tuple(k for k in ("impl", "persistent") if k in knobs))
 
 
 def lower_contraction(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> TileKernel:

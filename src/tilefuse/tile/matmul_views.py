@@ -21,6 +21,12 @@ class OperandView:
     buffer: str
     #: per buffer dim: ({iteration symbol name: coefficient}, constant), sympy over size symbols
     dims: tuple
+    #: when the dims are not affine one by one (a batch flattened into rows: `floor`/`mod`
+    #: indices, as `F.linear` reads a 3-D input), the element offset into the buffer's storage
+    #: is: ({iteration symbol name: element stride}, element offset), from the buffer's
+    #: compile-time strides (`strides`), which the runtime checks
+    flat: tuple | None = None
+    strides: tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,9 @@ class MatmulViews:
     n: str
     k: str
     sizes: tuple  # sympy extents of (batch.., m, n, k)
+    #: the product's own shape when `out` is a reshape of it (F.linear's 3-D result): the
+    #: runtime views the contiguous `out` buffer with this shape first
+    out_shape: tuple | None = None
 
 
 def _plain_load(e):
@@ -63,22 +72,78 @@ def _affine(expr, symbols: dict):
     return coefs, rest
 
 
-def _operand(load: Load, symbols: dict, allowed: set):
+def _operand(load: Load, symbols: dict, allowed: set, graph=None, ranges=None):
     dims = []
     for comp in load.index:
         aff = _affine(comp.expr, symbols)
         if aff is None or set(aff[0]) - allowed:
-            return None
+            return _flat_operand(load, symbols, allowed, graph, ranges)
         dims.append((aff[0], aff[1]))
     return OperandView(load.buffer, tuple(dims))
 
 
+def _compile_time_strides(graph, name):
+    from ..ir.graph import Input
+    from .builder import contiguous_strides
+
+    node = graph.nodes.get(name)
+    if isinstance(node, Input):
+        return node.strides  # None: known only at run time
+    if node is None or not hasattr(node, "shape"):
+        return None
+    return graph.output_strides.get(name) or contiguous_strides(node.shape)
+
+
+def _flat_operand(load: Load, symbols: dict, allowed: set, graph, ranges):
+    """The load as one affine element offset into its buffer's storage, or None."""
+    from ..ir.symbolic import simplify_index
+
+    if graph is None:
+        return None
+    strides = _compile_time_strides(graph, load.buffer)
+    if strides is None:
+        return None
+    offset = sum((comp.expr * st for comp, st in zip(load.index, strides)), sympy.Integer(0))
+    aff = _affine(simplify_index(sympy.expand(offset), ranges), symbols)
+    if aff is None or set(aff[0]) - allowed:
+        return None
+    return OperandView(load.buffer, (), flat=aff, strides=tuple(strides))
+
+
+def _reshape_of(graph, node, stage) -> bool:
+    """`stage` stores `node` reshaped (same elements in the same row-major order) into a
+    contiguous buffer."""
+    from ..ir.symbolic import simplify_index
+    from .builder import contiguous_strides
+
+    out = graph[stage.node]
+    body = stage.body
+    if not (stage.store and isinstance(body, Load) and body.buffer == node.name and out.dtype == node.dtype):
+        return False
+    strides = graph.output_strides.get(out.name)
+    if strides is not None and tuple(strides) != tuple(contiguous_strides(out.shape)):
+        return False
+    if not all(isinstance(c, Index) for c in body.index):
+        return False
+    outs = out_index(out.rank)
+    ranges = {s: out.shape[d] for d, s in enumerate(outs)}
+    read = sum((c.expr * st for c, st in zip(body.index, contiguous_strides(node.shape))), sympy.Integer(0))
+    written = sum((s * st for s, st in zip(outs, contiguous_strides(out.shape))), sympy.Integer(0))
+    return sympy.expand(simplify_index(sympy.expand(read), ranges) - written) == 0
+
+
 def matmul_views(graph, plan) -> MatmulViews | None:
-    """The plan as views for a library matmul, or None when anything is fused into it."""
-    if plan.kind != "contraction" or len(plan.stages) != 1 or not plan.stages[0].store:
+    """The plan as views for a library matmul, or None when anything is fused into it (a
+    reshape of the result is not: it is a view of the output buffer)."""
+    if plan.kind != "contraction" or not plan.stages:
+        return None
+    node = graph[plan.stages[0].node]
+    reshaped = None
+    if len(plan.stages) == 2 and not plan.stages[0].store and _reshape_of(graph, node, plan.stages[1]):
+        reshaped = plan.stages[1].node
+    elif len(plan.stages) != 1 or not plan.stages[0].store:
         return None
     c = plan.contraction
-    node = graph[plan.stages[0].node]
     a, b = _plain_load(c.a), _plain_load(c.b)
     if a is None or b is None or not (a.dtype == b.dtype == node.dtype) or not node.dtype.is_float:
         return None
@@ -87,12 +152,15 @@ def matmul_views(graph, plan) -> MatmulViews | None:
     batch = tuple(str(outs[d]) for d in c.batch_dims)
     m, n, k = str(outs[c.m_dim]), str(outs[c.n_dim]), str(r0)
     symbols = {str(s): s for s in outs} | {k: r0}
-    va = _operand(a, symbols, set(batch) | {m, k})
-    vb = _operand(b, symbols, set(batch) | {k, n})
+    ranges = {s: node.shape[d] for d, s in enumerate(outs)} | {r0: node.ranges[0]}
+    va = _operand(a, symbols, set(batch) | {m, k}, graph, ranges)
+    vb = _operand(b, symbols, set(batch) | {k, n}, graph, ranges)
     if va is None or vb is None:
         return None
     order = tuple(c.batch_dims) + (c.m_dim, c.n_dim)
     sizes = tuple(node.shape[d] for d in c.batch_dims) + (node.shape[c.m_dim], node.shape[c.n_dim], node.ranges[0])
+    if reshaped is not None:
+        return MatmulViews(va, vb, reshaped, order, batch, m, n, k, sizes, out_shape=tuple(node.shape))
     return MatmulViews(va, vb, node.name, order, batch, m, n, k, sizes)
 
 

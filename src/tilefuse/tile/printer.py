@@ -19,7 +19,8 @@ def _stmt(s, pad: str, out: list) -> None:
         out.append(f"{pad}{s.name} = full({list(s.shape)}, {s.value}, {s.dtype})")
     elif isinstance(s, LoadTile):
         mask = f" if {format_expr(s.mask)}" if s.mask is not None else ""
-        out.append(f"{pad}{s.name} = load {s.buffer}[{format_expr(s.offset)}]{mask}")
+        hint = f" (evict {s.eviction})" if s.eviction else ""
+        out.append(f"{pad}{s.name} = load {s.buffer}[{format_expr(s.offset)}]{mask}{hint}")
     elif isinstance(s, StoreTile):
         mask = f" if {format_expr(s.mask)}" if s.mask is not None else ""
         out.append(f"{pad}store {s.buffer}[{format_expr(s.offset)}] = {format_expr(s.value)}{mask}")

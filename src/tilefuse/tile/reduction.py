@@ -29,7 +29,7 @@ from ..ir.expr import Const, Expr, Index, Load, Var, binary, cast, out_index, re
 from ..ir.printer import format_expr
 from ..ir.graph import Graph
 from .builder import KernelBuilder, land
-from .ir import Arange, ArgReduceTile, Assign, Full, Let, ProgramId, ReduceTile, TileKernel
+from .ir import Arange, ArgReduceTile, Assign, For, Full, Let, LoadTile, ProgramId, ReduceTile, TileKernel
 from .lower import (LoweringOptions, _index_values, _mapped, _needs_int64, _pow2, _static, _sym, bound_check,
                     full_tile, identity, masked)
 
@@ -124,13 +124,22 @@ def reduction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     rules = reduction_rules(plan, options)
     P, R = _static(plan.parallel), _static(sympy.Mul(*plan.reduction))
     rows = _pow2(P) if P is not None else 1 << 20
+    families = ()
     if rules["persistent"]:
         rb = rules["RBLOCK"]
-        knobs = {"XBLOCK": tuple(x for x in (1, 2, 4, 8, 16, 32, 64) if x <= rows and x * rb <= 32768),
-                 "warps": (1, 2, 4, 8, 16)}
+        # the row held whole, or (for long rows) walked in tiles with a second pass re-reading
+        # it from L2: fewer registers per thread, more rows in flight
+        looped = tuple(t for t in (1024, 2048, 4096) if t < rb) if not options.interpret else ()
+        knobs = {"persistent": (True, False) if looped else (True,),
+                 "XBLOCK": tuple(x for x in (1, 2, 4, 8, 16, 32, 64) if x <= rows and x * rb <= 32768),
+                 "RBLOCK": (rb,) + looped, "warps": (1, 2, 4, 8, 16)}
+        families = ("persistent",) if looped else ()
 
         def valid(cfg):
-            return cfg["XBLOCK"] * rb // (32 * cfg["warps"]) <= 128 and cfg["warps"] * 32 <= max(32, cfg["XBLOCK"] * rb)
+            if not cfg["persistent"]:
+                return cfg["XBLOCK"] == 1 and cfg["RBLOCK"] < rb and cfg["RBLOCK"] >= 32 * cfg["warps"] >= 128
+            return (cfg["RBLOCK"] == rb and cfg["XBLOCK"] * rb // (32 * cfg["warps"]) <= 128
+                    and cfg["warps"] * 32 <= max(32, cfg["XBLOCK"] * rb))
     else:
         knobs = {"RBLOCK": (512, 1024, 2048, 4096), "warps": (4, 8, 16)}
 
@@ -139,7 +148,7 @@ def reduction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     default = {k: rules[k] for k in knobs}
     return ScheduleSpace("memory", knobs, default,
                          sizes={"programs": P, "rows": P, "R": R, "bytes": memory_bytes(graph, plan)},
-                         valid=valid)
+                         valid=valid, families=families)
 
 
 def lower_reduction(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> TileKernel:
@@ -232,9 +241,50 @@ def lower_reduction(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
     for st in reduces:
         if st.store:
             b.store(st.node, out_index_of(st), b.bound[st.node], xmask)
+    if not persistent:
+        _eviction_hints(b.body)
     return TileKernel(plan.name, b.finish_params(), {"XBLOCK": xblock, "RBLOCK": rblock}, numel=P,
                       grid=(sympy.ceiling(P / _sym("XBLOCK")),), body=b.body, num_warps=warps,
                       reads=b.reads, writes=b.writes, kind="reduction", plan=plan)
+
+
+def _eviction_hints(body: list) -> None:
+    """Cache hints for a looped row: a buffer that a later pass reads again stays in L2
+    ("last") until its final pass, which lets it go ("first"); a buffer every row reads (a
+    weight: its offset does not depend on the row) stays."""
+    passes = [s for s in body if isinstance(s, For)]
+    loads = [[t for t in _walk(p.body) if isinstance(t, LoadTile)] for p in passes]
+    final = {}
+    for k, group in enumerate(loads):
+        for t in group:
+            final[t.buffer] = k
+    for k, group in enumerate(loads):
+        for t in group:
+            if isinstance(t.offset, Index) and "xindex" not in {str(v) for v in _index_symbols(t.offset)}:
+                t.eviction = "last"
+            elif final[t.buffer] > k:
+                t.eviction = "last"
+            elif any(t.buffer in {u.buffer for u in g} for g in loads[:k]):
+                t.eviction = "first"
+
+
+def _walk(stmts):
+    for s in stmts:
+        yield s
+        if isinstance(s, For):
+            yield from _walk(s.body)
+
+
+def _index_symbols(e) -> set:
+    from ..ir.expr import Index, Var, walk
+
+    out = set()
+    for node in walk(e):
+        if isinstance(node, Index):
+            out |= sympy.sympify(node.expr).free_symbols
+        elif isinstance(node, Var):
+            out.add(sympy.Symbol(node.name))
+    return out
 
 
 def _looped_pass(b, graph, in_pass, fulls, repaired, Rn, rblock, xmask, r, body_of, out_index_of, finish,

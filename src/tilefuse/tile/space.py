@@ -21,6 +21,10 @@ class ScheduleSpace:
     sizes: dict = field(default_factory=dict)  # static problem sizes the cost model reads (M, N, K, ...)
     itemsize: int = 2  # bytes per element of the dot operands
     valid: Callable[[dict], bool] | None = None
+    #: knobs that switch between kinds of kernel (a library call, a persistent program, a row
+    #: held whole or looped): the tuner measures the best-predicted configuration of each of
+    #: their values, since the cost model cannot rank such alternatives reliably
+    families: tuple = ()
 
     def configs(self) -> list[dict]:
         """Every valid configuration, the default first."""

@@ -84,7 +84,11 @@ def _memory(space, cfg, c: Ceilings) -> float:
     busy = min(1.0, programs / (2.0 * c.sm_count))
     per_thread = xblock * min(rblock, max(R, 1)) / (32.0 * warps)
     spill = 1.0 + max(0.0, per_thread - 64.0) / 256.0
-    return total / c.bandwidth / max(0.05, busy) / (0.85 + 0.15 * fill) * spill + 3e-6
+    looped = 1.0
+    if rblock < R:  # a row walked in tiles: each program streams; few warps or narrow tiles
+        # leave too few bytes in flight (measured on H200: 4 warps or 1024-wide tiles lose 5-12%)
+        looped += (0.05 if warps < 8 else 0.0) + (0.02 if rblock < 2048 else 0.0)
+    return total / c.bandwidth / max(0.05, busy) / (0.85 + 0.15 * fill) * spill * looped + 3e-6
 
 
 def _contraction(space, cfg, c: Ceilings) -> float:
@@ -144,25 +148,32 @@ def _flash(space, cfg, c: Ceilings) -> float:
 def rank(space: ScheduleSpace, ceilings: Ceilings = NOMINAL, keep: int | None = None) -> list[tuple[float, dict]]:
     """The space's configurations by predicted time, best first. A cut to `keep` always keeps
     the rules' default (the measured-good starting point) and the best-predicted configuration
-    of every other implementation (a library call is one measurement away from being chosen,
-    and the model's tile terms say nothing about how a library compares)."""
+    of each value of the space's `families` (a library call, a persistent program, a looped
+    row: alternatives the model's terms cannot rank, each one measurement away from chosen)."""
     scored = sorted(((predict(space, cfg, ceilings), cfg) for cfg in space.configs()), key=lambda x: x[0])
     if keep is None or len(scored) <= keep:
         return scored
-    must = [next(x for x in scored if x[1] == space.default)]
-    for impl in dict.fromkeys(cfg.get("impl") for _, cfg in scored):
-        if impl != space.default.get("impl"):
-            must.append(next(x for x in scored if x[1].get("impl") == impl))
-    head = [x for x in scored if any(x is m for m in must)]
-    head += [x for x in scored if not any(x is m for m in must)][:max(0, keep - len(head))]
-    return sorted(head, key=lambda x: x[0])
+    # each kind of kernel (a combination of family values) gets an equal share of the head
+    groups: dict = {}
+    for x in scored:
+        groups.setdefault(tuple(x[1].get(k) for k in space.families), []).append(x)
+    share = max(1, keep // len(groups))
+    default = next(x for x in scored if x[1] == space.default)
+    must = []
+    for group in groups.values():
+        picks = [default] if any(x is default for x in group) else []
+        picks += [x for x in group if x is not default][:max(0, share - len(picks))]
+        must += picks
+    head = must + [x for x in scored if not any(x is m for m in must)]
+    return sorted(head[:max(keep, len(must))], key=lambda x: x[0])
 
 
 def choose_without_measuring(space: ScheduleSpace, ceilings: Ceilings = NOMINAL) -> dict:
     """TILEFUSE_AUTOTUNE=0: the model's best, unless the rules' default is predicted within 10%
     of it (the model is too coarse to overrule a measured rule on a small margin)."""
-    # the implementation (generated kernel or a library) is only switched by measurement
-    scored = [x for x in rank(space, ceilings) if x[1].get("impl") == space.default.get("impl")]
+    # the kind of kernel (a library, a persistent program, ...) is only switched by measurement
+    scored = [x for x in rank(space, ceilings)
+              if all(x[1].get(k) == space.default.get(k) for k in space.families)]
     best_t, best = scored[0]
     default_t = predict(space, space.default, ceilings)
     if not math.isfinite(best_t) or default_t <= 1.1 * best_t:

@@ -241,12 +241,13 @@ class TritonPrinter:
                 out.append(f"{pad}{s.name} = tl.broadcast_to({self.expr(s.value)}, [{shape}])")
             elif isinstance(s, LoadTile):
                 ptr = f"ptr_{s.buffer} + {self.expr(s.offset)}"
+                hint = f", eviction_policy=\"evict_{s.eviction}\"" if s.eviction and not self.interpret else ""
                 if s.mask is not None:
                     # pointer and mask may be tiles of different (broadcastable) shapes
                     out.append(f"{pad}{s.name}_p, {s.name}_m = tl.broadcast({ptr}, {self.expr(s.mask)})")
-                    out.append(f"{pad}{s.name} = tl.load({s.name}_p, {s.name}_m, other=0)")
+                    out.append(f"{pad}{s.name} = tl.load({s.name}_p, {s.name}_m, other=0{hint})")
                 else:
-                    out.append(f"{pad}{s.name} = tl.load({ptr})")
+                    out.append(f"{pad}{s.name} = tl.load({ptr}{hint})")
             elif isinstance(s, StoreTile):
                 if isinstance(s.value, Const):  # a bare literal has no .to(): a scalar of the stored dtype
                     v = f"tl.full([], {self.expr(s.value)}, {TL_DTYPE[s.dtype.name]})"
