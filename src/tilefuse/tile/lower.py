@@ -163,6 +163,10 @@ def pointwise_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
 
     n = _static(plan.parallel)
     cap = max(16, _pow2(n)) if n is not None else 1 << 30
+    if options.target == "cpu":  # elements per program (one OpenMP task, one vectorised loop)
+        knobs = {"XBLOCK": tuple(x for x in (512, 1024, 2048, 4096, 8192) if x <= cap) or (cap,), "warps": (1,)}
+        return ScheduleSpace("memory", knobs, pointwise_rules(plan, options),
+                             sizes={"programs": n, "rows": n, "R": 1, "bytes": memory_bytes(graph, plan)})
     knobs = {"XBLOCK": tuple(x for x in (256, 512, 1024, 2048, 4096) if x <= cap) or (cap,), "warps": (2, 4, 8)}
     return ScheduleSpace("memory", knobs, pointwise_rules(plan, options),
                          sizes={"programs": n, "rows": n, "R": 1, "bytes": memory_bytes(graph, plan)},
@@ -238,7 +242,10 @@ def contraction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     item = 2 if low else 4
     statics = {n: _static(v) for n, v in (("M", M), ("N", N), ("K", K))}
     caps = {"BLOCK_M": statics["M"], "BLOCK_N": statics["N"], "BLOCK_K": statics["K"]}
-    if low:
+    if options.target == "cpu":  # register/L1 blocking of the C++ loop nest
+        knobs = {"BLOCK_M": (16, 32, 64), "BLOCK_N": (32, 64, 128), "BLOCK_K": (16, 32, 64),
+                 "GROUP_M": (8,), "warps": (1,), "stages": (1,)}
+    elif low:
         knobs = {"BLOCK_M": (64, 128, 256), "BLOCK_N": (64, 128, 256), "BLOCK_K": (32, 64, 128),
                  "GROUP_M": (8,), "warps": (4, 8), "stages": (3, 4, 5)}
     else:

@@ -125,6 +125,14 @@ def reduction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     P, R = _static(plan.parallel), _static(sympy.Mul(*plan.reduction))
     rows = _pow2(P) if P is not None else 1 << 20
     families = ()
+    if options.target == "cpu":  # rows per program (held whole) or tile width (looped); no warps
+        if rules["persistent"]:
+            rb = rules["RBLOCK"]
+            knobs = {"XBLOCK": tuple(x for x in (1, 2, 4, 8) if x <= rows and x * rb <= 65536) or (1,), "warps": (1,)}
+        else:
+            knobs = {"RBLOCK": (1024, 2048, 4096, 8192), "warps": (1,)}
+        return ScheduleSpace("memory", knobs, {k: rules[k] for k in knobs},
+                             sizes={"programs": P, "rows": P, "R": R, "bytes": memory_bytes(graph, plan)})
     if rules["persistent"]:
         rb = rules["RBLOCK"]
         # the row held whole, or (for long rows) walked in tiles with a second pass re-reading

@@ -4,8 +4,10 @@ within a time budget, and store the winner.
 
 `TILEFUSE_AUTOTUNE`: `0` — no measurement, the cost model's choice (the rules' default unless
 the model predicts a clear win); `1` (default) — up to 8 candidates, about 10 s per kernel;
-`max` — up to 32 candidates, about 60 s. Only kernels with static sizes on a CUDA device are
-measured (synthetic inputs of the plan's shapes); the rest use the model's choice.
+`max` — up to 32 candidates, about 60 s. Only kernels with static sizes are measured, on
+synthetic inputs of the plan's shapes. The machinery is backend-neutral: the same spaces,
+search and cache tune the C++ kernels of the CPU backend (host-timed), at `max` only — each
+candidate is a C++ compile, and the CPU backend's default keeps a new kernel under a second.
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ from .search import Candidate, TuningError, search
 LEVELS = {"1": (8, 8.0), "max": (32, 60.0)}
 #: memory-bound kernels (reductions, pointwise) gain little from tuning: a smaller search
 MEMORY_LEVELS = {"1": (6, 3.0), "max": (16, 20.0)}
+#: the CPU backend (C++ kernels, a compile per candidate): measured only when asked for
+CPU_LEVELS = {"max": (12, 20.0)}
 
 
 @dataclass
@@ -83,26 +87,29 @@ def tune_plan(graph, plan, options: LoweringOptions, *, level: str, device, back
 
 def _tune_plan(graph, plan, options: LoweringOptions, level: str, device, backend: str, aten) -> TuneOutcome:
     t0 = time.perf_counter()
-    if backend != "triton" or options.flash_config or options.flash_split:
+    if backend not in ("triton", "cpu") or options.flash_config or options.flash_split:
         return TuneOutcome(None, "rules")  # the interpreter's tiles, or the user's own choice
     space = schedule_space(graph, plan, options)
-    if space is None:
+    if space is None or (backend == "cpu" and space.kind == "flash"):
         return TuneOutcome(None, "rules")
-    measurable = (level in LEVELS and device.type == "cuda"
-                  and all(v is not None for v in space.sizes.values()))
+    static = all(v is not None for v in space.sizes.values())
+    measurable = static and (level in LEVELS and device.type == "cuda" or level in CPU_LEVELS and backend == "cpu")
+    if backend == "cpu" and not measurable:  # the model's terms are the GPU's: the rules choose
+        return TuneOutcome(None, "rules")
     with real_tensors():
         ceilings = device_ceilings(device) if measurable else NOMINAL
     if not measurable:
         return TuneOutcome(choose_without_measuring(space, ceilings), "model", time.perf_counter() - t0)
     default_kernels = lower_plan_kernels(graph, plan, replace(options, schedule=space.default))
-    source = "\n".join(generate(tk, interpret=False) for tk in default_kernels)
+    source = "\n".join(_source(tk, backend) for tk in default_kernels)
     dtypes = sorted({str(graph[n].dtype) for tk in default_kernels for n in tk.reads if n in graph.nodes})
     key = tuning_key(source, space.sizes, dtypes, {"name": ceilings.name, "kind": space.kind},
                      extra={k: list(v) for k, v in space.knobs.items()})  # a new knob invalidates old results
     try:
         with real_tensors():
-            outcome = select_config(space, key, level, ceilings, _Bench(graph, plan, options, device, aten).measure,
-                                    TuningCache(), plan.name)
+            outcome = select_config(space, key, level, ceilings,
+                                    _Bench(graph, plan, options, device, aten, backend).measure, TuningCache(),
+                                    plan.name, levels=CPU_LEVELS if backend == "cpu" else None)
     except TuningError as err:  # nothing measurable: the model's choice, and say why
         logs.log("tune", "%s: %s", plan.name, err)
         outcome = TuneOutcome(choose_without_measuring(space, ceilings), "model", note=str(err)[:200])
@@ -122,13 +129,14 @@ def real_tensors():
     return unset_fake_temporarily()
 
 
-def select_config(space, key: str, level: str, ceilings: Ceilings, measure, cache, name: str) -> TuneOutcome:
+def select_config(space, key: str, level: str, ceilings: Ceilings, measure, cache, name: str,
+                  levels: dict | None = None) -> TuneOutcome:
     """A cache hit, else the search over the model's best candidates (stored for next time)."""
     t0 = time.perf_counter()
     hit = cache.lookup(key)
     if hit is not None:
         return TuneOutcome(dict(hit["config"]), "cache", time.perf_counter() - t0, best_time=hit.get("time_s"))
-    keep, budget = (MEMORY_LEVELS if space.kind == "memory" else LEVELS)[level]
+    keep, budget = (levels or (MEMORY_LEVELS if space.kind == "memory" else LEVELS))[level]
     ranked = rank(space, ceilings, keep=keep)
     result = _search(ranked, measure, budget, name)
     cache.store(key, result.best, result.best_time, {"kind": space.kind, "candidates": len(ranked)})
@@ -173,8 +181,9 @@ class _Bench:
     them on synthetic buffers of the plan's shapes (random floats; zeros for integer and
     boolean inputs, so that any index they hold is in range)."""
 
-    def __init__(self, graph, plan, options, device, aten=None):
+    def __init__(self, graph, plan, options, device, aten=None, backend="triton"):
         self.graph, self.plan, self.options, self.device, self.aten = graph, plan, options, device, aten
+        self.backend = backend
         self.built: dict = {}
         self.buffers: dict = {}
 
@@ -214,7 +223,7 @@ class _Bench:
             options = replace(self.options, schedule=cfg)
             launchers = []
             for tk in lower_plan_kernels(self.graph, self.plan, options):
-                launchers.append(load_kernel(tk, generate(tk, interpret=False), False))
+                launchers.append(_load(tk, self.backend))
                 for name in list(tk.reads) + list(tk.writes):
                     spec = tk.scratch.get(name) or self.graph[name]
                     self._buffer(name, spec)
@@ -232,6 +241,13 @@ class _Bench:
         import torch
 
         launchers = self._kernels(cfg)
+        if self.backend == "cpu":  # host time; the kernels run synchronously
+            times = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                self._run(launchers)
+                times.append(time.perf_counter() - t0)
+            return sorted(times)[2]
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(5)]
         for start, end in events:
             start.record()
@@ -240,6 +256,22 @@ class _Bench:
         events[-1][1].synchronize()
         times = sorted(start.elapsed_time(end) for start, end in events)
         return times[len(times) // 2] / 1e3
+
+
+def _source(tk, backend: str) -> str:
+    if backend == "cpu":
+        from ..backends import cpu
+
+        return cpu.generate(tk)
+    return generate(tk, interpret=False)
+
+
+def _load(tk, backend: str):
+    if backend == "cpu":
+        from ..backends import cpu
+
+        return cpu.load_kernel(tk, cpu.generate(tk))
+    return load_kernel(tk, generate(tk, interpret=False), False)
 
 
 __all__ = ["tune_plan", "select_config", "TuneOutcome", "device_ceilings", "LEVELS"]
