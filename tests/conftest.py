@@ -5,6 +5,9 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
+# the checkout under test, whatever copy of tilefuse pip has installed (an editable install
+# of another clone would otherwise be tested silently)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
 os.environ.setdefault("TILEFUSE_CACHE_DIR", tempfile.mkdtemp(prefix="tilefuse-test-cache-"))
 os.environ.setdefault("TILEFUSE_FALLBACK", "error")
 # tests check results, not speed: no measured tuning on a GPU (the cost model still chooses)
