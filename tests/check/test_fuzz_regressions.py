@@ -47,11 +47,10 @@ def test_symbolic_size_sum_of_a_view_chain():
            [InputSpec("x0", (4, 9))], dynamic=True)
 
 
-@pytest.mark.xfail(strict=True, reason="known bug (fuzz seed 2, case 249): a bf16 value read both from its "
-                   "rounded buffer (through amax) and inlined at fp32 compares unequal to itself")
 def test_bf16_value_used_at_two_precisions():
     """`v0.amax(1) > v0` is never true in eager (the same rounded value on both sides); the
-    compiled kernel compares the bf16-rounded reduction with the fp32 mean it inlined."""
+    compiled kernel compared the bf16-rounded reduction with the fp32 mean it inlined (fuzz
+    seed 2, case 249). Comparisons now see eager's rounding of their operands."""
     import torch
 
     torch.manual_seed(0)

@@ -293,12 +293,17 @@ def transform(e: Expr, fn: Callable[[Expr], Expr | None], memo: dict | None = No
     return out
 
 
+COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
+
+
 def skip_intermediate_rounding(e: Expr) -> Expr:
     """`float32(bfloat16(x))` with `x` already float32 becomes `x`, also through selections
     (`float32(where(c, bfloat16(x), -inf))`): a value that stays in registers between two
     fused ops keeps its compute precision, as in Inductor's kernels; rounding to a
     low-precision dtype happens where a value is stored. Only for the rounding an op applies
-    to its own result: the inliner keeps explicit conversions (`x.to(bfloat16)`) out of reach."""
+    to its own result: the inliner keeps explicit conversions (`x.to(bfloat16)`) out of reach.
+    The operands of a comparison keep eager's rounding: a comparison is exact, and a value
+    compared with its own rounded copy (`x.amax() >= x`) must agree with itself."""
 
     def lift(x: Expr, dtype: DType) -> Expr:
         if isinstance(x, Cast) and x.dtype.is_low_precision and x.x.dtype == dtype:
@@ -307,14 +312,29 @@ def skip_intermediate_rounding(e: Expr) -> Expr:
             return Where(x.cond, lift(x.a, dtype), lift(x.b, dtype), dtype)
         return cast(x, dtype)
 
-    def fn(n):
-        if isinstance(n, Cast) and n.dtype.is_float and not n.dtype.is_low_precision and n.x.dtype.is_low_precision \
-                and isinstance(n.x, (Cast, Where)):
-            out = lift(n.x, n.dtype)
-            return out if out != n else None
-        return None
+    memo: dict = {}
 
-    return transform(e, fn)
+    def rec(n: Expr, compared: bool) -> Expr:
+        key = (n, compared)
+        if key in memo:
+            return memo[key]
+        if isinstance(n, Binary) and n.op in COMPARISONS:
+            kids = tuple(rec(k, True) for k in n.children())
+        elif compared and isinstance(n, Cast):  # the comparison's own conversion: keep it
+            kids = (rec(n.x, False),)
+        else:
+            if isinstance(n, Cast) and n.dtype.is_float and not n.dtype.is_low_precision \
+                    and n.x.dtype.is_low_precision and isinstance(n.x, (Cast, Where)):
+                lifted = lift(n.x, n.dtype)
+                if lifted != n:
+                    memo[key] = out = rec(lifted, False)
+                    return out
+            kids = tuple(rec(k, False) for k in n.children())
+        out = n.rebuild(kids) if kids and kids != n.children() else n
+        memo[key] = out
+        return out
+
+    return rec(e, False)
 
 
 def subs_index(e: Expr, mapping: dict) -> Expr:
