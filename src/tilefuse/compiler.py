@@ -19,13 +19,15 @@ from .backends.triton import generate, load_kernel
 from .config import config
 from .frontend.to_ir import lower_fx
 from .fusion import ExternStep, plan_graph
+from .fusion.plan import KernelPlan, Stage
+from .ir.expr import Load, walk
 from .ir.verify import verify
 from .passes import run_passes
 from .runtime.compiled import CompiledGraph, ExternCall, KernelStep
 from .tile.lower import LoweringOptions, lower_plan_kernels
 from .runtime.aten_matmul import AtenMatmul
 from .tile.matmul_views import describe as describe_matmul
-from .tile.matmul_views import matmul_views
+from .tile.matmul_views import matmul_views, product_views
 from .tile.verify import verify_tile_kernel
 from .tune.tuner import tune_plan
 
@@ -108,7 +110,9 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
                               sm_count=_sm_count(device), matmul=config.matmul, tma=_tma_capable(device, backend),
                               target="cpu" if backend == "cpu" else "gpu")
     steps = []
-    for step in schedule.steps:
+    pending = list(schedule.steps)
+    while pending:
+        step = pending.pop(0)
         if isinstance(step, ExternStep):
             node = graph[step.node]
             report.externs.append((node.name, node.target_name, node.reason))
@@ -118,6 +122,16 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
             # no element to compute (a dim of 0): the outputs are only allocated
             steps.append(KernelStep(step.name, _nothing, list(step.stores), []))
             report.kernels.append(KernelReport(step.name, "empty", step.members, "", "", step.notes))
+            continue
+        split = _cpu_epilogue_split(graph, step) if backend == "cpu" and config.matmul != "generated" else None
+        if split is not None:  # the product in ATen's matmul, the epilogue a pointwise kernel after it
+            views, epilogue = split
+            step.notes.append(f"{step.name}: product through ATen ({describe_matmul(views)}), "
+                              f"epilogue {epilogue.members} -> {epilogue.name}")
+            steps.append(_aten_step(step, views))
+            report.kernels.append(KernelReport(step.name, "aten-matmul", [views.out], describe_matmul(views), "",
+                                               step.notes))
+            pending.insert(0, epilogue)
             continue
         views = matmul_views(graph, step) if config.matmul != "generated" else None
         with stage("tune"):
@@ -176,6 +190,28 @@ CPU_ATEN_MATMUL_MACS = 32 ** 3
 def _cpu_prefers_aten(views) -> bool:
     macs = sympy.Mul(*views.sizes)
     return not macs.is_Integer or int(macs) >= CPU_ATEN_MATMUL_MACS
+
+
+def _cpu_epilogue_split(graph, plan):
+    """(product views, epilogue plan) for a CPU contraction whose product part is a plain matmul
+    large enough for ATen (as `_cpu_prefers_aten` decides) with epilogue stages fused after it,
+    else None. The product goes to its own buffer in the node's dtype (the rounding the
+    generated kernel applies before its epilogue); the epilogue, whose stages read the product
+    at their own position, becomes a pointwise kernel reading that buffer. Epilogue stages that
+    read one another stay in the generated kernel (a pointwise plan reads no member)."""
+    if plan.kind != "contraction" or len(plan.stages) < 2 or plan.flash is not None or matmul_views(graph, plan):
+        return None  # (a plain product, reshaped or not, is one ATen call already)
+    epilogue = plan.stages[1:]
+    names = {st.node for st in epilogue}
+    if any(st.kind != "row" or {e.buffer for e in walk(st.body) if isinstance(e, Load)} & names for st in epilogue):
+        return None
+    views = product_views(graph, plan)
+    if views is None or config.matmul != "auto" or not _cpu_prefers_aten(views):
+        return None
+    product = graph[plan.stages[0].node]
+    stages = [Stage(st.node, "pointwise", st.body, store=True) for st in epilogue]
+    return views, KernelPlan(f"{plan.name}_epilogue", "pointwise", sympy.Mul(*product.shape), stages=stages,
+                             notes=[f"epilogue of {plan.name} after its product {product.name} (ATen)"])
 
 
 def _aten_step(plan, views) -> KernelStep:

@@ -126,8 +126,45 @@ def test_symbolic_shapes():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_contraction_with_epilogue(dtype):
     x, w, b = rand(33, 40, dtype=dtype), rand(40, 70, dtype=dtype, low=-0.3, high=0.3), rand(70, dtype=dtype)
-    ex = run_cpu(lambda a, w, b: F.gelu(a @ w + b), x, w, b)
-    assert any(k.kind == "contraction" for k in ex.kernels)
+    ex = run_cpu(lambda a, w, b: F.gelu(a @ w + b), x, w, b, matmul="generated")
+    assert [k.kind for k in ex.kernels] == ["contraction"]
+    ex = run_cpu(lambda a, w, b: F.gelu(a @ w + b), x[:9, :20], w[:20, :30], b[:30])  # below the ATen rule
+    assert [k.kind for k in ex.kernels] == ["contraction"]
+
+
+def _split(ex):
+    return [k.kind for k in ex.kernels] == ["aten-matmul", "pointwise"] * (len(ex.kernels) // 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_large_product_with_epilogue_runs_through_aten_then_a_pointwise_epilogue(dtype):
+    """A product large enough for ATen keeps its epilogue in a generated pointwise kernel that
+    reads the product rounded to its dtype, as the fused kernel did."""
+    x, b = rand(67, 45, dtype=dtype), rand(71, dtype=dtype)
+    w = noncontig(45, 71, dtype=dtype, low=-0.3, high=0.3)  # F.linear's transposed weight, as a view
+    ex = run_cpu(lambda a, w, b: F.gelu(a @ w + b) * 2, x, w, b)
+    assert _split(ex) and len(ex.kernels) == 2, [k.kind for k in ex.kernels]
+    # F.linear of a 3-D input (a flattened view of the batch) with bias and an activation
+    x3, wl = rand(3, 29, 45, dtype=dtype), rand(71, 45, dtype=dtype, low=-0.3, high=0.3)
+    ex = run_cpu(lambda a, w, b: torch.tanh(F.linear(a, w, b)), x3, wl, b)
+    # (bf16 addmm adds the bias to the fp32 product: no bf16 library product to reuse)
+    assert _split(ex) == (dtype == torch.float32), [k.kind for k in ex.kernels]
+    ex = run_cpu(lambda a, w, b: torch.tanh(F.linear(a, w) + b), x3, wl, b)
+    assert _split(ex), [k.kind for k in ex.kernels]
+    # batched, a non-contiguous operand, an epilogue with a second output
+    a, c = rand(3, 40, 33, dtype=dtype), noncontig(3, 33, 50, dtype=dtype)
+    ex = run_cpu(lambda a, c: (lambda p: (torch.relu(p), p.sigmoid() * 3))(torch.bmm(a, c) / 4), a, c)
+    assert _split(ex), [k.kind for k in ex.kernels]
+
+
+def test_mlp_epilogues_with_symbolic_sizes():
+    def mlp(x, w1, b1, w2, b2):
+        return F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
+
+    for n in (37, 5):
+        args = (rand(n, 40), rand(96, 40, low=-0.2, high=0.2), rand(96), rand(24, 96, low=-0.1, high=0.1), rand(24))
+        ex = run_cpu(mlp, *args, dynamic=True)
+        assert _split(ex) and len(ex.kernels) == 4, [k.kind for k in ex.kernels]
 
 
 def test_batched_contraction_with_transposed_operand():

@@ -143,6 +143,19 @@ def matmul_views(graph, plan) -> MatmulViews | None:
         reshaped = plan.stages[1].node
     elif len(plan.stages) != 1 or not plan.stages[0].store:
         return None
+    return _views(graph, plan, node, reshaped)
+
+
+def product_views(graph, plan) -> MatmulViews | None:
+    """The *product part* of a contraction plan (its first stage, whatever epilogue follows) as
+    views for a library matmul writing the product node's own buffer, or None when a prologue
+    is fused into the operands."""
+    if plan.kind != "contraction" or not plan.stages:
+        return None
+    return _views(graph, plan, graph[plan.stages[0].node], None)
+
+
+def _views(graph, plan, node, reshaped) -> MatmulViews | None:
     c = plan.contraction
     a, b = _plain_load(c.a), _plain_load(c.b)
     if a is None or b is None or not (a.dtype == b.dtype == node.dtype) or not node.dtype.is_float:
@@ -168,4 +181,4 @@ def describe(views: MatmulViews) -> str:
     return f"{views.out} = torch.matmul(view of {views.a.buffer}, view of {views.b.buffer})"
 
 
-__all__ = ["MatmulViews", "OperandView", "matmul_views", "describe"]
+__all__ = ["MatmulViews", "OperandView", "matmul_views", "product_views", "describe"]
