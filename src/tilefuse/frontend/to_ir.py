@@ -117,6 +117,8 @@ def _lower_call(ctx: LoweringContext, node: torch.fx.Node, args, kwargs, meta):
     ctx.current_node = node
     fn = find_lowering(target)
     reason = "no tilefuse lowering"
+    if _touches_complex(args, kwargs, meta):  # kernels never compute on complex values
+        fn, reason = None, "complex values run in ATen"
     if fn is not None:
         try:
             out = fn(ctx, *args, **kwargs)
@@ -131,6 +133,21 @@ def _lower_call(ctx: LoweringContext, node: torch.fx.Node, args, kwargs, meta):
     if not isinstance(meta, (torch.Tensor, list, tuple)):
         raise LoweringError(f"{target}: produces {type(meta).__name__}, which tilefuse cannot represent")
     return ctx.extern(target, args, kwargs, reason)
+
+
+def _touches_complex(args, kwargs, meta) -> bool:
+    def complex_value(v) -> bool:
+        if isinstance(v, TensorValue):
+            return v.dtype.kind == "c"
+        if isinstance(v, torch.Tensor):
+            return v.dtype.is_complex
+        if isinstance(v, (list, tuple)):
+            return any(complex_value(x) for x in v)
+        if isinstance(v, dict):
+            return any(complex_value(x) for x in v.values())
+        return isinstance(v, complex)
+
+    return complex_value(args) or complex_value(kwargs) or complex_value(meta)
 
 
 def _describe(out) -> str:

@@ -120,6 +120,10 @@ class TritonPrinter:
             x = self.expr(e.x)
             if e.dtype.is_bool:
                 return f"({x} != 0)"
+            if isinstance(e.x, Const):  # a literal has no .to(): a scalar of the target dtype
+                if self.interpret and e.dtype == dt.bfloat16:
+                    return self.cast(f"tl.full([], {x}, tl.float32)", e.dtype, dt.float32)
+                return f"tl.full([], {x}, {TL_DTYPE[e.dtype.name]})"
             return self.cast(x, e.dtype, e.x.dtype)
         if isinstance(e, Where):
             return f"tl.where({self.expr(e.cond)}, {self.expr(e.a)}, {self.expr(e.b)})"
