@@ -1,6 +1,6 @@
 """`python -m tilefuse.bench` (and `tilefuse bench`): benchmark workloads × backends on this
-machine's default device and print a table; `--out DIR` also writes results.json and
-report.md. Exits 0 even when a backend is n/a for some workload (the table says why); 2 on
+machine's default device and print a table; `--out DIR` also writes results.json,
+report.md and PNG plots (speedup.png, roofline.png). Exits 0 even when a backend is n/a for some workload (the table says why); 2 on
 bad arguments; 1 with `--strict` if a backend disagrees with the fp64 reference.
 """
 from __future__ import annotations
@@ -14,7 +14,8 @@ def _csv(text: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .runner import DEFAULT_BACKENDS, DTYPES
+    from .backends import DEFAULT_BACKENDS
+    from .runner import DTYPES
     from .workloads import WORKLOADS
 
     p = argparse.ArgumentParser(
@@ -23,8 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workloads", type=_csv, default=None,
                    help=f"comma-separated, default all: {','.join(WORKLOADS)}")
     p.add_argument("--backends", type=_csv, default=list(DEFAULT_BACKENDS),
-                   help="comma-separated: eager, inductor, tilefuse, or any Dynamo backend "
-                        f"name (default {','.join(DEFAULT_BACKENDS)})")
+                   help="comma-separated: eager, inductor, inductor-max-autotune (GPU), "
+                        "tilefuse, jax, or any Dynamo backend name "
+                        f"(default {','.join(DEFAULT_BACKENDS)})")
     p.add_argument("--sizes", choices=["quick", "full"], default=None,
                    help="default: full on CUDA, quick on CPU")
     p.add_argument("--dtype", choices=list(DTYPES), default=None,
@@ -32,11 +34,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="default: cuda if available, else cpu")
     p.add_argument("--out", default=None, metavar="DIR",
-                   help="write results.json and report.md into DIR")
+                   help="write results.json, report.md and PNG plots into DIR")
     p.add_argument("--budget", type=float, default=None, metavar="SECONDS",
                    help="timing budget per measurement (default 0.3 on CUDA, 0.2 on CPU)")
     p.add_argument("--no-flush-l2", dest="flush_l2", action="store_false",
                    help="CUDA: keep the L2 cache warm between timed calls")
+    p.add_argument("--compile-latency", action="store_true",
+                   help="also measure cold and warm compile latency, each in a fresh process "
+                        "(empty cache directories, then the same ones), and artifact sizes")
+    p.add_argument("--no-sweep", dest="sweep", action="store_false",
+                   help="skip the dynamic-shape sweep (recompiles, coverage)")
+    p.add_argument("--no-memory", dest="memory", action="store_false",
+                   help="skip the peak-memory measurement")
     p.add_argument("--seed", type=int, default=0, help="seed for the random inputs")
     p.add_argument("--quiet", action="store_true", help="no progress, only the table")
     p.add_argument("--strict", action="store_true",
@@ -55,7 +64,9 @@ def main(argv: list[str] | None = None) -> int:
 
     opts = BenchOptions(workloads=args.workloads, backends=args.backends, sizes=args.sizes,
                         dtype=args.dtype, device=args.device, budget_s=args.budget,
-                        flush_l2=args.flush_l2, seed=args.seed, quiet=args.quiet)
+                        flush_l2=args.flush_l2, seed=args.seed, quiet=args.quiet,
+                        sweep=args.sweep, compile_latency=args.compile_latency,
+                        memory=args.memory)
     try:
         opts = opts.resolved()
     except (ValueError, KeyError) as e:
@@ -68,8 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         console = Console(width=200)
     console.print(report.render_table(result))
     if args.out:
-        json_path, md_path = report.write_outputs(result, args.out)
-        Console(stderr=True).print(f"wrote {json_path} and {md_path}")
+        json_path, md_path, plots = report.write_outputs(result, args.out)
+        Console(stderr=True).print(
+            f"wrote {', '.join(str(p) for p in (json_path, md_path, *plots))}")
     mismatches = [r for r in result["results"] if r["status"] == "ok" and not r["correct"]]
     return 1 if args.strict and mismatches else 0
 

@@ -9,10 +9,11 @@ import json
 import math
 from pathlib import Path
 
-COLUMNS = ["workload", "backend", "size", "compile s", "p50 ms", "p99 ms", "throughput",
-           "vs eager", "max err", "eager err", "kern/ext", "note"]
-_RIGHT = {"compile s", "p50 ms", "p99 ms", "throughput", "vs eager", "max err", "eager err",
-          "kern/ext"}
+COLUMNS = ["workload", "backend", "compile s", "cold/warm s", "recomp", "p50 ms", "p99 ms",
+           "throughput", "roof", "vs eager", "peak MB", "max err", "eager err", "kern/ext",
+           "ops/kern", "note"]
+_RIGHT = {"compile s", "cold/warm s", "recomp", "p50 ms", "p99 ms", "throughput", "roof",
+          "vs eager", "peak MB", "max err", "eager err", "kern/ext", "ops/kern"}
 
 
 def _sig(x, digits: int = 3) -> str:
@@ -33,42 +34,61 @@ def _err(x) -> str:
     return f"{x:.1e}" if math.isfinite(x) else str(x)
 
 
-def table_rows(report: dict) -> tuple[list[str], list[list[str]], list[str]]:
-    """(column names, rows of cell strings, footnotes). n/a reasons become numbered
-    footnotes (one per distinct reason) so the table stays narrow; the kernel/extern column
-    appears only when tilefuse was run."""
+def speedups(report: dict) -> dict[tuple[str, str], float]:
+    """{(workload, backend): eager p50 / backend p50} for the rows that ran."""
     results = report["results"]
-    show_counts = any(r["backend"] == "tilefuse" for r in results)
-    columns = [c for c in COLUMNS if c != "kern/ext" or show_counts]
     eager = {r["workload"]: r["p50_ms"] for r in results
              if r["backend"] == "eager" and r["status"] == "ok" and r["p50_ms"]}
+    return {(r["workload"], r["backend"]): eager[r["workload"]] / r["p50_ms"]
+            for r in results
+            if r["status"] == "ok" and r["p50_ms"] and r["workload"] in eager}
+
+
+def table_rows(report: dict) -> tuple[list[str], list[list[str]], list[str]]:
+    """(column names, rows of cell strings, footnotes). n/a reasons become numbered
+    footnotes (one per distinct reason) so the table stays narrow; columns that no row
+    fills (cold/warm compile without --compile-latency) are left out."""
+    results = report["results"]
+    speed = speedups(report)
     reasons: dict[str, int] = {}
     rows = []
     for r in results:
         cells = {"workload": r["workload"], "backend": r["backend"],
-                 "size": "×".join(str(s) for s in r["size"]),
                  "eager err": _err(r.get("eager_max_abs_err"))}
         if r["status"] != "ok":
-            reason = f"{r['backend']}: {r.get('reason') or 'unavailable'}"
+            who = (f"{r['workload']} (every backend)" if r.get("scope") == "workload"
+                   else r["backend"])
+            reason = f"{who}: {r.get('reason') or 'unavailable'}"
             mark = reasons.setdefault(reason, len(reasons) + 1)
             cells.update({"p50 ms": "n/a", "note": f"n/a [{mark}]"})
         else:
-            base = eager.get(r["workload"])
+            s = speed.get((r["workload"], r["backend"]))
+            cold, warm = r.get("cold_compile_s"), r.get("warm_compile_s")
+            recomp = r.get("recompiles")
+            k, e = r.get("kernels"), r.get("externs")
+            peak = r.get("peak_mem_bytes")
+            roof = r.get("roofline")
             cells.update({
-                "compile s": _sig(r["compile_s"]),
+                "compile s": _sig(r["compile_s"]) if r["backend"] != "eager" else "-",
+                "cold/warm s": f"{_sig(cold)}/{_sig(warm)}" if cold is not None else "",
+                "recomp": "-" if recomp is None else
+                          f"{recomp} ({r['dynamic_served']}/{r['dynamic_sizes']})",
                 "p50 ms": _sig(r["p50_ms"]),
                 "p99 ms": _sig(r["p99_ms"]),
                 "throughput": f"{_sig(r['throughput'])} {r['throughput_unit']}",
-                "vs eager": f"{base / r['p50_ms']:.2f}×" if base else "-",
+                "roof": "-" if roof is None else f"{100 * roof:.0f}%",
+                "vs eager": f"{s:.2f}×" if s else "-",
+                "peak MB": "-" if peak is None else _sig(peak / 2**20),
                 "max err": _err(r["max_abs_err"]),
+                "kern/ext": "-" if k is None else f"{k}/{e}",
+                "ops/kern": _sig(r.get("fusion_ratio")),
                 "note": "" if r.get("correct") else "MISMATCH vs fp64",
             })
-            if r["backend"] == "tilefuse":
-                k, e = r.get("kernels"), r.get("externs")
-                cells["kern/ext"] = "?" if k is None else f"{k}/{e}"
-        rows.append([cells.get(c, "") for c in columns])
+        rows.append(cells)
+    columns = [c for c in COLUMNS if any(cells.get(c) for cells in rows) or c in
+               ("workload", "backend", "p50 ms", "note")]
     notes = [f"[{i}] {text}" for text, i in reasons.items()]
-    return columns, rows, notes
+    return columns, [[cells.get(c, "") for c in columns] for cells in rows], notes
 
 
 def _header_lines(meta: dict) -> list[str]:
@@ -101,7 +121,20 @@ def render_table(report: dict):
     return Group(table, *[Text(n, style="yellow") for n in notes])
 
 
-def to_markdown(report: dict) -> str:
+METRICS_NOTE = (
+    "compile s = wall time of the first call in this process (user's on-disk caches); "
+    "cold/warm s = first call in a fresh process with empty cache directories / with the "
+    "caches the cold run filled (--compile-latency); recomp = recompiles over the dynamic "
+    "sweep (batch or sequence axis at ½, ¾, 1½ of its size) and (sizes served without "
+    "recompiling / sizes tried); throughput = compulsory bytes (inputs read once, outputs "
+    "written once) or matrix-product flops per p50 call; roof = ideal time under the "
+    "measured roofline / p50; peak MB = peak allocated during one steady-state call above "
+    "what was allocated before it; max err = max |out − fp64 reference| (a backend must be "
+    "no further from fp64 than eager, up to a few ulps: MISMATCH otherwise); kern/ext = "
+    "generated kernels / library calls; ops/kern = core-ATen ops per launched kernel.")
+
+
+def to_markdown(report: dict, plots: list | None = None) -> str:
     """report.md: header (device, versions, date), the results table, n/a reasons, and a
     note on how it was measured."""
     meta = report["meta"]
@@ -117,10 +150,16 @@ def to_markdown(report: dict) -> str:
     out += [line(r) for r in rows]
     if notes:
         out += [""] + [f"- {n}" for n in notes]
-    out += ["", "Compile = wall time of the first call. Throughput = compulsory bytes "
-                "(inputs read once, output written once) or 2·M·N·K flops per p50 call. "
-                "Errors are max |out − fp64 reference|; a backend must be no further from "
-                "fp64 than eager, up to a few ulps (MISMATCH otherwise).", ""]
+    out += ["", "## Workloads and sizes", "", "| workload | size | fields |", "| --- | --- | --- |"]
+    for name, s in meta.get("sizes_by_workload", {}).items():
+        out.append(f"| {name} | {'×'.join(str(v) for v in s['size'])} | {s['fields']} |")
+    c = meta.get("ceilings") or {}
+    if c:
+        out += ["", f"Measured ceilings: copy {c['copy_gbps']:.1f} GB/s, matmul "
+                    f"{c['matmul_tflops']:.3f} TFLOP/s ({c['how']})."]
+    out += ["", METRICS_NOTE, ""]
+    if plots:
+        out += ["## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots] + [""]
     return "\n".join(out)
 
 
@@ -128,7 +167,7 @@ def progress_line(r: dict) -> str:
     """One line of rich markup for a finished result, printed while the run goes on."""
     from rich.markup import escape
 
-    head = f"  {r['workload']:<12} {r['backend']:<10}"
+    head = f"  {r['workload']:<17} {r['backend']:<21}"
     if r["status"] != "ok":
         reason = r["reason"] if len(r["reason"]) <= 80 else r["reason"][:77] + "..."
         return f"{head} [yellow]n/a[/] {escape(reason)}"
@@ -147,11 +186,18 @@ def _json_safe(x):
     return x
 
 
-def write_outputs(report: dict, out_dir: str | Path) -> tuple[Path, Path]:
-    """Write results.json and report.md into out_dir (created); returns their paths."""
+def write_outputs(report: dict, out_dir: str | Path) -> tuple[Path, Path, list[Path]]:
+    """Write results.json, the PNG plots (when matplotlib is importable; otherwise the
+    report says why) and report.md into out_dir (created); returns their paths."""
+    from .plots import write_plots
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out / "results.json", out / "report.md"
+    plots, why = write_plots(report, out)
+    if why:
+        report["meta"]["plots"] = why
     json_path.write_text(json.dumps(_json_safe(report), indent=2) + "\n")
-    md_path.write_text(to_markdown(report))
-    return json_path, md_path
+    md_path.write_text(to_markdown(report, plots) +
+                       (f"\nPlots not written: {why}\n" if why else ""))
+    return json_path, md_path, plots

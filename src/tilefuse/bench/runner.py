@@ -1,20 +1,30 @@
 """Run workloads × backends and collect metrics: `run(BenchOptions(...)) -> report dict`.
 
-For every (workload, backend) pair, on one device and dtype:
+For every (workload, backend) pair, on one device, dtype and size:
 
-- compile latency: wall time of the first call (compilation happens there), synchronised;
-  with TorchInductor's on-disk caches warm this is a cache-hit time, not a cold compile;
-- steady-state p50/p99 latency (`timing.measure`) and throughput (GB/s against the
-  workload's compulsory bytes, or TFLOP/s for matrix-product workloads);
-- numerical error: max |out − ref| where `ref` is the eager function run on float64 copies
-  of the same inputs on the same device, next to eager's own error in the benchmark dtype;
-  `correct` says whether the backend is no further from fp64 than eager (with the dtype's
-  tolerance), the rule of DESIGN.md;
-- for tilefuse, the number of generated kernels and extern calls from `tilefuse.explain`.
+- compile latency: wall time of the first call in this process (`compile_s`; on-disk caches
+  as the user has them); with `compile_latency=True` also cold and warm compile latency, each
+  in a fresh process (`coldstart`): cold with empty cache directories, warm with the caches
+  the cold run filled — and the artifact size (bytes the cold compile wrote);
+- compiles of the first call, and a dynamic-shape sweep (`sweep=True`): the batch or
+  sequence axis at ½, ¾ and 1½ of its size, counting recompiles and the sizes served without
+  one (coverage);
+- autotune time (tilefuse: the kernels' tune_seconds of this compile);
+- steady-state p50/p99 latency (`timing.measure`), throughput (GB/s against the workload's
+  compulsory bytes, or TFLOP/s for matrix-product workloads), and the fraction of the
+  device's measured roofline (`metrics.measure_ceilings`, once per run);
+- peak memory of one steady-state call (`metrics.peak_memory`: CUDA allocator peak, or
+  PyTorch's CPU allocator events through torch.profiler);
+- generated kernels, extern calls, and the fusion ratio: core-ATen ops of the workload per
+  launched kernel (generated + extern);
+- numerical error: max |out − ref| where `ref` is the workload on float64 copies of the
+  floating-point inputs, next to eager's own error; `correct` says whether the backend is no
+  further from fp64 than eager (with the dtype's tolerance), the rule of DESIGN.md.
 
 A backend that cannot be imported, compiled or run is reported with status "n/a" and the
-reason; nothing is dropped and nothing here raises for a backend failure. Compiles are
-independent: `torch._dynamo.reset()` runs before every backend and after every workload.
+reason; a metric that does not apply is None with its reason in `na`. Nothing is dropped and
+nothing here raises for a backend failure. Compiles are independent: `torch._dynamo.reset()`
+runs before every backend and after every workload.
 """
 from __future__ import annotations
 
@@ -26,23 +36,20 @@ import platform
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Mapping
 
 import torch
 
-from . import timing
+from . import metrics, timing
+from .backends import (CACHED_BACKENDS, DEFAULT_BACKENDS, BackendUnavailable, Compilers,
+                       Prepared, describe, prepare)
 from .report import progress_line
 from .workloads import Workload, get_workloads
 
-DEFAULT_BACKENDS = ("eager", "inductor", "tilefuse")
+__all__ = ["BenchOptions", "Result", "run", "max_abs_error", "within_tolerance",
+           "DEFAULT_BACKENDS", "DTYPES", "BackendUnavailable"]
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-#: name -> (fn -> callable): extra or overriding backends, e.g. for tests
-Compilers = Mapping[str, Callable[[Callable], Callable]]
-
-
-class BackendUnavailable(Exception):
-    """The backend cannot be used here; the message is the reason shown in the report."""
+_describe = describe
 
 
 @dataclass
@@ -56,6 +63,10 @@ class BenchOptions:
     flush_l2: bool = True
     seed: int = 0
     quiet: bool = False
+    sweep: bool = True                          # dynamic-shape sweep (recompiles, coverage)
+    compile_latency: bool = False               # cold/warm compile in fresh processes
+    memory: bool = True                         # peak memory of one call
+    ceilings: dict | None = None                # measured ceilings to reuse (else measured)
 
     def resolved(self) -> "BenchOptions":
         device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -70,7 +81,8 @@ class BenchOptions:
             raise ValueError(f"unknown sizes {sizes!r}; choose quick or full")
         get_workloads(self.workloads)  # validates names
         return BenchOptions(self.workloads, list(self.backends), sizes, dtype, device,
-                            self.budget_s, self.flush_l2, self.seed, self.quiet)
+                            self.budget_s, self.flush_l2, self.seed, self.quiet, self.sweep,
+                            self.compile_latency, self.memory, self.ceilings)
 
 
 @dataclass
@@ -80,8 +92,20 @@ class Result:
     size: list[int]
     status: str = "n/a"                 # "ok" or "n/a"
     reason: str = ""                    # why n/a
+    scope: str = "backend"              # "workload": n/a for every backend (setup failed)
     detail: str = ""                    # traceback tail of the failure, for developers
-    compile_s: float | None = None
+    compile_s: float | None = None      # first call in this process
+    compiles: int | None = None         # graphs compiled by the first call
+    cold_compile_s: float | None = None
+    warm_compile_s: float | None = None
+    cold_compiles: int | None = None
+    warm_cache_hit: bool | None = None  # the warm process wrote nothing new to the caches
+    artifact_bytes: int | None = None   # bytes the cold compile wrote to its caches
+    recompiles: int | None = None       # over the dynamic sweep
+    dynamic_served: int | None = None   # sweep sizes run without a recompile
+    dynamic_sizes: int | None = None    # sweep sizes tried (besides the benchmark size)
+    dynamic_coverage: float | None = None
+    autotune_s: float | None = None
     p50_ms: float | None = None
     p99_ms: float | None = None
     samples: int | None = None
@@ -89,11 +113,17 @@ class Result:
     throughput_unit: str = ""
     gbps: float | None = None
     tflops: float | None = None
+    roofline: float | None = None       # fraction of the measured roofline
+    peak_mem_bytes: int | None = None
     max_abs_err: float | None = None
     eager_max_abs_err: float | None = None
     correct: bool | None = None
-    kernels: int | None = None          # tilefuse only; None = unknown
-    externs: int | None = None
+    kernels: int | None = None          # generated kernels; None = unknown
+    externs: int | None = None          # library (ATen) calls
+    aten_ops: int | None = None         # core-ATen ops of the workload
+    fusion_ratio: float | None = None   # aten_ops / (kernels + externs)
+    extern_ops: list = field(default_factory=list)
+    na: dict = field(default_factory=dict)  # metric -> why it is None
 
 
 def environment(device: str) -> dict:
@@ -133,56 +163,6 @@ def _try_import(name: str):
         return None
 
 
-def _describe(exc: BaseException) -> str:
-    """One line: the exception types down the cause chain and the innermost message."""
-    chain, e, seen = [], exc, set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        chain.append(e)
-        e = getattr(e, "inner_exception", None) or e.__cause__
-    msg = next((ln.strip() for ln in str(chain[-1]).splitlines() if ln.strip()), "")
-    text = " ← ".join(type(c).__name__ for c in chain) + (f": {msg}" if msg else "")
-    return text if len(text) <= 300 else text[:297] + "..."
-
-
-def compile_backend(name: str, fn: Callable, compilers: Compilers | None = None) -> Callable:
-    """A callable running `fn` through backend `name` (compilation is lazy, at first call)."""
-    if compilers and name in compilers:
-        return compilers[name](fn)
-    if name == "eager":
-        return fn
-    if name == "tilefuse":
-        return _compile_tilefuse(fn)
-    return torch.compile(fn, backend=name)  # inductor and any other registered Dynamo backend
-
-
-def _compile_tilefuse(fn: Callable) -> Callable:
-    try:
-        importlib.import_module("tilefuse")  # importing the package registers the backend
-    except Exception as e:
-        raise BackendUnavailable(f"import tilefuse failed: {_describe(e)}") from e
-    try:
-        return torch.compile(fn, backend="tilefuse")
-    except Exception as first:
-        if type(first).__name__ != "InvalidBackend":
-            raise BackendUnavailable(f"backend 'tilefuse' failed to load: {_describe(first)}")
-    # not registered (the package is not installed): use the entry point's target directly
-    try:
-        api = importlib.import_module("tilefuse.api")
-        return torch.compile(fn, backend=api.dynamo_backend)
-    except Exception as e:
-        raise BackendUnavailable("backend 'tilefuse' is not registered and tilefuse.api "
-                                 f"is unusable: {_describe(e)}") from e
-
-
-def _tilefuse_counts(fn: Callable, inputs) -> tuple[int | None, int | None]:
-    try:
-        report = importlib.import_module("tilefuse").explain(fn, *inputs)
-        return len(report.kernels), len(report.externs)
-    except Exception:
-        return None, None
-
-
 def _flat(out) -> list[torch.Tensor]:
     if isinstance(out, torch.Tensor):
         return [out]
@@ -206,41 +186,109 @@ def within_tolerance(err: float, eager_err: float, ref_scale: float, dtype: torc
     return bool(err <= 3 * eager_err + slack)  # False for nan
 
 
+_NO_COMPILE = "eager does not compile"
+
+
 def _bench_pair(w: Workload, backend: str, inputs, ref, ref_scale: float, eager_err: float,
-                opts: BenchOptions, compilers: Compilers | None) -> Result:
-    r = Result(w.name, backend, list(w.sizes[opts.sizes]), eager_max_abs_err=eager_err)
+                aten_ops: int | None, ceilings: dict, opts: BenchOptions,
+                compilers: Compilers | None) -> Result:
+    size = list(w.sizes[opts.sizes])
+    r = Result(w.name, backend, size, eager_max_abs_err=eager_err, aten_ops=aten_ops)
     torch._dynamo.reset()
     stage = "compile"
     try:
-        compiled = compile_backend(backend, w.fn, compilers)
+        p: Prepared = prepare(backend, w, inputs, opts.device, compilers)
         stage = "first call"
+        before = p.compiles() if p.compiles else 0
         t0 = time.perf_counter()
-        out = compiled(*inputs)
-        timing.synchronize(opts.device)
+        with p.first_call():
+            out = p.call(*p.args)
+            timing.synchronize(opts.device)
         r.compile_s = time.perf_counter() - t0
+        r.compiles = (p.compiles() - before) if p.compiles else None
         stage = "accuracy check"
-        r.max_abs_err = max_abs_error(out, ref)
+        r.max_abs_err = max_abs_error(p.to_torch(out), ref)
         r.correct = within_tolerance(r.max_abs_err, eager_err, ref_scale, DTYPES[opts.dtype])
         del out
         stage = "timing"
-        t = timing.measure(compiled, inputs, opts.device, budget_s=opts.budget_s,
-                           flush_l2=opts.flush_l2)
+        t = timing.measure(p.call, p.args, "cpu" if p.host_timed else opts.device,
+                           budget_s=opts.budget_s, flush_l2=opts.flush_l2)
+        r.status = "ok"
+        r.p50_ms, r.p99_ms, r.samples = t["p50_ms"], t["p99_ms"], t["samples"]
+        secs = r.p50_ms / 1e3
+        r.throughput, r.throughput_unit = w.throughput(inputs, secs)
+        r.gbps = w.bytes(inputs) / secs / 1e9
+        r.tflops = w.flops(inputs) / secs / 1e12
+        r.roofline = metrics.roofline_fraction(w.flops(inputs), w.bytes(inputs), secs, ceilings)
+        _after_timing(r, p, w, backend, opts)
     except BackendUnavailable as e:
         r.reason = str(e)
         return r
     except Exception as e:
-        r.reason = f"{stage}: {_describe(e)}"
+        if r.status == "ok":  # a secondary metric failed: keep the timing, say why
+            r.na["metrics"] = f"{stage}: {describe(e)}"
+            return r
+        r.reason = f"{stage}: {describe(e)}"
         r.detail = "".join(traceback.format_exception(type(e), e, e.__traceback__)[-12:])
         return r
-    r.status = "ok"
-    r.p50_ms, r.p99_ms, r.samples = t["p50_ms"], t["p99_ms"], t["samples"]
-    secs = r.p50_ms / 1e3
-    r.throughput, r.throughput_unit = w.throughput(inputs, secs)
-    r.gbps = w.bytes(inputs) / secs / 1e9
-    r.tflops = w.flops(inputs) / secs / 1e12
-    if backend == "tilefuse":
-        r.kernels, r.externs = _tilefuse_counts(w.fn, inputs)
     return r
+
+
+def _after_timing(r: Result, p: Prepared, w: Workload, backend: str, opts: BenchOptions):
+    r.kernels, r.externs = p.info.get("kernels"), p.info.get("externs")
+    r.extern_ops = p.info.get("extern_ops", [])
+    if backend == "eager":
+        for k in ("kernels", "fusion_ratio", "autotune_s", "recompiles", "artifact_bytes"):
+            r.na[k] = _NO_COMPILE
+    elif r.kernels is None:
+        r.na["kernels"] = f"{backend} does not report its kernels"
+    if r.kernels is not None and r.aten_ops:
+        launched = r.kernels + (r.externs or 0)
+        r.fusion_ratio = r.aten_ops / launched if launched else None
+    if "autotune_s" in p.info:
+        r.autotune_s = p.info["autotune_s"]
+    elif backend != "eager":
+        r.na["autotune_s"] = (f"{backend}: autotuning is inside its compile time, not reported "
+                              "apart" if backend.startswith("inductor") else
+                              f"{backend} does not report autotune time")
+    stage = "peak memory"
+    if opts.memory and backend == "jax":
+        r.na["peak_mem_bytes"] = "JAX allocates outside PyTorch's allocator"
+    elif opts.memory:
+        r.peak_mem_bytes, how = metrics.peak_memory(p.call, p.args, opts.device)
+        r.na["peak_mem_how"] = how
+    if opts.sweep and p.compiles and w.dynamic_axis is not None:
+        stage = "dynamic sweep"
+        try:
+            s = metrics.dynamic_sweep(p, w, r.size, opts.device, DTYPES[opts.dtype])
+            r.recompiles, r.dynamic_served = s["recompiles"], s["served"]
+            r.dynamic_sizes, r.dynamic_coverage = len(s["sizes"]), s["coverage"]
+        except Exception as e:
+            r.na["recompiles"] = f"{stage}: {describe(e)}"
+    elif not opts.sweep:
+        r.na.setdefault("recompiles", "sweep off (--no-sweep)")
+    if opts.compile_latency and backend in CACHED_BACKENDS:
+        _cold_warm(r, backend, opts)
+    elif backend != "eager":
+        r.na.setdefault("cold_compile_s", "run with --compile-latency" if backend in
+                        CACHED_BACKENDS else f"caches of {backend} are not isolated")
+
+
+def _cold_warm(r: Result, backend: str, opts: BenchOptions) -> None:
+    from .coldstart import compile_latency
+
+    res = compile_latency(r.workload, backend, r.size, opts.dtype, opts.device)
+    cold, warm = res["cold"], res["warm"]
+    if "error" in cold:
+        r.na["cold_compile_s"] = cold["error"]
+        return
+    r.cold_compile_s, r.cold_compiles = cold["first_call_s"], cold.get("compiles")
+    r.artifact_bytes = res["artifact_bytes"]
+    if "error" in warm:
+        r.na["warm_compile_s"] = warm["error"]
+    else:
+        r.warm_compile_s = warm["first_call_s"]
+        r.warm_cache_hit = res["warm_new_files"] == 0
 
 
 def _release(device: str) -> None:
@@ -263,31 +311,47 @@ def run(options: BenchOptions | None = None, compilers: Compilers | None = None,
     opts = (options or BenchOptions()).resolved()
     workloads = list(workloads) if workloads else get_workloads(opts.workloads)
     dtype = DTYPES[opts.dtype]
+    device = torch.device(opts.device)
     console = console or Console(stderr=True)
     results: list[Result] = []
     progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                         MofNCompleteColumn(), TimeElapsedColumn(), console=console,
                         transient=True, disable=opts.quiet)
     with progress:
-        task = progress.add_task("benchmarking", total=len(workloads) * len(opts.backends))
+        task = progress.add_task("measuring the device's ceilings",
+                                 total=len(workloads) * len(opts.backends))
+        ceilings = opts.ceilings or metrics.measure_ceilings(opts.device, dtype)
+        if not opts.quiet:
+            progress.console.print(f"  ceilings: copy {ceilings['copy_gbps']:.1f} GB/s, "
+                                   f"matmul {ceilings['matmul_tflops']:.3f} TFLOP/s")
         for w in workloads:
             progress.update(task, description=f"{w.name}: inputs and fp64 reference")
+            size = list(w.sizes[opts.sizes])
             try:
+                reason = w.unsupported(device)
+                if reason:
+                    raise BackendUnavailable(reason)
                 torch.manual_seed(opts.seed)
-                inputs = w.make_inputs(w.sizes[opts.sizes], torch.device(opts.device), dtype)
-                ref = w.fn(*[t.double() for t in inputs])
+                inputs = w.make_inputs(tuple(size), device, dtype)
+                ref = w.reference(inputs)
                 ref_scale = max(r.abs().max().item() for r in _flat(ref))
                 eager_err = max_abs_error(w.fn(*inputs), ref)
+                compiling = [b for b in opts.backends if b != "eager"]
+                aten_ops = metrics.count_aten_ops(w.fn, inputs) if compiling else None
             except Exception as e:
-                reason = f"workload setup: {_describe(e)}"
+                reason = str(e) if isinstance(e, BackendUnavailable) else \
+                    f"workload setup: {describe(e)}"
                 for b in opts.backends:
-                    results.append(Result(w.name, b, list(w.sizes[opts.sizes]), reason=reason))
+                    results.append(Result(w.name, b, size, reason=reason, scope="workload"))
+                    if not opts.quiet:
+                        progress.console.print(progress_line(asdict(results[-1])))
                     progress.advance(task)
                 _release(opts.device)
                 continue
             for b in opts.backends:
                 progress.update(task, description=f"{w.name} · {b}")
-                r = _bench_pair(w, b, inputs, ref, ref_scale, eager_err, opts, compilers)
+                r = _bench_pair(w, b, inputs, ref, ref_scale, eager_err, aten_ops, ceilings,
+                                opts, compilers)
                 results.append(r)
                 if not opts.quiet:
                     progress.console.print(progress_line(asdict(r)))
@@ -295,10 +359,16 @@ def run(options: BenchOptions | None = None, compilers: Compilers | None = None,
             del inputs, ref
             _release(opts.device)
     meta = environment(opts.device)
+    on_cuda = opts.device.startswith("cuda")
     meta.update(dtype=opts.dtype, sizes=opts.sizes, backends=list(opts.backends),
                 workloads=[w.name for w in workloads], flush_l2=opts.flush_l2,
+                ceilings=ceilings, sweep=opts.sweep, compile_latency=opts.compile_latency,
                 timing=("CUDA events per call, median; L2 flushed before each call"
-                        if opts.device.startswith("cuda") and opts.flush_l2 else
-                        "CUDA events per call, median; warm L2" if opts.device.startswith("cuda")
-                        else "perf_counter per call, median"))
+                        if on_cuda and opts.flush_l2 else
+                        "CUDA events per call, median; warm L2" if on_cuda
+                        else "perf_counter per call, median") + "; jax host-timed",
+                memory=("torch.cuda.max_memory_allocated" if on_cuda else
+                        "PyTorch CPU allocator events (torch.profiler)") if opts.memory else "off",
+                sizes_by_workload={w.name: {"size": list(w.sizes[opts.sizes]),
+                                            "fields": w.size_names} for w in workloads})
     return {"meta": meta, "results": [asdict(r) for r in results]}

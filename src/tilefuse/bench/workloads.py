@@ -1,66 +1,35 @@
 """Benchmark workloads: small programs written as plain PyTorch, the way users write them.
 
-Each `Workload` knows how to make fresh random inputs for a named size ("quick" for CPU
-and tests, "full" for a GPU), the function to run (not pre-fused: the compilers under test
-have to find the fusion), and its work: `flops(inputs)` and `bytes(inputs)`.
+Each `Workload` (see `workload_base`) knows how to make fresh random inputs for a named size
+("quick" for CPU and tests, "full" for a GPU), the function to run (not pre-fused: the
+compilers under test have to find the fusion), and its work: `flops(inputs)` and
+`bytes(inputs)`. This module holds the operator-level workloads and the registry; the LLM
+workloads (attention, decode, KV cache, MoE, quantized GEMMs, Llama block) are in
+`llm_workloads`.
 
 Byte counts are the compulsory traffic of an ideal implementation: every input read once
 and every output written once (intermediates never touch memory). Throughput against it is
 the "effective bandwidth" of a kernel. Flop counts of the normalisations are approximate
-(a handful per element); for matrix products they are exactly 2·M·N·K per product.
+(a handful per element: rmsnorm 4, layernorm 8, softmax 5, gelu·x 20, rope 6 per rotated
+element); for matrix products they are exactly 2·M·N·K per product (gemm, gelu_linear: one
+product; mlp: two, 2·2·M·D·H).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-Inputs = tuple[torch.Tensor, ...]
+from .llm_workloads import LLM_WORKLOADS
+from .workload_base import EPS, Inputs, Workload, rmsnorm, rope_tables, rotate
+from .workload_base import nbytes as _nbytes
+from .workload_base import randn as _randn
 
-EPS = 1e-6
-
-
-@dataclass(frozen=True)
-class Workload:
-    name: str
-    #: make_inputs(size, device, dtype) -> fresh random input tensors
-    make_inputs: Callable[[tuple[int, ...], torch.device, torch.dtype], Inputs]
-    #: the program under test, plain PyTorch
-    fn: Callable[..., torch.Tensor]
-    flops: Callable[[Inputs], float]
-    bytes: Callable[[Inputs], float]
-    #: {"quick": shape tuple, "full": shape tuple}; the meaning of the tuple is per workload
-    sizes: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    #: "memory" (throughput in GB/s) or "compute" (throughput in TFLOP/s)
-    bound: str = "memory"
-    description: str = ""
-
-    def throughput(self, inputs: Inputs, seconds: float) -> tuple[float, str]:
-        """Throughput of one call that took `seconds`: (value, unit)."""
-        if self.bound == "compute":
-            return self.flops(inputs) / seconds / 1e12, "TFLOP/s"
-        return self.bytes(inputs) / seconds / 1e9, "GB/s"
-
-
-def _randn(shape, device, dtype, scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:
-    t = torch.randn(shape, device=device, dtype=torch.float32)
-    if scale != 1.0 or shift != 0.0:
-        t = t * scale + shift
-    return t.to(dtype)
-
-
-def _nbytes(*tensors: torch.Tensor) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
+__all__ = ["EPS", "Inputs", "Workload", "WORKLOADS", "get_workloads"]
 
 
 # ----------------------------------------------------------------------------- rmsnorm
-
-def rmsnorm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * w
-
 
 def _rows_inputs(size, device, dtype):
     m, n = size
@@ -103,13 +72,52 @@ def _gelu_linear_inputs(size, device, dtype):
 
 
 def _gelu_linear_flops(inputs):
-    x, w, _ = inputs
+    x, w = inputs[0], inputs[1]
     return 2.0 * x.shape[0] * x.shape[1] * w.shape[1]
 
 
 def _gelu_linear_bytes(inputs):
     x, w, b = inputs
     return _nbytes(x, w, b) + x.shape[0] * w.shape[1] * x.element_size()
+
+
+# ----------------------------------------------------------------------------- gemm
+
+def gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x @ w
+
+
+def _gemm_inputs(size, device, dtype):
+    m, k, n = size
+    return _randn((m, k), device, dtype), _randn((k, n), device, dtype, 1 / math.sqrt(k))
+
+
+def _gemm_bytes(inputs):
+    x, w = inputs[0], inputs[1]
+    return float(_nbytes(*inputs) + x.shape[0] * w.shape[1] * x.element_size())
+
+
+# ----------------------------------------------------------------------------- linear_silu_res
+
+def linear_silu_residual(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor,
+                         r: torch.Tensor) -> torch.Tensor:
+    """nn.Linear (out, in) weights, SiLU, residual add: a GEMM with a three-op epilogue."""
+    return F.silu(F.linear(x, w, b)) + r
+
+
+def _linear_res_inputs(size, device, dtype):
+    m, k, n = size
+    return (_randn((m, k), device, dtype), _randn((n, k), device, dtype, 1 / math.sqrt(k)),
+            _randn((n,), device, dtype, 0.1), _randn((m, n), device, dtype))
+
+
+def _linear_res_flops(inputs):
+    x, w = inputs[0], inputs[1]
+    return 2.0 * x.shape[0] * x.shape[1] * w.shape[0]
+
+
+def _linear_res_bytes(inputs):
+    return float(_nbytes(*inputs) + _nbytes(inputs[3]))
 
 
 # ----------------------------------------------------------------------------- mlp
@@ -153,19 +161,13 @@ def _gelu_mul_inputs(size, device, dtype):
 
 def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     """Rotary embeddings as Llama writes them: rotate_half by slicing and cat."""
-    def rotate(x):
-        half = x.shape[-1] // 2
-        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
-    return rotate(q), rotate(k)
+    return rotate(q, cos, sin), rotate(k, cos, sin)
 
 
 def _rope_inputs(size, device, dtype):
     b, h, s, d = size
-    pos = torch.arange(s, device=device, dtype=torch.float32)[:, None]
-    freq = 10000.0 ** (-torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)
-    angle = torch.cat((pos * freq, pos * freq), dim=-1)
-    return (_randn((b, h, s, d), device, dtype), _randn((b, h, s, d), device, dtype),
-            angle.cos().to(dtype), angle.sin().to(dtype))
+    cos, sin = rope_tables(s, d, device, dtype)
+    return _randn((b, h, s, d), device, dtype), _randn((b, h, s, d), device, dtype), cos, sin
 
 
 def _rope_bytes(inputs):
@@ -187,24 +189,33 @@ def _in_out_bytes(inputs):
 WORKLOADS: dict[str, Workload] = {w.name: w for w in (
     Workload("rmsnorm", _rows_inputs, rmsnorm, _elementwise(4), _in_out_bytes,
              {"quick": (256, 512), "full": (16384, 8192)}, "memory",
-             "x * rsqrt(mean(x^2) + eps) * w over the last axis"),
+             "x * rsqrt(mean(x^2) + eps) * w over the last axis", size_names="M,N"),
     Workload("layernorm", _layernorm_inputs, layernorm, _elementwise(8), _in_out_bytes,
              {"quick": (256, 512), "full": (16384, 8192)}, "memory",
-             "F.layer_norm with weight and bias over the last axis"),
+             "F.layer_norm with weight and bias over the last axis", size_names="M,N"),
     Workload("softmax", _softmax_inputs, softmax, _elementwise(5), _in_out_bytes,
              {"quick": (256, 512), "full": (16384, 8192)}, "memory",
-             "torch.softmax(x, -1)"),
+             "torch.softmax(x, -1)", size_names="M,N"),
     Workload("gelu_mul", _gelu_mul_inputs, gelu_mul, _elementwise(20), _in_out_bytes,
-             {"quick": (256, 512), "full": (16384, 8192)}, "memory", "F.gelu(x) * x"),
+             {"quick": (256, 512), "full": (16384, 8192)}, "memory", "F.gelu(x) * x",
+             size_names="M,N"),
     Workload("rope", _rope_inputs, rope, lambda inputs: 6.0 * 2 * inputs[0].numel(), _rope_bytes,
              {"quick": (1, 4, 64, 32), "full": (8, 32, 4096, 128)}, "memory",
-             "rotary embeddings of q and k (rotate_half by cat), size (B, H, S, D)"),
+             "rotary embeddings of q and k (rotate_half by cat)", dynamic_axis=2,
+             size_names="B,H,S,D"),
+    Workload("gemm", _gemm_inputs, gemm, _gelu_linear_flops, _gemm_bytes,
+             {"quick": (128, 256, 256), "full": (8192, 8192, 8192)}, "compute", "x @ w",
+             size_names="M,K,N"),
     Workload("gelu_linear", _gelu_linear_inputs, gelu_linear, _gelu_linear_flops,
              _gelu_linear_bytes, {"quick": (128, 256, 256), "full": (8192, 4096, 4096)},
-             "compute", "F.gelu(x @ w + b), size (M, K, N)"),
+             "compute", "F.gelu(x @ w + b)", size_names="M,K,N"),
+    Workload("linear_silu_res", _linear_res_inputs, linear_silu_residual, _linear_res_flops,
+             _linear_res_bytes, {"quick": (128, 256, 256), "full": (8192, 4096, 4096)},
+             "compute", "F.silu(F.linear(x, w, b)) + r", size_names="M,K,N"),
     Workload("mlp", _mlp_inputs, mlp, _mlp_flops, _mlp_bytes,
              {"quick": (64, 128, 256), "full": (4096, 4096, 16384)}, "compute",
-             "Linear -> GELU -> Linear, size (M, D, H)"),
+             "Linear -> GELU -> Linear", size_names="M,D,H"),
+    *LLM_WORKLOADS,
 )}
 
 
