@@ -4,6 +4,7 @@ in a cache directory.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Callable
@@ -51,6 +52,27 @@ def roofline_fraction(flops: float, nbytes: float, seconds: float, ceilings: dic
 
 # ----------------------------------------------------------------------------- memory
 
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Silence file descriptor 2 (the profiler's C++ start/stop lines) for the block."""
+    import sys
+
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def peak_memory(call: Callable, args: tuple, device: str) -> tuple[int | None, str]:
     """(bytes, how) for one steady-state call: the peak allocated above what was allocated
     before the call. CUDA: torch.cuda.max_memory_allocated. CPU: allocations and frees of
@@ -66,7 +88,7 @@ def peak_memory(call: Callable, args: tuple, device: str) -> tuple[int | None, s
         return torch.cuda.max_memory_allocated(dev) - base, "torch.cuda.max_memory_allocated"
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         call(*args)
     cur = peak = 0
     for e in sorted(prof.events(), key=lambda e: e.time_range.start):

@@ -9,7 +9,7 @@ def _grouped_bars(ax, workloads, backends, value, ylabel, title):
     width = 0.8 / max(1, len(backends))
     for i, b in enumerate(backends):
         xs = [j + (i - (len(backends) - 1) / 2) * width for j in range(len(workloads))]
-        ys = [value(w, b) or 0.0 for w in workloads]
+        ys = [value(w, b) or float("nan") for w in workloads]  # n/a: no bar
         ax.bar(xs, ys, width, label=b)
     ax.set_xticks(range(len(workloads)))
     ax.set_xticklabels(workloads, rotation=45, ha="right")
@@ -47,7 +47,8 @@ def write_plots(report: dict, out_dir: str | Path) -> tuple[list[Path], str | No
              "% of measured roofline", f"Fraction of the roofline — {where}")):
         fig, ax = plt.subplots(figsize=(max(8.0, 0.6 * len(workloads) * len(backends) / 2), 5))
         _grouped_bars(ax, workloads, backends, value, ylabel, title)
-        if name == "speedup.png":
+        if name == "speedup.png":  # ratios: a log axis shows 0.5× as far from 1 as 2×
+            ax.set_yscale("log")
             ax.axhline(1.0, color="black", linewidth=0.8)
         fig.tight_layout()
         path = Path(out_dir) / name
