@@ -138,9 +138,9 @@ class LoweringContext:
             return value.name
         return self.pointwise(value.shape, value.dtype, value.load).name
 
-    def extern(self, target, args, kwargs, reason: str):
+    def extern(self, target, args, kwargs, reason: str, binds=None):
         """Call `target` from ATen at run time. Returns a value or a tuple of values, as the
-        op does."""
+        op does. `binds`: the unbacked symbol the call's scalar result defines."""
 
         def convert(a):
             if isinstance(a, TensorValue):
@@ -153,13 +153,16 @@ class LoweringContext:
                 return sym_expr(a)
             return a
 
-        if str(target).split(".")[1] in STORAGE_DEPENDENT and any(
+        parts = str(target).split(".")  # "aten.<op>.<overload>"; a higher-order op has no dots
+        if (parts[1] if len(parts) > 1 else parts[0]) in STORAGE_DEPENDENT and any(
                 isinstance(a, TensorValue) and not isinstance(a, BufferValue) for a in args):
             # the op reads the view's *storage*, which a materialised copy does not have
             raise StorageAliasError(f"{target} of a view depends on the storage layout of the view's base")
         meta = self.current_meta
         multi = isinstance(meta, (tuple, list))
         first = next((m for m in meta if isinstance(m, torch.Tensor)), None) if multi else meta
+        if not isinstance(first, torch.Tensor):
+            first = None  # a scalar result (`binds`)
         # convert first: realising a view argument adds a node, and so takes a name
         ext_args, ext_kwargs = convert(tuple(args)), convert(dict(kwargs))
         name = self._name()
@@ -167,7 +170,7 @@ class LoweringContext:
             name, ir_dtype(first.dtype) if first is not None else dt.float32,
             shape_of(first) if first is not None else (), target=target,
             target_name=str(target), args=ext_args, kwargs=ext_kwargs,
-            reason=reason, multi_output=multi,
+            reason=reason, multi_output=multi, binds=binds,
         )
         self.graph.add(node)
         if not multi:

@@ -31,6 +31,9 @@ _SYM_OPS = {
     torch.sym_max: sympy.Max, torch.sym_min: sympy.Min,
     operator.eq: sympy.Eq, operator.ne: sympy.Ne, operator.lt: sympy.Lt, operator.le: sympy.Le,
     operator.gt: sympy.Gt, operator.ge: sympy.Ge,
+    operator.and_: sympy.And, operator.or_: sympy.Or, operator.not_: sympy.Not,
+    getattr(torch, "sym_not", operator.not_): sympy.Not,
+    getattr(torch, "sym_ite", operator.truth): lambda c, a, b: sympy.Piecewise((a, c), (b, True)),
 }
 
 
@@ -130,6 +133,11 @@ def _lower_call(ctx: LoweringContext, node: torch.fx.Node, args, kwargs, meta):
         # run-time checks (asserts, range constraints) have no value to compute
         logs.log("graph", "%s returns nothing: dropped", target)
         return None
+    if isinstance(meta, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        sym = sym_expr(meta)
+        if isinstance(sym, sympy.Symbol):  # a data-dependent scalar (`item()`): bound at run time
+            ctx.extern(target, args, kwargs, reason, binds=sym)
+            return sym
     if not isinstance(meta, (torch.Tensor, list, tuple)):
         raise LoweringError(f"{target}: produces {type(meta).__name__}, which tilefuse cannot represent")
     return ctx.extern(target, args, kwargs, reason)

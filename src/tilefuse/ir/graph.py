@@ -113,6 +113,9 @@ class Extern(Node):
     kwargs: dict = field(default_factory=dict)
     reason: str = ""
     multi_output: bool = False
+    #: a data-dependent size or scalar (an unbacked symbol such as `u0`) the call's result
+    #: defines: `item()` of a tensor; bound when the call runs
+    binds: Any = None
 
     def inputs(self):
         found: set[str] = set()

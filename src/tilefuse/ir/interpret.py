@@ -30,7 +30,7 @@ def bind_symbols(graph: Graph, args) -> dict:
         if isinstance(node, ScalarInput):
             if isinstance(node.symbol, sympy.Symbol):
                 env[node.symbol] = int(value)
-        elif isinstance(node, Input):
+        elif isinstance(node, Input) and value is not None:  # None: an effect token AOTAutograd dropped
             for d, actual in zip(node.shape, value.shape):
                 if isinstance(d, sympy.Symbol):
                     env.setdefault(d, int(actual))
@@ -186,9 +186,26 @@ def resolve_extern_args(obj, buffers: dict, env: dict):
 
 
 def run_extern(node: Extern, buffers: dict, env: dict):
+    """Call the extern; sizes its result defines (`nonzero`'s count, an `item()`) are bound
+    in `env` for the rest of the graph."""
     args = resolve_extern_args(node.args, buffers, env)
     kwargs = resolve_extern_args(node.kwargs, buffers, env)
-    return node.target(*args, **kwargs)
+    result = node.target(*args, **kwargs)
+    if node.binds is not None:
+        value = result.item() if isinstance(result, torch.Tensor) else result
+        env[node.binds] = env[node.binds.name] = value
+    elif not node.multi_output and isinstance(result, torch.Tensor):
+        bind_result_sizes(node.shape, result, env)
+    return result
+
+
+def bind_result_sizes(shape, value, env: dict) -> None:
+    """Unbound size symbols of `shape` take the sizes of the tensor computed for it."""
+    if not isinstance(value, torch.Tensor):
+        return
+    for d, actual in zip(shape, value.shape):
+        if isinstance(d, sympy.Symbol) and d not in env:
+            env[d] = env[d.name] = int(actual)
 
 
 def output_value(out, buffers: dict, env: dict):
@@ -219,9 +236,10 @@ def interpret(graph: Graph, args, env: dict | None = None) -> list:
             buffers[node.name] = run_extern(node, buffers, env)
         elif isinstance(node, ExternResult):
             buffers[node.name] = buffers[node.extern][node.item]
+            bind_result_sizes(node.shape, buffers[node.name], env)
         else:
             raise TypeError(f"cannot interpret node {node.name} of kind {type(node).__name__}")
     return [output_value(o, buffers, env) for o in graph.outputs]
 
 
-__all__ = ["interpret", "Evaluator", "bind_symbols", "torch_dtype", "index_symbol"]
+__all__ = ["interpret", "Evaluator", "bind_symbols", "bind_result_sizes", "torch_dtype", "index_symbol"]

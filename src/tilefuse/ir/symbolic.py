@@ -190,6 +190,18 @@ def evaluate(expr, env: dict):
         if expr.name in env:
             return env[expr.name]
         raise KeyError(f"no value bound for symbol {expr}")
+    if isinstance(expr, sympy.Piecewise):  # torch.sym_ite: the first branch whose condition holds
+        for value, cond in expr.args:
+            if cond == sympy.true or bool(evaluate(cond, env)):
+                return evaluate(value, env)
+        raise ValueError(f"no branch of {expr} holds")
+    if expr == sympy.true or expr == sympy.false:
+        return bool(expr)
+    if expr.is_Relational:
+        return _RELATIONS[type(expr)](evaluate(expr.lhs, env), evaluate(expr.rhs, env))
+    if isinstance(expr, (sympy.And, sympy.Or, sympy.Not)):
+        values = [bool(evaluate(a, env)) for a in expr.args]
+        return all(values) if isinstance(expr, sympy.And) else any(values) if isinstance(expr, sympy.Or) else not values[0]
     args = [evaluate(a, env) for a in expr.args]
     if expr.is_Add:
         out = args[0]
@@ -230,6 +242,10 @@ def evaluate(expr, env: dict):
             out = _min(out, a)
         return out
     raise NotImplementedError(f"cannot evaluate index expression {expr} ({type(expr).__name__})")
+
+
+_RELATIONS = {sympy.Eq: lambda a, b: a == b, sympy.Ne: lambda a, b: a != b, sympy.Lt: lambda a, b: a < b,
+              sympy.Le: lambda a, b: a <= b, sympy.Gt: lambda a, b: a > b, sympy.Ge: lambda a, b: a >= b}
 
 
 def _max(a, b):

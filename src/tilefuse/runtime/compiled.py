@@ -14,7 +14,7 @@ import torch
 
 from ..ir import symbolic
 from ..ir.graph import Constant, Extern, ExternResult, Graph, Input, ScalarInput
-from ..ir.interpret import bind_symbols, output_value, run_extern, torch_dtype
+from ..ir.interpret import bind_result_sizes, bind_symbols, output_value, run_extern, torch_dtype
 
 
 @dataclass
@@ -106,6 +106,7 @@ class CompiledGraph:
                 buffers[node.name] = result
                 for name, item in self.extern_results.get(node.name, ()):
                     buffers[name] = result[item]
+                    bind_result_sizes(graph[name].shape, result[item], env)
             if on_step is not None:
                 on_step(k, step, buffers)
             for name in self.free_after[k]:
