@@ -180,6 +180,45 @@ def test_plain_matmul_uses_aten_above_the_size_rule():
     assert [k.kind for k in ex.kernels] == ["contraction"]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_generated_products_of_every_register_block(dtype):
+    """Tiles of several shapes reach each register block of the dot micro-kernel (and the
+    plain loop for the rest); fp64 rule against eager."""
+    from tilefuse.backends.cpu.codegen import register_block
+
+    assert [register_block(m, n) for m, n in ((64, 64), (4, 64), (4, 32), (8, 16), (4, 16), (2, 16), (64, 8))] == \
+        [(8, 2), (4, 4), (4, 2), (8, 1), (4, 1), None, None]
+    for m, k, n in ((5, 7, 3), (16, 33, 16), (33, 20, 70), (64, 64, 64), (100, 40, 17)):
+        a, b = rand(m, k, dtype=dtype), noncontig(k, n, dtype=dtype, low=-0.5, high=0.5)
+        run_cpu(lambda x, y: torch.relu(x @ y), a, b, matmul="generated")
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_flash_reads_key_tiles_by_register_transposes(dynamic):
+    """Whole Kᵀ tiles (no ragged edge) read from K rows (head dim contiguous) are copied by
+    16x16 register transposes; a K whose head dim is strided, or already stored transposed,
+    keeps the element-wise copy. All against eager."""
+    q, v = rand(1, 2, 128, 32), rand(1, 2, 128, 32)
+    for k, transposes in ((rand(1, 2, 128, 32), True), (rand(1, 2, 32, 128).transpose(-1, -2), False),
+                          (rand(1, 2, 128, 64)[..., ::2], False), (rand(2, 1, 128, 32).transpose(0, 1), True)):
+        ex = run_cpu(attention, q, k, v, dynamic=dynamic)
+        if dynamic:  # (symbolic sizes: correctness only, whichever kernels the planner chose)
+            continue
+        flash = [x for x in ex.kernels if x.kind == "flash"]
+        assert flash and ("tf_load_t<" in flash[0].source.split('extern "C"')[1]) == transposes
+
+
+def test_large_outputs_get_the_huge_page_advice_and_keep_their_values(monkeypatch):
+    from tilefuse.backends.cpu import launcher
+
+    advised = []
+    real = launcher.advise_huge_pages
+    monkeypatch.setattr(launcher, "advise_huge_pages", lambda t: (advised.append(t.numel()), real(t)))
+    x = rand(1030, 1100)  # 4.3 MiB
+    run_cpu(lambda t: torch.softmax(t, -1) * 2, x)
+    assert 1030 * 1100 in advised
+
+
 def attention(q, k, v, causal=False):
     s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
     if causal:

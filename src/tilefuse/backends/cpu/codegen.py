@@ -6,13 +6,15 @@ one loop nest* whose innermost loop runs along the contiguous axis under `#pragm
 values that never leave their loop nest stay scalars in registers, the others are stored in
 small arrays of the tile's shape. Reductions inside a loop nest accumulate in vector lanes
 (an array of 16 partial results, combined once after the loop); `dot` is a register-blocked
-i-k-j loop nest with fp32 accumulators. Loop-carried state (`For` with `Assign`) lives in
-arrays declared once per program.
+micro-kernel (8x32 or 4x64 fp32 accumulators held in vector registers across the K loop).
+Loop-carried state (`For` with `Assign`) lives in arrays declared once per program.
 """
 from __future__ import annotations
 
+import sympy
+
 from ...ir import dtypes as dt
-from ...ir.expr import Var
+from ...ir.expr import Index, Var
 from ...tile.ir import (Arange, ArgReduceTile, Assign, BroadcastTile, Comment, DotTile, For, Full, Let, LoadTile,
                         ProgramId, ReduceTile, StoreTile, TileKernel)
 from ...tile.lower import identity
@@ -238,6 +240,10 @@ class CppPrinter:
                                          if isinstance(s, StoreTile)) else "// (stores to a shared address: not simd)"
         self.emit("{", indent)
         ind = indent + 1
+        hoisted = [s for s in g.stmts if self._transposed_load(s, g.shape, ind)]
+        if len(hoisted) == len(g.stmts):
+            self.emit("}", indent)
+            return
         for s in col_reds:  # per column accumulators, over rows
             self.emit(f"for (int64_t tf_c = 0; tf_c < {d1}; ++tf_c) {self._acc_at(s, 'tf_c', d1)} = {self._ident(s)};", ind)
             if isinstance(s, ArgReduceTile):
@@ -269,6 +275,8 @@ class CppPrinter:
         scope: set[str] = set()
         p = ExprPrinter(self.ref_in((i, j), scope))
         for s in g.stmts:
+            if s in hoisted:
+                continue
             if isinstance(s, (ReduceTile, ArgReduceTile)):
                 self._accumulate(s, p, row=s in row_reds, col=s in col_reds, d1=d1, ind=ind, loops=(i, j))
                 continue
@@ -378,6 +386,33 @@ class CppPrinter:
                   f"{self._combine(s, f'{s.name}_r', f'{self._lanes(s)}[tf_l]')};", ind)
         self.emit(f"{out} = {s.name}_r;", ind)
 
+    def _transposed_load(self, s, shape, ind: int) -> bool:
+        """An unmasked fp32 tile load kept in an array whose source is contiguous along the
+        tile's rows (a Kᵀ tile read from K) is copied by 16x16 register transposes before the
+        loop nest (the nest's inner loop would gather it one element at a time)."""
+        d0, d1 = shape
+        if not (isinstance(s, LoadTile) and s.mask is None and s.dtype == dt.float32 and s.name not in self.local
+                and d0 % 16 == 0 and d1 % 16 == 0 and isinstance(s.offset, Index)
+                and self.sh.shape.get(s.name) == shape):
+            return False
+        e = sympy.sympify(s.offset.expr)
+        if e.has(sympy.floor, sympy.Mod, sympy.ceiling, sympy.Min, sympy.Max):
+            return False
+        ti, tj = sympy.Dummy("ti"), sympy.Dummy("tj")
+        moved = {}
+        for sym in e.free_symbols:
+            d = self.sh.aranges.get(sym.name)
+            if d is not None and self.sh.shape[sym.name][d] > 1:
+                moved[sym] = sym + (ti if d == 0 else tj)
+        e = sympy.expand(e.subs(moved))
+        si, sj = sympy.diff(e, ti), sympy.diff(e, tj)
+        tile = set(moved) | {ti, tj}
+        if si != 1 or sj == 1 or (sj.free_symbols & tile) or sympy.diff(e, ti, 2) != 0:
+            return False
+        p = ExprPrinter(self.ref_in(("0", "0"), set()))
+        self.emit(f"tf_load_t<{d0}, {d1}>(&ptr_{s.buffer}[{p.expr(s.offset)}], {p.index(sj)}, {s.name});", ind)
+        return True
+
     # ------------------------------------------------------------------ dot
     def dot(self, s: DotTile, indent: int) -> None:
         (m, n) = self.sh.shape[s.name]
@@ -392,8 +427,9 @@ class CppPrinter:
                       f"{s.name}[tf_i * {n} + tf_j] = {p.expr(s.acc)};", ind)
         a = self._operand(s.a, (m, k), ind)
         b = self._operand(s.b, (k, n), ind)
-        if m % 4 == 0 and n % 32 == 0:
-            self.emit(f"tf_dot_4x32<{m}, {n}, {k}>({a}, {b}, {s.name});", ind)
+        block = register_block(m, n)
+        if block is not None:
+            self.emit(f"tf_dot_rb<{m}, {n}, {k}, {block[0]}, {block[1]}>({a}, {b}, {s.name});", ind)
         else:
             self.emit(f"tf_dot_ikj<{m}, {n}, {k}>({a}, {b}, {s.name});", ind)
         self.emit("}", indent)
@@ -455,7 +491,7 @@ class CppPrinter:
                 ns += 1
         out.append("  (void)tf_sizes; (void)tf_threads;")
         out.append("  const int64_t tf_g0 = tf_grid[0], tf_g1 = tf_grid[1], tf_n = tf_grid[0] * tf_grid[1] * tf_grid[2];")
-        out.append("  #pragma omp parallel for schedule(static) num_threads(tf_threads) if(tf_n > 1 && tf_threads > 1)")
+        out.append("  #pragma omp parallel for schedule(guided) num_threads(tf_threads) if(tf_n > 1 && tf_threads > 1)")
         out.append("  for (int64_t tf_p = 0; tf_p < tf_n; ++tf_p) {")
         out.append("    const int64_t tf_pid0 = tf_p % tf_g0, tf_pid1 = (tf_p / tf_g0) % tf_g1, tf_pid2 = tf_p / (tf_g0 * tf_g1);")
         out.append("    (void)tf_pid0; (void)tf_pid1; (void)tf_pid2;")
@@ -471,23 +507,63 @@ class CppPrinter:
 
 
 _DOT = r"""
-/* acc[M][N] += a[M][K] @ b[K][N], fp32: a register block of 4 rows x 32 columns */
-template <int M, int N, int K> TF_INLINE void tf_dot_4x32(const float* __restrict__ a, const float* __restrict__ b,
-                                                          float* __restrict__ acc) {
-  typedef float v16 __attribute__((vector_size(64), aligned(4)));
-  for (int i0 = 0; i0 < M; i0 += 4)
-    for (int j0 = 0; j0 < N; j0 += 32) {
-      v16 c[4][2];
-      for (int ii = 0; ii < 4; ++ii) for (int h = 0; h < 2; ++h) __builtin_memcpy(&c[ii][h], &acc[(i0 + ii) * N + j0 + 16 * h], 64);
-      for (int k = 0; k < K; ++k) {
-        v16 b0, b1;
-        __builtin_memcpy(&b0, &b[k * N + j0], 64); __builtin_memcpy(&b1, &b[k * N + j0 + 16], 64);
-        for (int ii = 0; ii < 4; ++ii) {
-          const float av = a[(i0 + ii) * K + k];
-          c[ii][0] += av * b0; c[ii][1] += av * b1;
-        }
-      }
-      for (int ii = 0; ii < 4; ++ii) for (int h = 0; h < 2; ++h) __builtin_memcpy(&acc[(i0 + ii) * N + j0 + 16 * h], &c[ii][h], 64);
+typedef float tf_v16 __attribute__((vector_size(64), aligned(4)));
+/* acc[R][16V] += a[R][K] @ b[K][16V] (leading dims LDA, LDB, LDC), fp32: R x V vector
+   accumulators stay in registers for the whole K loop; one broadcast of `a` feeds V FMAs */
+template <int R, int V, int K, int LDA, int LDB, int LDC>
+TF_INLINE void tf_dot_block(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ acc) {
+  tf_v16 c[R][V];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) c[r][v] = *(const tf_v16*)&acc[r * LDC + 16 * v];
+  for (int k = 0; k < K; ++k) {
+    tf_v16 bv[V];
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) bv[v] = *(const tf_v16*)&b[k * LDB + 16 * v];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const float av = a[r * LDA + k];
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) c[r][v] += av * bv[v];
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) *(tf_v16*)&acc[r * LDC + 16 * v] = c[r][v];
+}
+/* acc[M][N] += a[M][K] @ b[K][N], dense row-major: column panels of 16V, R-row blocks */
+template <int M, int N, int K, int R, int V> TF_INLINE void tf_dot_rb(const float* __restrict__ a,
+                                                                      const float* __restrict__ b,
+                                                                      float* __restrict__ acc) {
+  for (int j0 = 0; j0 < N; j0 += 16 * V)
+    for (int i0 = 0; i0 < M; i0 += R) tf_dot_block<R, V, K, K, N, N>(a + i0 * K, b + j0, acc + i0 * N + j0);
+}
+/* dst[R][C] = src[i + j * ld] (a transposed tile): 16x16 blocks loaded as rows of the source,
+   transposed in registers by four rounds of two-source shuffles, stored as rows of dst */
+#define TF_T(k, hi) TF_T_##k##_##hi
+#define TF_T_8_0 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23
+#define TF_T_8_1 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
+#define TF_T_4_0 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27
+#define TF_T_4_1 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31
+#define TF_T_2_0 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29
+#define TF_T_2_1 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31
+#define TF_T_1_0 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30
+#define TF_T_1_1 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31
+typedef float tf_v16a __attribute__((vector_size(64)));
+#define TF_T_ROUND(k) _Pragma("GCC unroll 16") for (int i = 0; i < 16; ++i) if (!(i & k)) { \
+    const tf_v16a a = v[i], b = v[i | k]; \
+    v[i] = __builtin_shufflevector(a, b, TF_T(k, 0)); v[i | k] = __builtin_shufflevector(a, b, TF_T(k, 1)); }
+template <int R, int C> TF_INLINE void tf_load_t(const float* __restrict__ src, int64_t ld, float* __restrict__ dst) {
+  for (int j0 = 0; j0 < C; j0 += 16)
+    for (int i0 = 0; i0 < R; i0 += 16) {
+      tf_v16a v[16];
+#pragma GCC unroll 16
+      for (int jj = 0; jj < 16; ++jj) { tf_v16 t = *(const tf_v16*)&src[(j0 + jj) * ld + i0]; v[jj] = t; }
+      TF_T_ROUND(8) TF_T_ROUND(4) TF_T_ROUND(2) TF_T_ROUND(1)
+#pragma GCC unroll 16
+      for (int ii = 0; ii < 16; ++ii) *(tf_v16*)&dst[(i0 + ii) * C + j0] = v[ii];
     }
 }
 template <int M, int N, int K> TF_INLINE void tf_dot_ikj(const float* __restrict__ a, const float* __restrict__ b,
@@ -500,6 +576,15 @@ template <int M, int N, int K> TF_INLINE void tf_dot_ikj(const float* __restrict
     }
 }
 """
+
+
+def register_block(m: int, n: int):
+    """(rows, 16-lane vectors) of the dot's register block: 16 accumulators of 32 zmm (8x2 or
+    4x4), else 8 (4x2, 8x1), else None (the plain i-k-j loop)."""
+    for r, v in ((8, 2), (4, 4), (4, 2), (8, 1), (4, 1)):
+        if m % r == 0 and n % (16 * v) == 0:
+            return r, v
+    return None
 
 
 def _walk(stmts):

@@ -5,11 +5,18 @@ compiler's version and flags, this CPU's ISA and the environment fingerprint), s
 compiles nothing, and is loaded in place with ctypes. A launch passes the buffers' data
 pointers (no copies: strides are kernel arguments), the size arguments, the grid and the
 thread count PyTorch uses.
+
+Large buffers a kernel writes are advised to use transparent huge pages first (Linux, when
+THP is in `madvise` mode): a freshly allocated output is faulted in by the kernel's own
+stores, and 2 MiB pages make that first touch several times cheaper than 4 KiB ones (on a
+64 MiB output, a large share of a memory-bound kernel's time). The advice changes no value.
 """
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
+import sys
 import tempfile
 import threading
 
@@ -25,6 +32,41 @@ from . import toolchain
 _lock = threading.Lock()
 _libraries: dict[str, ctypes.CDLL] = {}
 _caches: dict[str, DiskCache] = {}
+
+
+#: buffers at least this large that a kernel writes get the huge-page advice
+HUGE_PAGE_MIN_BYTES = 4 << 20
+_HUGE = 1 << 21
+_MADV_HUGEPAGE = 14
+
+
+@functools.lru_cache(maxsize=None)
+def _madvise():
+    """libc's `madvise` when transparent huge pages are in `madvise` mode, else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            if "[madvise]" not in f.read():
+                return None
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def advise_huge_pages(t: torch.Tensor) -> None:
+    """Ask for huge pages over the 2 MiB-aligned part of a large tensor's storage."""
+    madvise = _madvise()
+    n = t.untyped_storage().nbytes()
+    if madvise is None or n < HUGE_PAGE_MIN_BYTES:
+        return
+    p = t.untyped_storage().data_ptr()
+    start, end = (p + _HUGE - 1) & ~(_HUGE - 1), (p + n) & ~(_HUGE - 1)
+    if end > start:
+        madvise(start, end - start, _MADV_HUGEPAGE)
 
 
 def kernel_cache() -> DiskCache:
@@ -77,6 +119,7 @@ class CppKernel:
                 self.sizes.append(("size", p.name, None))
         self._shapes: dict = {}
         self._ptrs = (ctypes.c_void_p * max(1, len(self.buffers)))()
+        self._written = [name for name in self.buffers if name in set(kernel.writes)]
 
     def __call__(self, buffers: dict, env: dict) -> None:
         key = tuple(sorted((k, v) for k, v in env.items() if isinstance(k, str)))
@@ -97,6 +140,8 @@ class CppKernel:
             if t.device.type != "cpu":
                 raise RuntimeError(f"the cpu backend got a {t.device.type} tensor for {name}; use TILEFUSE_BACKEND=triton")
             ptrs[k] = t.data_ptr()
+        for name in self._written:
+            advise_huge_pages(buffers[name])
         args = [buffers[name].stride(d) if kind == "stride" else values[name] for kind, name, d in self.sizes]
         sizes = (ctypes.c_int64 * max(1, len(args)))(*args)
         self.fn(ptrs, sizes, grid, torch.get_num_threads())
