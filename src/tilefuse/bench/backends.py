@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -175,6 +176,9 @@ def _tilefuse_prepared(fn: Callable, inputs) -> Prepared:
 
 def jax_unavailable(device: str) -> str | None:
     """Why the jax backend cannot run on `device`, or None."""
+    # XLA would otherwise take 75% of the GPU's memory at import and hold it for the rest of
+    # the run: every later workload of every backend would run out of memory
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     try:
         jax = importlib.import_module("jax")
     except Exception as e:

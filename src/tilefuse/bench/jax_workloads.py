@@ -6,8 +6,12 @@ faithful jit-able twin, and why. Imported only when the jax backend runs.
 """
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # leave the GPU's memory to the other backends
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 
 from .llm_workloads import SOFTCAP, TOP_K
 from .workload_base import EPS
