@@ -112,6 +112,18 @@ def test_pointwise_broadcasting_and_noncontiguous_inputs():
     run_cpu(lambda a, b, c: F.gelu(a) * b + c.exp(), x, y, z)
 
 
+def test_broadcast_operands_at_flattened_indices():
+    """Row and column broadcasts read at `mod`/`floor` of the flattened index: when the block
+    divides the row, the printer splits off the loop-invariant part (the inner loop stays
+    contiguous); otherwise the plain operators. fp32 and bf16, against eager."""
+    for rows, cols in ((37, 4096), (5, 6144), (9, 1000), (3, 2048 * 3 + 16)):
+        for dtype in (torch.float32, torch.bfloat16):
+            x, b, c = rand(rows, cols, dtype=dtype), rand(cols, dtype=dtype), rand(rows, 1, dtype=dtype)
+            ex = run_cpu(lambda x, b, c: torch.tanh(x + b) * c, x, b, c)
+            src = ex.kernels[0].source
+            assert ("% 4096) + tf_j" in src) == (cols == 4096), src
+
+
 def test_column_and_middle_axis_reductions():
     x = rand(6, 50, 9)
     run_cpu(lambda t: (t.sum(0), t.amax(1), t.mean(-1), t.prod(1), (t > 0).any(1), (t > -5).all(0)), x)

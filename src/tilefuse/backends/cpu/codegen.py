@@ -46,6 +46,7 @@ class CppPrinter:
         self.lines: list[str] = []
         self.tmp = 0
         self.streams = False  # some nest writes with non-temporal stores
+        self.block_aligned = self._block_aligned()
 
     # ------------------------------------------------------------------ grouping
     def plan(self, stmts) -> list:
@@ -145,6 +146,27 @@ class CppPrinter:
 
     def printer(self, loops=("0", "0"), scope=frozenset()) -> ExprPrinter:
         return ExprPrinter(self.ref_in(loops, scope))
+
+    def at(self, loops: tuple, scope: set) -> ExprPrinter:
+        """The printer of a loop nest's body (index arithmetic that knows its aligned aranges)."""
+        aligned = {}
+        for name, (block, d) in self.block_aligned.items():
+            if self.sh.shape[name][d] > 1:
+                aligned[name] = (block, loops[d])
+        return ExprPrinter(self.ref_in(loops, scope), aligned)
+
+    def _block_aligned(self) -> dict:
+        """Aranges whose start is a multiple of their block: name -> (block, dim)."""
+        out = {}
+        for s in _walk(self.kernel.body):
+            if isinstance(s, Arange) and isinstance(s.start, Index) and s.name in self.sh.aranges:
+                block = self.sh.block(s.block)
+                start = sympy.sympify(s.start.expr)
+                start = start.subs({x: self.sh.constexprs[x.name] for x in start.free_symbols
+                                    if x.name in self.sh.constexprs})
+                if block > 1 and sympy.fraction(sympy.cancel(start / block))[1] == 1:
+                    out[s.name] = (block, self.sh.aranges[s.name])
+        return out
 
     # ------------------------------------------------------------------ emission
     def emit(self, line: str, indent: int) -> None:
@@ -282,7 +304,7 @@ class CppPrinter:
                 self.emit(f"for (int64_t tf_j = 0; tf_j < {d1}; ++tf_j) {{", ind)
                 ind += 1
         scope: set[str] = set()
-        p = ExprPrinter(self.ref_in((i, j), scope))
+        p = self.at((i, j), scope)
         for s in g.stmts:
             if s in hoisted:
                 continue

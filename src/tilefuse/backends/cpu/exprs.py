@@ -85,10 +85,31 @@ class ExprPrinter:
     """Prints expressions; `ref(name)` spells a tile variable or index symbol at the current
     element of the loop nest."""
 
-    def __init__(self, ref):
+    def __init__(self, ref, aligned=None):
         self.ref = ref
+        #: arange name -> (block, the element's offset inside the block as C++) for aranges whose
+        #: start is a multiple of their block: `(x + j) mod c` is `(x mod c) + j` and
+        #: `floor((x + j) / c)` is `floor(x / c)` when the block divides c (a broadcast operand
+        #: read at a flattened index: a loop-invariant part and a contiguous one)
+        self.aligned = aligned or {}
 
     # ---------------------------------------------------------------- index arithmetic
+    def _aligned_split(self, e):
+        if isinstance(e, sympy.Mod):
+            x, c = e.args
+        else:
+            x, c = e.args[0].as_numer_denom()
+        if not (x.is_Symbol and x.name in self.aligned and c.is_Integer and int(c) > 0):
+            return None
+        block, lane = self.aligned[x.name]
+        if int(c) % block:
+            return None
+        if not x.is_nonnegative:  # (tile symbols are: plain operators, loop-invariant to the compiler)
+            return None
+        if isinstance(e, sympy.Mod):
+            return f"(({x.name} % {int(c)}) + {lane})"
+        return f"({x.name} / {int(c)})"
+
     def index(self, e) -> str:
         e = sympy.sympify(e)
         f = self.index
@@ -112,6 +133,10 @@ class ExprPrinter:
             return "(" + " * ".join([f(e.base)] * int(e.exp)) + ")"
         if e.is_Pow:  # float powers of sizes (SDPA's d ** -0.25 with a symbolic head dim)
             return f"(float)tfm_pow((double)({f(e.base)}), (double)({f(e.exp)}))"
+        if isinstance(e, (sympy.floor, sympy.Mod)):
+            split = self._aligned_split(e)
+            if split is not None:
+                return split
         if isinstance(e, sympy.floor):
             num, den = e.args[0].as_numer_denom()
             if num.is_nonnegative and den.is_positive:
