@@ -88,11 +88,15 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, options:
         sink.append(report)
     state = {"first": True, "runner": compiled}
     aliases = _output_aliases(gm)
+    mutated = _mutated_inputs(gm)
 
     def run(*args):
         runner = state["runner"]
         if runner is not compiled:
             return runner(*args)
+        before = None
+        if state["first"] and mutated and config.verify:  # the reference needs the inputs as they were
+            before = {k: args[k].clone() for k in mutated}
         try:
             out = compiled(*args)
             if aliases:
@@ -106,7 +110,7 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, options:
             state["first"] = False
             with config.patch(**(options or {})):
                 if config.verify:
-                    return _verify(name, gm, compiled, report, args, out, state)
+                    return _verify(name, gm, compiled, report, args, out, state, before)
         return out
 
     return _boxed(run)
@@ -173,13 +177,32 @@ def _apply_aliases(plan, compiled, args, out):
     return out
 
 
-def _verify(name, gm, compiled, report, args, out, state):
+def _mutated_inputs(gm: torch.fx.GraphModule) -> list:
+    """Positions of the inputs the graph writes into (kept input mutations)."""
+    from .frontend.reinplace import mutates_input
+
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    written = {n.args[0] for n in gm.graph.nodes
+               if n.op == "call_function" and mutates_input(n.target) and n.args}
+    return [k for k, p in enumerate(placeholders) if p in written]
+
+
+def _verify(name, gm, compiled, report, args, out, state, before=None):
     """TILEFUSE_VERIFY: the fp64 rule against eager on the first run; on a mismatch, the first
-    diverging kernel is reported (error, or warning and eager from then on)."""
+    diverging kernel is reported (error, or warning and eager from then on). `before`: copies
+    of the inputs the graph writes into, as they were before the call (the checks run on
+    copies of them, never on the program's own tensors)."""
     from .check.verify import verify_graph
 
+    if before:
+        ref_args = list(args)
+        for k, t in before.items():
+            ref_args[k] = t.clone()
+        args_for_check = ref_args
+    else:
+        args_for_check = args
     try:
-        result = verify_graph(name, gm.forward, compiled, args, out, report)
+        result = verify_graph(name, gm.forward, compiled, args_for_check, out, report)
     except Exception as err:  # noqa: BLE001 - a broken check must not break the program
         logs.log("runtime", "verify of %s could not run: %s: %s", name, type(err).__name__, err)
         return out
@@ -192,6 +215,8 @@ def _verify(name, gm, compiled, report, args, out, state):
     warnings.warn(msg + "\nrunning this graph eagerly from now on (set TILEFUSE_FALLBACK=error to raise)",
                   TilefuseFallbackWarning, stacklevel=3)
     state["runner"] = gm.forward
+    for k, t in (before or {}).items():
+        args[k].copy_(t)  # undo the compiled call's writes before the eager one
     return gm.forward(*args)
 
 
@@ -210,6 +235,9 @@ def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **options):
         fw_compiler=functools.partial(_compile_graph, kind="forward", options=options),
         bw_compiler=functools.partial(_compile_graph, kind="backward", options=options),
         decompositions=_decompositions(),
+        # in-place updates of inputs (a KV-cache write) stay in the graph: the frontend writes
+        # them in place instead of AOTAutograd copying a whole new tensor back after the call
+        keep_inference_input_mutations=True,
     )
 
 

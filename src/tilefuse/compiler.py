@@ -157,6 +157,9 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
             report.kernels.append(KernelReport(tk.name, kind, step.members, source, str(tk), step.notes,
                                                tuned.seconds if tk is tks[0] else 0.0))
             steps.append(KernelStep(tk.name, launcher, list(tk.writes), list(tk.reads), dict(tk.scratch)))
+    # writes into inputs run last: every step that reads an input's old value runs before them
+    writes = [s for s in steps if isinstance(s, ExternCall) and getattr(graph[s.name], "mutates", False)]
+    steps = [s for s in steps if not any(s is w for w in writes)] + writes
     return CompiledGraph(graph, steps, device), report
 
 

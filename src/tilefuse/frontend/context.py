@@ -11,6 +11,7 @@ from ..ir import dtypes as dt
 from ..ir.dtypes import DType
 from ..ir.expr import Expr, Index, cast, out_index, red_index
 from ..ir.graph import Extern, ExternResult, Graph, Pointwise, Reduce, TensorArg
+from .reinplace import mutates_input
 from .values import BufferValue, TensorValue
 
 _TORCH_TO_IR = {
@@ -170,7 +171,7 @@ class LoweringContext:
             name, ir_dtype(first.dtype) if first is not None else dt.float32,
             shape_of(first) if first is not None else (), target=target,
             target_name=str(target), args=ext_args, kwargs=ext_kwargs,
-            reason=reason, multi_output=multi, binds=binds,
+            reason=reason, multi_output=multi, binds=binds, mutates=mutates_input(target),
         )
         self.graph.add(node)
         if not multi:

@@ -46,6 +46,10 @@ def _is_sym_or_number(v) -> bool:
 
 
 def lower_fx(gm: torch.fx.GraphModule, name: str = "graph") -> Graph:
+    from .reinplace import reinplace_input_scatters
+
+    if reinplace_input_scatters(gm):
+        logs.log("graph", "%s: scatters into inputs written in place", name)
     graph = Graph(name=name)
     ctx = LoweringContext(graph)
     env: dict = {}

@@ -116,6 +116,9 @@ class Extern(Node):
     #: a data-dependent size or scalar (an unbacked symbol such as `u0`) the call's result
     #: defines: `item()` of a tensor; bound when the call runs
     binds: Any = None
+    #: the call writes into one of its arguments (a graph input): it runs after every other
+    #: step, when nothing can still read the input's old value
+    mutates: bool = False
 
     def inputs(self):
         found: set[str] = set()

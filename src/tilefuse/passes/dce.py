@@ -6,8 +6,10 @@ from ..ir.graph import Graph, Input, ScalarInput
 
 def eliminate_dead_code(graph: Graph) -> Graph:
     live = set(graph.output_names())
-    # an extern that binds a data-dependent scalar (`item()`) defines a symbol, not a buffer
-    live |= {n.name for n in graph.nodes.values() if getattr(n, "binds", None) is not None}
+    # an extern that binds a data-dependent scalar (`item()`) defines a symbol, not a buffer;
+    # one that writes into an input (`copy_`, `index_put_`) has an effect, not a result
+    live |= {n.name for n in graph.nodes.values()
+             if getattr(n, "binds", None) is not None or getattr(n, "mutates", False)}
     for node in reversed(list(graph.nodes.values())):
         if node.name in live:
             live |= node.inputs()
