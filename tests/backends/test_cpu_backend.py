@@ -205,6 +205,16 @@ def test_generated_products_of_every_register_block(dtype):
         run_cpu(lambda x, y: torch.relu(x @ y), a, b, matmul="generated")
 
 
+def test_dots_that_start_from_zero_skip_the_fill():
+    """`s = full(0); s = dot(a, b) + s` (the flash kernel's scores and P·V): the register
+    block starts at 0; the products still match eager (plain and ragged tiles)."""
+    for n in (128, 100):
+        q, k, v = (rand(1, 2, n, 32) for _ in range(3))
+        ex = run_cpu(attention, q, k, v)
+        src = next(x.source for x in ex.kernels if x.kind == "flash").split('extern "C"')[1]
+        assert src.count(", true>(") == 2, src
+
+
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_flash_reads_key_tiles_by_register_transposes(dynamic):
     """Whole Kᵀ tiles (no ragged edge) read from K rows (head dim contiguous) are copied by

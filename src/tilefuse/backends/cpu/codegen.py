@@ -46,13 +46,33 @@ class CppPrinter:
         self.lines: list[str] = []
         self.tmp = 0
         self.streams = False  # some nest writes with non-temporal stores
+        self.zero_dot: set[int] = set()  # ids of dots whose accumulator starts at 0
         self.block_aligned = self._block_aligned()
 
     # ------------------------------------------------------------------ grouping
+    def zero_starts(self, stmts) -> set:
+        """ids of `X = full(0)` statements whose only use is as the accumulator of a following
+        `X = dot(a, b) + X`: the dot starts its registers at 0 instead (no zero fill, no load)."""
+        skip = set()
+        for k, s in enumerate(stmts):
+            if not (isinstance(s, DotTile) and isinstance(s.acc, Var) and s.acc.name == s.name):
+                continue
+            for j in range(k - 1, -1, -1):
+                t = stmts[j]
+                if isinstance(t, Full) and t.name == s.name:
+                    if isinstance(t.value, (int, float)) and t.value == 0:
+                        skip.add(id(t))
+                        self.zero_dot.add(id(s))
+                    break
+                if isinstance(t, For) or s.name in reads(t) or defines(t) == s.name:
+                    break
+        return skip
+
     def plan(self, stmts) -> list:
         """Split a block into loop-nest groups and single statements (recursively)."""
         items: list = []
         group: _Group | None = None
+        zero_fills = self.zero_starts(stmts)
 
         def flush():
             nonlocal group
@@ -61,6 +81,8 @@ class CppPrinter:
                 group = None
 
         for s in stmts:
+            if id(s) in zero_fills:
+                continue
             if isinstance(s, For):
                 flush()
                 items.append(("for", s, self.plan(s.body)))
@@ -498,9 +520,13 @@ class CppPrinter:
         a = self._operand(s.a, (m, k), ind)
         b = self._operand(s.b, (k, n), ind)
         block = register_block(m, n)
+        zero = id(s) in self.zero_dot
         if block is not None:
-            self.emit(f"tf_dot_rb<{m}, {n}, {k}, {block[0]}, {block[1]}>({a}, {b}, {s.name});", ind)
+            flag = ", true" if zero else ""
+            self.emit(f"tf_dot_rb<{m}, {n}, {k}, {block[0]}, {block[1]}{flag}>({a}, {b}, {s.name});", ind)
         else:
+            if zero:
+                self.emit(f"for (int64_t tf_i = 0; tf_i < {m * n}; ++tf_i) {s.name}[tf_i] = 0.0f;", ind)
             self.emit(f"tf_dot_ikj<{m}, {n}, {k}>({a}, {b}, {s.name});", ind)
         self.emit("}", indent)
 
@@ -582,13 +608,13 @@ _DOT = r"""
 typedef float tf_v16 __attribute__((vector_size(64), aligned(4)));
 /* acc[R][16V] += a[R][K] @ b[K][16V] (leading dims LDA, LDB, LDC), fp32: R x V vector
    accumulators stay in registers for the whole K loop; one broadcast of `a` feeds V FMAs */
-template <int R, int V, int K, int LDA, int LDB, int LDC>
+template <int R, int V, int K, int LDA, int LDB, int LDC, bool ZERO>
 TF_INLINE void tf_dot_block(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ acc) {
   tf_v16 c[R][V];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) c[r][v] = *(const tf_v16*)&acc[r * LDC + 16 * v];
+    for (int v = 0; v < V; ++v) c[r][v] = ZERO ? (tf_v16){} : *(const tf_v16*)&acc[r * LDC + 16 * v];
   for (int k = 0; k < K; ++k) {
     tf_v16 bv[V];
 #pragma GCC unroll 4
@@ -605,12 +631,13 @@ TF_INLINE void tf_dot_block(const float* __restrict__ a, const float* __restrict
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) *(tf_v16*)&acc[r * LDC + 16 * v] = c[r][v];
 }
-/* acc[M][N] += a[M][K] @ b[K][N], dense row-major: column panels of 16V, R-row blocks */
-template <int M, int N, int K, int R, int V> TF_INLINE void tf_dot_rb(const float* __restrict__ a,
-                                                                      const float* __restrict__ b,
-                                                                      float* __restrict__ acc) {
+/* acc[M][N] (+)= a[M][K] @ b[K][N], dense row-major: column panels of 16V, R-row blocks;
+   ZERO: acc starts at 0 (never read) */
+template <int M, int N, int K, int R, int V, bool ZERO = false> TF_INLINE void tf_dot_rb(const float* __restrict__ a,
+                                                                                         const float* __restrict__ b,
+                                                                                         float* __restrict__ acc) {
   for (int j0 = 0; j0 < N; j0 += 16 * V)
-    for (int i0 = 0; i0 < M; i0 += R) tf_dot_block<R, V, K, K, N, N>(a + i0 * K, b + j0, acc + i0 * N + j0);
+    for (int i0 = 0; i0 < M; i0 += R) tf_dot_block<R, V, K, K, N, N, ZERO>(a + i0 * K, b + j0, acc + i0 * N + j0);
 }
 /* dst[R][C] = src[i + j * ld] (a transposed tile): 16x16 blocks loaded as rows of the source,
    transposed in registers by four rounds of two-source shuffles, stored as rows of dst */
