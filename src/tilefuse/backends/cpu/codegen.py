@@ -45,7 +45,6 @@ class CppPrinter:
         self.local: set[str] = set()  # values that never leave their loop nest
         self.lines: list[str] = []
         self.tmp = 0
-        self.streams = False  # some nest writes with non-temporal stores
         self.zero_dot: set[int] = set()  # ids of dots whose accumulator starts at 0
         self.block_aligned = self._block_aligned()
 
@@ -306,17 +305,9 @@ class CppPrinter:
                 vt = ctype(self.sh.dtype.get(s.name + "__v", s.value.dtype))
                 self.emit(f"{vt} {self._lanes(s)}_v[{lanes}];", ind)
                 self.emit(f"for (int64_t tf_l = 0; tf_l < {lanes}; ++tf_l) {self._lanes(s)}_v[tf_l] = {self._vident(s)};", ind)
-        streamed = self._streamed(g, row_reds)
-        if streamed:
-            self.streams = True
-            self.emit(f"const bool tf_nt = tf_n * {d0 * d1} >= TF_STREAM_MIN;", ind)
         if d1 > 1:
-            if row_reds or streamed:
-                if streamed:
-                    lanes = LANES
+            if row_reds:
                 self.emit(f"for (int64_t tf_jo = 0; tf_jo < {d1}; tf_jo += {lanes}) {{", ind)
-                for s in streamed:
-                    self.emit(f"alignas(64) float {self._chunk(s)}[{LANES}];", ind + 1)
                 self.emit(simd, ind + 1)
                 self.emit(f"for (int64_t tf_jl = 0; tf_jl < {lanes}; ++tf_jl) {{", ind + 1)
                 self.emit("const int64_t tf_j = tf_jo + tf_jl;", ind + 2)
@@ -329,9 +320,6 @@ class CppPrinter:
         p = self.at((i, j), scope)
         for s in g.stmts:
             if s in hoisted:
-                continue
-            if s in streamed:
-                self.emit(f"{self._chunk(s)}[tf_jl] = (float)({p.expr(s.value)});", ind)
                 continue
             if isinstance(s, (ReduceTile, ArgReduceTile)):
                 self._accumulate(s, p, row=s in row_reds, col=s in col_reds, d1=d1, ind=ind, loops=(i, j))
@@ -348,12 +336,9 @@ class CppPrinter:
                 for line in self.body_lines(s, p, scalar=False):
                     self.emit(line, ind)
         if d1 > 1:
-            if row_reds or streamed:
+            if row_reds:
                 ind -= 1
                 self.emit("}", ind)
-                q = ExprPrinter(self.ref_in((i, "tf_jo"), set()))
-                for s in streamed:
-                    self.emit(f"tf_store16(&ptr_{s.buffer}[{q.expr(s.offset)}], {self._chunk(s)}, tf_nt);", ind)
                 ind -= 1
             else:
                 ind -= 1
@@ -364,9 +349,6 @@ class CppPrinter:
             ind -= 1
             self.emit("}", ind)
         self.emit("}", indent)
-
-    def _chunk(self, s) -> str:
-        return f"tf_nt_{s.buffer}"
 
     def _acc_dtype(self, s):
         return s.dtype if isinstance(s, ReduceTile) else dt.int64
@@ -468,25 +450,6 @@ class CppPrinter:
         if (si.free_symbols | sj.free_symbols) & tile:
             return None
         return si, sj
-
-    def _streamed(self, g: _Group, row_reds) -> list:
-        """fp32 stores of a nest along a contiguous inner axis, unmasked, whole 16-lane chunks,
-        in a kernel that walks its rows more than once (reductions first): written with
-        non-temporal stores when the kernel's output is large (no read for ownership of lines
-        that are only written and would leave the cache anyway). One-pass kernels keep plain
-        stores: there the loads stream at the same time and compete with non-temporal stores
-        for the line-fill buffers (measured slower)."""
-        d0, d1 = g.shape
-        if row_reds or d1 < 64 or d1 % 16 or not any(isinstance(s, (ReduceTile, ArgReduceTile))
-                                                     for s in _walk(self.kernel.body)):
-            return []
-        out = []
-        for s in g.stmts:
-            if isinstance(s, StoreTile) and s.mask is None and s.dtype == dt.float32:
-                st = self._strides(s.offset)
-                if st is not None and st[1] == 1 and self.sh.of(s.offset) == g.shape:
-                    out.append(s)
-        return out
 
     def _transposed_load(self, s, shape, ind: int) -> bool:
         """An unmasked fp32 tile load kept in an array whose source is contiguous along the
@@ -597,8 +560,6 @@ class CppPrinter:
         out.append("    {")
         out.extend(body)
         out.append("    }")
-        if self.streams:
-            out.append("    tf_stream_fence();")
         out.append("  }")
         out.append("}")
         return "\n".join(out) + "\n"
@@ -664,28 +625,6 @@ template <int R, int C> TF_INLINE void tf_load_t(const float* __restrict__ src, 
 #pragma GCC unroll 16
       for (int ii = 0; ii < 16; ++ii) *(tf_v16*)&dst[(i0 + ii) * C + j0] = v[ii];
     }
-}
-/* 16 floats to dst: a non-temporal store when asked and dst is 64-byte aligned */
-#define TF_STREAM_MIN (1 << 22)
-TF_INLINE void tf_store16(float* __restrict__ dst, const float* __restrict__ src, bool nt) {
-#if defined(__AVX512F__) && (defined(__clang__) || defined(__GNUC__))
-  if (nt && ((uintptr_t)dst & 63) == 0) {
-    const tf_v16a v = *(const tf_v16a*)src;
-#if defined(__clang__)
-    __builtin_nontemporal_store(v, (tf_v16a*)dst);
-#else
-    __builtin_ia32_movntps512(dst, v);
-#endif
-    return;
-  }
-#endif
-  (void)nt;
-  __builtin_memcpy(dst, src, 64);
-}
-TF_INLINE void tf_stream_fence() {
-#if defined(__SSE2__)
-  __builtin_ia32_sfence();
-#endif
 }
 template <int M, int N, int K> TF_INLINE void tf_dot_ikj(const float* __restrict__ a, const float* __restrict__ b,
                                                          float* __restrict__ acc) {
