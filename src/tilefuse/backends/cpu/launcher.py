@@ -130,8 +130,9 @@ class CppKernel:
             grid = self.kernel.grid_size(env)
             if len(grid) > 3:
                 raise RuntimeError(f"{self.kernel.name}: grids of more than 3 dims")
-            shape = self._shapes[key] = (values, (ctypes.c_int64 * 3)(*(grid + (1, 1))[:3]), empty)
-        values, grid, empty = shape
+            programs = grid[0] * (grid[1] if len(grid) > 1 else 1) * (grid[2] if len(grid) > 2 else 1)
+            shape = self._shapes[key] = (values, (ctypes.c_int64 * 3)(*(grid + (1, 1))[:3]), empty, programs)
+        values, grid, empty, programs = shape
         if empty:
             return
         ptrs = self._ptrs
@@ -144,7 +145,9 @@ class CppKernel:
             advise_huge_pages(buffers[name])
         args = [buffers[name].stride(d) if kind == "stride" else values[name] for kind, name, d in self.sizes]
         sizes = (ctypes.c_int64 * max(1, len(args)))(*args)
-        self.fn(ptrs, sizes, grid, torch.get_num_threads())
+        # a grid smaller than the thread pool wakes only as many threads as it has programs
+        # (waking the rest costs more than a small kernel, most of all on a busy machine)
+        self.fn(ptrs, sizes, grid, max(1, min(torch.get_num_threads(), programs)))
 
 
 def _symbol(name: str):
