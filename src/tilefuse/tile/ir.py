@@ -190,6 +190,29 @@ class Comment(Stmt):
     text: str
 
 
+def stmt_exprs(s: Stmt) -> list:
+    """The expressions a statement reads, its own only (a loop's bounds, not its body)."""
+    if isinstance(s, (Let, Assign, BroadcastTile, ReduceTile)):
+        return [s.value]
+    if isinstance(s, Arange):
+        return [s.start]
+    if isinstance(s, LoadTile):
+        return [s.offset] + ([s.mask] if s.mask is not None else [])
+    if isinstance(s, StoreTile):
+        return [s.offset, s.value] + ([s.mask] if s.mask is not None else [])
+    if isinstance(s, ArgReduceTile):
+        return [s.value, s.index]
+    if isinstance(s, DotTile):
+        return [s.a, s.b, s.acc]
+    if isinstance(s, For):
+        return [s.start, s.stop]
+    if isinstance(s, MakeDescriptor):
+        return [s.base, *s.shape, *s.strides]
+    if isinstance(s, DescriptorLoad):
+        return list(s.offsets)
+    return []
+
+
 @dataclass
 class TileKernel:
     name: str

@@ -10,7 +10,7 @@ import sympy
 
 from ..ir.expr import Index, Var, walk
 from .ir import (Arange, ArgReduceTile, Assign, BroadcastTile, DescriptorLoad, DotTile, For, Full, Let, LoadTile,
-                 MakeDescriptor, ProgramId, ReduceTile, StoreTile, TileKernel)
+                 MakeDescriptor, ProgramId, ReduceTile, StoreTile, TileKernel, stmt_exprs)
 
 
 class TileVerificationError(ValueError):
@@ -36,37 +36,12 @@ def verify_tile_kernel(k: TileKernel) -> TileKernel:
 
     def check(stmts, scope: set, where: str) -> None:
         for s in stmts:
-            exprs = []
-            if isinstance(s, (Let, Assign)):
-                exprs = [s.value]
-            elif isinstance(s, Arange):
-                exprs = [s.start]
-            elif isinstance(s, BroadcastTile):
-                exprs = [s.value]
-            elif isinstance(s, LoadTile):
-                exprs = [s.offset] + ([s.mask] if s.mask is not None else [])
-                if s.buffer not in params:
-                    raise TileVerificationError(f"{k.name}: loads {s.buffer}, which is not a parameter")
-            elif isinstance(s, StoreTile):
-                exprs = [s.offset, s.value] + ([s.mask] if s.mask is not None else [])
-                if s.buffer not in params:
-                    raise TileVerificationError(f"{k.name}: stores {s.buffer}, which is not a parameter")
-            elif isinstance(s, ReduceTile):
-                exprs = [s.value]
-            elif isinstance(s, ArgReduceTile):
-                exprs = [s.value, s.index]
-            elif isinstance(s, DotTile):
-                exprs = [s.a, s.b, s.acc]
-            elif isinstance(s, For):
-                exprs = [s.start, s.stop]
-            elif isinstance(s, MakeDescriptor):
-                exprs = [s.base, *s.shape, *s.strides]
-                if s.buffer not in params:
-                    raise TileVerificationError(f"{k.name}: describes {s.buffer}, which is not a parameter")
-            elif isinstance(s, DescriptorLoad):
-                exprs = list(s.offsets)
-                if s.descriptor not in scope:
-                    raise TileVerificationError(f"{k.name}{where}: reads undefined descriptor {s.descriptor}")
+            exprs = stmt_exprs(s)
+            if isinstance(s, (LoadTile, StoreTile, MakeDescriptor)) and s.buffer not in params:
+                what = {LoadTile: "loads", StoreTile: "stores", MakeDescriptor: "describes"}[type(s)]
+                raise TileVerificationError(f"{k.name}: {what} {s.buffer}, which is not a parameter")
+            if isinstance(s, DescriptorLoad) and s.descriptor not in scope:
+                raise TileVerificationError(f"{k.name}{where}: reads undefined descriptor {s.descriptor}")
             for e in exprs:
                 missing = _used(e) - scope
                 if missing:

@@ -12,7 +12,7 @@ import sympy
 from ...ir import dtypes as dt
 from ...ir.expr import Expr, Index, Var, walk
 from ...tile.ir import (Arange, ArgReduceTile, Assign, BroadcastTile, DotTile, For, Full, Let, LoadTile, ProgramId,
-                        ReduceTile, StoreTile, TileKernel)
+                        ReduceTile, StoreTile, TileKernel, stmt_exprs)
 from .exprs import CppUnsupported
 
 SCALAR = (1, 1)
@@ -149,30 +149,14 @@ def _all(stmts):
 
 def reads(s) -> set[str]:
     """Names (tile values and index symbols) a statement reads, nested blocks included."""
-    exprs = []
-    if isinstance(s, (Let, Assign)):
-        exprs = [s.value]
-    elif isinstance(s, LoadTile):
-        exprs = [s.offset, s.mask]
-    elif isinstance(s, StoreTile):
-        exprs = [s.offset, s.value, s.mask]
-    elif isinstance(s, BroadcastTile):
-        exprs = [s.value]
-    elif isinstance(s, ReduceTile):
-        exprs = [s.value]
-    elif isinstance(s, ArgReduceTile):
-        exprs = [s.value, s.index]
-    elif isinstance(s, DotTile):
-        exprs = [s.a, s.b, s.acc]
-    elif isinstance(s, Arange):
-        exprs = [s.start]
-    elif isinstance(s, For):
+    if isinstance(s, For):
         out = set()
         for e in (s.start, s.stop):
             out |= _names(e)
         for t in s.body:
             out |= reads(t)
         return out
+    exprs = stmt_exprs(s)
     out = set()
     for e in exprs:
         if e is not None:
