@@ -190,6 +190,22 @@ class Comment(Stmt):
     text: str
 
 
+def expr_names(e: Expr) -> set[str]:
+    """The names an expression reads: tile values (`Var`) and the symbols of its index
+    arithmetic (tile symbols, sizes)."""
+    import sympy
+
+    from ..ir.expr import Index, Var, walk
+
+    names = set()
+    for n in walk(e):
+        if isinstance(n, Var):
+            names.add(n.name)
+        elif isinstance(n, Index):
+            names |= {s.name for s in sympy.sympify(n.expr).free_symbols}
+    return names
+
+
 def stmt_exprs(s: Stmt) -> list:
     """The expressions a statement reads, its own only (a loop's bounds, not its body)."""
     if isinstance(s, (Let, Assign, BroadcastTile, ReduceTile)):

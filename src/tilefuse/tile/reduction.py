@@ -29,7 +29,7 @@ from ..ir.expr import Const, Expr, Index, Load, Var, binary, cast, out_index, re
 from ..ir.printer import format_expr
 from ..ir.graph import Graph
 from .builder import KernelBuilder, land
-from .ir import Arange, ArgReduceTile, Assign, For, Full, Let, LoadTile, ProgramId, ReduceTile, TileKernel
+from .ir import Arange, ArgReduceTile, Assign, For, Full, Let, LoadTile, ProgramId, ReduceTile, TileKernel, expr_names
 from .lower import (LoweringOptions, _index_values, _mapped, _needs_int64, _pow2, _static, _sym, bound_check,
                     full_tile, identity, masked)
 
@@ -268,7 +268,7 @@ def _eviction_hints(body: list) -> None:
             final[t.buffer] = k
     for k, group in enumerate(loads):
         for t in group:
-            if isinstance(t.offset, Index) and "xindex" not in {str(v) for v in _index_symbols(t.offset)}:
+            if isinstance(t.offset, Index) and "xindex" not in expr_names(t.offset):
                 t.eviction = "last"
             elif final[t.buffer] > k:
                 t.eviction = "last"
@@ -282,17 +282,6 @@ def _walk(stmts):
         if isinstance(s, For):
             yield from _walk(s.body)
 
-
-def _index_symbols(e) -> set:
-    from ..ir.expr import Index, Var, walk
-
-    out = set()
-    for node in walk(e):
-        if isinstance(node, Index):
-            out |= sympy.sympify(node.expr).free_symbols
-        elif isinstance(node, Var):
-            out.add(sympy.Symbol(node.name))
-    return out
 
 
 def _looped_pass(b, graph, in_pass, fulls, repaired, Rn, rblock, xmask, r, body_of, out_index_of, finish,

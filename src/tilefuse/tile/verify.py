@@ -8,23 +8,12 @@ from __future__ import annotations
 
 import sympy
 
-from ..ir.expr import Index, Var, walk
 from .ir import (Arange, ArgReduceTile, Assign, BroadcastTile, DescriptorLoad, DotTile, For, Full, Let, LoadTile,
-                 MakeDescriptor, ProgramId, ReduceTile, StoreTile, TileKernel, stmt_exprs)
+                 MakeDescriptor, ProgramId, ReduceTile, StoreTile, TileKernel, expr_names, stmt_exprs)
 
 
 class TileVerificationError(ValueError):
     pass
-
-
-def _used(expr) -> set[str]:
-    names = set()
-    for e in walk(expr):
-        if isinstance(e, Var):
-            names.add(e.name)
-        elif isinstance(e, Index):
-            names |= {s.name for s in sympy.sympify(e.expr).free_symbols}
-    return names
 
 
 def verify_tile_kernel(k: TileKernel) -> TileKernel:
@@ -43,7 +32,7 @@ def verify_tile_kernel(k: TileKernel) -> TileKernel:
             if isinstance(s, DescriptorLoad) and s.descriptor not in scope:
                 raise TileVerificationError(f"{k.name}{where}: reads undefined descriptor {s.descriptor}")
             for e in exprs:
-                missing = _used(e) - scope
+                missing = expr_names(e) - scope
                 if missing:
                     raise TileVerificationError(f"{k.name}{where}: {type(s).__name__} uses undefined {sorted(missing)}")
             if isinstance(s, Assign) and s.name not in scope:

@@ -659,9 +659,9 @@ def _is_loop_var(stmts, name: str) -> bool:
 
 
 def _for_reads(s: For) -> set:
-    from .shapes import _names
+    from ...tile.ir import expr_names
 
-    return _names(s.start) | _names(s.stop)
+    return expr_names(s.start) | expr_names(s.stop)
 
 
 def _groups(items):

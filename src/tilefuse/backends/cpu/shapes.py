@@ -12,7 +12,7 @@ import sympy
 from ...ir import dtypes as dt
 from ...ir.expr import Expr, Index, Var, walk
 from ...tile.ir import (Arange, ArgReduceTile, Assign, BroadcastTile, DotTile, For, Full, Let, LoadTile, ProgramId,
-                        ReduceTile, StoreTile, TileKernel, stmt_exprs)
+                        ReduceTile, StoreTile, TileKernel, expr_names, stmt_exprs)
 from .exprs import CppUnsupported
 
 SCALAR = (1, 1)
@@ -152,7 +152,7 @@ def reads(s) -> set[str]:
     if isinstance(s, For):
         out = set()
         for e in (s.start, s.stop):
-            out |= _names(e)
+            out |= expr_names(e)
         for t in s.body:
             out |= reads(t)
         return out
@@ -160,19 +160,9 @@ def reads(s) -> set[str]:
     out = set()
     for e in exprs:
         if e is not None:
-            out |= _names(e)
+            out |= expr_names(e)
     if isinstance(s, Assign):
         out.add(s.name)
-    return out
-
-
-def _names(e: Expr) -> set[str]:
-    out = set()
-    for n in walk(e):
-        if isinstance(n, Var):
-            out.add(n.name)
-        elif isinstance(n, Index):
-            out |= {s.name for s in sympy.sympify(n.expr).free_symbols}
     return out
 
 
