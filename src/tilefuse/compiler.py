@@ -19,6 +19,7 @@ from .backends.triton import generate, load_kernel
 from .config import config
 from .frontend.to_ir import lower_fx
 from .fusion import ExternStep, plan_graph
+from .fusion.layout import assign_layouts
 from .fusion.plan import KernelPlan, Stage
 from .ir.expr import Load, walk
 from .ir.verify import verify
@@ -104,6 +105,7 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
     report.graph_ir = str(graph)
     with stage("fusion"):
         schedule = plan_graph(graph)
+        assign_layouts(graph, schedule)
     report.decisions = list(schedule.decisions)
     options = LoweringOptions(interpret=interpret, persistent_reduction_limit=config.persistent_reduction_limit,
                               flash_config=config.flash_config, flash_split=config.flash_split,

@@ -8,7 +8,7 @@ large body.
 """
 from __future__ import annotations
 
-from ..ir.expr import Cast, Expr, Load, Unary, count_ops, out_index, skip_intermediate_rounding, transform, walk
+from ..ir.expr import Cast, Expr, Index, Load, Unary, count_ops, out_index, skip_intermediate_rounding, transform, walk
 from ..ir.graph import Extern, ExternResult, Graph, Pointwise, Reduce
 from ..ir.rewrite import substitute_index
 
@@ -51,8 +51,12 @@ class Inliner:
                 self.reasons[node.name] = "graph output"
             elif node.name in extern_read:
                 self.reasons[node.name] = "read by an extern call"
-            elif any(is_contraction_like(self.graph[u]) for u in users) and (
-                    count_ops(body) > MAX_PROLOGUE_OPS or _costly(body)):
+            elif _narrowing_conversion(node) and isinstance(self.graph[node.body.x.buffer], Reduce) \
+                    and len(self.users[node.body.x.buffer]) == 1:
+                # bf16(acc) of a kernel's fp32 result: its producer stores it narrow (half the
+                # bytes) instead of every consumer reading the fp32 result and rounding it
+                self.reasons[node.name] = "narrowing conversion of a kernel result: stored by its producer"
+            elif self._feeds_contraction(node.name) and (count_ops(body) > MAX_PROLOGUE_OPS or _costly(body)):
                 self.reasons[node.name] = "costly prologue of a contraction: computed once, in its producer's kernel"
             elif len(users) > 1 and count_ops(body) > MAX_SHARED_OPS:
                 self.reasons[node.name] = f"{len(users)} consumers would recompute {count_ops(body)} ops"
@@ -60,6 +64,17 @@ class Inliner:
                 self.reasons[node.name] = "unused"
             else:
                 self.inlined.add(node.name)
+
+    def _feeds_contraction(self, name: str) -> bool:
+        """A contraction reads the node, directly or through conversions of it (`float32(x)` of a
+        bf16 `x`: the bf16 tensor is realised, its upcast stays an exact operand of the dot)."""
+        for u in self.users[name]:
+            user = self.graph[u]
+            if is_contraction_like(user):
+                return True
+            if _conversion_of(user, name) and self._feeds_contraction(u):
+                return True
+        return False
 
     def body(self, name: str) -> Expr:
         """The node's body with every inlined producer substituted."""
@@ -103,3 +118,11 @@ def _narrowing_conversion(node) -> bool:
     body = node.body
     return (isinstance(node, Pointwise) and isinstance(body, Cast) and body.dtype.is_low_precision
             and isinstance(body.x, Load) and body.x.dtype.is_float and not body.x.dtype.is_low_precision)
+
+
+def _conversion_of(node, name: str) -> bool:
+    """A pointwise node that only converts `name` to another float dtype at its own index."""
+    body = node.body if isinstance(node, Pointwise) else None
+    return (isinstance(body, Cast) and body.dtype.is_float and isinstance(body.x, Load) and body.x.buffer == name
+            and body.x.dtype.is_float and len(body.x.index) == node.rank
+            and all(isinstance(c, Index) and c.expr == s for c, s in zip(body.x.index, out_index(node.rank))))

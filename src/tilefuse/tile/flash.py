@@ -23,7 +23,7 @@ from ..ir.graph import Graph
 from .builder import KernelBuilder, contiguous_strides, land
 from .ir import Arange, Assign, DotTile, For, Full, ProgramId, ReduceTile, Scratch, TileKernel
 from .lower import (LoweringOptions, _dot_operand, _index_values, _mapped, _needs_int64, _pow2, _static, _sym, bound_check,
-                    full_tile, identity)
+                    full_tile, identity, lane_ranges)
 from .reduction import _TILE_COMBINER, _acc_dtype, _combine, rebase
 from .score_rewrites import exp_as_exp2, positive_scale, pull_scales, relax_for_low_precision
 
@@ -335,7 +335,7 @@ def _finish(b: KernelBuilder, graph: Graph, plan: KernelPlan, acc, rm, rn, m_ok,
     for st in epilogues:
         enode = graph[st.node]
         vals = [c.expr for c in o_index] if tuple(enode.shape) == tuple(o_node.shape) \
-            else list(_index_values(enode.shape, flat, {}))
+            else list(_index_values(enode.shape, flat, lane_ranges([c.expr for c in o_index], o_node.shape)))
         v = b.value(_mapped(st.body, out_index(enode.rank), vals), mask=omask)
         b.bound[st.node] = v
         b.store(st.node, tuple(Index(e) for e in vals), v, omask)

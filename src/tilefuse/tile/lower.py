@@ -104,6 +104,18 @@ def _index_values(shape, flat, ranges: dict) -> tuple:
     return tuple(simplify_index(v, ranges) for v in unravel_sym(flat, shape))
 
 
+def lane_ranges(index, shape) -> dict:
+    """Extents of the tile symbols that index a kernel's output directly (`rm` of dim M): every
+    lane that stores has its symbol inside the dim, so index arithmetic of epilogues may
+    assume it (a masked lane's address is never dereferenced)."""
+    ranges = {}
+    for v, d in zip(index, shape):
+        v = sympy.sympify(v)
+        if v.is_Symbol:
+            ranges[v] = d
+    return ranges
+
+
 def lower_plan_kernels(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> list[TileKernel]:
     """The kernels implementing one plan: one, or a split flash kernel and its merge."""
     if plan.kind == "flash":
@@ -395,7 +407,10 @@ def lower_contraction(graph: Graph, plan: KernelPlan, options: LoweringOptions) 
         if tuple(enode.shape) == tuple(node.shape):
             vals = out_vals
         else:
-            vals = _index_values(enode.shape, flat, {})
+            ranges = lane_ranges(out_vals, node.shape)
+            if batch_shape:
+                ranges[pid_b] = sympy.Mul(*batch_shape)
+            vals = _index_values(enode.shape, flat, ranges)
         v = b.value(_mapped(st.body, out_index(enode.rank), vals), mask=omask)
         b.bound[enode.name] = v  # later epilogues read it from registers
         b.store(enode.name, tuple(Index(e) for e in vals), v, omask)
@@ -431,4 +446,4 @@ def _contig(shape):
     return contiguous_strides(shape)
 
 
-__all__ = ["lower_plan", "lower_plan_kernels", "schedule_space", "LoweringOptions", "land"]
+__all__ = ["lower_plan", "lower_plan_kernels", "schedule_space", "LoweringOptions", "land", "lane_ranges"]

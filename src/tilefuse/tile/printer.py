@@ -29,7 +29,8 @@ def _stmt(s, pad: str, out: list) -> None:
     elif isinstance(s, ArgReduceTile):
         out.append(f"{pad}{s.name} = {s.combiner}({format_expr(s.value)}, axis={s.axis})")
     elif isinstance(s, DotTile):
-        out.append(f"{pad}{s.name} = dot({format_expr(s.a)}, {format_expr(s.b)}) + {format_expr(s.acc)}")
+        operands = f" in {s.input_dtype.name}" if s.input_dtype is not None else ""
+        out.append(f"{pad}{s.name} = dot({format_expr(s.a)}, {format_expr(s.b)}){operands} + {format_expr(s.acc)}")
     elif isinstance(s, MakeDescriptor):
         dims = ", ".join(format_expr(d) for d in s.shape)
         strides = ", ".join(format_expr(d) for d in s.strides)

@@ -6,10 +6,11 @@ ops (`_scaled_dot_product_flash_attention`, `_efficient_attention`, `_cudnn_atte
 ran). This module owns their `.default` overloads: each is lowered to the graph IR that
 PyTorch's math path (`_scaled_dot_product_attention_math`, the CPU decomposition) produces,
 
-    q·√s  @  (kᵀ·√s)  [+ bias / causal mask]  → _safe_softmax (fp32)  →  @ v  → output dtype
+    (q @ kᵀ)·s  [+ bias / causal mask]  → _safe_softmax (fp32)  →  @ v  → output dtype
 
-so the fusion planner turns it into the same single "flash" kernel. Half-precision inputs are
-upcast to fp32 first, as the math path does; rows masked entirely give 0 (`_safe_softmax`).
+so the fusion planner turns it into the same single "flash" kernel (the math path scales q
+and k by √s each before the product; the value is the same up to fp32 rounding).
+Half-precision inputs are upcast to fp32 first, as the math path does; rows masked entirely give 0 (`_safe_softmax`).
 Key/value with fewer heads than the query (grouped-query attention) are repeated per group.
 
 Only the attention output (result 0) is produced. If the graph uses another result (the
@@ -133,13 +134,14 @@ def attention(ctx, q, k, v, mask, is_causal: bool, scale, bottom_right: bool = F
     n_k, e_v = sym(k.shape[2]), sym(v.shape[3])
     k, v = _repeat_heads(k, h), _repeat_heads(v, h)
 
-    # scale q and k by √scale each before the product, as the math path does for stability
-    root, sign = _root_scale(scale, e)
-    q_s = pointwise(ctx, q.shape, acc, lambda i: binary("mul", q.load(i), scalar(sign * root, acc)))
-    k_t = transpose(k, -2, -1)
-    k_s = pointwise(ctx, k_t.shape, acc, lambda i: binary("mul", k_t.load(i), scalar(root, acc)))
+    # The math path scales q and k by √scale each before the product (fp16 products could
+    # overflow its half-precision matmul). Here the product accumulates in fp32, so the scale
+    # is applied to the scores instead: the dot's operands stay exact upcasts of the inputs,
+    # and a bf16/fp16 attention runs its Q·Kᵀ on tensor cores from the inputs' own bytes.
     shape = (b, h, n_q, n_k)
-    scores = reshape(contraction(ctx, _batched(q_s), _batched(k_s), acc), shape)
+    product = reshape(contraction(ctx, _batched(q), _batched(transpose(k, -2, -1)), acc), shape)
+    factor = _scale(scale, e)
+    scores = pointwise(ctx, shape, acc, lambda i: binary("mul", product.load(i), scalar(factor, acc)))
 
     terms = []
     if is_causal:
@@ -196,16 +198,16 @@ def _repeat_heads(t: TensorValue, heads) -> TensorValue:
                 "repeat_interleave")
 
 
-def _root_scale(scale, head_dim):
-    """(√|scale|, sign of scale); scale defaults to 1/√E like `sdp::calculate_scale`."""
+def _scale(scale, head_dim):
+    """The scores' scale; it defaults to 1/√E like `sdp::calculate_scale`."""
     scale = py(scale)
     if scale is None:
         if isinstance(py(head_dim), int):
-            return math.sqrt(1.0 / math.sqrt(py(head_dim))), 1.0
-        return sympy.sqrt(1 / sympy.sqrt(head_dim)), 1.0
+            return 1.0 / math.sqrt(py(head_dim))
+        return 1 / sympy.sqrt(head_dim)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise Unsupported(f"scale must be a constant, got {scale!r}")
-    return math.sqrt(abs(scale)), (-1.0 if scale < 0 else 1.0)
+    return float(scale)
 
 
 def _causal_mask(ctx, n_q, n_k, acc, bottom_right: bool) -> TensorValue:

@@ -1,0 +1,101 @@
+"""Per-kernel GPU time of benchmark workloads, for tilefuse and its peers, in one process.
+
+    PYTHONPATH=src python scripts/profile_workload.py --workloads llama_block,rope_kv_cache \
+        --backends tilefuse,inductor --out OUT_DIR
+
+For each (workload, backend): compile on the workload's full size (bf16), warm up, then record
+`--iters` calls under `torch.profiler` and sum the device time of every kernel by name. Prints
+one table per pair (kernel, calls, total µs per call, share) and writes `profile.json`; for
+tilefuse also `explain_<workload>.txt` (plans, chosen schedules and kernel sources), so each
+slow kernel can be read next to its time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+
+def _device_time(evt) -> float:
+    for attr in ("self_device_time_total", "self_cuda_time_total"):
+        if hasattr(evt, attr):
+            return float(getattr(evt, attr))
+    return 0.0
+
+
+def profile(fn, inputs, iters: int) -> tuple[list, float]:
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    for _ in range(3):
+        fn(*inputs)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn(*inputs)
+    end.record()
+    torch.cuda.synchronize()
+    wall_ms = start.elapsed_time(end) / iters
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn(*inputs)
+        torch.cuda.synchronize()
+    rows = []
+    for evt in prof.key_averages():
+        t = _device_time(evt)
+        if t > 0 and evt.device_type.name == "CUDA":
+            rows.append({"kernel": evt.key, "calls": evt.count / iters, "us": t / iters})
+    rows.sort(key=lambda r: -r["us"])
+    return rows, wall_ms
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workloads", default="llama_block")
+    ap.add_argument("--backends", default="tilefuse,inductor")
+    ap.add_argument("--size", default="full")
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--out", default=".")
+    args = ap.parse_args(argv)
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+    import tilefuse
+    from tilefuse.bench.workloads import WORKLOADS as by_name
+
+    os.makedirs(args.out, exist_ok=True)
+    results = {}
+    for wname in args.workloads.split(","):
+        w = by_name[wname]
+        torch.manual_seed(0)
+        inputs = w.make_inputs(w.sizes[args.size], torch.device("cuda"), torch.bfloat16)
+        for backend in args.backends.split(","):
+            torch._dynamo.reset()
+            if backend == "eager":
+                fn = w.fn
+            elif backend == "tilefuse":
+                fn = tilefuse.compile(w.fn, fallback="error")
+            else:
+                fn = torch.compile(w.fn, backend=backend)
+            fn(*[t.clone() for t in inputs])
+            rows, wall = profile(fn, inputs, args.iters)
+            results[f"{wname}/{backend}"] = {"wall_ms": wall, "kernels": rows}
+            total = sum(r["us"] for r in rows)
+            print(f"\n== {wname} / {backend}: {wall * 1e3:.0f} µs per call (events), "
+                  f"kernels {total:.0f} µs")
+            for r in rows[:25]:
+                print(f"  {r['us']:9.1f} µs  {r['calls']:4.1f}×  {100 * r['us'] / total:5.1f}%  {r['kernel'][:90]}")
+            if backend == "tilefuse":
+                torch._dynamo.reset()
+                report = tilefuse.explain(w.fn, *inputs)
+                with open(os.path.join(args.out, f"explain_{wname}.txt"), "w") as f:
+                    f.write(str(report))
+    with open(os.path.join(args.out, "profile.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,84 @@
+"""A bf16 transformer's attention keeps its products in bf16: RoPE'd q and k are stored in
+bf16 (not as fp32 upcasts), PyTorch's √scale factors leave the product, both dots run on bf16
+operands with fp32 accumulation, and the output's conversion to bf16 is stored by the flash
+kernel itself. Results follow eager under the fp64 rule."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tilefuse
+from tilefuse.config import config
+
+
+def rotate(x, cos, sin):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def rope_attention(q, k, v, cos, sin):
+    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def _inputs(s=19, d=16):
+    q, k, v = (torch.randn(1, 3, s, d).bfloat16() for _ in range(3))
+    ang = torch.rand(s, d) * 6.28
+    return q, k, v, ang.cos().bfloat16(), ang.sin().bfloat16()
+
+
+@pytest.mark.parametrize("backend", ["cpu", "interpret"])
+def test_rope_attention_products_read_bf16(backend):
+    args = _inputs()
+    with config.patch(backend=backend):
+        torch._dynamo.reset()
+        report = tilefuse.explain(rope_attention, *args)
+        kinds = [k.kind for k in report.kernels]
+        assert kinds == ["pointwise", "pointwise", "flash"], str(report)
+        rope_q, rope_k, flash = report.kernels
+        graph = report.reports[0].graph_ir
+        for kr in (rope_q, rope_k):  # the rotated q and k are stored as the bf16 tensors eager has
+            stored = [ln for ln in graph.splitlines() if ln.strip().startswith(f"{kr.nodes[-1]}:")]
+            assert stored and "bfloat16[" in stored[0], stored
+        dots = [ln for ln in flash.tile_ir.splitlines() if "dot(" in ln]
+        expected = "float32" if backend == "interpret" else "bfloat16"  # the interpreter's bf16 dot is broken
+        assert len(dots) == 2 and all(f"in {expected}" in ln for ln in dots), dots
+        stores = {ln.split()[1].split("[")[0] for ln in flash.tile_ir.splitlines() if ln.strip().startswith("store ")}
+        out_name = graph.strip().splitlines()[-1].split("(")[-1].rstrip(")")
+        assert stores == {out_name}, (stores, out_name)  # the bf16 result only, not the fp32 sum
+
+        torch._dynamo.reset()
+        out = torch.compile(rope_attention, backend="tilefuse")(*args)
+    ref = rope_attention(*(a.double() for a in args))
+    eager = rope_attention(*args)
+    assert out.dtype == torch.bfloat16
+    err, eager_err = ((x.double() - ref).abs().max().item() for x in (out, eager))
+    assert err <= 2 * eager_err + 1e-2 * (1 + ref.abs().max().item()), (err, eager_err)
+
+
+def attention_projection(q, k, v, w):
+    b, h, s, d = q.shape
+    a = F.scaled_dot_product_attention(q, k, v)
+    return F.linear(a.transpose(1, 2).reshape(b, s, h * d), w)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "interpret"])
+def test_attention_output_is_stored_in_bf16_by_the_flash_kernel(backend):
+    q, k, v = (torch.randn(2, 3, 13, 8).bfloat16() for _ in range(3))
+    w = (torch.randn(10, 24) / 5).bfloat16()
+    with config.patch(backend=backend):
+        torch._dynamo.reset()
+        report = tilefuse.explain(attention_projection, q, k, v, w)
+        decisions = report.reports[0].decisions
+        assert any("narrowing conversion of a kernel result" in d for d in decisions), str(report)
+        (flash,) = [kr for kr in report.kernels if kr.kind == "flash"]
+        stored = {ln.split()[1].split("[")[0] for ln in flash.tile_ir.splitlines() if ln.strip().startswith("store ")}
+        graph = report.reports[0].graph_ir
+        for name in stored:
+            line = next(ln for ln in graph.splitlines() if ln.strip().startswith(f"{name}:"))
+            assert "bfloat16[" in line, line
+        torch._dynamo.reset()
+        out = torch.compile(attention_projection, backend="tilefuse")(q, k, v, w)
+    ref = attention_projection(q.double(), k.double(), v.double(), w.double())
+    eager = attention_projection(q, k, v, w)
+    err, eager_err = ((x.double() - ref).abs().max().item() for x in (out, eager))
+    assert err <= 2 * eager_err + 1e-2 * (1 + ref.abs().max().item()), (err, eager_err)
