@@ -160,7 +160,11 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
                                                tuned.seconds if tk is tks[0] else 0.0))
             steps.append(KernelStep(tk.name, launcher, list(tk.writes), list(tk.reads), dict(tk.scratch)))
     # writes into inputs run last: every step that reads an input's old value runs before them
-    writes = [s for s in steps if isinstance(s, ExternCall) and getattr(graph[s.name], "mutates", False)]
+    # (a write whose result later steps read — a re-inplaced scatter, whose input's old value
+    # nothing reads — stays where it is)
+    read = {name for s in steps for name in s.reads}
+    writes = [s for s in steps if isinstance(s, ExternCall) and getattr(graph[s.name], "mutates", False)
+              and s.name not in read]
     steps = [s for s in steps if not any(s is w for w in writes)] + writes
     return CompiledGraph(graph, steps, device), report
 

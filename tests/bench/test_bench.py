@@ -337,3 +337,38 @@ def test_plots_and_markdown(tmp_path):
     md = md_path.read_text()
     assert "![speedup](speedup.png)" in md and "Measured ceilings" in md
     assert json.loads(json_path.read_text())["results"][0]["workload"] == "softmax"
+
+
+def test_parts_of_a_run_merge_into_one_report(tmp_path):
+    """A benchmark split into parts (one backend or workload set each) merges into one
+    table; a later part's (workload, backend) pair replaces an earlier one's; results.json is
+    written while a run is in progress (each pair as it is measured)."""
+    from tilefuse.bench import report as report_mod
+
+    seen = []
+    real = report_mod.write_json
+
+    def spy(partial, out_dir):
+        seen.append(len(partial["results"]))
+        return real(partial, out_dir)
+
+    a, b, merged = tmp_path / "a", tmp_path / "b", tmp_path / "merged"
+    common = ["--device", "cpu", "--sizes", "quick", "--no-memory", "--no-sweep", "--budget", "0.02", "--quiet"]
+    report_mod.write_json = spy
+    try:
+        assert main(common + ["--workloads", "rmsnorm,softmax", "--backends", "eager", "--out", str(a)]) == 0
+    finally:
+        report_mod.write_json = real
+    assert seen[:2] == [1, 2]  # after each pair
+    assert main(common + ["--workloads", "softmax", "--backends", "eager,no_such_backend", "--out", str(b)]) == 0
+    assert main(["--merge", str(a / "results.json"), str(b / "results.json"), "--out", str(merged)]) == 0
+    rep = json.loads((merged / "results.json").read_text())
+    pairs = [(r["workload"], r["backend"]) for r in rep["results"]]
+    assert pairs == [("rmsnorm", "eager"), ("softmax", "eager"), ("softmax", "no_such_backend")]
+    assert rep["meta"]["merged_runs"] == 2 and rep["meta"]["backends"] == ["eager", "no_such_backend"]
+    assert (merged / "report.md").exists()
+    bad = json.loads((a / "results.json").read_text())
+    bad["meta"]["dtype"] = "bfloat16"
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(SystemExit):
+        main(["--merge", str(a / "results.json"), str(tmp_path / "bad.json")])

@@ -35,10 +35,10 @@ def test_a_cache_update_is_an_in_place_scatter():
     assert args[3].data_ptr() == k_ptr
     torch._dynamo.reset()
     rep = tilefuse.explain(_kv_update, *_inputs())
-    # v_cache is written in place; k_cache's new value is also read (the sum), so its scatter
-    # stays functional and is copied back after the sum has read it
-    targets = sorted(target for _, target, _ in rep.externs)
-    assert targets == ["aten.copy_.default", "aten.index_put.default", "aten.index_put_.default"]
+    # both caches are written in place by generated kernels (k_cache's new value is then read
+    # by the sum, which runs after the write)
+    assert not rep.externs, str(rep)
+    assert sum("in-place indexed write" in d for r in rep.reports for d in r.decisions) == 2
 
 
 def test_an_input_written_and_read_keeps_the_old_value_for_its_readers():

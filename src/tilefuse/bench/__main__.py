@@ -1,6 +1,8 @@
 """`python -m tilefuse.bench` (and `tilefuse bench`): benchmark workloads × backends on this
 machine's default device and print a table; `--out DIR` also writes results.json,
-report.md and PNG plots (speedup.png, roofline.png). Exits 0 even when a backend is n/a for some workload (the table says why); 2 on
+report.md and PNG plots (speedup.png, roofline.png) — results.json is rewritten after every
+measured pair, so an interrupted run keeps what it measured; `--merge` combines the results of
+several runs (parts of one benchmark) into one report. Exits 0 even when a backend is n/a for some workload (the table says why); 2 on
 bad arguments; 1 with `--strict` if a backend disagrees with the fp64 reference.
 """
 from __future__ import annotations
@@ -48,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip the peak-memory measurement")
     p.add_argument("--seed", type=int, default=0, help="seed for the random inputs")
     p.add_argument("--quiet", action="store_true", help="no progress, only the table")
+    p.add_argument("--merge", nargs="+", default=None, metavar="RESULTS_JSON",
+                   help="measure nothing: merge the results.json of several runs (parts of one "
+                        "benchmark on the same device) into one table, report and plots (--out)")
     p.add_argument("--strict", action="store_true",
                    help="exit 1 if any backend's output disagrees with the fp64 reference")
     return p
@@ -57,11 +62,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
 
-    from rich.console import Console
-
     from . import report
     from .runner import BenchOptions, run
 
+    if args.merge:
+        import json
+
+        try:
+            result = report.merge_reports([json.loads(open(p).read()) for p in args.merge])
+        except (OSError, ValueError) as e:
+            parser.error(f"--merge: {e}")
+        return _finish(result, args)
     opts = BenchOptions(workloads=args.workloads, backends=args.backends, sizes=args.sizes,
                         dtype=args.dtype, device=args.device, budget_s=args.budget,
                         flush_l2=args.flush_l2, seed=args.seed, quiet=args.quiet,
@@ -73,7 +84,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(e).strip("'\""))
     if not opts.backends:
         parser.error("no backends given")
-    result = run(opts)
+    on_result = (lambda partial: report.write_json(partial, args.out)) if args.out else None
+    result = run(opts, on_result=on_result)
+    return _finish(result, args)
+
+
+def _finish(result: dict, args) -> int:
+    from rich.console import Console
+
+    from . import report
+
     console = Console()
     if not console.is_terminal:  # logs and pipes: do not squeeze the table into 80 columns
         console = Console(width=200)

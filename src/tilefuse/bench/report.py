@@ -186,6 +186,44 @@ def _json_safe(x):
     return x
 
 
+def merge_reports(reports: list[dict]) -> dict:
+    """One report from several runs of the same device, dtype and sizes (a benchmark split
+    into parts): results concatenated, a later run's (workload, backend) pair replacing an
+    earlier one's; the first run's meta, with the workloads and backends of all of them."""
+    if not reports:
+        raise ValueError("nothing to merge")
+    first = reports[0]["meta"]
+    for r in reports[1:]:
+        m = r["meta"]
+        for key in ("device", "dtype", "sizes"):
+            if m.get(key) != first.get(key):
+                raise ValueError(f"cannot merge runs with different {key}: {first.get(key)!r} and {m.get(key)!r}")
+    pairs: dict = {}
+    for r in reports:
+        for res in r["results"]:
+            pairs[(res["workload"], res["backend"])] = res
+    meta = dict(first)
+    meta["workloads"] = list(dict.fromkeys(w for r in reports for w in r["meta"].get("workloads", [])))
+    meta["backends"] = list(dict.fromkeys(b for r in reports for b in r["meta"].get("backends", [])))
+    meta["sizes_by_workload"] = {k: v for r in reports for k, v in r["meta"].get("sizes_by_workload", {}).items()}
+    meta["merged_runs"] = len(reports)
+    order = {w: k for k, w in enumerate(meta["workloads"])}
+    border = {b: k for k, b in enumerate(meta["backends"])}
+    results = sorted(pairs.values(), key=lambda x: (order.get(x["workload"], 1 << 30), border.get(x["backend"], 1 << 30)))
+    return {"meta": meta, "results": results}
+
+
+def write_json(report: dict, out_dir: str | Path) -> Path:
+    """results.json alone (written after every pair while a run is in progress)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "results.json"
+    tmp = out / "results.json.tmp"
+    tmp.write_text(json.dumps(_json_safe(report), indent=2) + "\n")
+    tmp.replace(path)
+    return path
+
+
 def write_outputs(report: dict, out_dir: str | Path) -> tuple[Path, Path, list[Path]]:
     """Write results.json, the PNG plots (when matplotlib is importable; otherwise the
     report says why) and report.md into out_dir (created); returns their paths."""

@@ -299,11 +299,13 @@ def _release(device: str) -> None:
 
 
 def run(options: BenchOptions | None = None, compilers: Compilers | None = None,
-        console=None, workloads: list[Workload] | None = None) -> dict:
+        console=None, workloads: list[Workload] | None = None, on_result=None) -> dict:
     """Benchmark every requested (workload, backend) pair: {"meta": ..., "results": [...]}.
 
     `workloads` (Workload objects) replaces the named ones of `options`, for custom
-    programs or sizes; `compilers` adds or overrides backends by name."""
+    programs or sizes; `compilers` adds or overrides backends by name; `on_result(partial)`
+    is called with the report so far after every pair (a long run interrupted keeps what it
+    measured)."""
     from rich.console import Console
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn,
                                TextColumn, TimeElapsedColumn)
@@ -343,6 +345,8 @@ def run(options: BenchOptions | None = None, compilers: Compilers | None = None,
                     f"workload setup: {describe(e)}"
                 for b in opts.backends:
                     results.append(Result(w.name, b, size, reason=reason, scope="workload"))
+                    if on_result is not None:
+                        on_result(_report(opts, workloads, ceilings, results))
                     if not opts.quiet:
                         progress.console.print(progress_line(asdict(results[-1])))
                     progress.advance(task)
@@ -353,11 +357,17 @@ def run(options: BenchOptions | None = None, compilers: Compilers | None = None,
                 r = _bench_pair(w, b, inputs, ref, ref_scale, eager_err, aten_ops, ceilings,
                                 opts, compilers)
                 results.append(r)
+                if on_result is not None:
+                    on_result(_report(opts, workloads, ceilings, results))
                 if not opts.quiet:
                     progress.console.print(progress_line(asdict(r)))
                 progress.advance(task)
             del inputs, ref
             _release(opts.device)
+    return _report(opts, workloads, ceilings, results)
+
+
+def _report(opts: BenchOptions, workloads, ceilings: dict, results: list) -> dict:
     meta = environment(opts.device)
     on_cuda = opts.device.startswith("cuda")
     meta.update(dtype=opts.dtype, sizes=opts.sizes, backends=list(opts.backends),

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..ir import graph as G
-from ..ir.interpret import bind_symbols, evaluate_pointwise, evaluate_reduce, run_extern
+from ..ir.interpret import bind_symbols, evaluate_pointwise, evaluate_reduce, run_extern, run_scatter
 from .compare import Mismatch, compare_outputs, compare_tensor, to_fp64
 
 
@@ -102,6 +102,8 @@ def evaluate_nodes(graph: G.Graph, want, available: dict, env: dict) -> dict:
             bufs[name] = evaluate_pointwise(node, bufs, env)
         elif isinstance(node, G.Reduce):
             bufs[name] = evaluate_reduce(node, bufs, env)
+        elif isinstance(node, G.Scatter):  # into a copy: the recorded inputs stay as they were
+            bufs[name] = run_scatter(node, {**bufs, node.target: bufs[node.target].clone()}, env)
         elif isinstance(node, G.Extern):
             bufs[name] = run_extern(node, bufs, env)
         elif isinstance(node, G.ExternResult):
@@ -131,8 +133,13 @@ def find_diverging_kernel(compiled, args, report=None) -> KernelDivergence | Non
     snapshots: dict = {}  # buffer -> value right after the step that wrote it
     order: list = []
 
+    in_place = {target: name for name, target in getattr(compiled, "in_place", {}).items()}
+
+    def written(step) -> list:  # an in-place write's kernel writes its input: the write's node
+        return [in_place.get(n, n) for n in step.writes]
+
     def record(k, step, buffers):
-        names = list(step.writes) if isinstance(step, KernelStep) else \
+        names = written(step) if isinstance(step, KernelStep) else \
             [step.name] + [n for n, _ in compiled.extern_results.get(step.name, ())]
         for n in names:
             if n in buffers and n in graph.nodes:
@@ -149,7 +156,7 @@ def find_diverging_kernel(compiled, args, report=None) -> KernelDivergence | Non
     kernels = {k.name: k for k in (report.kernels if report is not None else [])}
     available = dict(base)
     for _, step in order:
-        writes = [n for n in getattr(step, "writes", [step.name]) if n in graph.nodes]
+        writes = [n for n in (written(step) if isinstance(step, KernelStep) else [step.name]) if n in graph.nodes]
         if isinstance(step, KernelStep):
             local = evaluate_nodes(graph, writes, available, env)
             for n in writes:

@@ -90,6 +90,26 @@ class Inliner:
         out = self._bodies[name] = transform(self._with_rounding(name), fn)
         return out
 
+    def expr(self, e: Expr) -> Expr:
+        """Any expression a node reads (a scatter's values and positions) with every inlined
+        producer substituted, as `body` does for a node's own body."""
+        def rounded(n):
+            if isinstance(n, Load) and n.buffer in self.inlined and not _narrowing_conversion(self.graph[n.buffer]):
+                mapping = dict(zip(out_index(self.graph[n.buffer].rank), n.index))
+                return substitute_index(self._with_rounding(n.buffer), mapping)
+            return None
+
+        def full(n):
+            if isinstance(n, Load) and n.buffer in self.inlined:
+                mapping = dict(zip(out_index(self.graph[n.buffer].rank), n.index))
+                return substitute_index(self.body(n.buffer), mapping)
+            return None
+
+        out = transform(e, rounded)
+        if out is not e:
+            out = skip_intermediate_rounding(out)
+        return transform(out, full)
+
     def _with_rounding(self, name: str) -> Expr:
         """The inlined body before explicit narrowing conversions (`x.to(bfloat16)`) are
         substituted: they stay loads while `skip_intermediate_rounding` runs, because their

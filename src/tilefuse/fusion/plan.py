@@ -13,7 +13,9 @@ the reduced dims), and ordered stages:
   they need has finished (their `level` is that pass, -1 for none) and readable by later
   stages in registers (LayerNorm's mean feeding its variance);
 * `contraction` — a Reduce(sum) of a product computed as a blocked `dot`, with `row` stages
-  as its epilogue.
+  as its epilogue;
+* `scatter` — an in-place indexed write into a graph input (a pointwise kernel over the
+  written values whose stores go to data-dependent positions).
 
 A `reduce` stage with a `repair` reads an earlier reduction of the same kernel but can still be
 carried in the same pass over the axis: the derived rolling update re-bases its partial sum
@@ -31,11 +33,13 @@ from ..ir.expr import Expr
 @dataclass
 class Stage:
     node: str
-    kind: str  # "reduce" | "full" | "row" | "contraction" | "pointwise"
+    kind: str  # "reduce" | "full" | "row" | "contraction" | "pointwise" | "scatter"
     body: Expr
     level: int = 0
     store: bool = True
     repair: object = None  # fusion.repair.Repair or fusion.moments.MomentRepair: same pass as its producer
+    #: a "scatter" stage's target input and the (inlined) position each value is written to
+    scatter: tuple | None = None
 
 
 @dataclass

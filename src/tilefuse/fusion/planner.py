@@ -21,7 +21,7 @@ import sympy
 from .. import logs
 from ..config import config
 from ..ir.expr import Binary, Expr, Index, Load, free_symbols, out_index, red_index, walk
-from ..ir.graph import Extern, ExternResult, Graph, Pointwise, Reduce
+from ..ir.graph import Extern, ExternResult, Graph, Pointwise, Reduce, Scatter
 from ..ir.rewrite import substitute_index
 from ..ir.symbolic import simplify_index
 from .inline import Inliner
@@ -159,6 +159,8 @@ class Planner:
                 self.where[node.name] = len(self.steps) - 1
             elif isinstance(node, Reduce):
                 self.place_reduce(node)
+            elif isinstance(node, Scatter):
+                self.place_scatter(node)
             elif isinstance(node, Pointwise) and node.name not in self.inliner.inlined:
                 self.place_pointwise(node)
         self.mark_stores()
@@ -284,6 +286,15 @@ class Planner:
         self.add(k, Stage(node.name, "pointwise", body))
         self.note(f"{node.name}: pointwise -> {k.name}", k)
 
+    def place_scatter(self, node: Scatter) -> None:
+        """An in-place indexed write is a kernel of its own over the written values, with their
+        pointwise producers fused in."""
+        body = self.inliner.expr(node.body)
+        index = tuple(self.inliner.expr(c) for c in node.index)
+        k = self.new_kernel("pointwise", numel(node.space))
+        self.add(k, Stage(node.name, "scatter", body, scatter=(node.target, index)))
+        self.note(f"{node.name}: in-place indexed write into {node.target} -> {k.name}", k)
+
     def mark_stores(self) -> None:
         """A member is written to memory if it is an output, an extern reads it, or a node in
         another kernel reads it (directly or through inlined producers)."""
@@ -296,11 +307,12 @@ class Planner:
                 continue
             own = set(step.members)
             for st in step.stages:
-                read_elsewhere |= {e.buffer for e in walk(st.body) if isinstance(e, Load)} - own
+                exprs = (st.body, *(st.scatter[1] if st.scatter else ()))
+                read_elsewhere |= {e.buffer for x in exprs for e in walk(x) if isinstance(e, Load)} - own
         for k in self.kernels():
             for st in k.stages:
                 st.store = st.node in outputs or st.node in read_elsewhere
-                if st.kind in ("row", "full", "pointwise") and not st.store:
+                if st.kind in ("row", "full", "pointwise", "scatter") and not st.store:
                     st.store = True  # realised for a reason the inliner recorded
 
 

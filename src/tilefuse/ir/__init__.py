@@ -4,12 +4,12 @@ from .dtypes import DType
 from .expr import (Binary, Cast, Const, Expr, Index, Load, Unary, Var, Where, binary, cast, const,
                    out_index, red_index, size_symbol, unary, where)
 from .graph import (Constant, Extern, ExternResult, Graph, Input, Node, Pointwise, Reduce, ScalarInput,
-                    TensorArg)
+                    Scatter, TensorArg)
 from .verify import IRVerificationError, verify
 
 __all__ = [
     "dtypes", "DType", "Expr", "Const", "Index", "Load", "Var", "Unary", "Binary", "Where", "Cast",
     "const", "cast", "unary", "binary", "where", "out_index", "red_index", "size_symbol",
-    "Graph", "Node", "Input", "ScalarInput", "Constant", "Pointwise", "Reduce", "Extern",
+    "Graph", "Node", "Input", "ScalarInput", "Constant", "Pointwise", "Reduce", "Scatter", "Extern",
     "ExternResult", "TensorArg", "verify", "IRVerificationError",
 ]

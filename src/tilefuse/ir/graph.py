@@ -94,6 +94,27 @@ class Reduce(Node):
         return sympy.Mul(*self.ranges) if self.ranges else sympy.Integer(1)
 
 
+@dataclass(eq=False)
+class Scatter(Node):
+    """An indexed write into graph input `target`, in place (`cache.index_copy_(2, pos, k)`,
+    `x[idx] = v`): for every index i of `space`, `target[index(i)] = body(i)`. Index
+    components may be data-dependent (loads); positions outside the target are not written.
+    The node's value is the target after the write (its shape and dtype); it writes memory
+    that others may read, so it is never dead code."""
+
+    target: str = ""
+    space: Shape = ()
+    index: tuple = ()
+    body: Expr = None
+    mutates: bool = True
+
+    def inputs(self):
+        found = buffers_read(self.body) | {self.target}
+        for c in self.index:
+            found |= buffers_read(c)
+        return found
+
+
 @dataclass(frozen=True)
 class TensorArg:
     """Placeholder for a tensor argument inside an Extern's args."""
@@ -190,7 +211,7 @@ class Graph:
         return syms
 
     def computed(self) -> Iterable[Node]:
-        return (n for n in self.nodes.values() if isinstance(n, (Pointwise, Reduce, Extern, ExternResult)))
+        return (n for n in self.nodes.values() if isinstance(n, (Pointwise, Reduce, Scatter, Extern, ExternResult)))
 
     def __str__(self) -> str:
         from .printer import format_graph

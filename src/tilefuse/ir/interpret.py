@@ -15,7 +15,7 @@ import torch
 from . import symbolic
 from .dtypes import DType
 from .expr import Binary, Cast, Const, Expr, Index, Load, Unary, Var, Where, index_symbol, out_index, red_index
-from .graph import Constant, Extern, ExternResult, Graph, Input, Pointwise, Reduce, ScalarInput, TensorArg
+from .graph import Constant, Extern, ExternResult, Graph, Input, Pointwise, Reduce, ScalarInput, Scatter, TensorArg
 
 
 def torch_dtype(d: DType) -> torch.dtype:
@@ -170,6 +170,23 @@ def evaluate_reduce(node: Reduce, buffers: dict, env: dict) -> torch.Tensor:
     return out.to(torch_dtype(node.dtype))
 
 
+def run_scatter(node: Scatter, buffers: dict, env: dict) -> torch.Tensor:
+    """Write the node's values into its target tensor in place (positions outside it are
+    skipped) and return the target."""
+    target = buffers[node.target]
+    space = tuple(int(symbolic.evaluate(d, env)) for d in node.space)
+    local = dict(env)
+    local.update(_grid(space, out_index(len(space)), len(space), 0))
+    ev = Evaluator(buffers, local)
+    value = ev(node.body).expand(space).to(target.dtype)
+    where = [ev(c).to(torch.int64).expand(space) for c in node.index]
+    inside = torch.ones(space, dtype=torch.bool)
+    for w, n in zip(where, target.shape):
+        inside &= (w >= 0) & (w < n)
+    target[tuple(w[inside] for w in where)] = value[inside]
+    return target
+
+
 def resolve_extern_args(obj, buffers: dict, env: dict):
     if isinstance(obj, TensorArg):
         return buffers[obj.name]
@@ -232,6 +249,8 @@ def interpret(graph: Graph, args, env: dict | None = None) -> list:
             buffers[node.name] = evaluate_pointwise(node, buffers, env)
         elif isinstance(node, Reduce):
             buffers[node.name] = evaluate_reduce(node, buffers, env)
+        elif isinstance(node, Scatter):
+            buffers[node.name] = run_scatter(node, buffers, env)
         elif isinstance(node, Extern):
             buffers[node.name] = run_extern(node, buffers, env)
         elif isinstance(node, ExternResult):
@@ -242,4 +261,4 @@ def interpret(graph: Graph, args, env: dict | None = None) -> list:
     return [output_value(o, buffers, env) for o in graph.outputs]
 
 
-__all__ = ["interpret", "Evaluator", "bind_symbols", "bind_result_sizes", "torch_dtype", "index_symbol"]
+__all__ = ["interpret", "run_scatter", "Evaluator", "bind_symbols", "bind_result_sizes", "torch_dtype", "index_symbol"]

@@ -40,7 +40,7 @@ def format_type(dtype, shape) -> str:
 
 
 def format_node(node) -> str:
-    from .graph import Constant, Extern, ExternResult, Input, Pointwise, Reduce, ScalarInput
+    from .graph import Constant, Extern, ExternResult, Input, Pointwise, Reduce, ScalarInput, Scatter
 
     head = f"{node.name}: {format_type(node.dtype, node.shape)}"
     if isinstance(node, Pointwise):
@@ -48,6 +48,10 @@ def format_node(node) -> str:
     if isinstance(node, Reduce):
         ranges = ", ".join(f"r{k}<{n}" for k, n in enumerate(node.ranges))
         return f"{head} = {node.combiner}[{ranges}]({format_expr(node.body)})"
+    if isinstance(node, Scatter):
+        where = ", ".join(format_expr(c) for c in node.index)
+        space = ", ".join(str(d) for d in node.space)
+        return f"{head} = {node.target} with [{where}] = {format_expr(node.body)} for i in [{space}]  (in place)"
     if isinstance(node, Extern):
         return f"{head} = extern {node.target_name}(...)  # {node.reason}"
     if isinstance(node, ExternResult):

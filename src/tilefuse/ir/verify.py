@@ -8,15 +8,15 @@ from __future__ import annotations
 import sympy
 
 from .expr import Index, Load, walk
-from .graph import COMBINERS, Extern, ExternResult, Graph, Pointwise, Reduce
+from .graph import COMBINERS, Extern, ExternResult, Graph, Input, Pointwise, Reduce, Scatter
 
 
 class IRVerificationError(ValueError):
     pass
 
 
-def _check_body(graph: Graph, node, seen: set, allowed: set) -> None:
-    for e in walk(node.body):
+def _check_body(graph: Graph, node, seen: set, allowed: set, body=None) -> None:
+    for e in walk(node.body if body is None else body):
         if isinstance(e, Load):
             if e.buffer not in seen:
                 raise IRVerificationError(f"{node.name}: loads {e.buffer}, which is not defined before it")
@@ -49,6 +49,15 @@ def verify(graph: Graph) -> Graph:
             allowed = {sympy.Symbol(f"i{k}", integer=True, nonnegative=True) for k in range(node.rank)}
             allowed |= {sympy.Symbol(f"r{k}", integer=True, nonnegative=True) for k in range(len(node.ranges))}
             _check_body(graph, node, seen, allowed)
+        elif isinstance(node, Scatter):
+            target = graph.nodes.get(node.target)
+            if not isinstance(target, Input) or node.target not in seen:
+                raise IRVerificationError(f"{node.name}: writes into {node.target}, which is not a graph input")
+            if len(node.index) != target.rank or (node.dtype, tuple(node.shape)) != (target.dtype, tuple(target.shape)):
+                raise IRVerificationError(f"{node.name}: does not match its target {node.target}")
+            allowed = {sympy.Symbol(f"i{k}", integer=True, nonnegative=True) for k in range(len(node.space))}
+            for e in (node.body, *node.index):
+                _check_body(graph, node, seen, allowed, e)
         elif isinstance(node, (Extern, ExternResult)):
             missing = node.inputs() - seen
             if missing:

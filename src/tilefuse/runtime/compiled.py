@@ -1,6 +1,7 @@
 """A compiled graph: kernel launches and extern calls over planned buffers.
 
-Each step allocates its outputs (contiguous, on the graph's device) just before it runs;
+Each step allocates its outputs (contiguous, on the graph's device) just before it runs (an
+in-place write into an input writes the input's own tensor);
 every intermediate buffer is released right after its last use, so peak memory follows the
 live set rather than the whole graph (PyTorch's caching allocator reuses the freed blocks).
 Symbolic sizes are bound from the call's arguments on every call, so one compiled graph
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..ir import symbolic
-from ..ir.graph import Constant, Extern, ExternResult, Graph, Input, ScalarInput
+from ..ir.graph import Constant, Extern, ExternResult, Graph, Input, ScalarInput, Scatter
 from ..ir.interpret import bind_result_sizes, bind_symbols, output_value, run_extern, torch_dtype
 
 
@@ -52,6 +53,10 @@ class CompiledGraph:
                           for n in graph.nodes.values() if isinstance(n, Constant)}
         self._layouts: dict = {}  # (buffer, sizes) -> (shape, stride, dtype)
         self.scratch = {name: spec for step in steps for name, spec in getattr(step, "scratch", {}).items()}
+        # in-place writes into inputs: the kernel writes the input's own tensor, and the
+        # write's node names that tensor afterwards
+        self.in_place = {n.name: n.target for n in graph.nodes.values() if isinstance(n, Scatter)}
+        self.inputs = {n.name for n in graph.inputs if isinstance(n, Input)}
         self.extern_results: dict[str, list] = {}
         for n in graph.nodes.values():
             if isinstance(n, ExternResult):
@@ -95,10 +100,13 @@ class CompiledGraph:
         for node in graph.inputs:
             if isinstance(node, Input):
                 buffers[node.name] = self._on_device(args[node.position])
+        for name, target in self.in_place.items():
+            buffers[name] = buffers[target]
         for k, step in enumerate(self.steps):
             if isinstance(step, KernelStep):
                 for name in step.writes:
-                    buffers[name] = self._alloc(name, env)
+                    if name not in self.inputs:
+                        buffers[name] = self._alloc(name, env)
                 step.launch(buffers, env)
             else:
                 node = graph[step.name]

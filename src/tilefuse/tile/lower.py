@@ -200,12 +200,35 @@ def lower_pointwise(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
     xmask = bound_check(b, x, n, block, "xmask")
     for st in plan.stages:
         node = graph[st.node]
+        if st.kind == "scatter":
+            _store_scattered(b, graph, st, x, n, xmask)
+            continue
         vals = _index_values(node.shape, x, {x: n})
         v = b.value(_mapped(st.body, out_index(node.rank), vals), mask=xmask)
         b.store(node.name, tuple(Index(e) for e in vals), v, xmask)
     return TileKernel(plan.name, b.finish_params(), {"XBLOCK": block}, numel=n,
                       grid=(sympy.ceiling(n / _sym("XBLOCK")),), body=b.body, num_warps=warps,
                       reads=b.reads, writes=b.writes, kind="pointwise", plan=plan)
+
+
+def _store_scattered(b: KernelBuilder, graph: Graph, st, x, n, xmask) -> None:
+    """A scatter stage: each value of the written space goes to its (data-dependent) position
+    in the target input; a position outside the target is not written."""
+    node = graph[st.node]
+    target, index = st.scatter
+    symbols = out_index(len(node.space))
+    vals = _index_values(node.space, x, {x: n})
+    v = b.value(_mapped(st.body, symbols, vals), mask=xmask)
+    where, inside = [], xmask
+    for comp, extent in zip(index, graph[target].shape):
+        comp = _mapped(comp, symbols, vals)
+        if not isinstance(comp, Index):
+            comp = b.value(comp, mask=xmask)
+            ok = binary("logical_and", binary("ge", comp, Const(0, comp.dtype)), binary("lt", comp, Index(extent)))
+            inside = land(inside, b.let(ok, "inside"))
+            b.size_params(extent)
+        where.append(comp)
+    b.store(target, tuple(where), v, inside)
 
 
 # ------------------------------------------------------------------------------ contraction
