@@ -341,8 +341,9 @@ def test_plots_and_markdown(tmp_path):
 
 def test_parts_of_a_run_merge_into_one_report(tmp_path):
     """A benchmark split into parts (one backend or workload set each) merges into one
-    table; a later part's (workload, backend) pair replaces an earlier one's; results.json is
-    written while a run is in progress (each pair as it is measured)."""
+    table; a pair measured twice keeps the first part's figures and takes only the metrics it
+    lacks from the later part; results.json is written while a run is in progress (each pair
+    as it is measured)."""
     from tilefuse.bench import report as report_mod
 
     seen = []
@@ -361,10 +362,18 @@ def test_parts_of_a_run_merge_into_one_report(tmp_path):
         report_mod.write_json = real
     assert seen[:2] == [1, 2]  # after each pair
     assert main(common + ["--workloads", "softmax", "--backends", "eager,no_such_backend", "--out", str(b)]) == 0
+    part_a = json.loads((a / "results.json").read_text())
+    part_b = json.loads((b / "results.json").read_text())
+    first = next(r for r in part_a["results"] if r["workload"] == "softmax")
+    later = next(r for r in part_b["results"] if r["workload"] == "softmax" and r["backend"] == "eager")
+    later["cold_compile_s"] = 1.25  # a metric the first part lacks
+    (b / "results.json").write_text(json.dumps(part_b))
     assert main(["--merge", str(a / "results.json"), str(b / "results.json"), "--out", str(merged)]) == 0
     rep = json.loads((merged / "results.json").read_text())
     pairs = [(r["workload"], r["backend"]) for r in rep["results"]]
     assert pairs == [("rmsnorm", "eager"), ("softmax", "eager"), ("softmax", "no_such_backend")]
+    merged_softmax = rep["results"][1]
+    assert merged_softmax["p50_ms"] == first["p50_ms"] and merged_softmax["cold_compile_s"] == 1.25
     assert rep["meta"]["merged_runs"] == 2 and rep["meta"]["backends"] == ["eager", "no_such_backend"]
     assert (merged / "report.md").exists()
     bad = json.loads((a / "results.json").read_text())

@@ -188,8 +188,10 @@ def _json_safe(x):
 
 def merge_reports(reports: list[dict]) -> dict:
     """One report from several runs of the same device, dtype and sizes (a benchmark split
-    into parts): results concatenated, a later run's (workload, backend) pair replacing an
-    earlier one's; the first run's meta, with the workloads and backends of all of them."""
+    into parts): results concatenated; a (workload, backend) pair measured by several runs
+    keeps the first run's figures, and later runs only fill the metrics it lacks (a second
+    run with `--compile-latency` adds cold and warm compile times without mixing timings of
+    different runs); the first run's meta, with the workloads and backends of all of them."""
     if not reports:
         raise ValueError("nothing to merge")
     first = reports[0]["meta"]
@@ -201,9 +203,23 @@ def merge_reports(reports: list[dict]) -> dict:
     pairs: dict = {}
     for r in reports:
         for res in r["results"]:
-            pairs[(res["workload"], res["backend"])] = res
+            key = (res["workload"], res["backend"])
+            if key not in pairs:
+                pairs[key] = dict(res, na=dict(res.get("na") or {}))
+                continue
+            have = pairs[key]
+            if have.get("status") != "ok" and res.get("status") == "ok":
+                pairs[key] = dict(res, na=dict(res.get("na") or {}))
+                continue
+            for field, value in res.items():
+                if have.get(field) is None and value is not None and field != "na":
+                    have[field] = value
+                    have["na"].pop(field, None)
     meta = dict(first)
-    meta["workloads"] = list(dict.fromkeys(w for r in reports for w in r["meta"].get("workloads", [])))
+    from .workloads import WORKLOADS
+
+    seen = list(dict.fromkeys(w for r in reports for w in r["meta"].get("workloads", [])))
+    meta["workloads"] = [w for w in WORKLOADS if w in seen] + [w for w in seen if w not in WORKLOADS]
     meta["backends"] = list(dict.fromkeys(b for r in reports for b in r["meta"].get("backends", [])))
     meta["sizes_by_workload"] = {k: v for r in reports for k, v in r["meta"].get("sizes_by_workload", {}).items()}
     meta["merged_runs"] = len(reports)

@@ -21,6 +21,9 @@ _TORCH_TO_IR = {
     torch.bfloat16: dt.bfloat16, torch.float32: dt.float32, torch.float64: dt.float64,
     torch.complex64: dt.complex64, torch.complex128: dt.complex128,
 }
+for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"):
+    if hasattr(torch, _name):
+        _TORCH_TO_IR[getattr(torch, _name)] = dt.ALL[_name]
 
 
 #: ops whose result depends on where a view's elements sit in memory, not only on its values

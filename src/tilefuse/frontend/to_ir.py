@@ -124,8 +124,9 @@ def _lower_call(ctx: LoweringContext, node: torch.fx.Node, args, kwargs, meta):
     ctx.current_node = node
     fn = find_lowering(target)
     reason = "no tilefuse lowering"
-    if _touches_complex(args, kwargs, meta):  # kernels never compute on complex values
-        fn, reason = None, "complex values run in ATen"
+    opaque = _opaque_values(args, kwargs, meta)
+    if opaque:  # kernels never compute on complex or float8 values
+        fn, reason = None, f"{opaque} values run in ATen"
     if fn is not None:
         try:
             out = fn(ctx, *args, **kwargs)
@@ -147,19 +148,24 @@ def _lower_call(ctx: LoweringContext, node: torch.fx.Node, args, kwargs, meta):
     return ctx.extern(target, args, kwargs, reason)
 
 
-def _touches_complex(args, kwargs, meta) -> bool:
-    def complex_value(v) -> bool:
+def _opaque_values(args, kwargs, meta) -> str | None:
+    """"complex" or "float8" when the op reads or makes such values, else None."""
+    def kind(v) -> str | None:
         if isinstance(v, TensorValue):
-            return v.dtype.kind == "c"
+            return ("complex" if v.dtype.kind == "c" else "float8") if v.dtype.is_opaque else None
         if isinstance(v, torch.Tensor):
-            return v.dtype.is_complex
-        if isinstance(v, (list, tuple)):
-            return any(complex_value(x) for x in v)
-        if isinstance(v, dict):
-            return any(complex_value(x) for x in v.values())
-        return isinstance(v, complex)
+            if v.dtype.is_complex:
+                return "complex"
+            return "float8" if v.dtype.is_floating_point and v.dtype.itemsize == 1 else None
+        if isinstance(v, (list, tuple, dict)):
+            for x in (v.values() if isinstance(v, dict) else v):
+                found = kind(x)
+                if found:
+                    return found
+            return None
+        return "complex" if isinstance(v, complex) else None
 
-    return complex_value(args) or complex_value(kwargs) or complex_value(meta)
+    return kind(args) or kind(kwargs) or kind(meta)
 
 
 def _describe(out) -> str:

@@ -19,9 +19,9 @@ import itertools
 import sympy
 
 from ..ir.expr import Index, Load, out_index, red_index, walk
-from ..ir.graph import Extern, ExternResult, Graph, Pointwise, Reduce
+from ..ir.graph import Extern, ExternResult, Graph, Pointwise, Reduce, Scatter
 from ..ir.symbolic import simplify_index
-from .plan import KernelPlan, Schedule
+from .plan import Schedule
 
 MAX_RANK = 5  # at most 4! candidate orders of the outer dims
 
@@ -48,12 +48,14 @@ def _consumer_loads(graph: Graph, schedule: Schedule) -> dict:
         written = set(plan.stores)
         for st in plan.stages:
             node = graph[st.node]
-            ranges = dict(zip(out_index(node.rank), (sympy.sympify(d) for d in node.shape)))
+            space = node.space if isinstance(node, Scatter) else node.shape  # a scatter's index runs over its values
+            ranges = dict(zip(out_index(len(space)), (sympy.sympify(d) for d in space)))
             if isinstance(node, Reduce):
                 ranges.update(zip(red_index(len(node.ranges)), (sympy.sympify(d) for d in node.ranges)))
-            for e in walk(st.body):
-                if isinstance(e, Load) and e.buffer not in written:
-                    found.setdefault(e.buffer, []).append((e, ranges))
+            for expr in (st.body, *(st.scatter[1] if st.scatter else ())):
+                for e in walk(expr):
+                    if isinstance(e, Load) and e.buffer not in written:
+                        found.setdefault(e.buffer, []).append((e, ranges))
     return found
 
 

@@ -9,7 +9,9 @@ Walking the graph in order, each realised node either joins an earlier kernel or
   max then sum), else opens one;
 * a Pointwise joins the kernel of the reductions it reads when it reads them at the kernel's
   own position — as an epilogue (`row`) or, for reduction kernels, as a `full` output indexed
-  by the reduction axis too (RMSNorm) — else it opens a pointwise kernel.
+  by the reduction axis too (RMSNorm) — else an earlier pointwise kernel over as many
+  elements whose inputs are ready before it (horizontal fusion), else it opens a pointwise
+  kernel.
 
 A node may join kernel K only if everything else it reads is produced before K. Every choice
 and every refusal is recorded for `tilefuse.explain` and `TILEFUSE_LOGS=fusion`.
@@ -30,6 +32,9 @@ from .flash import fuse_flash
 from .moments import derive_moments
 from .repair import NoRepair, derive_rolling_update
 from .schedule import schedule_passes
+
+#: independent pointwise outputs computed by one kernel at most (a launch saved per join)
+MAX_HORIZONTAL_STAGES = 4
 
 X = sympy.Symbol("x", integer=True, nonnegative=True)
 R = sympy.Symbol("r", integer=True, nonnegative=True)
@@ -282,17 +287,44 @@ class Planner:
                         self.note(f"{node.name}: full-row output of {k.name} (pass {level})", k)
                         return
             self.note(f"{node.name}: not fused into {k.name}: it does not read the kernel's results at the kernel's own position")
+        k = self.horizontal_partner(size, deps)
+        if k is not None:
+            self.add(k, Stage(node.name, "pointwise", body))
+            self.note(f"{node.name}: joins {k.name}: same iteration space, reads nothing it computes", k)
+            return
         k = self.new_kernel("pointwise", size)
         self.add(k, Stage(node.name, "pointwise", body))
         self.note(f"{node.name}: pointwise -> {k.name}", k)
+
+    def horizontal_partner(self, size, deps: set) -> KernelPlan | None:
+        """An earlier pointwise kernel over as many elements whose inputs are ready before it,
+        so that the node can be computed in it: independent elementwise outputs (RoPE of q and
+        of k, the writes of k and v into their caches) share one launch."""
+        for kidx in range(len(self.steps) - 1, -1, -1):
+            k = self.steps[kidx]
+            if not (isinstance(k, KernelPlan) and k.kind == "pointwise"):
+                continue
+            if len(k.stages) >= MAX_HORIZONTAL_STAGES or sympy.simplify(k.parallel - size) != 0:
+                continue
+            if self.reachable_before(deps, kidx, set()):
+                return k
+        return None
 
     def place_scatter(self, node: Scatter) -> None:
         """An in-place indexed write is a kernel of its own over the written values, with their
         pointwise producers fused in."""
         body = self.inliner.expr(node.body)
         index = tuple(self.inliner.expr(c) for c in node.index)
+        deps = self.deps(body) | {d for c in index for d in self.deps(c)}
+        stage = Stage(node.name, "scatter", body, scatter=(node.target, index))
+        k = self.horizontal_partner(numel(node.space), deps)
+        if k is not None:
+            self.add(k, stage)
+            self.note(f"{node.name}: in-place indexed write into {node.target}, joins {k.name}: same iteration "
+                      f"space, reads nothing it computes", k)
+            return
         k = self.new_kernel("pointwise", numel(node.space))
-        self.add(k, Stage(node.name, "scatter", body, scatter=(node.target, index)))
+        self.add(k, stage)
         self.note(f"{node.name}: in-place indexed write into {node.target} -> {k.name}", k)
 
     def mark_stores(self) -> None:

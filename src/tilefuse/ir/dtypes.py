@@ -13,7 +13,7 @@ from dataclasses import dataclass
 class DType:
     name: str
     itemsize: int
-    kind: str  # "b" bool, "i" signed int, "u" unsigned int, "f" float
+    kind: str  # "b" bool, "i" signed int, "u" unsigned int, "f" float, "c" complex, "q" 8-bit float
 
     @property
     def is_float(self) -> bool:
@@ -26,6 +26,11 @@ class DType:
     @property
     def is_bool(self) -> bool:
         return self.kind == "b"
+
+    @property
+    def is_opaque(self) -> bool:
+        """Carried between ATen calls only (complex, float8): kernels never compute on it."""
+        return self.kind in OPAQUE_KINDS
 
     @property
     def is_low_precision(self) -> bool:
@@ -55,8 +60,18 @@ float64 = DType("float64", 8, "f")
 complex64 = DType("complex64", 8, "c")
 complex128 = DType("complex128", 16, "c")
 
+#: 8-bit floats (scaled GEMM inputs) are likewise carried between extern calls only
+float8_e4m3fn = DType("float8_e4m3fn", 1, "q")
+float8_e5m2 = DType("float8_e5m2", 1, "q")
+float8_e4m3fnuz = DType("float8_e4m3fnuz", 1, "q")
+float8_e5m2fnuz = DType("float8_e5m2fnuz", 1, "q")
+
+#: kinds of values no generated kernel computes on (they pass between ATen calls)
+OPAQUE_KINDS = "cq"
+
 ALL = {d.name: d for d in (bool_, uint8, uint16, uint32, uint64, int8, int16, int32, int64, float16, bfloat16, float32,
-                           float64, complex64, complex128)}
+                           float64, complex64, complex128, float8_e4m3fn, float8_e5m2, float8_e4m3fnuz,
+                           float8_e5m2fnuz)}
 
 
 def by_name(name: str) -> DType:
