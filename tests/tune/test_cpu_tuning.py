@@ -43,3 +43,41 @@ def test_default_level_keeps_the_cpu_rules(tmp_path):
         rep = tilefuse.explain(_rmsnorm, x, w, autotune="1")
     assert not any("measured" in n for n in _notes(rep))
     assert rep.kernels[0].tune_seconds < 1.0
+
+
+def _shifted_norm(z, y, v):
+    """An RMSNorm whose kernel reads other buffers under other names than `_rmsnorm(x, w)`'s
+    (as the norms of every layer of a model do), beside an unrelated kernel."""
+    return z + 1, _rmsnorm(y, v)
+
+
+def test_kernels_identical_but_for_names_share_one_tuning(monkeypatch, tmp_path):
+    monkeypatch.setitem(tuner.CPU_LEVELS, "max", (3, 1.5))
+    x, y, z = torch.randn(67, 1000), torch.randn(67, 1000), torch.randn(5, 11)
+    w, v = torch.randn(1000), torch.randn(1000)
+    with tilefuse.config.patch(cache_dir=str(tmp_path), backend="cpu"):
+        torch._dynamo.reset()
+        rep = tilefuse.explain(_rmsnorm, x, w, autotune="max")
+        assert any("measured" in n for n in _notes(rep)), _notes(rep)
+        torch._dynamo.reset()
+        both = tilefuse.explain(_shifted_norm, z, y, v, autotune="max")
+    notes = _notes(both)
+    assert sum("cache hit" in n for n in notes) == 1 and sum("— measured" in n for n in notes) == 1, notes
+
+
+def test_canonical_source_renames_only_kernel_and_buffer_names():
+    from types import SimpleNamespace as NS
+
+    from tilefuse.tune.tuner import canonical_source
+
+    def kernel(name, bufs):
+        return NS(name=name, params=[NS(name=b, kind="buffer") for b in bufs] + [NS(name="s0", kind="size")],
+                  scratch={})
+
+    src = "def {k}(ptr_{a}, ptr_{b}, s0, {a}_stride0):\n    x = tl.load(ptr_{a} + {a}_stride0 * s0) + {b} + buf121\n"
+    one = canonical_source(src.format(k="kernel1", a="buf1", b="buf12"), [kernel("kernel1", ["buf1", "buf12"])])
+    two = canonical_source(src.format(k="kernel7", a="arg3_1", b="buf20"), [kernel("kernel7", ["arg3_1", "buf20"])])
+    assert one == two
+    assert "s0" in one and "buf121" in one and "buf1" not in one.replace("buf121", "") and "kernel" not in one
+    swapped = canonical_source(src.format(k="kernel1", a="buf12", b="buf1"), [kernel("kernel1", ["buf1", "buf12"])])
+    assert swapped != one  # the same names in other roles are another kernel

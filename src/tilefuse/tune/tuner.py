@@ -101,7 +101,7 @@ def _tune_plan(graph, plan, options: LoweringOptions, level: str, device, backen
     if not measurable:
         return TuneOutcome(choose_without_measuring(space, ceilings), "model", time.perf_counter() - t0)
     default_kernels = lower_plan_kernels(graph, plan, replace(options, schedule=space.default))
-    source = "\n".join(_source(tk, backend) for tk in default_kernels)
+    source = canonical_source("\n".join(_source(tk, backend) for tk in default_kernels), default_kernels)
     dtypes = sorted({str(graph[n].dtype) for tk in default_kernels for n in tk.reads if n in graph.nodes})
     key = tuning_key(source, space.sizes, dtypes, {"name": ceilings.name, "kind": space.kind},
                      extra={k: list(v) for k, v in space.knobs.items()})  # a new knob invalidates old results
@@ -256,6 +256,24 @@ class _Bench:
         events[-1][1].synchronize()
         times = sorted(start.elapsed_time(end) for start, end in events)
         return times[len(times) // 2] / 1e3
+
+
+def canonical_source(source: str, kernels) -> str:
+    """`source` with the names that differ between kernels identical in all else — their own
+    names and their buffers' — replaced by positional ones, so that one tuning result serves
+    every copy of a kernel (the q, k and v projections of a layer; every layer of a model)."""
+    import re
+
+    mapping: dict[str, str] = {}
+    for tk in kernels:
+        for name in [tk.name] + [p.name for p in tk.params if p.kind == "buffer"] + list(tk.scratch):
+            mapping.setdefault(name, f"n{len(mapping)}")
+    if not mapping:
+        return source
+    names = "|".join(re.escape(n) for n in sorted(mapping, key=len, reverse=True))
+    # a buffer appears as itself, as `ptr_<name>` and in its run-time stride parameters
+    pattern = re.compile(rf"\b(ptr_)?({names})(?=\b|_)")
+    return pattern.sub(lambda m: (m.group(1) or "") + mapping[m.group(2)], source)
 
 
 def _source(tk, backend: str) -> str:
