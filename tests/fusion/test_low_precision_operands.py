@@ -83,3 +83,30 @@ def test_attention_output_is_stored_in_bf16_by_the_flash_kernel(backend):
     eager = attention_projection(q, k, v, w)
     err, eager_err = ((x.double() - ref).abs().max().item() for x in (out, eager))
     assert err <= 2 * eager_err + 1e-2 * (1 + ref.abs().max().item()), (err, eager_err)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_a_narrowing_conversion_is_stored_by_its_producer_only_when_read_in_order(transposed):
+    """bf16(r) of a reduction's fp32 result is realised (the reduction kernel's epilogue) when
+    it reads r in r's own order; a transposing conversion stays inlined into its consumers
+    (realising it would be a kernel of its own)."""
+    from irgraphs import GraphBuilder
+    from tilefuse.fusion.inline import Inliner
+    from tilefuse.ir import dtypes as dt
+    from tilefuse.ir.expr import cast
+
+    g = GraphBuilder("g")
+    x = g.input("x", (6, 5, 7), dt.bfloat16, strides="contiguous")
+    w = g.input("w", (4, 6), dt.bfloat16, strides="contiguous")
+    r = g.ctx.reduce((6, 5), (7,), "sum", lambda i, red: cast(x.load((i[0], i[1], red[0])), dt.float32), dt.float32)
+    shape = (5, 6) if transposed else (6, 5)
+    narrow = g.ctx.pointwise(shape, dt.bfloat16, lambda i: cast(r.load((i[1], i[0]) if transposed else i), dt.bfloat16))
+
+    def matmul(i, red):  # out[a, b] = Σ_k narrow[k, b] w[a, k] (or narrow[b, k] transposed)
+        idx = (i[1], red[0]) if transposed else (red[0], i[1])
+        return cast(narrow.load(idx), dt.float32) * cast(w.load((i[0], red[0])), dt.float32)
+
+    out = g.ctx.reduce((4, 5), (6,), "sum", matmul, dt.float32)
+    graph = g.output(out)
+    reasons = Inliner(graph).reasons
+    assert (reasons.get(narrow.name, "").startswith("narrowing conversion")) == (not transposed), reasons

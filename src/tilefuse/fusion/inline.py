@@ -52,7 +52,7 @@ class Inliner:
             elif node.name in extern_read:
                 self.reasons[node.name] = "read by an extern call"
             elif _narrowing_conversion(node) and isinstance(self.graph[node.body.x.buffer], Reduce) \
-                    and len(self.users[node.body.x.buffer]) == 1:
+                    and len(self.users[node.body.x.buffer]) == 1 and _reads_in_order(node, self.graph):
                 # bf16(acc) of a kernel's fp32 result: its producer stores it narrow (half the
                 # bytes) instead of every consumer reading the fp32 result and rounding it
                 self.reasons[node.name] = "narrowing conversion of a kernel result: stored by its producer"
@@ -146,3 +146,32 @@ def _conversion_of(node, name: str) -> bool:
     return (isinstance(body, Cast) and body.dtype.is_float and isinstance(body.x, Load) and body.x.buffer == name
             and body.x.dtype.is_float and len(body.x.index) == node.rank
             and all(isinstance(c, Index) and c.expr == s for c, s in zip(body.x.index, out_index(node.rank))))
+
+
+def _reads_in_order(node, graph: Graph) -> bool:
+    """`node` reads its one source element by element in the order it stores (a reshape at
+    most): computed in the source's kernel, it is that kernel's epilogue."""
+    import sympy
+
+    from ..ir.symbolic import bounds, simplify_index
+
+    load = node.body.x
+    src = graph[load.buffer]
+    if not all(isinstance(c, Index) for c in load.index):
+        return False
+
+    def flat(index, shape):
+        out = sympy.Integer(0)
+        for i, d in zip(index, shape):
+            out = out * sympy.sympify(d) + i
+        return out
+
+    outs = out_index(node.rank)
+    ranges = dict(zip(outs, (sympy.sympify(d) for d in node.shape)))
+    diff = simplify_index(sympy.expand(flat([c.expr for c in load.index], src.shape) - flat(outs, node.shape)), ranges)
+    if diff == 0:
+        return True
+    try:
+        return tuple(bounds(diff, ranges)) == (0, 0)  # terms of extent-1 dims only
+    except Exception:  # noqa: BLE001 - symbolic extents the bounds cannot evaluate
+        return False
