@@ -352,3 +352,33 @@ def test_backend_knob_is_validated():
             pass
     with tilefuse.config.patch(backend="cpu"):
         assert tilefuse.config.backend == "cpu"
+
+
+def _ulps(actual, ref64):
+    """Error of fp32 results in units of the fp32 spacing at the correctly rounded value."""
+    r32 = ref64.to(torch.float32)
+    tiny = torch.finfo(torch.float32).tiny
+    spacing = torch.where(r32.abs() < tiny, torch.full_like(ref64, 2.0 ** -149),
+                          torch.nextafter(r32.abs(), torch.tensor(math.inf)).double() - r32.abs().double())
+    return ((actual.double() - ref64).abs() / spacing).nan_to_num(0.0)
+
+
+@pytest.mark.parametrize("op, ulps, ranges", [
+    (torch.exp, 1.0, [(-104.5, 89.0), (-88.0, -87.0), (-1.0, 1.0)]),          # subnormal results, overflow edge
+    (torch.exp2, 1.0, [(-151.0, 129.0), (-127.0, -125.0), (-0.6, 0.6)]),
+    (torch.erf, 1.5, [(-5.0, 5.0), (-1.0, 1.0), (0.9, 0.96), (3.8, 4.1), (1e-6, 1e-3)]),
+])
+def test_vector_math_within_its_ulp_bound(op, ulps, ranges):
+    """The header's branch-free fp32 exp, exp2 and erf against fp64, in ulps, over dense sweeps
+    (subnormal results, the overflow and branch edges, tiny arguments) plus ±inf, NaN, ±0."""
+    x = torch.cat([torch.linspace(lo, hi, 20011) for lo, hi in ranges] + [SPECIAL])
+    with tilefuse.config.patch(backend="cpu", fallback="error"):
+        torch._dynamo.reset()
+        got = torch.compile(lambda t: op(t), backend="tilefuse")(x)
+    ref = op(x.double())
+    finite = torch.isfinite(ref.to(torch.float32))
+    assert torch.equal(got[~finite].nan_to_num(0.0), ref[~finite].to(torch.float32).nan_to_num(0.0))
+    assert torch.equal(got.isnan(), ref.isnan())
+    err = _ulps(got[finite], ref[finite])
+    assert err.max().item() <= ulps, (err.max().item(), x[finite][err.argmax()].item())
+    assert torch.equal(torch.signbit(got[x == 0]), torch.signbit(ref[x == 0].float())) or op is not torch.erf
