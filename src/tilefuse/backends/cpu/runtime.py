@@ -12,6 +12,8 @@ Small inline helpers only (one translation unit per kernel keeps compiles under 
   above), `tanh` within a few ulp; IEEE results at ±inf and NaN. No special-case branches
   and no float-to-int conversions of out-of-range values: the rounding to an integer is the
   1.5·2²³ shift, and the final selects replace what falls outside the range;
+* horizontal sum, max and min of 16 fp32 lanes (a reduction's partial results) by halving
+  steps in vector registers, with max and min propagating NaN;
 * PyTorch's semantics where C++ differs: NaN-propagating max/min, floor division and Python
   remainder for integers and floats, shifts past the bit width, integer division by zero
   (0, never a SIGFPE that would kill the process).
@@ -127,6 +129,27 @@ TF_INLINE float tf_erff(float x) {
   float y = a > 0.927734375f ? 1.0f - e : small;
   return tfm_copysign(y, x);  /* (NaN: small is NaN) */
 }
+
+/* ---- horizontal reductions of 16 fp32 lanes: halving steps in vector registers -------- */
+typedef float tf_f16v __attribute__((vector_size(64), aligned(4)));
+typedef float tf_f8v __attribute__((vector_size(32)));
+typedef float tf_f4v __attribute__((vector_size(16)));
+typedef float tf_f2v __attribute__((vector_size(8)));
+#define TF_HRED16(name, OP) \
+  TF_INLINE float name(const float* l) { \
+    tf_f16v v; __builtin_memcpy(&v, l, 64); \
+    tf_f8v a = OP(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7), \
+                  __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15)); \
+    tf_f4v b = OP(__builtin_shufflevector(a, a, 0, 1, 2, 3), __builtin_shufflevector(a, a, 4, 5, 6, 7)); \
+    tf_f2v c = OP(__builtin_shufflevector(b, b, 0, 1), __builtin_shufflevector(b, b, 2, 3)); \
+    tf_f2v d = OP(c, __builtin_shufflevector(c, c, 1, 0)); \
+    return d[0]; }
+#define TF_VADD(x, y) ((x) + (y))
+#define TF_VMAX(x, y) (((x) > (y)) | ((x) != (x)) ? (x) : (y))
+#define TF_VMIN(x, y) (((x) < (y)) | ((x) != (x)) ? (x) : (y))
+TF_HRED16(tf_hsum16f, TF_VADD)
+TF_HRED16(tf_hmax16f, TF_VMAX)
+TF_HRED16(tf_hmin16f, TF_VMIN)
 
 /* ---- PyTorch semantics ---------------------------------------------------------------- */
 template <class T> TF_INLINE T tf_max(T a, T b) { return (a > b || a != a) ? a : b; }
