@@ -1,6 +1,6 @@
 """CPU benchmark of the C++ backend against eager and Inductor's C++ backend, in one run.
 
-    python scripts/bench_cpu.py [--quick] [--thp-alloc] [--rounds 3] [--out docs/bench_cpu.json]
+    python scripts/bench_cpu.py [--quick] [--thp-alloc] [--rounds 3] [--threads N] [--out docs/bench_cpu.json]
 
 Workloads (fp32, plain PyTorch): RMSNorm, LayerNorm, softmax and gelu(x)*x on 4096x4096,
 naive attention (1, 8, 1024, 64), and a small MLP (512 tokens, 1024 -> 4096 -> 1024 with
@@ -113,7 +113,12 @@ def main(argv=None) -> int:
                     help="THP_MEM_ALLOC_ENABLE=1 for PyTorch's allocator too (the equal-footing comparison)")
     ap.add_argument("--rounds", type=int, default=3, help="timing rounds alternating the three compilers")
     ap.add_argument("--budget", type=float, default=1.0, help="seconds of timing per compiler and round")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch.set_num_threads for every compiler (0: PyTorch's default); one thread is the "
+                         "comparison least disturbed by other processes on a shared machine")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     os.environ.setdefault("TILEFUSE_CACHE_DIR", tempfile.mkdtemp(prefix="tilefuse-bench-cpu-"))
     import tilefuse
     from tilefuse.backends.cpu import launcher
