@@ -241,6 +241,19 @@ def test_flash_reads_q_and_v_tiles_in_place(dynamic):
     assert not any("&ptr_" in line for line in src.splitlines() if "tf_dot_rb" in line)
 
 
+def test_operands_read_in_place_without_a_register_block_are_copied_from_the_buffer(monkeypatch):
+    """A tile the dots read in place is never loaded into an array; a dot without a register
+    block (the plain loop) copies it from the buffer instead. Flash and generated products,
+    against eager."""
+    from tilefuse.backends.cpu import codegen
+
+    monkeypatch.setattr(codegen, "register_block", lambda m, n: None)
+    ex = run_cpu(attention, *(rand(1, 2, 128, 32) for _ in range(3)))
+    src = next(x.source for x in ex.kernels if x.kind == "flash").split('extern "C"')[1]
+    assert "tf_dot_ikj<" in src and "tf_dot_rb" not in src.split("void kernel")[1], src
+    run_cpu(lambda x, y: torch.relu(x @ y), rand(128, 96), rand(96, 128), matmul="generated")
+
+
 def test_generated_product_reads_operands_in_place_with_their_row_stride():
     """A generated product whose unmasked A and B tiles have rows longer than the tile reads
     them in place with that row stride (the `_ld` micro-kernel); against eager."""

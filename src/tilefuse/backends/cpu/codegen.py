@@ -563,19 +563,21 @@ class CppPrinter:
     def _operand(self, e, shape, ind, block) -> tuple:
         """(pointer, leading dim) of the operand as a row-major float array of `shape`: the
         buffer itself for a load read in place (with a register block), else a dense array."""
-        if isinstance(e, Var) and e.name in self.inplace and block is not None and self.sh.shape.get(e.name) == shape:
+        p = ExprPrinter(self.ref_in(("tf_i", "tf_j"), set()))
+        if isinstance(e, Var) and e.name in self.inplace:  # (its load is not emitted)
             s, ld = self.inplace[e.name]
-            return f"&ptr_{s.buffer}[{self.printer().expr(s.offset)}]", ld
-        if e.name in self.inplace if isinstance(e, Var) else False:
-            raise CppUnsupported(f"{e.name}: a tile read in place by one dot and copied by another")
-        if isinstance(e, Var) and e.name not in self.local and self.sh.shape.get(e.name) == shape \
+            if block is not None and self.sh.shape.get(e.name) == shape:
+                return f"&ptr_{s.buffer}[{self.printer().expr(s.offset)}]", ld
+            elem = f"ptr_{s.buffer}[{p.expr(s.offset)}]"  # a dense copy from the buffer instead
+        elif isinstance(e, Var) and e.name not in self.local and self.sh.shape.get(e.name) == shape \
                 and self.sh.dtype[e.name] in (dt.float32, dt.bfloat16, dt.float16) and e.name not in self.sh.aranges:
             return e.name, shape[1]
+        else:
+            elem = p.expr(e)
         name = self.fresh("op")
-        p = ExprPrinter(self.ref_in(("tf_i", "tf_j"), set()))
         self.emit(f"alignas(64) float {name}[{shape[0] * shape[1]}];", ind)
         self.emit(f"for (int64_t tf_i = 0; tf_i < {shape[0]}; ++tf_i) for (int64_t tf_j = 0; tf_j < {shape[1]}; ++tf_j) "
-                  f"{name}[tf_i * {shape[1]} + tf_j] = (float)({p.expr(e)});", ind)
+                  f"{name}[tf_i * {shape[1]} + tf_j] = (float)({elem});", ind)
         return name, shape[1]
 
     # ------------------------------------------------------------------ the kernel

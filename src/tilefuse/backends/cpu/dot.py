@@ -174,11 +174,13 @@ def inplace_operands(kernel, sh, strides, readers: dict) -> dict:
     stored = set()
     assigned = set()
     loads = []
+    path: dict[int, tuple] = {}  # id(statement) -> the loops around it, outermost first
 
-    def walk(stmts):
+    def walk(stmts, loops):
         for s in stmts:
+            path[id(s)] = loops
             if isinstance(s, For):
-                walk(s.body)
+                walk(s.body, loops + (id(s),))
             elif isinstance(s, StoreTile):
                 stored.add(s.buffer)
             elif isinstance(s, Assign):
@@ -186,15 +188,16 @@ def inplace_operands(kernel, sh, strides, readers: dict) -> dict:
             elif isinstance(s, LoadTile):
                 loads.append(s)
 
-    walk(kernel.body)
+    walk(kernel.body, ())
     out = {}
     for s in loads:
         if s.mask is not None or s.dtype != dt.float32 or s.buffer in stored or s.name in sh.aranges:
             continue
         users = readers.get(s.name, [])
+        here = path[id(s)]
         if not users or not all(isinstance(u, DotTile) and u.input_dtype in (None, dt.float32)
-                                and s.name not in reads_acc(u) for u in users):
-            continue
+                                and s.name not in reads_acc(u) and path[id(u)][:len(here)] == here for u in users):
+            continue  # (a dot in the load's block or a loop inside it: the offset still means the same)
         if any(n in assigned for n in reads(s)):
             continue
         st = strides(s.offset)
