@@ -1,12 +1,19 @@
 """CPU benchmark of the C++ backend against eager and Inductor's C++ backend, in one run.
 
-    python scripts/bench_cpu.py [--quick] [--out docs/bench_cpu.json]
+    python scripts/bench_cpu.py [--quick] [--thp-alloc] [--rounds 3] [--threads N] [--out docs/bench_cpu.json]
 
 Workloads (fp32, plain PyTorch): RMSNorm, LayerNorm, softmax and gelu(x)*x on 4096x4096,
 naive attention (1, 8, 1024, 64), and a small MLP (512 tokens, 1024 -> 4096 -> 1024 with
 GELU). Each compiler gets fresh inputs and its own cold kernel cache; the table gives the
 median time of each, the speed-up over eager, tilefuse's first-compile time per generated
 kernel (C++ build included) and whether a warm cache built anything.
+
+`--thp-alloc` sets `THP_MEM_ALLOC_ENABLE=1` before PyTorch loads (its allocator then asks
+for transparent huge pages on every large tensor, as tilefuse's launcher does on the
+buffers its kernels write): the equal-footing comparison. The variable's value, the THP mode
+and the load average before and after each workload are recorded. Timing runs in `--rounds`
+rounds that alternate eager, Inductor and tilefuse (a burst of load from another process
+hits all three alike); the speed-ups are the median of the per-round ratios.
 """
 from __future__ import annotations
 
@@ -19,6 +26,11 @@ import statistics
 import sys
 import tempfile
 import time
+
+if "--thp-alloc" in sys.argv[1:] and os.environ.get("THP_MEM_ALLOC_ENABLE") != "1":
+    # read by PyTorch's allocator once, at its first allocation: set it before torch loads
+    os.environ["THP_MEM_ALLOC_ENABLE"] = "1"
+    os.execv(sys.executable, [sys.executable, *sys.argv])
 
 import torch
 import torch.nn.functional as F
@@ -63,8 +75,8 @@ def workloads(quick: bool):
     }
 
 
-def timeit(fn, args, budget=1.0, min_runs=5):
-    for _ in range(2):
+def timeit(fn, args, budget=1.0, min_runs=5, warmup=2):
+    for _ in range(warmup):
         fn(*args)
     times = []
     t_end = time.perf_counter() + budget
@@ -77,12 +89,36 @@ def timeit(fn, args, budget=1.0, min_runs=5):
     return statistics.median(times)
 
 
+def load_average() -> list:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+def thp_mode() -> str:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return f.read().strip()
+    except OSError:
+        return "n/a"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="small sizes (a smoke test)")
     ap.add_argument("--only", default="", help="comma list of workloads")
     ap.add_argument("--out", default="", help="write the results as JSON")
+    ap.add_argument("--thp-alloc", action="store_true",
+                    help="THP_MEM_ALLOC_ENABLE=1 for PyTorch's allocator too (the equal-footing comparison)")
+    ap.add_argument("--rounds", type=int, default=3, help="timing rounds alternating the three compilers")
+    ap.add_argument("--budget", type=float, default=1.0, help="seconds of timing per compiler and round")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch.set_num_threads for every compiler (0: PyTorch's default); one thread is the "
+                         "comparison least disturbed by other processes on a shared machine")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     os.environ.setdefault("TILEFUSE_CACHE_DIR", tempfile.mkdtemp(prefix="tilefuse-bench-cpu-"))
     import tilefuse
     from tilefuse.backends.cpu import launcher
@@ -95,16 +131,13 @@ def main(argv=None) -> int:
             continue
         inputs = make()
         ref = fn(*[t.double() for t in inputs])
-        row = {"workload": name}
-        eager_t = timeit(fn, inputs)
-        row["eager_ms"] = eager_t * 1e3
+        row = {"workload": name, "load_before": load_average()}
         # Inductor (torch.compile's default backend: C++/OpenMP on CPU)
         torch._dynamo.reset()
         t0 = time.perf_counter()
         ind = torch.compile(fn)
         out = ind(*inputs)
         row["inductor_compile_s"] = time.perf_counter() - t0
-        row["inductor_ms"] = timeit(ind, inputs) * 1e3
         row["inductor_err"] = (out.double() - ref).abs().max().item()
         # tilefuse (cpu backend), cold cache
         torch._dynamo.reset()
@@ -123,23 +156,35 @@ def main(argv=None) -> int:
         builds = cache.builds
         out = tf(*inputs)
         row["tilefuse_warm_builds"] = cache.builds - builds
-        row["tilefuse_ms"] = timeit(tf, inputs) * 1e3
         row["tilefuse_err"] = (out.double() - ref).abs().max().item()
         row["eager_err"] = (fn(*inputs).double() - ref).abs().max().item()
-        row["vs_eager"] = row["eager_ms"] / row["tilefuse_ms"]
-        row["vs_inductor"] = row["inductor_ms"] / row["tilefuse_ms"]
+        rounds = {"eager": [], "inductor": [], "tilefuse": []}
+        for _ in range(max(1, args.rounds)):
+            for key, f in (("eager", fn), ("inductor", ind), ("tilefuse", tf)):
+                rounds[key].append(timeit(f, inputs, budget=args.budget) * 1e3)
+        for key, ts in rounds.items():
+            row[f"{key}_ms"] = statistics.median(ts)
+            row[f"{key}_rounds_ms"] = ts
+        row["vs_eager"] = statistics.median(e / t for e, t in zip(rounds["eager"], rounds["tilefuse"]))
+        row["vs_inductor"] = statistics.median(i / t for i, t in zip(rounds["inductor"], rounds["tilefuse"]))
+        row["load_after"] = load_average()
         rows.append(row)
         print(f"{name:10s} eager {row['eager_ms']:8.2f} ms  inductor {row['inductor_ms']:8.2f} ms  "
               f"tilefuse {row['tilefuse_ms']:8.2f} ms  x{row['vs_eager']:.2f} eager  x{row['vs_inductor']:.2f} inductor  "
               f"compile/kernel {row['tilefuse_compile_per_kernel_s']:.2f} s ({row['tilefuse_kernels']} kernels: "
-              f"{','.join(row['tilefuse_kinds'])}), warm builds {row['tilefuse_warm_builds']}", flush=True)
+              f"{','.join(row['tilefuse_kinds'])}), warm builds {row['tilefuse_warm_builds']}, "
+              f"load {row['load_before'][:1]} -> {row['load_after'][:1]}", flush=True)
     if rows:
         ge = math.exp(statistics.fmean(math.log(r["vs_eager"]) for r in rows))
         gi = math.exp(statistics.fmean(math.log(r["vs_inductor"]) for r in rows))
         print(f"geometric mean: x{ge:.2f} eager, x{gi:.2f} inductor")
     if args.out:
         meta = {"date": datetime.date.today().isoformat(), "torch": torch.__version__,
-                "threads": torch.get_num_threads(), "command": " ".join(sys.argv)}
+                "threads": torch.get_num_threads(), "command": " ".join(sys.argv),
+                "THP_MEM_ALLOC_ENABLE": os.environ.get("THP_MEM_ALLOC_ENABLE", ""), "thp_mode": thp_mode(),
+                "rounds": args.rounds, "budget_s": args.budget, "load_end": load_average()}
+        if rows:
+            meta["geomean_vs_eager"], meta["geomean_vs_inductor"] = ge, gi
         with open(args.out, "w") as f:
             json.dump({"meta": meta, "results": rows}, f, indent=1)
     return 0

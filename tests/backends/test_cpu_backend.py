@@ -206,13 +206,61 @@ def test_generated_products_of_every_register_block(dtype):
 
 
 def test_dots_that_start_from_zero_skip_the_fill():
-    """`s = full(0); s = dot(a, b) + s` (the flash kernel's scores and P·V): the register
-    block starts at 0; the products still match eager (plain and ragged tiles)."""
+    """`s = full(0); s = dot(a, b) + s` (the flash kernel's scores): the register block starts
+    at 0. P·V (`acc = rebased(acc) + dot(p, v)` from a zero tile) re-bases `acc` in place and
+    accumulates into it: no zero fill, no arrays for the re-based tile and the product, no
+    pass adding them. The products still match eager (plain and ragged tiles)."""
     for n in (128, 100):
         q, k, v = (rand(1, 2, n, 32) for _ in range(3))
         ex = run_cpu(attention, q, k, v)
         src = next(x.source for x in ex.kernels if x.kind == "flash").split('extern "C"')[1]
-        assert src.count(", true>(") == 2, src
+        assert src.count(", true>(") == 1, src
+        dots = [line for line in src.splitlines() if "tf_dot_rb" in line]
+        out = dots[1].rstrip().rsplit(", ", 1)[1].rstrip(");")
+        assert len(dots) == 2 and out.startswith("acc") and ", true>" not in dots[1], dots
+        assert not any(n.startswith(("rebased", "pv")) for n in _arrays(src)), _arrays(src)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_flash_reads_q_and_v_tiles_in_place(dynamic):
+    """Unmasked fp32 Q and V tiles whose rows are contiguous are read by the dot from the
+    input (its row stride the leading dimension), not copied; a ragged (masked) tile, a V
+    stored transposed and symbolic strides keep the copy. All against eager by the fp64 rule."""
+    q, k = rand(1, 2, 128, 32), rand(1, 2, 128, 32)
+    cases = ((rand(1, 2, 128, 32), 2), (rand(1, 2, 32, 128).transpose(-1, -2), 1),
+             (rand(1, 2, 128, 64)[..., :32], 2))
+    for v, in_place in cases:
+        ex = run_cpu(attention, q, k, v, dynamic=dynamic)
+        if dynamic:
+            continue
+        src = next(x.source for x in ex.kernels if x.kind == "flash").split('extern "C"')[1]
+        dots = [line for line in src.splitlines() if "tf_dot_rb" in line]
+        assert sum("&ptr_" in d for d in dots) == in_place, dots
+    ex = run_cpu(attention, *(rand(1, 2, 100, 32) for _ in range(3)))  # ragged: masked loads, copied
+    src = next(x.source for x in ex.kernels if x.kind == "flash").split('extern "C"')[1]
+    assert not any("&ptr_" in line for line in src.splitlines() if "tf_dot_rb" in line)
+
+
+def test_operands_read_in_place_without_a_register_block_are_copied_from_the_buffer(monkeypatch):
+    """A tile the dots read in place is never loaded into an array; a dot without a register
+    block (the plain loop) copies it from the buffer instead. Flash and generated products,
+    against eager."""
+    from tilefuse.backends.cpu import codegen
+
+    monkeypatch.setattr(codegen, "register_block", lambda m, n: None)
+    ex = run_cpu(attention, *(rand(1, 2, 128, 32) for _ in range(3)))
+    src = next(x.source for x in ex.kernels if x.kind == "flash").split('extern "C"')[1]
+    assert "tf_dot_ikj<" in src and "tf_dot_rb" not in src.split("void kernel")[1], src
+    run_cpu(lambda x, y: torch.relu(x @ y), rand(128, 96), rand(96, 128), matmul="generated")
+
+
+def test_generated_product_reads_operands_in_place_with_their_row_stride():
+    """A generated product whose unmasked A and B tiles have rows longer than the tile reads
+    them in place with that row stride (the `_ld` micro-kernel); against eager."""
+    a, b = rand(128, 96), rand(96, 128)
+    ex = run_cpu(lambda x, y: torch.relu(x @ y), a, b, matmul="generated")
+    src = ex.kernels[0].source.split('extern "C"')[1]
+    assert "tf_dot_rb_ld<" in src or "&ptr_" in src, src
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
@@ -352,3 +400,83 @@ def test_backend_knob_is_validated():
             pass
     with tilefuse.config.patch(backend="cpu"):
         assert tilefuse.config.backend == "cpu"
+
+
+def _ulps(actual, ref64):
+    """Error of fp32 results in units of the fp32 spacing at the correctly rounded value."""
+    r32 = ref64.to(torch.float32)
+    tiny = torch.finfo(torch.float32).tiny
+    spacing = torch.where(r32.abs() < tiny, torch.full_like(ref64, 2.0 ** -149),
+                          torch.nextafter(r32.abs(), torch.tensor(math.inf)).double() - r32.abs().double())
+    return ((actual.double() - ref64).abs() / spacing).nan_to_num(0.0)
+
+
+@pytest.mark.parametrize("op, ulps, ranges", [
+    (torch.exp, 1.0, [(-104.5, 89.0), (-88.0, -87.0), (-1.0, 1.0)]),          # subnormal results, overflow edge
+    (torch.exp2, 1.0, [(-151.0, 129.0), (-127.0, -125.0), (-0.6, 0.6)]),
+    (torch.erf, 1.5, [(-5.0, 5.0), (-1.0, 1.0), (0.9, 0.96), (3.8, 4.1), (1e-6, 1e-3)]),
+])
+def test_vector_math_within_its_ulp_bound(op, ulps, ranges):
+    """The header's branch-free fp32 exp, exp2 and erf against fp64, in ulps, over dense sweeps
+    (subnormal results, the overflow and branch edges, tiny arguments) plus ±inf, NaN, ±0."""
+    x = torch.cat([torch.linspace(lo, hi, 20011) for lo, hi in ranges] + [SPECIAL])
+    with tilefuse.config.patch(backend="cpu", fallback="error"):
+        torch._dynamo.reset()
+        got = torch.compile(lambda t: op(t), backend="tilefuse")(x)
+    ref = op(x.double())
+    finite = torch.isfinite(ref.to(torch.float32))
+    assert torch.equal(got[~finite].nan_to_num(0.0), ref[~finite].to(torch.float32).nan_to_num(0.0))
+    assert torch.equal(got.isnan(), ref.isnan())
+    err = _ulps(got[finite], ref[finite])
+    assert err.max().item() <= ulps, (err.max().item(), x[finite][err.argmax()].item())
+    assert torch.equal(torch.signbit(got[x == 0]), torch.signbit(ref[x == 0].float())) or op is not torch.erf
+
+
+def _arrays(src: str) -> list:
+    import re
+
+    return re.findall(r"alignas\(64\) (?:float|uint8_t) (\w+)\[", src.split('extern "C"')[-1])
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_cheap_row_values_are_recomputed_not_stored(dynamic):
+    """A loaded row (and `x - mean`) read again by a later walk is re-read and recomputed
+    there, not copied to an array; the softmax's exponentials stay stored (too costly to
+    recompute). Odd, non-contiguous and symbolic sizes against eager by the fp64 rule."""
+    for x in (rand(7, 300), noncontig(5, 130), rand(3, 4096)):
+        w, b = rand(x.shape[-1]), rand(x.shape[-1])
+        ex = run_cpu(lambda t, w, b: (F.layer_norm(t, (t.shape[-1],), w, b), rmsnorm(t, w)), x, w, b, dynamic=dynamic)
+        ex2 = run_cpu(lambda t: torch.softmax(t, -1), x, dynamic=dynamic)
+        if dynamic or x.shape[-1] > 1024:
+            continue
+        for k in ex.kernels:
+            assert _arrays(k.source) == [], (k.name, _arrays(k.source))
+        assert len(_arrays(ex2.kernels[0].source)) == 1
+
+
+def test_values_of_a_buffer_the_kernel_writes_are_not_recomputed():
+    """A kernel that also stores into the buffer its row came from: a later walk must see
+    the values the first walk loaded, so the row stays an array (the same kernel without
+    that store re-reads the row)."""
+    import dataclasses
+
+    from irgraphs import GraphBuilder
+    from tilefuse.backends.cpu.codegen import generate
+    from tilefuse.fusion import plan_graph
+    from tilefuse.ir import dtypes as dt
+    from tilefuse.ir.expr import cast, unary
+    from tilefuse.tile.ir import LoadTile, StoreTile
+    from tilefuse.tile.lower import LoweringOptions, lower_plan_kernels
+
+    g = GraphBuilder("rms")
+    x = g.input("x", (37, 300), dt.float32, strides="contiguous")
+    ss = g.ctx.reduce((37,), (300,), "sum", lambda i, r: x.load((i[0], r[0])) * x.load((i[0], r[0])), dt.float32)
+    out = g.ctx.pointwise((37, 300), dt.float32, lambda i: x.load(i) * unary("rsqrt", ss.load((i[0],)) / 300.0))
+    graph = g.output(out)
+    (plan,) = plan_graph(graph).kernels
+    (tk,) = lower_plan_kernels(graph, plan, LoweringOptions(interpret=False, target="cpu"))
+    assert _arrays(generate(tk)) == []
+    store = next(s for s in tk.body if isinstance(s, StoreTile))
+    load = next(s for s in tk.body if isinstance(s, LoadTile) and s.buffer == "x")
+    extra = StoreTile("x", load.offset, cast(load.offset, dt.float32) * 0.0, store.mask, dt.float32)
+    assert load.name in _arrays(generate(dataclasses.replace(tk, body=tk.body + [extra])))

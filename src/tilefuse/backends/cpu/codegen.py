@@ -3,11 +3,14 @@
 The grid becomes an OpenMP-parallel loop over programs; each program runs the kernel body
 once. Tile statements with the same iteration space that follow each other are *fused into
 one loop nest* whose innermost loop runs along the contiguous axis under `#pragma omp simd`;
-values that never leave their loop nest stay scalars in registers, the others are stored in
-small arrays of the tile's shape. Reductions inside a loop nest accumulate in vector lanes
-(an array of 16 partial results, combined once after the loop); `dot` is a register-blocked
-micro-kernel (8x32 or 4x64 fp32 accumulators held in vector registers across the K loop).
-Loop-carried state (`For` with `Assign`) lives in arrays declared once per program.
+values that never leave their loop nest stay scalars in registers, cheap values a later nest
+reads are recomputed there (`remat.py`), the others are stored in small arrays of the tile's
+shape. Reductions inside a loop nest accumulate in vector lanes (an array of 16 partial
+results, combined once after the loop by halving steps in vector registers); `dot` is a
+register-blocked micro-kernel (8x32 or 4x64 fp32 accumulators held in vector registers
+across the K loop) that reads unmasked contiguous-row operands in place and may accumulate
+straight into a loop-carried tile (`dot.py`). Loop-carried state (`For` with `Assign`) lives
+in arrays declared once per program.
 """
 from __future__ import annotations
 
@@ -18,7 +21,9 @@ from ...ir.expr import Index, Var
 from ...tile.ir import (Arange, ArgReduceTile, Assign, BroadcastTile, Comment, DotTile, For, Full, Let, LoadTile,
                         ProgramId, ReduceTile, StoreTile, TileKernel)
 from ...tile.lower import identity
+from .dot import DOT_SOURCE, fold_accumulator, inplace_operands, register_block, stmt_readers
 from .exprs import STORAGE, CppUnsupported, ExprPrinter, const, ctype, round_to
+from .remat import plan_remat
 from .runtime import HEADER
 from .shapes import SCALAR, Shapes, defines, reads
 
@@ -46,6 +51,14 @@ class CppPrinter:
         self.lines: list[str] = []
         self.tmp = 0
         self.zero_dot: set[int] = set()  # ids of dots whose accumulator starts at 0
+        self.remat: dict = {}  # id(group) -> statements recomputed in its loop body (remat.py)
+        self.readers: dict[str, set] = {}  # name -> ids of the sites that read it
+        self.stmt_readers = stmt_readers(kernel.body)  # name -> statements that read it
+        self.alias: dict[str, str] = {}  # R -> acc: `R = f(acc)` written into acc's array (dot.py)
+        self.dot_into: dict[int, str] = {}  # id(dot) -> the carried array it accumulates into
+        self.skip: set[int] = set()  # ids of `acc = R + X` statements those dots replace
+        self.folded: set[str] = set()  # names X of those dots (never stored)
+        self.inplace = inplace_operands(kernel, self.sh, self._strides, self.stmt_readers)
         self.block_aligned = self._block_aligned()
 
     # ------------------------------------------------------------------ grouping
@@ -79,8 +92,17 @@ class CppPrinter:
                 items.append(group)
                 group = None
 
+        for k, s in enumerate(stmts):
+            if id(s) in self.zero_dot:
+                fold = fold_accumulator(stmts, k, self.stmt_readers, self.sh)
+                if fold is not None:
+                    j, a = fold
+                    self.alias[stmts[j].name] = a.name
+                    self.dot_into[id(s)] = a.name
+                    self.skip.add(id(a))
+                    self.folded.add(s.name)
         for s in stmts:
-            if id(s) in zero_fills:
+            if id(s) in zero_fills or id(s) in self.skip:
                 continue
             if isinstance(s, For):
                 flush()
@@ -124,17 +146,26 @@ class CppPrinter:
         return items
 
     def find_locals(self, items) -> None:
-        """A value defined in a group and read only there never needs an array."""
-        readers: dict[str, set] = {}
+        """A value defined in a group and read only there (or recomputed where it is read)
+        never needs an array."""
+        readers = self.readers
+        recomputed = {gid: {s.name for s in stmts} for gid, stmts in self.remat.items()}
 
         def visit(stmts):
             for s in stmts:
+                site = id(self.site.get(id(s)))  # (zero fills a dot replaces have no site: they read nothing)
+                skip = recomputed.get(site, set())
                 for name in reads(s) if not isinstance(s, For) else _for_reads(s):
-                    readers.setdefault(name, set()).add(id(self.site[id(s)]))
+                    if name not in skip:
+                        readers.setdefault(name, set()).add(site)
                 if isinstance(s, For):
                     visit(s.body)
 
         visit(self.kernel.body)
+        for gid, stmts in self.remat.items():  # what the recomputations read
+            for s in stmts:
+                for name in reads(s) - recomputed[gid]:
+                    readers.setdefault(name, set()).add(gid)
         for g in _groups(items):
             for s in g.stmts:
                 name = defines(s)
@@ -150,6 +181,7 @@ class CppPrinter:
         def ref(name: str) -> str:
             if name in scope:
                 return f"{name}_v"
+            name = self.alias.get(name, name)
             if name in self.sh.aranges:
                 d = self.sh.aranges[name]
                 ext = self.sh.shape[name][d]
@@ -282,10 +314,13 @@ class CppPrinter:
         inner = 1 if d1 > 1 else 0
         simd = "#pragma omp simd" if all(self.sh.of(s.offset)[inner] == g.shape[inner] for s in g.stmts
                                          if isinstance(s, StoreTile)) else "// (stores to a shared address: not simd)"
+        dead = {id(s) for s in self._dead(g)}
+        if len(dead) == len(g.stmts):  # every value recomputed where it is read
+            return
         self.emit("{", indent)
         ind = indent + 1
-        hoisted = [s for s in g.stmts if self._transposed_load(s, g.shape, ind)]
-        if len(hoisted) == len(g.stmts):
+        hoisted = {id(s) for s in g.stmts if id(s) not in dead and self._transposed_load(s, g.shape, ind)}
+        if len(hoisted) + len(dead) == len(g.stmts):
             self.emit("}", indent)
             return
         for s in col_reds:  # per column accumulators, over rows
@@ -318,8 +353,12 @@ class CppPrinter:
                 ind += 1
         scope: set[str] = set()
         p = self.at((i, j), scope)
+        for s in self.remat.get(id(g), ()):
+            for line in self.body_lines(s, p, scalar=False, target=f"{s.name}_v"):
+                self.emit(line, ind)
+            scope.add(s.name)
         for s in g.stmts:
-            if s in hoisted:
+            if id(s) in hoisted or id(s) in dead:
                 continue
             if isinstance(s, (ReduceTile, ArgReduceTile)):
                 self._accumulate(s, p, row=s in row_reds, col=s in col_reds, d1=d1, ind=ind, loops=(i, j))
@@ -349,6 +388,19 @@ class CppPrinter:
             ind -= 1
             self.emit("}", ind)
         self.emit("}", indent)
+
+    def _dead(self, g: _Group) -> list:
+        """Statements of a group whose value nothing reads (every later reader recomputes it)."""
+        live: set[str] = set()
+        dead = []
+        for s in reversed(g.stmts):
+            name = defines(s)
+            if name in self.inplace or isinstance(s, (Let, LoadTile, Full, BroadcastTile)) and name in self.local \
+                    and name not in live and not (self.readers.get(name, set()) - {id(g)}):
+                dead.append(s)
+                continue
+            live |= reads(s)
+        return dead
 
     def _acc_dtype(self, s):
         return s.dtype if isinstance(s, ReduceTile) else dt.int64
@@ -425,9 +477,20 @@ class CppPrinter:
             self.emit(f"{out} = {s.name}_bi;", ind)
             return
         t = ctype(s.dtype)
-        self.emit(f"{t} {s.name}_r = {self._lanes(s)}[0];", ind)
+        lv = self._lanes(s)
+        c = {"any": "max", "all": "min"}.get(s.combiner, s.combiner)
+        if lanes == 16 and s.dtype == dt.float32 and c in ("sum", "max", "min"):
+            self.emit(f"{out} = tf_h{c}16f({lv});", ind)
+            return
+        if lanes & (lanes - 1) == 0:  # halving steps (vector ops) instead of a chain of lanes - 1
+            self.emit(f"for (int tf_w = {lanes // 2}; tf_w > 0; tf_w >>= 1)", ind)
+            self.emit(f"  for (int tf_l = 0; tf_l < tf_w; ++tf_l) {lv}[tf_l] = "
+                      f"{self._combine(s, f'{lv}[tf_l]', f'{lv}[tf_l + tf_w]')};", ind)
+            self.emit(f"{out} = {lv}[0];", ind)
+            return
+        self.emit(f"{t} {s.name}_r = {lv}[0];", ind)
         self.emit(f"for (int64_t tf_l = 1; tf_l < {lanes}; ++tf_l) {s.name}_r = "
-                  f"{self._combine(s, f'{s.name}_r', f'{self._lanes(s)}[tf_l]')};", ind)
+                  f"{self._combine(s, f'{s.name}_r', f'{lv}[tf_l]')};", ind)
         self.emit(f"{out} = {s.name}_r;", ind)
 
     def _strides(self, offset):
@@ -480,36 +543,49 @@ class CppPrinter:
             p = ExprPrinter(self.ref_in(("tf_i", "tf_j"), set()))
             self.emit(f"for (int64_t tf_i = 0; tf_i < {m}; ++tf_i) for (int64_t tf_j = 0; tf_j < {n}; ++tf_j) "
                       f"{s.name}[tf_i * {n} + tf_j] = {p.expr(s.acc)};", ind)
-        a = self._operand(s.a, (m, k), ind)
-        b = self._operand(s.b, (k, n), ind)
         block = register_block(m, n)
-        zero = id(s) in self.zero_dot
+        (a, lda), (b, ldb) = self._operand(s.a, (m, k), ind, block), self._operand(s.b, (k, n), ind, block)
+        zero = id(s) in self.zero_dot and id(s) not in self.dot_into
+        out = self.dot_into.get(id(s), s.name)
         if block is not None:
             flag = ", true" if zero else ""
-            self.emit(f"tf_dot_rb<{m}, {n}, {k}, {block[0]}, {block[1]}{flag}>({a}, {b}, {s.name});", ind)
+            if (lda, ldb) == (k, n):
+                self.emit(f"tf_dot_rb<{m}, {n}, {k}, {block[0]}, {block[1]}{flag}>({a}, {b}, {out});", ind)
+            else:
+                self.emit(f"tf_dot_rb_ld<{m}, {n}, {k}, {block[0]}, {block[1]}, {lda}, {ldb}{flag}>({a}, {b}, {out});",
+                          ind)
         else:
             if zero:
-                self.emit(f"for (int64_t tf_i = 0; tf_i < {m * n}; ++tf_i) {s.name}[tf_i] = 0.0f;", ind)
-            self.emit(f"tf_dot_ikj<{m}, {n}, {k}>({a}, {b}, {s.name});", ind)
+                self.emit(f"for (int64_t tf_i = 0; tf_i < {m * n}; ++tf_i) {out}[tf_i] = 0.0f;", ind)
+            self.emit(f"tf_dot_ikj<{m}, {n}, {k}>({a}, {b}, {out});", ind)
         self.emit("}", indent)
 
-    def _operand(self, e, shape, ind) -> str:
-        """A pointer to the operand as a dense row-major float array of `shape`."""
-        if isinstance(e, Var) and e.name not in self.local and self.sh.shape.get(e.name) == shape \
-                and self.sh.dtype[e.name] in (dt.float32, dt.bfloat16, dt.float16) and e.name not in self.sh.aranges:
-            return e.name
-        name = self.fresh("op")
+    def _operand(self, e, shape, ind, block) -> tuple:
+        """(pointer, leading dim) of the operand as a row-major float array of `shape`: the
+        buffer itself for a load read in place (with a register block), else a dense array."""
         p = ExprPrinter(self.ref_in(("tf_i", "tf_j"), set()))
+        if isinstance(e, Var) and e.name in self.inplace:  # (its load is not emitted)
+            s, ld = self.inplace[e.name]
+            if block is not None and self.sh.shape.get(e.name) == shape:
+                return f"&ptr_{s.buffer}[{self.printer().expr(s.offset)}]", ld
+            elem = f"ptr_{s.buffer}[{p.expr(s.offset)}]"  # a dense copy from the buffer instead
+        elif isinstance(e, Var) and e.name not in self.local and self.sh.shape.get(e.name) == shape \
+                and self.sh.dtype[e.name] in (dt.float32, dt.bfloat16, dt.float16) and e.name not in self.sh.aranges:
+            return e.name, shape[1]
+        else:
+            elem = p.expr(e)
+        name = self.fresh("op")
         self.emit(f"alignas(64) float {name}[{shape[0] * shape[1]}];", ind)
         self.emit(f"for (int64_t tf_i = 0; tf_i < {shape[0]}; ++tf_i) for (int64_t tf_j = 0; tf_j < {shape[1]}; ++tf_j) "
-                  f"{name}[tf_i * {shape[1]} + tf_j] = (float)({p.expr(e)});", ind)
-        return name
+                  f"{name}[tf_i * {shape[1]} + tf_j] = (float)({elem});", ind)
+        return name, shape[1]
 
     # ------------------------------------------------------------------ the kernel
     def declarations(self, indent: int) -> None:
         seen = set()
         for name, shape in self.sh.shape.items():
-            if name in self.local or name in seen or _is_loop_var(self.kernel.body, name):
+            if name in self.local or name in seen or _is_loop_var(self.kernel.body, name) or name in self.alias \
+                    or name in self.inplace or name in self.folded:
                 continue
             seen.add(name)
             t = ctype(self.sh.dtype[name])
@@ -528,12 +604,13 @@ class CppPrinter:
     def generate(self) -> str:
         k = self.kernel
         items = self.plan(k.body)
+        self.remat = plan_remat(k, items, self.sh, _Group)
         self.find_locals(items)
         body_start = len(self.lines)
         self.items(items, 3)
         body = self.lines[body_start:]
         self.lines = []
-        out = [HEADER, _DOT, f'extern "C" void {k.name}(void* const* tf_ptrs, const int64_t* tf_sizes, '
+        out = [HEADER, DOT_SOURCE, f'extern "C" void {k.name}(void* const* tf_ptrs, const int64_t* tf_sizes, '
                f'const int64_t* tf_grid, int32_t tf_threads) {{']
         for name, v in k.constexprs.items():
             out.append(f"  constexpr int64_t {name} = {int(v)};")
@@ -563,88 +640,6 @@ class CppPrinter:
         out.append("  }")
         out.append("}")
         return "\n".join(out) + "\n"
-
-
-_DOT = r"""
-typedef float tf_v16 __attribute__((vector_size(64), aligned(4)));
-/* acc[R][16V] += a[R][K] @ b[K][16V] (leading dims LDA, LDB, LDC), fp32: R x V vector
-   accumulators stay in registers for the whole K loop; one broadcast of `a` feeds V FMAs */
-template <int R, int V, int K, int LDA, int LDB, int LDC, bool ZERO>
-TF_INLINE void tf_dot_block(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ acc) {
-  tf_v16 c[R][V];
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) c[r][v] = ZERO ? (tf_v16){} : *(const tf_v16*)&acc[r * LDC + 16 * v];
-  for (int k = 0; k < K; ++k) {
-    tf_v16 bv[V];
-#pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) bv[v] = *(const tf_v16*)&b[k * LDB + 16 * v];
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      const float av = a[r * LDA + k];
-#pragma GCC unroll 4
-      for (int v = 0; v < V; ++v) c[r][v] += av * bv[v];
-    }
-  }
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) *(tf_v16*)&acc[r * LDC + 16 * v] = c[r][v];
-}
-/* acc[M][N] (+)= a[M][K] @ b[K][N], dense row-major: column panels of 16V, R-row blocks;
-   ZERO: acc starts at 0 (never read) */
-template <int M, int N, int K, int R, int V, bool ZERO = false> TF_INLINE void tf_dot_rb(const float* __restrict__ a,
-                                                                                         const float* __restrict__ b,
-                                                                                         float* __restrict__ acc) {
-  for (int j0 = 0; j0 < N; j0 += 16 * V)
-    for (int i0 = 0; i0 < M; i0 += R) tf_dot_block<R, V, K, K, N, N, ZERO>(a + i0 * K, b + j0, acc + i0 * N + j0);
-}
-/* dst[R][C] = src[i + j * ld] (a transposed tile): 16x16 blocks loaded as rows of the source,
-   transposed in registers by four rounds of two-source shuffles, stored as rows of dst */
-#define TF_T(k, hi) TF_T_##k##_##hi
-#define TF_T_8_0 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23
-#define TF_T_8_1 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
-#define TF_T_4_0 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27
-#define TF_T_4_1 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31
-#define TF_T_2_0 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29
-#define TF_T_2_1 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31
-#define TF_T_1_0 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30
-#define TF_T_1_1 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31
-typedef float tf_v16a __attribute__((vector_size(64)));
-#define TF_T_ROUND(k) _Pragma("GCC unroll 16") for (int i = 0; i < 16; ++i) if (!(i & k)) { \
-    const tf_v16a a = v[i], b = v[i | k]; \
-    v[i] = __builtin_shufflevector(a, b, TF_T(k, 0)); v[i | k] = __builtin_shufflevector(a, b, TF_T(k, 1)); }
-template <int R, int C> TF_INLINE void tf_load_t(const float* __restrict__ src, int64_t ld, float* __restrict__ dst) {
-  for (int j0 = 0; j0 < C; j0 += 16)
-    for (int i0 = 0; i0 < R; i0 += 16) {
-      tf_v16a v[16];
-#pragma GCC unroll 16
-      for (int jj = 0; jj < 16; ++jj) { tf_v16 t = *(const tf_v16*)&src[(j0 + jj) * ld + i0]; v[jj] = t; }
-      TF_T_ROUND(8) TF_T_ROUND(4) TF_T_ROUND(2) TF_T_ROUND(1)
-#pragma GCC unroll 16
-      for (int ii = 0; ii < 16; ++ii) *(tf_v16*)&dst[(i0 + ii) * C + j0] = v[ii];
-    }
-}
-template <int M, int N, int K> TF_INLINE void tf_dot_ikj(const float* __restrict__ a, const float* __restrict__ b,
-                                                         float* __restrict__ acc) {
-  for (int i = 0; i < M; ++i)
-    for (int k = 0; k < K; ++k) {
-      const float av = a[i * K + k];
-      #pragma omp simd
-      for (int j = 0; j < N; ++j) acc[i * N + j] += av * b[k * N + j];
-    }
-}
-"""
-
-
-def register_block(m: int, n: int):
-    """(rows, 16-lane vectors) of the dot's register block: 16 accumulators of 32 zmm (8x2 or
-    4x4), else 8 (4x2, 8x1), else None (the plain i-k-j loop)."""
-    for r, v in ((8, 2), (4, 4), (4, 2), (8, 1), (4, 1)):
-        if m % r == 0 and n % (16 * v) == 0:
-            return r, v
-    return None
 
 
 def _walk(stmts):

@@ -7,8 +7,13 @@ Small inline helpers only (one translation unit per kernel keeps compiles under 
   the IR says their dtype is low precision;
 * `exp`, `exp2`, `tanh`, `sigmoid` and `erf` for fp32 written with arithmetic and bit
   operations only, so loops that call them still vectorise (the C library's versions are
-  scalar calls); within a few ulp of the correctly rounded result, with IEEE results at
-  ±inf and NaN;
+  scalar calls); `exp` and `exp2` within 1 ulp of the correctly rounded result (subnormal
+  results included), `erf` within 1.5 ulp (branch-free: a polynomial below 0.93, `1 - e^q`
+  above), `tanh` within a few ulp; IEEE results at ±inf and NaN. No special-case branches
+  and no float-to-int conversions of out-of-range values: the rounding to an integer is the
+  1.5·2²³ shift, and the final selects replace what falls outside the range;
+* horizontal sum, max and min of 16 fp32 lanes (a reduction's partial results) by halving
+  steps in vector registers, with max and min propagating NaN;
 * PyTorch's semantics where C++ differs: NaN-propagating max/min, floor division and Python
   remainder for integers and floats, shifts past the bit width, integer division by zero
   (0, never a SIGFPE that would kill the process).
@@ -45,36 +50,44 @@ TF_INLINE float tf_round_h(float f) { return (float)(_Float16)f; }
 TF_INLINE float tf_round_h_d(double f) { return (float)(_Float16)f; }
 
 /* ---- vectorisable fp32 math ----------------------------------------------------------- */
-TF_INLINE float tf_pow2i(int32_t n) { uint32_t b = (uint32_t)(n + 127) << 23; float f; __builtin_memcpy(&f, &b, 4); return f; }
-/* 2^n * p for n in [-150, 128] without overflow of the exponent field: two factors */
-TF_INLINE float tf_ldexp(float p, float n) {
-  int32_t ni = (int32_t)n; int32_t n1 = ni >> 1; int32_t n2 = ni - n1;
-  return p * tf_pow2i(n1) * tf_pow2i(n2);
+TF_INLINE uint32_t tf_fbits(float f) { uint32_t b; __builtin_memcpy(&b, &f, 4); return b; }
+TF_INLINE float tf_bitsf(uint32_t b) { float f; __builtin_memcpy(&f, &b, 4); return f; }
+/* 2^n * p for n in [-150, 128] (the exponent field would overflow in one step): two factors */
+TF_INLINE float tf_ldexp2(float p, int32_t n) {
+  int32_t n1 = n >> 1, n2 = n - n1;
+  return p * tf_bitsf((uint32_t)(n1 + 127) << 23) * tf_bitsf((uint32_t)(n2 + 127) << 23);
 }
-TF_INLINE float tf_exp_poly(float r) {  /* e^r, |r| <= ln2/2: Taylor to degree 7 */
-  float p = 1.0f / 5040.0f;
-  p = tfm_fma(p, r, 1.0f / 720.0f); p = tfm_fma(p, r, 1.0f / 120.0f); p = tfm_fma(p, r, 1.0f / 24.0f);
-  p = tfm_fma(p, r, 1.0f / 6.0f); p = tfm_fma(p, r, 0.5f); p = tfm_fma(p, r, 1.0f);
-  return tfm_fma(p, r, 1.0f);
+/* x rounded to the nearest integer (|x| < 2^22) by the 1.5 * 2^23 shift, as float and int: no
+   float-to-int conversion of out-of-range values (the selects of the callers replace those) */
+#define TF_SHIFT 12582912.0f
+/* e^s - 1 - s on |s| <= ln2/2 over s^2: minimax, for e^s = 1 + s + s^2 * q(s) */
+TF_INLINE float tf_expm1_q(float s) {
+  float u = 0.000198527617612853646278381f;
+  u = tfm_fma(u, s, 0.00139304355252534151077271f); u = tfm_fma(u, s, 0.00833336077630519866943359f);
+  u = tfm_fma(u, s, 0.0416664853692054748535156f); u = tfm_fma(u, s, 0.166666671633720397949219f);
+  return tfm_fma(u, s, 0.5f);
 }
-TF_INLINE float tf_expf(float x) {
-  float xc = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
-  float n = tfm_floor(tfm_fma(xc, 1.44269504088896341f, 0.5f));
-  float r = tfm_fma(n, -0.693145751953125f, xc);
-  r = tfm_fma(n, -1.428606765330187045e-06f, r);
-  float y = tf_ldexp(tf_exp_poly(r), n);
+TF_INLINE float tf_expf(float x) {  /* within 1 ulp, subnormal results included */
+  float t = tfm_fma(x, 1.44269504088896341f, TF_SHIFT);
+  float n = t - TF_SHIFT;
+  int32_t ni = (int32_t)(tf_fbits(t) - tf_fbits(TF_SHIFT));
+  float s = tfm_fma(n, -0.693145751953125f, x);
+  s = tfm_fma(n, -1.428606765330187045e-06f, s);
+  float y = tf_ldexp2(1.0f + tfm_fma(s * s, tf_expm1_q(s), s), ni);
   y = x > 88.72283935546875f ? INFINITY : y;
-  y = x < -103.97208404541015625f ? 0.0f : y;
-  return x != x ? x : y;
+  return x < -103.97208404541015625f ? 0.0f : y;  /* (NaN stays NaN) */
 }
-TF_INLINE float tf_exp2f(float x) {
-  float xc = x < -150.0f ? -150.0f : (x > 129.0f ? 129.0f : x);
-  float n = tfm_floor(xc + 0.5f);
-  float r = (xc - n) * 0.693147180559945309f;
-  float y = tf_ldexp(tf_exp_poly(r), n);
+TF_INLINE float tf_exp2f(float x) {  /* within 1 ulp, subnormal results included */
+  float t = x + TF_SHIFT;
+  float n = t - TF_SHIFT;
+  int32_t ni = (int32_t)(tf_fbits(t) - tf_fbits(TF_SHIFT));
+  float s = x - n;
+  float u = 0.1535920892e-3f;
+  u = tfm_fma(u, s, 0.1339262701e-2f); u = tfm_fma(u, s, 0.9618384764e-2f); u = tfm_fma(u, s, 0.5550347269e-1f);
+  u = tfm_fma(u, s, 0.2402264476e+0f); u = tfm_fma(u, s, 0.6931471825e+0f); u = tfm_fma(u, s, 1.0f);
+  float y = tf_ldexp2(u, ni);
   y = x >= 128.0f ? INFINITY : y;
-  y = x < -150.0f ? 0.0f : y;
-  return x != x ? x : y;
+  return x < -150.0f ? 0.0f : y;
 }
 TF_INLINE float tf_tanhf(float x) {
   float a = tfm_fabs(x);
@@ -92,25 +105,51 @@ TF_INLINE float tf_tanhf(float x) {
   return x != x ? x : y;
 }
 TF_INLINE float tf_sigmoidf(float x) { return 1.0f / (1.0f + tf_expf(-x)); }
+/* erf within 1.5 ulp, branch-free (both halves evaluated per lane, as vector code does):
+   |x| <= 0.9277: x + x * p(x^2); above: 1 - e^q(|x|), q a polynomial clamped at |x| = 4
+   (erf is 1.0f from 3.92 on; e^q stays a normal number, so its scaling is one step) */
 TF_INLINE float tf_erff(float x) {
   float a = tfm_fabs(x);
-  float z = a * a;  /* Taylor series below 0.5 */
-  float p = -1.0f / 75600.0f;
-  p = tfm_fma(p, z, 1.0f / 9360.0f); p = tfm_fma(p, z, -1.0f / 1320.0f); p = tfm_fma(p, z, 1.0f / 216.0f);
-  p = tfm_fma(p, z, -1.0f / 42.0f); p = tfm_fma(p, z, 1.0f / 10.0f); p = tfm_fma(p, z, -1.0f / 3.0f);
-  p = tfm_fma(p, z, 1.0f);
-  float small = 1.12837916709551257f * a * p;
-  /* erfc by a Chebyshev fit (fractional error < 1.2e-7) above 0.5 */
-  float t = 1.0f / tfm_fma(0.5f, a, 1.0f);
-  float q = 0.17087277f;
-  q = tfm_fma(q, t, -0.82215223f); q = tfm_fma(q, t, 1.48851587f); q = tfm_fma(q, t, -1.13520398f);
-  q = tfm_fma(q, t, 0.27886807f); q = tfm_fma(q, t, -0.18628806f); q = tfm_fma(q, t, 0.09678418f);
-  q = tfm_fma(q, t, 0.37409196f); q = tfm_fma(q, t, 1.00002368f); q = tfm_fma(q, t, -1.26551223f);
-  float big = 1.0f - t * tf_expf(q - z);
-  float y = a < 0.5f ? small : big;
-  y = tfm_copysign(y, x);
-  return x != x ? x : y;
+  float z = x * x;
+  float r = -5.96761703e-4f;
+  r = tfm_fma(r, z, 4.99119423e-3f); r = tfm_fma(r, z, -2.67681349e-2f); r = tfm_fma(r, z, 1.12819925e-1f);
+  r = tfm_fma(r, z, -3.76125336e-1f); r = tfm_fma(r, z, 1.28379166e-1f);
+  float small = tfm_fma(r, a, a);
+  float c = a > 4.0f ? 4.0f : a;
+  float q = tfm_fma(-1.72853470e-5f, c, 3.83197126e-4f);
+  float u = tfm_fma(-3.88396438e-3f, c, 2.42546219e-2f);
+  q = tfm_fma(q, c * c, u);
+  q = tfm_fma(q, c, -1.06777877e-1f); q = tfm_fma(q, c, -6.34846687e-1f); q = tfm_fma(q, c, -1.28717512e-1f);
+  q = tfm_fma(q, c, -c);
+  float t = tfm_fma(q, 1.44269504088896341f, TF_SHIFT);
+  float n = t - TF_SHIFT;
+  float s = tfm_fma(n, -0.693145751953125f, q);
+  s = tfm_fma(n, -1.428606765330187045e-06f, s);
+  float e = tf_bitsf(tf_fbits(1.0f + tfm_fma(s * s, tf_expm1_q(s), s)) + ((tf_fbits(t) - tf_fbits(TF_SHIFT)) << 23));
+  float y = a > 0.927734375f ? 1.0f - e : small;
+  return tfm_copysign(y, x);  /* (NaN: small is NaN) */
 }
+
+/* ---- horizontal reductions of 16 fp32 lanes: halving steps in vector registers -------- */
+typedef float tf_f16v __attribute__((vector_size(64), aligned(4)));
+typedef float tf_f8v __attribute__((vector_size(32)));
+typedef float tf_f4v __attribute__((vector_size(16)));
+typedef float tf_f2v __attribute__((vector_size(8)));
+#define TF_HRED16(name, OP) \
+  TF_INLINE float name(const float* l) { \
+    tf_f16v v; __builtin_memcpy(&v, l, 64); \
+    tf_f8v a = OP(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7), \
+                  __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15)); \
+    tf_f4v b = OP(__builtin_shufflevector(a, a, 0, 1, 2, 3), __builtin_shufflevector(a, a, 4, 5, 6, 7)); \
+    tf_f2v c = OP(__builtin_shufflevector(b, b, 0, 1), __builtin_shufflevector(b, b, 2, 3)); \
+    tf_f2v d = OP(c, __builtin_shufflevector(c, c, 1, 0)); \
+    return d[0]; }
+#define TF_VADD(x, y) ((x) + (y))
+#define TF_VMAX(x, y) (((x) > (y)) | ((x) != (x)) ? (x) : (y))
+#define TF_VMIN(x, y) (((x) < (y)) | ((x) != (x)) ? (x) : (y))
+TF_HRED16(tf_hsum16f, TF_VADD)
+TF_HRED16(tf_hmax16f, TF_VMAX)
+TF_HRED16(tf_hmin16f, TF_VMIN)
 
 /* ---- PyTorch semantics ---------------------------------------------------------------- */
 template <class T> TF_INLINE T tf_max(T a, T b) { return (a > b || a != a) ? a : b; }

@@ -1,0 +1,213 @@
+"""The CPU backend's `dot`: the register-blocked micro-kernel, and two rewrites of the
+statements around a dot that save whole passes over its tiles.
+
+* **Accumulating into the carried state**: `R = f(acc)`; `X = dot(a, b)` from a zero tile;
+  `acc = R + X` (the flash kernel's re-based accumulator plus P·V) becomes `acc = f(acc)` in
+  place and a dot that accumulates into `acc` — no arrays for `R` and `X`, no separate pass
+  adding them (the form of `acc = tl.dot(p, v, acc)` in Triton's flash kernels). Only when
+  nothing else reads `R`, `X` or `acc` in between.
+* **Operands read in place**: an unmasked fp32 tile load used only as a dot operand, whose rows
+  are contiguous with a compile-time row stride, is not copied: the micro-kernel reads the
+  buffer with that leading dimension (the V tile of P·V).
+"""
+from __future__ import annotations
+
+from ...ir import dtypes as dt
+from ...ir.expr import Binary, Var
+from ...tile.ir import Assign, DotTile, For, Let, LoadTile, StoreTile
+from .shapes import defines, reads
+
+
+DOT_SOURCE = r"""
+typedef float tf_v16 __attribute__((vector_size(64), aligned(4)));
+/* acc[R][16V] += a[R][K] @ b[K][16V] (leading dims LDA, LDB, LDC), fp32: R x V vector
+   accumulators stay in registers for the whole K loop; one broadcast of `a` feeds V FMAs */
+template <int R, int V, int K, int LDA, int LDB, int LDC, bool ZERO>
+TF_INLINE void tf_dot_block(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ acc) {
+  tf_v16 c[R][V];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) c[r][v] = ZERO ? (tf_v16){} : *(const tf_v16*)&acc[r * LDC + 16 * v];
+  for (int k = 0; k < K; ++k) {
+    tf_v16 bv[V];
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) bv[v] = *(const tf_v16*)&b[k * LDB + 16 * v];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const float av = a[r * LDA + k];
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) c[r][v] += av * bv[v];
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) *(tf_v16*)&acc[r * LDC + 16 * v] = c[r][v];
+}
+/* acc[M][N] (+)= a[M][K] @ b[K][N], dense row-major: column panels of 16V, R-row blocks;
+   ZERO: acc starts at 0 (never read) */
+template <int M, int N, int K, int R, int V, bool ZERO = false> TF_INLINE void tf_dot_rb(const float* __restrict__ a,
+                                                                                         const float* __restrict__ b,
+                                                                                         float* __restrict__ acc) {
+  for (int j0 = 0; j0 < N; j0 += 16 * V)
+    for (int i0 = 0; i0 < M; i0 += R) tf_dot_block<R, V, K, K, N, N, ZERO>(a + i0 * K, b + j0, acc + i0 * N + j0);
+}
+/* the same with the operands read in place: a[M][K] with row stride LDA, b[K][N] with LDB */
+template <int M, int N, int K, int R, int V, int LDA, int LDB, bool ZERO = false>
+TF_INLINE void tf_dot_rb_ld(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ acc) {
+  for (int j0 = 0; j0 < N; j0 += 16 * V)
+    for (int i0 = 0; i0 < M; i0 += R) tf_dot_block<R, V, K, LDA, LDB, N, ZERO>(a + i0 * LDA, b + j0, acc + i0 * N + j0);
+}
+/* dst[R][C] = src[i + j * ld] (a transposed tile): 16x16 blocks loaded as rows of the source,
+   transposed in registers by four rounds of two-source shuffles, stored as rows of dst */
+#define TF_T(k, hi) TF_T_##k##_##hi
+#define TF_T_8_0 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23
+#define TF_T_8_1 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
+#define TF_T_4_0 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27
+#define TF_T_4_1 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31
+#define TF_T_2_0 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29
+#define TF_T_2_1 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31
+#define TF_T_1_0 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30
+#define TF_T_1_1 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31
+typedef float tf_v16a __attribute__((vector_size(64)));
+#define TF_T_ROUND(k) _Pragma("GCC unroll 16") for (int i = 0; i < 16; ++i) if (!(i & k)) { \
+    const tf_v16a a = v[i], b = v[i | k]; \
+    v[i] = __builtin_shufflevector(a, b, TF_T(k, 0)); v[i | k] = __builtin_shufflevector(a, b, TF_T(k, 1)); }
+template <int R, int C> TF_INLINE void tf_load_t(const float* __restrict__ src, int64_t ld, float* __restrict__ dst) {
+  for (int j0 = 0; j0 < C; j0 += 16)
+    for (int i0 = 0; i0 < R; i0 += 16) {
+      tf_v16a v[16];
+#pragma GCC unroll 16
+      for (int jj = 0; jj < 16; ++jj) { tf_v16 t = *(const tf_v16*)&src[(j0 + jj) * ld + i0]; v[jj] = t; }
+      TF_T_ROUND(8) TF_T_ROUND(4) TF_T_ROUND(2) TF_T_ROUND(1)
+#pragma GCC unroll 16
+      for (int ii = 0; ii < 16; ++ii) *(tf_v16*)&dst[(i0 + ii) * C + j0] = v[ii];
+    }
+}
+template <int M, int N, int K> TF_INLINE void tf_dot_ikj(const float* __restrict__ a, const float* __restrict__ b,
+                                                         float* __restrict__ acc) {
+  for (int i = 0; i < M; ++i)
+    for (int k = 0; k < K; ++k) {
+      const float av = a[i * K + k];
+      #pragma omp simd
+      for (int j = 0; j < N; ++j) acc[i * N + j] += av * b[k * N + j];
+    }
+}
+"""
+
+
+def register_block(m: int, n: int):
+    """(rows, 16-lane vectors) of the dot's register block: 16 accumulators of 32 zmm (8x2 or
+    4x4), else 8 (4x2, 8x1), else None (the plain i-k-j loop)."""
+    for r, v in ((8, 2), (4, 4), (4, 2), (8, 1), (4, 1)):
+        if m % r == 0 and n % (16 * v) == 0:
+            return r, v
+    return None
+
+
+def stmt_readers(stmts, out=None) -> dict:
+    """name -> the statements that read it (loop headers count as their loop)."""
+    out = {} if out is None else out
+    for s in stmts:
+        if isinstance(s, For):
+            from ...tile.ir import expr_names
+
+            for name in expr_names(s.start) | expr_names(s.stop):
+                out.setdefault(name, []).append(s)
+            stmt_readers(s.body, out)
+            continue
+        for name in reads(s):
+            out.setdefault(name, []).append(s)
+    return out
+
+
+def _written(s) -> set:
+    if isinstance(s, For):
+        out = {s.var}
+        for t in s.body:
+            out |= _written(t)
+        return out
+    name = defines(s)
+    out = {name} if name is not None else set()
+    if isinstance(s, Assign):
+        out.add(s.name)
+    return out
+
+
+def fold_accumulator(stmts, k: int, readers: dict, sh):
+    """For the zero-started dot `stmts[k]`: (index of `R = f(acc)`, the `acc = R + X` Assign)
+    when the rewrite described above applies, else None."""
+    d = stmts[k]
+    x = d.name
+    users = [u for u in readers.get(x, []) if u is not d]  # (the dot reads its own zero start)
+    if len(users) != 1 or not isinstance(users[0], Assign):
+        return None
+    a = users[0]
+    pos = next((i for i in range(k + 1, len(stmts)) if stmts[i] is a), None)
+    v = a.value
+    if pos is None or not (isinstance(v, Binary) and v.op == "add"):
+        return None
+    if isinstance(v.b, Var) and v.b.name == x and isinstance(v.a, Var):
+        r = v.a.name
+    elif isinstance(v.a, Var) and v.a.name == x and isinstance(v.b, Var):
+        r = v.b.name
+    else:
+        return None
+    acc = a.name
+    j = next((i for i in range(k - 1, -1, -1) if isinstance(stmts[i], Let) and stmts[i].name == r), None)
+    if j is None or len(readers.get(r, [])) != 1 or r == acc:
+        return None
+    shape = sh.shape.get(acc)
+    if not (shape == sh.shape.get(r) == sh.shape.get(x)) or any(sh.dtype.get(n) != dt.float32 for n in (acc, r, x)):
+        return None
+    if d.input_dtype not in (None, dt.float32):
+        return None
+    for t in stmts[j + 1:pos]:  # nothing between reads or changes acc (the dot included)
+        if acc in reads(t) or acc in _written(t) or r in _written(t):
+            return None
+    return j, a
+
+
+def inplace_operands(kernel, sh, strides, readers: dict) -> dict:
+    """name -> (load statement, row stride) of the tile loads a dot may read in place."""
+    stored = set()
+    assigned = set()
+    loads = []
+    path: dict[int, tuple] = {}  # id(statement) -> the loops around it, outermost first
+
+    def walk(stmts, loops):
+        for s in stmts:
+            path[id(s)] = loops
+            if isinstance(s, For):
+                walk(s.body, loops + (id(s),))
+            elif isinstance(s, StoreTile):
+                stored.add(s.buffer)
+            elif isinstance(s, Assign):
+                assigned.add(s.name)
+            elif isinstance(s, LoadTile):
+                loads.append(s)
+
+    walk(kernel.body, ())
+    out = {}
+    for s in loads:
+        if s.mask is not None or s.dtype != dt.float32 or s.buffer in stored or s.name in sh.aranges:
+            continue
+        users = readers.get(s.name, [])
+        here = path[id(s)]
+        if not users or not all(isinstance(u, DotTile) and u.input_dtype in (None, dt.float32)
+                                and s.name not in reads_acc(u) and path[id(u)][:len(here)] == here for u in users):
+            continue  # (a dot in the load's block or a loop inside it: the offset still means the same)
+        if any(n in assigned for n in reads(s)):
+            continue
+        st = strides(s.offset)
+        if st is None or st[1] != 1 or not st[0].is_Integer or int(st[0]) <= 0:
+            continue
+        out[s.name] = (s, int(st[0]))
+    return out
+
+
+def reads_acc(d: DotTile) -> set:
+    from ...tile.ir import expr_names
+
+    return expr_names(d.acc) if d.acc is not None else set()
