@@ -5,7 +5,9 @@ decompositions, so forward and backward graphs both reach the compiler. A failur
 tilefuse never silently breaks the user's program: with `TILEFUSE_FALLBACK=eager` (default)
 the graph runs eagerly with a warning naming the stage, the op and a reproducer script; with
 `error` it raises `TilefuseError` with the same message. `TILEFUSE_VERIFY=1` checks each graph
-against eager on its first run and names the first diverging kernel (`check.verify`).
+against eager on its first run and names the first diverging kernel (`check.verify`). An
+index out of range that a generated kernel's check finds is the program's error, not ours: it
+is raised as eager raises it (`IndexError` / `RuntimeError`, naming the op).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import torch
 from . import logs
 from .compiler import CompileReport, compile_fx
 from .config import config
+from .ir.bounds import IndexCheckError
 
 _graph_ids = itertools.count()
 _report_sinks: list = []  # explain() collects reports here while it runs
@@ -101,6 +104,8 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, options:
             out = compiled(*args)
             if aliases:
                 out = _apply_aliases(aliases, compiled, args, out)
+        except IndexCheckError:  # an index out of range: the program's own error, as in eager
+            raise
         except Exception as err:  # noqa: BLE001 - the first launch also compiles the kernels
             eager_out = gm.forward(*args)  # if eager fails too, the error is the program's own
             with config.patch(**(options or {})):

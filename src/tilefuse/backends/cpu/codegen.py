@@ -8,6 +8,9 @@ small arrays of the tile's shape. Reductions inside a loop nest accumulate in ve
 (an array of 16 partial results, combined once after the loop); `dot` is a register-blocked
 micro-kernel (8x32 or 4x64 fp32 accumulators held in vector registers across the K loop).
 Loop-carried state (`For` with `Assign`) lives in arrays declared once per program.
+An index check (`Check`) ORs its failures into a flag of its loop nest (an OpenMP simd
+reduction, so the loop still vectorises) and, once the nest is done, records the check's number
+in the kernel's error word (`tf_ptrs` after the buffers); the launcher raises it.
 """
 from __future__ import annotations
 
@@ -15,14 +18,14 @@ import sympy
 
 from ...ir import dtypes as dt
 from ...ir.expr import Index, Var
-from ...tile.ir import (Arange, ArgReduceTile, Assign, BroadcastTile, Comment, DotTile, For, Full, Let, LoadTile,
-                        ProgramId, ReduceTile, StoreTile, TileKernel)
+from ...tile.ir import (Arange, ArgReduceTile, Assign, BroadcastTile, Check, Comment, DotTile, For, Full, Let, LoadTile,
+                        ProgramId, ReduceTile, StoreTile, TileKernel, checks_of)
 from ...tile.lower import identity
 from .exprs import STORAGE, CppUnsupported, ExprPrinter, const, ctype, round_to
 from .runtime import HEADER
 from .shapes import SCALAR, Shapes, defines, reads
 
-_ELEMENTWISE = (Let, LoadTile, StoreTile, BroadcastTile, Full, Assign, ReduceTile, ArgReduceTile)
+_ELEMENTWISE = (Let, LoadTile, StoreTile, BroadcastTile, Full, Assign, ReduceTile, ArgReduceTile, Check)
 LANES = 16
 
 
@@ -47,6 +50,7 @@ class CppPrinter:
         self.tmp = 0
         self.zero_dot: set[int] = set()  # ids of dots whose accumulator starts at 0
         self.block_aligned = self._block_aligned()
+        self.check_ids = {id(c): k + 1 for k, c in enumerate(checks_of(kernel.body))}  # error codes
 
     # ------------------------------------------------------------------ grouping
     def zero_starts(self, stmts) -> set:
@@ -221,6 +225,8 @@ class CppPrinter:
             self.emit(f"// {s.text}", indent)
         elif isinstance(s, DotTile):
             self.dot(s, indent)
+        elif isinstance(s, Check):
+            self.emit(f"if (!({p.expr(s.ok)})) tf_fail(tf_err, {self.check_ids[id(s)]});", indent)
         elif isinstance(s, (Let, LoadTile, BroadcastTile, Full, Assign, StoreTile)):
             for line in self.body_lines(s, p, scalar=True):
                 self.emit(line, indent)
@@ -243,6 +249,8 @@ class CppPrinter:
                 stored = f"({STORAGE[s.dtype.name]})({v})"
             line = f"{buf} = {stored};"
             return [f"if ({p.expr(s.mask)}) {line}" if s.mask is not None else line]
+        if isinstance(s, Check):
+            return [f"{self._flag(s)} |= !({p.expr(s.ok)});"]
         if isinstance(s, Assign):
             t = ctype(self.sh.dtype[s.name])
             return [f"{target or p.ref(s.name)} = ({t})({p.expr(s.value)});"]
@@ -282,8 +290,13 @@ class CppPrinter:
         inner = 1 if d1 > 1 else 0
         simd = "#pragma omp simd" if all(self.sh.of(s.offset)[inner] == g.shape[inner] for s in g.stmts
                                          if isinstance(s, StoreTile)) else "// (stores to a shared address: not simd)"
+        checks = [s for s in g.stmts if isinstance(s, Check)]
+        if checks and simd.startswith("#"):
+            simd += f" reduction(|:{', '.join(self._flag(c) for c in checks)})"
         self.emit("{", indent)
         ind = indent + 1
+        for c in checks:
+            self.emit(f"int32_t {self._flag(c)} = 0;", ind)
         hoisted = [s for s in g.stmts if self._transposed_load(s, g.shape, ind)]
         if len(hoisted) == len(g.stmts):
             self.emit("}", indent)
@@ -348,7 +361,12 @@ class CppPrinter:
         if d0 > 1:
             ind -= 1
             self.emit("}", ind)
+        for c in checks:
+            self.emit(f"if ({self._flag(c)}) tf_fail(tf_err, {self.check_ids[id(c)]});", ind)
         self.emit("}", indent)
+
+    def _flag(self, check) -> str:
+        return f"tf_bad{self.check_ids[id(check)]}"
 
     def _acc_dtype(self, s):
         return s.dtype if isinstance(s, ReduceTile) else dt.int64
@@ -533,7 +551,7 @@ class CppPrinter:
         self.items(items, 3)
         body = self.lines[body_start:]
         self.lines = []
-        out = [HEADER, _DOT, f'extern "C" void {k.name}(void* const* tf_ptrs, const int64_t* tf_sizes, '
+        out = [HEADER, _DOT] + ([_FAIL] if self.check_ids else []) + [f'extern "C" void {k.name}(void* const* tf_ptrs, const int64_t* tf_sizes, '
                f'const int64_t* tf_grid, int32_t tf_threads) {{']
         for name, v in k.constexprs.items():
             out.append(f"  constexpr int64_t {name} = {int(v)};")
@@ -543,6 +561,8 @@ class CppPrinter:
                 out.append(f"  {STORAGE[q.dtype.name]}* __restrict__ ptr_{q.name} = "
                            f"({STORAGE[q.dtype.name]}*)tf_ptrs[{nb}];")
                 nb += 1
+        if self.check_ids:  # the error word: after the buffers
+            out.append(f"  int64_t* tf_err = (int64_t*)tf_ptrs[{nb}];")
         ns = 0
         for q in k.params:
             if q.kind == "size":
@@ -635,6 +655,12 @@ template <int M, int N, int K> TF_INLINE void tf_dot_ikj(const float* __restrict
       for (int j = 0; j < N; ++j) acc[i * N + j] += av * b[k * N + j];
     }
 }
+"""
+
+
+_FAIL = r"""
+/* a failed index check: its number goes to the error word (any one of several is reported) */
+TF_INLINE void tf_fail(int64_t* err, int64_t code) { __atomic_store_n(err, code, __ATOMIC_RELAXED); }
 """
 
 

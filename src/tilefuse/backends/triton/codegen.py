@@ -2,7 +2,8 @@
 
 `generate(kernel, interpret)` returns the text of a Python module holding one `@triton.jit`
 kernel and the helpers it uses. Buffer parameters are named `ptr_<buffer>`; sizes and strides
-keep their names; block sizes are `tl.constexpr` parameters.
+keep their names; block sizes are `tl.constexpr` parameters. Index checks are
+`tl.device_assert`s (the launcher enables them).
 """
 from __future__ import annotations
 
@@ -10,9 +11,8 @@ import sympy
 
 from ...ir import dtypes as dt
 from ...ir.expr import Binary, Cast, Const, Expr, Index, Unary, Var, Where
-from ...tile.ir import (Arange, ArgReduceTile, Assign, BroadcastTile, Comment, DescriptorLoad, DotTile, For, Full, Let,
-                        LoadTile, MakeDescriptor, ProgramId,
-                        ReduceTile, StoreTile, TileKernel)
+from ...tile.ir import (Arange, ArgReduceTile, Assign, BroadcastTile, Check, Comment, DescriptorLoad, DotTile, For, Full,
+                        Let, LoadTile, MakeDescriptor, ProgramId, ReduceTile, StoreTile, TileKernel, check_message)
 from .helpers import HELPERS, InterpretUnsupported, unary_call
 
 TL_DTYPE = {
@@ -322,6 +322,9 @@ class TritonPrinter:
             elif isinstance(s, For):
                 out.append(f"{pad}for {s.var} in range({self.expr(s.start)}, {self.expr(s.stop)}, {s.step}):")
                 self.stmts(s.body, indent + 1, out)
+            elif isinstance(s, Check):
+                # compiled only in debug mode: the launcher builds kernels with checks that way
+                out.append(f"{pad}tl.device_assert({self.expr(s.ok)}, {check_message(s)!r})")
             elif isinstance(s, Comment):
                 out.append(f"{pad}# {s.text}")
             else:
