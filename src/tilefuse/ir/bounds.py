@@ -22,15 +22,17 @@ _OO = sympy.oo
 class IndexCheckError(Exception):
     """An index outside its bound, found by a generated kernel's check (or the reference
     interpreter). It is the program's own error, as in eager PyTorch, not a tilefuse failure:
-    it propagates to the caller unchanged. Subclasses are also `IndexError` or `RuntimeError`,
-    the class eager PyTorch raises for the op."""
+    it propagates to the caller unchanged. The subclasses are named after the class eager
+    PyTorch raises for the op, and are instances of both `IndexError` and `RuntimeError`: the
+    op a kernel sees may come from a decomposition (`nll_loss` reaches it as `gather`), and an
+    `except` clause written for eager's class must still catch it."""
 
 
-class OutOfRangeIndexError(IndexCheckError, IndexError):
+class OutOfRangeIndexError(IndexCheckError, IndexError, RuntimeError):
     pass
 
 
-class OutOfRangeRuntimeError(IndexCheckError, RuntimeError):
+class OutOfRangeRuntimeError(IndexCheckError, RuntimeError, IndexError):
     pass
 
 
