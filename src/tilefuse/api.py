@@ -151,7 +151,8 @@ def _output_aliases(gm: torch.fx.GraphModule) -> list:
     owners: dict = {}  # storage -> index of the first output that is not a view
     for k, val in enumerate(vals):
         ref = storage(val)
-        if ref is not None and ref not in inputs and val.storage_offset() == 0 and not val._is_view():
+        if ref is not None and ref not in inputs and val.storage_offset() == 0 and not val._is_view() \
+                and _covers_storage(val):
             owners.setdefault(ref, k)
     plan = []
     for k, val in enumerate(vals):
@@ -169,6 +170,18 @@ def _output_aliases(gm: torch.fx.GraphModule) -> list:
     return plan
 
 
+def _covers_storage(val) -> bool:
+    """Whether a tensor spans its whole storage (a strided slice of an intermediate, as
+    `unbind` gives, does not: it cannot be the base that other outputs are views of)."""
+    sizes = (*val.shape, *val.stride(), val.untyped_storage().nbytes())
+    if any(isinstance(x, torch.SymInt) for x in sizes):
+        return True  # symbolic: assume it does (reading the sizes would specialise them)
+    if any(int(d) == 0 for d in val.shape):
+        return True
+    extent = 1 + sum((int(d) - 1) * int(st) for d, st in zip(val.shape, val.stride()))
+    return extent * val.element_size() >= int(val.untyped_storage().nbytes())
+
+
 def _apply_aliases(plan, compiled, args, out):
     from .ir.interpret import bind_symbols
     from .ir.symbolic import evaluate
@@ -177,9 +190,20 @@ def _apply_aliases(plan, compiled, args, out):
     out = list(out)
     for k, kind, base, sizes, strides, offset in plan:
         src = args[base] if kind == "input" else out[base]
-        out[k] = src.as_strided([int(evaluate(d, env)) for d in sizes], [int(evaluate(st, env)) for st in strides],
-                                int(evaluate(offset, env)))
+        try:
+            view = ([int(evaluate(d, env)) for d in sizes], [int(evaluate(st, env)) for st in strides],
+                    int(evaluate(offset, env)))
+        except KeyError:  # a data-dependent view (`narrow` at a tensor start): made by an ATen call
+            if _same_storage(out[k], src):
+                continue  # ... which returned the view itself
+            raise
+        out[k] = src.as_strided(*view)
     return out
+
+
+def _same_storage(a, b) -> bool:
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+            and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr())
 
 
 def _mutated_inputs(gm: torch.fx.GraphModule) -> list:
