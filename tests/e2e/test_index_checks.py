@@ -204,3 +204,38 @@ def test_index_checks_can_be_turned_off():
     # no error; the out-of-range row reads nothing (zeros), the others are right
     torch.testing.assert_close(out[[0, 2]], x[[1, 0]] + 1)
     torch.testing.assert_close(out[1], torch.ones(3))
+
+
+KERNEL_KINDS = {
+    # a gather as a contraction's operand (inside the K loop), a row reduction and a softmax
+    # over gathered rows (a looped one: rows longer than a tile), with static and symbolic sizes
+    "contraction_a": (lambda w, i, m: F.embedding(i, w) @ m,
+                      lambda g: (torch.randn(50, 64, generator=g), _randint(g, 0, 50, (40,)),
+                                 torch.randn(64, 48, generator=g)), 50, "embedding"),
+    "contraction_b": (lambda x, i, m: m @ x.index_select(0, i),
+                      lambda g: (torch.randn(50, 33, generator=g), _randint(g, 0, 50, (64,)),
+                                 torch.randn(20, 64, generator=g)), 50, "index_select"),
+    "row_sum": (lambda x, i: x[i].sum(-1), lambda g: (torch.randn(30, 300, generator=g), _randint(g, -30, 30, (7,))),
+                30, "index"),
+    "long_softmax": (lambda x, i: torch.softmax(x[i], -1),
+                     lambda g: (torch.randn(30, 9000, generator=g), _randint(g, -30, 30, (3,))), 30, "index"),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("kind", sorted(KERNEL_KINDS))
+def test_checks_in_every_kind_of_kernel(kind, dynamic, backend):
+    fn, make, size, op = KERNEL_KINDS[kind]
+    gen = torch.Generator().manual_seed(len(kind))
+    args = list(make(gen))
+    torch._dynamo.reset()
+    with tilefuse.config.patch(backend=backend, fallback="error"):
+        compiled = torch.compile(fn, backend="tilefuse", dynamic=dynamic)
+        bad = compare_outputs(compiled(*args), fn(*args), fn(*to_fp64(args)))
+        assert bad is None, str(bad)
+        idx = args[1].clone()
+        idx[1] = size
+        args[1] = idx
+        with pytest.raises(IndexCheckError, match=f"{op}: index out of range .* with size {size}"):
+            compiled(*args)

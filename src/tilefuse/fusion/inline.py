@@ -77,7 +77,8 @@ class Inliner:
                 return substitute_index(self.body(e.buffer), mapping)
             return None
 
-        out = self._bodies[name] = prune_checks(transform(self._with_rounding(name), fn), _index_ranges(self.graph[name]))
+        body = transform(self._with_rounding(name), fn)
+        out = self._bodies[name] = prune_checks(body, _index_ranges(self.graph[name]))
         return out
 
     def _with_rounding(self, name: str) -> Expr:

@@ -14,7 +14,8 @@ import sympy
 
 from ..ir import dtypes as dt
 from ..ir.bounds import check_message
-from ..ir.expr import Binary, Cast, CheckedIndex, Const, Expr, Index, Load, Unary, Var, Where, binary, const, unary, walk
+from ..ir.expr import (Binary, Cast, CheckedIndex, Const, Expr, Index, Load, Unary, Var, Where, binary, const, unary,
+                       walk)
 from ..ir.graph import Constant, Extern, ExternResult, Graph, Input
 from ..ir.symbolic import simplify_index
 from .ir import Check, LoadTile, Let, Param, StoreTile

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from ..ir.printer import format_expr
-from .ir import (Arange, ArgReduceTile, Assign, BroadcastTile, Check, Comment, DescriptorLoad, DotTile, For, Full, Let, LoadTile,
-                 MakeDescriptor, ProgramId, ReduceTile, StoreTile, TileKernel, check_message)
+from .ir import (Arange, ArgReduceTile, Assign, BroadcastTile, Check, Comment, DescriptorLoad, DotTile, For, Full, Let,
+                 LoadTile, MakeDescriptor, ProgramId, ReduceTile, StoreTile, TileKernel, check_message)
 
 
 def _stmt(s, pad: str, out: list) -> None:

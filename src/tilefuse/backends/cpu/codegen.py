@@ -551,8 +551,9 @@ class CppPrinter:
         self.items(items, 3)
         body = self.lines[body_start:]
         self.lines = []
-        out = [HEADER, _DOT] + ([_FAIL] if self.check_ids else []) + [f'extern "C" void {k.name}(void* const* tf_ptrs, const int64_t* tf_sizes, '
-               f'const int64_t* tf_grid, int32_t tf_threads) {{']
+        out = [HEADER, _DOT] + ([_FAIL] if self.check_ids else [])
+        out.append(f'extern "C" void {k.name}(void* const* tf_ptrs, const int64_t* tf_sizes, '
+                   f'const int64_t* tf_grid, int32_t tf_threads) {{')
         for name, v in k.constexprs.items():
             out.append(f"  constexpr int64_t {name} = {int(v)};")
         nb = 0

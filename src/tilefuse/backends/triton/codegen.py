@@ -11,8 +11,9 @@ import sympy
 
 from ...ir import dtypes as dt
 from ...ir.expr import Binary, Cast, Const, Expr, Index, Unary, Var, Where
-from ...tile.ir import (Arange, ArgReduceTile, Assign, BroadcastTile, Check, Comment, DescriptorLoad, DotTile, For, Full,
-                        Let, LoadTile, MakeDescriptor, ProgramId, ReduceTile, StoreTile, TileKernel, check_message)
+from ...tile.ir import (Arange, ArgReduceTile, Assign, BroadcastTile, Check, Comment, DescriptorLoad, DotTile, For,
+                        Full, Let, LoadTile, MakeDescriptor, ProgramId, ReduceTile, StoreTile, TileKernel,
+                        check_message)
 from .helpers import HELPERS, InterpretUnsupported, unary_call
 
 TL_DTYPE = {

@@ -4,8 +4,9 @@ indexing (`index.Tensor`), cat, constant_pad_nd, slice_scatter, select_scatter, 
 Gathers are views: the index component of the load is an expression that loads the index
 tensor (indirect indexing), wrapped in a `CheckedIndex` with its bound and the error eager
 raises for an index outside it (`IndexError` for index_select, embedding and advanced
-indexing, `RuntimeError` for gather and scatter); `_unsafe_index` is unchecked. cat, padding and the scatters select between sources with
-`where`, so they are small Pointwise nodes that the fusion planner inlines into consumers.
+indexing, `RuntimeError` for gather and scatter); `_unsafe_index` is unchecked. cat, padding
+and the scatters select between sources with `where`, so they are small Pointwise nodes that
+the fusion planner inlines into consumers.
 """
 from __future__ import annotations
 
