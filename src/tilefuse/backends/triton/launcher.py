@@ -133,20 +133,23 @@ class TritonKernel:
                     self.fn[grid](*args, **self.kernel.constexprs, num_warps=self.kernel.num_warps,
                                   num_stages=self.kernel.num_stages)
                 except Exception as err:  # noqa: BLE001 - a failed check is re-raised as eager raises it
-                    raise self._check_failure(err, env) from None
+                    failed = self._check_failure(err, env)
+                    if failed is None:
+                        raise
+                    raise failed from None
             return
         self.fn[grid](*args, **self.kernel.constexprs, num_warps=self.kernel.num_warps,
                       num_stages=self.kernel.num_stages, **self.debug)
 
-    def _check_failure(self, err: BaseException, env: dict) -> BaseException:
-        """The error of the check whose assert failed under the interpreter (`err` itself if
-        it is something else)."""
+    def _check_failure(self, err: BaseException, env: dict):
+        """The error of the check whose assert failed under the interpreter (None if `err` is
+        something else)."""
         cause = err.__cause__ if isinstance(err.__cause__, AssertionError) else err
         text = str(cause)
         for check in self.checks:
             if check_message(check) in text:
                 return index_error(check.error, f"{check_message(check, env)} (kernel {self.kernel.name})")
-        return err
+        return None
 
 
 @contextlib.contextmanager
