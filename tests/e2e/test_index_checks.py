@@ -190,6 +190,8 @@ def test_provably_in_range_indices_emit_no_check():
     assert "check" not in _report(lambda x: x[torch.arange(9)] * 2, x)
     assert "check" not in _report(lambda x, i: x.index_select(0, i.clamp(0, 8)) + 1, x, i)
     assert "check" not in _report(lambda x: torch.gather(x, 1, torch.arange(6).flip(0).expand(9, 6)), x)
+    for mode in ("nearest", "bilinear", "bicubic"):  # indices from float arithmetic on arange
+        assert "check" not in _report(lambda x: F.interpolate(x, scale_factor=2.5, mode=mode), x[None, None])
     # the same ops at unproven indices do check (the test can fail)
     assert "check" in _report(lambda x, i: x[i] * 2, x, i.clamp(-9, 8))
     assert "check" in _report(lambda x, j: x.index_select(0, j) + 1, x, i.clamp(0, 8))

@@ -54,6 +54,23 @@ def test_prune_keeps_unproven_checks_and_drops_proven_ones():
     assert _checks(prune_checks(CheckedIndex(Index(i0 - 7), sympy.Integer(7), "gather"), ranges)) != []
 
 
+def test_float_index_arithmetic_is_bounded_with_its_rounding():
+    # interpolation's source index: int64(max((float(i) + 0.5) * 0.5 - 0.5, 0)) for i < 14
+    ranges = {i0: 14}
+    f = Cast(Index(i0), dt.float32)
+    src = binary("maximum", binary("sub", binary("mul", binary("add", f, const(0.5)), const(0.5)), const(0.5)),
+                 const(0.0))
+    assert value_range(Cast(src, dt.int64), ranges) == (0, 6)
+    assert _checks(prune_checks(CheckedIndex(Cast(src, dt.int64), sympy.Integer(7), "index", wrap=True), ranges)) == []
+    # one step further reaches 7: stays checked
+    over = Cast(binary("add", binary("mul", f, const(0.5)), const(1.0)), dt.int64)
+    assert value_range(over, ranges)[1] == 7
+    assert _checks(prune_checks(CheckedIndex(over, sympy.Integer(7), "index"), ranges)) != []
+    # a float read from memory is unknown (NaN, anything)
+    loaded = Cast(Load("x", (Index(i0),), dt.float32), dt.int64)
+    assert value_range(loaded, ranges) == (-sympy.oo, sympy.oo)
+
+
 def _gather_graph(wrap: bool, error: str = "IndexError", guard: bool = False):
     g = GraphBuilder("g")
     x = g.input("x", (5, 3))

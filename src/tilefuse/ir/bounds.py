@@ -11,6 +11,8 @@ interpreter checks the same bounds.
 """
 from __future__ import annotations
 
+import math
+
 import sympy
 
 from . import dtypes as dt
@@ -151,9 +153,15 @@ def value_range(e: Expr, ranges: dict) -> tuple:
     if isinstance(e, Cast):
         if e.dtype.is_bool:
             return sympy.Integer(0), sympy.Integer(1)
-        if not (e.dtype.is_int and (e.x.dtype.is_int or e.x.dtype.is_bool)):
+        if e.dtype.is_int and e.x.dtype.is_float:  # truncation of a bounded float (interpolation's indices)
+            f = _float_range(e.x, ranges)
+            if f is None:
+                return unknown
+            lo, hi = sympy.Integer(math.trunc(f[0])), sympy.Integer(math.trunc(f[1]))
+        elif not (e.dtype.is_int and (e.x.dtype.is_int or e.x.dtype.is_bool)):
             return unknown
-        lo, hi = value_range(e.x, ranges)
+        else:
+            lo, hi = value_range(e.x, ranges)
         limits = _INT_RANGE.get(e.dtype.name)
         if limits is not None and not (_le(limits[0], lo) and _le(hi, limits[1])):
             return unknown  # a narrowing cast may wrap
@@ -164,6 +172,8 @@ def value_range(e: Expr, ranges: dict) -> tuple:
     if isinstance(e, Unary) and e.op == "neg":
         lo, hi = value_range(e.x, ranges)
         return -hi, -lo
+    if isinstance(e, Unary) and e.op in ("floor", "ceil", "round", "trunc") and e.dtype.is_int:
+        return value_range(e.x, ranges)
     if isinstance(e, Binary) and e.dtype.is_int:
         (a, b), (c, d) = value_range(e.a, ranges), value_range(e.b, ranges)
         if e.op == "add":
@@ -181,6 +191,58 @@ def value_range(e: Expr, ranges: dict) -> tuple:
         if e.op == "mul" and c == d and c.is_Number:
             return _scale(a, b, c)
     return unknown
+
+
+def _float_range(e: Expr, ranges: dict):
+    """(lo, hi) as finite Python floats bounding a float expression built from integer indices
+    and constants (+, -, ×, ÷ by a constant, min, max, floor/ceil/trunc, where), widened at
+    every step by more than its rounding error; None when unknown (loads, NaN-prone math)."""
+    eps = 1e-2 if e.dtype.is_low_precision else 1e-6
+
+    def widen(lo, hi):
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            return None
+        return lo - eps * (1 + abs(lo)), hi + eps * (1 + abs(hi))
+
+    if isinstance(e, Const):
+        return None if e.value == "nan" else widen(float(e.value), float(e.value))
+    if isinstance(e, Cast) and (e.x.dtype.is_int or e.x.dtype.is_bool):
+        lo, hi = value_range(e.x, ranges)
+        if not (lo.is_Integer and hi.is_Integer and -2**24 <= lo and hi <= 2**24):
+            return None
+        return widen(float(lo), float(hi))
+    if isinstance(e, Cast) and e.x.dtype.is_float:
+        r = _float_range(e.x, ranges)
+        return widen(*r) if r is not None else None
+    if isinstance(e, Unary) and e.op in ("floor", "ceil", "trunc", "neg"):
+        r = _float_range(e.x, ranges)
+        if r is None:
+            return None
+        fn = {"floor": math.floor, "ceil": math.ceil, "trunc": math.trunc, "neg": lambda v: -v}[e.op]
+        a, b = fn(r[0]), fn(r[1])
+        return widen(min(a, b), max(a, b))
+    if isinstance(e, Where):
+        a, b = _float_range(e.a, ranges), _float_range(e.b, ranges)
+        return widen(min(a[0], b[0]), max(a[1], b[1])) if a is not None and b is not None else None
+    if isinstance(e, Binary) and e.op in ("add", "sub", "mul", "truediv", "minimum", "maximum"):
+        a, b = _float_range(e.a, ranges), _float_range(e.b, ranges)
+        if a is None or b is None:
+            return None
+        if e.op == "add":
+            return widen(a[0] + b[0], a[1] + b[1])
+        if e.op == "sub":
+            return widen(a[0] - b[1], a[1] - b[0])
+        if e.op == "minimum":
+            return widen(min(a[0], b[0]), min(a[1], b[1]))
+        if e.op == "maximum":
+            return widen(max(a[0], b[0]), max(a[1], b[1]))
+        if e.op == "truediv":
+            if b[0] <= 0 <= b[1]:
+                return None
+            b = (1 / b[1], 1 / b[0])
+        corners = [x * y for x in a for y in b]
+        return widen(min(corners), max(corners))
+    return None
 
 
 def provably_in_range(c: CheckedIndex, ranges: dict) -> tuple[bool, bool]:
