@@ -241,3 +241,13 @@ def test_checks_in_every_kind_of_kernel(kind, dynamic, backend):
         args[1] = idx
         with pytest.raises(IndexCheckError, match=f"{op}: index out of range .* with size {size}"):
             compiled(*args)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode", ["nearest", "bilinear", "bicubic"])
+def test_interpolation_without_checks_matches_eager(mode, backend):
+    # its indices are proven in range (no check, no mask): a wrong proof would read outside x
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(2, 3, 7, 11, generator=gen)
+    for scale in (2.5, 0.6, 3.0):
+        _assert_matches_eager(lambda x: F.interpolate(x, scale_factor=scale, mode=mode), backend, x)
