@@ -119,3 +119,26 @@ def test_compare_resolves_conjugate_views():
     z = torch.randn(6, dtype=torch.cfloat)
     assert compare_outputs(z.conj(), z.conj().resolve_conj(), z.conj().to(torch.cdouble)) is None
     assert compare_outputs(z.conj(), z.resolve_conj(), None) is not None  # still finds a wrong value
+
+
+# found by the full sweep on the Triton interpreter (2026-12-01)
+
+
+def test_integer_pow_with_negative_exponents():
+    """`_ipow` walked the bits of a negative exponent (garbage); PyTorch gives 1 for 1, ±1 for
+    -1 and 0 for every other base (`__rpow__` on int64)."""
+    base = torch.tensor([5, 2, 1, -1, -1, 0, -3, 3, 7])
+    exp = torch.tensor([-8, -1, -5, -3, -2, -1, 3, 0, 2])
+    out = _compiled(lambda a, b: a ** b, base, exp)
+    assert torch.equal(out, base ** exp)
+
+
+def test_scalar_condition_combined_with_a_block():
+    """The interpreter combined a scalar bool (a comparison of a 0-d value) with a block of
+    bools into int32 data typed int1: numpy rejected it (`lerp` with a Python-scalar weight)."""
+    x, y = torch.randn(5, 7), torch.randn(5, 7)
+    torch.testing.assert_close(_compiled(lambda x, y: torch.lerp(x, y, 0.4), x, y), torch.lerp(x, y, 0.4))
+    s = torch.tensor(0.7)
+    for fn in (lambda x, s: torch.where((s > 0.5) & (x > 0), x, -x), lambda x, s: torch.where((s < 0.5) | (x > 0), x, 0.0),
+               lambda x, s: x[(x > 0) ^ (s > 0.5)].sum()):
+        torch.testing.assert_close(_compiled(fn, x, s), fn(x, s))

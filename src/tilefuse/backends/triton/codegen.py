@@ -176,6 +176,11 @@ class TritonPrinter:
     def binary(self, e: Binary) -> str:
         a, b = self.expr(e.a), self.expr(e.b)
         op = e.op
+        if self.interpret and e.dtype.is_bool and op in ("logical_and", "logical_or", "logical_xor", "bitwise_and",
+                                                          "bitwise_or", "bitwise_xor"):
+            # the interpreter combines a scalar bool with a block of bools into int32 data typed
+            # int1 (numpy then rejects it as a mask or operand): combine int8s, compare back
+            return f"((({a}).to(tl.int8) {_INFIX[op]} ({b}).to(tl.int8)) != 0)"
         if op in _INFIX:
             return f"({a} {_INFIX[op]} {b})"
         if op == "truediv":
