@@ -142,3 +142,6 @@ def test_scalar_condition_combined_with_a_block():
     for fn in (lambda x, s: torch.where((s > 0.5) & (x > 0), x, -x), lambda x, s: torch.where((s < 0.5) | (x > 0), x, 0.0),
                lambda x, s: x[(x > 0) ^ (s > 0.5)].sum()):
         torch.testing.assert_close(_compiled(fn, x, s), fn(x, s))
+    i = torch.tensor([-2, 0, 3, 0, 5])  # heaviside: a literal True inside the combination
+    for v in (torch.tensor(1), torch.tensor([7, 8, 9, -1, 2])):
+        assert torch.equal(_compiled(torch.heaviside, i, v), torch.heaviside(i, v))

@@ -180,7 +180,9 @@ class TritonPrinter:
                                                           "bitwise_or", "bitwise_xor"):
             # the interpreter combines a scalar bool with a block of bools into int32 data typed
             # int1 (numpy then rejects it as a mask or operand): combine int8s, compare back
-            return f"((({a}).to(tl.int8) {_INFIX[op]} ({b}).to(tl.int8)) != 0)"
+            a8, b8 = (str(int(bool(x.value))) if isinstance(x, Const) else f"({s}).to(tl.int8)"
+                      for x, s in ((e.a, a), (e.b, b)))
+            return f"(({a8} {_INFIX[op]} {b8}) != 0)"
         if op in _INFIX:
             return f"({a} {_INFIX[op]} {b})"
         if op == "truediv":
