@@ -145,3 +145,16 @@ def test_scalar_condition_combined_with_a_block():
     i = torch.tensor([-2, 0, 3, 0, 5])  # heaviside: a literal True inside the combination
     for v in (torch.tensor(1), torch.tensor([7, 8, 9, -1, 2])):
         assert torch.equal(_compiled(torch.heaviside, i, v), torch.heaviside(i, v))
+
+
+def test_integer_constants_beyond_int32():
+    """An int64 literal past int32 (the int64-max sentinel of `multilabel_margin_loss`'s
+    first-ignored-target search) was printed bare, and the interpreter converted it to the
+    other operand's int32 (an error; listed as an open bug before)."""
+    import torch.nn.functional as F
+
+    x = torch.randn(3, 7)
+    t = torch.tensor([[2, 0, 6, 4, 1, 5, 3], [5, 4, 3, 2, 1, 0, 0], [3, 3, 3, 1, 1, 1, 6]])  # no -1: see README
+    torch.testing.assert_close(_compiled(F.multilabel_margin_loss, x, t), F.multilabel_margin_loss(x, t))
+    big = torch.tensor([2**40, -2**35, 7])
+    assert torch.equal(_compiled(lambda b: torch.where(b > 0, b, 2**62), big), torch.where(big > 0, big, 2**62))

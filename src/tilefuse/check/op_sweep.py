@@ -49,8 +49,6 @@ EXPECTED: dict = {
                                                        "lgamma", "acosh", "atanh", "erfinv", "digamma",
                                                        "polygamma.polygamma_n_0", "mvlgamma.mvlgamma_p_1",
                                                        "mvlgamma.mvlgamma_p_3", "mvlgamma.mvlgamma_p_5")},
-    ("nn.functional.multilabel_margin_loss", "*"): "open bug: an int64-max sentinel constant overflows the "
-                                                   "Triton interpreter's scalar conversion",
 }
 
 #: the CI subset: representative ops of every family (pointwise, reduction, normalisation,

@@ -114,6 +114,9 @@ class TritonPrinter:
         if isinstance(e, Var):
             return e.name
         if isinstance(e, Const):
+            if e.dtype.is_int and not -2**31 <= int(e.value) < 2**31:
+                # a typed scalar: a bare literal is converted to the other operand's int32
+                return f"tl.full([], {int(e.value)}, {TL_DTYPE[e.dtype.name]})"
             return _const(e.value, e.dtype)
         if isinstance(e, Index):
             return format_sympy(e.expr, self.helpers)
