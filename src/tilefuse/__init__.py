@@ -31,6 +31,7 @@ _prepare_triton_interpreter()
 
 from .config import config  # noqa: E402
 from .api import TilefuseError, compile, dynamo_backend, explain  # noqa: E402
+from .ir.bounds import IndexCheckError  # noqa: E402
 
 
 def _register_backend() -> None:
@@ -44,4 +45,4 @@ def _register_backend() -> None:
 
 _register_backend()
 
-__all__ = ["config", "compile", "explain", "dynamo_backend", "TilefuseError", "__version__"]
+__all__ = ["config", "compile", "explain", "dynamo_backend", "TilefuseError", "IndexCheckError", "__version__"]

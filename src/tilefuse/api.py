@@ -5,7 +5,9 @@ decompositions, so forward and backward graphs both reach the compiler. A failur
 tilefuse never silently breaks the user's program: with `TILEFUSE_FALLBACK=eager` (default)
 the graph runs eagerly with a warning naming the stage, the op and a reproducer script; with
 `error` it raises `TilefuseError` with the same message. `TILEFUSE_VERIFY=1` checks each graph
-against eager on its first run and names the first diverging kernel (`check.verify`).
+against eager on its first run and names the first diverging kernel (`check.verify`). An
+index out of range that a generated kernel's check finds is the program's error, not ours: it
+is raised as eager raises it (`IndexError` / `RuntimeError`, naming the op).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import torch
 from . import logs
 from .compiler import CompileReport, compile_fx
 from .config import config
+from .ir.bounds import IndexCheckError
 
 _graph_ids = itertools.count()
 _report_sinks: list = []  # explain() collects reports here while it runs
@@ -101,6 +104,8 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, options:
             out = compiled(*args)
             if aliases:
                 out = _apply_aliases(aliases, compiled, args, out)
+        except IndexCheckError:  # an index out of range: the program's own error, as in eager
+            raise
         except Exception as err:  # noqa: BLE001 - the first launch also compiles the kernels
             eager_out = gm.forward(*args)  # if eager fails too, the error is the program's own
             with config.patch(**(options or {})):
@@ -146,7 +151,8 @@ def _output_aliases(gm: torch.fx.GraphModule) -> list:
     owners: dict = {}  # storage -> index of the first output that is not a view
     for k, val in enumerate(vals):
         ref = storage(val)
-        if ref is not None and ref not in inputs and val.storage_offset() == 0 and not val._is_view():
+        if ref is not None and ref not in inputs and val.storage_offset() == 0 and not val._is_view() \
+                and _covers_storage(val):
             owners.setdefault(ref, k)
     plan = []
     for k, val in enumerate(vals):
@@ -164,6 +170,18 @@ def _output_aliases(gm: torch.fx.GraphModule) -> list:
     return plan
 
 
+def _covers_storage(val) -> bool:
+    """Whether a tensor spans its whole storage (a strided slice of an intermediate, as
+    `unbind` gives, does not: it cannot be the base that other outputs are views of)."""
+    sizes = (*val.shape, *val.stride(), val.untyped_storage().nbytes())
+    if any(isinstance(x, torch.SymInt) for x in sizes):
+        return True  # symbolic: assume it does (reading the sizes would specialise them)
+    if any(int(d) == 0 for d in val.shape):
+        return True
+    extent = 1 + sum((int(d) - 1) * int(st) for d, st in zip(val.shape, val.stride()))
+    return extent * val.element_size() >= int(val.untyped_storage().nbytes())
+
+
 def _apply_aliases(plan, compiled, args, out):
     from .ir.interpret import bind_symbols
     from .ir.symbolic import evaluate
@@ -172,9 +190,20 @@ def _apply_aliases(plan, compiled, args, out):
     out = list(out)
     for k, kind, base, sizes, strides, offset in plan:
         src = args[base] if kind == "input" else out[base]
-        out[k] = src.as_strided([int(evaluate(d, env)) for d in sizes], [int(evaluate(st, env)) for st in strides],
-                                int(evaluate(offset, env)))
+        try:
+            view = ([int(evaluate(d, env)) for d in sizes], [int(evaluate(st, env)) for st in strides],
+                    int(evaluate(offset, env)))
+        except KeyError:  # a data-dependent view (`narrow` at a tensor start): made by an ATen call
+            if _same_storage(out[k], src):
+                continue  # ... which returned the view itself
+            raise
+        out[k] = src.as_strided(*view)
     return out
+
+
+def _same_storage(a, b) -> bool:
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+            and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr())
 
 
 def _mutated_inputs(gm: torch.fx.GraphModule) -> list:

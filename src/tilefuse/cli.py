@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import runpy
 import sys
 
@@ -41,20 +42,31 @@ def _sweep(args) -> int:
     if args.op:
         infos = [i for i in infos if op_sweep.op_name(i) in set(args.op)]
     results = []
+
+    def write_json(complete: bool) -> None:
+        # rewritten after every op (atomically), so a stopped run leaves the results so far
+        if not args.json:
+            return
+        tmp = f"{args.json}.tmp"
+        with open(tmp, "w") as f:
+            json.dump({"complete": complete, "total": len(infos) * len(dtypes),
+                       "results": [dataclasses.asdict(r) for r in results]}, f, indent=1)
+        os.replace(tmp, args.json)
+
     with _progress() as bar:
         task = bar.add_task("op_db sweep", total=len(infos) * len(dtypes), last="")
         for info in infos:
             for dtype in dtypes:
                 r = op_sweep.check_op(info, dtype, args.samples)
                 results.append(r)
+                write_json(False)
                 bar.update(task, advance=1, last=f"{r.op} {r.dtype}: {r.status}")
+    write_json(True)
     print(op_sweep.format_coverage(results))
     failing = [r for r in results if r.status in ("mismatch", "error")]
     for r in sorted(failing, key=lambda r: (r.status, r.op)):
         print(f"{r.status:>9}  {r.op} [{r.dtype}]: {r.detail}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump([dataclasses.asdict(r) for r in results], f, indent=1)
         print(f"results written to {args.json}")
     return 1 if failing else 0
 

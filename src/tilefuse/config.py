@@ -46,6 +46,11 @@ class Config:
     #: key ranges per block of query rows in attention kernels (split and merge): 0 chooses
     #: by occupancy (decode), 1 never splits, k > 1 forces k
     flash_split: int = 0
+    #: check indices read from tensor data (gather, index_select, embedding, advanced indexing,
+    #: scatter) against their bounds in generated kernels: an index out of range raises as in
+    #: eager (IndexError / RuntimeError) instead of reading element 0. Triton kernels with
+    #: checks are built in Triton's debug mode (device asserts on, overflow sanitiser off)
+    index_checks: bool = True
 
     def __post_init__(self):
         for f in fields(self):

@@ -70,9 +70,9 @@ def compare_tensor(out: torch.Tensor, eager: torch.Tensor, ref: torch.Tensor | N
     if out.dtype != eager.dtype:
         return Mismatch(index, f"dtype {out.dtype} != eager's {eager.dtype}")
     out, eager = out.detach().cpu(), eager.detach().cpu()
-    if out.is_complex():
-        out, eager = torch.view_as_real(out), torch.view_as_real(eager)
-        ref = torch.view_as_real(ref.detach().cpu()) if ref is not None and ref.is_complex() else None
+    if out.is_complex():  # (a conjugate view, as ifft may return, is resolved first)
+        out, eager = torch.view_as_real(out.resolve_conj()), torch.view_as_real(eager.resolve_conj())
+        ref = torch.view_as_real(ref.detach().cpu().resolve_conj()) if ref is not None and ref.is_complex() else None
     if not out.is_floating_point():
         if torch.equal(out, eager):
             return None

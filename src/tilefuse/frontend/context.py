@@ -19,7 +19,7 @@ _TORCH_TO_IR = {
     torch.uint64: dt.uint64, torch.int8: dt.int8, torch.int16: dt.int16,
     torch.int32: dt.int32, torch.int64: dt.int64, torch.float16: dt.float16,
     torch.bfloat16: dt.bfloat16, torch.float32: dt.float32, torch.float64: dt.float64,
-    torch.complex64: dt.complex64, torch.complex128: dt.complex128,
+    torch.complex32: dt.complex32, torch.complex64: dt.complex64, torch.complex128: dt.complex128,
 }
 for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"):
     if hasattr(torch, _name):

@@ -129,6 +129,10 @@ def _lower_call(ctx: LoweringContext, node: torch.fx.Node, args, kwargs, meta):
         fn, reason = None, f"{opaque} values run in ATen"
     if fn is not None:
         try:
+            unbound = _unbound_sizes(ctx.graph, meta)
+            if unbound:
+                raise Unsupported(f"its output size {', '.join(sorted(unbound))} is computed by no earlier step "
+                                  f"(ATen's result binds it)")
             out = fn(ctx, *args, **kwargs)
             logs.log("graph", "%s -> %s", target, _describe(out))
             return out
@@ -146,6 +150,27 @@ def _lower_call(ctx: LoweringContext, node: torch.fx.Node, args, kwargs, meta):
     if not isinstance(meta, (torch.Tensor, list, tuple)):
         raise LoweringError(f"{target}: produces {type(meta).__name__}, which tilefuse cannot represent")
     return ctx.extern(target, args, kwargs, reason)
+
+
+def _unbound_sizes(graph, meta) -> set:
+    """Data-dependent size symbols (`u…`) in the shape of `meta` that nothing in the graph so far
+    binds at run time (inputs bind their sizes, externs their results' sizes and `item()`s): a
+    kernel could not be launched with them (`x[:t.item()]` has a size related to `t.item()`
+    only through PyTorch's shape environment)."""
+    metas = meta if isinstance(meta, (tuple, list)) else (meta,)
+    wanted = {str(x) for m in metas if isinstance(m, torch.Tensor) for d in shape_of(m)
+              for x in sympy.sympify(d).free_symbols if str(x).startswith("u")}
+    if not wanted:
+        return set()
+    bound = set()
+    for n in graph.nodes.values():
+        for d in getattr(n, "shape", ()):
+            bound |= {str(x) for x in sympy.sympify(d).free_symbols}
+        for attr in ("binds", "symbol"):
+            sym = getattr(n, attr, None)
+            if isinstance(sym, sympy.Symbol):
+                bound.add(str(sym))
+    return wanted - bound
 
 
 def _opaque_values(args, kwargs, meta) -> str | None:

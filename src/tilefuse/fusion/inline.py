@@ -5,10 +5,15 @@ by the producer's body at the loaded index. A pointwise node is *realised* (writ
 memory) instead when it is a graph output, an extern reads it, it would be recomputed by a
 contraction's inner loop with a costly prologue, or several consumers would recompute a
 large body.
+
+The inlined body of each node also loses the index checks that its own index ranges prove
+unnecessary (a gather at `arange` positions, or at clamped ones: `ir.bounds`).
 """
 from __future__ import annotations
 
-from ..ir.expr import Cast, Expr, Index, Load, Unary, count_ops, out_index, skip_intermediate_rounding, transform, walk
+from ..ir.bounds import prune_checks
+from ..ir.expr import (Cast, Expr, Index, Load, Unary, count_ops, out_index, red_index, skip_intermediate_rounding,
+                       transform, walk)
 from ..ir.graph import Extern, ExternResult, Graph, Pointwise, Reduce
 from ..ir.rewrite import substitute_index
 
@@ -87,7 +92,8 @@ class Inliner:
                 return substitute_index(self.body(e.buffer), mapping)
             return None
 
-        out = self._bodies[name] = transform(self._with_rounding(name), fn)
+        body = transform(self._with_rounding(name), fn)
+        out = self._bodies[name] = prune_checks(body, _index_ranges(self.graph[name]))
         return out
 
     def expr(self, e: Expr) -> Expr:
@@ -131,6 +137,15 @@ class Inliner:
             out = skip_intermediate_rounding(out)
         self._rounded[name] = out
         return out
+
+
+def _index_ranges(node) -> dict:
+    """Each index symbol of the node's body -> its extent (for the checks `prune_checks` drops:
+    an index built from these is in range for every element)."""
+    ranges = dict(zip(out_index(node.rank), node.shape))
+    if isinstance(node, Reduce):
+        ranges.update(zip(red_index(len(node.ranges)), node.ranges))
+    return ranges
 
 
 def _narrowing_conversion(node) -> bool:

@@ -57,6 +57,7 @@ bfloat16 = DType("bfloat16", 2, "f")
 float32 = DType("float32", 4, "f")
 float64 = DType("float64", 8, "f")
 #: complex values are carried between extern calls only: no kernel computes on them
+complex32 = DType("complex32", 4, "c")  # torch.chalf
 complex64 = DType("complex64", 8, "c")
 complex128 = DType("complex128", 16, "c")
 
@@ -70,7 +71,7 @@ float8_e5m2fnuz = DType("float8_e5m2fnuz", 1, "q")
 OPAQUE_KINDS = "cq"
 
 ALL = {d.name: d for d in (bool_, uint8, uint16, uint32, uint64, int8, int16, int32, int64, float16, bfloat16, float32,
-                           float64, complex64, complex128, float8_e4m3fn, float8_e5m2, float8_e4m3fnuz,
+                           float64, complex32, complex64, complex128, float8_e4m3fn, float8_e5m2, float8_e4m3fnuz,
                            float8_e5m2fnuz)}
 
 

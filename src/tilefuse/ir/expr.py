@@ -180,6 +180,31 @@ class Cast(Expr):
         return Cast(children[0], self.dtype)
 
 
+@dataclass(frozen=True, eq=True)
+class CheckedIndex(Expr):
+    """An integer index computed from tensor data (a gather's index tensor), with its bound.
+
+    Its value is `x`, or `x + size` where `x < 0` when `wrap` (advanced indexing counts
+    negative indices from the end, as PyTorch does). Any value outside `[0, size)` after that is
+    an error of the program: eager PyTorch raises `error` ("IndexError" or "RuntimeError"), and
+    so do the reference interpreter and generated kernels (unless checks are turned off). `op`
+    and `dim` name what is indexed in the message; `size` is a sympy size expression."""
+
+    x: Expr
+    size: object  # sympy expression over size symbols
+    op: str
+    dim: int = 0
+    wrap: bool = False
+    error: str = "IndexError"
+    dtype: DType = dt.int64
+
+    def children(self):
+        return (self.x,)
+
+    def rebuild(self, children):
+        return CheckedIndex(children[0], self.size, self.op, self.dim, self.wrap, self.error, self.dtype)
+
+
 # ---------------------------------------------------------------- construction helpers
 
 

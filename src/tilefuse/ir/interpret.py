@@ -3,7 +3,9 @@
 It evaluates each node in one vectorised step with PyTorch: index symbols become broadcast
 `arange` tensors, loads become advanced indexing, reductions reduce the trailing axes.
 Correctness over speed: loads clamp out-of-range indices (they only occur in the branch of a
-`where` that is not selected, as with padding and concatenation).
+`where` that is not selected, as with padding and concatenation). A `CheckedIndex` (an index
+read from tensor data) outside its bound raises the error eager PyTorch raises, for the
+elements where it is live: under an unselected `where` branch it is not checked.
 """
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ import torch
 
 from . import symbolic
 from .dtypes import DType
-from .expr import Binary, Cast, Const, Expr, Index, Load, Unary, Var, Where, index_symbol, out_index, red_index
+from .bounds import check_message, index_error
+from .expr import (Binary, Cast, CheckedIndex, Const, Expr, Index, Load, Unary, Var, Where, index_symbol, out_index,
+                   red_index, walk)
 from .graph import Constant, Extern, ExternResult, Graph, Input, Pointwise, Reduce, ScalarInput, Scatter, TensorArg
 
 
@@ -72,14 +76,49 @@ class Evaluator:
         self.variables = variables or {}
         self.memo: dict = {}
 
-    def __call__(self, e: Expr) -> torch.Tensor:
-        if e in self.memo:
-            return self.memo[e]
-        out = self._eval(e)
-        self.memo[e] = out
+    def __call__(self, e: Expr, path: tuple = ()) -> torch.Tensor:
+        """`path`: the (condition, polarity) of each `where` branch above `e`, which decide
+        where a check inside `e` is live (only expressions holding a check keep it)."""
+        if path and not self._checks(e):
+            path = ()
+        key = (e, path)
+        if key in self.memo:
+            return self.memo[key]
+        out = self._eval(e, path)
+        self.memo[key] = out
         return out
 
-    def _eval(self, e: Expr) -> torch.Tensor:
+    def _checks(self, e: Expr) -> bool:
+        key = ("has-check", e)
+        if key not in self.memo:
+            self.memo[key] = any(isinstance(n, CheckedIndex) for n in walk(e))
+        return self.memo[key]
+
+    def _live(self, path: tuple):
+        live = None
+        for k, (cond, polarity) in enumerate(path):
+            c = self(cond, path[:k]).to(torch.bool)
+            c = c if polarity else ~c
+            live = c if live is None else live & c
+        return live
+
+    def _check(self, e: CheckedIndex, path: tuple) -> torch.Tensor:
+        v = self(e.x, path).to(torch.int64)
+        n = int(symbolic.evaluate(e.size, self.env))
+        if e.wrap:
+            v = torch.where(v < 0, v + n, v)
+        bad = (v < 0) | (v >= n)
+        live = self._live(path)
+        if live is not None:
+            bad = bad & live
+        if bool(bad.any()):
+            raise index_error(e.error, check_message(e, n))
+        return v
+
+    def _eval(self, e: Expr, path: tuple = ()) -> torch.Tensor:
+        def ev(x):  # children share the path
+            return self(x, path)
+
         td = torch_dtype(e.dtype)
         if isinstance(e, Const):
             v = float("nan") if e.value == "nan" else e.value
@@ -94,24 +133,27 @@ class Evaluator:
                 return src.to(td)
             idx = []
             for comp, size in zip(e.index, src.shape):
-                v = self(comp).to(torch.int64)
+                v = ev(comp).to(torch.int64)
                 idx.append(v.clamp(0, max(size - 1, 0)))
             idx = torch.broadcast_tensors(*idx)
             return src[tuple(idx)].to(td)
         if isinstance(e, Unary):
-            x = self(e.x)
+            x = ev(e.x)
             if e.op in ("floor", "ceil", "round", "trunc") and not x.dtype.is_floating_point:
                 return x
             return _UNARY[e.op](x).to(td)
         if isinstance(e, Binary):
-            a, b = self(e.a), self(e.b)
+            a, b = ev(e.a), ev(e.b)
             if e.op == "truediv" and not td.is_floating_point:
                 raise TypeError("truediv must produce a float")
             return _BINARY[e.op](a, b).to(td)
         if isinstance(e, Where):
-            return torch.where(self(e.cond).to(torch.bool), self(e.a), self(e.b)).to(td)
+            return torch.where(ev(e.cond).to(torch.bool), self(e.a, path + ((e.cond, True),)),
+                               self(e.b, path + ((e.cond, False),))).to(td)
+        if isinstance(e, CheckedIndex):
+            return self._check(e, path)
         if isinstance(e, Cast):
-            x = self(e.x)
+            x = ev(e.x)
             if e.dtype.is_bool:
                 return x != 0
             return x.to(td)

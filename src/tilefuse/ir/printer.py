@@ -1,7 +1,7 @@
 """Readable text for expressions and graphs (what `str(graph)` and `explain` show)."""
 from __future__ import annotations
 
-from .expr import Binary, Cast, Const, Expr, Index, Load, Unary, Var, Where
+from .expr import Binary, Cast, CheckedIndex, Const, Expr, Index, Load, Unary, Var, Where
 
 _INFIX = {
     "add": "+", "sub": "-", "mul": "*", "truediv": "/", "floordiv": "//", "mod": "%",
@@ -32,6 +32,9 @@ def format_expr(e: Expr) -> str:
         return f"where({format_expr(e.cond)}, {format_expr(e.a)}, {format_expr(e.b)})"
     if isinstance(e, Cast):
         return f"{e.dtype}({format_expr(e.x)})"
+    if isinstance(e, CheckedIndex):
+        bound = f"-{e.size} <= . < {e.size}" if e.wrap else f"0 <= . < {e.size}"
+        return f"checked({format_expr(e.x)}, {bound})"
     return repr(e)
 
 

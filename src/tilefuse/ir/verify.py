@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sympy
 
-from .expr import Index, Load, walk
+from .expr import CheckedIndex, Index, Load, walk
 from .graph import COMBINERS, Extern, ExternResult, Graph, Input, Pointwise, Reduce, Scatter
 
 
@@ -27,6 +27,11 @@ def _check_body(graph: Graph, node, seen: set, allowed: set, body=None) -> None:
                 )
             if e.dtype != src.dtype:
                 raise IRVerificationError(f"{node.name}: load of {e.buffer} as {e.dtype}, buffer is {src.dtype}")
+        if isinstance(e, CheckedIndex):
+            if not (e.x.dtype.is_int and e.dtype.is_int):
+                raise IRVerificationError(f"{node.name}: checked index of dtype {e.x.dtype}")
+            if any(str(s)[0] in "ir" and str(s)[1:].isdigit() for s in sympy.sympify(e.size).free_symbols):
+                raise IRVerificationError(f"{node.name}: the bound {e.size} of a checked index depends on an index")
         if isinstance(e, Index):
             for s in e.expr.free_symbols:
                 name = str(s)

@@ -4,16 +4,21 @@
 statements into the current block, and turns graph-IR expressions into tile values: every
 shared subexpression becomes one `Let`, loads become masked `LoadTile`s at strided offsets,
 and loads under an unselected `where` branch are masked by that branch's condition (padding,
-concatenation and gathers never read out of bounds).
+concatenation and gathers never read out of bounds). An index read from tensor data
+(`CheckedIndex`) becomes a `Check` statement over its live elements, and the loads at it are
+masked by its in-range condition as well.
 """
 from __future__ import annotations
 
 import sympy
 
-from ..ir.expr import Binary, Cast, Const, Expr, Index, Load, Unary, Var, Where, binary, unary
+from ..ir import dtypes as dt
+from ..ir.bounds import check_message
+from ..ir.expr import (Binary, Cast, CheckedIndex, Const, Expr, Index, Load, Unary, Var, Where, binary, const, unary,
+                       walk)
 from ..ir.graph import Constant, Extern, ExternResult, Graph, Input
 from ..ir.symbolic import simplify_index
-from .ir import LoadTile, Let, Param, StoreTile
+from .ir import Check, LoadTile, Let, Param, StoreTile
 
 
 def contiguous_strides(shape) -> tuple:
@@ -125,7 +130,8 @@ class KernelBuilder:
         return buffers + sizes
 
     # ------------------------------------------------------------------ expressions
-    def offset(self, name: str, index: tuple, write: bool = False) -> Expr:
+    def offset(self, name: str, index: tuple, write: bool = False, mask: Expr | None = None,
+               guard: Expr | None = None) -> Expr:
         strides = self.buffer(name, write=write)
         if all(isinstance(c, Index) for c in index):
             off = sympy.Integer(0)
@@ -137,8 +143,10 @@ class KernelBuilder:
         off: Expr = Index(sympy.Integer(0))
         for c, s in zip(index, strides):
             if s == 0:
+                if not isinstance(c, Index):
+                    self.value(c, mask, guard)  # a dim of one element: its index is still checked
                 continue
-            comp = self.value(c) if not isinstance(c, Index) else Index(c.expr)
+            comp = self.value(c, mask, guard) if not isinstance(c, Index) else Index(c.expr)
             if isinstance(c, Index):
                 self.size_params(c.expr)
             self.size_params(s)
@@ -167,7 +175,9 @@ class KernelBuilder:
             if e.buffer in self.bound:
                 return self.bound[e.buffer]
             m = land(mask, guard)
-            off = self.offset(e.buffer, e.index)
+            off = self.offset(e.buffer, e.index, mask=mask, guard=guard)
+            for ok in self._in_range(e.index, mask, guard):  # an index outside its bound reads nothing
+                m = land(m, ok)
             off_v = self.let(off, "off") if not isinstance(off, Index) else off
             name = self.fresh("ld")
             self.emit(LoadTile(name, e.buffer, off_v, m, e.dtype))
@@ -181,7 +191,36 @@ class KernelBuilder:
         if isinstance(e, (Unary, Binary, Cast)):
             kids = tuple(self.value(k, mask, guard) for k in e.children())
             return self.let(e.rebuild(kids))
+        if isinstance(e, CheckedIndex):
+            return self.checked(e, mask, guard)
         raise TypeError(f"cannot lower {type(e).__name__} to tile IR")
+
+    def _in_range(self, index: tuple, mask, guard) -> list:
+        """The in-range conditions of the checked indices inside a load's index components."""
+        found: list = []
+        for c in index:
+            if isinstance(c, Index):
+                continue
+            for n in walk(c):
+                ok = self.memo[-1].get(("in-range", n, mask, guard)) if isinstance(n, CheckedIndex) else None
+                if ok is not None and ok not in found:
+                    found.append(ok)
+        return found
+
+    def checked(self, e: CheckedIndex, mask, guard) -> Expr:
+        """The index value (wrapped when the op wraps negative indices), after a `Check` that
+        it lies in [0, size) wherever it is live; its in-range condition masks the loads at it."""
+        v = self.value(e.x, mask, guard)
+        self.size_params(e.size)
+        n = Index(sympy.sympify(e.size))
+        if e.wrap:
+            v = self.let(Where(binary("lt", v, const(0)), binary("add", v, n), v, dt.int64), "idx")
+        ok = self.let(binary("logical_and", binary("ge", v, const(0)), binary("lt", v, n)), "inb")
+        live = land(mask, guard)
+        cond = ok if live is None else self.let(binary("logical_or", ok, unary("logical_not", live)), "chk")
+        self.emit(Check(cond, check_message(e, "{size}"), e.error, n))
+        self.memo[-1][("in-range", e, mask, guard)] = ok
+        return v
 
     def store(self, name: str, index: tuple, value: Expr, mask: Expr | None) -> None:
         node = self.scratch[name] if name in self.scratch else self.graph[name]

@@ -186,6 +186,22 @@ class DescriptorLoad(Stmt):
 
 
 @dataclass
+class Check(Stmt):
+    """Every element of `ok` (a bool tile) must hold: an index read from tensor data lies in
+    its bound. Where one does not, the kernel fails with `error` ("IndexError" or
+    "RuntimeError", the class eager PyTorch raises) and `message`, in which `{size}` stands for
+    the value of `size` (the bound, an `Index` over size symbols). Triton prints
+    `tl.device_assert`; the C++ backend records the failure and the launcher raises it after
+    the kernel returns. Loads at such an index are masked by it too: they never read outside
+    their buffer."""
+
+    ok: Expr
+    message: str
+    error: str = "IndexError"
+    size: Expr | None = None
+
+
+@dataclass
 class Comment(Stmt):
     text: str
 
@@ -226,7 +242,50 @@ def stmt_exprs(s: Stmt) -> list:
         return [s.base, *s.shape, *s.strides]
     if isinstance(s, DescriptorLoad):
         return list(s.offsets)
+    if isinstance(s, Check):
+        return [s.ok] + ([s.size] if s.size is not None else [])
     return []
+
+
+def checks_of(stmts) -> list:
+    """The `Check` statements of a body, loops included, in order."""
+    out = []
+    for s in stmts:
+        if isinstance(s, Check):
+            out.append(s)
+        elif isinstance(s, For):
+            out.extend(checks_of(s.body))
+    return out
+
+
+def without_checks(stmts) -> list:
+    """A body with its `Check` statements removed (index checks turned off)."""
+    out = []
+    for s in stmts:
+        if isinstance(s, Check):
+            continue
+        if isinstance(s, For):
+            from dataclasses import replace
+
+            s = replace(s, body=without_checks(s.body))
+        out.append(s)
+    return out
+
+
+def check_message(check: Check, env: dict | None = None) -> str:
+    """The check's message with its bound: the value in `env` (symbol values), else the size
+    expression's text."""
+    size = "?"
+    if check.size is not None:
+        size = str(check.size)
+        if env is not None:
+            from ..ir import symbolic
+
+            try:
+                size = str(int(symbolic.evaluate(check.size.expr, env)))
+            except (KeyError, TypeError, ValueError, NotImplementedError):
+                pass
+    return check.message.replace("{size}", size)
 
 
 @dataclass

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from ..ir.printer import format_expr
-from .ir import (Arange, ArgReduceTile, Assign, BroadcastTile, Comment, DescriptorLoad, DotTile, For, Full, Let, LoadTile,
-                 MakeDescriptor, ProgramId, ReduceTile, StoreTile, TileKernel)
+from .ir import (Arange, ArgReduceTile, Assign, BroadcastTile, Check, Comment, DescriptorLoad, DotTile, For, Full, Let,
+                 LoadTile, MakeDescriptor, ProgramId, ReduceTile, StoreTile, TileKernel, check_message)
 
 
 def _stmt(s, pad: str, out: list) -> None:
@@ -44,6 +44,8 @@ def _stmt(s, pad: str, out: list) -> None:
         out.append(f"{pad}for {s.var} in range({format_expr(s.start)}, {format_expr(s.stop)}, {s.step}):{flat}")
         for t in s.body:
             _stmt(t, pad + "  ", out)
+    elif isinstance(s, Check):
+        out.append(f"{pad}check {format_expr(s.ok)} else {s.error}: {check_message(s)}")
     elif isinstance(s, Comment):
         out.append(f"{pad}# {s.text}")
 

@@ -11,6 +11,9 @@ register-blocked micro-kernel (8x32 or 4x64 fp32 accumulators held in vector reg
 across the K loop) that reads unmasked contiguous-row operands in place and may accumulate
 straight into a loop-carried tile (`dot.py`). Loop-carried state (`For` with `Assign`) lives
 in arrays declared once per program.
+An index check (`Check`) ORs its failures into a flag of its loop nest (an OpenMP simd
+reduction, so the loop still vectorises) and, once the nest is done, records the check's number
+in the kernel's error word (`tf_ptrs` after the buffers); the launcher raises it.
 """
 from __future__ import annotations
 
@@ -18,8 +21,8 @@ import sympy
 
 from ...ir import dtypes as dt
 from ...ir.expr import Index, Var
-from ...tile.ir import (Arange, ArgReduceTile, Assign, BroadcastTile, Comment, DotTile, For, Full, Let, LoadTile,
-                        ProgramId, ReduceTile, StoreTile, TileKernel)
+from ...tile.ir import (Arange, ArgReduceTile, Assign, BroadcastTile, Check, Comment, DotTile, For, Full, Let, LoadTile,
+                        ProgramId, ReduceTile, StoreTile, TileKernel, checks_of)
 from ...tile.lower import identity
 from .dot import DOT_SOURCE, fold_accumulator, inplace_operands, register_block, stmt_readers
 from .exprs import STORAGE, CppUnsupported, ExprPrinter, const, ctype, round_to
@@ -27,7 +30,7 @@ from .remat import plan_remat
 from .runtime import HEADER
 from .shapes import SCALAR, Shapes, defines, reads
 
-_ELEMENTWISE = (Let, LoadTile, StoreTile, BroadcastTile, Full, Assign, ReduceTile, ArgReduceTile)
+_ELEMENTWISE = (Let, LoadTile, StoreTile, BroadcastTile, Full, Assign, ReduceTile, ArgReduceTile, Check)
 LANES = 16
 
 
@@ -60,6 +63,7 @@ class CppPrinter:
         self.folded: set[str] = set()  # names X of those dots (never stored)
         self.inplace = inplace_operands(kernel, self.sh, self._strides, self.stmt_readers)
         self.block_aligned = self._block_aligned()
+        self.check_ids = {id(c): k + 1 for k, c in enumerate(checks_of(kernel.body))}  # error codes
 
     # ------------------------------------------------------------------ grouping
     def zero_starts(self, stmts) -> set:
@@ -253,6 +257,8 @@ class CppPrinter:
             self.emit(f"// {s.text}", indent)
         elif isinstance(s, DotTile):
             self.dot(s, indent)
+        elif isinstance(s, Check):
+            self.emit(f"if (!({p.expr(s.ok)})) tf_fail(tf_err, {self.check_ids[id(s)]});", indent)
         elif isinstance(s, (Let, LoadTile, BroadcastTile, Full, Assign, StoreTile)):
             for line in self.body_lines(s, p, scalar=True):
                 self.emit(line, indent)
@@ -275,6 +281,8 @@ class CppPrinter:
                 stored = f"({STORAGE[s.dtype.name]})({v})"
             line = f"{buf} = {stored};"
             return [f"if ({p.expr(s.mask)}) {line}" if s.mask is not None else line]
+        if isinstance(s, Check):
+            return [f"{self._flag(s)} |= !({p.expr(s.ok)});"]
         if isinstance(s, Assign):
             t = ctype(self.sh.dtype[s.name])
             return [f"{target or p.ref(s.name)} = ({t})({p.expr(s.value)});"]
@@ -317,8 +325,13 @@ class CppPrinter:
         dead = {id(s) for s in self._dead(g)}
         if len(dead) == len(g.stmts):  # every value recomputed where it is read
             return
+        checks = [s for s in g.stmts if isinstance(s, Check)]
+        if checks and simd.startswith("#"):
+            simd += f" reduction(|:{', '.join(self._flag(c) for c in checks)})"
         self.emit("{", indent)
         ind = indent + 1
+        for c in checks:
+            self.emit(f"int32_t {self._flag(c)} = 0;", ind)
         hoisted = {id(s) for s in g.stmts if id(s) not in dead and self._transposed_load(s, g.shape, ind)}
         if len(hoisted) + len(dead) == len(g.stmts):
             self.emit("}", indent)
@@ -387,6 +400,8 @@ class CppPrinter:
         if d0 > 1:
             ind -= 1
             self.emit("}", ind)
+        for c in checks:
+            self.emit(f"if ({self._flag(c)}) tf_fail(tf_err, {self.check_ids[id(c)]});", ind)
         self.emit("}", indent)
 
     def _dead(self, g: _Group) -> list:
@@ -401,6 +416,9 @@ class CppPrinter:
                 continue
             live |= reads(s)
         return dead
+
+    def _flag(self, check) -> str:
+        return f"tf_bad{self.check_ids[id(check)]}"
 
     def _acc_dtype(self, s):
         return s.dtype if isinstance(s, ReduceTile) else dt.int64
@@ -610,8 +628,9 @@ class CppPrinter:
         self.items(items, 3)
         body = self.lines[body_start:]
         self.lines = []
-        out = [HEADER, DOT_SOURCE, f'extern "C" void {k.name}(void* const* tf_ptrs, const int64_t* tf_sizes, '
-               f'const int64_t* tf_grid, int32_t tf_threads) {{']
+        out = [HEADER, DOT_SOURCE] + ([_FAIL] if self.check_ids else [])
+        out.append(f'extern "C" void {k.name}(void* const* tf_ptrs, const int64_t* tf_sizes, '
+                   f'const int64_t* tf_grid, int32_t tf_threads) {{')
         for name, v in k.constexprs.items():
             out.append(f"  constexpr int64_t {name} = {int(v)};")
         nb = 0
@@ -620,6 +639,8 @@ class CppPrinter:
                 out.append(f"  {STORAGE[q.dtype.name]}* __restrict__ ptr_{q.name} = "
                            f"({STORAGE[q.dtype.name]}*)tf_ptrs[{nb}];")
                 nb += 1
+        if self.check_ids:  # the error word: after the buffers
+            out.append(f"  int64_t* tf_err = (int64_t*)tf_ptrs[{nb}];")
         ns = 0
         for q in k.params:
             if q.kind == "size":
@@ -640,6 +661,12 @@ class CppPrinter:
         out.append("  }")
         out.append("}")
         return "\n".join(out) + "\n"
+
+
+_FAIL = r"""
+/* a failed index check: its number goes to the error word (any one of several is reported) */
+TF_INLINE void tf_fail(int64_t* err, int64_t code) { __atomic_store_n(err, code, __ATOMIC_RELAXED); }
+"""
 
 
 def _walk(stmts):

@@ -4,7 +4,9 @@ The shared library is built through the disk cache (namespace "cpu", keyed by th
 compiler's version and flags, this CPU's ISA and the environment fingerprint), so a warm cache
 compiles nothing, and is loaded in place with ctypes. A launch passes the buffers' data
 pointers (no copies: strides are kernel arguments), the size arguments, the grid and the
-thread count PyTorch uses.
+thread count PyTorch uses. A kernel with index checks also gets an error word (after the
+buffers' pointers); a failed check leaves its number there, and the launch raises the error
+eager raises for that op once the kernel has returned (no out-of-range element was read).
 
 Large buffers a kernel writes are advised to use transparent huge pages first (Linux, when
 THP is in `madvise` mode): a freshly allocated output is faulted in by the kernel's own
@@ -26,7 +28,8 @@ from ... import logs
 from ...config import config
 from ...ir import symbolic
 from ...runtime.cache import DiskCache
-from ...tile.ir import TileKernel
+from ...ir.bounds import index_error
+from ...tile.ir import TileKernel, check_message, checks_of
 from . import toolchain
 
 _lock = threading.Lock()
@@ -118,7 +121,8 @@ class CppKernel:
             else:
                 self.sizes.append(("size", p.name, None))
         self._shapes: dict = {}
-        self._ptrs = (ctypes.c_void_p * max(1, len(self.buffers)))()
+        self.checks = checks_of(kernel.body)
+        self._ptrs = (ctypes.c_void_p * max(1, len(self.buffers) + bool(self.checks)))()
         self._written = [name for name in self.buffers if name in set(kernel.writes)]
 
     def __call__(self, buffers: dict, env: dict) -> None:
@@ -147,7 +151,14 @@ class CppKernel:
         sizes = (ctypes.c_int64 * max(1, len(args)))(*args)
         # a grid smaller than the thread pool wakes only as many threads as it has programs
         # (waking the rest costs more than a small kernel, most of all on a busy machine)
+        err = None
+        if self.checks:
+            err = (ctypes.c_int64 * 1)()
+            ptrs[len(self.buffers)] = ctypes.addressof(err)
         self.fn(ptrs, sizes, grid, max(1, min(torch.get_num_threads(), programs)))
+        if err is not None and err[0]:
+            check = self.checks[err[0] - 1]
+            raise index_error(check.error, f"{check_message(check, env)} (kernel {self.kernel.name})")
 
 
 def _symbol(name: str):

@@ -11,8 +11,8 @@ import sympy
 
 from ...ir import dtypes as dt
 from ...ir.expr import Expr, Index, Var, walk
-from ...tile.ir import (Arange, ArgReduceTile, Assign, BroadcastTile, DotTile, For, Full, Let, LoadTile, ProgramId,
-                        ReduceTile, StoreTile, TileKernel, expr_names, stmt_exprs)
+from ...tile.ir import (Arange, ArgReduceTile, Assign, BroadcastTile, Check, DotTile, For, Full, Let, LoadTile,
+                        ProgramId, ReduceTile, StoreTile, TileKernel, expr_names, stmt_exprs)
 from .exprs import CppUnsupported
 
 SCALAR = (1, 1)
@@ -104,6 +104,8 @@ class Shapes:
             return self.of(s.value)
         if isinstance(s, ArgReduceTile):
             return broadcast(self.of(s.value), self.of(s.index))
+        if isinstance(s, Check):
+            return self.of(s.ok)
         raise TypeError(type(s).__name__)
 
     def _walk(self, stmts) -> None:

@@ -2,7 +2,8 @@
 
 `generate(kernel, interpret)` returns the text of a Python module holding one `@triton.jit`
 kernel and the helpers it uses. Buffer parameters are named `ptr_<buffer>`; sizes and strides
-keep their names; block sizes are `tl.constexpr` parameters.
+keep their names; block sizes are `tl.constexpr` parameters. Index checks are
+`tl.device_assert`s (the launcher enables them).
 """
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import sympy
 
 from ...ir import dtypes as dt
 from ...ir.expr import Binary, Cast, Const, Expr, Index, Unary, Var, Where
-from ...tile.ir import (Arange, ArgReduceTile, Assign, BroadcastTile, Comment, DescriptorLoad, DotTile, For, Full, Let,
-                        LoadTile, MakeDescriptor, ProgramId,
-                        ReduceTile, StoreTile, TileKernel)
+from ...tile.ir import (Arange, ArgReduceTile, Assign, BroadcastTile, Check, Comment, DescriptorLoad, DotTile, For,
+                        Full, Let, LoadTile, MakeDescriptor, ProgramId, ReduceTile, StoreTile, TileKernel,
+                        check_message)
 from .helpers import HELPERS, InterpretUnsupported, unary_call
 
 TL_DTYPE = {
@@ -113,6 +114,9 @@ class TritonPrinter:
         if isinstance(e, Var):
             return e.name
         if isinstance(e, Const):
+            if e.dtype.is_int and not -2**31 <= int(e.value) < 2**31:
+                # a typed scalar: a bare literal is converted to the other operand's int32
+                return f"tl.full([], {int(e.value)}, {TL_DTYPE[e.dtype.name]})"
             return _const(e.value, e.dtype)
         if isinstance(e, Index):
             return format_sympy(e.expr, self.helpers)
@@ -175,6 +179,13 @@ class TritonPrinter:
     def binary(self, e: Binary) -> str:
         a, b = self.expr(e.a), self.expr(e.b)
         op = e.op
+        if self.interpret and e.dtype.is_bool and op in ("logical_and", "logical_or", "logical_xor", "bitwise_and",
+                                                          "bitwise_or", "bitwise_xor"):
+            # the interpreter combines a scalar bool with a block of bools into int32 data typed
+            # int1 (numpy then rejects it as a mask or operand): combine int8s, compare back
+            a8, b8 = (str(int(bool(x.value))) if isinstance(x, Const) else f"({s}).to(tl.int8)"
+                      for x, s in ((e.a, a), (e.b, b)))
+            return f"(({a8} {_INFIX[op]} {b8}) != 0)"
         if op in _INFIX:
             return f"({a} {_INFIX[op]} {b})"
         if op == "truediv":
@@ -322,6 +333,9 @@ class TritonPrinter:
             elif isinstance(s, For):
                 out.append(f"{pad}for {s.var} in range({self.expr(s.start)}, {self.expr(s.stop)}, {s.step}):")
                 self.stmts(s.body, indent + 1, out)
+            elif isinstance(s, Check):
+                # compiled only in debug mode: the launcher builds kernels with checks that way
+                out.append(f"{pad}tl.device_assert({self.expr(s.ok)}, {check_message(s)!r})")
             elif isinstance(s, Comment):
                 out.append(f"{pad}# {s.text}")
             else:

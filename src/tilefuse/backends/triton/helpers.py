@@ -118,14 +118,17 @@ def _ffloordiv(a, b):
     "ipow": """
 @triton.jit
 def _ipow(a, b):
-    result = a * 0 + 1
+    one = a * 0 + 1
+    result = one
     base = a
-    e = b
+    e = tl.where(b < 0, 0, b)
     for _ in range(64):
         result = tl.where((e & 1) != 0, result * base, result)
         base = base * base
         e = e >> 1
-    return result
+    # a negative exponent (PyTorch's integer pow): 1 for 1, ±1 for -1, 0 otherwise
+    negative = tl.where(a == 1, one, tl.where(a == -1, tl.where((b & 1) != 0, -one, one), one * 0))
+    return tl.where(b < 0, negative, result)
 """,
     "pow_interp": """
 @triton.jit

@@ -6,9 +6,18 @@ real file to read the source from. Triton's own binary cache is pointed inside t
 cache directory unless the user set `TRITON_CACHE_DIR`, so a second process with the same
 graph compiles nothing new. Interpreter mode needs `TRITON_INTERPRET=1` from before Triton's
 import (`import tilefuse` sets it on machines without CUDA).
+
+A kernel with index checks (`tl.device_assert`) is built in Triton's debug mode, as Inductor
+builds kernels with indirect indexing: `debug=True` keeps the asserts, `sanitize_overflow=False`
+keeps Triton's integer-overflow asserts out. On a GPU a failed check is a device-side assert
+(the CUDA context reports it at the next synchronisation, as eager CUDA indexing does). The
+interpreter has its own debug switch, turned on around the launch; a failed check there raises
+the error eager raises, naming the op.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import importlib.util
 import os
 import sys
@@ -19,7 +28,8 @@ from ... import logs
 from ...config import config
 from ...ir import symbolic
 from ...runtime.cache import DiskCache, cache_key, environment_fingerprint
-from ...tile.ir import TileKernel
+from ...ir.bounds import index_error
+from ...tile.ir import TileKernel, check_message, checks_of
 
 _import_lock = threading.Lock()
 _modules: dict[str, object] = {}
@@ -81,6 +91,8 @@ class TritonKernel:
         self.fn = getattr(_import_source(source, key, interpret), kernel.name)
         self._shapes: dict = {}  # size_key(env) -> (size arguments, grid, empty)
         self.described = _described_buffers(kernel.body)  # read through tensor descriptors (TMA)
+        self.checks = checks_of(kernel.body)
+        self.debug = {"debug": True, "sanitize_overflow": False} if self.checks and not interpret else {}
         self.arg_plan = []
         for p in kernel.params:
             if p.kind == "buffer":
@@ -115,8 +127,48 @@ class TritonKernel:
                 args.append(buffers[name].stride(k))
             else:
                 args.append(values[name])
+        if self.checks and self.interpret:
+            with _interpreter_asserts():
+                try:
+                    self.fn[grid](*args, **self.kernel.constexprs, num_warps=self.kernel.num_warps,
+                                  num_stages=self.kernel.num_stages)
+                except Exception as err:  # noqa: BLE001 - a failed check is re-raised as eager raises it
+                    failed = self._check_failure(err, env)
+                    if failed is None:
+                        raise
+                    raise failed from None
+            return
         self.fn[grid](*args, **self.kernel.constexprs, num_warps=self.kernel.num_warps,
-                      num_stages=self.kernel.num_stages)
+                      num_stages=self.kernel.num_stages, **self.debug)
+
+    def _check_failure(self, err: BaseException, env: dict):
+        """The error of the check whose assert failed under the interpreter (None if `err` is
+        something else)."""
+        cause = err.__cause__ if isinstance(err.__cause__, AssertionError) else err
+        text = str(cause)
+        for check in self.checks:
+            if check_message(check) in text:
+                return index_error(check.error, f"{check_message(check, env)} (kernel {self.kernel.name})")
+        return None
+
+
+@contextlib.contextmanager
+def _interpreter_asserts():
+    """Device asserts on in the Triton interpreter (its builder's debug option, which
+    `TRITON_DEBUG` does not reach), integer-overflow asserts off."""
+    try:
+        from triton.runtime.interpreter import interpreter_builder
+        old = interpreter_builder.options
+    except (ImportError, AttributeError):  # another interpreter layout: asserts as it has them
+        yield
+        return
+    fields = {f.name for f in dataclasses.fields(old)} if dataclasses.is_dataclass(old) else set()
+    changes = {k: v for k, v in (("debug", True), ("sanitize_overflow", False)) if k in fields}
+    interpreter_builder.options = dataclasses.replace(old, **changes) if changes else old
+    try:
+        yield
+    finally:
+        interpreter_builder.options = old
 
 
 def _described_buffers(stmts) -> set:

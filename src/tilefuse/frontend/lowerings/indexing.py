@@ -2,8 +2,11 @@
 indexing (`index.Tensor`), cat, constant_pad_nd, slice_scatter, select_scatter, scatter.
 
 Gathers are views: the index component of the load is an expression that loads the index
-tensor (indirect indexing). cat, padding and the scatters select between sources with
-`where`, so they are small Pointwise nodes that the fusion planner inlines into consumers.
+tensor (indirect indexing), wrapped in a `CheckedIndex` with its bound and the error eager
+raises for an index outside it (`IndexError` for index_select, embedding and advanced
+indexing, `RuntimeError` for gather and scatter); `_unsafe_index` is unchecked. cat, padding
+and the scatters select between sources with `where`, so they are small Pointwise nodes that
+the fusion planner inlines into consumers.
 """
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import sympy
 import torch
 
 from ...ir import dtypes as dt
-from ...ir.expr import Binary, Expr, Index, Where, binary, cast, const
+from ...ir.expr import Binary, CheckedIndex, Expr, Index, Where, binary, cast, const
 from ..registry import Unsupported, lowering
 from ..values import ViewValue, ix, ix_add
 from .common import (as_int, broadcast_index, broadcast_shapes, canonical_dim, copy_of, is_tensor, out_shape,
@@ -31,6 +34,12 @@ def _index_expr(value, idx) -> Expr:
 def _wrap_negative(e: Expr, n) -> Expr:
     """PyTorch's advanced indexing accepts negative indices: i < 0 → i + n."""
     return Where(Binary("lt", e, const(0), dt.bool_), binary("add", e, ix(n)), e, dt.int64)
+
+
+def _checked(e: Expr, n, op: str, dim: int, wrap: bool = False, error: str = "IndexError") -> Expr:
+    """`e` as an index into a dim of size `n`: checked against [0, n) (after wrapping negative
+    indices when `wrap`), failing as eager does."""
+    return CheckedIndex(e, sym(n), op, dim, wrap, error)
 
 
 def _and(a: Expr | None, b: Expr) -> Expr:
@@ -55,7 +64,7 @@ def index_select(ctx, x, dim, index):
         return x
 
     def index_map(idx):
-        j = _index_expr(index, (idx[d],) if index.rank == 1 else ())
+        j = _checked(_index_expr(index, (idx[d],) if index.rank == 1 else ()), x.shape[d], "index_select", d)
         return tuple(idx[:d]) + (j,) + tuple(idx[d + 1:])
 
     return ViewValue(x, out_shape(ctx), index_map, "index_select")
@@ -68,7 +77,7 @@ def embedding(ctx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sp
     r = indices.rank
 
     def index_map(idx):
-        return (_index_expr(indices, idx[:r]), idx[r])
+        return (_checked(_index_expr(indices, idx[:r]), weight.shape[0], "embedding", 0), idx[r])
 
     return ViewValue(weight, out_shape(ctx), index_map, "embedding")
 
@@ -82,7 +91,7 @@ def gather(ctx, x, dim, index, sparse_grad=False):
 
     def index_map(idx):
         out = list(idx)
-        out[d] = _index_expr(index, idx)
+        out[d] = _checked(_index_expr(index, idx), x.shape[d], "gather", d, error="RuntimeError")
         return tuple(out)
 
     return ViewValue(x, out_shape(ctx), index_map, "gather")
@@ -91,7 +100,9 @@ def gather(ctx, x, dim, index, sparse_grad=False):
 @lowering(*overloads("index.Tensor", "_unsafe_index.Tensor"))
 def index_tensor(ctx, x, indices):
     """Advanced indexing with integer index tensors (boolean masks have data-dependent
-    shapes and stay extern)."""
+    shapes and stay extern). `_unsafe_index` (decompositions whose indices are in range by
+    construction) is not checked."""
+    unsafe = "_unsafe_index" in str(ctx.current_target)
     indices = list(indices) + [None] * (x.rank - len(indices))
     pos = [k for k, t in enumerate(indices) if t is not None]
     if not pos:
@@ -113,7 +124,7 @@ def index_tensor(ctx, x, indices):
         for k in pos:
             t = indices[k]
             e = _index_expr(t, broadcast_index(t, bidx, bshape))
-            out[k] = _wrap_negative(e, x.shape[k])
+            out[k] = _wrap_negative(e, x.shape[k]) if unsafe else _checked(e, x.shape[k], "index", k, wrap=True)
         for j, k in enumerate(rest):
             out[k] = other[j]
         return tuple(out)
@@ -267,7 +278,8 @@ def scatter(ctx, x, dim, index, src):
         sub = list(idx)
         sub[d] = ix(0)
         sub = tuple(sub)
-        cond = Binary("eq", idx[d], _index_expr(index, sub), dt.bool_)
+        target = _checked(_index_expr(index, sub), x.shape[d], "scatter", d, error="RuntimeError")
+        cond = Binary("eq", idx[d], target, dt.bool_)
         for k in range(rank):
             if k != d and sympy.expand(sym(index.shape[k]) - sym(x.shape[k])) != 0:
                 cond = _and(cond, _lt(idx[k], index.shape[k]))
