@@ -187,3 +187,21 @@ def test_the_reference_interpreter_writes_like_eager():
     (out,) = interpret(g.graph, [xs, ids, vs])
     assert out is xs  # in place
     torch.testing.assert_close(xs, expected)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("bad", [13, -14])
+def test_a_position_outside_the_input_raises_as_eager(backend, bad):
+    def write(cache, pos, v):
+        cache[:, pos] = v
+        return cache.sum()
+
+    g = torch.Generator().manual_seed(6)
+    cache, v = torch.randn(3, 13, generator=g), torch.randn(3, 2, generator=g)
+    pos = torch.tensor([2, bad])
+    with pytest.raises(IndexError):
+        write(cache.clone(), pos, v)
+    with config.patch(backend=backend):
+        torch._dynamo.reset()
+        with pytest.raises(IndexError, match="out of"):
+            torch.compile(write, backend="tilefuse")(cache.clone(), pos, v)

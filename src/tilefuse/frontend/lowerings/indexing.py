@@ -97,16 +97,17 @@ def gather(ctx, x, dim, index, sparse_grad=False):
     return ViewValue(x, out_shape(ctx), index_map, "gather")
 
 
-@lowering(*overloads("index.Tensor", "_unsafe_index.Tensor"))
-def index_tensor(ctx, x, indices):
-    """Advanced indexing with integer index tensors (boolean masks have data-dependent
-    shapes and stay extern). `_unsafe_index` (decompositions whose indices are in range by
-    construction) is not checked."""
-    unsafe = "_unsafe_index" in str(ctx.current_target)
+def advanced_index(x, indices, op: str, checked: bool = True):
+    """The layout of advanced indexing `x[indices]` (integer index tensors, None for whole
+    dims): (shape of the result, position map from an index of the result to the index of `x`
+    it reads), or None without index tensors. The index tensors broadcast together; their dims
+    take the first indexed dim's place when the indexed dims are adjacent, else they lead
+    (PyTorch's rule). Positions are `CheckedIndex`es of `op` (negative ones wrap) unless
+    `checked` is off."""
     indices = list(indices) + [None] * (x.rank - len(indices))
     pos = [k for k, t in enumerate(indices) if t is not None]
     if not pos:
-        return x
+        return None
     for k in pos:
         t = indices[k]
         if not is_tensor(t) or t.dtype.is_bool or t.dtype == dt.uint8:
@@ -116,20 +117,34 @@ def index_tensor(ctx, x, indices):
     adjacent = pos == list(range(pos[0], pos[-1] + 1))
     first = pos[0] if adjacent else 0
     rest = [k for k in range(x.rank) if k not in pos]
+    rest_shape = [sym(x.shape[k]) for k in rest]
+    shape = tuple(rest_shape[:first]) + tuple(bshape) + tuple(rest_shape[first:])
 
-    def index_map(idx):
+    def positions(idx):
         bidx = tuple(idx[first:first + nb])
         other = list(idx[:first]) + list(idx[first + nb:])
         out = [None] * x.rank
         for k in pos:
             t = indices[k]
             e = _index_expr(t, broadcast_index(t, bidx, bshape))
-            out[k] = _wrap_negative(e, x.shape[k]) if unsafe else _checked(e, x.shape[k], "index", k, wrap=True)
+            out[k] = _checked(e, x.shape[k], op, k, wrap=True) if checked else _wrap_negative(e, x.shape[k])
         for j, k in enumerate(rest):
             out[k] = other[j]
         return tuple(out)
 
-    return ViewValue(x, out_shape(ctx), index_map, "index")
+    return shape, positions
+
+
+@lowering(*overloads("index.Tensor", "_unsafe_index.Tensor"))
+def index_tensor(ctx, x, indices):
+    """Advanced indexing with integer index tensors (boolean masks have data-dependent
+    shapes and stay extern). `_unsafe_index` (decompositions whose indices are in range by
+    construction) is not checked."""
+    unsafe = "_unsafe_index" in str(ctx.current_target)
+    layout = advanced_index(x, indices, "index", checked=not unsafe)
+    if layout is None:
+        return x
+    return ViewValue(x, out_shape(ctx), layout[1], "index")
 
 
 # ---------------------------------------------------------------- assembling (pointwise nodes)
