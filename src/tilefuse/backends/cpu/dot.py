@@ -15,7 +15,7 @@ from __future__ import annotations
 from ...ir import dtypes as dt
 from ...ir.expr import Binary, Var
 from ...tile.ir import Assign, DotTile, For, Let, LoadTile, StoreTile
-from .shapes import defines, reads
+from .shapes import reads, written as stmt_written
 
 
 DOT_SOURCE = r"""
@@ -122,19 +122,6 @@ def stmt_readers(stmts, out=None) -> dict:
     return out
 
 
-def _written(s) -> set:
-    if isinstance(s, For):
-        out = {s.var}
-        for t in s.body:
-            out |= _written(t)
-        return out
-    name = defines(s)
-    out = {name} if name is not None else set()
-    if isinstance(s, Assign):
-        out.add(s.name)
-    return out
-
-
 def fold_accumulator(stmts, k: int, readers: dict, sh):
     """For the zero-started dot `stmts[k]`: (index of `R = f(acc)`, the `acc = R + X` Assign)
     when the rewrite described above applies, else None."""
@@ -164,7 +151,7 @@ def fold_accumulator(stmts, k: int, readers: dict, sh):
     if d.input_dtype not in (None, dt.float32):
         return None
     for t in stmts[j + 1:pos]:  # nothing between reads or changes acc (the dot included)
-        if acc in reads(t) or acc in _written(t) or r in _written(t):
+        if acc in reads(t) or acc in stmt_written(t) or r in stmt_written(t):
             return None
     return j, a
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from ...ir.expr import Binary, Cast, Const, Expr, Index, Unary, Var, Where
 from ...tile.ir import Assign, BroadcastTile, For, Full, Let, LoadTile, StoreTile, expr_names
-from .shapes import defines, reads
+from .shapes import reads, written as stmt_written  # (`written` is a local name below)
 
 MAX_OPS = 2
 #: unary ops cheap enough to recompute (one vector instruction or none)
@@ -51,20 +51,6 @@ def _all(stmts):
             yield from _all(s.body)
 
 
-def _written(s) -> set:
-    """Names a statement (or a loop, through its body) defines or assigns."""
-    if isinstance(s, For):
-        out = {s.var}
-        for t in s.body:
-            out |= _written(t)
-        return out
-    name = defines(s)
-    out = {name} if name is not None else set()
-    if isinstance(s, Assign):
-        out.add(s.name)
-    return out
-
-
 def plan_remat(kernel, items, sh, group_type) -> dict:
     """{id(group): [statements to recompute at the top of its loop body, in order]} for the
     plan `items` (groups, single statements, ("for", stmt, body items))."""
@@ -82,14 +68,14 @@ def plan_remat(kernel, items, sh, group_type) -> dict:
         for it in items:
             if isinstance(it, tuple):
                 walk(it[2])
-                kill(_written(it[1]))
+                kill(stmt_written(it[1]))
                 continue
             if not isinstance(it, group_type):
-                kill(_written(it))
+                kill(stmt_written(it))
                 continue
             written = set()
             for s in it.stmts:
-                written |= _written(s)
+                written |= stmt_written(s)
             chosen: list = []
             for s in it.stmts:
                 for name in sorted(reads(s)):

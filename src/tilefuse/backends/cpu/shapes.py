@@ -172,3 +172,17 @@ def defines(s) -> str | None:
     if isinstance(s, (ProgramId, Arange, Let, LoadTile, BroadcastTile, Full, ReduceTile, ArgReduceTile, DotTile)):
         return s.name
     return None
+
+
+def written(s) -> set[str]:
+    """Names a statement (or a loop, through its body) defines or assigns."""
+    if isinstance(s, For):
+        out = {s.var}
+        for t in s.body:
+            out |= written(t)
+        return out
+    name = defines(s)
+    out = {name} if name is not None else set()
+    if isinstance(s, Assign):
+        out.add(s.name)
+    return out
