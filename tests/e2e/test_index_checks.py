@@ -8,8 +8,9 @@ import torch.nn.functional as F
 import tilefuse
 from tilefuse.check.compare import compare_outputs, to_fp64
 from tilefuse.ir.bounds import IndexCheckError
+from backends_on_cpu import CPU_BACKENDS
 
-BACKENDS = ("cpu", "interpret")
+BACKENDS = CPU_BACKENDS
 
 
 def _compiled(fn, backend):

@@ -5,6 +5,7 @@ import torch
 
 import tilefuse
 from tilefuse.config import config
+from backends_on_cpu import CPU_BACKENDS
 
 F8 = [d for d in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, d)]
 
@@ -15,7 +16,7 @@ def fake_quant(x, scale):
 
 
 @pytest.mark.parametrize("name", F8)
-@pytest.mark.parametrize("backend", ["cpu", "interpret"])
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_float8_round_trip_is_extern_and_the_rest_generated(name, backend):
     global FP8
     FP8 = getattr(torch, name)

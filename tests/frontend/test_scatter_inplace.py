@@ -8,8 +8,9 @@ import torch
 
 import tilefuse
 from tilefuse.config import config
+from backends_on_cpu import CPU_BACKENDS
 
-BACKENDS = ["cpu", "interpret"]
+BACKENDS = CPU_BACKENDS
 
 
 def rotate(x, cos, sin):
@@ -205,3 +206,15 @@ def test_a_position_outside_the_input_raises_as_eager(backend, bad):
         torch._dynamo.reset()
         with pytest.raises(IndexError, match="out of"):
             torch.compile(write, backend="tilefuse")(cache.clone(), pos, v)
+
+
+def test_positions_read_by_several_ops_are_checked_once():
+    """The RoPE tables' gathers and both cache writes read the same positions against the same
+    bound (tables and caches of one length): one check in the one kernel."""
+    args = _rope_inputs(torch.float32, cache=37)
+    args[3], args[4] = args[3][:37], args[4][:37]
+    with config.patch(backend="cpu"):
+        torch._dynamo.reset()
+        report = tilefuse.explain(rope_kv, *[a.clone() for a in args])
+    (kernel,) = report.kernels
+    assert kernel.tile_ir.count("check ") == 1, kernel.tile_ir

@@ -8,6 +8,7 @@ import torch
 import tilefuse
 from tilefuse.config import config
 from tilefuse.fusion.planner import MAX_HORIZONTAL_STAGES
+from backends_on_cpu import CPU_BACKENDS
 
 
 def two_outputs(x, y):
@@ -34,7 +35,7 @@ def _kernels(fn, args, backend):
     return [k for k in report.kernels]
 
 
-@pytest.mark.parametrize("backend", ["cpu", "interpret"])
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_independent_outputs_share_a_kernel(backend):
     x, y = torch.randn(6, 35), torch.randn(30, 7)
     (k,) = _kernels(two_outputs, (x, y), backend)

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 import tilefuse
 from tilefuse.config import config
 from tilefuse.fusion.layout import strides_for
+from backends_on_cpu import CPU_BACKENDS
 
 
 def test_strides_for_orders():
@@ -52,7 +53,7 @@ def _check(fn, args, dtype):
 
 
 @pytest.mark.parametrize("batch", [1, 2])
-@pytest.mark.parametrize("backend", ["cpu", "interpret"])
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_attention_output_is_stored_for_its_projection(backend, dtype, batch):
     """With one sequence the projection reads the attention output without any index

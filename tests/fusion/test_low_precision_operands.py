@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 import tilefuse
 from tilefuse.config import config
+from backends_on_cpu import CPU_BACKENDS
 
 
 def rotate(x, cos, sin):
@@ -26,7 +27,7 @@ def _inputs(s=19, d=16):
     return q, k, v, ang.cos().bfloat16(), ang.sin().bfloat16()
 
 
-@pytest.mark.parametrize("backend", ["cpu", "interpret"])
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_rope_attention_products_read_bf16(backend):
     args = _inputs()
     with config.patch(backend=backend):
@@ -62,7 +63,7 @@ def attention_projection(q, k, v, w):
     return F.linear(a.transpose(1, 2).reshape(b, s, h * d), w)
 
 
-@pytest.mark.parametrize("backend", ["cpu", "interpret"])
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_attention_output_is_stored_in_bf16_by_the_flash_kernel(backend):
     q, k, v = (torch.randn(2, 3, 13, 8).bfloat16() for _ in range(3))
     w = (torch.randn(10, 24) / 5).bfloat16()

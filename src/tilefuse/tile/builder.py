@@ -209,7 +209,15 @@ class KernelBuilder:
 
     def checked(self, e: CheckedIndex, mask, guard) -> Expr:
         """The index value (wrapped when the op wraps negative indices), after a `Check` that
-        it lies in [0, size) wherever it is live; its in-range condition masks the loads at it."""
+        it lies in [0, size) wherever it is live; its in-range condition masks the loads at it.
+        The same index against the same bound is checked once, whichever op reads it (a RoPE
+        table gather and a cache write at the same positions)."""
+        key = ("checked", e.x, sympy.sympify(e.size), e.wrap, mask, guard)
+        done = self.memo[-1].get(key)
+        if done is not None:
+            v, ok = done
+            self.memo[-1][("in-range", e, mask, guard)] = ok
+            return v
         v = self.value(e.x, mask, guard)
         self.size_params(e.size)
         n = Index(sympy.sympify(e.size))
@@ -220,6 +228,7 @@ class KernelBuilder:
         cond = ok if live is None else self.let(binary("logical_or", ok, unary("logical_not", live)), "chk")
         self.emit(Check(cond, check_message(e, "{size}"), e.error, n))
         self.memo[-1][("in-range", e, mask, guard)] = ok
+        self.memo[-1][key] = (v, ok)
         return v
 
     def store(self, name: str, index: tuple, value: Expr, mask: Expr | None) -> None:
