@@ -83,60 +83,48 @@ class Inliner:
 
     def body(self, name: str) -> Expr:
         """The node's body with every inlined producer substituted."""
-        if name in self._bodies:
-            return self._bodies[name]
-
-        def fn(e):
-            if isinstance(e, Load) and e.buffer in self.inlined:  # only explicit conversions are left
-                mapping = dict(zip(out_index(self.graph[e.buffer].rank), e.index))
-                return substitute_index(self.body(e.buffer), mapping)
-            return None
-
-        body = transform(self._with_rounding(name), fn)
-        out = self._bodies[name] = prune_checks(body, _index_ranges(self.graph[name]))
-        return out
+        if name not in self._bodies:
+            body = self._substitute_rest(self._with_rounding(name))
+            self._bodies[name] = prune_checks(body, _index_ranges(self.graph[name]))
+        return self._bodies[name]
 
     def expr(self, e: Expr) -> Expr:
         """Any expression a node reads (a scatter's values and positions) with every inlined
         producer substituted, as `body` does for a node's own body."""
-        def rounded(n):
-            if isinstance(n, Load) and n.buffer in self.inlined and not _narrowing_conversion(self.graph[n.buffer]):
-                mapping = dict(zip(out_index(self.graph[n.buffer].rank), n.index))
-                return substitute_index(self._with_rounding(n.buffer), mapping)
-            return None
-
-        def full(n):
-            if isinstance(n, Load) and n.buffer in self.inlined:
-                mapping = dict(zip(out_index(self.graph[n.buffer].rank), n.index))
-                return substitute_index(self.body(n.buffer), mapping)
-            return None
-
-        out = transform(e, rounded)
-        if out is not e:
-            out = skip_intermediate_rounding(out)
-        return transform(out, full)
+        return self._substitute_rest(self._substitute_rounded(e))
 
     def _with_rounding(self, name: str) -> Expr:
         """The inlined body before explicit narrowing conversions (`x.to(bfloat16)`) are
         substituted: they stay loads while `skip_intermediate_rounding` runs, because their
         rounding is what they are for (fake quantisation, overflow checks); only the rounding
         an op applies to its own result is skipped between fused ops."""
-        if name in self._rounded:
-            return self._rounded[name]
-        node = self.graph[name]
+        if name not in self._rounded:
+            self._rounded[name] = self._substitute_rounded(self.graph[name].body)
+        return self._rounded[name]
 
-        def fn(e):
-            if isinstance(e, Load) and e.buffer in self.inlined and not _narrowing_conversion(self.graph[e.buffer]):
-                producer = self.graph[e.buffer]
-                mapping = dict(zip(out_index(producer.rank), e.index))
-                return substitute_index(self._with_rounding(e.buffer), mapping)
+    def _substitute_rounded(self, e: Expr) -> Expr:
+        """`e` with inlined producers other than explicit narrowing conversions substituted,
+        intermediate rounding skipped."""
+        def fn(n):
+            if isinstance(n, Load) and n.buffer in self.inlined and not _narrowing_conversion(self.graph[n.buffer]):
+                return self._at(self._with_rounding(n.buffer), n)
             return None
 
-        out = transform(node.body, fn)
-        if out is not node.body:
-            out = skip_intermediate_rounding(out)
-        self._rounded[name] = out
-        return out
+        out = transform(e, fn)
+        return skip_intermediate_rounding(out) if out is not e else out
+
+    def _substitute_rest(self, e: Expr) -> Expr:
+        """`e` with the remaining inlined producers (explicit conversions) substituted."""
+        def fn(n):
+            if isinstance(n, Load) and n.buffer in self.inlined:
+                return self._at(self.body(n.buffer), n)
+            return None
+
+        return transform(e, fn)
+
+    def _at(self, body: Expr, load: Load) -> Expr:
+        """A producer's body at the index `load` reads it."""
+        return substitute_index(body, dict(zip(out_index(self.graph[load.buffer].rank), load.index)))
 
 
 def _index_ranges(node) -> dict:

@@ -304,8 +304,8 @@ class Planner:
             k = self.steps[kidx]
             if not (isinstance(k, KernelPlan) and k.kind == "pointwise"):
                 continue
-            if len(k.stages) >= MAX_HORIZONTAL_STAGES or sympy.simplify(k.parallel - size) != 0:
-                continue
+            if len(k.stages) >= MAX_HORIZONTAL_STAGES or sympy.expand(k.parallel - size) != 0:
+                continue  # (expand, not simplify: this scan runs for every pointwise node)
             if self.reachable_before(deps, kidx, set()):
                 return k
         return None
