@@ -6,8 +6,9 @@
 For each (workload, backend): compile on the workload's full size (bf16), warm up, then record
 `--iters` calls under `torch.profiler` and sum the device time of every kernel by name. Prints
 one table per pair (kernel, calls, total µs per call, share) and writes `profile.json`; for
-tilefuse also `explain_<workload>.txt` (plans, chosen schedules and kernel sources), so each
-slow kernel can be read next to its time.
+tilefuse also `explain_<workload>.txt` (plans, chosen schedules and kernel sources), for an
+Inductor backend (`inductor`, `inductor-max-autotune-no-cudagraphs`, ... as in the benchmark)
+its output code `<backend>_<workload>.py`, so each slow kernel can be read next to its time.
 """
 from __future__ import annotations
 
@@ -62,7 +63,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=".")
     args = ap.parse_args(argv)
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+    from unittest import mock
+
+    from torch._inductor.graph import GraphLowering
+
     import tilefuse
+    from tilefuse.bench.backends import INDUCTOR_MODES
     from tilefuse.bench.workloads import WORKLOADS as by_name
 
     os.makedirs(args.out, exist_ok=True)
@@ -77,9 +83,16 @@ def main(argv=None) -> int:
                 fn = w.fn
             elif backend == "tilefuse":
                 fn = tilefuse.compile(w.fn, fallback="error")
+            elif backend in INDUCTOR_MODES:
+                fn = torch.compile(w.fn, mode=INDUCTOR_MODES[backend])
             else:
                 fn = torch.compile(w.fn, backend=backend)
-            fn(*[t.clone() for t in inputs])
+            sources: list[str] = []
+            with mock.patch.object(GraphLowering, "save_output_code", sources.append):
+                fn(*[t.clone() for t in inputs])
+            if sources:
+                with open(os.path.join(args.out, f"{backend}_{wname}.py"), "w") as f:
+                    f.write("\n\n".join(sources))
             rows, wall = profile(fn, inputs, args.iters)
             results[f"{wname}/{backend}"] = {"wall_ms": wall, "kernels": rows}
             total = sum(r["us"] for r in rows)

@@ -279,8 +279,9 @@ def test_tilefuse_on_llm_workloads_reports_counts_or_reasons():
 
 def test_jax_is_na_with_a_reason_when_missing(monkeypatch):
     import builtins
+    import importlib
 
-    real_import = builtins.__import__
+    real_import, real_import_module = builtins.__import__, importlib.import_module
 
     def no_jax(name, *args, **kwargs):
         if name == "jax" or name.startswith("jax."):
@@ -288,13 +289,61 @@ def test_jax_is_na_with_a_reason_when_missing(monkeypatch):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_jax)
-    monkeypatch.setattr("importlib.import_module",
-                        lambda name, *a: no_jax(name) if "jax" in name else real_import(name))
-    report = _run(["eager", "jax", "inductor-max-autotune"], ["softmax"])
+    # a module imported meanwhile may keep this function (`from importlib import
+    # import_module`): it must import everything but JAX as the real one does
+    monkeypatch.setattr("importlib.import_module", lambda name, package=None: no_jax(name)
+                        if "jax" in name else real_import_module(name, package))
+    modes = ["inductor-max-autotune", "inductor-max-autotune-no-cudagraphs",
+             "inductor-reduce-overhead"]
+    report = _run(["eager", "jax", *modes], ["softmax"])
     r = _row(report, "softmax", "jax")
     assert r["status"] == "n/a" and "JAX" in r["reason"]
-    m = _row(report, "softmax", "inductor-max-autotune")
-    assert m["status"] == "n/a" and "GPU" in m["reason"]
+    for mode in modes:
+        m = _row(report, "softmax", mode)
+        assert m["status"] == "n/a" and "GPU" in m["reason"]
+
+
+_PARTITIONED_WRAPPER = '''
+from torch._inductor.select_algorithm import extern_kernels
+aten = torch.ops.aten
+triton_red_fused_0 = async_compile.triton('triton_red_fused_0', """
+@triton.jit
+def triton_red_fused_0(in_ptr0, out_ptr0):  # aten.sum.dim_IntList(x) in a kernel's source
+    pass
+""")
+triton_poi_fused_1 = async_compile.triton('triton_poi_fused_1', """...""")
+async_compile.wait(globals())
+
+def partition_0(args):
+    buf0 = empty_strided_cuda((64, 64), (64, 1), torch.bfloat16)
+    extern_kernels.mm(args[0], args[1], out=buf0)  # Topologically Sorted: aten.mm.default(
+    triton_red_fused_0.run(buf0, buf1)
+    buf2 = torch.ops.aten._scaled_dot_product_cudnn_attention.default(buf1, buf1, buf1)
+    return (buf2,)
+
+class Runner:
+    def __init__(self, partitions):
+        self.partitions = partitions
+
+    def call(self, args):
+        (buf2,) = self.partitions[0](args)
+        triton_poi_fused_1.run(buf2)
+        return (buf2,)
+
+def benchmark_compiled_module(times=10, repeat=10):
+    extern_kernels.mm(a, b)  # the harness is not the graph
+'''
+
+
+def test_inductor_code_counts_externs_inside_cuda_graph_partitions():
+    """With CUDA graphs (max-autotune) Inductor's externs sit in partition functions outside
+    `call`; kernel sources, comments and the benchmark harness are not calls of the graph."""
+    from tilefuse.bench.backends import count_inductor_code
+
+    assert count_inductor_code([_PARTITIONED_WRAPPER]) == (2, 2)
+    plain = "k0 = async_compile.triton('k0', \'\'\'src\'\'\')\ndef call(args):\n    " \
+            "extern_kernels.addmm(a, b, c, out=d)\n    k0.run(d)\n"
+    assert count_inductor_code([plain, plain]) == (2, 2)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="JAX not installed")
@@ -323,6 +372,37 @@ def test_cold_compile_is_cold_and_warm_hits_the_cache(tmp_path):
     with pytest.raises(ValueError, match="not empty"):  # a used directory is not cold
         compile_latency("softmax", "tilefuse", (4, 64), "float32", "cpu",
                         keep_dir=str(tmp_path / "caches"))
+
+
+def test_compile_latency_only_measures_cold_and_warm_compiles_alone(tmp_path):
+    """`--compile-latency-only` measures cold and warm compile in fresh processes and nothing
+    else (a part of a run): no timings, no fp64 check (so no mismatch is claimed), eager n/a
+    with its reason; merged after a timing part, it fills the compile columns only."""
+    common = ["--device", "cpu", "--sizes", "quick", "--workloads", "softmax", "--quiet"]
+    only, timed, merged = tmp_path / "only", tmp_path / "timed", tmp_path / "merged"
+    out = io.StringIO()
+    from contextlib import redirect_stdout
+
+    with redirect_stdout(out):
+        assert main(common + ["--backends", "eager,tilefuse", "--compile-latency-only",
+                              "--strict", "--out", str(only)]) == 0
+    assert "MISMATCH" not in out.getvalue()
+    rep = json.loads((only / "results.json").read_text())
+    assert rep["meta"]["compile_latency_only"] and rep["meta"]["ceilings"] == {}
+    e, t = _row(rep, "softmax", "eager"), _row(rep, "softmax", "tilefuse")
+    assert e["status"] == "n/a" and "does not compile" in e["reason"]
+    assert t["status"] == "ok", t
+    assert t["cold_compile_s"] > 0 and t["warm_compile_s"] > 0 and t["artifact_bytes"] > 0
+    assert t["warm_cache_hit"] is True and t["cold_compiles"] >= 1
+    assert t["p50_ms"] is None and t["correct"] is None and t["max_abs_err"] is None
+    assert main(common + ["--backends", "eager,tilefuse", "--no-sweep", "--no-memory",
+                          "--budget", "0.02", "--out", str(timed)]) == 0
+    assert main(["--merge", str(timed / "results.json"), str(only / "results.json"),
+                 "--out", str(merged)]) == 0
+    m = _row(json.loads((merged / "results.json").read_text()), "softmax", "tilefuse")
+    first = _row(json.loads((timed / "results.json").read_text()), "softmax", "tilefuse")
+    assert m["p50_ms"] == first["p50_ms"] and m["correct"] is True
+    assert m["cold_compile_s"] == t["cold_compile_s"] and "cold_compile_s" not in m["na"]
 
 
 def test_plots_and_markdown(tmp_path):

@@ -26,7 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workloads", type=_csv, default=None,
                    help=f"comma-separated, default all: {','.join(WORKLOADS)}")
     p.add_argument("--backends", type=_csv, default=list(DEFAULT_BACKENDS),
-                   help="comma-separated: eager, inductor, inductor-max-autotune (GPU), "
+                   help="comma-separated: eager, inductor, inductor-max-autotune, "
+                        "inductor-max-autotune-no-cudagraphs, inductor-reduce-overhead (GPU), "
                         "tilefuse, jax, or any Dynamo backend name "
                         f"(default {','.join(DEFAULT_BACKENDS)})")
     p.add_argument("--sizes", choices=["quick", "full"], default=None,
@@ -44,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile-latency", action="store_true",
                    help="also measure cold and warm compile latency, each in a fresh process "
                         "(empty cache directories, then the same ones), and artifact sizes")
+    p.add_argument("--compile-latency-only", action="store_true",
+                   help="measure only cold and warm compile latency and artifact sizes (no "
+                        "timing, memory or sweep): a part of a run, combined with --merge")
     p.add_argument("--no-sweep", dest="sweep", action="store_false",
                    help="skip the dynamic-shape sweep (recompiles, coverage)")
     p.add_argument("--no-memory", dest="memory", action="store_false",
@@ -77,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                         dtype=args.dtype, device=args.device, budget_s=args.budget,
                         flush_l2=args.flush_l2, seed=args.seed, quiet=args.quiet,
                         sweep=args.sweep, compile_latency=args.compile_latency,
+                        compile_latency_only=args.compile_latency_only,
                         memory=args.memory)
     try:
         opts = opts.resolved()
@@ -102,7 +107,7 @@ def _finish(result: dict, args) -> int:
         json_path, md_path, plots = report.write_outputs(result, args.out)
         Console(stderr=True).print(
             f"wrote {', '.join(str(p) for p in (json_path, md_path, *plots))}")
-    mismatches = [r for r in result["results"] if r["status"] == "ok" and not r["correct"]]
+    mismatches = [r for r in result["results"] if r["status"] == "ok" and r.get("correct") is False]
     return 1 if args.strict and mismatches else 0
 
 

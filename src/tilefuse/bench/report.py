@@ -82,7 +82,7 @@ def table_rows(report: dict) -> tuple[list[str], list[list[str]], list[str]]:
                 "max err": _err(r["max_abs_err"]),
                 "kern/ext": "-" if k is None else f"{k}/{e}",
                 "ops/kern": _sig(r.get("fusion_ratio")),
-                "note": "" if r.get("correct") else "MISMATCH vs fp64",
+                "note": "MISMATCH vs fp64" if r.get("correct") is False else "",
             })
         rows.append(cells)
     columns = [c for c in COLUMNS if any(cells.get(c) for cells in rows) or c in
@@ -171,7 +171,7 @@ def progress_line(r: dict) -> str:
     if r["status"] != "ok":
         reason = r["reason"] if len(r["reason"]) <= 80 else r["reason"][:77] + "..."
         return f"{head} [yellow]n/a[/] {escape(reason)}"
-    mark = "" if r["correct"] else "  [red]MISMATCH vs fp64[/]"
+    mark = "  [red]MISMATCH vs fp64[/]" if r.get("correct") is False else ""
     return (f"{head} p50 {_sig(r['p50_ms'])} ms  compile {_sig(r['compile_s'])} s  "
             f"err {_err(r['max_abs_err'])}{mark}")
 

@@ -6,6 +6,7 @@ For every (workload, backend) pair, on one device, dtype and size:
   as the user has them); with `compile_latency=True` also cold and warm compile latency, each
   in a fresh process (`coldstart`): cold with empty cache directories, warm with the caches
   the cold run filled — and the artifact size (bytes the cold compile wrote);
+  `compile_latency_only=True` measures only these (a part of a run, merged with --merge);
 - compiles of the first call, and a dynamic-shape sweep (`sweep=True`): the batch or
   sequence axis at ½, ¾ and 1½ of its size, counting recompiles and the sizes served without
   one (coverage);
@@ -65,6 +66,7 @@ class BenchOptions:
     quiet: bool = False
     sweep: bool = True                          # dynamic-shape sweep (recompiles, coverage)
     compile_latency: bool = False               # cold/warm compile in fresh processes
+    compile_latency_only: bool = False          # measure nothing else (a part for --merge)
     memory: bool = True                         # peak memory of one call
     ceilings: dict | None = None                # measured ceilings to reuse (else measured)
 
@@ -82,7 +84,8 @@ class BenchOptions:
         get_workloads(self.workloads)  # validates names
         return BenchOptions(self.workloads, list(self.backends), sizes, dtype, device,
                             self.budget_s, self.flush_l2, self.seed, self.quiet, self.sweep,
-                            self.compile_latency, self.memory, self.ceilings)
+                            self.compile_latency or self.compile_latency_only,
+                            self.compile_latency_only, self.memory, self.ceilings)
 
 
 @dataclass
@@ -274,6 +277,25 @@ def _after_timing(r: Result, p: Prepared, w: Workload, backend: str, opts: Bench
                         CACHED_BACKENDS else f"caches of {backend} are not isolated")
 
 
+def _compile_latency_pair(w: Workload, backend: str, opts: BenchOptions) -> Result:
+    """Cold and warm compile latency alone, in fresh processes (no in-process timing)."""
+    r = Result(w.name, backend, list(w.sizes[opts.sizes]))
+    if backend not in CACHED_BACKENDS:
+        r.reason = (_NO_COMPILE if backend == "eager" else
+                    f"caches of {backend} are not isolated: no cold/warm compile latency")
+        return r
+    try:
+        _cold_warm(r, backend, opts)
+    except Exception as e:  # the parent's own failure (a child's is in r.na)
+        r.reason = f"compile latency: {describe(e)}"
+        return r
+    if r.cold_compile_s is None:
+        r.reason = r.na.get("cold_compile_s", "cold compile failed")
+    else:
+        r.status = "ok"
+    return r
+
+
 def _cold_warm(r: Result, backend: str, opts: BenchOptions) -> None:
     from .coldstart import compile_latency
 
@@ -322,8 +344,9 @@ def run(options: BenchOptions | None = None, compilers: Compilers | None = None,
     with progress:
         task = progress.add_task("measuring the device's ceilings",
                                  total=len(workloads) * len(opts.backends))
-        ceilings = opts.ceilings or metrics.measure_ceilings(opts.device, dtype)
-        if not opts.quiet:
+        ceilings = opts.ceilings or ({} if opts.compile_latency_only else
+                                     metrics.measure_ceilings(opts.device, dtype))
+        if ceilings and not opts.quiet:
             progress.console.print(f"  ceilings: copy {ceilings['copy_gbps']:.1f} GB/s, "
                                    f"matmul {ceilings['matmul_tflops']:.3f} TFLOP/s")
         for w in workloads:
@@ -333,6 +356,16 @@ def run(options: BenchOptions | None = None, compilers: Compilers | None = None,
                 reason = w.unsupported(device)
                 if reason:
                     raise BackendUnavailable(reason)
+                if opts.compile_latency_only:
+                    for b in opts.backends:
+                        progress.update(task, description=f"{w.name} · {b}: cold and warm compile")
+                        results.append(_compile_latency_pair(w, b, opts))
+                        if on_result is not None:
+                            on_result(_report(opts, workloads, ceilings, results))
+                        if not opts.quiet:
+                            progress.console.print(progress_line(asdict(results[-1])))
+                        progress.advance(task)
+                    continue
                 torch.manual_seed(opts.seed)
                 inputs = w.make_inputs(tuple(size), device, dtype)
                 ref = w.reference(inputs)
@@ -373,6 +406,7 @@ def _report(opts: BenchOptions, workloads, ceilings: dict, results: list) -> dic
     meta.update(dtype=opts.dtype, sizes=opts.sizes, backends=list(opts.backends),
                 workloads=[w.name for w in workloads], flush_l2=opts.flush_l2,
                 ceilings=ceilings, sweep=opts.sweep, compile_latency=opts.compile_latency,
+                compile_latency_only=opts.compile_latency_only,
                 timing=("CUDA events per call, median; L2 flushed before each call"
                         if on_cuda and opts.flush_l2 else
                         "CUDA events per call, median; warm L2" if on_cuda
