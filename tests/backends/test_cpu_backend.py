@@ -480,3 +480,18 @@ def test_values_of_a_buffer_the_kernel_writes_are_not_recomputed():
     load = next(s for s in tk.body if isinstance(s, LoadTile) and s.buffer == "x")
     extra = StoreTile("x", load.offset, cast(load.offset, dt.float32) * 0.0, store.mask, dt.float32)
     assert load.name in _arrays(generate(dataclasses.replace(tk, body=tk.body + [extra])))
+
+
+def test_float_sizes_are_floored_in_double():
+    # interpolate's output size floor(1.5 * s0) is an integer computed in floats: an integer
+    # division of a double would be a double (an array index that does not compile, or a mask
+    # bound half a row too long)
+    import sympy
+    from tilefuse.backends.cpu.exprs import ExprPrinter
+    from tilefuse.backends.triton.codegen import format_sympy
+
+    s0 = sympy.Symbol("s0", integer=True, positive=True)
+    p = ExprPrinter(lambda name: name)
+    assert p.index(sympy.floor(1.5 * s0)) == "((int64_t)tfm_floor((double)((1.5 * s0))))"
+    assert p.index(sympy.ceiling(0.7 * s0)) == "((int64_t)tfm_ceil((double)((0.7 * s0))))"
+    assert format_sympy(sympy.floor(0.7 * s0)) == "tl.floor((tl.full([], 0.7, tl.float64) * s0)).to(tl.int64)"

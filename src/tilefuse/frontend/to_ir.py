@@ -116,6 +116,11 @@ def _lower_call(ctx: LoweringContext, node: torch.fx.Node, args, kwargs, meta):
         return sympy.sympify(_SYM_OPS[target](*[sympy.sympify(a) for a in args]))
     if target is getattr(torch, "sym_sum", None) and all(_is_sym_or_number(a) for a in args[0]):
         return sympy.Add(*[sympy.sympify(a) for a in args[0]])  # Dynamo's n-ary size sum (cat of symbolic sizes)
+    if (isinstance(meta, (torch.SymInt, torch.SymFloat, torch.SymBool)) and not isinstance(sym_expr(meta), sympy.Symbol)
+            and all(_is_sym_or_number(a) for a in args) and not kwargs):
+        # other Python arithmetic on sizes (math.trunc / floor / ceil of a SymFloat, as
+        # interpolate's output size): PyTorch's metadata already holds it over the input sizes
+        return sym_expr(meta)
     if isinstance(target, torch._ops.OpOverload) and target.name().startswith("aten::sym_"):
         # aten.sym_size / sym_stride / sym_numel: the answer is already in the metadata
         return sym_expr(meta)

@@ -137,6 +137,10 @@ class ExprPrinter:
             split = self._aligned_split(e)
             if split is not None:
                 return split
+        if isinstance(e, (sympy.floor, sympy.ceiling)) and e.args[0].has(sympy.Float):
+            # a size computed in floats (interpolate's floor(1.5 * s0)): in double, as PyTorch
+            fn = "tfm_floor" if isinstance(e, sympy.floor) else "tfm_ceil"
+            return f"((int64_t){fn}((double)({f(e.args[0])})))"
         if isinstance(e, sympy.floor):
             num, den = e.args[0].as_numer_denom()
             if num.is_nonnegative and den.is_positive:

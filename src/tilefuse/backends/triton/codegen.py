@@ -34,14 +34,17 @@ def format_sympy(e, helpers: set | None = None) -> str:
     return _fmt(sympy.sympify(e), helpers)
 
 
-def _fmt(e, helpers: set) -> str:
-    format_sympy = lambda x: _fmt(sympy.sympify(x), helpers)  # noqa: E731
+def _fmt(e, helpers: set, f64: bool = False) -> str:
+    format_sympy = lambda x: _fmt(sympy.sympify(x), helpers, f64)  # noqa: E731
     if e.is_Integer:
         return str(int(e))
-    if e.is_Rational:
-        return repr(float(e))
-    if e.is_Float:
-        return repr(float(e))
+    if e.is_Rational or e.is_Float:
+        # inside a size computed in floats, literals are fp64 scalars: the arithmetic is then
+        # in double, as PyTorch computes it (fp32 would put floor(0.7 * 10) at 6)
+        return f"tl.full([], {float(e)!r}, tl.float64)" if f64 else repr(float(e))
+    if isinstance(e, (sympy.floor, sympy.ceiling)) and e.args[0].has(sympy.Float):
+        fn = "tl.floor" if isinstance(e, sympy.floor) else "tl.ceil"
+        return f"{fn}({_fmt(sympy.sympify(e.args[0]), helpers, True)}).to(tl.int64)"
     if e.is_Symbol:
         return e.name
     if e.is_Add:
@@ -111,6 +114,15 @@ class TritonPrinter:
         self.stores = 0
 
     def expr(self, e: Expr) -> str:
+        s = self._expr(e)
+        if self.interpret and e.dtype.is_bool and isinstance(e, (Cast, Unary, Binary)):
+            # the interpreter types a comparison of scalars (a value loaded at one address) as
+            # its left operand (float32, int32) around numpy bools, and splatting it to a block
+            # (a mask, a where) then makes float or int data that it rejects: re-type as int1
+            s = f"tl.where({s}, True, False)"
+        return s
+
+    def _expr(self, e: Expr) -> str:
         if isinstance(e, Var):
             return e.name
         if isinstance(e, Const):
