@@ -37,9 +37,16 @@ class TilefuseFallbackWarning(UserWarning):
 
 
 def _decompositions():
+    """Core-ATen decompositions, less the CPU flash attention one (as Inductor drops it): it
+    returns the attention probabilities where the op returns the logsumexp, which the
+    backward op (`_scaled_dot_product_flash_attention_for_cpu_backward`) reads — a training
+    step through `F.scaled_dot_product_attention` on CPU got wrong gradients. The op is
+    lowered instead (`frontend/lowerings/attention.py`), logsumexp included."""
     from torch._decomp import core_aten_decompositions
 
-    return core_aten_decompositions()
+    table = core_aten_decompositions()
+    table.pop(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, None)
+    return table
 
 
 def _device_of(gm: torch.fx.GraphModule) -> torch.device:
