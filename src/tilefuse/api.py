@@ -37,9 +37,16 @@ class TilefuseFallbackWarning(UserWarning):
 
 
 def _decompositions():
+    """Core-ATen decompositions, less the CPU flash attention one (as Inductor drops it): it
+    returns the attention probabilities where the op returns the logsumexp, which the
+    backward op (`_scaled_dot_product_flash_attention_for_cpu_backward`) reads — a training
+    step through `F.scaled_dot_product_attention` on CPU got wrong gradients. The op is
+    lowered instead (`frontend/lowerings/attention.py`), logsumexp included."""
     from torch._decomp import core_aten_decompositions
 
-    return core_aten_decompositions()
+    table = core_aten_decompositions()
+    table.pop(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, None)
+    return table
 
 
 def _device_of(gm: torch.fx.GraphModule) -> torch.device:
@@ -130,6 +137,7 @@ def _output_aliases(gm: torch.fx.GraphModule) -> list:
     `dynamic=True`), by `base.as_strided(out.size(), out.stride(), out.storage_offset())` of the
     compiled output. The compiled graph returns fresh buffers, so these outputs must be given
     back as the views they are."""
+    from torch.fx.experimental.symbolic_shapes import guard_or_false
     from torch.multiprocessing.reductions import StorageWeakRef
 
     from .frontend.context import sym_expr
@@ -151,8 +159,9 @@ def _output_aliases(gm: torch.fx.GraphModule) -> list:
     owners: dict = {}  # storage -> index of the first output that is not a view
     for k, val in enumerate(vals):
         ref = storage(val)
-        if ref is not None and ref not in inputs and val.storage_offset() == 0 and not val._is_view() \
-                and _covers_storage(val):
+        # a data-dependent offset (a column of `nonzero`'s result: u0) may be nonzero
+        if ref is not None and ref not in inputs and guard_or_false(val.storage_offset() == 0) \
+                and not val._is_view() and _covers_storage(val):
             owners.setdefault(ref, k)
     plan = []
     for k, val in enumerate(vals):
@@ -173,9 +182,16 @@ def _output_aliases(gm: torch.fx.GraphModule) -> list:
 def _covers_storage(val) -> bool:
     """Whether a tensor spans its whole storage (a strided slice of an intermediate, as
     `unbind` gives, does not: it cannot be the base that other outputs are views of)."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, statically_known_true
+
     sizes = (*val.shape, *val.stride(), val.untyped_storage().nbytes())
     if any(isinstance(x, torch.SymInt) for x in sizes):
-        return True  # symbolic: assume it does (reading the sizes would specialise them)
+        # symbolic: decided without guards (reading the sizes would specialise them); with
+        # input-shape symbols only, assumed; a data-dependent size (a column of `nonzero`'s
+        # (u0, 2) result) covers its storage only if that is provable
+        extent = 1 + sum((d - 1) * st for d, st in zip(val.shape, val.stride()))
+        covers = statically_known_true(extent * val.element_size() >= val.untyped_storage().nbytes())
+        return covers or not any(free_unbacked_symbols(x) for x in sizes if isinstance(x, torch.SymInt))
     if any(int(d) == 0 for d in val.shape):
         return True
     extent = 1 + sum((int(d) - 1) * int(st) for d, st in zip(val.shape, val.stride()))

@@ -42,3 +42,25 @@ def test_ops_with_effect_tokens_run_in_aten():
     torch.manual_seed(2)
     a = torch.randn(6, 6) + 6 * torch.eye(6)
     _check(lambda a: torch.linalg.inv(a) * 2 + 1, a)
+
+
+def test_outputs_that_are_columns_of_nonzero_compile_and_train():
+    """`torch.where(mask)` gives the columns of `nonzero`'s (u0, 2) result: the second starts
+    at a data-dependent offset (u0) and neither spans the storage; deciding which output other
+    outputs alias must not guard on u0 (it raised), nor take one column for the other's base
+    (the second column came back as a view of the first: KeyError on u0)."""
+    torch.manual_seed(3)
+
+    def fn(idx, x):
+        tok, slot = torch.where(idx == 1)
+        return x[tok] * (slot[:, None] + 1), tok, slot
+
+    idx, x = torch.randint(0, 3, (9, 2)), torch.randn(9, 5, requires_grad=True)
+    torch._dynamo.reset()
+    out = torch.compile(fn, backend="tilefuse", fullgraph=True)(idx, x)
+    want = fn(idx, x)
+    for o, w in zip(out, want):
+        torch.testing.assert_close(o, w)
+    g, = torch.autograd.grad(out[0].sum(), x)
+    g_want, = torch.autograd.grad(want[0].sum(), x)
+    torch.testing.assert_close(g, g_want)

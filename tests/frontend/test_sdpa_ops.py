@@ -170,17 +170,28 @@ def test_training_forward_that_saves_logsumexp_keeps_the_extern():
     assert "efficient_attention" in target and "result 1 (log_sumexp)" in reason, reason
 
 
-def test_used_logsumexp_keeps_the_extern_and_the_result():
+@pytest.mark.parametrize("masked", [False, True], ids=["causal", "keep-mask"])
+def test_cpu_logsumexp_is_lowered_as_aten_computes_it(masked):
+    """The CPU op's logsumexp (what its backward op reads in a training step) is generated:
+    max + log Σ exp of the scaled, masked scores, 0 for a row masked throughout."""
     q, k, v = torch.randn(B, 2, L, E), torch.randn(B, 2, S, E), torch.randn(B, 2, S, E)
+    keep = masks(torch.float32)["keep"]  # row 3 masked throughout
+    keep = torch.zeros(L, S).masked_fill(~keep, float("-inf"))  # the op takes a mask of q's dtype
 
-    def fn(q, k, v):
-        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True)
-        return out * lse.unsqueeze(-1).exp()
+    def fn(q, k, v, keep):
+        if masked:
+            out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=keep, scale=0.3)
+        else:
+            out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True)
+        return out * lse.unsqueeze(-1).exp(), lse
 
-    compiled, report = compile_graph(fn, q, k, v)
-    assert [t for _, t, _ in report.externs] == ["aten._scaled_dot_product_flash_attention_for_cpu.default"]
-    assert "logsumexp" in report.externs[0][2]
-    torch.testing.assert_close(compiled(q, k, v)[0], fn(q, k, v), atol=1e-5, rtol=1e-5)
+    compiled, report = compile_graph(fn, q, k, v, keep)
+    assert report.externs == []
+    got, want = compiled(q, k, v, keep), fn(q, k, v, keep)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+    if masked:
+        assert (got[1][:, :, 3] == 0).all()
 
 
 def test_dropout_keeps_the_extern():

@@ -13,8 +13,11 @@ and k by √s each before the product; the value is the same up to fp32 rounding
 Half-precision inputs are upcast to fp32 first, as the math path does; rows masked entirely give 0 (`_safe_softmax`).
 Key/value with fewer heads than the query (grouped-query attention) are repeated per group.
 
-Only the attention output (result 0) is produced. If the graph uses another result (the
-logsumexp a backward op reads, RNG state, ...), or dropout is on, or an argument is not
+Only the attention output (result 0) is produced, and for the CPU op
+(`_scaled_dot_product_flash_attention_for_cpu`) its logsumexp (result 1, fp32, which its
+backward op reads in a training step: `max + log Σ exp(s − max)` of the scaled, masked
+scores, 0 for a row masked throughout, as ATen's CPU kernel gives). If the graph uses another
+result (the CUDA ops' logsumexp, RNG state, ...), or dropout is on, or an argument is not
 understood, the lowering declines and the op stays an ATen `Extern`.
 """
 from __future__ import annotations
@@ -29,7 +32,7 @@ import torch.fx
 from ...ir import dtypes as dt
 from ...ir.expr import Index, binary, cast, const, unary, where
 from ..registry import Unsupported, lowering
-from ..values import TensorValue, ix_floordiv, ix_mul
+from ..values import TensorValue, ix, ix_floordiv, ix_mul
 from .common import broadcast_load, broadcast_shapes, meta_dtype, overloads, pointwise, py, reduce, scalar, sym
 from .matmul import contraction
 from .nn import softmax_parts
@@ -46,6 +49,9 @@ _OPS = {
     "_scaled_dot_product_fused_attention_overrideable": ("attn_bias", False),
 }
 
+#: ops whose logsumexp (result 1) is lowered too, when the graph reads it
+_LOGSUMEXP = {"_scaled_dot_product_flash_attention_for_cpu"}
+
 #: arguments that do not change the attention output
 _IGNORED = {"compute_log_sumexp", "return_debug_mask"}
 
@@ -56,7 +62,7 @@ def fused_attention(ctx, *args, **kwargs):
     name = target._schema.name.split("::")[-1]
     mask_arg, bottom_right = _OPS[name]
     a = _bind(target, args, kwargs)
-    _only_output_zero_used(ctx, name)
+    used = _results_used(ctx, name, {0, 1} if name in _LOGSUMEXP else {0})
     known = {"query", "key", "value", "dropout_p", "is_causal", "scale", mask_arg} | _IGNORED
     for arg in target._schema.arguments:
         if arg.name not in known and a[arg.name] != (arg.default_value if arg.has_default_value() else None):
@@ -68,8 +74,9 @@ def fused_attention(ctx, *args, **kwargs):
     if not isinstance(is_causal, bool):
         raise Unsupported(f"{name}: is_causal must be a constant, got {is_causal!r}")
     mask = a[mask_arg] if mask_arg is not None else None
-    return (attention(ctx, a["query"], a["key"], a["value"], mask, is_causal, a["scale"], bottom_right),) + \
-        (None,) * (len(ctx.current_meta) - 1)
+    out, lse = attention(ctx, a["query"], a["key"], a["value"], mask, is_causal, a["scale"], bottom_right,
+                         logsumexp=1 in used)
+    return (out, lse) + (None,) * (len(ctx.current_meta) - 2)
 
 
 def _bind(target, args, kwargs) -> dict:
@@ -99,28 +106,35 @@ def _fx_node(ctx):
     return node if isinstance(node, torch.fx.Node) else None
 
 
-def _only_output_zero_used(ctx, name: str):
+def _results_used(ctx, name: str, lowered: set) -> set:
+    """The results of the op the graph reads; declines if one is not in `lowered`."""
     node = _fx_node(ctx)
     if node is None:
         raise Unsupported(f"{name}: cannot tell which of its results the graph uses")
     returns = ctx.current_target._schema.returns
+    used = set()
     for user in node.users:
         if user.target is not operator.getitem:
             raise Unsupported(f"{name}: its result tuple is used whole by {user.name}")
         k = user.args[1]
-        if k == 0 or not user.users:
+        if not user.users:
             continue
-        what = returns[k].name if k < len(returns) and returns[k].name else f"result {k}"
-        raise Unsupported(f"{name}: result {k} ({what}) is used by {', '.join(u.name for u in user.users)}; "
-                          "only the attention output is lowered")
+        if k not in lowered:
+            what = returns[k].name if k < len(returns) and returns[k].name else f"result {k}"
+            raise Unsupported(f"{name}: result {k} ({what}) is used by {', '.join(u.name for u in user.users)}; "
+                              "only the attention output" + (" and its logsumexp" if 1 in lowered else "")
+                              + " are lowered")
+        used.add(k)
+    return used
 
 
 # ---------------------------------------------------------------- the math definition
 
 
-def attention(ctx, q, k, v, mask, is_causal: bool, scale, bottom_right: bool = False) -> TensorValue:
+def attention(ctx, q, k, v, mask, is_causal: bool, scale, bottom_right: bool = False, logsumexp: bool = False):
     """softmax(q @ kᵀ · scale + mask) @ v for (B, H, L, E) inputs, built as PyTorch's math path
-    builds it."""
+    builds it; with `logsumexp`, (output, logsumexp of the scores over the keys: (B, H, L),
+    fp32, 0 for a row masked throughout), else (output, None)."""
     if not all(isinstance(t, TensorValue) and t.rank == 4 for t in (q, k, v)):
         raise Unsupported("query, key and value must be 4-D tensors")
     if not (q.dtype.is_float and q.dtype == k.dtype == v.dtype):
@@ -155,13 +169,23 @@ def attention(ctx, q, k, v, mask, is_causal: bool, scale, bottom_right: bool = F
         scores = pointwise(ctx, shape, acc, lambda i: _sum(
             [base.load(i)] + [broadcast_load(t, i, shape, acc) for t in terms]))
 
-    weights = _safe_softmax(ctx, scores, acc)
+    weights, (p, m, s) = _safe_softmax(ctx, scores, acc)
     out = contraction(ctx, _batched(weights), _batched(v), acc)
     out = reshape(out, (b, h, n_q, e_v))
     if out_dtype != acc:
         src = out
         out = pointwise(ctx, src.shape, out_dtype, lambda i: cast(src.load(i), out_dtype))
-    return out
+    if not logsumexp:
+        return out, None
+    lse_dtype = meta_dtype(ctx, 1)
+
+    def lse(i):  # ATen's CPU kernel: max + log(sum), with max 0 and sum 1 for a masked row
+        j = (*i, ix(0))
+        value = binary("add", m.load(j), unary("log", s.load(j)))
+        value = where(binary("eq", m.load(j), const(float("-inf"), acc)), const(0.0, acc), value)
+        return cast(value, lse_dtype) if lse_dtype != acc else value
+
+    return out, pointwise(ctx, shape[:3], lse_dtype, lse)
 
 
 def _batched(t: TensorValue) -> TensorValue:
@@ -232,9 +256,9 @@ def _additive(ctx, mask: TensorValue, acc) -> TensorValue:
     return mask
 
 
-def _safe_softmax(ctx, x: TensorValue, acc) -> TensorValue:
+def _safe_softmax(ctx, x: TensorValue, acc):
     """softmax over the last dim, with rows that are -inf throughout giving 0
-    (`aten._safe_softmax` as PyTorch decomposes it)."""
+    (`aten._safe_softmax` as PyTorch decomposes it); also (plan, row max, row sum of exp)."""
     p, m, s = softmax_parts(ctx, x, -1, acc)
     shape = tuple(x.shape)
 
@@ -249,7 +273,7 @@ def _safe_softmax(ctx, x: TensorValue, acc) -> TensorValue:
     masked_row = pointwise(ctx, p.out_shape, dt.bool_, lambda i: unary("logical_not", row_any.load(i)))
     zeros = pointwise(ctx, shape, acc, lambda i: const(0.0, acc))
     return pointwise(ctx, shape, acc, lambda i: where(
-        masked_row.load(p.output_index(i)), zeros.load(i), probs.load(i)))
+        masked_row.load(p.output_index(i)), zeros.load(i), probs.load(i))), (p, m, s)
 
 
 __all__ = ["attention", "fused_attention"]
