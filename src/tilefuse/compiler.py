@@ -163,6 +163,11 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
             report.kernels.append(KernelReport(tk.name, kind, step.members, source, str(tk), step.notes,
                                                tuned.seconds if tk is tks[0] else 0.0))
             steps.append(KernelStep(tk.name, launcher, list(tk.writes), list(tk.reads), dict(tk.scratch)))
+    with stage("load"):  # C++ kernels are built in parallel: a failed build fails the compile
+        for s in steps:
+            wait = getattr(getattr(s, "launch", None), "wait", None)
+            if wait is not None:
+                wait()
     # writes into inputs run last: every step that reads an input's old value runs before them
     # (a write whose result later steps read — a re-inplaced scatter, whose input's old value
     # nothing reads — stays where it is)

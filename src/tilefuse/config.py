@@ -51,6 +51,8 @@ class Config:
     #: eager (IndexError / RuntimeError) instead of reading element 0. Triton kernels with
     #: checks are built in Triton's debug mode (device asserts on, overflow sanitiser off)
     index_checks: bool = True
+    #: C++ kernels of one graph built at once (compiler processes); 0: one per CPU core
+    compile_threads: int = 0
 
     def __post_init__(self):
         for f in fields(self):
@@ -74,6 +76,8 @@ class Config:
             raise ValueError(f"TILEFUSE_MATMUL must be auto, generated or aten, not {self.matmul!r}")
         if self.autotune not in ("0", "1", "max"):
             raise ValueError(f"TILEFUSE_AUTOTUNE must be 0, 1 or max, not {self.autotune!r}")
+        if self.compile_threads < 0:
+            raise ValueError(f"TILEFUSE_COMPILE_THREADS must be 0 (one per core) or more, not {self.compile_threads}")
         if self.fallback not in ("eager", "error"):
             raise ValueError(f"TILEFUSE_FALLBACK must be eager or error, not {self.fallback!r}")
 

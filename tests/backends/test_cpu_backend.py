@@ -356,6 +356,56 @@ def test_warm_cache_builds_nothing():
     assert cache.builds == builds
 
 
+def test_kernels_of_a_graph_build_in_parallel_and_a_failed_build_fails_the_compile(monkeypatch):
+    """Builds of one graph's kernels overlap (the pool runs `compile_threads` at once); the
+    compiler waits for all of them, so a failed build raises at compile time, not at the first
+    launch; a failure is not remembered (the next compile builds again); a source asked for
+    twice is built once."""
+    import threading
+    import time
+
+    cpu.launcher._libraries.clear()
+    real_build, running, most = toolchain.build, [0], [0]
+    lock = threading.Lock()
+
+    def slow_build(source, cxx):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        try:
+            time.sleep(0.2)  # long enough for the next kernel's build to start
+            return real_build(source, cxx)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(toolchain, "build", slow_build)
+    # distinct kernels (a graph output each) with constants no other test uses: cache misses
+    fn = lambda t: (torch.tanh(t) * 3.123 + 1, torch.softmax(t * 1.77, -1), (t * 2.91).amax(0))
+    run_cpu(fn, rand(13, 9), compile_threads=3)
+    assert most[0] >= 2
+
+    def broken(source, cxx):
+        raise toolchain.CompileError("the compiler failed on purpose")
+
+    cpu.launcher._libraries.clear()
+    monkeypatch.setattr(toolchain, "build", broken)
+    fresh = lambda t: torch.sinh(t) * 4.567 - 2.25
+    torch._dynamo.reset()
+    with tilefuse.config.patch(backend="cpu", fallback="error"):
+        with pytest.raises(Exception, match="on purpose"):
+            torch.compile(fresh, backend="tilefuse")(rand(7, 5))
+    monkeypatch.setattr(toolchain, "build", real_build)
+    run_cpu(fresh, rand(7, 5))  # built now: the failure was not kept
+
+    calls = []
+    monkeypatch.setattr(toolchain, "build", lambda s, c: calls.append(s) or real_build(s, c))
+    source = 'extern "C" int tilefuse_twice(void) { return 7; }\n'
+    futures = [cpu.launcher.library_future(source) for _ in range(2)]
+    assert futures[0] is futures[1] and futures[0].result().tilefuse_twice() == 7
+    assert len(calls) <= 1  # 0 if an earlier run left it in the disk cache
+
+
 def test_cache_key_covers_compiler_flags_and_cpu():
     cxx = cpu.require_compiler()
     key = toolchain.build_key("int x;", cxx)

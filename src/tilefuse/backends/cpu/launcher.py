@@ -2,7 +2,11 @@
 
 The shared library is built through the disk cache (namespace "cpu", keyed by the source, the
 compiler's version and flags, this CPU's ISA and the environment fingerprint), so a warm cache
-compiles nothing, and is loaded in place with ctypes. A launch passes the buffers' data
+compiles nothing, and is loaded in place with ctypes. Builds run in a thread pool
+(`TILEFUSE_COMPILE_THREADS` compiler processes at once): `load_kernel` starts the build and
+returns at once, the kernel waits for its library when it is first launched or `wait()`ed
+(the compiler waits for every kernel of a graph before returning it, so a failed build is a
+compile error). A launch passes the buffers' data
 pointers (no copies: strides are kernel arguments), the size arguments, the grid and the
 thread count PyTorch uses. A kernel with index checks also gets an error word (after the
 buffers' pointers); a failed check leaves its number there, and the launch raises the error
@@ -21,6 +25,7 @@ import os
 import sys
 import tempfile
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
@@ -33,8 +38,9 @@ from ...tile.ir import TileKernel, check_message, checks_of
 from . import toolchain
 
 _lock = threading.Lock()
-_libraries: dict[str, ctypes.CDLL] = {}
+_libraries: dict[str, Future] = {}  # build key -> the library (being) built
 _caches: dict[str, DiskCache] = {}
+_pools: dict[int, ThreadPoolExecutor] = {}
 
 
 #: buffers at least this large that a kernel writes get the huge-page advice
@@ -79,25 +85,52 @@ def kernel_cache() -> DiskCache:
     return _caches[root]
 
 
-def _library(source: str) -> ctypes.CDLL:
+def _pool() -> ThreadPoolExecutor:
+    workers = config.compile_threads or os.cpu_count() or 1
+    with _lock:
+        if workers not in _pools:
+            _pools[workers] = ThreadPoolExecutor(workers, thread_name_prefix="tilefuse-cxx")
+        return _pools[workers]
+
+
+def library_future(source: str) -> Future:
+    """The shared library of `source`, built (or read from the cache) in the build pool; one
+    build per source in this process, however many kernels ask for it."""
     cxx = toolchain.require_compiler()
     key = toolchain.build_key(source, cxx)
+    cache, pool = kernel_cache(), _pool()
     with _lock:
-        if key in _libraries:
-            return _libraries[key]
-        cache = kernel_cache()
-        files = cache.get_or_create(key, lambda: {"kernel.cpp": source.encode(),
-                                                   "kernel.so": toolchain.build(source, cxx)})
-        entry = cache.path_of(key)
-        if entry is not None:
-            path = os.path.join(entry, "kernel.so")
-        else:  # cache unusable: a private temporary file
-            fd, path = tempfile.mkstemp(prefix="tilefuse_", suffix=".so")
-            with os.fdopen(fd, "wb") as f:
-                f.write(files["kernel.so"])
-        lib = ctypes.CDLL(path)
-        _libraries[key] = lib
-        return lib
+        future = _libraries.get(key)
+        if future is not None:
+            return future
+        future = _libraries[key] = pool.submit(_build_and_load, cache, key, source, cxx)
+    # outside the lock: a build that has already failed runs the callback here at once
+    future.add_done_callback(lambda f: f.exception() is not None and _forget(key, f))
+    return future
+
+
+def _forget(key: str, future: Future) -> None:
+    """A failed build is not remembered: the next request tries again."""
+    with _lock:
+        if _libraries.get(key) is future:
+            del _libraries[key]
+
+
+def _build_and_load(cache: DiskCache, key: str, source: str, cxx: str) -> ctypes.CDLL:
+    files = cache.get_or_create(key, lambda: {"kernel.cpp": source.encode(),
+                                               "kernel.so": toolchain.build(source, cxx)})
+    entry = cache.path_of(key)
+    if entry is not None:
+        path = os.path.join(entry, "kernel.so")
+    else:  # cache unusable: a private temporary file
+        fd, path = tempfile.mkstemp(prefix="tilefuse_", suffix=".so")
+        with os.fdopen(fd, "wb") as f:
+            f.write(files["kernel.so"])
+    return ctypes.CDLL(path)
+
+
+def _library(source: str) -> ctypes.CDLL:
+    return library_future(source).result()
 
 
 class CppKernel:
@@ -106,10 +139,8 @@ class CppKernel:
     def __init__(self, kernel: TileKernel, source: str):
         self.kernel = kernel
         self.source = source
-        fn = getattr(_library(source), kernel.name)
-        fn.restype = None
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32]
-        self.fn = fn
+        self._library = library_future(source)  # built in the background
+        self._fn = None
         self.buffers = [p.name for p in kernel.params if p.kind == "buffer"]
         self.sizes = []  # ("stride", buffer, dim) | ("size", name, None)
         for p in kernel.params:
@@ -124,6 +155,19 @@ class CppKernel:
         self.checks = checks_of(kernel.body)
         self._ptrs = (ctypes.c_void_p * max(1, len(self.buffers) + bool(self.checks)))()
         self._written = [name for name in self.buffers if name in set(kernel.writes)]
+
+    def wait(self) -> "CppKernel":
+        """Block until the kernel's library is built and loaded (raises its build error)."""
+        if self._fn is None:
+            fn = getattr(self._library.result(), self.kernel.name)
+            fn.restype = None
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32]
+            self._fn = fn
+        return self
+
+    @property
+    def fn(self):
+        return self.wait()._fn
 
     def __call__(self, buffers: dict, env: dict) -> None:
         key = tuple(sorted((k, v) for k, v in env.items() if isinstance(k, str)))
