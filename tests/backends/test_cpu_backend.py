@@ -545,3 +545,29 @@ def test_float_sizes_are_floored_in_double():
     assert p.index(sympy.floor(1.5 * s0)) == "((int64_t)tfm_floor((double)((1.5 * s0))))"
     assert p.index(sympy.ceiling(0.7 * s0)) == "((int64_t)tfm_ceil((double)((0.7 * s0))))"
     assert format_sympy(sympy.floor(0.7 * s0)) == "tl.floor((tl.full([], 0.7, tl.float64) * s0)).to(tl.int64)"
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_a_forked_child_compiles_with_its_own_build_pool():
+    """A child forked after the parent built kernels (a DataLoader worker, say) compiles new
+    graphs: the parent's pool threads do not exist in the child."""
+    import os
+
+    run_cpu(lambda t: torch.cosh(t) * 1.375, rand(5, 6))  # the parent's pool is running
+    pid = os.fork()
+    if pid == 0:  # child: any failure or hang shows as a nonzero exit status
+        code = 1
+        try:
+            import signal
+
+            signal.alarm(120)
+            torch.set_num_threads(1)  # no OpenMP team in a forked child (libgomp may hang)
+            x = rand(4, 7)
+            with tilefuse.config.patch(backend="cpu", fallback="error"):
+                torch._dynamo.reset()
+                out = torch.compile(lambda t: torch.atan(t) * 2.625 + 0.5, backend="tilefuse")(x)
+            code = 0 if torch.allclose(out, torch.atan(x) * 2.625 + 0.5, atol=1e-6) else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -85,6 +85,21 @@ def kernel_cache() -> DiskCache:
     return _caches[root]
 
 
+def _after_fork_in_child() -> None:
+    """A forked child has none of the parent's pool threads: it starts its own pool, and
+    builds the parent had in flight are asked for again (finished ones stay loaded)."""
+    global _lock
+    _lock = threading.Lock()
+    _pools.clear()
+    for key, future in list(_libraries.items()):
+        if not future.done():
+            del _libraries[key]
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _pool() -> ThreadPoolExecutor:
     workers = config.compile_threads or os.cpu_count() or 1
     with _lock:
