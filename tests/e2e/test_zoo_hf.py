@@ -270,6 +270,28 @@ def test_logits_processors_and_sampling(backend, dtype):
            fn64=lambda i, s: (logits_processors(i, s.to(dtype))[0].double(), logits_processors(i, s.to(dtype))[1]))
 
 
+def alibi_attention(q, k, v, attention_mask):
+    """BLOOM's ALiBi: slopes `pow(base, arange)`, positions from `cumsum`, `baddbmm` into the
+    scores, a bool mask filled with `finfo.min`."""
+    B, H, T, D = q.shape
+    base = torch.tensor(2 ** (-(2 ** -(math.log2(H) - 3))), dtype=torch.float32)
+    slopes = torch.pow(base, torch.arange(1, 1 + H, dtype=torch.int32))
+    positions = ((attention_mask.cumsum(-1) - 1) * attention_mask)[:, None, :]
+    alibi = (slopes[..., None] * positions).reshape(B * H, 1, T).to(q.dtype)
+    scores = alibi.baddbmm(q.reshape(B * H, T, D), k.reshape(B * H, T, D).transpose(1, 2), beta=1.0,
+                           alpha=1 / math.sqrt(D)).view(B, H, T, T)
+    masked = torch.ones(T, T, dtype=torch.bool).triu(1)[None, None] | ~attention_mask.bool()[:, None, None, :]
+    scores = scores.masked_fill(masked, torch.finfo(scores.dtype).min)
+    return F.softmax(scores, -1, dtype=torch.float32).to(q.dtype) @ v
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_alibi_attention(backend):
+    # the attention kernel raises each head's slope to a per-program exponent: under the
+    # interpreter that scalar comparison is float-typed and the pow helper's `&` was refused
+    _check(alibi_attention, _mask_calls(torch.float32, [(3, 4, 7, 6)]), backend)
+
+
 # ------------------------------------------------------------------ bf16 comparisons, NaN checks
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
@@ -286,6 +308,14 @@ def test_bf16_comparisons_nan_to_num_and_max(backend):
     x[0, :4] = torch.tensor([float("nan"), float("inf"), float("-inf"), 0.0])
     x[1, :2], y[1, :2] = torch.tensor([-0.0, -1.0]), torch.tensor([0.0, -2.0])
     _check(fn, [(x, y)], backend)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_pow_special_values(backend):
+    # pow(1, nan) is 1 (C's pow, eager); the interpreter's pow gave NaN
+    a = torch.tensor([-2.0, -1.5, 0.0, 0.0, 0.0, 2.0, 3.0, -0.0, 1.0, -1.0, float("nan"), -3.0])
+    b = torch.tensor([3.0, 2.0, 0.0, -1.0, 2.0, 0.5, -2.0, 3.0, float("nan"), 2.5, 0.0, -3.0])
+    _check(lambda a, b: (torch.pow(a, b), torch.pow(a, 3.0), torch.pow(2.0, b)), [(a, b)], backend)
 
 
 # ------------------------------------------------------------------ higher-order ops, wrappers
