@@ -83,6 +83,11 @@ def lower_fx(gm: torch.fx.GraphModule, name: str = "graph") -> Graph:
             position += 1
         elif node.op == "get_attr":
             value = getattr(gm, node.target)
+            if isinstance(value, torch.fx.GraphModule):
+                # a higher-order op's subgraph (`torch.cond`'s branches, a `while_loop` body):
+                # passed as it is to the op, which runs as an extern
+                env[node] = value
+                continue
             if not isinstance(value, torch.Tensor):
                 raise LoweringError(f"unsupported attribute {node.target} of type {type(value).__name__}")
             c = graph.add(Constant(graph.fresh_name("const"), ir_dtype(value.dtype), shape_of(value), value=value))

@@ -81,6 +81,8 @@ def rebase(b: KernelBuilder, graph: Graph, carried: Var, repair, running: dict) 
     same = None
     for old, new in zip(olds, news):
         same = land(same, binary("eq", old, new))
+    if same is None:  # no producer (a plain sum carried through a key loop): nothing to re-base
+        return carried
     # through b.value (memoised): the sums re-based onto the same producers share one factor
     factor = b.value(where(same, Const(1.0, raw.dtype), raw))
     discard = binary("eq", factor, Const(0.0, factor.dtype))

@@ -2,13 +2,13 @@
 
 Each keeps the value (or, for bf16/fp16 inputs, stays far below the inputs' own resolution)
 and removes work per score: a positive scale pulled out of masking selections and out of the
-running max, `exp(x·c − m)` as one multiply-add and `exp2`, divisions by constants as
+running max, `exp(x·c − m)` as `exp2`, divisions by constants as
 multiplications, and the hardware `tanh`.
 """
 from __future__ import annotations
 
 from ..ir import dtypes as dt
-from ..ir.expr import Binary, Cast, Const, Index, Load, Unary, Where, binary, transform, unary, walk
+from ..ir.expr import Binary, Const, Index, Load, Unary, Where, binary, transform, unary, walk
 
 LOG2E = 1.4426950408889634
 
@@ -58,10 +58,14 @@ def pull_scales(body):
 
 
 def exp_as_exp2(body, row_buffers: set):
-    """`exp(x·c − r)` with `r` a per-row value (a running max) as `exp2(x·(c·log2 e) − r·log2 e)`:
-    one fused multiply-add and one `ex2` per score, the scale folded into the constant, as
-    FlashAttention kernels write it; `r·log2 e` is computed once per row. (Triton's `exp`
-    multiplies by log2 e before its `ex2` anyway, so the accuracy is the same.)"""
+    """`exp(x·c − r)` with `r` a per-row value (a running max) as `exp2((x·c − r)·log2 e)`: a
+    multiply-add and the multiplication Triton's own `exp` does before its `ex2`.
+
+    The difference is taken before the multiplication by log2 e, not as the FlashAttention
+    form `x·(c·log2 e) − r·log2 e`: scores near the fp32 limit (Hugging Face's additive masks
+    are `finfo.min`) overflow to -inf there when multiplied first, and a row masked that way
+    throughout (a left-padded query row) gave `-inf − -inf = NaN` where eager's `exp(0) = 1`
+    gives uniform weights."""
     def row_only(e) -> bool:
         loads = [n for n in walk(e) if isinstance(n, Load)]
         return bool(loads) and all(n.buffer in row_buffers for n in loads) and not any(
@@ -72,15 +76,7 @@ def exp_as_exp2(body, row_buffers: set):
         if not (isinstance(n, Unary) and n.op == "exp" and n.dtype == dt.float32 and isinstance(n.x, Binary)
                 and n.x.op == "sub" and row_only(n.x.b)):
             return None
-        x, k = n.x.a, LOG2E
-        while isinstance(x, Cast) and x.dtype == dt.float32 and x.x.dtype == dt.float32:
-            x = x.x
-        if isinstance(x, Binary) and x.op in ("mul", "truediv") and isinstance(x.b, Const) and x.b.dtype.is_float:
-            c = float(x.b.value)
-            if c != 0 and c == c and abs(c) != float("inf"):
-                k, x = (k * c if x.op == "mul" else k / c), x.a
-        scaled = binary("mul", x, Const(k, dt.float32))
-        return unary("exp2", binary("sub", scaled, binary("mul", n.x.b, Const(LOG2E, dt.float32))))
+        return unary("exp2", binary("mul", n.x, Const(LOG2E, dt.float32)))
 
     return transform(body, fn)
 

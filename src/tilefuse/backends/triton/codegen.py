@@ -157,7 +157,33 @@ class TritonPrinter:
             return f"_bf16_rtne({x})"
         return f"({x}).to({TL_DTYPE[dtype.name]})"
 
+    def _interp_bf16(self, e) -> bool:
+        """Under the interpreter bf16 data is numpy uint16: comparisons, max/min and arithmetic
+        on it compare or add bit patterns (-1 < -2, NaN == NaN, -0 != 0). An op with a bf16
+        operand is computed on its exact fp32 upcast, its bf16 result rounded back (exact)."""
+        return self.interpret and any(x.dtype == dt.bfloat16 for x in (
+            (e.x,) if isinstance(e, Unary) else (e.a, e.b)))
+
+    def _upcast(self, e: Expr) -> str:
+        s = self.expr(e)
+        return f"({s}).to(tl.float32)" if e.dtype == dt.bfloat16 and not isinstance(e, Const) else s
+
     def unary(self, e: Unary) -> str:
+        if self._interp_bf16(e):
+            s = self._unary(Unary(e.op, Var(self._upcast(e.x), dt.float32), dt.float32 if e.dtype == dt.bfloat16
+                                  else e.dtype))
+            return self.cast(s, dt.bfloat16, dt.float32) if e.dtype == dt.bfloat16 else s
+        return self._unary(e)
+
+    def binary(self, e: Binary) -> str:
+        if self._interp_bf16(e):
+            a, b = (Var(self._upcast(x), dt.float32) if x.dtype == dt.bfloat16 and not isinstance(x, Const) else x
+                    for x in (e.a, e.b))
+            s = self._binary(Binary(e.op, a, b, dt.float32 if e.dtype == dt.bfloat16 else e.dtype))
+            return self.cast(s, dt.bfloat16, dt.float32) if e.dtype == dt.bfloat16 else s
+        return self._binary(e)
+
+    def _unary(self, e: Unary) -> str:
         x = self.expr(e.x)
         op = e.op
         if op == "neg":
@@ -188,7 +214,7 @@ class TritonPrinter:
             self.uses_libdevice = True
         return src
 
-    def binary(self, e: Binary) -> str:
+    def _binary(self, e: Binary) -> str:
         a, b = self.expr(e.a), self.expr(e.b)
         op = e.op
         if self.interpret and e.dtype.is_bool and op in ("logical_and", "logical_or", "logical_xor", "bitwise_and",

@@ -133,13 +133,16 @@ def _ipow(a, b):
     "pow_interp": """
 @triton.jit
 def _pow_interp(a, b):
+    # selections only, no & or ~: the interpreter types a comparison of scalars (an exponent
+    # computed per program) as float data, which numpy's bitwise ops refuse
     mag = tl.exp2(b * tl.log2(tl.abs(a)))
-    b_int = tl.floor(b) == b
-    odd = b_int & ((tl.abs(b) % 2) == 1)
-    signed = tl.where((a < 0) & odd, -mag, mag)
-    res = tl.where((a < 0) & ~b_int, float("nan"), signed)
+    b_int = tl.where(tl.floor(b) == b, True, False)
+    odd = tl.where(b_int, tl.where((tl.abs(b) % 2) == 1, True, False), False)
+    neg = tl.where(a < 0, True, False)
+    signed = tl.where(neg, tl.where(odd, -mag, mag), mag)
+    res = tl.where(neg, tl.where(b_int, signed, float("nan")), signed)
     res = tl.where(a == 0, tl.where(b > 0, 0.0, tl.where(b == 0, 1.0, float("inf"))), res)
-    return tl.where(b == 0, 1.0, res)
+    return tl.where(b == 0, 1.0, tl.where(a == 1, 1.0, res))  # pow(1, nan) = pow(nan, 0) = 1, as in C
 """,
     "tanh_interp": """
 @triton.jit
