@@ -2,13 +2,13 @@
 
 Each keeps the value (or, for bf16/fp16 inputs, stays far below the inputs' own resolution)
 and removes work per score: a positive scale pulled out of masking selections and out of the
-running max, `exp(x·c − m)` as `exp2`, divisions by constants as
-multiplications, and the hardware `tanh`.
+running max, `exp(x·c − m)` as `exp2` (one multiply-add where no score can overflow),
+divisions by constants as multiplications, and the hardware `tanh`.
 """
 from __future__ import annotations
 
 from ..ir import dtypes as dt
-from ..ir.expr import Binary, Const, Index, Load, Unary, Where, binary, transform, unary, walk
+from ..ir.expr import Binary, Cast, Const, Index, Load, Unary, Where, binary, transform, unary, walk
 
 LOG2E = 1.4426950408889634
 
@@ -58,25 +58,47 @@ def pull_scales(body):
 
 
 def exp_as_exp2(body, row_buffers: set):
-    """`exp(x·c − r)` with `r` a per-row value (a running max) as `exp2((x·c − r)·log2 e)`: a
-    multiply-add and the multiplication Triton's own `exp` does before its `ex2`.
+    """`exp(x·c − r)` with `r` a per-row value (a running max) as `exp2`.
 
-    The difference is taken before the multiplication by log2 e, not as the FlashAttention
-    form `x·(c·log2 e) − r·log2 e`: scores near the fp32 limit (Hugging Face's additive masks
-    are `finfo.min`) overflow to -inf there when multiplied first, and a row masked that way
-    throughout (a left-padded query row) gave `-inf − -inf = NaN` where eager's `exp(0) = 1`
-    gives uniform weights."""
+    When the scale folds into a constant `k = c·log2 e` with |k| ≤ 1, as the FlashAttention
+    form `exp2(x·k − r·log2 e)`: one fused multiply-add and one `ex2` per score, `r·log2 e`
+    once per row. Neither product can overflow then (|x·k| ≤ |x|, and a running max of `x·c`
+    times log2 e is at most |x·k|), so no finite score turns into `-inf − -inf`.
+
+    Otherwise — no constant scale, as when the mask is added after scaling, or a large one —
+    as `exp2((x·c − r)·log2 e)`, the difference first (Triton's own `exp` multiplies by log2 e
+    before its `ex2` anyway): scores near the fp32 limit (Hugging Face's additive masks are
+    `finfo.min`) would overflow to -inf when multiplied by log2 e first, and a row masked that
+    way throughout (a left-padded query row) would give `-inf − -inf = NaN` where eager's
+    `exp(0) = 1` gives uniform weights."""
     def row_only(e) -> bool:
         loads = [n for n in walk(e) if isinstance(n, Load)]
         return bool(loads) and all(n.buffer in row_buffers for n in loads) and not any(
             isinstance(n, Index) and any(str(x).startswith("r") for x in n.expr.free_symbols)
             for n in walk(e) if not isinstance(n, Load) and n not in [i for ld in loads for i in ld.index])
 
+    def folded(x):
+        """(x', k) with x = x'·c and k = c·log2 e, |k| ≤ 1; None if there is no such scale."""
+        while isinstance(x, Cast) and x.dtype == dt.float32 and x.x.dtype == dt.float32:
+            x = x.x
+        if isinstance(x, Binary) and x.op in ("mul", "truediv") and isinstance(x.b, Const) and x.b.dtype.is_float:
+            c = float(x.b.value)
+            if c != 0 and c == c and abs(c) != float("inf"):
+                k = LOG2E * c if x.op == "mul" else LOG2E / c
+                if abs(k) <= 1.0:
+                    return x.a, k
+        return None
+
     def fn(n):
         if not (isinstance(n, Unary) and n.op == "exp" and n.dtype == dt.float32 and isinstance(n.x, Binary)
                 and n.x.op == "sub" and row_only(n.x.b)):
             return None
-        return unary("exp2", binary("mul", n.x, Const(LOG2E, dt.float32)))
+        fold = folded(n.x.a)
+        if fold is None:
+            return unary("exp2", binary("mul", n.x, Const(LOG2E, dt.float32)))
+        x, k = fold
+        return unary("exp2", binary("sub", binary("mul", x, Const(k, dt.float32)),
+                                    binary("mul", n.x.b, Const(LOG2E, dt.float32))))
 
     return transform(body, fn)
 
