@@ -349,6 +349,15 @@ def run(options: BenchOptions | None = None, compilers: Compilers | None = None,
         if ceilings and not opts.quiet:
             progress.console.print(f"  ceilings: copy {ceilings['copy_gbps']:.1f} GB/s, "
                                    f"matmul {ceilings['matmul_tflops']:.3f} TFLOP/s")
+
+        def record(r: Result) -> None:  # kept, saved (on_result), shown, counted
+            results.append(r)
+            if on_result is not None:
+                on_result(_report(opts, workloads, ceilings, results))
+            if not opts.quiet:
+                progress.console.print(progress_line(asdict(r)))
+            progress.advance(task)
+
         for w in workloads:
             progress.update(task, description=f"{w.name}: inputs and fp64 reference")
             size = list(w.sizes[opts.sizes])
@@ -359,12 +368,7 @@ def run(options: BenchOptions | None = None, compilers: Compilers | None = None,
                 if opts.compile_latency_only:
                     for b in opts.backends:
                         progress.update(task, description=f"{w.name} · {b}: cold and warm compile")
-                        results.append(_compile_latency_pair(w, b, opts))
-                        if on_result is not None:
-                            on_result(_report(opts, workloads, ceilings, results))
-                        if not opts.quiet:
-                            progress.console.print(progress_line(asdict(results[-1])))
-                        progress.advance(task)
+                        record(_compile_latency_pair(w, b, opts))
                     continue
                 torch.manual_seed(opts.seed)
                 inputs = w.make_inputs(tuple(size), device, dtype)
@@ -377,24 +381,14 @@ def run(options: BenchOptions | None = None, compilers: Compilers | None = None,
                 reason = str(e) if isinstance(e, BackendUnavailable) else \
                     f"workload setup: {describe(e)}"
                 for b in opts.backends:
-                    results.append(Result(w.name, b, size, reason=reason, scope="workload"))
-                    if on_result is not None:
-                        on_result(_report(opts, workloads, ceilings, results))
-                    if not opts.quiet:
-                        progress.console.print(progress_line(asdict(results[-1])))
-                    progress.advance(task)
+                    record(Result(w.name, b, size, reason=reason, scope="workload"))
                 _release(opts.device)
                 continue
             for b in opts.backends:
                 progress.update(task, description=f"{w.name} · {b}")
                 r = _bench_pair(w, b, inputs, ref, ref_scale, eager_err, aten_ops, ceilings,
                                 opts, compilers)
-                results.append(r)
-                if on_result is not None:
-                    on_result(_report(opts, workloads, ceilings, results))
-                if not opts.quiet:
-                    progress.console.print(progress_line(asdict(r)))
-                progress.advance(task)
+                record(r)
             del inputs, ref
             _release(opts.device)
     return _report(opts, workloads, ceilings, results)

@@ -144,10 +144,6 @@ def _build_and_load(cache: DiskCache, key: str, source: str, cxx: str) -> ctypes
     return ctypes.CDLL(path)
 
 
-def _library(source: str) -> ctypes.CDLL:
-    return library_future(source).result()
-
-
 class CppKernel:
     """A launchable kernel with the Triton launcher's interface: `launch(buffers, env)`."""
 
@@ -214,7 +210,8 @@ class CppKernel:
         if self.checks:
             err = (ctypes.c_int64 * 1)()
             ptrs[len(self.buffers)] = ctypes.addressof(err)
-        self.fn(ptrs, sizes, grid, max(1, min(torch.get_num_threads(), programs)))
+        fn = self._fn or self.wait()._fn  # (not the property: this is the launch path)
+        fn(ptrs, sizes, grid, max(1, min(torch.get_num_threads(), programs)))
         if err is not None and err[0]:
             check = self.checks[err[0] - 1]
             raise index_error(check.error, f"{check_message(check, env)} (kernel {self.kernel.name})")
