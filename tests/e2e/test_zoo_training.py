@@ -300,10 +300,8 @@ def test_unet_groupnorm_silu(backend):
 
 
 @pytest.mark.parametrize("sparse", [True, False], ids=["where-index_add", "dense-scatter_add"])
-def test_moe_top_k_routing(sparse, monkeypatch):
-    import torch._dynamo.config as dynamo_config
-
-    monkeypatch.setattr(dynamo_config, "capture_dynamic_output_shape_ops", True)
+@torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True)
+def test_moe_top_k_routing(sparse):
 
     def loss(outputs, target):
         out, aux = outputs
@@ -314,10 +312,8 @@ def test_moe_top_k_routing(sparse, monkeypatch):
 
 
 @pytest.mark.parametrize("kind", ["lstm"])  # a GRU passes too (about 6 s more)
-def test_recurrent_language_model(kind, monkeypatch):
-    import torch._dynamo.config as dynamo_config
-
-    monkeypatch.setattr(dynamo_config, "allow_rnn", True)  # else Dynamo runs the whole model eagerly
+@torch._dynamo.config.patch(allow_rnn=True)  # else Dynamo runs the whole model eagerly
+def test_recurrent_language_model(kind):
     train_and_compare(lambda: RecurrentLM(kind=kind),
                       lambda g: [torch.randint(0, 17, (2, 3), generator=g), torch.randint(0, 17, (2, 3), generator=g)],
                       lambda out, t: F.cross_entropy(out.transpose(1, 2), t, ignore_index=0), opt="sgd")

@@ -8,11 +8,10 @@ import tilefuse
 
 
 @pytest.fixture(autouse=True)
-def _capture_scalars(monkeypatch):
-    import torch._dynamo.config as dynamo_config
-
-    monkeypatch.setattr(dynamo_config, "capture_scalar_outputs", True)
-    monkeypatch.setattr(dynamo_config, "capture_dynamic_output_shape_ops", True)
+def _capture_scalars():
+    # torch's own patch (monkeypatch on torch's config modules deletes the knob on undo under pytest 9)
+    with torch._dynamo.config.patch(capture_scalar_outputs=True, capture_dynamic_output_shape_ops=True):
+        yield
 
 
 def _check(fn, *args):
