@@ -29,8 +29,9 @@ def _prepare_triton_interpreter() -> None:
 
 _prepare_triton_interpreter()
 
-from .config import config  # noqa: E402
-from .api import TilefuseError, compile, dynamo_backend, explain  # noqa: E402
+from .config import ConfigError, UnknownOptionError, config  # noqa: E402
+from .api import TilefuseError, compile, dynamo_backend, explain, last_compilations  # noqa: E402
+from .explanation import Explanation  # noqa: E402
 from .ir.bounds import IndexCheckError  # noqa: E402
 
 
@@ -45,4 +46,5 @@ def _register_backend() -> None:
 
 _register_backend()
 
-__all__ = ["config", "compile", "explain", "dynamo_backend", "TilefuseError", "IndexCheckError", "__version__"]
+__all__ = ["config", "compile", "explain", "last_compilations", "Explanation", "dynamo_backend", "TilefuseError",
+           "IndexCheckError", "ConfigError", "UnknownOptionError", "__version__"]

@@ -11,21 +11,28 @@ is raised as eager raises it (`IndexError` / `RuntimeError`, naming the op).
 """
 from __future__ import annotations
 
+import collections
+import contextlib
 import functools
 import itertools
 import time
 import traceback
 import warnings
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 
 from . import logs
 from .compiler import CompileReport, compile_fx
-from .config import config
+from .config import ConfigError, UnknownOptionError, config, resolve_options
 from .ir.bounds import IndexCheckError
+
+if TYPE_CHECKING:
+    from .explanation import Explanation
 
 _graph_ids = itertools.count()
 _report_sinks: list = []  # explain() collects reports here while it runs
+_history: collections.deque = collections.deque(maxlen=64)  # last_compilations()
 
 
 class TilefuseError(RuntimeError):
@@ -69,7 +76,7 @@ def _fail(phase: str, name: str, err: BaseException, eager, gm=None, args=None):
     if failure.op:
         msg += f"; op: {failure.op}"
     msg += f"; {failure.error}"
-    repro = write_reproducer(gm, args, title=msg, name=name) if gm is not None else None
+    repro = write_reproducer(gm, args, title=msg, name=name, knobs=config.non_defaults()) if gm is not None else None
     if repro:
         msg += f"\nreproducer: python {repro}"
     logs.log("runtime", "%s\n%s", msg, "".join(traceback.format_exception(err)))
@@ -80,22 +87,23 @@ def _fail(phase: str, name: str, err: BaseException, eager, gm=None, args=None):
     return eager
 
 
-def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, options: dict | None = None):
+def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, settings: dict):
     name = f"{kind}{next(_graph_ids)}"
     t0 = time.perf_counter()
     try:
-        with config.patch(**(options or {})):  # also for backward graphs, compiled later
+        with config.patch(**settings):  # also for backward graphs, compiled later
             compiled, report = compile_fx(gm, _device_of(gm), name)
+    except (ConfigError, UnknownOptionError):
+        raise  # the user's error, not ours: never an eager fallback
     except Exception as err:  # noqa: BLE001 - every failure falls back or raises clearly
         report = CompileReport(name, graph_ir=f"(compilation failed: {type(err).__name__}: {err})")
-        for sink in _report_sinks:
-            sink.append(report)
-        with config.patch(**(options or {})):
+        report.failure = f"{type(err).__name__}: {err}"
+        _record(report, gm, settings)
+        with config.patch(**settings):
             runner = _fail("compiling", name, err, gm.forward, gm)
         return _boxed(runner)
     report.stage_seconds["total"] = time.perf_counter() - t0
-    for sink in _report_sinks:
-        sink.append(report)
+    _record(report, gm, settings)
     state = {"first": True, "runner": compiled}
     aliases = _output_aliases(gm)
     mutated = _mutated_inputs(gm)
@@ -115,17 +123,33 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, options:
             raise
         except Exception as err:  # noqa: BLE001 - the first launch also compiles the kernels
             eager_out = gm.forward(*args)  # if eager fails too, the error is the program's own
-            with config.patch(**(options or {})):
+            with config.patch(**settings):
                 state["runner"] = _fail("running", name, err, gm.forward, gm, args)
             return eager_out
         if state["first"]:
             state["first"] = False
-            with config.patch(**(options or {})):
+            with config.patch(**settings):
                 if config.verify:
                     return _verify(name, gm, compiled, report, args, out, state, before)
         return out
 
     return _boxed(run)
+
+
+def _record(report: CompileReport, gm: torch.fx.GraphModule, settings: dict) -> None:
+    """Keep the report for `last_compilations()` and a running `explain`, and write it under
+    `TILEFUSE_DEBUG_DIR` when that is set."""
+    report.settings = dict(settings)
+    _history.append(report)
+    for sink in _report_sinks:
+        sink.append(report)
+    with config.patch(**settings):
+        debug_dir = config.debug_dir
+    if debug_dir:
+        from .debug_dump import dump_graph
+
+        dump_graph(debug_dir, report, gm)
+        logs.info("runtime", "%s written under %s", report.graph_name, debug_dir)
 
 
 def _output_aliases(gm: torch.fx.GraphModule) -> list:
@@ -271,14 +295,13 @@ def _boxed(fn):
     return make_boxed_func(fn)
 
 
-def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **options):
-    """The `torch.compile(backend="tilefuse")` entry point."""
+def _aot(gm: torch.fx.GraphModule, example_inputs, settings: dict):
     from torch._functorch.aot_autograd import aot_module_simplified
 
     return aot_module_simplified(
         gm, example_inputs,
-        fw_compiler=functools.partial(_compile_graph, kind="forward", options=options),
-        bw_compiler=functools.partial(_compile_graph, kind="backward", options=options),
+        fw_compiler=functools.partial(_compile_graph, kind="forward", settings=settings),
+        bw_compiler=functools.partial(_compile_graph, kind="backward", settings=settings),
         decompositions=_decompositions(),
         # in-place updates of inputs (a KV-cache write) stay in the graph: the frontend writes
         # them in place instead of AOTAutograd copying a whole new tensor back after the call
@@ -286,34 +309,89 @@ def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **options):
     )
 
 
-def compile(fn, *, dynamic=None, fullgraph=False, **options):
-    """`torch.compile(fn, backend="tilefuse")` with tilefuse config knobs as keywords, e.g.
-    `tilefuse.compile(model, backend="interpret")`."""
-    for k in options:
-        if not hasattr(config, k):
-            raise TypeError(f"unknown tilefuse option {k!r}")
-    backend = functools.partial(dynamo_backend, **options) if options else dynamo_backend
-    return torch.compile(fn, backend=backend, dynamic=dynamic, fullgraph=fullgraph)
+def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None = None,
+                   options: Mapping[str, Any] | None = None, **knobs: Any):
+    """The `torch.compile(backend="tilefuse", mode=..., options={...})` entry point. torch.compile
+    hands a backend its `mode` and `options` only when it compiles the first graph, so a bad one
+    is raised then (as a `ConfigError`/`UnknownOptionError` inside Dynamo's
+    `BackendCompilerFailed`); `tilefuse.compile` checks them at once."""
+    return _aot(gm, example_inputs, resolve_options(mode, options, **knobs))
 
 
-def explain(fn, *inputs, dynamic=None, **options):
-    """Compile and run `fn(*inputs)`; return an `Explanation` of every graph compiled."""
+class TilefuseBackend:
+    """A torch.compile backend with tilefuse settings bound (what `tilefuse.compile` passes)."""
+
+    def __init__(self, settings: dict):
+        self.settings = dict(settings)
+        self.__name__ = "tilefuse"
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs):
+        return _aot(gm, example_inputs, self.settings)
+
+    def __repr__(self) -> str:
+        return f"TilefuseBackend({self.settings})"
+
+
+def _settings(mode, options, knobs, where: str) -> dict:
+    if "backend" in knobs or "backend" in (options or {}):
+        raise UnknownOptionError(f"{where} has no option 'backend' (the torch.compile backend is tilefuse itself); "
+                                 "the kernel target is target='auto'|'triton'|'cpu'|'interpret'")
+    return resolve_options(mode, options, **knobs)
+
+
+def compile(fn: Callable | None = None, *, mode: str | None = None, options: Mapping[str, Any] | None = None,
+            dynamic: bool | None = None, fullgraph: bool = False, **knobs: Any) -> Callable:
+    """`torch.compile(fn, backend="tilefuse", ...)` with tilefuse's options checked at once:
+    `mode` (torch.compile's modes), `options={...}` or keyword knobs (`target="cpu"`,
+    `autotune="max"`, ...; `tilefuse config` lists them). An unknown name raises `TypeError`,
+    a bad value `ValueError`, here rather than at the first call. Without `fn`, a decorator."""
+    settings = _settings(mode, options, knobs, "tilefuse.compile")
+    if fn is None:
+        return lambda f: torch.compile(f, backend=TilefuseBackend(settings), dynamic=dynamic, fullgraph=fullgraph)
+    return torch.compile(fn, backend=TilefuseBackend(settings), dynamic=dynamic, fullgraph=fullgraph)
+
+
+def explain(fn: Callable, *args: Any, options: Mapping[str, Any] | None = None, mode: str | None = None,
+            dynamic: bool | None = None, verbose: bool = False, **kwargs: Any) -> "Explanation":
+    """Compile and run `fn(*args, **kwargs)` once; return an `Explanation` of every graph
+    compiled (forward, and backward where anything requires grad: compiled now, without running
+    it) and every graph break. `print()` it for a summary; `verbose=True` (or
+    `.source(kernel)`) for sources. tilefuse's own options go in `options={...}` / `mode=`."""
     from .explanation import Explanation
+    from .frontend.graph_breaks import recorded_graph_breaks
 
+    settings = _settings(mode, options, {}, "tilefuse.explain")
     sink: list = []
     _report_sinks.append(sink)
-    for k in options:
-        if not hasattr(config, k):
-            raise TypeError(f"unknown tilefuse option {k!r}")
 
     def backend(gm, example_inputs):  # a fresh backend object: Dynamo compiles anew for it
-        return dynamo_backend(gm, example_inputs, **options)
+        return _aot(gm, example_inputs, settings)
 
     try:
-        compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
-        t0 = time.perf_counter()
-        compiled(*inputs)
-        first_call = time.perf_counter() - t0
+        with recorded_graph_breaks() as breaks, _backward_compiled_with_forward():
+            compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
+            t0 = time.perf_counter()
+            compiled(*args, **kwargs)
+            first_call = time.perf_counter() - t0
     finally:
         _report_sinks.remove(sink)
-    return Explanation(sink, first_call)
+    return Explanation(sink, first_call, list(breaks), verbose=verbose)
+
+
+def _backward_compiled_with_forward():
+    """AOTAutograd compiles a backward graph when the backward first runs; explain asks for it
+    with the forward, so a training model's backward is reported without running it."""
+    import torch._functorch.config as functorch_config
+
+    if hasattr(functorch_config, "force_non_lazy_backward_lowering"):
+        return functorch_config.patch(force_non_lazy_backward_lowering=True)
+    return contextlib.nullcontext()
+
+
+def last_compilations(graphs: int | None = None) -> "Explanation":
+    """What the latest compilations of this process did, without compiling again (the last
+    `graphs` graphs, or every one kept: up to 64)."""
+    from .explanation import Explanation
+
+    kept = list(_history)
+    return Explanation(kept[-graphs:] if graphs else kept)

@@ -54,6 +54,9 @@ class CompileReport:
     externs: list = field(default_factory=list)  # (node, target, reason)
     decisions: list = field(default_factory=list)
     stage_seconds: dict = field(default_factory=dict)
+    plans: str = ""  # the kernel plans as text (Schedule.describe)
+    failure: str = ""  # why compilation failed (the graph then ran as the fallback knob says)
+    settings: dict = field(default_factory=dict)  # the options it was compiled with
 
 
 class _Stages:
@@ -108,6 +111,7 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
         schedule = plan_graph(graph)
         assign_layouts(graph, schedule)
     report.decisions = list(schedule.decisions)
+    report.plans = schedule.describe()
     options = LoweringOptions(interpret=interpret, persistent_reduction_limit=config.persistent_reduction_limit,
                               flash_config=config.flash_config, flash_split=config.flash_split,
                               sm_count=_sm_count(device), matmul=config.matmul, tma=_tma_capable(device, backend),

@@ -1,12 +1,138 @@
-"""The configuration object: every knob is typed, documented, and overridable by an
-environment variable `TILEFUSE_<NAME>` (read when the process starts) or by assignment
-(`tilefuse.config.backend = "interpret"`) or temporarily with `config.patch(...)`.
+"""The configuration registry: every knob tilefuse reads, in one typed table.
+
+Each `Knob` has a name, an environment variable (`TILEFUSE_<NAME>`), a type, its allowed values,
+a default and a one-line doc. Everything else comes from this table: strict parsing of the
+environment when the process starts (a bad value is an error naming the variable), validation
+on assignment (`tilefuse.config.autotune = "max"`; an unknown name is an error with the closest
+known one), `config.patch(...)`, torch.compile's `options={...}` and `mode=...`
+(`resolve_options`), the `tilefuse config` listing and the README's knob table (a test keeps
+the README in step with `knob_table()`). An unknown `TILEFUSE_*` variable is reported once.
 """
 from __future__ import annotations
 
 import contextlib
+import difflib
 import os
-from dataclasses import dataclass, fields
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping
+
+#: log channels (`TILEFUSE_LOGS`); each is a standard logger, see logs.py
+LOG_CHANNELS = ("graph", "fusion", "tile", "code", "tune", "runtime", "cache", "compile_time")
+
+#: `TILEFUSE_*` variables that are not knobs
+OTHER_VARIABLES = {"TILEFUSE_TEST_DEVICE": "the test suite's device (tests/, not the library)"}
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+class ConfigError(ValueError):
+    """A knob, option or mode given a value it does not take: the user's error, raised at once
+    (never an eager fallback)."""
+
+
+class UnknownOptionError(TypeError):
+    """An option name tilefuse does not have."""
+
+
+def _closest(name: str, known) -> str:
+    match = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f"; did you mean {match[0]!r}?" if match else ""
+
+
+def _check_flash_config(value: str) -> None:
+    if value == "":
+        return
+    parts = value.split(",")
+    try:
+        bm, bn, warps, stages = (int(p) for p in parts)
+    except ValueError:
+        raise ConfigError("must be 'BLOCK_M,BLOCK_N,warps,stages' (four integers) or empty") from None
+    for label, v, low, high in (("BLOCK_M", bm, 16, 256), ("BLOCK_N", bn, 16, 256), ("warps", warps, 1, 16)):
+        if v < low or v > high or v & (v - 1):
+            raise ConfigError(f"{label}={v} must be a power of two from {low} to {high}")
+    if not 1 <= stages <= 8:
+        raise ConfigError(f"stages={stages} must be from 1 to 8")
+
+
+def _check_logs(value: str) -> None:
+    for channel in (c.strip() for c in value.split(",")):
+        if channel and channel != "all" and channel not in LOG_CHANNELS:
+            raise ConfigError(f"unknown log channel {channel!r}{_closest(channel, LOG_CHANNELS)} "
+                              f"(channels: {', '.join(LOG_CHANNELS)}, or all)")
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    type: type  # bool, int or str
+    default: Any
+    doc: str
+    choices: tuple = ()  # allowed values of a str knob (empty: any string that `check` accepts)
+    minimum: int | None = None
+    maximum: int | None = None
+    check: Callable[[Any], None] | None = None  # raises ConfigError (message without the knob's name)
+    aliases: tuple = ()  # older names, still accepted
+
+    @property
+    def env(self) -> str:
+        return f"TILEFUSE_{self.name.upper()}"
+
+    def allowed(self) -> str:
+        if self.type is bool:
+            return "1/0, true/false, yes/no, on/off"
+        if self.choices:
+            return ", ".join(repr(c) for c in self.choices)
+        if self.type is int:
+            high = "" if self.maximum is None else f" to {self.maximum}"
+            return f"an integer from {self.minimum}{high}" if self.minimum is not None else "an integer"
+        return "text"
+
+    def parse(self, value: Any, source: str) -> Any:
+        """`value` (a string from the environment, or a Python value) as this knob's type;
+        a `ConfigError` naming `source` (the variable or option) otherwise."""
+        def bad(why: str = "") -> ConfigError:
+            return ConfigError(f"{source}={value!r} is not valid{': ' + why if why else ''} "
+                               f"(allowed: {self.allowed()})")
+
+        if self.type is bool:
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, int) and value in (0, 1):
+                return bool(value)
+            text = str(value).strip().lower() if isinstance(value, str) else None
+            if text in _TRUE:
+                return True
+            if text in _FALSE:
+                return False
+            raise bad()
+        if self.type is int:
+            if isinstance(value, bool):
+                raise bad()
+            if isinstance(value, str):
+                try:
+                    value = int(value.strip(), 10)
+                except ValueError:
+                    raise bad("not an integer") from None
+            if not isinstance(value, int):
+                raise bad("not an integer")
+            if (self.minimum is not None and value < self.minimum) or (self.maximum is not None and value > self.maximum):
+                raise bad()
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and self.choices:
+            value = str(value)  # autotune=0
+        if not isinstance(value, str):
+            raise bad("not a string")
+        value = value.strip()
+        if self.choices and value not in self.choices:
+            raise bad(_closest(value, self.choices).lstrip("; "))
+        if self.check is not None:
+            try:
+                self.check(value)
+            except ConfigError as err:
+                raise bad(str(err)) from None
+        return value
 
 
 def _default_cache_dir() -> str:
@@ -14,89 +140,194 @@ def _default_cache_dir() -> str:
     return os.path.join(base, "tilefuse")
 
 
-def _env(name: str, default: str) -> str:
-    return os.environ.get(f"TILEFUSE_{name.upper()}", default)
+KNOBS: dict[str, Knob] = {k.name: k for k in (
+    Knob("target", str, "auto",
+         "where kernels run: auto (Triton for CUDA tensors, C++ for CPU tensors), triton, cpu (C++ "
+         "kernels), interpret (the Triton interpreter on CPU tensors: slow, for tests)",
+         choices=("auto", "triton", "cpu", "interpret"), aliases=("backend",)),
+    Knob("autotune", str, "1",
+         "0: the cost model chooses each schedule; 1: a few candidates are measured (cached on disk); "
+         "max: a wide search (mode='max-autotune')", choices=("0", "1", "max")),
+    Knob("fallback", str, "eager",
+         "on an internal failure: eager runs that graph eagerly with a warning and a reproducer; "
+         "error raises TilefuseError", choices=("eager", "error")),
+    Knob("verify", bool, False,
+         "check every compiled graph against eager (fp64 rule) on its first run and name the first "
+         "diverging kernel"),
+    Knob("index_checks", bool, True,
+         "check indices read from tensor data (gather, embedding, index_put_, ...) against their "
+         "bounds: out of range raises as in eager instead of reading element 0"),
+    Knob("matmul", str, "auto",
+         "plain matrix products: auto (measure the generated kernel against ATen's on a GPU; ATen "
+         "for large ones on CPU), generated, aten", choices=("auto", "generated", "aten")),
+    Knob("logs", str, "",
+         f"comma-separated log channels printed to stderr: {', '.join(LOG_CHANNELS)}, or all "
+         "(also TORCH_LOGS=+tilefuse)", check=_check_logs),
+    Knob("debug_dir", str, "",
+         "if set, every compiled graph's FX graph, graph IR, kernel plans, tile IR and sources are "
+         "written under this directory"),
+    Knob("cache_dir", str, "",
+         "the kernel and tuning cache (per user, created private); empty: $XDG_CACHE_HOME/tilefuse "
+         "or ~/.cache/tilefuse"),
+    Knob("compile_threads", int, 0, "C++ kernels of one graph built at once; 0: one per CPU core",
+         minimum=0, maximum=1024),
+    Knob("persistent_reduction_limit", int, 8192,
+         "largest reduction extent held whole in one tile (longer rows loop over tiles)",
+         minimum=1, maximum=65536),
+    Knob("flash_config", str, "",
+         "attention kernels' 'BLOCK_M,BLOCK_N,warps,stages' (empty: the tuner's choice)",
+         check=_check_flash_config),
+    Knob("flash_split", int, 0,
+         "key ranges per block of query rows in attention kernels (split and merge): 0 chooses by "
+         "occupancy, 1 never splits, k > 1 forces k", minimum=0, maximum=1024),
+)}
+_BY_NAME: dict[str, Knob] = {**KNOBS, **{alias: k for k in KNOBS.values() for alias in k.aliases}}
+_BY_ENV: dict[str, Knob] = {**{k.env: k for k in KNOBS.values()},
+                            **{f"TILEFUSE_{a.upper()}": k for k in KNOBS.values() for a in k.aliases}}
+
+#: torch.compile's modes, as knob settings
+MODES: dict[str, dict] = {
+    "default": {},
+    "max-autotune": {"autotune": "max"},
+    "max-autotune-no-cudagraphs": {"autotune": "max"},
+    "reduce-overhead": {},
+}
+MODE_NOTES = {
+    "reduce-overhead": "tilefuse has no CUDA-graph runtime yet: mode='reduce-overhead' compiles as "
+                       "mode='default' (kernels are launched one by one)",
+}
 
 
-@dataclass
+def knob(name: str) -> Knob:
+    """The knob called `name` (or one of its older names)."""
+    found = _BY_NAME.get(name)
+    if found is None:
+        raise UnknownOptionError(f"tilefuse has no option {name!r}{_closest(name, KNOBS)} "
+                                 f"(options: {', '.join(KNOBS)})")
+    return found
+
+
 class Config:
-    #: "auto" (triton for CUDA tensors, cpu otherwise), "triton", "cpu" (C++ kernels), or
-    #: "interpret" (the Triton interpreter on CPU tensors: slow, for tests)
-    backend: str = "auto"
-    #: comma-separated log channels: graph, fusion, tile, code, tune, runtime (or "all")
-    logs: str = ""
-    #: where compiled kernels are cached (per user, created private)
-    cache_dir: str = ""
-    #: "0" no measurement (cost-model choice), "1" a few candidates measured (about 10 s per new
-    #: kernel, cached), "max" a wide search (about 60 s per new kernel)
-    autotune: str = "1"
-    #: check every compiled graph against the reference interpreter on first run
-    verify: bool = False
-    #: on an internal failure: "eager" runs the graph eagerly with a warning, "error" raises
-    fallback: str = "eager"
-    #: largest reduction extent held whole in one tile (longer rows loop over tiles)
-    persistent_reduction_limit: int = 8192
-    #: attention kernels' "BLOCK_M,BLOCK_N,warps,stages" (empty: built-in choice); a manual
-    #: override until the autotuner chooses it
-    flash_config: str = ""
-    #: plain matrix products (nothing fused into them): "auto" measures the generated kernel
-    #: against ATen's matmul (cuBLAS) when tuning on a GPU, "generated" never uses ATen,
-    #: "aten" always does (also on CPU: MKL/OpenBLAS instead of the interpreter)
-    matmul: str = "auto"
-    #: key ranges per block of query rows in attention kernels (split and merge): 0 chooses
-    #: by occupancy (decode), 1 never splits, k > 1 forces k
-    flash_split: int = 0
-    #: check indices read from tensor data (gather, index_select, embedding, advanced indexing,
-    #: scatter) against their bounds in generated kernels: an index out of range raises as in
-    #: eager (IndexError / RuntimeError) instead of reading element 0. Triton kernels with
-    #: checks are built in Triton's debug mode (device asserts on, overflow sanitiser off)
-    index_checks: bool = True
-    #: C++ kernels of one graph built at once (compiler processes); 0: one per CPU core
-    compile_threads: int = 0
+    """The process's knob values: `tilefuse.config`. Defaults come from `KNOBS`, overridden by
+    `TILEFUSE_*` variables when the process starts, by assignment, or for a block by `patch`."""
 
-    def __post_init__(self):
-        for f in fields(self):
-            raw = os.environ.get(f"TILEFUSE_{f.name.upper()}")
-            if raw is None:
+    def __init__(self, environ: Mapping[str, str] | None = None):
+        environ = os.environ if environ is None else environ
+        values = {name: k.default for name, k in KNOBS.items()}
+        unknown = []
+        for var, raw in environ.items():
+            if not var.startswith("TILEFUSE_") or var in OTHER_VARIABLES:
                 continue
-            if f.type in ("bool", bool):
-                setattr(self, f.name, raw.strip().lower() in ("1", "true", "yes", "on"))
-            elif f.type in ("int", int):
-                setattr(self, f.name, int(raw))
-            else:
-                setattr(self, f.name, raw)
-        if not self.cache_dir:
-            self.cache_dir = _default_cache_dir()
-        self.validate()
+            found = _BY_ENV.get(var)
+            if found is None:
+                unknown.append(var)
+                continue
+            values[found.name] = found.parse(raw, var)
+        if not values["cache_dir"]:
+            values["cache_dir"] = _default_cache_dir()
+        object.__setattr__(self, "_values", values)
+        object.__setattr__(self, "_listeners", [])
+        if unknown:
+            names = list(_BY_ENV) + list(OTHER_VARIABLES)
+            warnings.warn("; ".join(f"unknown environment variable {v} ignored{_closest(v, names)}"
+                                    for v in sorted(unknown)), stacklevel=3)
+
+    def __getattr__(self, name: str) -> Any:  # only called for names that are not attributes
+        values = object.__getattribute__(self, "_values")
+        found = _BY_NAME.get(name)
+        if found is None:
+            raise AttributeError(f"tilefuse.config has no knob {name!r}{_closest(name, KNOBS)}")
+        return values[found.name]
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        found = _BY_NAME.get(name)
+        if found is None:
+            raise AttributeError(f"tilefuse.config has no knob {name!r}{_closest(name, KNOBS)}")
+        value = found.parse(value, f"tilefuse.config.{name}")
+        if found.name == "cache_dir" and not value:
+            value = _default_cache_dir()
+        self._values[found.name] = value
+        for listener in self._listeners:
+            listener(found.name, value)
+
+    def __dir__(self):
+        return [*super().__dir__(), *KNOBS]
+
+    def __repr__(self) -> str:
+        return "tilefuse.config(" + ", ".join(f"{n}={v!r}" for n, v in self._values.items()) + ")"
+
+    def on_change(self, listener: Callable[[str, Any], None]) -> None:
+        """Call `listener(name, value)` after every change (logs.py follows `logs` this way)."""
+        self._listeners.append(listener)
+
+    def as_dict(self) -> dict:
+        return dict(self._values)
+
+    def non_defaults(self) -> dict:
+        """Knobs whose value differs from the default (what a reproducer must set)."""
+        default_dir = _default_cache_dir()
+        return {n: v for n, v in self._values.items()
+                if v != KNOBS[n].default and not (n == "cache_dir" and v == default_dir)}
+
+    def source_of(self, name: str) -> str:
+        """Where a knob's value comes from: its environment variable, or the default."""
+        k = knob(name)
+        for var in (k.env, *(f"TILEFUSE_{a.upper()}" for a in k.aliases)):
+            if var in os.environ:
+                return var
+        return "default"
 
     def validate(self) -> None:
-        if self.backend not in ("auto", "triton", "cpu", "interpret"):
-            raise ValueError(f"TILEFUSE_BACKEND must be auto, triton, cpu or interpret, not {self.backend!r}")
-        if self.matmul not in ("auto", "generated", "aten"):
-            raise ValueError(f"TILEFUSE_MATMUL must be auto, generated or aten, not {self.matmul!r}")
-        if self.autotune not in ("0", "1", "max"):
-            raise ValueError(f"TILEFUSE_AUTOTUNE must be 0, 1 or max, not {self.autotune!r}")
-        if self.compile_threads < 0:
-            raise ValueError(f"TILEFUSE_COMPILE_THREADS must be 0 (one per core) or more, not {self.compile_threads}")
-        if self.fallback not in ("eager", "error"):
-            raise ValueError(f"TILEFUSE_FALLBACK must be eager or error, not {self.fallback!r}")
+        for name, value in self._values.items():
+            KNOBS[name].parse(value, f"tilefuse.config.{name}")
 
     def log_channels(self) -> set[str]:
         return {c.strip() for c in self.logs.split(",") if c.strip()}
 
     @contextlib.contextmanager
-    def patch(self, **changes):
-        old = {k: getattr(self, k) for k in changes}
-        for k, v in changes.items():
-            if not hasattr(self, k):
-                raise AttributeError(f"tilefuse.config has no knob {k!r}")
+    def patch(self, **changes) -> Iterator["Config"]:
+        """Set knobs for the block (every value checked before any is set), then restore them."""
+        parsed = {knob(k).name: knob(k).parse(v, k) for k, v in changes.items()}
+        old = {k: self._values[k] for k in parsed}
+        for k, v in parsed.items():
             setattr(self, k, v)
         try:
-            self.validate()
             yield self
         finally:
             for k, v in old.items():
                 setattr(self, k, v)
+
+
+def resolve_options(mode: str | None = None, options: Mapping[str, Any] | None = None,
+                    **knobs: Any) -> dict:
+    """The knob settings torch.compile's `mode=` and `options={...}` (and keyword knobs) ask
+    for, checked: an unknown name is an `UnknownOptionError` (a TypeError), a bad value a
+    `ConfigError` (a ValueError), each naming the option and what it takes."""
+    settings: dict = {}
+    if mode is not None:
+        if not isinstance(mode, str) or mode not in MODES:
+            raise ConfigError(f"mode={mode!r} is not a torch.compile mode tilefuse takes "
+                              f"(modes: {', '.join(repr(m) for m in MODES)})")
+        if mode in MODE_NOTES:
+            warnings.warn(MODE_NOTES[mode], stacklevel=3)
+        settings.update(MODES[mode])
+    if options is not None and not isinstance(options, Mapping):
+        raise UnknownOptionError(f"options must be a dict of tilefuse option names, not {type(options).__name__}")
+    for name, value in {**(options or {}), **knobs}.items():
+        if not isinstance(name, str):
+            raise UnknownOptionError(f"option names are strings, not {name!r}")
+        k = knob(name)
+        settings[k.name] = k.parse(value, f"options[{name!r}]" if name in (options or {}) else name)
+    return settings
+
+
+def knob_table() -> str:
+    """The knobs as a Markdown table (the README's, and `tilefuse config --markdown`)."""
+    rows = ["| knob | environment variable | default | values | what it does |", "|---|---|---|---|---|"]
+    for k in KNOBS.values():
+        default = "(see text)" if k.name == "cache_dir" else repr(k.default)
+        rows.append(f"| `{k.name}` | `{k.env}` | `{default}` | {k.allowed()} | {k.doc} |")
+    return "\n".join(rows)
 
 
 config = Config()

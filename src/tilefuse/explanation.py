@@ -1,13 +1,60 @@
-"""`tilefuse.explain` reports: what each compiled graph became, and why."""
+"""`tilefuse.explain` reports: what each compiled graph became, and why.
+
+`str(explanation)` is a summary that fits a screen for a transformer block: per graph (forward,
+backward) the kernels with their kind, the ops they hold and the user's source lines, externs
+with their reasons, compile time per stage; then graph breaks with Dynamo's reasons. The rest
+is on request: `verbose=True` adds each graph's IR, every fusion decision and every kernel's
+source (a shared prelude printed once); `.source("kernel name")` gives one kernel's source.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+_OPS_WIDTH = 44
+_FROM_WIDTH = 36
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _seconds(s: float) -> str:
+    return f"{s * 1e3:.0f} ms" if s < 1 else f"{s:.2f} s"
+
+
+def split_prelude(source: str, name: str) -> tuple[str, str]:
+    """(prelude, kernel) of a generated source: the helpers and headers every kernel of a
+    backend shares, and the kernel's own definition (from its decorator or signature on)."""
+    lines = source.splitlines()
+    for k, line in enumerate(lines):
+        stripped = line.lstrip()
+        if stripped.startswith((f"def {name}(", f'extern "C" void {name}(')):
+            start = k - 1 if k > 0 and lines[k - 1].lstrip().startswith("@") else k
+            return "\n".join(lines[:start]).strip("\n"), "\n".join(lines[start:])
+    return "", source
+
+
+def _lines_of(kernel) -> str:
+    """`model.py:12-14, 20` from the kernel's source lines (`file:line[ in fn: code]`)."""
+    by_file: dict[str, list[int]] = {}
+    for entry in getattr(kernel, "source_lines", None) or []:
+        where = str(entry).split(" ", 1)[0]
+        file, _, line = where.rpartition(":")
+        if line.isdigit():
+            by_file.setdefault(file.rsplit("/", 1)[-1], []).append(int(line))
+    parts = []
+    for file, numbers in by_file.items():
+        numbers = sorted(set(numbers))
+        parts.append(f"{file}:{numbers[0]}" + (f"-{numbers[-1]}" if len(numbers) > 1 else ""))
+    return ", ".join(parts)
 
 
 @dataclass
 class Explanation:
     reports: list  # CompileReport per graph (forward, backward, ...)
     first_call_seconds: float = 0.0
+    graph_breaks: list = field(default_factory=list)  # frontend.graph_breaks.GraphBreak
+    verbose: bool = False
 
     @property
     def kernels(self) -> list:
@@ -21,24 +68,81 @@ class Explanation:
     def graphs(self) -> list[str]:
         return [r.graph_ir for r in self.reports]
 
+    def kernel(self, name: str):
+        for k in self.kernels:
+            if k.name == name:
+                return k
+        known = ", ".join(k.name for k in self.kernels) or "none"
+        raise KeyError(f"no kernel {name!r} in this explanation (kernels: {known})")
+
+    def source(self, name: str, prelude: bool = False) -> str:
+        """One kernel's generated source (without the backend's shared prelude unless asked)."""
+        k = self.kernel(name)
+        head, body = split_prelude(k.source, k.name)
+        return f"{head}\n\n{body}" if prelude and head else body
+
     def __str__(self) -> str:
-        out = []
+        return self.format(self.verbose)
+
+    def format(self, verbose: bool = False) -> str:
+        kernels = sum(len(r.kernels) for r in self.reports)
+        externs = sum(len(r.externs) for r in self.reports)
+        head = (f"tilefuse: {len(self.reports)} graph(s), {kernels} kernel(s), {externs} extern(s), "
+                f"{len(self.graph_breaks)} graph break(s)")
+        if self.first_call_seconds:
+            head += f"; first call {_seconds(self.first_call_seconds)}"
+        out = [head]
         for r in self.reports:
-            out.append(f"=== {r.graph_name} (backend: {r.backend or 'n/a'}) ===")
-            out.append("--- graph IR ---")
-            out.append(r.graph_ir)
-            out.append(f"--- {len(r.kernels)} kernel(s), {len(r.externs)} extern(s) ---")
-            for k in r.kernels:
-                out.append(f"{k.name} [{k.kind}]: {', '.join(k.nodes)}")
-                out.extend(f"    {n}" for n in k.notes)
-            for name, target, reason in r.externs:
-                out.append(f"extern {name}: {target} — {reason}")
-            if r.decisions:
-                out.append("--- fusion decisions ---")
-                out.extend(f"  {d}" for d in r.decisions)
-            out.append("--- compile time per stage ---")
-            out.append("  " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in r.stage_seconds.items()))
-            for k in r.kernels:
-                out.append(f"--- {k.name} source ---")
-                out.append(k.source)
+            out.append("")
+            out.extend(self._graph(r, verbose))
+        if self.graph_breaks:
+            out += ["", "graph breaks:"]
+            out.extend(f"  {b}" for b in self.graph_breaks)
+        if verbose:
+            out.extend(self._sources())
+        elif kernels:
+            out += ["", "sources: explain(..., verbose=True), or .source(name) for one kernel"]
         return "\n".join(out)
+
+    def _graph(self, r, verbose: bool) -> list[str]:
+        total = r.stage_seconds.get("total")
+        line = f"{r.graph_name} · target {r.backend or 'n/a'} · {len(r.kernels)} kernel(s), {len(r.externs)} extern(s)"
+        if total is not None:
+            line += f" · compile {_seconds(total)}"
+        out = [line]
+        failure = getattr(r, "failure", "")
+        if failure:
+            out.append(f"  compilation failed: {failure} (the graph ran as the fallback knob says)")
+        if r.kernels:
+            rows = [(k.name, k.kind, _clip(", ".join(getattr(k, "ops", None) or k.nodes), _OPS_WIDTH),
+                     _clip(_lines_of(k), _FROM_WIDTH)) for k in r.kernels]
+            widths = [max(len(row[c]) for row in rows + [("kernel", "kind", "ops", "from")]) for c in range(4)]
+            fmt = "  " + "  ".join(f"{{:<{w}}}" for w in widths)
+            out.append(fmt.format("kernel", "kind", "ops", "from").rstrip())
+            out.extend(fmt.format(*row).rstrip() for row in rows)
+        for name, target, reason in r.externs:
+            out.append(f"  extern {name}: {target} — {reason}")
+        times = [f"{k} {_seconds(v)}" for k, v in r.stage_seconds.items() if k != "total"]
+        if times:
+            out.append("  time: " + " · ".join(times))
+        refusals = [d for d in r.decisions if "not " in d or "refus" in d]
+        if verbose:
+            out += ["  --- graph IR ---"] + ["  " + x for x in r.graph_ir.splitlines()]
+            if r.decisions:
+                out.append("  --- fusion decisions ---")
+                out.extend(f"  {d}" for d in r.decisions)
+        elif r.decisions:
+            out.append(f"  {len(r.decisions)} fusion decision(s), {len(refusals)} refusal(s) (verbose=True lists them)")
+        return out
+
+    def _sources(self) -> list[str]:
+        out, preludes = [], {}
+        for k in self.kernels:
+            if not k.source:
+                continue
+            head, body = split_prelude(k.source, k.name)
+            if head and head not in preludes:
+                preludes[head] = k.name
+                out += ["", f"--- prelude (shared by the kernels below it; first used by {k.name}) ---", head]
+            out += ["", f"--- {k.name} source ---", body]
+        return out

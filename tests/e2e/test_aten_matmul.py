@@ -19,7 +19,7 @@ DEVICE = os.environ.get("TILEFUSE_TEST_DEVICE", "cpu")
 
 def _kinds(fn, *args, **kw):
     torch._dynamo.reset()
-    return [k.kind for k in tilefuse.explain(fn, *args, matmul="aten", **kw).kernels]
+    return [k.kind for k in tilefuse.explain(fn, *args, options={"matmul": "aten"}, **kw).kernels]
 
 
 def _check(fn, *args, dynamic=False):

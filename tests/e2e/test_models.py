@@ -112,7 +112,7 @@ def test_fusion_through_explain(name, kernels):
     fn, make = CASES[name]
     # fusion structure: the generated contraction (on CPU a large or symbolic product with an
     # epilogue otherwise runs through ATen, its epilogue as a pointwise kernel)
-    report = tilefuse.explain(fn, *_to(make()), matmul="generated")
+    report = tilefuse.explain(fn, *_to(make()), options={"matmul": "generated"})
     assert len(report.kernels) == kernels, str(report)
     assert not report.externs, report.externs
     if name == "gelu_linear":

@@ -24,14 +24,14 @@ def test_cpu_kernels_are_measured_at_max_and_cached(monkeypatch, tmp_path):
     x, w = torch.randn(67, 1000), torch.randn(1000)
     with tilefuse.config.patch(cache_dir=str(tmp_path), backend="cpu"):
         torch._dynamo.reset()
-        rep = tilefuse.explain(_rmsnorm, x, w, autotune="max")
+        rep = tilefuse.explain(_rmsnorm, x, w, options={"autotune": "max"})
         assert any("measured" in n for n in _notes(rep)), _notes(rep)
         assert rep.kernels[0].tune_seconds > 0
         torch._dynamo.reset()
-        again = tilefuse.explain(_rmsnorm, x, w, autotune="max")
+        again = tilefuse.explain(_rmsnorm, x, w, options={"autotune": "max"})
         assert any("cache hit" in n for n in _notes(again)), _notes(again)
         torch._dynamo.reset()
-        out = tilefuse.compile(_rmsnorm, autotune="max")(x, w)
+        out = tilefuse.compile(_rmsnorm, options={"autotune": "max"})(x, w)
     ref = _rmsnorm(x.double(), w.double())
     assert (out.double() - ref).abs().max() <= 3 * (_rmsnorm(x, w).double() - ref).abs().max() + 1e-6
 
@@ -40,7 +40,7 @@ def test_default_level_keeps_the_cpu_rules(tmp_path):
     x, w = torch.randn(67, 1000), torch.randn(1000)
     with tilefuse.config.patch(cache_dir=str(tmp_path), backend="cpu"):
         torch._dynamo.reset()
-        rep = tilefuse.explain(_rmsnorm, x, w, autotune="1")
+        rep = tilefuse.explain(_rmsnorm, x, w, options={"autotune": "1"})
     assert not any("measured" in n for n in _notes(rep))
     assert rep.kernels[0].tune_seconds < 1.0
 
@@ -57,10 +57,10 @@ def test_kernels_identical_but_for_names_share_one_tuning(monkeypatch, tmp_path)
     w, v = torch.randn(1000), torch.randn(1000)
     with tilefuse.config.patch(cache_dir=str(tmp_path), backend="cpu"):
         torch._dynamo.reset()
-        rep = tilefuse.explain(_rmsnorm, x, w, autotune="max")
+        rep = tilefuse.explain(_rmsnorm, x, w, options={"autotune": "max"})
         assert any("measured" in n for n in _notes(rep)), _notes(rep)
         torch._dynamo.reset()
-        both = tilefuse.explain(_shifted_norm, z, y, v, autotune="max")
+        both = tilefuse.explain(_shifted_norm, z, y, v, options={"autotune": "max"})
     notes = _notes(both)
     assert sum("cache hit" in n for n in notes) == 1 and sum("— measured" in n for n in notes) == 1, notes
 

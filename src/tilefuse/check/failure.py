@@ -133,9 +133,10 @@ def _input_spec(placeholder: torch.fx.Node, actual=None):
     return "none", (), (), None, None, False
 
 
-def reproducer_source(gm: torch.fx.GraphModule, args=None, title: str = "") -> str:
+def reproducer_source(gm: torch.fx.GraphModule, args=None, title: str = "", knobs: dict | None = None) -> str:
     """A standalone script that recompiles `gm` (an ATen graph) through tilefuse on inputs of
-    the same shapes, strides and dtypes (`args`, when given, supplies them)."""
+    the same shapes, strides and dtypes (`args`, when given, supplies them), with the knobs
+    that were set (`knobs`: name -> value; where logs and caches go is left out)."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     specs = [_input_spec(p, args[k] if args is not None and k < len(args) else None)
              for k, p in enumerate(placeholders)]
@@ -180,7 +181,7 @@ def reproducer_source(gm: torch.fx.GraphModule, args=None, title: str = "") -> s
         else:
             lines.append(f"        {value!r},")
     lines += ["    ]",
-              "    with tilefuse.config.patch(fallback='error'):",
+              f"    with tilefuse.config.patch({_patch_arguments(knobs)}):",
               f"        out = torch.compile(Repro(), backend='tilefuse', fullgraph=True, dynamic={dynamic})(*args)",
               "    print('compiled and ran:', [tuple(o.shape) if isinstance(o, torch.Tensor) else o for o in out])",
               "", "", 'if __name__ == "__main__":', "    main()", ""]
@@ -201,11 +202,17 @@ def repro_dir() -> str:
     return tempfile.gettempdir()
 
 
-def write_reproducer(gm: torch.fx.GraphModule, args=None, title: str = "", name: str = "graph") -> str | None:
+def _patch_arguments(knobs: dict | None) -> str:
+    kept = {k: v for k, v in (knobs or {}).items() if k not in ("cache_dir", "logs", "debug_dir", "fallback")}
+    return ", ".join(f"{k}={v!r}" for k, v in {**kept, "fallback": "error"}.items())
+
+
+def write_reproducer(gm: torch.fx.GraphModule, args=None, title: str = "", name: str = "graph",
+                     knobs: dict | None = None) -> str | None:
     """Write `reproducer_source(...)` to a file and return its path (None if that failed too:
     the report must never itself raise)."""
     try:
-        source = reproducer_source(gm, args, title)
+        source = reproducer_source(gm, args, title, knobs)
         digest = hashlib.sha256(source.encode()).hexdigest()[:10]
         path = os.path.join(repro_dir(), f"repro_{name}_{digest}.py")
         with open(path, "w") as f:
