@@ -125,7 +125,7 @@ class Explanation:
         times = [f"{k} {_seconds(v)}" for k, v in r.stage_seconds.items() if k != "total"]
         if times:
             out.append("  time: " + " · ".join(times))
-        refusals = [d for d in r.decisions if "not " in d or "refus" in d]
+        refusals = [d for d in r.decisions if d.split(": ", 1)[-1].startswith(("not ", "cannot", "refus"))]
         if verbose:
             out += ["  --- graph IR ---"] + ["  " + x for x in r.graph_ir.splitlines()]
             if r.decisions:
