@@ -149,3 +149,14 @@ def test_module_defaults_come_from_the_registry():
             assert getattr(fresh, name) == k.default
     assert fresh.cache_dir.endswith("tilefuse")
     assert isinstance(tilefuse.config, Config)
+
+
+def test_monkeypatch_restores_knobs_under_pytest_9(monkeypatch):
+    # pytest 9 restores an attribute that is not a data descriptor by deleting it from the
+    # instance: knobs are descriptors, so the value set before comes back
+    before, target = tilefuse.config.verify, tilefuse.config.target
+    with monkeypatch.context() as m:
+        m.setattr(tilefuse.config, "verify", not before)
+        m.setattr(tilefuse.config, "backend", "interpret")  # the old name of `target`
+        assert tilefuse.config.verify is (not before) and tilefuse.config.target == "interpret"
+    assert tilefuse.config.verify is before and tilefuse.config.target == target

@@ -16,7 +16,7 @@ import torch
 from . import logs
 from .backends import cpu as cpu_backend
 from .backends.triton import generate, load_kernel
-from .config import config
+from .config import ConfigError, config
 from .frontend.to_ir import lower_fx
 from .fusion import ExternStep, plan_graph
 from .fusion.layout import assign_layouts
@@ -76,9 +76,9 @@ class _Stages:
 
 
 def choose_backend(device: torch.device) -> str:
-    """`config.backend`, or for "auto": Triton for CUDA tensors, C++ kernels otherwise."""
-    if config.backend != "auto":
-        return config.backend
+    """`config.target`, or for "auto": Triton for CUDA tensors, C++ kernels otherwise."""
+    if config.target != "auto":
+        return config.target
     return "triton" if device.type == "cuda" else "cpu"
 
 
@@ -86,9 +86,9 @@ def compile_fx(gm: torch.fx.GraphModule, device: torch.device, name: str = "grap
     report = CompileReport(name)
     stage = _Stages(report)
     if choose_backend(device) == "triton" and device.type != "cuda":
-        raise RuntimeError("TILEFUSE_BACKEND=triton needs CUDA tensors; use 'cpu' or 'interpret' for CPU tensors")
+        raise ConfigError("target='triton' needs CUDA tensors; use 'cpu' or 'interpret' for CPU tensors")
     if choose_backend(device) == "cpu" and device.type != "cpu":
-        raise RuntimeError(f"TILEFUSE_BACKEND=cpu needs CPU tensors, not {device.type}; use 'triton'")
+        raise ConfigError(f"target={choose_backend(device)!r} needs CPU tensors, not {device.type}; use 'triton'")
     with stage("lower"):
         graph = lower_fx(gm, name)
     return compile_ir(graph, device, report)

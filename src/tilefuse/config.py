@@ -74,12 +74,15 @@ class Knob:
     maximum: int | None = None
     check: Callable[[Any], None] | None = None  # raises ConfigError (message without the knob's name)
     aliases: tuple = ()  # older names, still accepted
+    values: str = ""  # the allowed values in words, where `choices` and the type do not say it
 
     @property
     def env(self) -> str:
         return f"TILEFUSE_{self.name.upper()}"
 
     def allowed(self) -> str:
+        if self.values:
+            return self.values
         if self.type is bool:
             return "1/0, true/false, yes/no, on/off"
         if self.choices:
@@ -162,13 +165,13 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "for large ones on CPU), generated, aten", choices=("auto", "generated", "aten")),
     Knob("logs", str, "",
          f"comma-separated log channels printed to stderr: {', '.join(LOG_CHANNELS)}, or all "
-         "(also TORCH_LOGS=+tilefuse)", check=_check_logs),
+         "(also TORCH_LOGS=+tilefuse)", check=_check_logs, values="channel names, comma-separated"),
     Knob("debug_dir", str, "",
          "if set, every compiled graph's FX graph, graph IR, kernel plans, tile IR and sources are "
-         "written under this directory"),
+         "written under this directory", values="a directory (empty: off)"),
     Knob("cache_dir", str, "",
          "the kernel and tuning cache (per user, created private); empty: $XDG_CACHE_HOME/tilefuse "
-         "or ~/.cache/tilefuse"),
+         "or ~/.cache/tilefuse", values="a directory"),
     Knob("compile_threads", int, 0, "C++ kernels of one graph built at once; 0: one per CPU core",
          minimum=0, maximum=1024),
     Knob("persistent_reduction_limit", int, 8192,
@@ -176,7 +179,7 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          minimum=1, maximum=65536),
     Knob("flash_config", str, "",
          "attention kernels' 'BLOCK_M,BLOCK_N,warps,stages' (empty: the tuner's choice)",
-         check=_check_flash_config),
+         check=_check_flash_config, values="'BLOCK_M,BLOCK_N,warps,stages' or empty"),
     Knob("flash_split", int, 0,
          "key ranges per block of query rows in attention kernels (split and merge): 0 chooses by "
          "occupancy, 1 never splits, k > 1 forces k", minimum=0, maximum=1024),
@@ -207,6 +210,22 @@ def knob(name: str) -> Knob:
     return found
 
 
+class _KnobAttribute:
+    """`config.<knob>` (a data descriptor, so tools that patch attributes — pytest's
+    monkeypatch — read and restore it like any attribute)."""
+
+    def __init__(self, name: str, attribute: str):
+        self.name, self.attribute = name, attribute
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        return obj._values[self.name]
+
+    def __set__(self, obj, value) -> None:
+        obj._set(self.name, value, f"tilefuse.config.{self.attribute}")
+
+
 class Config:
     """The process's knob values: `tilefuse.config`. Defaults come from `KNOBS`, overridden by
     `TILEFUSE_*` variables when the process starts, by assignment, or for a block by `patch`."""
@@ -233,25 +252,20 @@ class Config:
                                     for v in sorted(unknown)), stacklevel=3)
 
     def __getattr__(self, name: str) -> Any:  # only called for names that are not attributes
-        values = object.__getattribute__(self, "_values")
-        found = _BY_NAME.get(name)
-        if found is None:
-            raise AttributeError(f"tilefuse.config has no knob {name!r}{_closest(name, KNOBS)}")
-        return values[found.name]
+        raise AttributeError(f"tilefuse.config has no knob {name!r}{_closest(name, KNOBS)}")
 
     def __setattr__(self, name: str, value: Any) -> None:
-        found = _BY_NAME.get(name)
-        if found is None:
+        if name not in _BY_NAME:
             raise AttributeError(f"tilefuse.config has no knob {name!r}{_closest(name, KNOBS)}")
-        value = found.parse(value, f"tilefuse.config.{name}")
-        if found.name == "cache_dir" and not value:
-            value = _default_cache_dir()
-        self._values[found.name] = value
-        for listener in self._listeners:
-            listener(found.name, value)
+        object.__setattr__(self, name, value)  # the knob's descriptor checks and stores it
 
-    def __dir__(self):
-        return [*super().__dir__(), *KNOBS]
+    def _set(self, name: str, value: Any, source: str) -> None:
+        value = KNOBS[name].parse(value, source)
+        if name == "cache_dir" and not value:
+            value = _default_cache_dir()
+        self._values[name] = value
+        for listener in self._listeners:
+            listener(name, value)
 
     def __repr__(self) -> str:
         return "tilefuse.config(" + ", ".join(f"{n}={v!r}" for n, v in self._values.items()) + ")"
@@ -296,6 +310,10 @@ class Config:
         finally:
             for k, v in old.items():
                 setattr(self, k, v)
+
+
+for _name, _knob in _BY_NAME.items():
+    setattr(Config, _name, _KnobAttribute(_knob.name, _name))
 
 
 def resolve_options(mode: str | None = None, options: Mapping[str, Any] | None = None,
