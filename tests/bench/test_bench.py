@@ -69,12 +69,13 @@ def _assert_sane(r):
 
 
 CLI_WORKLOADS = ["rmsnorm", "gelu_linear", "rope_kv_cache", "fp8_gemm"]
+UNAVAILABLE = "inductor-reduce-overhead"  # a known backend, n/a on a CPU (it replays CUDA graphs)
 
 
 @pytest.fixture(scope="module")
 def cli_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    code = main(["--device", "cpu", "--sizes", "quick", "--backends", "eager,no_such_backend",
+    code = main(["--device", "cpu", "--sizes", "quick", "--backends", f"eager,{UNAVAILABLE}",
                  "--workloads", ",".join(CLI_WORKLOADS), "--no-memory", "--no-sweep",
                  "--out", str(out), "--budget", "0.02", "--quiet"])
     return code, out
@@ -97,12 +98,12 @@ def test_cli_writes_results_and_report(cli_run):
     assert "| workload | backend |" in md and "rmsnorm" in md
 
 
-def test_unknown_backend_is_na_with_reason(cli_run):
+def test_unavailable_backend_is_na_with_reason(cli_run):
     _, out = cli_run
     report = json.loads((out / "results.json").read_text())
     for name in set(CLI_WORKLOADS) - {"fp8_gemm"}:
-        r = _row(report, name, "no_such_backend")
-        assert r["status"] == "n/a" and "no_such_backend" in r["reason"]
+        r = _row(report, name, UNAVAILABLE)
+        assert r["status"] == "n/a" and "GPU only" in r["reason"]
         assert r["p50_ms"] is None
     assert "n/a [1]" in (out / "report.md").read_text()
 
@@ -199,10 +200,28 @@ def test_measure_cpu():
     assert t["p50_ms"] > 0 and t["p99_ms"] >= t["p50_ms"] and t["samples"] >= 3
 
 
-def test_cli_rejects_bad_arguments():
+@pytest.mark.parametrize("argv, named", [
+    (["--workloads", "nope"], "'nope'"),
+    (["--workloads", "softmx"], "did you mean 'softmax'"),
+    (["--workloads", ","], "no workloads given"),
+    (["--backends", "eager,banana"], "'banana'"),
+    (["--backends", "indcutor"], "did you mean 'inductor'"),
+    (["--budget", "-1"], "'-1'"),
+    (["--dtype", "float64"], "'float64'"),
+    (["--merge", "a.json", "--backends", "eager"], "--backends"),
+], ids=["workload", "workload-typo", "no-workload", "backend", "backend-typo", "budget", "dtype", "merge"])
+def test_cli_rejects_bad_arguments(argv, named, capsys):
+    """Exit 2 naming the bad value, before anything is measured."""
     with pytest.raises(SystemExit) as e:
-        main(["--workloads", "nope", "--device", "cpu"])
+        main(argv + ["--device", "cpu"] if "--merge" not in argv else argv)
     assert e.value.code == 2
+    assert named in capsys.readouterr().err
+
+
+def test_backends_of_run_checked_with_those_it_adds():
+    with pytest.raises(ValueError, match="unknown backend 'nope'"):
+        BenchOptions(backends=["eager", "nope"], **FAST).resolved()
+    assert BenchOptions(backends=["nope"], **FAST).resolved(extra_backends={"nope": None}).backends == ["nope"]
 
 
 def _dynamo(fn):  # a compiling backend without code generation: Dynamo + AOT, eager kernels
@@ -441,7 +460,7 @@ def test_parts_of_a_run_merge_into_one_report(tmp_path):
     finally:
         report_mod.write_json = real
     assert seen[:2] == [1, 2]  # after each pair
-    assert main(common + ["--workloads", "softmax", "--backends", "eager,no_such_backend", "--out", str(b)]) == 0
+    assert main(common + ["--workloads", "softmax", "--backends", f"eager,{UNAVAILABLE}", "--out", str(b)]) == 0
     part_a = json.loads((a / "results.json").read_text())
     part_b = json.loads((b / "results.json").read_text())
     first = next(r for r in part_a["results"] if r["workload"] == "softmax")
@@ -451,10 +470,10 @@ def test_parts_of_a_run_merge_into_one_report(tmp_path):
     assert main(["--merge", str(a / "results.json"), str(b / "results.json"), "--out", str(merged)]) == 0
     rep = json.loads((merged / "results.json").read_text())
     pairs = [(r["workload"], r["backend"]) for r in rep["results"]]
-    assert pairs == [("rmsnorm", "eager"), ("softmax", "eager"), ("softmax", "no_such_backend")]
+    assert pairs == [("rmsnorm", "eager"), ("softmax", "eager"), ("softmax", UNAVAILABLE)]
     merged_softmax = rep["results"][1]
     assert merged_softmax["p50_ms"] == first["p50_ms"] and merged_softmax["cold_compile_s"] == 1.25
-    assert rep["meta"]["merged_runs"] == 2 and rep["meta"]["backends"] == ["eager", "no_such_backend"]
+    assert rep["meta"]["merged_runs"] == 2 and rep["meta"]["backends"] == ["eager", UNAVAILABLE]
     assert (merged / "report.md").exists()
     bad = json.loads((a / "results.json").read_text())
     bad["meta"]["dtype"] = "bfloat16"

@@ -29,6 +29,7 @@ runs before every backend and after every workload.
 """
 from __future__ import annotations
 
+import difflib
 import gc
 import importlib
 import importlib.metadata
@@ -41,10 +42,10 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from . import metrics, timing
-from .backends import (CACHED_BACKENDS, DEFAULT_BACKENDS, BackendUnavailable, Compilers,
-                       Prepared, describe, prepare)
+from .backends import (CACHED_BACKENDS, DEFAULT_BACKENDS, INDUCTOR_MODES, BackendUnavailable,
+                       Compilers, Prepared, describe, prepare)
 from .report import progress_line
-from .workloads import Workload, get_workloads
+from .workloads import WORKLOADS, Workload, get_workloads
 
 __all__ = ["BenchOptions", "Result", "run", "max_abs_error", "within_tolerance",
            "DEFAULT_BACKENDS", "DTYPES", "BackendUnavailable"]
@@ -70,7 +71,9 @@ class BenchOptions:
     memory: bool = True                         # peak memory of one call
     ceilings: dict | None = None                # measured ceilings to reuse (else measured)
 
-    def resolved(self) -> "BenchOptions":
+    def resolved(self, extra_backends=()) -> "BenchOptions":
+        """Defaults filled in by device; every name checked (ValueError naming a bad one).
+        `extra_backends`: names `run(compilers=...)` adds."""
         device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
         if torch.device(device).type == "cuda" and not torch.cuda.is_available():
             raise ValueError("--device cuda requested but CUDA is not available")
@@ -81,11 +84,39 @@ class BenchOptions:
         sizes = self.sizes or ("full" if on_cuda else "quick")
         if sizes not in ("quick", "full"):
             raise ValueError(f"unknown sizes {sizes!r}; choose quick or full")
-        get_workloads(self.workloads)  # validates names
+        if self.workloads is not None:
+            _check_names("workload", self.workloads, WORKLOADS)
+        _check_backends(self.backends, extra_backends)
         return BenchOptions(self.workloads, list(self.backends), sizes, dtype, device,
                             self.budget_s, self.flush_l2, self.seed, self.quiet, self.sweep,
                             self.compile_latency or self.compile_latency_only,
                             self.compile_latency_only, self.memory, self.ceilings)
+
+
+_OWN_BACKENDS = ("eager", *INDUCTOR_MODES, "tilefuse", "jax")
+
+
+def known_backends(extra=()) -> list[str]:
+    """Backend names `run` takes: its own, `extra`, and every registered Dynamo backend."""
+    names = dict.fromkeys([*_OWN_BACKENDS, *extra])
+    names.update(dict.fromkeys(torch._dynamo.list_backends(exclude_tags=())))
+    return list(names)
+
+
+def _check_names(kind: str, names: list[str], known, listing: str | None = None) -> None:
+    if not names:
+        raise ValueError(f"no {kind}s given")
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(name, list(known), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ValueError(f"unknown {kind} {name!r}; {hint}choose from {listing or ', '.join(known)}")
+
+
+def _check_backends(names: list[str], extra) -> None:
+    own = ", ".join([*_OWN_BACKENDS, *extra])
+    dynamo = ", ".join(torch._dynamo.list_backends())  # without debug and experimental ones
+    _check_names("backend", names, known_backends(extra), f"{own}, or a Dynamo backend ({dynamo})")
 
 
 @dataclass
@@ -332,7 +363,7 @@ def run(options: BenchOptions | None = None, compilers: Compilers | None = None,
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn,
                                TextColumn, TimeElapsedColumn)
 
-    opts = (options or BenchOptions()).resolved()
+    opts = (options or BenchOptions()).resolved(extra_backends=compilers or ())
     workloads = list(workloads) if workloads else get_workloads(opts.workloads)
     dtype = DTYPES[opts.dtype]
     device = torch.device(opts.device)

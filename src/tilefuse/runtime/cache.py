@@ -13,6 +13,11 @@ Layout::
         <key[:2]>/<key>/                 one entry: named files + manifest.json
         <key[:2]>/<key>.lock             file lock used by get_or_create
         .tmp-*                           entries being written (renamed into place)
+      repro/, triton-bin/                other directories tilefuse writes (see OWNED_DIRS)
+      .trash-*                           being deleted by clear
+
+:func:`root_contents` and :func:`clear_root` inspect and clear everything tilefuse owns under
+the root (``tilefuse cache info|clear``); anything else there is left alone.
 
 ``root`` defaults to ``tilefuse.config.cache_dir`` (env ``TILEFUSE_CACHE_DIR``, default
 ``$XDG_CACHE_HOME/tilefuse`` or ``~/.cache/tilefuse``).
@@ -60,6 +65,7 @@ import stat
 import sys
 import tempfile
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -70,8 +76,13 @@ __all__ = [
     "DiskCache",
     "FORMAT_VERSION",
     "LOCK_TIMEOUT_S",
+    "OWNED_DIRS",
+    "RootItem",
     "cache_key",
+    "clear_root",
     "environment_fingerprint",
+    "root_contents",
+    "root_problem",
 ]
 
 #: bumped whenever the entry layout or manifest schema changes; older entries are discarded
@@ -528,20 +539,7 @@ class DiskCache:
     # -- maintenance -------------------------------------------------------------------------
 
     def _entries(self, ns_dir: Path):
-        try:
-            shards = list(os.scandir(ns_dir))
-        except OSError:
-            return
-        for shard in shards:
-            if shard.name.startswith(".") or not shard.is_dir(follow_symlinks=False):
-                continue
-            try:
-                children = list(os.scandir(shard.path))
-            except OSError:
-                continue
-            for child in children:
-                if not child.name.startswith(".") and child.is_dir(follow_symlinks=False):
-                    yield Path(child.path)
+        return _namespace_entries(ns_dir)
 
     def clear(self, all_namespaces: bool = False) -> int:
         """Delete every entry of this namespace (of every namespace under the root with
@@ -583,6 +581,184 @@ class DiskCache:
                 "bytes": sum(_tree_bytes(e) for e in entries),
             }
         return {"root": str(self.root), "enabled": self.readable, "namespaces": namespaces}
+
+
+# --------------------------------------------------------------------------------------------
+# The whole root: what tilefuse owns there (`tilefuse cache info|clear`)
+# --------------------------------------------------------------------------------------------
+
+#: the directories tilefuse writes under the root, and what they hold, in words
+OWNED_DIRS = {
+    "triton": "generated Triton kernels (source)",  # backends/triton/launcher.py
+    "cpu": "generated C++ kernels (source and shared library)",  # backends/cpu/launcher.py
+    "tune": "tuning results: the schedule chosen per kernel and shape",  # tune/cache.py
+    "tune-ceilings": "measured bandwidth and compute ceilings of each GPU",  # tune/tuner.py
+    "triton-bin": "Triton's compiled binaries (TRITON_CACHE_DIR, unless you set it)",  # backends/triton
+    "repro": "reproducer scripts of failed compiles",  # check/failure.py
+}
+#: the OWNED_DIRS that are DiskCache namespaces (the entry layout of the module docstring)
+NAMESPACES = ("triton", "cpu", "tune", "tune-ceilings")
+
+
+@dataclass
+class RootItem:
+    """One thing directly under the cache root."""
+
+    name: str
+    what: str  # what it holds, in words ("" when it is not tilefuse's)
+    owned: bool  # tilefuse's: removed by clear_root
+    entries: int = 0  # cache entries of a namespace; files and directories of another directory
+    bytes: int = 0  # everything in it: entries, locks, temporary files
+    oldest: float | None = None  # modification times of its entries (seconds since the epoch)
+    newest: float | None = None
+    note: str = ""  # why it is left alone, or what could not be removed
+
+
+def root_problem(root: str | os.PathLike | None = None) -> str | None:
+    """Why the cache refuses to load from the root (see the module docstring), or None."""
+    try:
+        reason = _insecure_reason(_root_path(root))
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"cannot be inspected ({e})"
+    return f"it {reason}" if reason else None
+
+
+def root_contents(root: str | os.PathLike | None = None) -> list[RootItem]:
+    """Everything directly under the cache root (``config.cache_dir`` by default), by name,
+    tilefuse's or not. Creates nothing; empty when the root does not exist."""
+    path = _root_path(root)
+    try:
+        found = sorted(os.scandir(path), key=lambda e: e.name)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return [_describe(e) for e in found]
+
+
+def clear_root(root: str | os.PathLike | None = None) -> list[RootItem]:
+    """Remove everything tilefuse owns under the cache root: every namespace, the other
+    directories of :data:`OWNED_DIRS`, a namespace of another version, leftovers of an
+    interrupted clear. Returns them as they were before removal (entries and bytes removed;
+    ``note`` says what could not be removed). Anything else, and every symbolic link, is left
+    alone: nothing outside the root is ever touched.
+
+    The cache has no lock over a whole namespace (readers take none): each directory is first
+    renamed out of the way in one step, so a concurrent compile finds a complete, verified
+    entry or a miss (and rebuilds), never a half-deleted one; then it is deleted by
+    ``shutil.rmtree``, which does not follow symbolic links. Never raises on I/O errors.
+    """
+    path = _root_path(root)
+    removed = []
+    for item in root_contents(path):
+        if not item.owned:
+            continue
+        target = path / item.name
+        if not item.name.startswith(_TRASH_PREFIX):
+            trash = path / f"{_TRASH_PREFIX}{item.name}-{os.getpid()}-{os.urandom(4).hex()}"
+            try:
+                os.rename(target, trash)
+                target = trash
+            except FileNotFoundError:
+                continue  # removed meanwhile
+            except OSError:
+                pass  # delete in place
+        errors = _rmtree(target)
+        if errors:
+            item.note = f"not everything could be removed: {errors[0]}"
+        removed.append(item)
+    logs.log("cache", "cleared %s under %s", ", ".join(i.name for i in removed) or "nothing", path)
+    return removed
+
+
+def _root_path(root: str | os.PathLike | None) -> Path:
+    if root is None:
+        from ..config import config
+
+        root = config.cache_dir
+    return Path(os.path.abspath(os.path.expanduser(os.fspath(root))))
+
+
+def _describe(entry: os.DirEntry) -> RootItem:
+    name, path = entry.name, Path(entry.path)
+    try:
+        if entry.is_symlink():
+            return RootItem(name, OWNED_DIRS.get(name, ""), False, note="a symbolic link: not followed")
+        if not entry.is_dir(follow_symlinks=False):
+            return RootItem(name, "", False, note="not tilefuse's")
+        if name.startswith(_TRASH_PREFIX):
+            item = RootItem(name, "left over from an interrupted clear", True)
+            children = [path]
+        elif name in NAMESPACES or (name not in OWNED_DIRS and _looks_like_namespace(path)):
+            item = RootItem(name, OWNED_DIRS.get(name, "cache entries of another tilefuse version"), True)
+            children = list(_namespace_entries(path))
+        elif name in OWNED_DIRS:
+            item = RootItem(name, OWNED_DIRS[name], True)
+            children = [Path(c.path) for c in os.scandir(path) if not c.name.startswith(".")]
+        else:
+            return RootItem(name, "", False, note="not tilefuse's")
+    except OSError as e:
+        return RootItem(name, OWNED_DIRS.get(name, ""), False, note=f"cannot be read ({e})")
+    times = []
+    for child in children:
+        try:
+            times.append(os.lstat(child).st_mtime)
+        except OSError:
+            pass
+    item.entries = 0 if name.startswith(_TRASH_PREFIX) else len(children)
+    item.bytes = _tree_bytes(path)
+    item.oldest, item.newest = (min(times), max(times)) if times else (None, None)
+    return item
+
+
+def _looks_like_namespace(path: Path) -> bool:
+    """Laid out as a namespace: only two-character shards, holding ``<key>`` directories and
+    ``<key>.lock`` files whose names start with the shard's."""
+    try:
+        shards = [d for d in os.scandir(path) if not d.name.startswith(".")]
+        for shard in shards:
+            if len(shard.name) != 2 or not shard.is_dir(follow_symlinks=False):
+                return False
+            for child in os.scandir(shard.path):
+                key = child.name[:-5] if child.name.endswith(".lock") else child.name
+                if not (key.startswith(shard.name) and _KEY_RE.fullmatch(key)):
+                    return False
+    except OSError:
+        return False
+    return bool(shards)
+
+
+def _rmtree(path: Path) -> list[str]:
+    """Delete a tree without following symbolic links; the errors met, as text."""
+    errors: list[str] = []
+
+    def record(_func, where, exc):
+        exc = exc[1] if isinstance(exc, tuple) else exc  # onerror passes exc_info
+        errors.append(f"{where}: {exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}")
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=record)
+    else:
+        shutil.rmtree(path, onerror=record)
+    return errors
+
+
+def _namespace_entries(ns_dir: Path):
+    """The entry directories of a namespace (``<shard>/<key>``), never through a symlink."""
+    try:
+        shards = list(os.scandir(ns_dir))
+    except OSError:
+        return
+    for shard in shards:
+        if shard.name.startswith(".") or not shard.is_dir(follow_symlinks=False):
+            continue
+        try:
+            children = list(os.scandir(shard.path))
+        except OSError:
+            continue
+        for child in children:
+            if not child.name.startswith(".") and child.is_dir(follow_symlinks=False):
+                yield Path(child.path)
 
 
 def _valid_name(name: Any) -> bool:
