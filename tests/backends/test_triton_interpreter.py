@@ -103,3 +103,17 @@ def test_a_compiled_mode_kernel_is_untouched():
         assert isinstance(_stdlib_kernel.cache_key, str)
         with pytest.raises(RuntimeError, match="outside of the scope of a kernel"):
             _bigger(1, 2)
+
+
+def test_a_triton_without_the_internals_gets_a_clear_error(monkeypatch):
+    import triton.runtime.interpreter as triton_interpreter
+
+    monkeypatch.delattr(triton_interpreter, "_patch_lang")
+    interpreter._triton.cache_clear()
+    try:
+        with pytest.raises(interpreter.InterpreterUnavailable, match="TRITON_INTERPRET=1"):
+            interpreter.launchable(_stdlib_kernel)
+    finally:
+        monkeypatch.undo()
+        interpreter._triton.cache_clear()
+    _launch(torch.randn(N, M))  # and all is well again

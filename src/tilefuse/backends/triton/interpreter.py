@@ -57,6 +57,9 @@ def _triton() -> types.SimpleNamespace:
     advice = "set TRITON_INTERPRET=1 before starting Python, or use TILEFUSE_BACKEND=cpu"
     try:
         import triton
+    except ImportError as err:
+        raise InterpreterUnavailable(f"the Triton interpreter needs Triton, which is not installed ({err})") from err
+    try:
         import triton.language as tl
         from triton.runtime.errors import InterpreterError
         from triton.runtime.interpreter import InterpretedFunction, _patch_lang
