@@ -30,8 +30,9 @@ as it would with Triton's own interpreter.
 When the standard library is already interpreted (the user set `TRITON_INTERPRET=1` before
 importing Triton) nothing is patched: launches only take the lock.
 
-Written against Triton 3.6-3.9 (`triton.runtime.interpreter`: `InterpretedFunction`,
-`_patch_lang`); a Triton without those internals gets a clear error naming the alternative.
+Relies on Triton internals that 3.6 to 3.9 share (`triton.runtime.interpreter`'s
+`InterpretedFunction` and `_patch_lang`; tested on 3.6 and 3.9); a Triton without them gets a
+clear error naming the alternatives (`InterpreterUnavailable`).
 """
 from __future__ import annotations
 
