@@ -1,5 +1,6 @@
-"""The CPU backends a test compares: the C++ backend, and the Triton interpreter where the
-test run set it up (`TRITON_INTERPRET=1`, as CI does; a GPU run of the suite does not)."""
+"""The CPU backends a test compares: on a CPU run of the suite (TILEFUSE_TEST_DEVICE unset or
+"cpu") the C++ backend and the Triton interpreter, which tilefuse scopes to its own kernels
+(no TRITON_INTERPRET needed); a GPU run compares the C++ backend only."""
 import os
 
-CPU_BACKENDS = ["cpu"] + (["interpret"] if os.environ.get("TRITON_INTERPRET") == "1" else [])
+CPU_BACKENDS = ["cpu", "interpret"] if os.environ.get("TILEFUSE_TEST_DEVICE", "cpu") == "cpu" else ["cpu"]

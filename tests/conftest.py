@@ -12,5 +12,3 @@ os.environ.setdefault("TILEFUSE_CACHE_DIR", tempfile.mkdtemp(prefix="tilefuse-te
 os.environ.setdefault("TILEFUSE_FALLBACK", "error")
 # tests check results, not speed: no measured tuning on a GPU (the cost model still chooses)
 os.environ.setdefault("TILEFUSE_AUTOTUNE", "0")
-if os.environ.get("TILEFUSE_TEST_DEVICE", "cpu") == "cpu":
-    os.environ.setdefault("TRITON_INTERPRET", "1")

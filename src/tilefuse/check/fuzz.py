@@ -107,8 +107,8 @@ def reproducer_source(program: Program, outcome: Outcome, seed: int = 0) -> str:
     detail = outcome.detail.replace('"""', "'''")
     return f'''"""tilefuse fuzzer reproducer ({outcome.status}): {detail}
 
-Run with `python <this file>` (on CPU: TRITON_INTERPRET=1). It exits with an error while the
-bug is present and prints "ok" once it is fixed."""
+Run with `python <this file>`. It exits with an error while the bug is present and prints
+"ok" once it is fixed."""
 import torch
 import torch.nn.functional as F
 

@@ -48,7 +48,7 @@ it does not write there either, as nothing written could be trusted back. Fix it
 ``chmod 700 <root>`` or point ``TILEFUSE_CACHE_DIR`` elsewhere.
 
 No torch or triton import happens at module level: :func:`environment_fingerprint` imports
-them lazily.
+torch lazily and reads Triton's version from its package metadata, never importing it.
 """
 from __future__ import annotations
 
@@ -181,12 +181,7 @@ def _fingerprint() -> tuple[tuple[str, str], ...]:
     except Exception:
         torch = None
     fp["torch"] = str(torch.__version__) if torch is not None else "none"
-    try:
-        import triton
-
-        fp["triton"] = str(triton.__version__)
-    except Exception:
-        fp["triton"] = "none"
+    fp["triton"] = _triton_version()
     if torch is not None:
         try:
             if torch.cuda.is_available():
@@ -198,6 +193,20 @@ def _fingerprint() -> tuple[tuple[str, str], ...]:
         except Exception:  # a broken driver must not break compilation
             pass
     return tuple(sorted(fp.items()))
+
+
+def _triton_version() -> str:
+    """Triton's version from its package metadata: the C++ backend keys its kernels with the
+    fingerprint too, and must not import Triton (slow, and not needed on that path)."""
+    from importlib import metadata
+
+    for dist in ("triton", "pytorch-triton", "pytorch-triton-rocm", "pytorch-triton-xpu"):
+        try:
+            return metadata.version(dist)
+        except Exception:  # not installed under this name, or unreadable metadata
+            continue
+    triton = sys.modules.get("triton")  # imported without metadata (a source checkout)
+    return str(getattr(triton, "__version__", "none"))
 
 
 def environment_fingerprint() -> dict[str, str]:

@@ -1,8 +1,12 @@
 """The system C++ compiler: finding it, its flags, and building one kernel's shared library.
 
-The compiler is `$CXX`, else the first of `c++`, `g++`, `clang++` on the PATH. Kernels are
-built with `-O3 -march=native` and OpenMP; when the compiler has no OpenMP (Apple clang
-without libomp) kernels are built without it, single-threaded, and a message says so once.
+The compiler is `$CXX`, else the first of `c++`, `g++`, `clang++` on the PATH. Flags suit the
+host (`host_flags`): `-O3` and fast-but-exact math everywhere; on x86-64 `-march=native` and
+512-bit vectors; on 64-bit Arm `-mcpu=native`; on any other machine portable flags only.
+Kernels use OpenMP (threads across programs, `omp simd` inner loops). A compiler without it
+(Apple clang, which has no `-fopenmp`; a clang without libomp) builds kernels single-threaded:
+with `-fopenmp-simd` if it has that, else with none; a message says so once. Apple clang is
+known to lack OpenMP up front; any other compiler is found out by its first failed build.
 Everything that changes the binary (the compiler's version, the flags, this CPU's ISA) is
 part of `build_key`, the disk-cache key of a kernel.
 """
@@ -11,17 +15,24 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
+import threading
+import warnings
 
 from ... import logs
 from ...runtime.cache import cache_key, environment_fingerprint
 
-FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math",
-         "-fwrapv", "-fno-semantic-interposition", "-mprefer-vector-width=512")
-OPENMP = ("-fopenmp",)
-_no_openmp: set[str] = set()  # compilers found to lack OpenMP in this process
+FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math", "-fwrapv")
+X86_64 = ("-march=native", "-mprefer-vector-width=512")
+ARM64 = ("-mcpu=native",)
+# OpenMP as far as the compiler has it: threads and simd, simd pragmas only, nothing
+OPENMP_LEVELS = (("-fopenmp",), ("-fopenmp-simd",), ())
+_openmp_level: dict[str, int] = {}  # compilers found to lack (some) OpenMP in this process
+_told_single_threaded: set[str] = set()
+_lock = threading.Lock()  # builds run in a thread pool
 
 
 class CompilerNotFound(RuntimeError):
@@ -53,17 +64,34 @@ def require_compiler() -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def compiler_version(cxx: str) -> str:
+def _version_text(cxx: str) -> str:
     try:
-        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30)
-        return out.stdout.strip().splitlines()[0] if out.stdout.strip() else "unknown"
+        return subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        return ""
+
+
+def compiler_version(cxx: str) -> str:
+    text = _version_text(cxx)
+    return text.splitlines()[0] if text else "unknown"
+
+
+def compiler_family(cxx: str) -> str:
+    """"gcc", "clang", "apple-clang", or "unknown" (then treated as GCC-compatible, as every
+    compiler found under the names above is)."""
+    text = _version_text(cxx)
+    if "Apple" in text and "clang" in text:
+        return "apple-clang"
+    if "clang" in text:
+        return "clang"
+    if "Free Software Foundation" in text or "gcc" in text.lower() or "g++" in text:
+        return "gcc"
+    return "unknown"
 
 
 @functools.lru_cache(maxsize=None)
 def cpu_id() -> str:
-    """The ISA `-march=native` targets: a hash of the CPU's model and feature flags."""
+    """The ISA `-march=native`/`-mcpu=native` targets: a hash of the CPU's model and features."""
     text = ""
     try:
         with open("/proc/cpuinfo") as f:
@@ -72,15 +100,43 @@ def cpu_id() -> str:
                     text += line
                 if line.strip() == "":
                     break
-    except OSError:
-        import platform
-
+    except OSError:  # no /proc (macOS): the CPU's name where sysctl has it
         text = platform.processor() + platform.machine()
+        try:
+            text += subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True,
+                                   text=True, timeout=10).stdout
+        except (OSError, subprocess.SubprocessError):
+            pass
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def flags(cxx: str) -> tuple:
-    return FLAGS + (() if cxx in _no_openmp else OPENMP)
+def host_flags(machine: str, family: str, openmp_level: int = 0) -> tuple:
+    """The flags for a host (`platform.machine()`) and compiler family; `openmp_level` indexes
+    `OPENMP_LEVELS`."""
+    machine = machine.lower()
+    if machine in ("x86_64", "amd64"):
+        target = X86_64
+    elif machine in ("aarch64", "arm64"):
+        target = ARM64
+    else:
+        target = ()
+    openmp_level = max(openmp_level, _first_openmp_level(family))
+    # GCC and LLVM on ELF: calls between a library's own functions need not go through the PLT
+    interposition = () if family == "apple-clang" else ("-fno-semantic-interposition",)
+    return FLAGS + interposition + target + OPENMP_LEVELS[openmp_level]
+
+
+def _first_openmp_level(family: str) -> int:
+    return 1 if family == "apple-clang" else 0  # Apple's driver rejects -fopenmp outright
+
+
+def _openmp_level_of(cxx: str) -> int:
+    return max(_openmp_level.get(cxx, 0), _first_openmp_level(compiler_family(cxx)))
+
+
+def flags(cxx: str, openmp_level: int | None = None) -> tuple:
+    level = _openmp_level_of(cxx) if openmp_level is None else openmp_level
+    return host_flags(platform.machine(), compiler_family(cxx), level)
 
 
 def build_key(source: str, cxx: str) -> str:
@@ -93,18 +149,29 @@ def build(source: str, cxx: str) -> bytes:
         src, lib = os.path.join(tmp, "kernel.cpp"), os.path.join(tmp, "kernel.so")
         with open(src, "w") as f:
             f.write(source)
-        proc = _run(cxx, flags(cxx), src, lib)
-        if proc.returncode != 0 and cxx not in _no_openmp and "openmp" in proc.stderr.lower() + proc.stdout.lower():
-            _no_openmp.add(cxx)
+        level = _openmp_level_of(cxx)
+        proc = _run(cxx, flags(cxx, level), src, lib)
+        while proc.returncode != 0 and level < len(OPENMP_LEVELS) - 1 and _rejects_openmp(proc):
+            level += 1  # from now on for this compiler
+            with _lock:
+                _openmp_level[cxx] = max(_openmp_level.get(cxx, 0), level)
+            proc = _run(cxx, flags(cxx, level), src, lib)
+        if level > 0 and cxx not in _told_single_threaded:
+            _told_single_threaded.add(cxx)
             logs.log("code", "%s has no OpenMP: CPU kernels are built single-threaded", cxx)
-            import warnings
-
             warnings.warn(f"{cxx} has no OpenMP support: tilefuse CPU kernels run on one thread", RuntimeWarning)
-            proc = _run(cxx, flags(cxx), src, lib)
         if proc.returncode != 0:
             raise CompileError(f"{os.path.basename(cxx)} failed on a generated kernel:\n{proc.stderr[-4000:]}")
         with open(lib, "rb") as f:
             return f.read()
+
+
+# what a compiler without OpenMP says: the flag refused, or the runtime library missing
+_NO_OPENMP_SIGNS = ("-fopenmp", "omp.h", "lgomp", "lomp", "libgomp", "libomp", "libiomp")
+
+
+def _rejects_openmp(proc) -> bool:
+    return any(sign in proc.stderr + proc.stdout for sign in _NO_OPENMP_SIGNS)
 
 
 def _run(cxx: str, fl: tuple, src: str, lib: str):

@@ -2,10 +2,18 @@
 
 Generated source goes through the disk cache (namespace "triton", keyed by the source and the
 environment fingerprint) and is imported from the cached file, because `triton.jit` needs a
-real file to read the source from. Triton's own binary cache is pointed inside the tilefuse
-cache directory unless the user set `TRITON_CACHE_DIR`, so a second process with the same
-graph compiles nothing new. Interpreter mode needs `TRITON_INTERPRET=1` from before Triton's
-import (`import tilefuse` sets it on machines without CUDA).
+real file to read the source from.
+
+Triton's own binary cache is left where Triton puts it (its default, or the user's
+`TRITON_CACHE_DIR`): tilefuse changes no environment variable and no process-wide Triton knob.
+Scoping `triton.knobs.cache.dir` to our launches was rejected: the knob is process-global, so a
+user's kernel compiled in another thread during one of our launches would land in our directory.
+Triton keys its binaries by their full source and options, so sharing its cache is safe, and a
+second process with the same graph still compiles nothing new. `tilefuse cache clear` clears
+tilefuse's cache only; Triton's cache is Triton's to manage.
+
+Interpreted kernels (`interpret`) run through `interpreter.py`, which scopes Triton's
+interpreter to tilefuse's own launches, without `TRITON_INTERPRET`.
 
 A kernel with index checks (`tl.device_assert`) is built in Triton's debug mode, as Inductor
 builds kernels with indirect indexing: `debug=True` keeps the asserts, `sanitize_overflow=False`
@@ -30,6 +38,7 @@ from ...ir import symbolic
 from ...runtime.cache import DiskCache, cache_key, environment_fingerprint
 from ...ir.bounds import index_error
 from ...tile.ir import TileKernel, check_message, checks_of
+from . import interpreter
 
 _import_lock = threading.Lock()
 _modules: dict[str, object] = {}
@@ -45,20 +54,7 @@ def kernel_cache() -> DiskCache:
     return _caches[root]
 
 
-def _point_triton_cache() -> None:
-    if "TRITON_CACHE_DIR" not in os.environ:
-        os.environ["TRITON_CACHE_DIR"] = os.path.join(config.cache_dir, "triton-bin")
-
-
-def _check_interpreter(interpret: bool) -> None:
-    if interpret and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError(
-            "the interpret backend needs the Triton interpreter, which must be chosen before Triton "
-            "is imported: set TRITON_INTERPRET=1 (or import tilefuse before triton)")
-
-
 def _import_source(source: str, key: str, interpret: bool):
-    _check_interpreter(interpret)
     mod_name = f"tilefuse_kernel_{key[:24]}_{'i' if interpret else 'g'}"
     if mod_name in _modules:
         return _modules[mod_name]
@@ -86,9 +82,9 @@ class TritonKernel:
         self.kernel = kernel
         self.source = source
         self.interpret = interpret
-        _point_triton_cache()
         key = cache_key("triton-kernel", source, interpret, environment_fingerprint())
-        self.fn = getattr(_import_source(source, key, interpret), kernel.name)
+        fn = getattr(_import_source(source, key, interpret), kernel.name)
+        self.fn = interpreter.launchable(fn) if interpret else fn
         self._shapes: dict = {}  # size_key(env) -> (size arguments, grid, empty)
         self.described = _described_buffers(kernel.body)  # read through tensor descriptors (TMA)
         self.checks = checks_of(kernel.body)
@@ -127,19 +123,27 @@ class TritonKernel:
                 args.append(buffers[name].stride(k))
             else:
                 args.append(values[name])
-        if self.checks and self.interpret:
-            with _interpreter_asserts():
-                try:
-                    self.fn[grid](*args, **self.kernel.constexprs, num_warps=self.kernel.num_warps,
-                                  num_stages=self.kernel.num_stages)
-                except Exception as err:  # noqa: BLE001 - a failed check is re-raised as eager raises it
-                    failed = self._check_failure(err, env)
-                    if failed is None:
-                        raise
-                    raise failed from None
+        if self.interpret:
+            with interpreter.running():
+                self._interpret(grid, args, env)
             return
         self.fn[grid](*args, **self.kernel.constexprs, num_warps=self.kernel.num_warps,
                       num_stages=self.kernel.num_stages, **self.debug)
+
+    def _interpret(self, grid, args: list, env: dict) -> None:
+        launch = self.fn[grid]
+        options = dict(self.kernel.constexprs, num_warps=self.kernel.num_warps, num_stages=self.kernel.num_stages)
+        if not self.checks:
+            launch(*args, **options)
+            return
+        with _interpreter_asserts():
+            try:
+                launch(*args, **options)
+            except Exception as err:  # noqa: BLE001 - a failed check is re-raised as eager raises it
+                failed = self._check_failure(err, env)
+                if failed is None:
+                    raise
+                raise failed from None
 
     def _check_failure(self, err: BaseException, env: dict):
         """The error of the check whose assert failed under the interpreter (None if `err` is
