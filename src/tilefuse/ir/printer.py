@@ -76,9 +76,14 @@ def format_graph(g) -> str:
         for n in g.inputs
     )
     lines = [f"def {g.name}({params}):"]
+    origins = getattr(g, "origins", {})
     for node in g.nodes.values():
         if isinstance(node, (Input, ScalarInput)):
             continue
-        lines.append("  " + format_node(node))
+        text = format_node(node)
+        origin = origins.get(node.name)
+        if origin:  # where it came from: `# mean, rsqrt  (model.py:42)`
+            text += f"{';' if ' # ' in text else '  #'} {origin.comment()}"
+        lines.append("  " + text)
     lines.append(f"  return ({', '.join(str(o) for o in g.outputs)})")
     return "\n".join(lines)
