@@ -17,7 +17,9 @@ import torch.fx
 from ..ir.identifiers import short_op_name
 from ..ir.origin import NO_ORIGIN, Origin
 
-_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)\n(?P<code>[^\n]*)')
+#: one frame of a stack trace, its source line when the trace has one
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>[^\n]+)'
+                    r'(?:\n(?!\s*File ")(?P<code>[^\n]*))?')
 _TORCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(torch.fx.__file__)))
 MAX_CODE = 60  # characters of the source line kept
 
@@ -42,10 +44,10 @@ def source_line(stack_trace: str | None) -> str | None:
         return None
     user = [f for f in frames if not os.path.abspath(f["file"]).startswith(_TORCH_DIR + os.sep)]
     frame = (user or frames)[-1]
-    code = frame["code"].strip()
+    code = (frame["code"] or "").strip()
     if len(code) > MAX_CODE:
         code = code[:MAX_CODE - 3] + "..."
-    place = f"{os.path.basename(frame['file'])}:{frame['line']} in {frame['fn']}"
+    place = f"{os.path.basename(frame['file'])}:{frame['line']} in {frame['fn'].strip()}"
     return f"{place}: {code}" if code else place
 
 

@@ -14,7 +14,9 @@ Walking the graph in order, each realised node either joins an earlier kernel or
   kernel.
 
 A node may join kernel K only if everything else it reads is produced before K. Every choice
-and every refusal is recorded for `tilefuse.explain` and `TILEFUSE_LOGS=fusion`.
+and every refusal is recorded for `tilefuse.explain` and `TILEFUSE_LOGS=fusion`. Kernels are
+called `kernel<N>` while they are planned (the log says so) and get their final names, which
+the recorded decisions then use, once every plan is complete (`fusion.naming`).
 """
 from __future__ import annotations
 
