@@ -122,7 +122,7 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
         if isinstance(step, ExternStep):
             node = graph[step.node]
             report.externs.append((node.name, node.target_name, node.reason))
-            steps.append(ExternCall(node.name, sorted(node.inputs())))
+            steps.append(ExternCall(node.name, sorted(node.inputs()), step.label))
             continue
         if _statically_empty(graph, step):
             # no element to compute (a dim of 0): the outputs are only allocated

@@ -61,8 +61,8 @@ def _inject_launch(mp):
     mp.setattr("tilefuse.backends.triton.launcher.TritonKernel.__call__", _boom)
 
 
-#: the one kernel of `fn`, whatever number its graph has
-KERNEL = r"forward\d+_pw_mul_add_sin_0"
+#: the one kernel of `fn`
+KERNEL = r"forward_[0-9a-f]{6}_pw_mul_add_sin_0"
 
 #: stage -> (injection, the stage named, a pattern for the op named)
 STAGES = {

@@ -13,11 +13,11 @@ from tilefuse.check.compare import compare_outputs
 
 
 def f(x, w):
-    return torch.relu(x @ w).sum(0) * 2  # forward<N>_mm_mm_0: buf2; forward<N>_red_relu_sum_mul_1
+    return torch.relu(x @ w).sum(0) * 2  # forward_<tag>_mm_mm_0: buf2; forward_<tag>_red_relu_sum_mul_1
 
 
-#: the two kernels of `f`, whatever number its graph has
-PRODUCT, REDUCTION = r"forward\d+_mm_mm_0", r"forward\d+_red_relu_sum_mul_1"
+#: the two kernels of `f`
+PRODUCT, REDUCTION = r"forward_[0-9a-f]{6}_mm_mm_0", r"forward_[0-9a-f]{6}_red_relu_sum_mul_1"
 
 
 def _args():

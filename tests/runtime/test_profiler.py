@@ -1,7 +1,8 @@
 """What a profile of a compiled model shows: every kernel launch and extern call as a named
-range, and kernel names that say which graph and which fused ops (`<graph>_<kind>_<ops>_<k>`),
-unique, deterministic, valid identifiers, with the ops' origins carried through CSE and
-inlining and the user's source lines on forward and backward kernels alike."""
+range, and kernel names that say which graph and which fused ops (`<graph>_<kind>_<ops>_<k>`,
+the graph part its kind and a fingerprint: `forward_3fa2c1`), unique, deterministic, valid
+identifiers, with the ops' origins carried through CSE and inlining and the user's source lines
+on forward and backward kernels alike."""
 import inspect
 import keyword
 import re
@@ -18,12 +19,21 @@ from tilefuse import api
 from tilefuse.fusion import plan_graph
 from tilefuse.fusion.naming import MAX_OPS_CHARS, kernel_name
 from tilefuse.ir.expr import Unary
+from tilefuse.ir.graph import Graph
+from tilefuse.ir.identifiers import MAX_GRAPH_TAG, graph_tag
 from tilefuse.ir.origin import Origin
 from tilefuse.passes import run_passes
 from tilefuse.runtime import compiled as compiled_module
 
 IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9]*(_[A-Za-z0-9]+)*")
 MAX_NAME = 64  # a derived kernel's suffix included (`_epilogue`)
+
+
+def _tag(name: str) -> str:
+    """The graph part of a kernel name: `forward_3fa2c1`."""
+    kind, fingerprint = name.split("_")[:2]
+    assert re.fullmatch(r"[0-9a-f]{6}", fingerprint), name
+    return f"{kind}_{fingerprint}"
 
 
 class RMSNormLinear(nn.Module):
@@ -78,7 +88,7 @@ def test_profiler_shows_every_kernel_by_name(backend):
     assert not missing, (missing, sorted(events))
     (report,) = ex.reports
     assert f"tilefuse {report.graph_name}" in events  # the graph's own range around its steps
-    assert all(n.startswith(report.graph_name + "_") for n in names), names
+    assert {_tag(n) for n in names} == {_tag(names[0])} and names[0].startswith("forward_"), names
     # the names and the reports say what each kernel computes, and where the program says it
     norm = [k for k in ex.kernels if "rsqrt" in k.ops]
     assert norm and {"pow", "mean", "rsqrt"} <= set(norm[0].ops), [k.ops for k in ex.kernels]
@@ -107,7 +117,8 @@ def test_extern_calls_are_named_ranges(backend):
     torch.testing.assert_close(out, fn(x, w))
     (report,) = ex.reports
     assert report.externs, str(ex)
-    externs = [e for e in events if e.startswith(f"{report.graph_name}_extern_")]
+    tag = _tag(report.kernels[0].name)
+    externs = [e for e in events if e.startswith(f"{tag}_extern_")]
     assert externs and all(IDENTIFIER.fullmatch(e) for e in externs), sorted(events)
     assert any("convolution" in e for e in externs), externs
 
@@ -134,27 +145,25 @@ def test_without_a_profiler_the_check_runs_once_per_call_and_no_range_opens(monk
     assert len(calls) == 3  # one check per graph call, however many kernels the graph has
 
 
-def _kernel_names_after_reset(fn, *args):
+def _kernels_after_reset(fn, *args):
     torch._dynamo.reset()
     ex = tilefuse.explain(fn, *args, backend="cpu")
-    return [(r.graph_name, [k.name for k in r.kernels], [k.source for k in r.kernels]) for r in ex.reports]
+    return [r.graph_name for r in ex.reports], [(k.name, k.source) for k in ex.kernels]
 
 
 def test_names_are_deterministic_across_compiles():
     """The same program compiles to the same kernel names and sources (what the disk caches key
-    on). The graph's number is the API's count of graphs compiled in this process (a fresh
-    process counts from 0 again): each name is that graph name followed by the same rest."""
+    on), whatever the API numbers its graphs; another program's kernels are named apart."""
     torch.manual_seed(2)
     model = RMSNormLinear(d=23, out=11)
     x = torch.randn(7, 23)
     with torch.no_grad():
-        first = _kernel_names_after_reset(model, x)
-        second = _kernel_names_after_reset(model, x)
-    assert len(first) == len(second) == 1
-    (g1, names1, src1), (g2, names2, src2) = first[0], second[0]
-    assert names1 and all(n.startswith(g1 + "_") for n in names1) and all(n.startswith(g2 + "_") for n in names2)
-    assert [n[len(g1):] for n in names1] == [n[len(g2):] for n in names2]
-    assert [s.replace(g1 + "_", "") for s in src1] == [s.replace(g2 + "_", "") for s in src2]
+        graphs1, first = _kernels_after_reset(model, x)
+        graphs2, second = _kernels_after_reset(model, x)
+        _, other = _kernels_after_reset(model, torch.randn(7 + 2, 23))  # another shape: another graph
+    assert graphs1 != graphs2  # forward<N>, forward<N+1>
+    assert first and first == second
+    assert {_tag(n) for n, _ in first}.isdisjoint({_tag(n) for n, _ in other})
 
 
 class Block(nn.Module):
@@ -207,7 +216,8 @@ def test_backward_kernels_carry_the_users_source_lines(backend):
     backward = [r for r in reports if r.graph_name.startswith("backward")]
     assert len(backward) == 1, [r.graph_name for r in reports]
     kernels = backward[0].kernels
-    assert kernels and all(k.name.startswith(backward[0].graph_name + "_") for k in kernels)
+    assert kernels and all(k.name.startswith("backward_") for k in kernels)
+    assert len({_tag(k.name) for k in kernels}) == 1
     missing = [k.name for k in kernels if k.name not in events]
     assert not missing, (missing, sorted(events))
     # the softmax's gradient comes from the attention line of forward()
@@ -226,17 +236,23 @@ def test_backward_kernels_carry_the_users_source_lines(backend):
 
 def test_kernel_names_are_bounded_identifiers_for_any_graph_name_and_ops():
     ops = ["scaled_dot_product_flash_attention_for_cpu", "native_layer_norm_backward", "mul", "add"]
-    for graph in ("forward0", "my graph-1!", "__init__", "0th", "x" * 200, "", "ünïcode"):
+    tags = set()
+    for graph_name in ("forward0", "forward1", "backward12", "my graph-1!", "__init__", "0th", "x" * 200, "",
+                       "ünïcode"):
+        tag = graph_tag(Graph(name=graph_name))
+        tags.add(tag)
+        assert len(tag) <= MAX_GRAPH_TAG, tag
         for index in (0, 7, 123):
-            name = kernel_name(graph, "red", ops, index)
+            name = kernel_name(tag, "red", ops, index)
             assert IDENTIFIER.fullmatch(name) and name.isidentifier(), name
-            assert len(name) <= 16 + len("_red_") + MAX_OPS_CHARS + len("_123"), name
+            assert len(name) <= MAX_GRAPH_TAG + len("_red_") + MAX_OPS_CHARS + len("_123"), name
             assert name.endswith(f"_{index}")
-    assert kernel_name("forward0", "red", ["pow", "mean", "add", "rsqrt", "mul"], 1) == \
-        "forward0_red_pow_mean_add_rsqrt_mul_1"
+    assert graph_tag(Graph(name="forward0")) == graph_tag(Graph(name="forward1"))  # the API's count is no part
+    assert kernel_name("forward_3fa2c1", "red", ["pow", "mean", "add", "rsqrt", "mul"], 1) == \
+        "forward_3fa2c1_red_pow_mean_add_rsqrt_mul_1"
     # plain copies and casts only name a kernel that does nothing else
-    assert kernel_name("backward3", "pw", ["to_copy", "gelu_backward", "clone"], 0) == "backward3_pw_gelu_backward_0"
-    assert kernel_name("forward0", "pw", ["clone"], 2) == "forward0_pw_clone_2"
+    assert kernel_name("b_1", "pw", ["to_copy", "gelu_backward", "clone"], 0) == "b_1_pw_gelu_backward_0"
+    assert kernel_name("f_1", "pw", ["clone"], 2) == "f_1_pw_clone_2"
 
 
 def test_origins_survive_cse_and_inlining():
@@ -256,7 +272,7 @@ def test_origins_survive_cse_and_inlining():
     assert "# exp, special_exp  (m.py:1, m.py:2)" in str(graph), str(graph)
     (kernel,) = plan_graph(graph).kernels  # the exp is inlined into the add's kernel
     assert kernel.origin.ops == ("exp", "special_exp", "add")
-    assert kernel.name == "g_pw_exp_special_exp_add_0"
+    assert kernel.name == f"{graph_tag(graph)}_pw_exp_special_exp_add_0" and kernel.name.startswith("g_")
     assert [line.split(" in ")[0] for line in kernel.origin.lines] == ["m.py:1", "m.py:2", "m.py:3"]
 
 

@@ -9,6 +9,7 @@ The op name prefers `original_aten`: it is the op the program wrote, and the sho
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 
@@ -34,6 +35,7 @@ def origin_of(node: torch.fx.Node) -> Origin:
     return Origin((op,) if op else (), (line,) if line else ())
 
 
+@functools.lru_cache(maxsize=1024)  # the nodes of one line of code share its trace
 def source_line(stack_trace: str | None) -> str | None:
     """`model.py:42 in forward: x = x * torch.rsqrt(...)` for the innermost frame of the user's
     code in a Dynamo stack trace (frames inside torch itself are skipped), else None."""

@@ -1,8 +1,9 @@
 """Kernel names: which graph, which kind of kernel, which fused ops.
 
-A plan is named `<graph>_<kind>_<ops>_<k>`, e.g. `forward0_red_pow_mean_add_rsqrt_mul_1`:
+A plan is named `<graph>_<kind>_<ops>_<k>`, e.g. `forward_3fa2c1_red_pow_mean_add_rsqrt_mul_1`:
 
-* `<graph>` — the graph's name (`forward0`, `backward1`: `ir.identifiers.graph_tag`);
+* `<graph>` — the kind of graph (`forward`, `backward`) and a fingerprint of what it computes
+  (`ir.identifiers.graph_tag`);
 * `<kind>` — `pw`, `red`, `mm`, `flash`, or `scatter` for an in-place indexed write;
 * `<ops>` — the ATen ops the kernel computes, in program order: those of its members and of
   the producers inlined into them (`fusion.inline`), or merged into it (the score and
@@ -11,9 +12,13 @@ A plan is named `<graph>_<kind>_<ops>_<k>`, e.g. `forward0_red_pow_mean_add_rsqr
   `fused_...` part;
 * `<k>` — the kernel's index among the graph's kernels, which makes the name unique.
 
-Nothing in a name depends on a process-wide counter beyond the graph's own name, so the same
-graph gives the same kernel sources (the disk caches key on them). Kernels the compiler derives
-from a plan add a suffix (`_epilogue`, `_partial`, `_merge`, `_part_<what>`).
+Nothing in a name depends on the order in which a process compiles graphs (the API's count in
+`forward0`, `backward1`): the same graph gets the same kernel names and so the same kernel
+sources, which the disk caches key on, in this process and the next; different graphs get
+different names. (A profile shows the API's graph name too: the graph's own range, `tilefuse
+forward0`, holds its kernels'.) Kernels the compiler derives from a plan add a suffix
+(`_epilogue`, `_partial`, `_merge`, `_part_<what>`). Extern calls get profile labels alike:
+`forward_3fa2c1_extern_convolution_buf3`.
 
 The planner names its plans `kernel<N>` while it works and its decisions say so; `name_kernels`
 gives the final names once the plans are complete, and `rename_text` rewrites those decisions.
@@ -24,9 +29,9 @@ import re
 
 from ..ir.expr import Load, walk
 from ..ir.graph import Graph
-from ..ir.identifiers import graph_tag, identifier_part
+from ..ir.identifiers import graph_tag, identifier_part, short_op_name
 from ..ir.origin import Origin, origin_of_nodes
-from .plan import KernelPlan
+from .plan import ExternStep, KernelPlan
 
 KIND_LABELS = {"pointwise": "pw", "reduction": "red", "contraction": "mm", "flash": "flash"}
 MAX_OPS_CHARS = 32
@@ -61,8 +66,9 @@ def ops_part(ops) -> str:
     return out
 
 
-def kernel_name(graph_name: str, label: str, ops, index: int) -> str:
-    parts = [graph_tag(graph_name), label, ops_part(ops), str(index)]
+def kernel_name(tag: str, label: str, ops, index: int) -> str:
+    """`<tag>_<label>_<ops>_<index>`; `tag` is `ir.identifiers.graph_tag` of the graph."""
+    parts = [tag, label, ops_part(ops), str(index)]
     return "_".join(p for p in parts if p)
 
 
@@ -86,9 +92,14 @@ def kernel_origin(graph: Graph, members, inlined: set) -> Origin:
 
 
 def name_kernels(graph: Graph, steps: list, inlined: set, planned: dict) -> dict[str, str]:
-    """Give every plan of `steps` its final name and origin. `planned`: each provisional plan
-    name -> its members when planning ended (before kernels were merged). Returns provisional
-    name -> final name, for merged-away plans the name of the plan that absorbed them."""
+    """Give every plan of `steps` its final name and origin, every extern step its label.
+    `planned`: each provisional plan name -> its members when planning ended (before kernels
+    were merged). Returns provisional name -> final name, for merged-away plans the name of
+    the plan that absorbed them."""
+    tag = graph_tag(graph)
+    for s in steps:
+        if isinstance(s, ExternStep):
+            s.label = f"{tag}_extern_{short_op_name(graph[s.node].target_name) or 'call'}_{identifier_part(s.node)}"
     kernels = [s for s in steps if isinstance(s, KernelPlan)]
     final_of = {st.node: k for k in kernels for st in k.stages}
     absorbed: dict[int, list[str]] = {id(k): [] for k in kernels}
@@ -102,7 +113,7 @@ def name_kernels(graph: Graph, steps: list, inlined: set, planned: dict) -> dict
     for index, k in enumerate(kernels):
         old = k.name
         k.origin = kernel_origin(graph, [*k.members, *absorbed[id(k)]], inlined)
-        k.name = kernel_name(graph.name, kind_label(k), k.origin.ops, index)
+        k.name = kernel_name(tag, kind_label(k), k.origin.ops, index)
         mapping[old] = k.name
     for old, k in owner.items():
         mapping.setdefault(old, k.name)

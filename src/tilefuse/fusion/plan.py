@@ -82,6 +82,7 @@ class KernelPlan:
 class ExternStep:
     node: str
     reason: str = ""
+    label: str = ""  # its name in profiles (`fusion.naming`)
 
 
 @dataclass

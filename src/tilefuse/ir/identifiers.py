@@ -6,7 +6,10 @@ never starts or ends with `_` (C and C++ reserve `__` anywhere and `_X` at the s
 """
 from __future__ import annotations
 
-MAX_GRAPH_TAG = 16  # characters of a graph's name kept in its kernels' names
+import hashlib
+import re
+
+MAX_GRAPH_TAG = 16  # characters of the graph part of a kernel's name
 
 
 def identifier_part(text: str) -> str:
@@ -30,11 +33,27 @@ def short_op_name(target) -> str:
     return identifier_part(name.split(".", 1)[0])
 
 
-def graph_tag(graph_name: str) -> str:
-    """The graph part of a kernel name: the graph's name (`forward0`), made an identifier that
-    starts with a letter, at most `MAX_GRAPH_TAG` characters."""
-    tag = identifier_part(graph_name)[:MAX_GRAPH_TAG].rstrip("_") or "graph"
-    return tag if tag[0].isalpha() else f"g{tag}"[:MAX_GRAPH_TAG].rstrip("_")
+def graph_tag(graph) -> str:
+    """The graph part of a kernel name: the kind of graph (its name without the API's count:
+    `forward`, `backward`) and `graph_fingerprint`, e.g. `forward_3fa2c1`, at most
+    `MAX_GRAPH_TAG` characters."""
+    kind = identifier_part(re.sub(r"\d+$", "", graph.name))[:MAX_GRAPH_TAG - 7].rstrip("_") or "graph"
+    if not kind[0].isalpha():
+        kind = f"g{kind}"[:MAX_GRAPH_TAG - 7].rstrip("_")
+    return f"{kind}_{graph_fingerprint(graph)}"
 
 
-__all__ = ["identifier_part", "short_op_name", "graph_tag", "MAX_GRAPH_TAG"]
+def graph_fingerprint(graph) -> str:
+    """Six hex digits that depend only on what the graph computes: its inputs (layouts too),
+    nodes and outputs as printed, not its name (the API numbers graphs in the order a process
+    compiles them) nor the source lines its nodes come from (editing another line moves them).
+    The same graph gets the same kernel names and so the same kernel sources, which the disk
+    caches key on, in any process; two graphs share a tag with a chance of one in 16 million."""
+    from .printer import format_graph
+
+    layouts = [(n.name, getattr(n, "strides", None)) for n in graph.inputs]
+    text = f"{format_graph(graph, origins=False, name='graph')}\n{layouts}\n{sorted(graph.output_strides.items())}"
+    return hashlib.sha256(text.encode()).hexdigest()[:6]
+
+
+__all__ = ["identifier_part", "short_op_name", "graph_tag", "graph_fingerprint", "MAX_GRAPH_TAG"]

@@ -68,15 +68,17 @@ def format_node(node) -> str:
     return head
 
 
-def format_graph(g) -> str:
+def format_graph(g, origins: bool = True, name: str | None = None) -> str:
+    """The graph as text; `origins`: each node's ops and source places as a trailing comment;
+    `name`: the name printed instead of the graph's own."""
     from .graph import Input, ScalarInput
 
     params = ", ".join(
         f"{n.name}: {format_type(n.dtype, n.shape)}" if isinstance(n, Input) else f"{n.name}: int"
         for n in g.inputs
     )
-    lines = [f"def {g.name}({params}):"]
-    origins = getattr(g, "origins", {})
+    lines = [f"def {g.name if name is None else name}({params}):"]
+    origins = getattr(g, "origins", {}) if origins else {}
     for node in g.nodes.values():
         if isinstance(node, (Input, ScalarInput)):
             continue

@@ -8,8 +8,9 @@ Symbolic sizes are bound from the call's arguments on every call, so one compile
 serves every size.
 
 Under an active `torch.profiler` session every step is a named range: a kernel's own name
-(`forward0_red_pow_mean_add_rsqrt_mul_1`), an extern call's `forward0_extern_convolution_buf3`,
-inside one range for the whole graph (`tilefuse forward0`); see `runtime.profiling`.
+(`forward_3fa2c1_red_pow_mean_add_rsqrt_mul_1`), an extern call's label
+(`forward_3fa2c1_extern_convolution_buf3`), inside one range for the whole graph (`tilefuse
+forward0`); see `runtime.profiling`.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ class KernelStep:
 class ExternCall:
     name: str
     reads: list
+    label: str = ""  # its name in profiles
 
 
 class CompiledGraph:
@@ -116,11 +118,16 @@ class CompiledGraph:
         for name, target in self.in_place.items():
             buffers[name] = buffers[target]
         for k, step in enumerate(self.steps):
-            if labels is None:
-                self._step(step, buffers, env)
-            else:
+            if labels is not None:
                 with profiled(labels[k]):
                     self._step(step, buffers, env)
+            elif isinstance(step, KernelStep):  # (inline, as `_step` does: a call per step is measurable)
+                for name in step.writes:
+                    if name not in self.inputs:
+                        buffers[name] = self._alloc(name, env)
+                step.launch(buffers, env)
+            else:
+                self._extern(step, buffers, env)
             if on_step is not None:
                 on_step(k, step, buffers)
             for name in self.free_after[k]:
@@ -133,7 +140,10 @@ class CompiledGraph:
                 if name not in self.inputs:
                     buffers[name] = self._alloc(name, env)
             step.launch(buffers, env)
-            return
+        else:
+            self._extern(step, buffers, env)
+
+    def _extern(self, step, buffers: dict, env: dict) -> None:
         node = self.graph[step.name]
         result = run_extern(node, buffers, env)
         buffers[node.name] = result

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ir.identifiers import graph_tag, identifier_part, short_op_name
+from ..ir.identifiers import identifier_part, short_op_name
 
 
 def _python_flag() -> bool:
@@ -33,12 +33,15 @@ profiled = getattr(getattr(torch._C, "_profiler", None), "_RecordFunctionFast", 
 
 
 def step_label(graph, step) -> str:
-    """A step's range name: a kernel's own name; `<graph>_extern_<op>_<node>` for an extern call."""
+    """A step's range name: a kernel's own name; an extern call's label from the planner
+    (`forward_3fa2c1_extern_convolution_buf3`), or one made here."""
     if hasattr(step, "launch"):
         return step.name
+    if getattr(step, "label", ""):
+        return step.label
     node = graph[step.name]
     op = short_op_name(getattr(node, "target", None) or getattr(node, "target_name", "")) or "call"
-    return f"{graph_tag(graph.name)}_extern_{op}_{identifier_part(step.name)}"
+    return f"{identifier_part(graph.name) or 'graph'}_extern_{op}_{identifier_part(step.name)}"
 
 
 __all__ = ["profiler_enabled", "profiled", "step_label"]
