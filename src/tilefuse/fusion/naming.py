@@ -40,7 +40,7 @@ MAX_OPS_CHARS = 32
 PLUMBING = frozenset({
     "clone", "copy", "to_copy", "convert_element_type", "alias", "detach", "lift_fresh_copy", "view",
     "unsafe_view", "reshape", "expand", "permute", "t", "transpose", "unsqueeze", "squeeze", "slice",
-    "select", "contiguous", "as_strided", "cat", "split", "unbind", "index_select",
+    "select", "contiguous", "as_strided", "cat", "split", "unbind",
 })
 
 
