@@ -20,6 +20,7 @@ from .config import ConfigError, config
 from .frontend.to_ir import lower_fx
 from .fusion import ExternStep, plan_graph
 from .fusion.layout import assign_layouts
+from .fusion.naming import kernel_origin
 from .fusion.plan import KernelPlan, Stage
 from .ir.expr import Load, walk
 from .ir.verify import verify
@@ -43,6 +44,8 @@ class KernelReport:
     tile_ir: str
     notes: list
     tune_seconds: float = 0.0
+    ops: list = field(default_factory=list)  # the ATen ops it computes, in program order
+    source_lines: list = field(default_factory=list)  # the user's lines they come from
 
 
 @dataclass
@@ -123,7 +126,7 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
         if isinstance(step, ExternStep):
             node = graph[step.node]
             report.externs.append((node.name, node.target_name, node.reason))
-            steps.append(ExternCall(node.name, sorted(node.inputs())))
+            steps.append(ExternCall(node.name, sorted(node.inputs()), step.label))
             continue
         if _statically_empty(graph, step):
             # no element to compute (a dim of 0): the outputs are only allocated
@@ -167,6 +170,7 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
             report.kernels.append(KernelReport(tk.name, kind, step.members, source, str(tk), step.notes,
                                                tuned.seconds if tk is tks[0] else 0.0))
             steps.append(KernelStep(tk.name, launcher, list(tk.writes), list(tk.reads), dict(tk.scratch)))
+    _record_origins(report, graph, schedule)
     with stage("load"):  # C++ kernels are built in parallel: a failed build fails the compile
         for s in steps:
             wait = getattr(getattr(s, "launch", None), "wait", None)
@@ -180,6 +184,17 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
               and s.name not in read]
     steps = [s for s in steps if not any(s is w for w in writes)] + writes
     return CompiledGraph(graph, steps, device), report
+
+
+def _record_origins(report: CompileReport, graph, schedule) -> None:
+    """Each kernel's ATen ops and source lines: its plan's, or for a kernel the driver split off
+    a plan (an epilogue, a merge) those of the nodes it computes."""
+    plans = {k.name: k for k in schedule.kernels}
+    for k in report.kernels:
+        plan = plans.get(k.name)
+        origin = plan.origin if plan is not None and plan.origin is not None else \
+            kernel_origin(graph, k.nodes, schedule.inlined)
+        k.ops, k.source_lines = list(origin.ops), list(origin.lines)
 
 
 def _generate_and_load(tk, backend: str, step, stage):

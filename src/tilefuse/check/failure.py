@@ -68,7 +68,9 @@ def _describe_local(name: str, value) -> str | None:
         return f"ATen op {value.target} (FX node {value.name})"
     members = getattr(value, "members", None)
     if name in ("step", "plan") and isinstance(members, list) and hasattr(value, "name"):
-        return f"kernel {value.name} computing {', '.join(members)}"
+        lines = getattr(getattr(value, "origin", None), "lines", ())
+        where = f" (from {'; '.join(lines[:2])})" if lines else ""
+        return f"kernel {value.name} computing {', '.join(members)}{where}"
     if name in ("tk", "kernel") and hasattr(value, "name") and hasattr(value, "params"):
         return f"tile kernel {value.name}"
     if name == "step" and hasattr(value, "name") and hasattr(value, "reads"):

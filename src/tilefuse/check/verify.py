@@ -32,6 +32,7 @@ class KernelDivergence:
     allowed: float
     global_error: float | None  # max |kernel - interpreter run of the whole graph|
     definitions: list = field(default_factory=list)  # IR text of the kernel's nodes
+    source_lines: list = field(default_factory=list)  # the user's lines the kernel computes
 
 
 @dataclass
@@ -52,6 +53,7 @@ class VerifyResult:
         d = self.divergence
         if d is not None:
             lines.append(f"first diverging kernel: {d.kernel} [{d.kind}] computing {', '.join(d.nodes)}")
+            lines.extend(f"  from {line}" for line in d.source_lines)
             glob = f"; {d.global_error:.3g} against the interpreter run of the whole graph" \
                 if d.global_error is not None else ""
             lines.append(f"  {d.buffer}: max error {d.error:.3g} against the reference interpreter "
@@ -172,7 +174,8 @@ def find_diverging_kernel(compiled, args, report=None) -> KernelDivergence | Non
                         diff = (got.double() - whole[n].double()).abs()
                         glob = diff[torch.isfinite(diff)].max().item() if bool(torch.isfinite(diff).any()) else float("inf")
                     return KernelDivergence(step.name, info.kind if info is not None else "kernel", nodes, n,
-                                            bad.error, bad.allowed, glob, _definitions(graph, nodes))
+                                            bad.error, bad.allowed, glob, _definitions(graph, nodes),
+                                            list(getattr(info, "source_lines", ()))[:3])
         for n in writes + ([n for n, _ in compiled.extern_results.get(step.name, ())]
                            if not isinstance(step, KernelStep) else []):
             if n in snapshots:

@@ -18,6 +18,7 @@ from .. import logs
 from ..ir.graph import Constant, Graph, Input, ScalarInput
 from . import lowerings  # noqa: F401  (registers every lowering)
 from .context import LoweringContext, ir_dtype, shape_of, sym_expr
+from .origins import tag_new_nodes
 from .registry import Unsupported, find_lowering
 from .values import BufferValue, TensorValue
 
@@ -93,14 +94,19 @@ def lower_fx(gm: torch.fx.GraphModule, name: str = "graph") -> Graph:
             c = graph.add(Constant(graph.fresh_name("const"), ir_dtype(value.dtype), shape_of(value), value=value))
             env[node] = BufferValue(c.name, c.dtype, c.shape)
         elif node.op == "call_function":
+            before = len(graph.nodes)
             env[node] = _lower_call(ctx, node, arg(node.args), arg(node.kwargs), meta)
+            tag_new_nodes(graph, before, node)
         elif node.op == "output":
             outs = node.args[0]
             outs = outs if isinstance(outs, (list, tuple)) else (outs,)
             for o in outs:
                 v = arg(o) if o is not None else None
                 if isinstance(v, TensorValue):
+                    before = len(graph.nodes)
                     name = ctx.realize(v)
+                    if isinstance(o, torch.fx.Node):  # a view's copy: the view op's origin
+                        tag_new_nodes(graph, before, o)
                     graph.outputs.append(name)
                     meta_val = o.meta.get("val") if isinstance(o, torch.fx.Node) else None
                     if isinstance(meta_val, torch.Tensor) and name not in graph.output_strides:

@@ -169,11 +169,12 @@ def _check(out_k, red_k, f_name, side, by_node, graph, outputs, steps, note):
                         for s in reduces)
     flash.stages.append(Stage(out_k.stages[0].node, "contraction", term, store=out_k.stages[0].store, repair=repair))
     flash.stages.extend(out_k.stages[1:])
-    flash.notes = score_k.notes + red_k.notes + out_k.notes + [
-        f"{out_k.stages[0].node}: attention fusion of {score_k.name}, {red_k.name}, {out_k.name} "
-        f"(scores {s_name} never reach memory)", f"{out_k.stages[0].node}: {repair.describe()}"] + extra
-    note(flash.notes[-2])
-    note(flash.notes[-1])
+    fused = (f"{out_k.stages[0].node}: attention fusion of the scores {s_name}, their reductions "
+             f"{', '.join(s.node for s in reduces)} and the output product (the scores never reach memory)")
+    repaired = f"{out_k.stages[0].node}: {repair.describe()}"
+    flash.notes = score_k.notes + red_k.notes + out_k.notes + [fused, repaired] + extra
+    note(fused)
+    note(repaired)
     return score_k, red_k, flash
 
 

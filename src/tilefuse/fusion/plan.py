@@ -64,6 +64,7 @@ class KernelPlan:
     contraction: Contraction | None = None
     notes: list[str] = field(default_factory=list)
     flash: object = None  # fusion.flash.FlashInfo for attention-shaped kernels
+    origin: object = None  # ir.origin.Origin: the ops and source lines it computes (`fusion.naming`)
 
     @property
     def members(self) -> list[str]:
@@ -81,6 +82,7 @@ class KernelPlan:
 class ExternStep:
     node: str
     reason: str = ""
+    label: str = ""  # its name in profiles (`fusion.naming`)
 
 
 @dataclass

@@ -14,7 +14,9 @@ Walking the graph in order, each realised node either joins an earlier kernel or
   kernel.
 
 A node may join kernel K only if everything else it reads is produced before K. Every choice
-and every refusal is recorded for `tilefuse.explain` and `TILEFUSE_LOGS=fusion`.
+and every refusal is recorded for `tilefuse.explain` and `TILEFUSE_LOGS=fusion`. Kernels are
+called `kernel<N>` while they are planned (the log says so) and get their final names, which
+the recorded decisions then use, once every plan is complete (`fusion.naming`).
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from .inline import Inliner
 from .plan import Contraction, ExternStep, KernelPlan, Schedule, Stage
 from .flash import fuse_flash
 from .moments import derive_moments
+from .naming import name_kernels, rename_text
 from .repair import NoRepair, derive_rolling_update
 from .schedule import schedule_passes
 
@@ -169,13 +172,22 @@ class Planner:
             elif isinstance(node, Pointwise) and node.name not in self.inliner.inlined:
                 self.place_pointwise(node)
         self.mark_stores()
+        planned = {k.name: k.members for k in self.kernels()}
         self.steps = fuse_flash(self.steps, self.graph, set(self.graph.output_names()), self.note)
+        self.name_kernels(planned)
         for name, why in self.inliner.reasons.items():
             if why != "unused":
                 self.decisions.append(f"{name}: not inlined — {why}")
         sched = Schedule(self.steps, self.inliner.inlined, self.decisions)
         logs.log("fusion", "schedule:\n%s", sched.describe())
         return sched
+
+    def name_kernels(self, planned: dict) -> None:
+        """Final kernel names (`fusion.naming`), in the plans and in what the decisions say."""
+        mapping = name_kernels(self.graph, self.steps, self.inliner.inlined, planned)
+        self.decisions = [rename_text(d, mapping) for d in self.decisions]
+        for k in self.kernels():
+            k.notes = [rename_text(n, mapping) for n in k.notes]
 
     def place_reduce(self, node: Reduce) -> None:
         body = self.inliner.body(node.name)

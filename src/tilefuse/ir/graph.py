@@ -177,6 +177,8 @@ class Graph:
     #: layouts the caller expects for computed outputs (AOTAutograd saves activations with
     #: the strides it traced); others are allocated contiguous
     output_strides: dict = field(default_factory=dict)
+    #: node name -> `ir.origin.Origin`: the ATen ops and user source lines a node came from
+    origins: dict = field(default_factory=dict)
 
     def add(self, node: Node) -> Node:
         if node.name in self.nodes:

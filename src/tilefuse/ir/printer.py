@@ -68,17 +68,24 @@ def format_node(node) -> str:
     return head
 
 
-def format_graph(g) -> str:
+def format_graph(g, origins: bool = True, name: str | None = None) -> str:
+    """The graph as text; `origins`: each node's ops and source places as a trailing comment;
+    `name`: the name printed instead of the graph's own."""
     from .graph import Input, ScalarInput
 
     params = ", ".join(
         f"{n.name}: {format_type(n.dtype, n.shape)}" if isinstance(n, Input) else f"{n.name}: int"
         for n in g.inputs
     )
-    lines = [f"def {g.name}({params}):"]
+    lines = [f"def {g.name if name is None else name}({params}):"]
+    origins = getattr(g, "origins", {}) if origins else {}
     for node in g.nodes.values():
         if isinstance(node, (Input, ScalarInput)):
             continue
-        lines.append("  " + format_node(node))
+        text = format_node(node)
+        origin = origins.get(node.name)
+        if origin:  # where it came from: `# mean, rsqrt  (model.py:42)`
+            text += f"{';' if ' # ' in text else '  #'} {origin.comment()}"
+        lines.append("  " + text)
     lines.append(f"  return ({', '.join(str(o) for o in g.outputs)})")
     return "\n".join(lines)

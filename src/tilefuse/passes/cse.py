@@ -1,9 +1,11 @@
 """Common-subexpression elimination across nodes: two Pointwise or Reduce nodes with the same
-shape, dtype and body (after renaming earlier duplicates) become one."""
+shape, dtype and body (after renaming earlier duplicates) become one, which keeps the origins
+of both."""
 from __future__ import annotations
 
 from ..ir.expr import Load, transform
 from ..ir.graph import Graph, Pointwise, Reduce
+from ..ir.origin import merge_into
 
 
 def _key(node):
@@ -31,6 +33,7 @@ def eliminate_common_subexpressions(graph: Graph) -> Graph:
             key = _key(node)
             if key in seen and name not in outputs:
                 rename[name] = seen[key]
+                merge_into(graph, seen[key], name)  # the survivor computes both ops now
                 del graph.nodes[name]
             else:
                 seen.setdefault(key, name)

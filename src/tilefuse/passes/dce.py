@@ -16,4 +16,5 @@ def eliminate_dead_code(graph: Graph) -> Graph:
     # an extern whose result is used only through ExternResult nodes stays live via them
     graph.nodes = {n: node for n, node in graph.nodes.items()
                    if n in live or isinstance(node, (Input, ScalarInput))}
+    graph.origins = {n: o for n, o in graph.origins.items() if n in graph.nodes}
     return graph

@@ -101,6 +101,8 @@ def hoist_scales(graph: Graph) -> Graph:
         scaled = Pointwise(node.name, node.dtype, node.shape,
                            body=cast(binary("mul", Load(raw.name, index, acc), const(scale, acc)), node.dtype))
         rewritten[node.name] = [raw, scaled]
+        if node.name in graph.origins:  # both halves come from the product
+            graph.origins[raw.name] = graph.origins[node.name]
     if rewritten:
         nodes = {}
         for name, node in graph.nodes.items():

@@ -6,6 +6,11 @@ every intermediate buffer is released right after its last use, so peak memory f
 live set rather than the whole graph (PyTorch's caching allocator reuses the freed blocks).
 Symbolic sizes are bound from the call's arguments on every call, so one compiled graph
 serves every size.
+
+Under an active `torch.profiler` session every step is a named range: a kernel's own name
+(`forward_3fa2c1_red_pow_mean_add_rsqrt_mul_1`), an extern call's label
+(`forward_3fa2c1_extern_convolution_buf3`), inside one range for the whole graph (`tilefuse
+forward0`); see `runtime.profiling`.
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ import torch
 from ..ir import symbolic
 from ..ir.graph import Constant, Extern, ExternResult, Graph, Input, ScalarInput, Scatter
 from ..ir.interpret import bind_result_sizes, bind_symbols, output_value, run_extern, torch_dtype
+from .profiling import profiled, profiler_enabled, step_label
 
 
 @dataclass
@@ -31,6 +37,7 @@ class KernelStep:
 class ExternCall:
     name: str
     reads: list
+    label: str = ""  # its name in profiles
 
 
 class CompiledGraph:
@@ -61,6 +68,8 @@ class CompiledGraph:
         for n in graph.nodes.values():
             if isinstance(n, ExternResult):
                 self.extern_results.setdefault(n.extern, []).append((n.name, n.item))
+        self.label = f"tilefuse {graph.name}"
+        self.step_labels = [step_label(graph, step) for step in steps]
 
     def _alloc(self, name: str, env: dict) -> torch.Tensor:
         key = (name, tuple(sorted((k, v) for k, v in env.items() if isinstance(k, str))))
@@ -94,6 +103,12 @@ class CompiledGraph:
     def run(self, args, on_step=None):
         """Run the graph on `args`. `on_step(k, step, buffers)`, when given, is called after
         each step with the live buffers (verify mode records every prefix's state this way)."""
+        if profiler_enabled():  # once per call: a profiled call runs each step in its range
+            with profiled(self.label):
+                return self._run(args, on_step, self.step_labels)
+        return self._run(args, on_step, None)
+
+    def _run(self, args, on_step, labels):
         graph = self.graph
         env = bind_symbols(graph, args)
         buffers = dict(self.constants)
@@ -103,23 +118,38 @@ class CompiledGraph:
         for name, target in self.in_place.items():
             buffers[name] = buffers[target]
         for k, step in enumerate(self.steps):
-            if isinstance(step, KernelStep):
+            if labels is not None:
+                with profiled(labels[k]):
+                    self._step(step, buffers, env)
+            elif isinstance(step, KernelStep):  # (inline, as `_step` does: a call per step is measurable)
                 for name in step.writes:
                     if name not in self.inputs:
                         buffers[name] = self._alloc(name, env)
                 step.launch(buffers, env)
             else:
-                node = graph[step.name]
-                result = run_extern(node, buffers, env)
-                buffers[node.name] = result
-                for name, item in self.extern_results.get(node.name, ()):
-                    buffers[name] = result[item]
-                    bind_result_sizes(graph[name].shape, result[item], env)
+                self._extern(step, buffers, env)
             if on_step is not None:
                 on_step(k, step, buffers)
             for name in self.free_after[k]:
                 buffers.pop(name, None)
         return [output_value(o, buffers, env) for o in graph.outputs]
+
+    def _step(self, step, buffers: dict, env: dict) -> None:
+        if isinstance(step, KernelStep):
+            for name in step.writes:
+                if name not in self.inputs:
+                    buffers[name] = self._alloc(name, env)
+            step.launch(buffers, env)
+        else:
+            self._extern(step, buffers, env)
+
+    def _extern(self, step, buffers: dict, env: dict) -> None:
+        node = self.graph[step.name]
+        result = run_extern(node, buffers, env)
+        buffers[node.name] = result
+        for name, item in self.extern_results.get(node.name, ()):
+            buffers[name] = result[item]
+            bind_result_sizes(self.graph[name].shape, result[item], env)
 
 
 __all__ = ["CompiledGraph", "KernelStep", "ExternCall", "Extern"]
