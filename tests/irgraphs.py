@@ -38,6 +38,6 @@ def run_compiled(graph, args):
     from tilefuse.compiler import compile_ir
     from tilefuse.config import config
 
-    with config.patch(backend="interpret"):
+    with config.patch(target="interpret"):
         compiled, report = compile_ir(graph, torch.device("cpu"))
         return compiled(*args), report

@@ -26,7 +26,7 @@ def check(fn, *inputs, backend):
     torch._dynamo.reset()
     expected = fn(*inputs)
     ref = fn(*[to64(v) for v in inputs])
-    with tilefuse.config.patch(backend=backend, fallback="error"):
+    with tilefuse.config.patch(target=backend, fallback="error"):
         ex = tilefuse.explain(fn, *inputs)
         torch._dynamo.reset()
         actual = torch.compile(fn, backend="tilefuse")(*inputs)

@@ -8,10 +8,19 @@ source (a shared prelude printed once); `.source("kernel name")` gives one kerne
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
-_OPS_WIDTH = 44
-_FROM_WIDTH = 36
+_OPS_WIDTH = 36
+_FROM_WIDTH = 28
+_TAG = re.compile(r"^(?P<tag>[A-Za-z0-9]+(?:_[A-Za-z0-9]+)*?_[0-9a-f]{6})_(?P<rest>.+)$")
+
+
+def graph_tag_of(name: str) -> tuple[str, str]:
+    """(graph tag, the rest) of a kernel name `<graph>_<fingerprint>_<kind>_<ops>_<k>`
+    (`ir.identifiers.graph_tag`); ("", name) for a name without one."""
+    found = _TAG.match(name)
+    return (found.group("tag"), found.group("rest")) if found else ("", name)
 
 
 def _clip(text: str, width: int) -> str:
@@ -69,9 +78,16 @@ class Explanation:
         return [r.graph_ir for r in self.reports]
 
     def kernel(self, name: str):
-        for k in self.kernels:
-            if k.name == name:
-                return k
+        """The kernel called `name`: its full name, or the name the summary shows (without
+        the graph tag) when one kernel has it."""
+        exact = [k for k in self.kernels if k.name == name]
+        short = [k for k in self.kernels if graph_tag_of(k.name)[1] == name]
+        found = exact or short
+        if len(found) == 1:
+            return found[0]
+        if found:
+            raise KeyError(f"{name!r} names a kernel in several graphs: use one of "
+                           f"{', '.join(k.name for k in found)}")
         known = ", ".join(k.name for k in self.kernels) or "none"
         raise KeyError(f"no kernel {name!r} in this explanation (kernels: {known})")
 
@@ -113,8 +129,12 @@ class Explanation:
         failure = getattr(r, "failure", "")
         if failure:
             out.append(f"  compilation failed: {failure} (the graph ran as the fallback knob says)")
+        tags = {graph_tag_of(k.name)[0] for k in r.kernels}
+        tag = tags.pop() if len(tags) == 1 else ""
+        if tag:
+            out.append(f"  kernels are named {tag}_<name below>")
         if r.kernels:
-            rows = [(k.name, k.kind, _clip(", ".join(getattr(k, "ops", None) or k.nodes), _OPS_WIDTH),
+            rows = [(graph_tag_of(k.name)[1] if tag else k.name, k.kind, _clip(", ".join(getattr(k, "ops", None) or k.nodes), _OPS_WIDTH),
                      _clip(_lines_of(k), _FROM_WIDTH)) for k in r.kernels]
             widths = [max(len(row[c]) for row in rows + [("kernel", "kind", "ops", "from")]) for c in range(4)]
             fmt = "  " + "  ".join(f"{{:<{w}}}" for w in widths)

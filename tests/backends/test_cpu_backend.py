@@ -25,7 +25,7 @@ def run_cpu(fn, *inputs, dynamic=False, **options):
         ref64 = fn(*to_fp64(list(inputs)))
     except RuntimeError:
         ref64 = expected
-    with tilefuse.config.patch(backend="cpu", fallback="error", **options):
+    with tilefuse.config.patch(target="cpu", fallback="error", **options):
         ex = tilefuse.explain(fn, *inputs, dynamic=dynamic)
         torch._dynamo.reset()
         actual = torch.compile(fn, backend="tilefuse", dynamic=dynamic)(*inputs)
@@ -328,7 +328,7 @@ def test_training_step_forward_and_backward():
     x = rand(9, 24)
     eager = torch.nn.Sequential(*[m for m in __import__("copy").deepcopy(model)])
     torch._dynamo.reset()
-    with tilefuse.config.patch(backend="cpu", fallback="error"):
+    with tilefuse.config.patch(target="cpu", fallback="error"):
         loss = torch.compile(model, backend="tilefuse")(x).square().mean()
         loss.backward()
     ref = eager(x).square().mean()
@@ -393,7 +393,7 @@ def test_kernels_of_a_graph_build_in_parallel_and_a_failed_build_fails_the_compi
     monkeypatch.setattr(toolchain, "build", broken)
     fresh = lambda t: torch.sinh(t) * 4.567 - 2.25
     torch._dynamo.reset()
-    with tilefuse.config.patch(backend="cpu", fallback="error"):
+    with tilefuse.config.patch(target="cpu", fallback="error"):
         with pytest.raises(Exception, match="on purpose"):
             torch.compile(fresh, backend="tilefuse")(rand(7, 5))
     monkeypatch.setattr(toolchain, "build", real_build)
@@ -424,7 +424,7 @@ def test_no_compiler_falls_back_to_eager_with_a_clear_warning(monkeypatch):
     fn = lambda t: t.exp() + 1
     x = rand(5)
     torch._dynamo.reset()
-    with tilefuse.config.patch(backend="cpu", fallback="eager"), warnings.catch_warnings(record=True) as caught:
+    with tilefuse.config.patch(target="cpu", fallback="eager"), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = torch.compile(fn, backend="tilefuse")(x)
     torch.testing.assert_close(out, fn(x))
@@ -440,17 +440,17 @@ def test_unprintable_kernel_runs_in_the_interpreter(monkeypatch):
     monkeypatch.setattr(driver.cpu_backend, "generate", refuse)
     x = rand(4, 6)
     torch._dynamo.reset()
-    with tilefuse.config.patch(backend="cpu", fallback="error"):
+    with tilefuse.config.patch(target="cpu", fallback="error"):
         ex = tilefuse.explain(lambda t: t.sin() * 2, x)
     assert any("Triton interpreter" in n for k in ex.kernels for n in k.notes)
 
 
 def test_backend_knob_is_validated():
     with pytest.raises(ValueError):
-        with tilefuse.config.patch(backend="cuda"):
+        with tilefuse.config.patch(target="cuda"):
             pass
-    with tilefuse.config.patch(backend="cpu"):
-        assert tilefuse.config.backend == "cpu"
+    with tilefuse.config.patch(target="cpu"):
+        assert tilefuse.config.target == "cpu"
 
 
 def _ulps(actual, ref64):
@@ -471,7 +471,7 @@ def test_vector_math_within_its_ulp_bound(op, ulps, ranges):
     """The header's branch-free fp32 exp, exp2 and erf against fp64, in ulps, over dense sweeps
     (subnormal results, the overflow and branch edges, tiny arguments) plus ±inf, NaN, ±0."""
     x = torch.cat([torch.linspace(lo, hi, 20011) for lo, hi in ranges] + [SPECIAL])
-    with tilefuse.config.patch(backend="cpu", fallback="error"):
+    with tilefuse.config.patch(target="cpu", fallback="error"):
         torch._dynamo.reset()
         got = torch.compile(lambda t: op(t), backend="tilefuse")(x)
     ref = op(x.double())
@@ -564,7 +564,7 @@ def test_a_forked_child_compiles_with_its_own_build_pool():
             signal.alarm(120)
             torch.set_num_threads(1)  # no OpenMP team in a forked child (libgomp may hang)
             x = rand(4, 7)
-            with tilefuse.config.patch(backend="cpu", fallback="error"):
+            with tilefuse.config.patch(target="cpu", fallback="error"):
                 torch._dynamo.reset()
                 out = torch.compile(lambda t: torch.atan(t) * 2.625 + 0.5, backend="tilefuse")(x)
             code = 0 if torch.allclose(out, torch.atan(x) * 2.625 + 0.5, atol=1e-6) else 2

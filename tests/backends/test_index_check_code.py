@@ -26,7 +26,7 @@ def _tile_kernels(fn, *args, backend="cpu"):
     compiler.verify_tile_kernel = record
     torch._dynamo.reset()
     try:
-        with tilefuse.config.patch(backend=backend, fallback="error"):
+        with tilefuse.config.patch(target=backend, fallback="error"):
             out = torch.compile(fn, backend="tilefuse", dynamic=False)(*args)
     finally:
         compiler.verify_tile_kernel = real

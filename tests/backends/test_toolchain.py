@@ -76,7 +76,7 @@ def test_compiler_without_openmp_builds_single_threaded_kernels(tmp_path, monkey
 
     x, w = torch.randn(33, 33), torch.randn(33)
     torch._dynamo.reset()
-    with tilefuse.config.patch(backend="cpu", fallback="error", cache_dir=str(tmp_path / "cache")), \
+    with tilefuse.config.patch(target="cpu", fallback="error", cache_dir=str(tmp_path / "cache")), \
             warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # "no OpenMP support", from a build thread
         out = torch.compile(fn, backend="tilefuse")(x, w)

@@ -11,5 +11,5 @@ DEVICE = os.environ.get("TILEFUSE_TEST_DEVICE", "cpu")
 
 @pytest.fixture(autouse=True)
 def _triton_backend():
-    with tilefuse.config.patch(backend="interpret" if DEVICE == "cpu" else "triton"):
+    with tilefuse.config.patch(target="interpret" if DEVICE == "cpu" else "triton"):
         yield

@@ -80,7 +80,7 @@ def test_injected_miscompile_is_found_shrunk_and_reproduced(monkeypatch, tmp_pat
     with pytest.raises(SystemExit, match="MISMATCH"):
         namespace["main"]()
     # standalone, without the injected bug: the reproducer passes
-    env = dict(os.environ, TRITON_INTERPRET="1", TILEFUSE_BACKEND="interpret",
+    env = dict(os.environ, TILEFUSE_TARGET="interpret",
                PYTHONPATH=os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run([sys.executable, path], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-3000:]

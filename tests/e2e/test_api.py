@@ -19,7 +19,7 @@ cpu_only = pytest.mark.skipif(DEVICE != "cpu", reason="atan2 only lacks a spelli
 def test_unsupported_function_falls_back_to_eager_with_a_warning():
     fn = lambda x: torch.atan2(x, x + 2) * 2  # no Triton-interpreter spelling of atan2
     x = torch.randn(8)
-    with tilefuse.config.patch(fallback="eager", backend="interpret"), warnings.catch_warnings(record=True) as caught:
+    with tilefuse.config.patch(fallback="eager", target="interpret"), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch._dynamo.reset()
         out = torch.compile(fn, backend="tilefuse")(x)
@@ -30,7 +30,7 @@ def test_unsupported_function_falls_back_to_eager_with_a_warning():
 @cpu_only
 def test_fallback_error_raises_naming_the_stage():
     fn = lambda x: torch.atan2(x, x + 2) * 2
-    with tilefuse.config.patch(fallback="error", backend="interpret"):
+    with tilefuse.config.patch(fallback="error", target="interpret"):
         torch._dynamo.reset()
         with pytest.raises(Exception, match="tilefuse failed while"):
             torch.compile(fn, backend="tilefuse")(torch.randn(8))

@@ -15,12 +15,12 @@ BACKENDS = CPU_BACKENDS
 
 def _compiled(fn, backend):
     torch._dynamo.reset()
-    with tilefuse.config.patch(backend=backend, fallback="error"):
+    with tilefuse.config.patch(target=backend, fallback="error"):
         return torch.compile(fn, backend="tilefuse", dynamic=False)
 
 
 def _run(fn, backend, *args):
-    with tilefuse.config.patch(backend=backend, fallback="error"):
+    with tilefuse.config.patch(target=backend, fallback="error"):
         return _compiled(fn, backend)(*args)
 
 
@@ -93,7 +93,7 @@ def test_in_range_indices_match_eager(case, backend):
     gen = torch.Generator().manual_seed(hash(case) % 1000)
     args = make(gen, 7, 13)  # odd sizes: ragged tiles
     compiled = _compiled(fn, backend)
-    with tilefuse.config.patch(backend=backend, fallback="error"):
+    with tilefuse.config.patch(target=backend, fallback="error"):
         for _ in range(2):  # fresh data through the same compiled graph
             out = compiled(*args)
             bad = compare_outputs(out, fn(*args), fn(*to_fp64(args)))
@@ -118,7 +118,7 @@ def test_out_of_range_indices_raise_like_eager(case, backend):
         args[slot] = idx
         with pytest.raises(Exception) as eager:
             fn(*args)
-        with tilefuse.config.patch(backend=backend, fallback="error"):
+        with tilefuse.config.patch(target=backend, fallback="error"):
             with pytest.raises(type(eager.value)) as ours:
                 compiled(*args)
         assert isinstance(ours.value, IndexCheckError), repr(ours.value)
@@ -175,7 +175,7 @@ def _report(fn, *args):
 
     api._report_sinks.append(reports)
     try:
-        with tilefuse.config.patch(backend="cpu", fallback="error"):
+        with tilefuse.config.patch(target="cpu", fallback="error"):
             torch.compile(fn, backend="tilefuse", dynamic=False)(*args)
     finally:
         api._report_sinks.remove(reports)
@@ -233,7 +233,7 @@ def test_checks_in_every_kind_of_kernel(kind, dynamic, backend):
     gen = torch.Generator().manual_seed(len(kind))
     args = list(make(gen))
     torch._dynamo.reset()
-    with tilefuse.config.patch(backend=backend, fallback="error"):
+    with tilefuse.config.patch(target=backend, fallback="error"):
         compiled = torch.compile(fn, backend="tilefuse", dynamic=dynamic)
         bad = compare_outputs(compiled(*args), fn(*args), fn(*to_fp64(args)))
         assert bad is None, str(bad)

@@ -33,7 +33,7 @@ def _check(fn, calls, backend, fn64=None, dynamic=None):
     fn64 = fn if fn64 is None else fn64
     torch._dynamo.reset()
     counters.clear()
-    with tilefuse.config.patch(backend=backend, fallback="error"):
+    with tilefuse.config.patch(target=backend, fallback="error"):
         compiled = torch.compile(fn, backend="tilefuse", dynamic=dynamic)
         for args in calls:
             ours, theirs = _clone(args), _clone(args)
@@ -113,7 +113,7 @@ def test_finfo_min_mask_before_the_scale_keeps_the_folded_exp(backend):
 
     calls = _mask_calls(torch.float32, [(3, 2, 9, 5)], seed=3)
     _check(masked_then_scaled_attention, calls, backend)
-    with tilefuse.config.patch(backend=backend, fallback="error"):
+    with tilefuse.config.patch(target=backend, fallback="error"):
         ex = tilefuse.explain(masked_then_scaled_attention, *calls[0])
     flash = [k for k in ex.kernels if "exp2" in k.source]
     assert flash and repr(5 ** -0.5 * LOG2E) in flash[0].source  # x·(c·log2 e) − m·log2 e
@@ -220,7 +220,7 @@ def test_greedy_generation_left_padded_kv_cache_cat(backend, dtype):
         ref_logits = _generate(model64, ids, mask, 2)[1]
         torch._dynamo.reset()
         counters.clear()
-        with tilefuse.config.patch(backend=backend, fallback="error"):
+        with tilefuse.config.patch(target=backend, fallback="error"):
             got, logits = _generate(torch.compile(model, backend="tilefuse"), ids, mask, 2)
     assert torch.equal(got, want)
     bad = compare_outputs(logits, eager_logits, ref_logits)
@@ -261,7 +261,7 @@ def test_static_cache_index_copy_decode(backend):
         [(torch.randn(2, 1, 10, generator=g), torch.tensor([p])) for p in range(4, 7)]
     torch._dynamo.reset()
     counters.clear()
-    with tilefuse.config.patch(backend=backend, fallback="error"):
+    with tilefuse.config.patch(target=backend, fallback="error"):
         compiled = torch.compile(static_cache_step, backend="tilefuse")
         for x, pos in steps:
             out = compiled(x, pos, *caches[0], w)
@@ -392,7 +392,7 @@ def test_checkpointed_training_step_gradients(backend):
         return [loss] + [p.grad.clone() for p in m.parameters()]
 
     torch._dynamo.reset()
-    with tilefuse.config.patch(backend=backend, fallback="error"):
+    with tilefuse.config.patch(target=backend, fallback="error"):
         ours = step(model, x, compiled=True)
     bad = compare_outputs(ours, step(model, x), step(model64, x.double()))
     assert bad is None, str(bad)

@@ -34,7 +34,7 @@ def _check(fn, fn64, calls, backend, dynamic=None, count_graphs=False):
     some sizes itself). Tensors are cloned per run: in-place updates are compared too."""
     torch._dynamo.reset()
     counters.clear()
-    with tilefuse.config.patch(backend=backend, fallback="error"):
+    with tilefuse.config.patch(target=backend, fallback="error"):
         compiled = torch.compile(fn, backend="tilefuse", dynamic=dynamic)
         for args in calls:
             ours = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]

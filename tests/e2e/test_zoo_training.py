@@ -43,7 +43,7 @@ def train_and_compare(make_model, make_inputs, loss_fn, opt="adamw", steps=2, ba
     model = make_model().float().train()
     eager, ref, comp = copy.deepcopy(model), copy.deepcopy(model).double(), copy.deepcopy(model)
     torch._dynamo.reset()
-    fns = (eager, ref, tilefuse.compile(comp, backend=backend))
+    fns = (eager, ref, tilefuse.compile(comp, target=backend))
     dtypes = (torch.float32, torch.float64, torch.float32)
 
     def optimizer(m):

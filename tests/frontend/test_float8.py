@@ -22,7 +22,7 @@ def test_float8_round_trip_is_extern_and_the_rest_generated(name, backend):
     FP8 = getattr(torch, name)
     x = torch.randn(7, 13) * 3
     scale = torch.tensor(0.05)
-    with config.patch(backend=backend):
+    with config.patch(target=backend):
         torch._dynamo.reset()
         report = tilefuse.explain(fake_quant, x, scale)
         assert report.externs and report.kernels, str(report)

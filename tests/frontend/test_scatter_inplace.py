@@ -47,7 +47,7 @@ def _run(fn, args, backend, dynamic=None):
     compiled_args = [a.clone() for a in args]
     eager_args = [a.clone() for a in args]
     ref_args = [a.double() if a.is_floating_point() else a.clone() for a in args]
-    with config.patch(backend=backend):
+    with config.patch(target=backend):
         torch._dynamo.reset()
         out = torch.compile(fn, backend="tilefuse", dynamic=dynamic)(*compiled_args)
     return out, fn(*eager_args), fn(*ref_args), compiled_args, eager_args, ref_args
@@ -64,7 +64,7 @@ def _close(c, e, r, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_kv_cache_update_with_rope_is_generated_and_in_place(backend, dtype):
     args = _rope_inputs(dtype)
-    with config.patch(backend=backend):
+    with config.patch(target=backend):
         torch._dynamo.reset()
         report = tilefuse.explain(rope_kv, *[a.clone() for a in args])
     assert not report.externs, str(report)
@@ -85,7 +85,7 @@ def test_the_write_goes_into_the_callers_tensor(backend):
     ptr = cache.data_ptr()
     expected = cache.clone()
     rope_kv(*[a.clone() if a is not cache else expected for a in args])
-    with config.patch(backend=backend):
+    with config.patch(target=backend):
         torch._dynamo.reset()
         torch.compile(rope_kv, backend="tilefuse")(*args)
     assert cache.data_ptr() == ptr
@@ -100,7 +100,7 @@ def test_negative_positions_and_a_cache_read_after_the_write(backend):
     pos = torch.tensor([-1, 4])  # the last row and row 4
     caches = [torch.randn(2, 2, 13, 16, generator=g) for _ in range(2)]
     args = [q, k, v, pos, *caches]
-    with config.patch(backend=backend):
+    with config.patch(target=backend):
         torch._dynamo.reset()
         report = tilefuse.explain(decode_step, *[a.clone() for a in args])
     assert not report.externs, str(report)
@@ -124,7 +124,7 @@ def test_values_broadcast_into_the_written_rows():
 
 
 def test_symbolic_sizes_serve_several_lengths():
-    with config.patch(backend="cpu"):
+    with config.patch(target="cpu"):
         torch._dynamo.reset()
         fn = torch.compile(rope_kv, backend="tilefuse", dynamic=True)
         for s, start in ((3, 2), (6, 20)):
@@ -144,7 +144,7 @@ def test_accumulating_writes_stay_aten_calls():
     g = torch.Generator().manual_seed(5)
     x, v = torch.randn(8, 3, generator=g), torch.randn(4, 3, generator=g)
     idx = torch.tensor([1, 1, 5, 0])  # repeated: the adds must all land
-    with config.patch(backend="cpu"):
+    with config.patch(target="cpu"):
         torch._dynamo.reset()
         report = tilefuse.explain(add_rows, x.clone(), idx, v)
     assert any("index_put" in t for _, t, _ in report.externs), str(report)
@@ -157,7 +157,7 @@ def test_verify_mode_checks_an_in_place_write_once():
     args = _rope_inputs(torch.float32, s=4)
     expected = [a.clone() for a in args]
     out_expected = rope_kv(*expected)
-    with config.patch(backend="cpu", verify=True, fallback="error"):
+    with config.patch(target="cpu", verify=True, fallback="error"):
         torch._dynamo.reset()
         out = torch.compile(rope_kv, backend="tilefuse")(*args)
     torch.testing.assert_close(out, out_expected)
@@ -202,7 +202,7 @@ def test_a_position_outside_the_input_raises_as_eager(backend, bad):
     pos = torch.tensor([2, bad])
     with pytest.raises(IndexError):
         write(cache.clone(), pos, v)
-    with config.patch(backend=backend):
+    with config.patch(target=backend):
         torch._dynamo.reset()
         with pytest.raises(IndexError, match="out of"):
             torch.compile(write, backend="tilefuse")(cache.clone(), pos, v)
@@ -213,7 +213,7 @@ def test_positions_read_by_several_ops_are_checked_once():
     bound (tables and caches of one length): one check in the one kernel."""
     args = _rope_inputs(torch.float32, cache=37)
     args[3], args[4] = args[3][:37], args[4][:37]
-    with config.patch(backend="cpu"):
+    with config.patch(target="cpu"):
         torch._dynamo.reset()
         report = tilefuse.explain(rope_kv, *[a.clone() for a in args])
     (kernel,) = report.kernels

@@ -24,7 +24,7 @@ def different_sizes(x, z):
 
 
 def _kernels(fn, args, backend):
-    with config.patch(backend=backend):
+    with config.patch(target=backend):
         torch._dynamo.reset()
         report = tilefuse.explain(fn, *args)
         torch._dynamo.reset()

@@ -60,7 +60,7 @@ def test_attention_output_is_stored_for_its_projection(backend, dtype, batch):
     division; with several, the division of its row index into (batch, position) remains
     (a per-row cost), the columns are affine."""
     args = _inputs(dtype, b=batch)
-    with config.patch(backend=backend):
+    with config.patch(target=backend):
         torch._dynamo.reset()
         report = tilefuse.explain(mha_projection, *args)
         decisions = [d for r in report.reports for d in r.decisions if "order" in d]
@@ -112,12 +112,12 @@ def test_buffers_read_by_aten_calls_stay_row_major(with_extern):
 
 def test_attention_output_also_read_by_an_aten_call():
     args = _inputs(torch.float32, s=9, d=4)
-    with config.patch(backend="cpu"):
+    with config.patch(target="cpu"):
         _check(mha_projection_and_extern, args, torch.float32)
 
 
 def test_layout_with_symbolic_sequence_length():
-    with config.patch(backend="cpu"):
+    with config.patch(target="cpu"):
         torch._dynamo.reset()
         fn = torch.compile(mha_projection, backend="tilefuse", dynamic=True)
         for s in (7, 12):

@@ -30,7 +30,7 @@ def _inputs(s=19, d=16):
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_rope_attention_products_read_bf16(backend):
     args = _inputs()
-    with config.patch(backend=backend):
+    with config.patch(target=backend):
         torch._dynamo.reset()
         report = tilefuse.explain(rope_attention, *args)
         kinds = [k.kind for k in report.kernels]
@@ -69,7 +69,7 @@ def attention_projection(q, k, v, w):
 def test_attention_output_is_stored_in_bf16_by_the_flash_kernel(backend):
     q, k, v = (torch.randn(2, 3, 13, 8).bfloat16() for _ in range(3))
     w = (torch.randn(10, 24) / 5).bfloat16()
-    with config.patch(backend=backend):
+    with config.patch(target=backend):
         torch._dynamo.reset()
         report = tilefuse.explain(attention_projection, q, k, v, w)
         decisions = report.reports[0].decisions

@@ -38,7 +38,7 @@ print(json.dumps({"builds": c.builds, "hits": c.hits, "misses": c.misses}))
 
 def _spawn(cache_dir: Path, ready: Path, me: str, n: int) -> subprocess.Popen:
     env = dict(os.environ, TILEFUSE_CACHE_DIR=str(cache_dir), TRITON_INTERPRET="1", TILEFUSE_FALLBACK="error",
-               TILEFUSE_BACKEND="interpret",
+               TILEFUSE_TARGET="interpret",
                PYTHONPATH=os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]))
     return subprocess.Popen([sys.executable, "-c", WORKER, str(ready), me, str(n)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -90,7 +90,7 @@ def fn(x):
 def fresh_cache(tmp_path, monkeypatch):
     """A private cache directory and a launcher that has imported nothing yet."""
     monkeypatch.setattr(tilefuse.config, "cache_dir", str(tmp_path / "cache"))
-    monkeypatch.setattr(tilefuse.config, "backend", "interpret")  # the Triton kernel cache
+    monkeypatch.setattr(tilefuse.config, "target", "interpret")  # the Triton kernel cache
     monkeypatch.setattr(launcher, "_modules", {})
     monkeypatch.setattr(launcher, "_caches", {})
     cache_mod._warned.clear()

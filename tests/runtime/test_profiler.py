@@ -70,7 +70,7 @@ def _explain_profiled(fn, *args, backend):
 
     torch._dynamo.reset()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        ex = tilefuse.explain(keep, *args, backend=backend)
+        ex = tilefuse.explain(keep, *args, options={"target": backend})
     return ex, _events(prof), results[0]
 
 
@@ -139,7 +139,7 @@ def test_without_a_profiler_the_check_runs_once_per_call_and_no_range_opens(monk
     model = RMSNormLinear()
     x = torch.randn(5, 37)
     with torch.no_grad():
-        f = tilefuse.compile(model, backend="cpu")
+        f = tilefuse.compile(model, target="cpu")
         for _ in range(3):
             torch.testing.assert_close(f(x), model(x))
     assert len(calls) == 3  # one check per graph call, however many kernels the graph has
@@ -147,7 +147,7 @@ def test_without_a_profiler_the_check_runs_once_per_call_and_no_range_opens(monk
 
 def _kernels_after_reset(fn, *args):
     torch._dynamo.reset()
-    ex = tilefuse.explain(fn, *args, backend="cpu")
+    ex = tilefuse.explain(fn, *args, options={"target": "cpu"})
     return [r.graph_name for r in ex.reports], [(k.name, k.source) for k in ex.kernels]
 
 
@@ -191,7 +191,7 @@ def _train_step_reports(model, x, backend):
     reports: list = []
     api._report_sinks.append(reports)
     try:
-        f = tilefuse.compile(model, backend=backend)
+        f = tilefuse.compile(model, target=backend)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             loss = f(x).pow(2).mean()
             loss.backward()
@@ -281,7 +281,7 @@ def test_decisions_use_the_final_kernel_names():
     model = RMSNormLinear(d=19, out=9)
     with torch.no_grad():
         torch._dynamo.reset()
-        ex = tilefuse.explain(model, torch.randn(3, 19), backend="cpu")
+        ex = tilefuse.explain(model, torch.randn(3, 19), options={"target": "cpu"})
     (report,) = ex.reports
     text = "\n".join(report.decisions + [n for k in report.kernels for n in k.notes])
     assert not re.search(r"\bkernel\d+\b", text), text

@@ -198,7 +198,7 @@ class CppKernel:
         for k, name in enumerate(self.buffers):
             t = buffers[name]
             if t.device.type != "cpu":
-                raise RuntimeError(f"the cpu backend got a {t.device.type} tensor for {name}; use TILEFUSE_BACKEND=triton")
+                raise RuntimeError(f"the cpu backend got a {t.device.type} tensor for {name}; use TILEFUSE_TARGET=triton")
             ptrs[k] = t.data_ptr()
         for name in self._written:
             advise_huge_pages(buffers[name])

@@ -59,7 +59,7 @@ def require_compiler() -> str:
     if cxx is None:
         raise CompilerNotFound(
             "the CPU backend needs a C++ compiler and none was found (set CXX, or install g++ or clang++); "
-            "TILEFUSE_BACKEND=interpret runs the kernels through the Triton interpreter instead")
+            "TILEFUSE_TARGET=interpret runs the kernels through the Triton interpreter instead")
     return cxx
 
 

@@ -55,7 +55,7 @@ class InterpreterUnavailable(RuntimeError):
 @functools.lru_cache(maxsize=None)
 def _triton() -> types.SimpleNamespace:
     """The Triton classes and functions used here, or a clear error when this Triton lacks them."""
-    advice = "set TRITON_INTERPRET=1 before starting Python, or use TILEFUSE_BACKEND=cpu"
+    advice = "set TRITON_INTERPRET=1 before starting Python, or use TILEFUSE_TARGET=cpu"
     try:
         import triton
     except ImportError as err:
