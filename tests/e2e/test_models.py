@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import tilefuse
+from tilefuse.explanation import graph_tag_of
 
 DEVICE = os.environ.get("TILEFUSE_TEST_DEVICE", "cpu")
 DTYPES = [torch.float32, torch.bfloat16]
@@ -132,8 +133,10 @@ def test_explain_prints_graph_kernels_and_times():
     name = report.kernels[0].name
     assert "softmax" in name, name
     summary = str(report)
-    for needed in (name, "reduction", "time:", "fusion decision"):
+    tag, short = graph_tag_of(name)
+    for needed in (f"named {tag}_", short, "reduction", "time:", "fusion decision"):
         assert needed in summary
+    assert report.source(short) == report.source(name)
     verbose = report.format(verbose=True)
     kernel_source = f'extern "C" void {name}(' if report.reports[0].backend == "cpu" else f"def {name}("
     for needed in ("graph IR", kernel_source, "fusion decisions"):
