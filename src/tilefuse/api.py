@@ -15,6 +15,7 @@ import collections
 import contextlib
 import functools
 import itertools
+import logging
 import time
 import traceback
 import warnings
@@ -140,6 +141,10 @@ def _record(report: CompileReport, gm: torch.fx.GraphModule, settings: dict) -> 
     """Keep the report for `last_compilations()` and a running `explain`, and write it under
     `TILEFUSE_DEBUG_DIR` when that is set."""
     report.settings = dict(settings)
+    if logs.enabled("compile_time", logging.INFO):
+        stages = ", ".join(f"{k} {v:.2f}" for k, v in report.stage_seconds.items() if k != "total")
+        logs.info("compile_time", "%s: %d kernel(s), %d extern(s) in %.2f s (%s)", report.graph_name,
+                  len(report.kernels), len(report.externs), report.stage_seconds.get("total", 0.0), stages)
     _history.append(report)
     for sink in _report_sinks:
         sink.append(report)

@@ -191,6 +191,13 @@ def test_torch_logs_plus_tilefuse_shows_tilefuse_records():
     assert "def forward" in out.stderr  # the graph IR, through PyTorch's own handler
 
 
+def test_torch_logs_takes_one_channel_by_its_package():
+    out = _run(SCRIPT, TORCH_LOGS="+tilefuse.fusion,+tilefuse.compiler")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "def forward" not in out.stderr  # the graph IR channel (tilefuse.ir) stays quiet
+    assert "kernel(s)" in out.stderr and "reduction" in out.stderr  # compile time and fusion
+
+
 def test_tilefuse_logs_prints_only_the_channels_asked_for():
     out = _run(SCRIPT, TILEFUSE_LOGS="fusion")
     assert out.returncode == 0, out.stderr[-2000:]
