@@ -53,6 +53,8 @@ def load_config(show_warnings: bool = False):
     if _CONFIG_MODULE in sys.modules:
         return sys.modules[_CONFIG_MODULE]
     spec = importlib.util.spec_from_file_location(_CONFIG_MODULE, package_dir() / "config.py")
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"{PROG}: error: cannot load {package_dir() / 'config.py'}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[_CONFIG_MODULE] = module  # dataclasses look their module up while it runs
     try:

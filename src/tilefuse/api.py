@@ -177,14 +177,14 @@ def _output_aliases(gm: torch.fx.GraphModule) -> list:
         except Exception:  # noqa: BLE001 - tensors without storage (sparse, ...) alias nothing
             return None
 
-    inputs = {}
+    inputs: dict = {}
     for k, node in enumerate(n for n in gm.graph.nodes if n.op == "placeholder"):
         ref = storage(node.meta.get("val"))
         if ref is not None:
             inputs.setdefault(ref, k)
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     outs = out_node.args[0] if isinstance(out_node.args[0], (list, tuple)) else (out_node.args[0],)
-    vals = [o.meta.get("val") if isinstance(o, torch.fx.Node) else None for o in outs]
+    vals: list[Any] = [o.meta.get("val") if isinstance(o, torch.fx.Node) else None for o in outs]
     owners: dict = {}  # storage -> index of the first output that is not a view
     for k, val in enumerate(vals):
         ref = storage(val)
