@@ -160,3 +160,38 @@ def test_monkeypatch_restores_knobs_under_pytest_9(monkeypatch):
         m.setattr(tilefuse.config, "backend", "interpret")  # the old name of `target`
         assert tilefuse.config.verify is (not before) and tilefuse.config.target == "interpret"
     assert tilefuse.config.verify is before and tilefuse.config.target == target
+
+
+def test_patch_belongs_to_its_thread():
+    import threading
+
+    cfg = Config({})
+    inside, seen, errors = threading.Barrier(2), {}, []
+
+    def compile_with(value):
+        try:
+            with cfg.patch(autotune=value, verify=value == "max"):
+                inside.wait(timeout=30)  # both threads inside their patch at once
+                seen[value] = (cfg.autotune, cfg.verify, cfg.source_of("autotune"))
+                inside.wait(timeout=30)
+            seen[value + " after"] = cfg.autotune
+        except Exception as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=compile_with, args=(v,)) for v in ("0", "max")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    assert seen["0"] == ("0", False, "patch") and seen["max"] == ("max", True, "patch")
+    assert seen["0 after"] == seen["max after"] == "1" == cfg.autotune
+    assert cfg.source_of("autotune") == "default"
+
+
+def test_assignment_inside_a_patch_holds_for_the_block_and_the_process():
+    cfg = Config({})
+    with cfg.patch(autotune="0"):
+        cfg.autotune = "max"
+        assert cfg.autotune == "max"
+    assert cfg.autotune == "max" and cfg.source_of("autotune") == "assigned"

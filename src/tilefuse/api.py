@@ -380,6 +380,10 @@ def explain(fn: Callable, *args: Any, options: Mapping[str, Any] | None = None, 
             first_call = time.perf_counter() - t0
     finally:
         _report_sinks.remove(sink)
+    if not sink:
+        warnings.warn("tilefuse.explain: Dynamo compiled no graph for this call (a function without tensor "
+                      "operations, or its recompile limit reached after many explain calls of one function: "
+                      "torch._dynamo.reset() clears it)", stacklevel=2)
     return Explanation(sink, first_call, list(breaks), verbose=verbose)
 
 

@@ -106,6 +106,10 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
     interpret = backend == "interpret"
     if backend == "cpu":
         cpu_backend.require_compiler()  # no compiler: a clear error, and the graph runs eagerly
+    elif interpret:
+        from .backends.triton import interpreter
+
+        interpreter.require()  # asked for the interpreter and none is usable: the user's error
     with stage("passes"):
         graph = run_passes(graph)
         verify(graph)

@@ -11,6 +11,7 @@ the README in step with `knob_table()`). An unknown `TILEFUSE_*` variable is rep
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import difflib
 import os
 import warnings
@@ -210,6 +211,12 @@ def knob(name: str) -> Knob:
     return found
 
 
+#: `Config.patch` overrides of the running thread (or task): {id(config): {knob: value}}.
+#: A context variable, not the process's values: a patch in one thread (a compile with its
+#: options) is never seen by, nor undone by, another.
+_overrides: contextvars.ContextVar[dict] = contextvars.ContextVar("tilefuse_config_overrides", default={})
+
+
 class _KnobAttribute:
     """`config.<knob>` (a data descriptor, so tools that patch attributes — pytest's
     monkeypatch — read and restore it like any attribute)."""
@@ -220,6 +227,9 @@ class _KnobAttribute:
     def __get__(self, obj, owner=None):
         if obj is None:
             return self
+        patched = _overrides.get().get(id(obj))
+        if patched and self.name in patched:
+            return patched[self.name]
         return obj._values[self.name]
 
     def __set__(self, obj, value) -> None:
@@ -227,12 +237,14 @@ class _KnobAttribute:
 
 
 class Config:
-    """The process's knob values: `tilefuse.config`. Defaults come from `KNOBS`, overridden by
-    `TILEFUSE_*` variables when the process starts, by assignment, or for a block by `patch`."""
+    """The knob values: `tilefuse.config`. Defaults come from `KNOBS`, overridden by
+    `TILEFUSE_*` variables when the process starts and by assignment (for the whole process),
+    or by `patch` (for a block, in the thread that runs it)."""
 
     def __init__(self, environ: Mapping[str, str] | None = None):
         environ = os.environ if environ is None else environ
         values = {name: k.default for name, k in KNOBS.items()}
+        sources = dict.fromkeys(KNOBS, "default")
         unknown = []
         for var, raw in environ.items():
             if not var.startswith("TILEFUSE_") or var in OTHER_VARIABLES:
@@ -242,9 +254,11 @@ class Config:
                 unknown.append(var)
                 continue
             values[found.name] = found.parse(raw, var)
+            sources[found.name] = var
         if not values["cache_dir"]:
             values["cache_dir"] = _default_cache_dir()
         object.__setattr__(self, "_values", values)
+        object.__setattr__(self, "_sources", sources)
         object.__setattr__(self, "_listeners", [])
         if unknown:
             names = list(_BY_ENV) + list(OTHER_VARIABLES)
@@ -260,56 +274,61 @@ class Config:
         object.__setattr__(self, name, value)  # the knob's descriptor checks and stores it
 
     def _set(self, name: str, value: Any, source: str) -> None:
+        """Assignment: the process's value (and this block's, inside a patch of that knob)."""
         value = KNOBS[name].parse(value, source)
         if name == "cache_dir" and not value:
             value = _default_cache_dir()
         self._values[name] = value
+        self._sources[name] = "assigned"
+        current = _overrides.get()
+        if name in current.get(id(self), {}):
+            _overrides.set({**current, id(self): {**current[id(self)], name: value}})
         for listener in self._listeners:
             listener(name, value)
+
+    def patched(self, name: str, default: Any = None) -> Any:
+        """The value this thread's `patch` gives knob `name` (`default` outside any patch of it)."""
+        return _overrides.get().get(id(self), {}).get(name, default)
 
     def __repr__(self) -> str:
         return "tilefuse.config(" + ", ".join(f"{n}={v!r}" for n, v in self._values.items()) + ")"
 
     def on_change(self, listener: Callable[[str, Any], None]) -> None:
-        """Call `listener(name, value)` after every change (logs.py follows `logs` this way)."""
+        """Call `listener(name, value)` after every assignment (logs.py follows `logs` this way;
+        a `patch` calls no listener: it is the running thread's, not the process's)."""
         self._listeners.append(listener)
 
     def as_dict(self) -> dict:
-        return dict(self._values)
+        return {name: getattr(self, name) for name in KNOBS}
 
     def non_defaults(self) -> dict:
         """Knobs whose value differs from the default (what a reproducer must set)."""
         default_dir = _default_cache_dir()
-        return {n: v for n, v in self._values.items()
+        return {n: v for n, v in self.as_dict().items()
                 if v != KNOBS[n].default and not (n == "cache_dir" and v == default_dir)}
 
     def source_of(self, name: str) -> str:
-        """Where a knob's value comes from: its environment variable, or the default."""
+        """Where a knob's value comes from: "default", its environment variable, "assigned",
+        or "patch" (this thread's `patch`, or the options of the compile that runs)."""
         k = knob(name)
-        for var in (k.env, *(f"TILEFUSE_{a.upper()}" for a in k.aliases)):
-            if var in os.environ:
-                return var
-        return "default"
-
-    def validate(self) -> None:
-        for name, value in self._values.items():
-            KNOBS[name].parse(value, f"tilefuse.config.{name}")
-
-    def log_channels(self) -> set[str]:
-        return {c.strip() for c in self.logs.split(",") if c.strip()}
+        if k.name in _overrides.get().get(id(self), {}):
+            return "patch"
+        return self._sources[k.name]
 
     @contextlib.contextmanager
     def patch(self, **changes) -> Iterator["Config"]:
-        """Set knobs for the block (every value checked before any is set), then restore them."""
+        """Set knobs for the block, in the thread (or task) that runs it: every value is checked
+        before any is set, other threads keep seeing theirs, and leaving the block restores
+        what it found. Nested patches stack."""
         parsed = {knob(k).name: knob(k).parse(v, k) for k, v in changes.items()}
-        old = {k: self._values[k] for k in parsed}
-        for k, v in parsed.items():
-            setattr(self, k, v)
+        if "cache_dir" in parsed and not parsed["cache_dir"]:
+            parsed["cache_dir"] = _default_cache_dir()
+        current = _overrides.get()
+        token = _overrides.set({**current, id(self): {**current.get(id(self), {}), **parsed}})
         try:
             yield self
         finally:
-            for k, v in old.items():
-                setattr(self, k, v)
+            _overrides.reset(token)
 
 
 for _name, _knob in _BY_NAME.items():

@@ -52,6 +52,7 @@ def dump_graph(debug_dir: str, report, gm=None) -> str | None:
                 suffix = ".cpp" if 'extern "C"' in k.source else ".py"
                 _write(os.path.join(where, "kernels", k.name + suffix), k.source)
         return where
-    except OSError as err:
-        logs.info("runtime", "could not write %s under the debug directory: %s", report.graph_name, err)
+    except Exception as err:  # noqa: BLE001 - a dump is a courtesy: it never breaks a compile
+        logs.info("runtime", "could not write %s under the debug directory: %s: %s", report.graph_name,
+                  type(err).__name__, err)
         return None

@@ -11,6 +11,10 @@ logging setup, which takes module names; a user's own handlers and levels see ev
 
 Stage dumps (graph IR, plans, tile IR, sources, tuning) are DEBUG records; one-line summaries
 (a graph compiled, a fallback) are INFO.
+
+`config.logs` set by assignment or the environment configures the loggers for the whole
+process; set by `config.patch` or a compile's `options={"logs": ...}` it prints those channels
+for that block only, in that thread, and leaves the loggers as they were.
 """
 from __future__ import annotations
 
@@ -34,7 +38,7 @@ assert set(LOGGERS) == set(LOG_CHANNELS)
 
 _ROOT = logging.getLogger("tilefuse")
 _handler: logging.Handler | None = None
-_levels_set: set[str] = set()  # loggers whose level TILEFUSE_LOGS set (and may reset)
+_saved: dict[str, tuple] = {}  # logger name -> (level, propagate) before TILEFUSE_LOGS changed it
 
 
 class _ChannelFormatter(logging.Formatter):
@@ -43,34 +47,54 @@ class _ChannelFormatter(logging.Formatter):
         return f"[tilefuse.{channel}] {record.getMessage()}"
 
 
-def apply(channels: str) -> None:
-    """Follow `TILEFUSE_LOGS`: the named channels' loggers at DEBUG with a stderr handler on
-    the `tilefuse` logger; with no channel, nothing of ours stays installed."""
+def _channels(text: str) -> set[str]:
+    wanted = {c.strip() for c in text.split(",") if c.strip()}
+    return set(LOG_CHANNELS) if "all" in wanted else wanted
+
+
+def _stderr_handler() -> logging.Handler:
     global _handler
-    wanted = {c.strip() for c in channels.split(",") if c.strip()}
-    if "all" in wanted:
-        wanted = set(LOG_CHANNELS)
-    for name in _levels_set:
-        logging.getLogger(name).setLevel(logging.NOTSET)
-    _levels_set.clear()
-    if not wanted:
-        if _handler is not None:
-            _ROOT.removeHandler(_handler)
-            _ROOT.propagate = True
-            _handler = None
-        return
-    for channel, name in LOGGERS.items():
-        if channel in wanted:
-            logging.getLogger(name).setLevel(logging.DEBUG)
-            _levels_set.add(name)
-        elif any(name.startswith(LOGGERS[w] + ".") for w in wanted):
-            logging.getLogger(name).setLevel(logging.WARNING)  # a sub-channel not asked for
-            _levels_set.add(name)
     if _handler is None:
         _handler = logging.StreamHandler(sys.stderr)
         _handler.setFormatter(_ChannelFormatter())
-        _ROOT.addHandler(_handler)
-        _ROOT.propagate = False  # printed once, not again by a root handler
+    return _handler
+
+
+def _change(log: logging.Logger, level: int | None = None, propagate: bool | None = None) -> None:
+    _saved.setdefault(log.name, (log.level, log.propagate))
+    if level is not None:
+        log.setLevel(level)
+    if propagate is not None:
+        log.propagate = propagate
+
+
+def apply(channels: str) -> None:
+    """Follow `TILEFUSE_LOGS`: the named channels' loggers at DEBUG and a stderr handler on the
+    `tilefuse` logger (which then does not pass records on to the root's handlers: printed once).
+    What it changes is saved and put back when the channels are turned off."""
+    for name, (level, propagate) in _saved.items():
+        log = logging.getLogger(name)
+        log.setLevel(level)
+        log.propagate = propagate
+    _saved.clear()
+    if _handler is not None:
+        _ROOT.removeHandler(_handler)
+    wanted = _channels(channels)
+    if not wanted:
+        return
+    for channel, name in LOGGERS.items():
+        if channel in wanted:
+            _change(logging.getLogger(name), level=logging.DEBUG)
+        elif any(name.startswith(LOGGERS[w] + ".") for w in wanted):
+            _change(logging.getLogger(name), level=logging.WARNING)  # a sub-channel not asked for
+    _ROOT.addHandler(_stderr_handler())
+    _change(_ROOT, propagate=False)
+
+
+def _patched_on(channel: str) -> bool:
+    """Whether this thread's `config.patch` (a compile's options) asks for `channel`."""
+    text = config.patched("logs")
+    return bool(text) and channel in _channels(text)
 
 
 def logger(channel: str) -> logging.Logger:
@@ -79,7 +103,7 @@ def logger(channel: str) -> logging.Logger:
 
 def enabled(channel: str, level: int = logging.DEBUG) -> bool:
     """Whether a record on `channel` would be handled (check before building a costly message)."""
-    return logging.getLogger(LOGGERS[channel]).isEnabledFor(level)
+    return logging.getLogger(LOGGERS[channel]).isEnabledFor(level) or _patched_on(channel)
 
 
 def log(channel: str, message: str, *args, level: int = logging.DEBUG) -> None:
@@ -87,6 +111,8 @@ def log(channel: str, message: str, *args, level: int = logging.DEBUG) -> None:
     target = logging.getLogger(LOGGERS[channel])
     if target.isEnabledFor(level):
         target.log(level, message, *args)
+    elif _patched_on(channel):
+        _stderr_handler().handle(target.makeRecord(target.name, level, "(tilefuse)", 0, message, args, None))
 
 
 def info(channel: str, message: str, *args) -> None:

@@ -13,7 +13,7 @@ Layout::
         <key[:2]>/<key>/                 one entry: named files + manifest.json
         <key[:2]>/<key>.lock             file lock used by get_or_create
         .tmp-*                           entries being written (renamed into place)
-      repro/, triton-bin/                other directories tilefuse writes (see OWNED_DIRS)
+      repro/, tune-ceilings/             other directories tilefuse writes (see OWNED_DIRS)
       .trash-*                           being deleted by clear
 
 :func:`root_contents` and :func:`clear_root` inspect and clear everything tilefuse owns under
@@ -602,7 +602,7 @@ OWNED_DIRS = {
     "cpu": "generated C++ kernels (source and shared library)",  # backends/cpu/launcher.py
     "tune": "tuning results: the schedule chosen per kernel and shape",  # tune/cache.py
     "tune-ceilings": "measured bandwidth and compute ceilings of each GPU",  # tune/tuner.py
-    "triton-bin": "Triton's compiled binaries (TRITON_CACHE_DIR, unless you set it)",  # backends/triton
+    "triton-bin": "Triton's compiled binaries, written by older tilefuse versions (Triton now keeps its own)",
     "repro": "reproducer scripts of failed compiles",  # check/failure.py
 }
 #: the OWNED_DIRS that are DiskCache namespaces (the entry layout of the module docstring)

@@ -77,6 +77,17 @@ def _triton() -> types.SimpleNamespace:
                                  patch_lang=_patch_lang, InterpreterError=InterpreterError)
 
 
+def require() -> None:
+    """For `target="interpret"`: a `ConfigError` (the user's choice cannot run here) when this
+    process has no usable Triton interpreter."""
+    from ...config import ConfigError
+
+    try:
+        _triton()
+    except InterpreterUnavailable as err:
+        raise ConfigError(f"target='interpret' cannot run here: {err}") from err
+
+
 def launchable(fn):
     """The interpreted form of a generated module's `@triton.jit` function, to launch with
     `fn[grid](...)` inside `running()`."""
@@ -174,4 +185,4 @@ def _method(jit_fn):
     return method
 
 
-__all__ = ["launchable", "running", "stdlib_interpreted", "InterpreterUnavailable"]
+__all__ = ["launchable", "require", "running", "stdlib_interpreted", "InterpreterUnavailable"]
