@@ -124,13 +124,13 @@ def _ops(args) -> int:
 
 
 def _unknown(kind: str, bad: list[str], known) -> str:
-    import difflib
+    from .config import closest_name
 
     known = list(known)
     hints = []
     for name in bad:
-        close = difflib.get_close_matches(name, known, n=1)
-        hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        close = closest_name(name, known)
+        hints.append(f"{name!r}" + (f" (did you mean {close!r}?)" if close else ""))
     listing = ", ".join(known) if len(known) <= 20 else f"{len(known)} names; `tilefuse ops --sweep` runs them all"
     return f"unknown {kind} {', '.join(hints)}; choose from {listing}"
 

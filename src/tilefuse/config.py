@@ -37,9 +37,16 @@ class UnknownOptionError(TypeError):
     """An option name tilefuse does not have."""
 
 
-def _closest(name: str, known) -> str:
+def closest_name(name: str, known) -> str | None:
+    """The known name closest to a misspelt one (None when nothing is close): every "did you
+    mean" of tilefuse's messages comes from here."""
     match = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
-    return f"; did you mean {match[0]!r}?" if match else ""
+    return match[0] if match else None
+
+
+def _closest(name: str, known) -> str:
+    match = closest_name(name, known)
+    return f"; did you mean {match!r}?" if match else ""
 
 
 def _check_flash_config(value: str) -> None:

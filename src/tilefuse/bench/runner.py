@@ -29,7 +29,6 @@ runs before every backend and after every workload.
 """
 from __future__ import annotations
 
-import difflib
 import gc
 import importlib
 import importlib.metadata
@@ -41,6 +40,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from ..config import closest_name
 from . import metrics, timing
 from .backends import (CACHED_BACKENDS, DEFAULT_BACKENDS, INDUCTOR_MODES, BackendUnavailable,
                        Compilers, Prepared, describe, prepare)
@@ -108,8 +108,8 @@ def _check_names(kind: str, names: list[str], known, listing: str | None = None)
         raise ValueError(f"no {kind}s given")
     for name in names:
         if name not in known:
-            close = difflib.get_close_matches(name, list(known), n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
+            close = closest_name(name, known)
+            hint = f"did you mean {close!r}? " if close else ""
             raise ValueError(f"unknown {kind} {name!r}; {hint}choose from {listing or ', '.join(known)}")
 
 
