@@ -148,8 +148,7 @@ def _record(report: CompileReport, gm: torch.fx.GraphModule, settings: dict) -> 
     _history.append(report)
     for sink in _report_sinks:
         sink.append(report)
-    with config.patch(**settings):
-        debug_dir = config.debug_dir
+    debug_dir = settings.get("debug_dir", config.debug_dir)
     if debug_dir:
         from .debug_dump import dump_graph
 

@@ -422,14 +422,7 @@ class DiskCache:
     def _discard(self, entry: Path, why: str) -> None:
         """Remove a corrupt entry: rename it out of sight (atomic), then delete it."""
         logs.log("cache", "discarding corrupt entry %s: %s", entry, why)
-        trash = entry.parent.parent / f"{_TRASH_PREFIX}{entry.name}-{os.getpid()}-{os.urandom(4).hex()}"
-        try:
-            os.rename(entry, trash)
-        except FileNotFoundError:
-            return  # someone else removed it already
-        except OSError:
-            trash = entry
-        shutil.rmtree(trash, ignore_errors=True)
+        _remove(entry, entry.parent.parent)
 
     def get(self, key: str) -> dict[str, bytes] | None:
         """The files of the entry for ``key``, verified; None on a miss, on a corrupt entry
@@ -564,12 +557,7 @@ class DiskCache:
         for ns_dir in targets:
             if not ns_dir.name.startswith("."):
                 removed += sum(1 for _ in self._entries(ns_dir))
-            trash = self.root / f"{_TRASH_PREFIX}{ns_dir.name}-{os.getpid()}-{os.urandom(4).hex()}"
-            try:
-                os.rename(ns_dir, trash)
-            except OSError:
-                trash = ns_dir
-            shutil.rmtree(trash, ignore_errors=True)
+            _remove(ns_dir, self.root)
         logs.log("cache", "cleared %d entries under %s", removed, self.root)
         return removed
 
@@ -662,17 +650,9 @@ def clear_root(root: str | os.PathLike | None = None) -> list[RootItem]:
     for item in root_contents(path):
         if not item.owned:
             continue
-        target = path / item.name
-        if not item.name.startswith(_TRASH_PREFIX):
-            trash = path / f"{_TRASH_PREFIX}{item.name}-{os.getpid()}-{os.urandom(4).hex()}"
-            try:
-                os.rename(target, trash)
-                target = trash
-            except FileNotFoundError:
-                continue  # removed meanwhile
-            except OSError:
-                pass  # delete in place
-        errors = _rmtree(target)
+        errors = _remove(path / item.name, path)
+        if errors is None:
+            continue  # removed meanwhile
         if errors:
             item.note = f"not everything could be removed: {errors[0]}"
         removed.append(item)
@@ -735,6 +715,24 @@ def _looks_like_namespace(path: Path) -> bool:
     except OSError:
         return False
     return bool(shards)
+
+
+def _remove(path: Path, trash_dir: Path) -> list[str] | None:
+    """Delete a directory tree so that no reader sees it half-deleted: first renamed in one step
+    to a `.trash-*` name in `trash_dir` (in place when that fails; a `.trash-*` directory is
+    deleted where it is), then deleted without following symbolic links. Returns the errors met,
+    as text, or None when the tree was already gone."""
+    target = path
+    if not path.name.startswith(_TRASH_PREFIX):
+        trash = trash_dir / f"{_TRASH_PREFIX}{path.name}-{os.getpid()}-{os.urandom(4).hex()}"
+        try:
+            os.rename(path, trash)
+            target = trash
+        except FileNotFoundError:
+            return None
+        except OSError:
+            pass  # delete in place
+    return _rmtree(target)
 
 
 def _rmtree(path: Path) -> list[str]:
