@@ -59,6 +59,7 @@ def main(argv=None) -> int:
     ap.add_argument("--workloads", default="llama_block")
     ap.add_argument("--backends", default="tilefuse,inductor")
     ap.add_argument("--size", default="full")
+    ap.add_argument("--layers", type=int, default=None, help="models: override the layer count")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--out", default=".")
     args = ap.parse_args(argv)
@@ -76,7 +77,10 @@ def main(argv=None) -> int:
     for wname in args.workloads.split(","):
         w = by_name[wname]
         torch.manual_seed(0)
-        inputs = w.make_inputs(w.sizes[args.size], torch.device("cuda"), torch.bfloat16)
+        size = list(w.sizes[args.size])
+        if args.layers and w.group == "models":
+            size[2] = args.layers
+        inputs = w.make_inputs(tuple(size), torch.device("cuda"), torch.bfloat16)
         for backend in args.backends.split(","):
             torch._dynamo.reset()
             if backend == "eager":
@@ -87,9 +91,10 @@ def main(argv=None) -> int:
                 fn = torch.compile(w.fn, mode=INDUCTOR_MODES[backend])
             else:
                 fn = torch.compile(w.fn, backend=backend)
+            fn = w.program(fn)
             sources: list[str] = []
             with mock.patch.object(GraphLowering, "save_output_code", sources.append):
-                fn(*[t.clone() for t in inputs])
+                fn(*[t.clone() if isinstance(t, torch.Tensor) else t for t in inputs])
             if sources:
                 with open(os.path.join(args.out, f"{backend}_{wname}.py"), "w") as f:
                     f.write("\n\n".join(sources))
@@ -102,7 +107,7 @@ def main(argv=None) -> int:
                 print(f"  {r['us']:9.1f} µs  {r['calls']:4.1f}×  {100 * r['us'] / total:5.1f}%  {r['kernel'][:90]}")
             if backend == "tilefuse":
                 torch._dynamo.reset()
-                report = tilefuse.explain(w.fn, *inputs)
+                report = tilefuse.explain(w.fn, *inputs, verbose=True)
                 with open(os.path.join(args.out, f"explain_{wname}.txt"), "w") as f:
                     f.write(str(report))
     with open(os.path.join(args.out, "profile.json"), "w") as f:

@@ -42,9 +42,13 @@ TINY = {"rmsnorm": (8, 32), "layernorm": (8, 32), "softmax": (8, 32), "gelu_mul"
         "int8_gemm": (4, 32, 16), "fp8_gemm": (16, 32, 16), "llama_block": (1, 8, 32, 2, 64)}
 
 
+#: the kernel workloads (the models group has its own tests: test_zoo.py)
+KERNELS = [w.name for w in get_workloads() if w.group == "kernels"]
+
+
 def _tiny(names=None):
     return [dataclasses.replace(w, sizes={"quick": TINY[w.name], "full": TINY[w.name]})
-            for w in get_workloads(names)]
+            for w in get_workloads(names or KERNELS)]
 
 
 def _run(backends, workloads=None, compilers=None):
@@ -167,7 +171,7 @@ def test_tilefuse_is_reported_with_results_or_reason():
 
 def test_workloads_inputs_and_work_counts():
     dev = torch.device("cpu")
-    for w in get_workloads():
+    for w in get_workloads(KERNELS):
         if w.unsupported(dev):
             assert w.name == "fp8_gemm"
             continue
@@ -236,7 +240,7 @@ def test_every_workload_has_every_metric_at_tiny_sizes(sweep):
     names = SWEPT if sweep else None
     report = run(BenchOptions(backends=["eager", "dynamo"], sweep=sweep, **FAST),
                  workloads=_tiny(names), compilers={"dynamo": _dynamo})
-    for w in get_workloads(names):
+    for w in get_workloads(names or KERNELS):
         if w.name == "fp8_gemm":
             continue
         e, d = _row(report, w.name, "eager"), _row(report, w.name, "dynamo")

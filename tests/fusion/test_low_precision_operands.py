@@ -113,3 +113,54 @@ def test_a_narrowing_conversion_is_stored_by_its_producer_only_when_read_in_orde
     graph = g.output(out)
     reasons = Inliner(graph).reasons
     assert (reasons.get(narrow.name, "").startswith("narrowing conversion")) == (not transposed), reasons
+
+
+def nanogpt_attention(x, w, b, mask):
+    """nanoGPT's attention: c_attn's bias add feeds both products; the tril buffer masks."""
+    B, T, C = x.shape
+    q, k, v = F.linear(x, w, b).split(C, dim=2)
+    q, k, v = (t.view(B, T, 2, C // 2).transpose(1, 2) for t in (q, k, v))
+    att = (q @ k.transpose(-2, -1)) * (1.0 / (k.size(-1) ** 0.5))
+    att = att.masked_fill(mask[:, :, :T, :T] == 0, float("-inf"))
+    y = torch.softmax(att, dim=-1) @ v
+    return y.transpose(1, 2).contiguous().view(B, T, C)
+
+
+def scaled_query_attention(q, k, v, s):
+    """A cheap bf16 prologue (`q * s`) inlined into the score product."""
+    return torch.softmax((q * s) @ k.transpose(-1, -2), -1) @ v
+
+
+def _dots(report):
+    return [(k.kind, ln.strip()) for k in report.kernels for ln in k.tile_ir.splitlines() if "dot(" in ln]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", ["nanogpt", "scaled_query"])
+def test_prologue_keeps_the_operands_precision(case, dtype):
+    """Whatever a product's prologue computes, the product reads the low-precision values eager
+    gives it: every dot of the graph runs on bf16/fp16 operands, never fp32 (which on a GPU is
+    an fp32 `ieee` dot without tensor cores)."""
+    torch.manual_seed(0)
+    if case == "nanogpt":
+        fn = nanogpt_attention
+        args = (torch.randn(2, 37, 32).to(dtype), (torch.randn(96, 32) * 0.2).to(dtype),
+                torch.randn(96).to(dtype), torch.tril(torch.ones(64, 64)).view(1, 1, 64, 64))
+    else:
+        fn = scaled_query_attention
+        args = tuple(torch.randn(2, 3, 37, 16).to(dtype) for _ in range(3)) + \
+            (torch.rand(1, 1, 1, 16).to(dtype) + 0.5,)
+    name = {torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
+    with config.patch(target="cpu"):
+        torch._dynamo.reset()
+        report = tilefuse.explain(fn, *args)
+        dots = _dots(report)
+        assert dots and all(f"in {name}" in ln for _, ln in dots), dots
+        torch._dynamo.reset()
+        out = torch.compile(fn, backend="tilefuse")(*args)
+    if case == "nanogpt":  # the bias add is stored narrow by the first product, not recomputed per tile
+        assert [k.kind for k in report.kernels][:2] == ["contraction", "flash"], str(report)
+    ref = fn(*(a.double() for a in args))
+    eager = fn(*args)
+    err, eager_err = ((t.double() - ref).abs().max().item() for t in (out, eager))
+    assert err <= 2 * eager_err + 1e-2 * (1 + ref.abs().max().item()), (err, eager_err)

@@ -29,15 +29,16 @@ def _seconds(text: str) -> float:
 
 
 #: options of a measurement, which --merge (measuring nothing) does not take
-_MEASURING = {"workloads": "--workloads", "backends": "--backends", "sizes": "--sizes", "dtype": "--dtype",
+_MEASURING = {"workloads": "--workloads", "group": "--group", "layers": "--layers",
+              "backends": "--backends", "sizes": "--sizes", "dtype": "--dtype",
               "device": "--device", "budget": "--budget", "flush_l2": "--no-flush-l2",
               "compile_latency": "--compile-latency", "compile_latency_only": "--compile-latency-only",
               "sweep": "--no-sweep", "memory": "--no-memory", "seed": "--seed"}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .backends import DEFAULT_BACKENDS
-    from .runner import DTYPES
+    from .backends import DEFAULT_BACKENDS, MODEL_BACKENDS
+    from .runner import DTYPES, GROUPS
     from .workloads import WORKLOADS
 
     p = argparse.ArgumentParser(
@@ -45,11 +46,18 @@ def build_parser() -> argparse.ArgumentParser:
         description="Benchmark small PyTorch workloads across compiler backends.")
     p.add_argument("--workloads", type=_csv, default=None,
                    help=f"comma-separated, default all: {','.join(WORKLOADS)}")
-    p.add_argument("--backends", type=_csv, default=list(DEFAULT_BACKENDS),
+    p.add_argument("--group", choices=list(GROUPS), default=None,
+                   help="which workloads when --workloads is not given: kernels (default), "
+                        "models (whole models: nanoGPT, gpt-fast, Hugging Face, ResNet-50) "
+                        "or all")
+    p.add_argument("--layers", type=int, default=None, metavar="N",
+                   help="models: run with N layers instead of the size's (quick iteration)")
+    p.add_argument("--backends", type=_csv, default=None,
                    help="comma-separated: eager, inductor, inductor-max-autotune, "
                         "inductor-max-autotune-no-cudagraphs, inductor-reduce-overhead (GPU), "
                         "tilefuse, jax, or any registered Dynamo backend name "
-                        f"(default {','.join(DEFAULT_BACKENDS)})")
+                        f"(default {','.join(DEFAULT_BACKENDS)}; for --group models "
+                        f"{','.join(MODEL_BACKENDS)})")
     p.add_argument("--sizes", choices=["quick", "full"], default=None,
                    help="default: full on CUDA, quick on CPU")
     p.add_argument("--dtype", choices=list(DTYPES), default=None,
@@ -103,7 +111,12 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError) as e:
             parser.error(f"--merge: {e}")
         return _finish(result, args)
-    opts = BenchOptions(workloads=args.workloads, backends=args.backends, sizes=args.sizes,
+    from .backends import DEFAULT_BACKENDS, MODEL_BACKENDS
+
+    backends = args.backends or list(MODEL_BACKENDS if args.group == "models"
+                                     else DEFAULT_BACKENDS)
+    opts = BenchOptions(workloads=args.workloads, group=args.group, layers=args.layers,
+                        backends=backends, sizes=args.sizes,
                         dtype=args.dtype, device=args.device, budget_s=args.budget,
                         flush_l2=args.flush_l2, seed=args.seed, quiet=args.quiet,
                         sweep=args.sweep, compile_latency=args.compile_latency,

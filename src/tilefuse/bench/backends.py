@@ -28,6 +28,8 @@ from typing import Any, Callable, Mapping
 import torch
 
 DEFAULT_BACKENDS = ("eager", "inductor", "inductor-max-autotune", "tilefuse", "jax")
+#: the models group: Inductor's default mode is the peer (max-autotune takes too long there)
+MODEL_BACKENDS = ("eager", "inductor", "tilefuse")
 #: backends whose compile latency and caches the cold/warm measurement knows how to isolate
 CACHED_BACKENDS = ("inductor", "inductor-max-autotune", "inductor-max-autotune-no-cudagraphs",
                    "inductor-reduce-overhead", "tilefuse", "jax")
@@ -81,14 +83,15 @@ class Prepared:
 def prepare(name: str, workload, inputs: tuple, device: str,
             compilers: Compilers | None = None) -> Prepared:
     """The `Prepared` callable for backend `name`; raises `BackendUnavailable`."""
+    program = workload.program  # the compiled fn, inside a step (training) where there is one
     if compilers and name in compilers:
-        return _torch_prepared(compilers[name](workload.fn), inputs)
+        return _torch_prepared(program(compilers[name](workload.fn)), inputs)
     if name == "eager":
-        return Prepared(workload.fn, tuple(inputs))
+        return Prepared(program(workload.fn), tuple(inputs))
     if name == "jax":
         return _jax_prepared(workload, inputs, device)
     if name == "tilefuse":
-        return _tilefuse_prepared(workload.fn, inputs)
+        return _tilefuse_prepared(workload, inputs)
     if name in INDUCTOR_MODES:
         mode = INDUCTOR_MODES[name]
         if mode and torch.device(device).type != "cuda":
@@ -96,12 +99,12 @@ def prepare(name: str, workload, inputs: tuple, device: str,
                                      "little beyond the default and takes minutes)"
                                      if "autotune" in mode else
                                      f"{mode} replays CUDA graphs: GPU only")
-        return _inductor_prepared(torch.compile(workload.fn, mode=mode), inputs)
+        return _inductor_prepared(program(torch.compile(workload.fn, mode=mode)), inputs)
     try:
         compiled = torch.compile(workload.fn, backend=name)
     except Exception as e:
         raise BackendUnavailable(f"backend {name!r} unavailable: {describe(e)}") from e
-    return _torch_prepared(compiled, inputs)
+    return _torch_prepared(program(compiled), inputs)
 
 
 def _torch_prepared(compiled: Callable, inputs) -> Prepared:
@@ -153,17 +156,17 @@ def _inductor_prepared(compiled: Callable, inputs) -> Prepared:
 
 # ----------------------------------------------------------------------------- tilefuse
 
-def _tilefuse_prepared(fn: Callable, inputs) -> Prepared:
+def _tilefuse_prepared(workload, inputs) -> Prepared:
     try:
         tilefuse = importlib.import_module("tilefuse")
         api = importlib.import_module("tilefuse.api")
     except Exception as e:
         raise BackendUnavailable(f"import tilefuse failed: {describe(e)}") from e
     try:
-        compiled = tilefuse.compile(fn, fallback="error")
+        compiled = tilefuse.compile(workload.fn, fallback="error")
     except Exception as e:
         raise BackendUnavailable(f"tilefuse.compile failed: {describe(e)}") from e
-    prepared = Prepared(compiled, tuple(inputs), compiles=_dynamo_graphs)
+    prepared = Prepared(workload.program(compiled), tuple(inputs), compiles=_dynamo_graphs)
 
     @contextlib.contextmanager
     def first_call():

@@ -36,7 +36,7 @@ import math
 import platform
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
@@ -48,7 +48,9 @@ from .report import progress_line
 from .workloads import WORKLOADS, Workload, get_workloads
 
 __all__ = ["BenchOptions", "Result", "run", "max_abs_error", "within_tolerance",
-           "DEFAULT_BACKENDS", "DTYPES", "BackendUnavailable"]
+           "DEFAULT_BACKENDS", "DTYPES", "GROUPS", "BackendUnavailable", "workload_size"]
+
+GROUPS = ("kernels", "models", "all")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _describe = describe
@@ -56,7 +58,9 @@ _describe = describe
 
 @dataclass
 class BenchOptions:
-    workloads: list[str] | None = None          # None: all
+    workloads: list[str] | None = None          # None: every workload of `group`
+    group: str | None = None                    # "kernels" (default), "models" or "all"
+    layers: int | None = None                   # models: override the size's layer count
     backends: list[str] = field(default_factory=lambda: list(DEFAULT_BACKENDS))
     sizes: str | None = None                    # "quick" | "full"; default by device
     dtype: str | None = None                    # default: bfloat16 on CUDA, float32 on CPU
@@ -86,11 +90,15 @@ class BenchOptions:
             raise ValueError(f"unknown sizes {sizes!r}; choose quick or full")
         if self.workloads is not None:
             _check_names("workload", self.workloads, WORKLOADS)
+        group = self.group or "kernels"
+        if group not in GROUPS:
+            raise ValueError(f"unknown group {group!r}; choose from {', '.join(GROUPS)}")
+        if self.layers is not None and self.layers < 1:
+            raise ValueError(f"--layers must be at least 1, got {self.layers}")
         _check_backends(self.backends, extra_backends)
-        return BenchOptions(self.workloads, list(self.backends), sizes, dtype, device,
-                            self.budget_s, self.flush_l2, self.seed, self.quiet, self.sweep,
-                            self.compile_latency or self.compile_latency_only,
-                            self.compile_latency_only, self.memory, self.ceilings)
+        return replace(self, group=group, backends=list(self.backends), sizes=sizes, dtype=dtype,
+                       device=device,
+                       compile_latency=self.compile_latency or self.compile_latency_only)
 
 
 _OWN_BACKENDS = ("eager", *INDUCTOR_MODES, "tilefuse", "jax")
@@ -223,10 +231,19 @@ def within_tolerance(err: float, eager_err: float, ref_scale: float, dtype: torc
 _NO_COMPILE = "eager does not compile"
 
 
+def workload_size(w: Workload, opts: BenchOptions) -> list[int]:
+    """The size `w` runs at under `opts`: its quick or full size, with a model's layer count
+    (the third field) replaced by `opts.layers` when given."""
+    size = list(w.sizes[opts.sizes])
+    if opts.layers is not None and w.group == "models" and "layers" in w.size_names:
+        size[w.size_names.split(",").index("layers")] = opts.layers
+    return size
+
+
 def _bench_pair(w: Workload, backend: str, inputs, ref, ref_scale: float, eager_err: float,
                 aten_ops: int | None, ceilings: dict, opts: BenchOptions,
                 compilers: Compilers | None) -> Result:
-    size = list(w.sizes[opts.sizes])
+    size = workload_size(w, opts)
     r = Result(w.name, backend, size, eager_max_abs_err=eager_err, aten_ops=aten_ops)
     torch._dynamo.reset()
     stage = "compile"
@@ -310,7 +327,7 @@ def _after_timing(r: Result, p: Prepared, w: Workload, backend: str, opts: Bench
 
 def _compile_latency_pair(w: Workload, backend: str, opts: BenchOptions) -> Result:
     """Cold and warm compile latency alone, in fresh processes (no in-process timing)."""
-    r = Result(w.name, backend, list(w.sizes[opts.sizes]))
+    r = Result(w.name, backend, workload_size(w, opts))
     if backend not in CACHED_BACKENDS:
         r.reason = (_NO_COMPILE if backend == "eager" else
                     f"caches of {backend} are not isolated: no cold/warm compile latency")
@@ -344,6 +361,12 @@ def _cold_warm(r: Result, backend: str, opts: BenchOptions) -> None:
         r.warm_cache_hit = res["warm_new_files"] == 0
 
 
+def _selected(opts: BenchOptions) -> list[Workload]:
+    if opts.workloads:
+        return get_workloads(opts.workloads)
+    return [w for w in get_workloads() if opts.group in ("all", w.group)]
+
+
 def _release(device: str) -> None:
     torch._dynamo.reset()
     gc.collect()
@@ -364,7 +387,7 @@ def run(options: BenchOptions | None = None, compilers: Compilers | None = None,
                                TextColumn, TimeElapsedColumn)
 
     opts = (options or BenchOptions()).resolved(extra_backends=compilers or ())
-    workloads = list(workloads) if workloads else get_workloads(opts.workloads)
+    workloads = list(workloads) if workloads else _selected(opts)
     dtype = DTYPES[opts.dtype]
     device = torch.device(opts.device)
     console = console or Console(stderr=True)
@@ -391,7 +414,7 @@ def run(options: BenchOptions | None = None, compilers: Compilers | None = None,
 
         for w in workloads:
             progress.update(task, description=f"{w.name}: inputs and fp64 reference")
-            size = list(w.sizes[opts.sizes])
+            size = workload_size(w, opts)
             try:
                 reason = w.unsupported(device)
                 if reason:
@@ -405,7 +428,7 @@ def run(options: BenchOptions | None = None, compilers: Compilers | None = None,
                 inputs = w.make_inputs(tuple(size), device, dtype)
                 ref = w.reference(inputs)
                 ref_scale = max(r.abs().max().item() for r in _flat(ref))
-                eager_err = max_abs_error(w.fn(*inputs), ref)
+                eager_err = max_abs_error(w.program(w.fn)(*inputs), ref)
                 compiling = [b for b in opts.backends if b != "eager"]
                 aten_ops = metrics.count_aten_ops(w.fn, inputs) if compiling else None
             except Exception as e:
@@ -438,6 +461,7 @@ def _report(opts: BenchOptions, workloads, ceilings: dict, results: list) -> dic
                         else "perf_counter per call, median") + "; jax host-timed",
                 memory=("torch.cuda.max_memory_allocated" if on_cuda else
                         "PyTorch CPU allocator events (torch.profiler)") if opts.memory else "off",
-                sizes_by_workload={w.name: {"size": list(w.sizes[opts.sizes]),
+                group=opts.group, layers=opts.layers,
+                sizes_by_workload={w.name: {"size": workload_size(w, opts),
                                             "fields": w.size_names} for w in workloads})
     return {"meta": meta, "results": [asdict(r) for r in results]}

@@ -5,6 +5,10 @@ inputs for a named size, its work (flop and byte counts, see the formulas in eac
 the axis of the size tuple that a dynamic-shape sweep varies, an optional fp64 reference
 (for functions whose user-written form deliberately computes something in float32), and a
 `requires` check that names why the workload cannot run on a device (fp8 needs sm_89+).
+
+Whole models (`group="models"`) take the module as their first input; a training workload
+also has a `step`, the program around the compiled call (backward, optimizer), and reports
+throughput in `items` (tokens or images) per second.
 """
 from __future__ import annotations
 
@@ -40,9 +44,26 @@ class Workload:
     requires: Callable[[torch.device], str | None] | None = None
     #: the size-tuple fields, for reports ("M,K,N")
     size_names: str = ""
+    #: "kernels" or "models" (`tilefuse bench --group`)
+    group: str = "kernels"
+    #: step(run, *inputs): the timed program around the compiled `run` (= fn compiled), e.g.
+    #: a training step's backward and optimizer; None: the program is `run(*inputs)` itself
+    step: Callable[..., object] | None = None
+    #: items(inputs) -> tokens or images one call processes; throughput is then items/s
+    items: Callable[[Inputs], float] | None = None
+    item_unit: str = ""
+
+    def program(self, run: Callable[..., object]) -> Callable[..., object]:
+        """The timed callable, given `run`: `fn` itself (eager) or `fn` compiled."""
+        if self.step is None:
+            return run
+        step = self.step
+        return lambda *inputs: step(run, *inputs)
 
     def throughput(self, inputs: Inputs, seconds: float) -> tuple[float, str]:
         """Throughput of one call that took `seconds`: (value, unit)."""
+        if self.items is not None:
+            return self.items(inputs) / seconds, self.item_unit
         if self.bound == "compute":
             return self.flops(inputs) / seconds / 1e12, "TFLOP/s"
         return self.bytes(inputs) / seconds / 1e9, "GB/s"
@@ -50,7 +71,8 @@ class Workload:
     def reference(self, inputs: Inputs):
         """The fp64 reference output for `inputs` (floating-point inputs promoted to float64,
         integer ones such as positions or int8 weights kept)."""
-        promoted = [t.double() if t.is_floating_point() else t for t in inputs]
+        promoted = [t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+                    for t in inputs]
         return (self.ref_fn or self.fn)(*promoted)
 
     def unsupported(self, device: torch.device) -> str | None:

@@ -5,7 +5,7 @@ Each `Workload` (see `workload_base`) knows how to make fresh random inputs for 
 compilers under test have to find the fusion), and its work: `flops(inputs)` and
 `bytes(inputs)`. This module holds the operator-level workloads and the registry; the LLM
 workloads (attention, decode, KV cache, MoE, quantized GEMMs, Llama block) are in
-`llm_workloads`.
+`llm_workloads`; whole models (the `models` group) in `zoo`.
 
 Byte counts are the compulsory traffic of an ideal implementation: every input read once
 and every output written once (intermediates never touch memory). Throughput against it is
@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from .llm_workloads import LLM_WORKLOADS
 from .workload_base import EPS, Inputs, Workload, rmsnorm, rope_tables, rotate
+from .zoo import MODEL_WORKLOADS
 from .workload_base import nbytes as _nbytes
 from .workload_base import randn as _randn
 
@@ -216,6 +217,7 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in (
              {"quick": (64, 128, 256), "full": (4096, 4096, 16384)}, "compute",
              "Linear -> GELU -> Linear", size_names="M,D,H"),
     *LLM_WORKLOADS,
+    *MODEL_WORKLOADS,
 )}
 
 

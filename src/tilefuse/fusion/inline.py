@@ -3,8 +3,13 @@
 Pointwise chains fuse by substitution: a consumer's load of an inlined producer is replaced
 by the producer's body at the loaded index. A pointwise node is *realised* (written to
 memory) instead when it is a graph output, an extern reads it, it would be recomputed by a
-contraction's inner loop with a costly prologue, or several consumers would recompute a
-large body.
+contraction's inner loop with a costly prologue, it is the epilogue of one product and an
+operand of another (`linear(x) + b` feeding `q @ kᵀ`: stored once, narrow, by the first
+product's kernel), or several consumers would recompute a large body.
+
+A contraction's operands keep the precision eager gives them: where a low-precision producer
+is inlined into a product's factor, its rounding stays (the product then runs on bf16/fp16
+operands, on tensor cores), while between other fused ops intermediate rounding is skipped.
 
 The inlined body of each node also loses the index checks that its own index ranges prove
 unnecessary (a gather at `arange` positions, or at clamped ones: `ir.bounds`).
@@ -63,6 +68,9 @@ class Inliner:
                 self.reasons[node.name] = "narrowing conversion of a kernel result: stored by its producer"
             elif self._feeds_contraction(node.name) and (count_ops(body) > MAX_PROLOGUE_OPS or _costly(body)):
                 self.reasons[node.name] = "costly prologue of a contraction: computed once, in its producer's kernel"
+            elif self._feeds_contraction(node.name) and self._epilogue_of_contraction(node):
+                self.reasons[node.name] = ("epilogue of a contraction and operand of another: stored once by its "
+                                           "producer, not recomputed per tile of the second product")
             elif len(users) > 1 and count_ops(body) > MAX_SHARED_OPS:
                 self.reasons[node.name] = f"{len(users)} consumers would recompute {count_ops(body)} ops"
             elif not users:
@@ -80,6 +88,11 @@ class Inliner:
             if _conversion_of(user, name) and self._feeds_contraction(u):
                 return True
         return False
+
+    def _epilogue_of_contraction(self, node) -> bool:
+        """The node reads a contraction's result (a product's bias add, scale or activation)."""
+        return any(is_contraction_like(self.graph[e.buffer]) for e in walk(node.body)
+                   if isinstance(e, Load) and e.buffer in self.graph.nodes)
 
     def body(self, name: str) -> Expr:
         """The node's body with every inlined producer substituted."""
@@ -99,8 +112,22 @@ class Inliner:
         rounding is what they are for (fake quantisation, overflow checks); only the rounding
         an op applies to its own result is skipped between fused ops."""
         if name not in self._rounded:
-            self._rounded[name] = self._substitute_rounded(self.graph[name].body)
+            node = self.graph[name]
+            if is_contraction_like(node):
+                f = node.body
+                self._rounded[name] = f.rebuild((self._factor(f.a), self._factor(f.b)))
+            else:
+                self._rounded[name] = self._substitute_rounded(node.body)
         return self._rounded[name]
+
+    def _factor(self, f: Expr) -> Expr:
+        """A product's factor with inlined producers substituted; the upcast of a low-precision
+        producer (`float32(q)` of a bf16 `q = x + b`) keeps that producer's rounding, so the
+        dot reads the operands eager reads."""
+        if (isinstance(f, Cast) and isinstance(f.x, Load) and f.x.dtype.is_low_precision
+                and f.x.buffer in self.inlined and not _narrowing_conversion(self.graph[f.x.buffer])):
+            return Cast(self._substitute_rounded(f.x), f.dtype)
+        return self._substitute_rounded(f)
 
     def _substitute_rounded(self, e: Expr) -> Expr:
         """`e` with inlined producers other than explicit narrowing conversions substituted,
