@@ -223,13 +223,18 @@ def _plant(root: Path, outside: Path) -> None:
     """What other tilefuse versions and stages leave under the root, and what is not ours."""
     (root / "repro").mkdir()
     (root / "repro" / "repro_graph_1.py").write_text("print()\n")
-    (root / "triton-bin" / "ABC").mkdir(parents=True)
-    (root / "triton-bin" / "ABC" / "k.so").write_bytes(b"\0" * 100)
+    triton_entry = root / "triton-bin" / ("A" * 52)  # a directory of Triton's own cache
+    triton_entry.mkdir(parents=True)
+    (triton_entry / "k.so").write_bytes(b"\0" * 100)
+    (triton_entry / "__grp__k.json").write_text("{}")
+    (root / "triton-bin" / "notes").write_text("a user's file")
     for ns in ("tune-ceilings", "triton-v0"):  # a namespace under a name this version does not use
-        (root / ns / "ab" / ("ab" + "0" * 62)).mkdir(parents=True)
-        (root / ns / "ab" / ("ab" + "0" * 62) / "manifest.json").write_text("{}")
-        (root / ns / "ab" / ("ab" + "0" * 62 + ".lock")).write_text("")
+        key = "ab" + "0" * 62
+        (root / ns / "ab" / key).mkdir(parents=True)
+        (root / ns / "ab" / key / "manifest.json").write_text(json.dumps({"format": 0, "key": key}))
+        (root / ns / "ab" / (key + ".lock")).write_text("")
     (root / ".trash-cpu-1-abcd" / "x").mkdir(parents=True)
+    (root / "cpu" / "mine.txt").write_text("a user's file in a namespace")
     (root / "mine").mkdir()
     (root / "notes.txt").write_text("mine too")
     outside.mkdir()
@@ -251,19 +256,29 @@ def test_cache_info_and_clear_cover_everything_tilefuse_owns(explained):
         assert re.search(rf"^  {re.escape(name)} ", info.out, re.M), (name, info.out)
     assert "generated C++ kernels" in info.out and "KiB" in info.out
     assert "not cleared: mine" in info.out and "not cleared: tune (a symbolic link" in info.out
+    assert "not cleared: cpu/ (1 thing in it not tilefuse's" in info.out
 
     data = json.loads(tilefuse_cmd("cache", "info", "--json", env=env).out)
     owned = {d["name"]: d for d in data["directories"] if d["owned"]}
-    assert set(owned) == {"cpu", "repro", "triton-bin", "tune-ceilings", "triton-v0", ".trash-cpu-1-abcd"}
+    assert set(owned) == {"cpu", "repro", "triton-bin", "tune-ceilings", "triton-v0", ".trash-cpu-1-abcd",
+                          ".size-checked"}
     expected = sum(d["entries"] for d in owned.values())
-    assert owned["cpu"]["entries"] >= 1 and owned["repro"]["entries"] == 2 and expected >= 6
+    size = sum(d["bytes"] for d in owned.values())
+    assert owned["cpu"]["entries"] >= 1 and owned["repro"]["entries"] == 1 and expected >= 5
+    assert (owned["repro"]["left"], owned["triton-bin"]["left"], owned["cpu"]["left"]) == (1, 1, 1)
 
     cleared = tilefuse_cmd("cache", "clear", env=env)
     assert cleared.code == 0, cleared.err
     assert f"removed {expected} entries" in cleared.out
-    assert sorted(p.name for p in root.iterdir()) == ["mine", "notes.txt", "tune"]
+    assert f"removed cpu/: {owned['cpu']['entries']} entr" in cleared.out
+    assert "removed triton-bin/: 1 entry, 1" in cleared.out  # Triton's entry, not the user's notes
+    assert sorted(p.name for p in root.iterdir()) == ["cpu", "mine", "notes.txt", "repro", "triton-bin", "tune"]
+    assert [p.name for p in (root / "cpu").iterdir()] == ["mine.txt"]  # the user's file, nothing else
+    assert [p.name for p in (root / "triton-bin").iterdir()] == ["notes"]
+    assert [p.name for p in (root / "repro").iterdir()] == ["link"]
     assert (tmp / "outside" / "precious").read_text() == "keep"  # never followed out of the root
-    assert "left alone: tune" in cleared.out
+    assert "left alone: tune" in cleared.out and "left alone: cpu/" in cleared.out
+    assert size > 0
     again = tilefuse_cmd("cache", "clear", env=env)
     assert "removed 0 entries" in again.out
 

@@ -24,6 +24,8 @@ BAD_AND_GOOD = {
     "logs": ("grpah", ("fusion,code", "fusion,code")),
     "debug_dir": (None, ("/somewhere", "/somewhere")),
     "cache_dir": (None, ("/somewhere", "/somewhere")),
+    "cache_lock_timeout": ("-1", ("30", 30)),
+    "cache_max_bytes": ("4G", ("1073741824", 1 << 30)),
     "compile_threads": ("two", (" 3 ", 3)),
     "persistent_reduction_limit": ("4194304", ("1024", 1024)),
     "flash_config": ("64,64,4", ("64,32,4,2", "64,32,4,2")),

@@ -35,16 +35,20 @@ def _cache(args) -> int:
     from .runtime import cache
 
     root = os.path.abspath(os.path.expanduser(config.cache_dir))
+    problem = cache.root_problem(root)
     if args.action == "clear":
-        removed = cache.clear_root(root)
-        kept = [i for i in cache.root_contents(root) if not i.owned]
+        removed = cache.clear_root(root) if problem is None else []
+        kept = [i for i in cache.root_contents(root) if not i.owned or i.left]
         if args.json:
-            print(json.dumps({"root": root, "removed": [_item_json(i) for i in removed],
+            print(json.dumps({"root": root, "refused": problem, "removed": [_item_json(i) for i in removed],
                               "left_alone": [_item_json(i) for i in kept]}, indent=1))
+        elif problem is not None:
+            print(f"not clearing {root}: {problem}, so what is in it may not be tilefuse's; remove what "
+                  f"you know to be yours, then `chmod 700 {root}` (or set TILEFUSE_CACHE_DIR elsewhere)")
         else:
             _print_cleared(root, removed, kept)
-        return 1 if any(i.note for i in removed) else 0
-    items, problem = cache.root_contents(root), cache.root_problem(root)
+        return 1 if problem is not None or any(i.errors for i in removed) else 0
+    items = cache.root_contents(root)
     if args.json:
         print(json.dumps({"root": root, "exists": os.path.isdir(root), "problem": problem,
                           "directories": [_item_json(i) for i in items]}, indent=1))
@@ -67,24 +71,28 @@ def _print_info(root: str, items: list, problem: str | None) -> None:
         return
     print(f"cache directory {root}" + (f"\n  not used: {problem}; run `chmod 700 {root}` or set "
                                        "TILEFUSE_CACHE_DIR to a private directory" if problem else ""))
+    from .runtime.cache_admin import OWNED_FILES
+
     owned = [i for i in items if i.owned]
-    rows = [(i.name + "/", i.what, str(i.entries), _human(i.bytes), _when(i.oldest), _when(i.newest))
+    rows = [(i.name + ("" if i.name in OWNED_FILES else "/"), i.what, str(i.entries), _human(i.bytes),
+             _when(i.oldest), _when(i.newest))
             for i in owned]
     rows.append(("total", "", str(sum(i.entries for i in owned)), _human(sum(i.bytes for i in owned)), "", ""))
     print(_table(("directory", "holds", "entries", "size", "oldest", "newest"), rows, right=(2, 3)))
     for i in items:
-        if not i.owned:
-            print(f"not cleared: {i.name} ({i.note})")
+        if not i.owned or i.left:
+            print(f"not cleared: {i.name}{'/' if i.owned else ''} ({i.note})")
 
 
 def _print_cleared(root: str, removed: list, kept: list) -> None:
     for i in removed:
-        print(f"removed {i.name}/: {i.entries} entr{'y' if i.entries == 1 else 'ies'}, {_human(i.bytes)}"
-              + (f" ({i.note})" if i.note else ""))
+        if i.entries or i.bytes or i.errors:
+            print(f"removed {i.name}/: {i.entries} entr{'y' if i.entries == 1 else 'ies'}, {_human(i.bytes)}"
+                  + (f" ({i.note})" if i.errors else ""))
     entries, size = sum(i.entries for i in removed), sum(i.bytes for i in removed)
     print(f"removed {entries} entr{'y' if entries == 1 else 'ies'} ({_human(size)}) from {root}")
     for i in kept:
-        print(f"left alone: {i.name} ({i.note})")
+        print(f"left alone: {i.name}{'/' if i.owned else ''} ({i.note})")
 
 
 def _human(n: int) -> str:

@@ -180,6 +180,12 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("cache_dir", str, "",
          "the kernel and tuning cache (per user, created private); empty: $XDG_CACHE_HOME/tilefuse "
          "or ~/.cache/tilefuse", values="a directory"),
+    Knob("cache_lock_timeout", int, 600,
+         "seconds a process waits for another one building the same cache entry (it says so after "
+         "a few) before building it too", minimum=0, maximum=86400),
+    Knob("cache_max_bytes", int, 4 << 30,
+         "the disk cache's size bound (4 GiB by default): past it the least recently used entries "
+         "are removed; 0: no bound", minimum=0),
     Knob("compile_threads", int, 0, "C++ kernels of one graph built at once; 0: one per CPU core",
          minimum=0, maximum=1024),
     Knob("persistent_reduction_limit", int, 8192,

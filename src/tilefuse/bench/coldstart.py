@@ -28,8 +28,15 @@ _SRC = str(Path(__file__).resolve().parents[2])  # the directory holding the pac
 
 
 def cache_env(root: str | os.PathLike) -> dict[str, str]:
-    """Environment variables that point every compiler's on-disk cache under `root`."""
+    """Environment variables that point every compiler's on-disk cache under `root`. A root
+    tilefuse refuses as a cache (another user's, or writable by others) is refused here too:
+    the other compilers' caches (Triton's binaries among them) would be just as open."""
+    from ..runtime.cache_admin import root_problem
+
     root = Path(root)
+    problem = root_problem(root)
+    if problem is not None:
+        raise ValueError(f"{root} cannot hold compiler caches: {problem}")
     return {
         "TILEFUSE_CACHE_DIR": str(root / "tilefuse"),
         "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
@@ -64,7 +71,7 @@ def compile_latency(workload: str, backend: str, size, dtype: str, device: str,
 
     root = Path(keep_dir) if keep_dir else Path(tempfile.mkdtemp(prefix="tilefuse-bench-"))
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
         for sub in ("tilefuse", "inductor", "triton", "jax"):
             path = root / sub
             if path.exists() and any(path.iterdir()):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import tempfile
 import textwrap
 from dataclasses import dataclass
@@ -190,35 +191,62 @@ def reproducer_source(gm: torch.fx.GraphModule, args=None, title: str = "", knob
     return "\n".join(lines)
 
 
-def repro_dir() -> str:
-    """Where reproducers go: `<cache dir>/repro` (private), or a temporary directory."""
-    from ..config import config
+_fallback_dir: tuple[int, str] | None = None  # (pid, path) of this process's private fallback
 
-    path = os.path.join(config.cache_dir, "repro")
+
+def repro_dir() -> str:
+    """Where reproducers go: `<cache dir>/repro` where the cache's policy allows (the root and
+    `repro/` this user's, writable by no one else, `repro/` not a link), else a new private
+    directory in the temporary directory (one per process), never a shared one."""
+    global _fallback_dir
+    from ..config import config
+    from ..runtime import trust
+    from ..runtime.cache_admin import root_path, root_problem
+
+    root = root_path(config.cache_dir)
     try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        if os.access(path, os.W_OK):
-            return path
+        if not os.path.lexists(root):
+            os.makedirs(root, mode=0o700, exist_ok=True)
+            os.chmod(root, 0o700)  # makedirs' mode is filtered by the umask
     except OSError:
         pass
-    return tempfile.gettempdir()
+    if root.is_dir() and root_problem(root) is None:
+        path = trust.private_dir(root / "repro")
+        if path is not None:
+            return path
+    if _fallback_dir is None or _fallback_dir[0] != os.getpid() or not os.path.isdir(_fallback_dir[1]):
+        _fallback_dir = (os.getpid(), tempfile.mkdtemp(prefix="tilefuse-repro-"))
+    return _fallback_dir[1]
 
 
 def _patch_arguments(knobs: dict | None) -> str:
-    kept = {k: v for k, v in (knobs or {}).items() if k not in ("cache_dir", "logs", "debug_dir", "fallback")}
+    kept = {k: v for k, v in (knobs or {}).items()
+            if k not in ("cache_dir", "cache_lock_timeout", "cache_max_bytes", "logs", "debug_dir", "fallback")}
     return ", ".join(f"{k}={v!r}" for k, v in {**kept, "fallback": "error"}.items())
 
 
 def write_reproducer(gm: torch.fx.GraphModule, args=None, title: str = "", name: str = "graph",
                      knobs: dict | None = None) -> str | None:
-    """Write `reproducer_source(...)` to a file and return its path (None if that failed too:
-    the report must never itself raise)."""
+    """Write `reproducer_source(...)` to a new file in `repro_dir()` and return its path (None
+    if that failed too: the report must never itself raise). The file is created exclusively
+    and never through a link: an existing file is reused only when it is this user's and holds
+    the same script, else the script gets a new name."""
     try:
-        source = reproducer_source(gm, args, title, knobs)
-        digest = hashlib.sha256(source.encode()).hexdigest()[:10]
-        path = os.path.join(repro_dir(), f"repro_{name}_{digest}.py")
-        with open(path, "w") as f:
-            f.write(source)
+        from ..runtime import trust
+
+        data = reproducer_source(gm, args, title, knobs).encode()
+        directory = repro_dir()
+        stem = f"repro_{re.sub(r'[^A-Za-z0-9_.-]', '_', name)[:64]}_{hashlib.sha256(data).hexdigest()[:10]}"
+        path = os.path.join(directory, stem + ".py")
+        try:
+            trust.create(path, data)
+        except FileExistsError:
+            try:
+                if trust.read(path) == data:
+                    return path
+            except OSError:
+                pass
+            path = trust.create_unique(directory, stem + "_", ".py", data)
         return path
     except Exception:  # noqa: BLE001 - a reproducer is a courtesy, never a second failure
         return None

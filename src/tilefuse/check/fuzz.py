@@ -137,12 +137,24 @@ if __name__ == "__main__":
 
 
 def write_reproducer(program: Program, outcome: Outcome, out_dir: str, seed: int = 0) -> str:
-    source = reproducer_source(program, outcome, seed)
+    """Write the reproducer to a new file in `out_dir` (created exclusively, never through a
+    link: a file already there is kept, and the script gets another name unless it is that
+    file's own text)."""
+    from ..runtime import trust
+
+    data = reproducer_source(program, outcome, seed).encode()
     os.makedirs(out_dir, exist_ok=True)
-    digest = hashlib.sha256(source.encode()).hexdigest()[:10]
-    path = os.path.join(out_dir, f"fuzz_repro_{digest}.py")
-    with open(path, "w") as f:
-        f.write(source)
+    stem = f"fuzz_repro_{hashlib.sha256(data).hexdigest()[:10]}"
+    path = os.path.join(out_dir, stem + ".py")
+    try:
+        trust.create(path, data, mode=0o644)
+    except FileExistsError:
+        try:
+            if trust.read(path, modes=False) == data:
+                return path
+        except OSError:
+            pass
+        path = trust.create_unique(out_dir, stem + "_", ".py", data)
     return path
 
 

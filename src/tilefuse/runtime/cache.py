@@ -11,13 +11,17 @@ Layout::
     <root>/                              created 0o700 (per user, private)
       <namespace>/                       e.g. "triton", "cpu", "tune"
         <key[:2]>/<key>/                 one entry: named files + manifest.json
-        <key[:2]>/<key>.lock             file lock used by get_or_create
-        .tmp-*                           entries being written (renamed into place)
+        <key[:2]>/<key>.lock             lock used by get_or_create (holds its holder's pid)
+        .tmp-<pid>-*                     entries being written (renamed into place)
+        .trash-*                         entries being deleted
       repro/, tune-ceilings/             other directories tilefuse writes (see OWNED_DIRS)
-      .trash-*                           being deleted by clear
+      .size-checked                      when the size bound was last enforced
 
-:func:`root_contents` and :func:`clear_root` inspect and clear everything tilefuse owns under
-the root (``tilefuse cache info|clear``); anything else there is left alone.
+:func:`root_contents` and :func:`clear_root` (``cache_admin.py``) list and clear what tilefuse
+wrote under the root (``tilefuse cache info|clear``); anything else there is left alone.
+``cache_layout.py`` says which names are tilefuse's, ``cache_lock.py`` how an entry is locked,
+``cache_size.py`` how the cache stays under ``config.cache_max_bytes``, ``trust.py`` which
+files may be loaded.
 
 ``root`` defaults to ``tilefuse.config.cache_dir`` (env ``TILEFUSE_CACHE_DIR``, default
 ``$XDG_CACHE_HOME/tilefuse`` or ``~/.cache/tilefuse``).
@@ -31,21 +35,30 @@ Guarantees:
 * **Never corrupt.** Each entry has a ``manifest.json`` with a format version, its key, and
   the size and sha256 of every file. :meth:`DiskCache.get` verifies all of them; a missing or
   unparseable manifest, a truncated or altered file, is logged, the entry is deleted and the
-  lookup is a miss — the caller rebuilds. Corrupt data is never returned.
+  lookup is a miss — the caller rebuilds. Corrupt data is never returned. (The checksums sit
+  beside the files: they catch corruption, not tampering; what stops tampering is below.)
 * **Atomic and concurrent-safe writes.** An entry is written to a temporary directory inside
   the namespace, fsynced, then renamed into place in one step; if another process already
-  published a valid entry, theirs is kept. :meth:`DiskCache.get_or_create` holds a file lock
-  per key so that concurrent processes compiling the same kernel build it once.
+  published a valid entry, theirs is kept. :meth:`DiskCache.get_or_create` holds a lock per
+  key so that concurrent processes compiling the same kernel build it once; a wait of more
+  than a few seconds says which process it waits for, and gives up after
+  ``config.cache_lock_timeout`` seconds (then this process builds it too).
 * **The cache is optional.** I/O errors (read-only directory, disk full, permissions) never
   raise: a :class:`CacheWarning` is issued once and compilation goes on without the cache.
 * **Plain files only.** Entries are source, JSON and shared libraries; nothing is pickled.
+* **Bounded.** Past ``config.cache_max_bytes`` the least recently used entries are removed.
 
 Security: a cache directory that other users can write lets them plant code (a generated
 Python module, a shared library) that then runs inside your process. The root is therefore
 created with mode 0o700. If it already exists and is writable by group or others, or is owned
 by another user, the cache warns once and refuses to *load* from it (every lookup is a miss);
 it does not write there either, as nothing written could be trusted back. Fix it with
-``chmod 700 <root>`` or point ``TILEFUSE_CACHE_DIR`` elsewhere.
+``chmod 700 <root>`` or point ``TILEFUSE_CACHE_DIR`` elsewhere. Below the root, everything an
+entry is read from (namespace, shard, entry directory, each file) must be this user's, not
+writable by group or others, and not a symbolic link; files are read through a descriptor
+opened without following links and checked with ``fstat``. A namespace or shard that fails is
+refused as the root is (lookups miss, nothing is written there, one warning); an entry that
+fails is never loaded: it is discarded (one warning) and rebuilt.
 
 No torch or triton import happens at module level: :func:`environment_fingerprint` imports
 torch lazily and reads Triton's version from its package metadata, never importing it.
@@ -59,23 +72,25 @@ import json
 import numbers
 import os
 import platform
-import re
 import shutil
-import stat
 import sys
 import tempfile
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from .. import logs
+from ..config import config
+from . import cache_lock, cache_size, scratch, trust
+from . import cache_layout as layout
+from .cache_admin import NAMESPACES, OWNED_DIRS, RootItem, clear_root, root_contents, root_problem
+from .cache_layout import MANIFEST
 
 __all__ = [
     "CacheWarning",
     "DiskCache",
     "FORMAT_VERSION",
-    "LOCK_TIMEOUT_S",
+    "NAMESPACES",
     "OWNED_DIRS",
     "RootItem",
     "cache_key",
@@ -87,16 +102,6 @@ __all__ = [
 
 #: bumped whenever the entry layout or manifest schema changes; older entries are discarded
 FORMAT_VERSION = 1
-#: how long get_or_create waits for another process building the same key before it builds
-#: the entry itself (without the lock)
-LOCK_TIMEOUT_S = 600.0
-
-MANIFEST = "manifest.json"
-_TMP_PREFIX = ".tmp-"
-_TRASH_PREFIX = ".trash-"
-_NAMESPACE_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,99}")
-_KEY_RE = re.compile(r"[A-Za-z0-9_-]{2,200}")
-_FILENAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]{0,199}")
 
 # (root, problem) pairs already warned about: each problem is reported once per process.
 _warned: set[tuple[str, str]] = set()
@@ -250,29 +255,15 @@ def _write_file(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def _tree_bytes(path: Path) -> int:
-    total = 0
-    for dirpath, _dirs, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-            except OSError:
-                pass
-    return total
-
-
-def _insecure_reason(path: Path) -> str | None:
-    """Why other users could write under ``path``, or None if only we can."""
-    if os.name != "posix":
+def _below_root_problem(path: Path) -> str | None:
+    """Why a directory below the root (a namespace, a shard) is not trusted; None when it is,
+    or does not exist yet (it will be created private)."""
+    try:
+        return trust.path_problem(path)
+    except FileNotFoundError:
         return None
-    st = os.stat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        return "is not a directory"
-    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
-        return f"is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
-    return None
+    except OSError as e:
+        return f"cannot be inspected ({e})"
 
 
 # --------------------------------------------------------------------------------------------
@@ -292,11 +283,9 @@ class DiskCache:
     """
 
     def __init__(self, namespace: str, root: str | os.PathLike | None = None):
-        if not isinstance(namespace, str) or not _NAMESPACE_RE.fullmatch(namespace):
+        if not isinstance(namespace, str) or not layout.NAMESPACE_RE.fullmatch(namespace):
             raise ValueError(f"invalid cache namespace {namespace!r}: use letters, digits, '._-'")
         if root is None:
-            from ..config import config
-
             root = config.cache_dir
         self.namespace = namespace
         self.root = Path(os.path.abspath(os.path.expanduser(os.fspath(root))))
@@ -323,36 +312,64 @@ class DiskCache:
         warnings.warn(f"tilefuse cache: {message}", CacheWarning, stacklevel=3)
 
     def _setup(self) -> None:
+        scratch.sweep()  # what killed processes left in the temporary directory
         created = not self.root.exists()
         try:
             if created:
                 os.makedirs(self.root, mode=0o700, exist_ok=True)
                 os.chmod(self.root, 0o700)  # makedirs' mode is filtered by the umask
-            reason = _insecure_reason(self.root)
-            if reason is None and self.dir.exists():
-                reason = _insecure_reason(self.dir)
-                where = self.dir
-            else:
-                where = self.root
+            reason, where = trust.problem(os.stat(self.root)), self.root
+            if reason is None:
+                reason, where = _below_root_problem(self.dir), self.dir
         except OSError as e:
             # Cannot create (read-only parent, ...): nothing to read, nothing can be written.
-            self.writable = False
+            self.readable = self.writable = False
             self._warn("setup", f"cannot use cache directory {self.root} ({e}); compiling without it")
             return
         if reason is not None:
             self.readable = False
             self.writable = False
-            self._warn(
-                "insecure",
-                f"refusing to load from {where}: it {reason}, so other users could plant code "
-                f"that would run in this process. Run `chmod 700 {where}` or set "
-                "TILEFUSE_CACHE_DIR to a private directory.",
-            )
+            self._refuse_message("insecure", where, reason)
+            return
+        scratch.sweep(str(self.dir), layout.TMP_NAMES)  # entries a killed process was writing
+        scratch.sweep(str(self.dir), layout.TRASH_NAMES)
+        scratch.sweep(str(self.root), layout.TRASH_NAMES)
+
+    def _refuse_message(self, problem: str, where: Path, reason: str) -> None:
+        self._warn(
+            problem,
+            f"refusing to load from {where}: it {reason}, so other users could plant code "
+            f"that would run in this process. Run `chmod 700 {where}` (if everything in it is "
+            "yours) or set TILEFUSE_CACHE_DIR to a private directory.",
+        )
+
+    def _chain_problem(self, entry: Path) -> tuple[Path, str] | None:
+        """The first directory from the root down to ``entry``'s shard that is not trusted
+        (root, namespace, shard), with why; None when all are (or do not exist yet)."""
+        try:
+            reason = trust.problem(os.stat(self.root))
+        except FileNotFoundError:
+            return None  # removed meanwhile: recreated private by the next write
+        except OSError as e:
+            return self.root, f"cannot be inspected ({e})"
+        if reason is not None:
+            return self.root, reason
+        for where in (self.dir, entry.parent):
+            reason = _below_root_problem(where)
+            if reason is not None:
+                return where, reason
+        return None
+
+    def _untrusted(self, entry: Path, reason: str) -> None:
+        """An entry someone else could have written: never loaded; discarded so that it is
+        rebuilt (its shard is trusted, so moving it out of the way is safe)."""
+        self._warn("untrusted", f"refusing to load {entry}: {reason}; it is discarded and rebuilt")
+        layout.remove(entry, entry.parent.parent)
 
     # -- paths -------------------------------------------------------------------------------
 
     def _entry_dir(self, key: str) -> Path:
-        if not isinstance(key, str) or not _KEY_RE.fullmatch(key):
+        if not isinstance(key, str) or not layout.KEY_RE.fullmatch(key):
             raise ValueError(f"invalid cache key {key!r}: use cache_key(...) to make one")
         return self.dir / key[:2] / key
 
@@ -365,8 +382,9 @@ class DiskCache:
         module or ``dlopen`` a library in place), or None when there is no valid entry or the
         cache is disabled — then write the bytes from :meth:`get_or_create` somewhere private.
 
-        The entry is verified before its path is returned; the files stay valid afterwards
-        because only this user can write the (private) cache directory.
+        The entry is verified before its path is returned: its checksums, and that it and every
+        directory above it up to the root are this user's, writable by no one else and not
+        links. So the files stay valid afterwards: only this user can change them.
         """
         entry = self._entry_dir(key)
         if not self.readable:
@@ -376,20 +394,27 @@ class DiskCache:
     # -- reading -----------------------------------------------------------------------------
 
     def _load(self, key: str) -> dict[str, bytes] | None:
-        """Read and verify an entry without touching the counters; discard it if corrupt."""
+        """Read and verify an entry without touching the counters; discard it if corrupt or
+        untrusted."""
         entry = self._entry_dir(key)
         if not self.readable:
             return None
+        refused = self._chain_problem(entry)
+        if refused is not None:
+            self._refuse_message("insecure", *refused)
+            return None
         try:
-            raw = (entry / MANIFEST).read_bytes()
+            reason = trust.path_problem(entry)
         except FileNotFoundError:
-            if entry.is_dir():
-                self._discard(entry, "manifest missing")
             return None
         except OSError as e:
             logs.log("cache", "cannot read %s: %s", entry, e)
             return None
+        if reason is not None:
+            self._untrusted(entry, f"it {reason}")
+            return None
         try:
+            raw = trust.read(entry / MANIFEST)
             manifest = json.loads(raw)
             if not isinstance(manifest, dict):
                 raise ValueError("manifest is not an object")
@@ -405,28 +430,36 @@ class DiskCache:
                 if not _valid_name(name):
                     raise ValueError(f"bad file name {name!r}")
                 size, digest = int(meta["size"]), str(meta["sha256"])
-                data = (entry / name).read_bytes()
+                data = trust.read(entry / name)
                 if len(data) != size:
                     raise ValueError(f"{name}: {len(data)} bytes, manifest says {size} (truncated?)")
                 if _sha256(data) != digest:
                     raise ValueError(f"{name}: checksum mismatch (corrupt)")
                 out[name] = data
-        except (ValueError, KeyError, TypeError, FileNotFoundError, IsADirectoryError) as e:
+        except trust.UntrustedFile as e:
+            self._untrusted(entry, f"{os.path.basename(e.filename)} {e.strerror}")
+            return None
+        except FileNotFoundError as e:
+            missing = "manifest missing" if os.path.basename(e.filename or "") == MANIFEST else str(e)
+            self._discard(entry, missing)
+            return None
+        except (ValueError, KeyError, TypeError, IsADirectoryError) as e:
             self._discard(entry, str(e))
             return None
         except OSError as e:
             logs.log("cache", "cannot read %s: %s", entry, e)
             return None
+        cache_size.touch(entry / MANIFEST)
         return out
 
     def _discard(self, entry: Path, why: str) -> None:
         """Remove a corrupt entry: rename it out of sight (atomic), then delete it."""
         logs.log("cache", "discarding corrupt entry %s: %s", entry, why)
-        _remove(entry, entry.parent.parent)
+        layout.remove(entry, entry.parent.parent)
 
     def get(self, key: str) -> dict[str, bytes] | None:
-        """The files of the entry for ``key``, verified; None on a miss, on a corrupt entry
-        (which is deleted) or when the cache is disabled."""
+        """The files of the entry for ``key``, verified; None on a miss, on a corrupt or
+        untrusted entry (which is deleted) or when the cache is disabled."""
         data = self._load(key)
         if data is None:
             self.misses += 1
@@ -448,10 +481,13 @@ class DiskCache:
             return False
         if self._load(key) is not None:
             return True
+        refused = self._chain_problem(entry)
+        if refused is not None:  # warned by _load
+            return False
         tmp: Path | None = None
         try:
             os.makedirs(entry.parent, mode=0o700, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=_TMP_PREFIX, dir=self.dir))
+            tmp = Path(tempfile.mkdtemp(prefix=layout.tmp_prefix(), dir=self.dir))
             listing = {}
             for name, data in files.items():
                 _write_file(tmp / name, data)
@@ -475,7 +511,6 @@ class DiskCache:
                         raise
             _fsync_dir(entry.parent)
             logs.log("cache", "stored %s/%s (%d files)", self.namespace, key, len(files))
-            return True
         except OSError as e:
             self._warn(
                 "write",
@@ -485,14 +520,20 @@ class DiskCache:
         finally:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
+        removed, freed = cache_size.wrote(self.root, sum(len(d) for d in files.values()), config.cache_max_bytes)
+        if removed:
+            logs.log("cache", "over cache_max_bytes=%d: removed the %d least recently used entries (%d bytes)",
+                     config.cache_max_bytes, removed, freed)
+        return True
 
     def get_or_create(self, key: str, build: Callable[[], dict[str, bytes]]) -> dict[str, bytes]:
         """The entry for ``key``, built with ``build()`` and stored if absent or corrupt.
 
-        Concurrent processes asking for the same key build it once: the first takes a file
-        lock ``<entry>.lock`` and builds, the others wait (up to :data:`LOCK_TIMEOUT_S`) and
-        then read its entry. If the lock cannot be created (read-only directory) or times out,
-        this builds without it. Exceptions from ``build`` propagate; cache I/O errors do not.
+        Concurrent processes asking for the same key build it once: the first takes the lock
+        ``<entry>.lock`` and builds, the others wait (up to ``config.cache_lock_timeout``
+        seconds, saying so after a few) and then read its entry. If the lock cannot be created
+        (read-only directory) or the wait times out, this builds without it. Exceptions from
+        ``build`` propagate; cache I/O errors do not.
         """
         data = self._load(key)
         if data is not None:
@@ -519,257 +560,70 @@ class DiskCache:
                 except Exception as e:  # pragma: no cover - release failures are harmless
                     logs.log("cache", "releasing lock for %s failed: %s", key, e)
 
-    def _acquire_lock(self, key: str):
+    def _acquire_lock(self, key: str) -> cache_lock.EntryLock | None:
         path = self._lock_path(key)
+        if self._chain_problem(path) is not None:
+            return None
+        what = f"{self.namespace}/{key}"
         try:
-            import filelock
-
             os.makedirs(path.parent, mode=0o700, exist_ok=True)
-            # Probe first: some filelock versions retry a lock file they cannot create until
-            # the timeout instead of failing.
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-            os.close(fd)
-            lock = filelock.FileLock(str(path), timeout=LOCK_TIMEOUT_S)
-            lock.acquire()
-            return lock
-        except ImportError:
-            logs.log("cache", "filelock unavailable; building %s without a lock", key)
-        except OSError as e:  # includes filelock.Timeout (a TimeoutError)
+            lock = cache_lock.acquire(path, config.cache_lock_timeout, what, self._notice_wait)
+        except OSError as e:
             logs.log("cache", "cannot lock %s (%s); building without the lock", path, e)
-        return None
+            return None
+        if lock is None:
+            logs.log("cache", "no lock on %s (timed out, or no flock); building %s without it", path, what)
+        return lock
+
+    def _notice_wait(self, message: str) -> None:
+        logs.log("cache", "%s", message)
+        warnings.warn(f"tilefuse cache: {message}", CacheWarning, stacklevel=4)
 
     # -- maintenance -------------------------------------------------------------------------
 
-    def _entries(self, ns_dir: Path):
-        return _namespace_entries(ns_dir)
+    def _namespace_dirs(self) -> list[Path]:
+        try:
+            found = [Path(d.path) for d in os.scandir(self.root)
+                     if not d.name.startswith(".") and d.is_dir(follow_symlinks=False)]
+        except OSError:
+            return []
+        return [d for d in found
+                if d.name in NAMESPACES or d.name == self.namespace or layout.looks_like_namespace(d)]
 
     def clear(self, all_namespaces: bool = False) -> int:
-        """Delete every entry of this namespace (of every namespace under the root with
-        ``all_namespaces``), with locks and leftover temporary directories. Returns the number
-        of entries removed. Never raises on I/O errors."""
-        targets = [self.dir]
-        if all_namespaces:
-            try:
-                targets = [Path(d.path) for d in os.scandir(self.root) if d.is_dir(follow_symlinks=False)]
-            except OSError:
-                targets = []
-        removed = 0
-        for ns_dir in targets:
-            if not ns_dir.name.startswith("."):
-                removed += sum(1 for _ in self._entries(ns_dir))
-            _remove(ns_dir, self.root)
+        """Delete the entries tilefuse wrote in this namespace (in every namespace under the
+        root with ``all_namespaces``), with their locks and leftover temporary directories;
+        anything else is left alone, and so is a root the cache refuses. Returns the number of
+        entries removed. Never raises on I/O errors."""
+        if root_problem(self.root) is not None:
+            return 0
+        targets = self._namespace_dirs() if all_namespaces else [self.dir]
+        from .cache_admin import clear_namespace
+
+        removed = sum(clear_namespace(ns_dir) for ns_dir in targets)
         logs.log("cache", "cleared %d entries under %s", removed, self.root)
         return removed
 
     def info(self) -> dict:
         """``{"root", "enabled", "namespaces": {name: {"entries", "bytes"}}}`` for every
-        namespace under the root (this one always listed)."""
+        namespace under the root (this one always listed): the entries tilefuse wrote."""
         namespaces: dict[str, dict[str, int]] = {self.namespace: {"entries": 0, "bytes": 0}}
-        try:
-            dirs = [d for d in os.scandir(self.root) if d.is_dir(follow_symlinks=False)]
-        except OSError:
-            dirs = []
-        for d in dirs:
-            if d.name.startswith("."):
-                continue
-            entries = list(self._entries(Path(d.path)))
+        for d in self._namespace_dirs():
+            entries = [e for e in layout.namespace_entries(d) if layout.entry_key(e) is not None]
             namespaces[d.name] = {
                 "entries": len(entries),
-                "bytes": sum(_tree_bytes(e) for e in entries),
+                "bytes": sum(layout.tree_bytes(e) for e in entries),
             }
         return {"root": str(self.root), "enabled": self.readable, "namespaces": namespaces}
 
 
 # --------------------------------------------------------------------------------------------
-# The whole root: what tilefuse owns there (`tilefuse cache info|clear`)
+# Entry files
 # --------------------------------------------------------------------------------------------
-
-#: the directories tilefuse writes under the root, and what they hold, in words
-OWNED_DIRS = {
-    "triton": "generated Triton kernels (source)",  # backends/triton/launcher.py
-    "cpu": "generated C++ kernels (source and shared library)",  # backends/cpu/launcher.py
-    "tune": "tuning results: the schedule chosen per kernel and shape",  # tune/cache.py
-    "tune-ceilings": "measured bandwidth and compute ceilings of each GPU",  # tune/tuner.py
-    "triton-bin": "Triton's compiled binaries, written by older tilefuse versions (Triton now keeps its own)",
-    "repro": "reproducer scripts of failed compiles",  # check/failure.py
-}
-#: the OWNED_DIRS that are DiskCache namespaces (the entry layout of the module docstring)
-NAMESPACES = ("triton", "cpu", "tune", "tune-ceilings")
-
-
-@dataclass
-class RootItem:
-    """One thing directly under the cache root."""
-
-    name: str
-    what: str  # what it holds, in words ("" when it is not tilefuse's)
-    owned: bool  # tilefuse's: removed by clear_root
-    entries: int = 0  # cache entries of a namespace; files and directories of another directory
-    bytes: int = 0  # everything in it: entries, locks, temporary files
-    oldest: float | None = None  # modification times of its entries (seconds since the epoch)
-    newest: float | None = None
-    note: str = ""  # why it is left alone, or what could not be removed
-
-
-def root_problem(root: str | os.PathLike | None = None) -> str | None:
-    """Why the cache refuses to load from the root (see the module docstring), or None."""
-    try:
-        reason = _insecure_reason(_root_path(root))
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        return f"cannot be inspected ({e})"
-    return f"it {reason}" if reason else None
-
-
-def root_contents(root: str | os.PathLike | None = None) -> list[RootItem]:
-    """Everything directly under the cache root (``config.cache_dir`` by default), by name,
-    tilefuse's or not. Creates nothing; empty when the root does not exist."""
-    path = _root_path(root)
-    try:
-        found = sorted(os.scandir(path), key=lambda e: e.name)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    return [_describe(e) for e in found]
-
-
-def clear_root(root: str | os.PathLike | None = None) -> list[RootItem]:
-    """Remove everything tilefuse owns under the cache root: every namespace, the other
-    directories of :data:`OWNED_DIRS`, a namespace of another version, leftovers of an
-    interrupted clear. Returns them as they were before removal (entries and bytes removed;
-    ``note`` says what could not be removed). Anything else, and every symbolic link, is left
-    alone: nothing outside the root is ever touched.
-
-    The cache has no lock over a whole namespace (readers take none): each directory is first
-    renamed out of the way in one step, so a concurrent compile finds a complete, verified
-    entry or a miss (and rebuilds), never a half-deleted one; then it is deleted by
-    ``shutil.rmtree``, which does not follow symbolic links. Never raises on I/O errors.
-    """
-    path = _root_path(root)
-    removed = []
-    for item in root_contents(path):
-        if not item.owned:
-            continue
-        errors = _remove(path / item.name, path)
-        if errors is None:
-            continue  # removed meanwhile
-        if errors:
-            item.note = f"not everything could be removed: {errors[0]}"
-        removed.append(item)
-    logs.log("cache", "cleared %s under %s", ", ".join(i.name for i in removed) or "nothing", path)
-    return removed
-
-
-def _root_path(root: str | os.PathLike | None) -> Path:
-    if root is None:
-        from ..config import config
-
-        root = config.cache_dir
-    return Path(os.path.abspath(os.path.expanduser(os.fspath(root))))
-
-
-def _describe(entry: os.DirEntry) -> RootItem:
-    name, path = entry.name, Path(entry.path)
-    try:
-        if entry.is_symlink():
-            return RootItem(name, OWNED_DIRS.get(name, ""), False, note="a symbolic link: not followed")
-        if not entry.is_dir(follow_symlinks=False):
-            return RootItem(name, "", False, note="not tilefuse's")
-        if name.startswith(_TRASH_PREFIX):
-            item = RootItem(name, "left over from an interrupted clear", True)
-            children = [path]
-        elif name in NAMESPACES or (name not in OWNED_DIRS and _looks_like_namespace(path)):
-            item = RootItem(name, OWNED_DIRS.get(name, "cache entries of another tilefuse version"), True)
-            children = list(_namespace_entries(path))
-        elif name in OWNED_DIRS:
-            item = RootItem(name, OWNED_DIRS[name], True)
-            children = [Path(c.path) for c in os.scandir(path) if not c.name.startswith(".")]
-        else:
-            return RootItem(name, "", False, note="not tilefuse's")
-    except OSError as e:
-        return RootItem(name, OWNED_DIRS.get(name, ""), False, note=f"cannot be read ({e})")
-    times = []
-    for child in children:
-        try:
-            times.append(os.lstat(child).st_mtime)
-        except OSError:
-            pass
-    item.entries = 0 if name.startswith(_TRASH_PREFIX) else len(children)
-    item.bytes = _tree_bytes(path)
-    item.oldest, item.newest = (min(times), max(times)) if times else (None, None)
-    return item
-
-
-def _looks_like_namespace(path: Path) -> bool:
-    """Laid out as a namespace: only two-character shards, holding ``<key>`` directories and
-    ``<key>.lock`` files whose names start with the shard's."""
-    try:
-        shards = [d for d in os.scandir(path) if not d.name.startswith(".")]
-        for shard in shards:
-            if len(shard.name) != 2 or not shard.is_dir(follow_symlinks=False):
-                return False
-            for child in os.scandir(shard.path):
-                key = child.name[:-5] if child.name.endswith(".lock") else child.name
-                if not (key.startswith(shard.name) and _KEY_RE.fullmatch(key)):
-                    return False
-    except OSError:
-        return False
-    return bool(shards)
-
-
-def _remove(path: Path, trash_dir: Path) -> list[str] | None:
-    """Delete a directory tree so that no reader sees it half-deleted: first renamed in one step
-    to a `.trash-*` name in `trash_dir` (in place when that fails; a `.trash-*` directory is
-    deleted where it is), then deleted without following symbolic links. Returns the errors met,
-    as text, or None when the tree was already gone."""
-    target = path
-    if not path.name.startswith(_TRASH_PREFIX):
-        trash = trash_dir / f"{_TRASH_PREFIX}{path.name}-{os.getpid()}-{os.urandom(4).hex()}"
-        try:
-            os.rename(path, trash)
-            target = trash
-        except FileNotFoundError:
-            return None
-        except OSError:
-            pass  # delete in place
-    return _rmtree(target)
-
-
-def _rmtree(path: Path) -> list[str]:
-    """Delete a tree without following symbolic links; the errors met, as text."""
-    errors: list[str] = []
-
-    def record(_func, where, exc):
-        exc = exc[1] if isinstance(exc, tuple) else exc  # onerror passes exc_info
-        errors.append(f"{where}: {exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}")
-
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(path, onexc=record)
-    else:
-        shutil.rmtree(path, onerror=record)
-    return errors
-
-
-def _namespace_entries(ns_dir: Path):
-    """The entry directories of a namespace (``<shard>/<key>``), never through a symlink."""
-    try:
-        shards = list(os.scandir(ns_dir))
-    except OSError:
-        return
-    for shard in shards:
-        if shard.name.startswith(".") or not shard.is_dir(follow_symlinks=False):
-            continue
-        try:
-            children = list(os.scandir(shard.path))
-        except OSError:
-            continue
-        for child in children:
-            if not child.name.startswith(".") and child.is_dir(follow_symlinks=False):
-                yield Path(child.path)
 
 
 def _valid_name(name: Any) -> bool:
-    return isinstance(name, str) and name != MANIFEST and bool(_FILENAME_RE.fullmatch(name))
+    return isinstance(name, str) and name != MANIFEST and bool(layout.FILENAME_RE.fullmatch(name))
 
 
 def _check_files(files: Any) -> dict[str, bytes]:

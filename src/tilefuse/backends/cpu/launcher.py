@@ -23,7 +23,6 @@ import ctypes
 import functools
 import os
 import sys
-import tempfile
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -32,6 +31,7 @@ import torch
 from ... import logs
 from ...config import config
 from ...ir import symbolic
+from ...runtime import scratch
 from ...runtime.cache import DiskCache
 from ...ir.bounds import index_error
 from ...tile.ir import TileKernel, check_message, checks_of
@@ -137,10 +137,9 @@ def _build_and_load(cache: DiskCache, key: str, source: str, cxx: str) -> ctypes
     entry = cache.path_of(key)
     if entry is not None:
         path = os.path.join(entry, "kernel.so")
-    else:  # cache unusable: a private temporary file
-        fd, path = tempfile.mkstemp(prefix="tilefuse_", suffix=".so")
-        with os.fdopen(fd, "wb") as f:
-            f.write(files["kernel.so"])
+    else:  # cache unusable: a private copy, deleted once loaded
+        with scratch.private_copy(files["kernel.so"], ".so") as path:
+            return ctypes.CDLL(path)
     return ctypes.CDLL(path)
 
 

@@ -144,8 +144,10 @@ def build_key(source: str, cxx: str) -> str:
 
 
 def build(source: str, cxx: str) -> bytes:
-    """Compile `source` to a shared library; returns its bytes."""
-    with tempfile.TemporaryDirectory(prefix="tilefuse-cpp-") as tmp:
+    """Compile `source` to a shared library; returns its bytes. The work happens in a private
+    temporary directory named after this process (`tilefuse-cpp-<pid>-*`), removed when the
+    build ends; a process killed meanwhile leaves it to `runtime.scratch.sweep`."""
+    with tempfile.TemporaryDirectory(prefix=f"tilefuse-cpp-{os.getpid()}-") as tmp:
         src, lib = os.path.join(tmp, "kernel.cpp"), os.path.join(tmp, "kernel.so")
         with open(src, "w") as f:
             f.write(source)

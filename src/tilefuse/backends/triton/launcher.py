@@ -29,12 +29,12 @@ import dataclasses
 import importlib.util
 import os
 import sys
-import tempfile
 import threading
 
 from ... import logs
 from ...config import config
 from ...ir import symbolic
+from ...runtime import scratch
 from ...runtime.cache import DiskCache, cache_key, environment_fingerprint
 from ...ir.bounds import index_error
 from ...tile.ir import TileKernel, check_message, checks_of
@@ -62,10 +62,8 @@ def _import_source(source: str, key: str, interpret: bool):
     cache.get_or_create(key, lambda: {"kernel.py": source.encode()})
     entry = cache.path_of(key)
     path = os.path.join(entry, "kernel.py") if entry is not None else None
-    if path is None:  # cache unusable: a private temporary file
-        fd, path = tempfile.mkstemp(prefix="tilefuse_", suffix=".py")
-        with os.fdopen(fd, "w") as f:
-            f.write(source)
+    if path is None:  # cache unusable: a private copy, kept until this process exits
+        path = scratch.keep_file(source.encode(), ".py")
     with _import_lock:
         spec = importlib.util.spec_from_file_location(mod_name, path)
         module = importlib.util.module_from_spec(spec)
