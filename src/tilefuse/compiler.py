@@ -15,7 +15,7 @@ import torch
 
 from . import logs
 from .backends import cpu as cpu_backend
-from .backends.triton import generate, load_kernel
+from .backends.triton import TritonKernel, generate, load_kernel
 from .config import ConfigError, config
 from .frontend.to_ir import lower_fx
 from .fusion import ExternStep, plan_graph
@@ -26,11 +26,13 @@ from .ir.expr import Load, walk
 from .ir.verify import verify
 from .passes import run_passes
 from .runtime.compiled import CompiledGraph, ExternCall, KernelStep
+from .runtime.dispatch import SizeDispatch
 from .tile.lower import LoweringOptions, lower_plan_kernels
 from .runtime.aten_matmul import AtenMatmul
 from .tile.matmul_views import describe as describe_matmul
 from .tile.matmul_views import matmul_views, product_views
 from .tile.ir import without_checks
+from .tile.variants import all_kernels
 from .tile.verify import verify_tile_kernel
 from .tune.tuner import tune_plan
 
@@ -163,10 +165,11 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
             continue
         plan_options = replace(options, schedule=tuned.config) if tuned.config is not None else options
         with stage("tile"):
-            tks = [verify_tile_kernel(tk) for tk in lower_plan_kernels(graph, step, plan_options)]
-            if not config.index_checks:  # TILEFUSE_INDEX_CHECKS=0: out-of-range indices read 0, unreported
-                for tk in tks:
-                    tk.body = without_checks(tk.body)
+            tks = lower_plan_kernels(graph, step, plan_options)
+            for k in (k for tk in tks for k in all_kernels(tk)):
+                verify_tile_kernel(k)
+                if not config.index_checks:  # TILEFUSE_INDEX_CHECKS=0: out-of-range indices read 0, unreported
+                    k.body = without_checks(k.body)
         for tk in tks:
             logs.log("tile", "%s", tk)
             source, launcher = _generate_and_load(tk, backend, step, stage)
@@ -202,8 +205,9 @@ def _record_origins(report: CompileReport, graph, schedule) -> None:
 
 
 def _generate_and_load(tk, backend: str, step, stage):
-    """(source, launcher) of one tile kernel. The CPU backend hands a kernel it cannot print
-    to the Triton interpreter, with the reason in the plan's notes."""
+    """(source, launcher) of one tile kernel (and its size variants: one source, a launcher
+    that chooses per call). The CPU backend hands a kernel it cannot print to the Triton
+    interpreter, with the reason in the plan's notes."""
     if backend == "cpu":
         try:
             with stage("codegen"):
@@ -214,12 +218,21 @@ def _generate_and_load(tk, backend: str, step, stage):
             backend = "interpret"
         else:
             with stage("load"):
-                return source, cpu_backend.load_kernel(tk, source)
+                return source, _with_variants(tk, cpu_backend.load_kernel(tk, source),
+                                              lambda k: cpu_backend.CppKernel(k, source))
     interpret = backend == "interpret"
     with stage("codegen"):
         source = generate(tk, interpret=interpret)
     with stage("load"):
-        return source, load_kernel(tk, source, interpret)
+        return source, _with_variants(tk, load_kernel(tk, source, interpret),
+                                      lambda k: TritonKernel(k, source, interpret))
+
+
+def _with_variants(tk, launcher, load):
+    """The launcher, or one choosing per call between it and its variants' (`load(kernel)`)."""
+    if tk.variants is None:
+        return launcher
+    return SizeDispatch(tk.variants, launcher, [load(k) for k in tk.variants.kernels])
 
 
 #: plain matmuls (nothing fused) at least this many multiply-adds run in ATen's matmul on CPU

@@ -303,6 +303,8 @@ class TileKernel:
     kind: str = "pointwise"
     plan: object = None  # the KernelPlan it implements (for reports)
     scratch: dict = field(default_factory=dict)  # name -> Scratch it writes for a later kernel
+    #: alternatives tiled for small values of a symbolic extent, chosen at launch (`tile.variants`)
+    variants: object = None
 
     def grid_size(self, env: dict) -> tuple:
         from ..ir import symbolic

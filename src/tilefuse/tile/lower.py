@@ -3,7 +3,8 @@
 * pointwise: a 1-D tile of XBLOCK elements per program;
 * reduction: a [XBLOCK, RBLOCK] tile; the reduction axis is held whole (persistent row) when
   it is static and at most `persistent_reduction_limit`, otherwise walked in RBLOCK steps with
-  elementwise accumulators, one pass per dependency level of the plan's reductions;
+  elementwise accumulators, one pass per dependency level of the plan's reductions (a
+  symbolic length: both, chosen at launch by the actual length, `tile.variants`);
 * contraction: a [BLOCK_M, BLOCK_N] output tile per program (grouped ordering), a loop over
   K in BLOCK_K steps with `dot`, then the epilogue stages on the accumulator.
 """

@@ -1,6 +1,7 @@
 """Readable text of tile IR (`TILEFUSE_LOGS=tile`, `explain`)."""
 from __future__ import annotations
 
+from ..ir.expr import Index
 from ..ir.printer import format_expr
 from .ir import (Arange, ArgReduceTile, Assign, BroadcastTile, Check, Comment, DescriptorLoad, DotTile, For, Full, Let,
                  LoadTile, MakeDescriptor, ProgramId, ReduceTile, StoreTile, TileKernel, check_message)
@@ -56,4 +57,9 @@ def format_tile_kernel(k: TileKernel) -> str:
     out = [f"tile kernel {k.name}({params}) grid={tuple(str(g) for g in k.grid)} {blocks} warps={k.num_warps}"]
     for s in k.body:
         _stmt(s, "  ", out)
+    if k.variants is not None:
+        v = k.variants
+        for bound, alt in zip(v.bounds, v.kernels):
+            out.append(f"for {format_expr(Index(v.extent))} <= {bound} (chosen at launch):")
+            out.append(format_tile_kernel(alt))
     return "\n".join(out)

@@ -17,6 +17,10 @@ A stage with a moment expansion (`fusion.moments`) also runs in its producers' p
 the loop each expansion point is estimated from the axis's first tile, the loop carries one
 lane accumulator per moment, and after the loop, once the producers are final (rows of that
 pass included, in stage order), the stage is combined as Σ_α (r − s)^α · M_α.
+
+A symbolic length gets both kinds of kernel: the looped one, and persistent alternatives for
+rows of up to 4, 16, …, 4096 elements (`size_ladder`) that the launch chooses by the actual
+length (`tile.variants`), so a short row is not walked in a tile sized for the longest.
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ from .builder import KernelBuilder, land
 from .ir import Arange, ArgReduceTile, Assign, For, Full, Let, LoadTile, ProgramId, ReduceTile, TileKernel, expr_names
 from .lower import (LoweringOptions, _index_values, _mapped, _needs_int64, _pow2, _static, _sym, bound_check,
                     full_tile, identity, masked)
+from .variants import SizeVariants
 
 _TILE_COMBINER = {"any": "max", "all": "min"}
 
@@ -102,21 +107,37 @@ def reduction_rules(plan: KernelPlan, options: LoweringOptions) -> dict:
     and warps by row length; a looped row walks 2048-wide tiles with 8 warps."""
     P, Rn = plan.parallel, sympy.Mul(*plan.reduction)
     rstatic = _static(Rn)
-    persistent = rstatic is not None and rstatic <= options.persistent_reduction_limit
-    if persistent:
-        rblock = _pow2(rstatic)
-        xblock = max(1, min(64 if not options.interpret else 16, 4096 // rblock))
-        if options.target == "cpu":  # one row per program: the row is the vectorised loop
-            xblock = 1
-        pv = _static(P)
-        if pv is not None:
-            xblock = min(xblock, _pow2(pv))
-        warps = 1 if rblock <= 128 else 2 if rblock <= 512 else 4 if rblock <= 2048 else 8 if rblock <= 4096 else 16
-    else:
-        rblock, xblock, warps = (512 if options.interpret else 2048), 1, 8
-        if options.target == "cpu":
-            rblock = 4096
-    return {"persistent": persistent, "RBLOCK": rblock, "XBLOCK": xblock, "warps": warps}
+    if rstatic is not None and rstatic <= options.persistent_reduction_limit:
+        return _persistent_rules(_pow2(rstatic), P, options)
+    rblock, xblock, warps = (512 if options.interpret else 2048), 1, 8
+    if options.target == "cpu":
+        rblock = 4096
+    return {"persistent": False, "RBLOCK": rblock, "XBLOCK": xblock, "warps": warps}
+
+
+def _persistent_rules(rblock: int, P, options: LoweringOptions) -> dict:
+    xblock = max(1, min(64 if not options.interpret else 16, 4096 // rblock))
+    if options.target == "cpu":  # one row per program: the row is the vectorised loop
+        xblock = 1
+    pv = _static(P)
+    if pv is not None:
+        xblock = min(xblock, _pow2(pv))
+    warps = 1 if rblock <= 128 else 2 if rblock <= 512 else 4 if rblock <= 2048 else 8 if rblock <= 4096 else 16
+    return {"persistent": True, "RBLOCK": rblock, "XBLOCK": xblock, "warps": warps}
+
+
+#: the rows held whole when the reduction's length is symbolic, chosen at launch by the actual
+#: length (`tile.variants`): every other power of two, so a row of 3 or more elements gets at
+#: most twice the lanes the static rule gives it, from six alternatives (one C++ library)
+SIZE_LADDER = (4, 16, 64, 256, 1024, 4096)
+
+
+def size_ladder(plan: KernelPlan, options: LoweringOptions) -> tuple:
+    """The RBLOCKs of the persistent alternatives of a plan whose reduction length is symbolic
+    (empty when it is static: the rules then fit the row already)."""
+    if _static(sympy.Mul(*plan.reduction)) is not None:
+        return ()
+    return tuple(b for b in SIZE_LADDER if b <= options.persistent_reduction_limit)
 
 
 def reduction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
@@ -162,6 +183,32 @@ def reduction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
 
 
 def lower_reduction(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> TileKernel:
+    """The plan's kernel; for a symbolic reduction length walked in tiles, with persistent
+    alternatives for short rows (`size_ladder`) that the launch chooses by the actual length.
+    A schedule that says whether the row is held whole is taken as it is."""
+    cfg = reduction_rules(plan, options)
+    if options.schedule:
+        cfg.update(options.schedule)
+    kernel = _lower(graph, plan, options, cfg)
+    ladder = size_ladder(plan, options)
+    if cfg["persistent"] or not ladder or "persistent" in (options.schedule or {}):
+        return kernel
+    notes = list(plan.notes)
+    alternatives = []
+    for rblock in ladder:
+        k = _lower(graph, plan, options, _persistent_rules(rblock, plan.parallel, options))
+        k.name = f"{kernel.name}_r{rblock}"
+        alternatives.append(k)
+    plan.notes[:] = notes  # (the looped lowering's notes describe the repairs; rows held whole have none)
+    Rn = sympy.Mul(*plan.reduction)
+    kernel.variants = SizeVariants(Rn, ladder, tuple(alternatives))
+    plan.notes.append(f"{plan.name}: reduction length {Rn} known at launch: a row of up to "
+                      f"{'/'.join(map(str, ladder))} elements held whole in as many lanes, "
+                      f"a longer one walked in RBLOCK={cfg['RBLOCK']} tiles")
+    return kernel
+
+
+def _lower(graph: Graph, plan: KernelPlan, options: LoweringOptions, cfg: dict) -> TileKernel:
     b = KernelBuilder(graph, plan.name)
     b.tile_symbols |= {"pid", "xindex", "rindex", "roffset"}
     P = plan.parallel
@@ -169,9 +216,6 @@ def lower_reduction(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
     b.size_params(P)
     b.size_params(Rn)
     x, r = _sym("xindex"), _sym("rindex")
-    cfg = reduction_rules(plan, options)
-    if options.schedule:
-        cfg.update(options.schedule)
     persistent, rblock, xblock, warps = cfg["persistent"], cfg["RBLOCK"], cfg["XBLOCK"], cfg["warps"]
     b.emit(ProgramId("pid", 0, wide=_needs_int64(P, Rn)))
     b.emit(Arange("xindex", Index(_sym("pid") * _sym("XBLOCK")), "XBLOCK", 0, 2))

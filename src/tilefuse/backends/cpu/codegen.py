@@ -24,6 +24,7 @@ from ...ir.expr import Index, Var
 from ...tile.ir import (Arange, ArgReduceTile, Assign, BroadcastTile, Check, Comment, DotTile, For, Full, Let, LoadTile,
                         ProgramId, ReduceTile, StoreTile, TileKernel, checks_of)
 from ...tile.lower import identity
+from ...tile.variants import all_kernels
 from .dot import DOT_SOURCE, fold_accumulator, inplace_operands, register_block, stmt_readers
 from .exprs import STORAGE, CppUnsupported, ExprPrinter, const, ctype, round_to
 from .remat import plan_remat
@@ -619,7 +620,8 @@ class CppPrinter:
                 vt = ctype(s.value.dtype)
                 self.emit(f"{vt} {s.name}_cv" + (f"[{size}];" if size > 1 else ";"), indent)
 
-    def generate(self) -> str:
+    def function(self) -> str:
+        """The kernel's `extern "C"` function (after the prelude that `_prelude` prints)."""
         k = self.kernel
         items = self.plan(k.body)
         self.remat = plan_remat(k, items, self.sh, _Group)
@@ -628,7 +630,7 @@ class CppPrinter:
         self.items(items, 3)
         body = self.lines[body_start:]
         self.lines = []
-        out = [HEADER, DOT_SOURCE] + ([_FAIL] if self.check_ids else [])
+        out = []
         out.append(f'extern "C" void {k.name}(void* const* tf_ptrs, const int64_t* tf_sizes, '
                    f'const int64_t* tf_grid, int32_t tf_threads) {{')
         for name, v in k.constexprs.items():
@@ -694,9 +696,16 @@ def _groups(items):
             yield from _groups(it[2])
 
 
+def _prelude(checks: bool) -> str:
+    return "\n".join([HEADER, DOT_SOURCE] + ([_FAIL] if checks else [])) + "\n"
+
+
 def generate(kernel: TileKernel) -> str:
-    """The C++ source of one kernel (raises `CppUnsupported` for what it cannot print)."""
-    return CppPrinter(kernel).generate()
+    """The C++ source of one kernel, with its size variants (`tile.variants`) after it in the
+    same library (raises `CppUnsupported` for what it cannot print)."""
+    printers = [CppPrinter(k) for k in all_kernels(kernel)]
+    functions = [p.function() for p in printers]
+    return _prelude(any(p.check_ids for p in printers)) + "".join(functions)
 
 
 __all__ = ["generate", "CppUnsupported", "round_to"]

@@ -14,6 +14,7 @@ from ...ir.expr import Binary, Cast, Const, Expr, Index, Unary, Var, Where
 from ...tile.ir import (Arange, ArgReduceTile, Assign, BroadcastTile, Check, Comment, DescriptorLoad, DotTile, For,
                         Full, Let, LoadTile, MakeDescriptor, ProgramId, ReduceTile, StoreTile, TileKernel,
                         check_message)
+from ...tile.variants import all_kernels
 from .helpers import HELPERS, InterpretUnsupported, unary_call
 
 TL_DTYPE = {
@@ -381,17 +382,23 @@ class TritonPrinter:
 
 
 def generate(kernel: TileKernel, interpret: bool = False) -> str:
+    """The module of one kernel, with its size variants (`tile.variants`) after it."""
     p = TritonPrinter(interpret)
-    body: list[str] = []
-    p.stmts(kernel.body, 1, body)
-    params = [f"ptr_{q.name}" if q.kind == "buffer" else q.name for q in kernel.params]
-    params += [f"{k}: tl.constexpr" for k in kernel.constexprs]
+    functions = "".join(_function(k, p) for k in all_kernels(kernel))
     head = ["import triton", "import triton.language as tl"]
     if p.uses_libdevice:
         head.append("from triton.language.extra import libdevice")
     helper_src = "".join(HELPERS[h] for h in sorted(p.helpers))
+    return "\n".join(head) + "\n" + helper_src + functions
+
+
+def _function(kernel: TileKernel, p: TritonPrinter) -> str:
+    body: list[str] = []
+    p.stmts(kernel.body, 1, body)
+    params = [f"ptr_{q.name}" if q.kind == "buffer" else q.name for q in kernel.params]
+    params += [f"{k}: tl.constexpr" for k in kernel.constexprs]
     sig = f"def {kernel.name}({', '.join(params)}):"
-    return "\n".join(head) + "\n" + helper_src + "\n\n@triton.jit\n" + sig + "\n" + "\n".join(body) + "\n"
+    return "\n\n@triton.jit\n" + sig + "\n" + "\n".join(body) + "\n"
 
 
 __all__ = ["generate", "format_sympy", "InterpretUnsupported"]
