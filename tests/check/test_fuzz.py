@@ -96,3 +96,32 @@ def test_fuzz_driver_counts_and_shrinks_failures(monkeypatch, tmp_path):
     assert report.counts["mismatch"] == len(report.failures) > 0
     for f in report.failures:
         assert len(f.shrunk.lines) == 1 and os.path.exists(f.reproducer)
+
+
+def test_threaded_fuzz_run_matches_eager():
+    """Each case compiled once and called from 4 threads at once, every result judged."""
+    report = fuzz.run_fuzz(3, seed=CI_SEED, max_ops=4, shrink_failures=False, threads=4)
+    assert report.cases == 3 and not report.failures, [(f.case, f.outcome) for f in report.failures]
+    assert report.counts["ok"] >= 1
+
+
+def test_threaded_mode_finds_launches_that_share_state(monkeypatch):
+    """Launches that keep their buffers where every call reaches them (as the C++ launcher's
+    one pointer array per kernel did): a thread computes into another thread's output."""
+    import time
+
+    from tilefuse.backends.cpu.launcher import CppKernel
+    from tilefuse.check.fuzz_threads import check_program_threaded
+
+    shared = {}
+    for cls in (CppKernel, TritonKernel):
+        def racy(self, buffers, env, real=cls.__call__):
+            shared[id(self)] = buffers
+            time.sleep(0.002)  # the other threads store theirs meanwhile
+            real(self, shared[id(self)], env)
+
+        monkeypatch.setattr(cls, "__call__", racy)
+    p = Program((InputSpec("x0", (8, 16)), InputSpec("x1", (16,))), ("v0 = torch.tanh(x0) * x1",), ("v0",))
+    assert fuzz.check_program(p).status == "ok"  # one thread: right
+    outcome = check_program_threaded(p, threads=4, calls=3)
+    assert outcome.status == "mismatch" and "thread" in outcome.detail, outcome

@@ -11,6 +11,7 @@ or `skipped` (eager or Dynamo rejected it: not ours). A failing case is shrunk
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import random
@@ -69,6 +70,16 @@ def _tilefuse_error(err: BaseException):
     return None
 
 
+def compile_failure(err: BaseException) -> Outcome:
+    """How a failed compiled call counts: tilefuse's error, or Dynamo's refusal (skipped)."""
+    ours = _tilefuse_error(err)
+    if ours is not None:
+        return Outcome("error", str(ours).splitlines()[0])
+    if isinstance(err, torch._dynamo.exc.Unsupported):
+        return Outcome("skipped", f"Dynamo: {type(err).__name__}: {str(err).splitlines()[0]}")
+    return Outcome("error", f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+
+
 def check_program(program: Program, seed: int = 0) -> Outcome:
     """Compile and run `program` once and judge it by the fp64 rule."""
     from ..config import config
@@ -88,12 +99,7 @@ def check_program(program: Program, seed: int = 0) -> Outcome:
             warnings.simplefilter("ignore")
             compiled = torch.compile(fn, backend="tilefuse", fullgraph=True, dynamic=program.dynamic)(*args)
     except Exception as err:  # noqa: BLE001 - classified below
-        ours = _tilefuse_error(err)
-        if ours is not None:
-            return Outcome("error", str(ours).splitlines()[0])
-        if isinstance(err, torch._dynamo.exc.Unsupported):
-            return Outcome("skipped", f"Dynamo: {type(err).__name__}: {str(err).splitlines()[0]}")
-        return Outcome("error", f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+        return compile_failure(err)
     finally:
         torch._dynamo.reset()
     bad = compare_outputs(compiled, eager, ref)
@@ -165,8 +171,14 @@ def case_program(seed: int, case: int, max_ops: int = 6) -> Program:
 
 def run_fuzz(cases: int, seed: int = 0, max_ops: int = 6, shrink_failures: bool = True, shrink_budget: int = 40,
              out_dir: str | None = None, progress: Callable[[int, Outcome], None] | None = None,
-             checker: Callable[[Program], Outcome] = check_program) -> FuzzReport:
-    """Run `cases` random programs; shrink and write a reproducer for each failure."""
+             checker: Callable[[Program], Outcome] | None = None, threads: int = 1) -> FuzzReport:
+    """Run `cases` random programs; shrink and write a reproducer for each failure. With
+    `threads` > 1 (and no `checker`), each case is called from that many threads at once
+    (`fuzz_threads.check_program_threaded`)."""
+    if checker is None:
+        from .fuzz_threads import check_program_threaded
+
+        checker = check_program if threads <= 1 else functools.partial(check_program_threaded, threads=threads)
     report = FuzzReport(seed)
     for k in range(cases):
         program = case_program(seed, k, max_ops)

@@ -5,7 +5,9 @@ in-place write into an input writes the input's own tensor);
 every intermediate buffer is released right after its last use, so peak memory follows the
 live set rather than the whole graph (PyTorch's caching allocator reuses the freed blocks).
 Symbolic sizes are bound from the call's arguments on every call, so one compiled graph
-serves every size.
+serves every size. A graph may be called from several threads at once: a call's buffers and
+sizes are its own; the per-size layouts (a bounded cache) are shared, never changed once
+computed.
 
 Under an active `torch.profiler` session every step is a named range: a kernel's own name
 (`forward_3fa2c1_red_pow_mean_add_rsqrt_mul_1`), an extern call's label
@@ -22,6 +24,7 @@ from ..ir import symbolic
 from ..ir.graph import Constant, Extern, ExternResult, Graph, Input, ScalarInput, Scatter
 from ..ir.interpret import bind_result_sizes, bind_symbols, output_value, run_extern, torch_dtype
 from .profiling import profiled, profiler_enabled, step_label
+from .size_cache import SizeCache, size_key
 
 
 @dataclass
@@ -58,7 +61,7 @@ class CompiledGraph:
         # lifted constants (a CPU scalar tensor from `where(c, -inf, x)`) live where the kernels run
         self.constants = {n.name: n.value.to(device) if isinstance(n.value, torch.Tensor) else n.value
                           for n in graph.nodes.values() if isinstance(n, Constant)}
-        self._layouts: dict = {}  # (buffer, sizes) -> (shape, stride, dtype)
+        self._layouts = SizeCache()  # size_key(env) -> {buffer: (shape, stride, dtype)}
         self.scratch = {name: spec for step in steps for name, spec in getattr(step, "scratch", {}).items()}
         # in-place writes into inputs: the kernel writes the input's own tensor, and the
         # write's node names that tensor afterwards
@@ -72,10 +75,14 @@ class CompiledGraph:
         self.step_labels = [step_label(graph, step) for step in steps]
 
     def _alloc(self, name: str, env: dict) -> torch.Tensor:
-        key = (name, tuple(sorted((k, v) for k, v in env.items() if isinstance(k, str))))
-        layout = self._layouts.get(key)
-        if layout is None:  # evaluated once per set of sizes
-            layout = self._layouts[key] = self._layout(name, env)
+        # (keyed by the sizes at this step: an extern call earlier in the graph may bind more)
+        sizes = size_key(env)
+        layouts = self._layouts.get(sizes)
+        if layouts is None:
+            layouts = self._layouts.put(sizes, {})
+        layout = layouts.get(name)
+        if layout is None:  # evaluated once per set of sizes; a concurrent call may add the same
+            layout = layouts.setdefault(name, self._layout(name, env))
         shape, stride, dtype = layout
         if stride is not None:
             return torch.empty_strided(shape, stride, dtype=dtype, device=self.device)

@@ -12,6 +12,10 @@ thread count PyTorch uses. A kernel with index checks also gets an error word (a
 buffers' pointers); a failed check leaves its number there, and the launch raises the error
 eager raises for that op once the kernel has returned (no out-of-range element was read).
 
+One kernel may run in several threads at once (ctypes releases the GIL during the call): a
+launch's pointer, size and error arrays are built for that launch; what launches share (the
+grid and size arguments per set of sizes, a bounded `SizeCache`) is only read.
+
 Large buffers a kernel writes are advised to use transparent huge pages first (Linux, when
 THP is in `madvise` mode): a freshly allocated output is faulted in by the kernel's own
 stores, and 2 MiB pages make that first touch several times cheaper than 4 KiB ones (on a
@@ -24,6 +28,7 @@ import functools
 import os
 import sys
 import threading
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
@@ -33,12 +38,15 @@ from ...config import config
 from ...ir import symbolic
 from ...runtime import scratch
 from ...runtime.cache import DiskCache
+from ...runtime.size_cache import SizeCache, size_key
 from ...ir.bounds import index_error
 from ...tile.ir import TileKernel, check_message, checks_of
 from . import toolchain
 
 _lock = threading.Lock()
-_libraries: dict[str, Future] = {}  # build key -> the library (being) built
+# build key -> the library (being) built, while a kernel (or the build itself) holds it: a
+# graph that is dropped (a recompile, `torch._dynamo.reset()`) leaves no entry behind
+_libraries: "weakref.WeakValueDictionary[str, Future]" = weakref.WeakValueDictionary()
 _caches: dict[str, DiskCache] = {}
 _pools: dict[int, ThreadPoolExecutor] = {}
 
@@ -80,9 +88,8 @@ def advise_huge_pages(t: torch.Tensor) -> None:
 
 def kernel_cache() -> DiskCache:
     root = config.cache_dir
-    if root not in _caches:
-        _caches[root] = DiskCache("cpu", root)
-    return _caches[root]
+    cache = _caches.get(root)
+    return cache if cache is not None else _caches.setdefault(root, DiskCache("cpu", root))
 
 
 def _after_fork_in_child() -> None:
@@ -110,7 +117,8 @@ def _pool() -> ThreadPoolExecutor:
 
 def library_future(source: str) -> Future:
     """The shared library of `source`, built (or read from the cache) in the build pool; one
-    build per source in this process, however many kernels ask for it."""
+    build per source while any kernel holds it, however many kernels ask for it (the loaded
+    code itself stays mapped: ctypes never unloads a library)."""
     cxx = toolchain.require_compiler()
     key = toolchain.build_key(source, cxx)
     cache, pool = kernel_cache(), _pool()
@@ -161,15 +169,18 @@ class CppKernel:
                 self.sizes.append(("stride", buf, int(k)))
             else:
                 self.sizes.append(("size", p.name, None))
-        self._shapes: dict = {}
+        self._shapes = SizeCache()  # size_key(env) -> _shape(env)
         self.checks = checks_of(kernel.body)
-        self._ptrs = (ctypes.c_void_p * max(1, len(self.buffers) + bool(self.checks)))()
+        self._ptrs_array = ctypes.c_void_p * max(1, len(self.buffers) + bool(self.checks))
+        self._sizes_array = ctypes.c_int64 * max(1, len(self.sizes))
         self._written = [name for name in self.buffers if name in set(kernel.writes)]
 
     def wait(self) -> "CppKernel":
         """Block until the kernel's library is built and loaded (raises its build error)."""
         if self._fn is None:
-            fn = getattr(self._library.result(), self.kernel.name)
+            # `lib[name]`, not `getattr`: a function object of this kernel's own, typed here
+            # before it is published (getattr's is shared by every kernel of the library)
+            fn = self._library.result()[self.kernel.name]
             fn.restype = None
             fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32]
             self._fn = fn
@@ -179,38 +190,44 @@ class CppKernel:
     def fn(self):
         return self.wait()._fn
 
+    def _shape(self, env: dict) -> tuple:
+        """(size arguments by name, grid, emptiness, programs) for one set of sizes."""
+        values = {name: int(symbolic.evaluate(_symbol(name), env)) for kind, name, _ in self.sizes if kind == "size"}
+        empty = int(symbolic.evaluate(self.kernel.numel, env)) == 0
+        grid = self.kernel.grid_size(env)
+        if len(grid) > 3:
+            raise RuntimeError(f"{self.kernel.name}: grids of more than 3 dims")
+        programs = grid[0] * (grid[1] if len(grid) > 1 else 1) * (grid[2] if len(grid) > 2 else 1)
+        return values, (ctypes.c_int64 * 3)(*(grid + (1, 1))[:3]), empty, programs
+
     def __call__(self, buffers: dict, env: dict) -> None:
-        key = tuple(sorted((k, v) for k, v in env.items() if isinstance(k, str)))
+        # everything a launch fills is its own (ctypes releases the GIL during the call: another
+        # thread may launch this kernel meanwhile); what is shared (the cached grid) is only read
+        key = size_key(env)
         shape = self._shapes.get(key)
         if shape is None:  # sizes, grid and emptiness once per set of sizes
-            values = {name: int(symbolic.evaluate(_symbol(name), env)) for kind, name, _ in self.sizes if kind == "size"}
-            empty = int(symbolic.evaluate(self.kernel.numel, env)) == 0
-            grid = self.kernel.grid_size(env)
-            if len(grid) > 3:
-                raise RuntimeError(f"{self.kernel.name}: grids of more than 3 dims")
-            programs = grid[0] * (grid[1] if len(grid) > 1 else 1) * (grid[2] if len(grid) > 2 else 1)
-            shape = self._shapes[key] = (values, (ctypes.c_int64 * 3)(*(grid + (1, 1))[:3]), empty, programs)
+            shape = self._shapes.put(key, self._shape(env))
         values, grid, empty, programs = shape
         if empty:
             return
-        ptrs = self._ptrs
-        for k, name in enumerate(self.buffers):
+        ptrs = []
+        for name in self.buffers:
             t = buffers[name]
-            if t.device.type != "cpu":
+            if not t.is_cpu:  # (`t.device` builds a device object: ten times the cost)
                 raise RuntimeError(f"the cpu backend got a {t.device.type} tensor for {name}; use TILEFUSE_TARGET=triton")
-            ptrs[k] = t.data_ptr()
+            ptrs.append(t.data_ptr())
         for name in self._written:
             advise_huge_pages(buffers[name])
-        args = [buffers[name].stride(d) if kind == "stride" else values[name] for kind, name, d in self.sizes]
-        sizes = (ctypes.c_int64 * max(1, len(args)))(*args)
-        # a grid smaller than the thread pool wakes only as many threads as it has programs
-        # (waking the rest costs more than a small kernel, most of all on a busy machine)
+        sizes = self._sizes_array(*[buffers[name].stride(d) if kind == "stride" else values[name]
+                                    for kind, name, d in self.sizes])
         err = None
         if self.checks:
             err = (ctypes.c_int64 * 1)()
-            ptrs[len(self.buffers)] = ctypes.addressof(err)
+            ptrs.append(ctypes.addressof(err))
         fn = self._fn or self.wait()._fn  # (not the property: this is the launch path)
-        fn(ptrs, sizes, grid, max(1, min(torch.get_num_threads(), programs)))
+        # a grid smaller than the thread pool wakes only as many threads as it has programs
+        # (waking the rest costs more than a small kernel, most of all on a busy machine)
+        fn(self._ptrs_array(*ptrs), sizes, grid, max(1, min(torch.get_num_threads(), programs)))
         if err is not None and err[0]:
             check = self.checks[err[0] - 1]
             raise index_error(check.error, f"{check_message(check, env)} (kernel {self.kernel.name})")

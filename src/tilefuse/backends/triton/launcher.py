@@ -12,6 +12,10 @@ Triton keys its binaries by their full source and options, so sharing its cache 
 second process with the same graph still compiles nothing new. `tilefuse cache clear` clears
 tilefuse's cache only; Triton's cache is Triton's to manage.
 
+A kernel's module is imported once while a kernel holds it, outside `sys.modules` (a dropped
+graph leaves nothing behind); its size arguments and grid per set of sizes are a bounded
+`SizeCache`, shared read-only by launches from any thread.
+
 Interpreted kernels (`interpret`) run through `interpreter.py`, which scopes Triton's
 interpreter to tilefuse's own launches, without `TRITON_INTERPRET`.
 
@@ -30,18 +34,22 @@ import importlib.util
 import os
 import sys
 import threading
+import weakref
 
 from ... import logs
 from ...config import config
 from ...ir import symbolic
 from ...runtime import scratch
 from ...runtime.cache import DiskCache, cache_key, environment_fingerprint
+from ...runtime.size_cache import SizeCache, size_key
 from ...ir.bounds import index_error
 from ...tile.ir import TileKernel, check_message, checks_of
 from . import interpreter
 
 _import_lock = threading.Lock()
-_modules: dict[str, object] = {}
+# module name -> the imported kernel module, while a kernel holds it: a dropped graph (a
+# recompile, `torch._dynamo.reset()`) leaves nothing behind
+_modules: "weakref.WeakValueDictionary[str, object]" = weakref.WeakValueDictionary()
 _caches: dict[str, DiskCache] = {}
 
 
@@ -49,15 +57,15 @@ def kernel_cache() -> DiskCache:
     """The process's handle on the "triton" cache namespace (its hit/miss/build counters
     tell whether a run compiled anything new)."""
     root = config.cache_dir
-    if root not in _caches:
-        _caches[root] = DiskCache("triton", root)
-    return _caches[root]
+    cache = _caches.get(root)
+    return cache if cache is not None else _caches.setdefault(root, DiskCache("triton", root))
 
 
 def _import_source(source: str, key: str, interpret: bool):
     mod_name = f"tilefuse_kernel_{key[:24]}_{'i' if interpret else 'g'}"
-    if mod_name in _modules:
-        return _modules[mod_name]
+    module = _modules.get(mod_name)
+    if module is not None:
+        return module
     cache = kernel_cache()
     cache.get_or_create(key, lambda: {"kernel.py": source.encode()})
     entry = cache.path_of(key)
@@ -65,11 +73,19 @@ def _import_source(source: str, key: str, interpret: bool):
     if path is None:  # cache unusable: a private copy, kept until this process exits
         path = scratch.keep_file(source.encode(), ".py")
     with _import_lock:
+        module = _modules.get(mod_name)  # imported by another thread meanwhile
+        if module is not None:
+            return module
         spec = importlib.util.spec_from_file_location(mod_name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[mod_name] = module
-        spec.loader.exec_module(module)
-    _modules[mod_name] = module
+        try:
+            spec.loader.exec_module(module)
+        finally:
+            # in sys.modules only while it runs: held there, every recompile's module would stay
+            # (Triton reads the source from the file and the globals from the function)
+            sys.modules.pop(mod_name, None)
+        _modules[mod_name] = module
     return module
 
 
@@ -81,9 +97,10 @@ class TritonKernel:
         self.source = source
         self.interpret = interpret
         key = cache_key("triton-kernel", source, interpret, environment_fingerprint())
-        fn = getattr(_import_source(source, key, interpret), kernel.name)
+        self.module = _import_source(source, key, interpret)  # (held: `_modules` holds it weakly)
+        fn = getattr(self.module, kernel.name)
         self.fn = interpreter.launchable(fn) if interpret else fn
-        self._shapes: dict = {}  # size_key(env) -> (size arguments, grid, empty)
+        self._shapes = SizeCache()  # size_key(env) -> (size arguments, grid, empty)
         self.described = _described_buffers(kernel.body)  # read through tensor descriptors (TMA)
         self.checks = checks_of(kernel.body)
         self.debug = {"debug": True, "sanitize_overflow": False} if self.checks and not interpret else {}
@@ -104,7 +121,7 @@ class TritonKernel:
             values = {name: int(symbolic.evaluate(_symbol(name), env)) for kind, name, _ in self.arg_plan
                       if kind == "size"}
             empty = int(symbolic.evaluate(self.kernel.numel, env)) == 0
-            shape = self._shapes[sizes] = (values, self.kernel.grid_size(env), empty)
+            shape = self._shapes.put(sizes, (values, self.kernel.grid_size(env), empty))
         values, grid, empty = shape
         if empty:
             return  # empty output: nothing to compute
@@ -211,11 +228,6 @@ def _ensure_allocator() -> None:
     except (ImportError, AttributeError):  # another Triton layout: install ours
         pass
     triton.set_allocator(_scratch_for_descriptors)
-
-
-def size_key(env: dict) -> tuple:
-    """The call's symbol values as a hashable key (names only: each symbol is bound twice)."""
-    return tuple(sorted((k, v) for k, v in env.items() if isinstance(k, str)))
 
 
 def _symbol(name: str):
