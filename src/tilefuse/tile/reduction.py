@@ -162,7 +162,7 @@ def reduction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
 
 
 def lower_reduction(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> TileKernel:
-    b = KernelBuilder(graph, plan.name)
+    b = KernelBuilder(graph, plan.name, options.divisor_checks)
     b.tile_symbols |= {"pid", "xindex", "rindex", "roffset"}
     P = plan.parallel
     Rn = sympy.Mul(*plan.reduction)
