@@ -9,7 +9,7 @@ Importing the package registers the "tilefuse" torch.compile backend.
 __version__ = "0.1.0"
 
 
-from .config import ConfigError, UnknownOptionError, config
+from .config import ConfigError, ConfigWarning, UnknownOptionError, config
 from .api import TilefuseError, compile, dynamo_backend, explain, last_compilations
 from .explanation import Explanation
 from .ir.bounds import IndexCheckError
@@ -27,4 +27,4 @@ def _register_backend() -> None:
 _register_backend()
 
 __all__ = ["config", "compile", "explain", "last_compilations", "Explanation", "dynamo_backend", "TilefuseError",
-           "IndexCheckError", "ConfigError", "UnknownOptionError", "__version__"]
+           "IndexCheckError", "ConfigError", "ConfigWarning", "UnknownOptionError", "__version__"]

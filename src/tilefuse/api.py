@@ -26,7 +26,7 @@ import torch
 from . import logs
 from .compiler import CompileReport, compile_fx
 from .config import ConfigError, UnknownOptionError, config, resolve_options
-from .ir.bounds import IndexCheckError
+from .ir.bounds import CheckError
 
 if TYPE_CHECKING:
     from .explanation import Explanation
@@ -120,7 +120,7 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, settings
             out = compiled(*args)
             if aliases:
                 out = _apply_aliases(aliases, compiled, args, out)
-        except IndexCheckError:  # an index out of range: the program's own error, as in eager
+        except CheckError:  # an index out of range, a division by zero: the program's own error, as in eager
             raise
         except Exception as err:  # noqa: BLE001 - the first launch also compiles the kernels
             eager_out = gm.forward(*args)  # if eager fails too, the error is the program's own

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 from dataclasses import dataclass, field, replace
 
 import sympy
@@ -15,8 +16,9 @@ import torch
 
 from . import logs
 from .backends import cpu as cpu_backend
+from .backends.limits import kernel_check, target_limits
 from .backends.triton import TritonKernel, generate, load_kernel
-from .config import ConfigError, config
+from .config import KNOBS, ConfigError, ConfigWarning, config
 from .frontend.to_ir import lower_fx
 from .fusion import ExternStep, plan_graph
 from .fusion.layout import assign_layouts
@@ -31,6 +33,7 @@ from .tile.lower import LoweringOptions, lower_plan_kernels
 from .runtime.aten_matmul import AtenMatmul
 from .tile.matmul_views import describe as describe_matmul
 from .tile.matmul_views import matmul_views, product_views
+from .tile.fit import fit_kernels
 from .tile.ir import without_checks
 from .tile.variants import all_kernels
 from .tile.verify import verify_tile_kernel
@@ -121,10 +124,15 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
         assign_layouts(graph, schedule)
     report.decisions = list(schedule.decisions)
     report.plans = schedule.describe()
+    limits = target_limits(backend, device)
     options = LoweringOptions(interpret=interpret, persistent_reduction_limit=config.persistent_reduction_limit,
                               flash_config=config.flash_config, flash_split=config.flash_split,
                               sm_count=_sm_count(device), matmul=config.matmul, tma=_tma_capable(device, backend),
-                              target="cpu" if backend == "cpu" else "gpu")
+                              target="cpu" if backend == "cpu" else "gpu", limits=limits,
+                              # eager CUDA does not raise on an integer division by zero: only CPU tensors check
+                              divisor_checks=device.type == "cpu" and config.index_checks)
+    fits = _checking_variants(kernel_check(backend, limits))
+    misfits: dict = {}  # knob -> kernels whose configuration from that knob was replaced
     steps = []
     pending = list(schedule.steps)
     while pending:
@@ -164,19 +172,21 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
                                                step.notes, tuned.seconds))
             continue
         plan_options = replace(options, schedule=tuned.config) if tuned.config is not None else options
-        with stage("tile"):
-            tks = lower_plan_kernels(graph, step, plan_options)
-            for k in (k for tk in tks for k in all_kernels(tk)):
-                verify_tile_kernel(k)
-                if not config.index_checks:  # TILEFUSE_INDEX_CHECKS=0: out-of-range indices read 0, unreported
-                    k.body = without_checks(k.body)
+        # lowered (tile), then checked against the target's limits (C++: printed), until it fits
+        fitted = fit_kernels(graph, step, plan_options, _timed(stage, "codegen", fits), _timed(stage, "tile", _lower))
+        tks = fitted.kernels
+        if fitted.replaced is not None:
+            _replaced(step, fitted, options, tuned, misfits)
         for tk in tks:
             logs.log("tile", "%s", tk)
-            source, launcher = _generate_and_load(tk, backend, step, stage)
+            source, launcher = _generate_and_load(tk, backend, step, stage, getattr(fits, "source", None))
             kind = step.kind if tk.kind != "flash-merge" else "flash-merge"
             report.kernels.append(KernelReport(tk.name, kind, step.members, source, str(tk), step.notes,
                                                tuned.seconds if tk is tks[0] else 0.0))
             steps.append(KernelStep(tk.name, launcher, list(tk.writes), list(tk.reads), dict(tk.scratch)))
+    for knob, kernels in misfits.items():
+        more = f" (and {len(kernels) - 1} more kernel(s))" if len(kernels) > 1 else ""
+        warnings.warn(ConfigWarning(f"{knob}={getattr(config, knob)!r} does not fit {kernels[0]}{more}"), stacklevel=3)
     _record_origins(report, graph, schedule)
     with stage("load"):  # C++ kernels are built in parallel: a failed build fails the compile
         for s in steps:
@@ -193,6 +203,50 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
     return CompiledGraph(graph, steps, device), report
 
 
+def _timed(stage, name: str, fn):
+    def run(*args):
+        with stage(name):
+            return fn(*args)
+    return run
+
+
+def _lower(graph, plan, options) -> list:
+    tks = lower_plan_kernels(graph, plan, options)
+    for k in (k for tk in tks for k in all_kernels(tk)):  # size variants included
+        verify_tile_kernel(k)
+        if not config.index_checks:  # TILEFUSE_INDEX_CHECKS=0: out-of-range indices read 0, unreported
+            k.body = without_checks(k.body)
+    return tks
+
+
+def _checking_variants(check):
+    """`check` applied to a kernel, then to each of its size variants (each its own function)."""
+    def run(tk):
+        if tk.variants is None:
+            return check(tk)
+        alone = replace(tk, variants=None)  # its own function, not the shared source
+        return next((v for v in map(check, (alone, *tk.variants.kernels)) if v is not None), None)
+    run.source = getattr(check, "source", None)
+    return run
+
+
+def _replaced(step, fitted, options, tuned, misfits: dict) -> None:
+    """Say that a plan's configuration did not fit its target and what replaced it: one warning
+    per compile for a knob's value (collected in `misfits`), a debug log for the tuner's or the
+    rules' choice; the kernel's notes either way."""
+    what = fitted.describe()
+    step.notes.append(what)
+    knob = None
+    if tuned.config is None and step.kind == "flash" and options.flash_config:
+        knob = "flash_config"
+    elif tuned.config is None and step.kind == "reduction" and fitted.replaced.get("persistent") and \
+            options.persistent_reduction_limit != KNOBS["persistent_reduction_limit"].default:
+        knob = "persistent_reduction_limit"
+    if knob is not None:
+        misfits.setdefault(knob, []).append(what)
+    logs.log("tune" if tuned.config is not None else "tile", "%s", what)
+
+
 def _record_origins(report: CompileReport, graph, schedule) -> None:
     """Each kernel's ATen ops and source lines: its plan's, or for a kernel the driver split off
     a plan (an epilogue, a merge) those of the nodes it computes."""
@@ -204,14 +258,15 @@ def _record_origins(report: CompileReport, graph, schedule) -> None:
         k.ops, k.source_lines = list(origin.ops), list(origin.lines)
 
 
-def _generate_and_load(tk, backend: str, step, stage):
+def _generate_and_load(tk, backend: str, step, stage, printed=None):
     """(source, launcher) of one tile kernel (and its size variants: one source, a launcher
     that chooses per call). The CPU backend hands a kernel it cannot print to the Triton
-    interpreter, with the reason in the plan's notes."""
+    interpreter, with the reason in the plan's notes. `printed(tk)`: its C++ source if the
+    limits check printed it already."""
     if backend == "cpu":
         try:
             with stage("codegen"):
-                source = cpu_backend.generate(tk)
+                source = (printed and printed(tk)) or cpu_backend.generate(tk)
         except cpu_backend.CppUnsupported as err:
             step.notes.append(f"{tk.name}: not printable as C++ ({err}): runs in the Triton interpreter")
             logs.log("code", "%s: not printable as C++ (%s): Triton interpreter", tk.name, err)

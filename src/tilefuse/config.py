@@ -33,6 +33,11 @@ class ConfigError(ValueError):
     (never an eager fallback)."""
 
 
+class ConfigWarning(UserWarning):
+    """A knob's value that is valid but does not fit a kernel on its target (the stack of a C++
+    program, a GPU's shared memory): the kernel was compiled with a smaller configuration."""
+
+
 class UnknownOptionError(TypeError):
     """An option name tilefuse does not have."""
 
@@ -167,7 +172,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "diverging kernel"),
     Knob("index_checks", bool, True,
          "check indices read from tensor data (gather, embedding, index_put_, ...) against their "
-         "bounds: out of range raises as in eager instead of reading element 0"),
+         "bounds, and integer divisors against zero on CPU tensors: out of range, or a division by "
+         "zero, raises as in eager instead of reading element 0 or giving 0"),
     Knob("matmul", str, "auto",
          "plain matrix products: auto (measure the generated kernel against ATen's on a GPU; ATen "
          "for large ones on CPU), generated, aten", choices=("auto", "generated", "aten")),
@@ -189,10 +195,12 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("compile_threads", int, 0, "C++ kernels of one graph built at once; 0: one per CPU core",
          minimum=0, maximum=1024),
     Knob("persistent_reduction_limit", int, 8192,
-         "largest reduction extent held whole in one tile (longer rows loop over tiles)",
+         "largest reduction extent held whole in one tile (longer rows loop over tiles, and so does a "
+         "row too large for its kernel on the target, with a warning)",
          minimum=1, maximum=65536),
     Knob("flash_config", str, "",
-         "attention kernels' 'BLOCK_M,BLOCK_N,warps,stages' (empty: the tuner's choice)",
+         "attention kernels' 'BLOCK_M,BLOCK_N,warps,stages' (empty: the tuner's choice; blocks too large "
+         "for a kernel on the target are made smaller, with a warning)",
          check=_check_flash_config, values="'BLOCK_M,BLOCK_N,warps,stages' or empty"),
     Knob("flash_split", int, 0,
          "key ranges per block of query rows in attention kernels (split and merge): 0 chooses by "

@@ -1,5 +1,6 @@
-"""Index bounds: the errors an out-of-range data-dependent index raises, and the range
-analysis that proves an index in range so that its check can be dropped.
+"""Index bounds and divisors: the errors a generated kernel's checks raise (an out-of-range
+data-dependent index, an integer division by zero), and the range analysis that proves an
+index in range or a divisor non-zero so that its check can be dropped.
 
 Lowerings of gathers wrap each index read from tensor data in a `CheckedIndex` (see
 `ir.expr`). After inlining, `prune_checks` looks at the index expression with the consumer's
@@ -7,7 +8,10 @@ own index ranges: an index built from iota values (`arange`), clamped (`clamp(t,
 taken modulo the size, or read from a narrow integer type that fits, is in range for every
 element, and its check disappears. What remains becomes a check statement in the tile IR that
 both backends print (a `tl.device_assert` in Triton, an error record in C++); the reference
-interpreter checks the same bounds.
+interpreter checks the same bounds. An integer division or remainder by a divisor not proven
+non-zero (`provably_nonzero`) gets a check in the tile IR on CPU tensors, where eager raises
+`RuntimeError('ZeroDivisionError')`; eager CUDA does not raise (the quotient is garbage), and
+neither do kernels for CUDA tensors.
 """
 from __future__ import annotations
 
@@ -21,7 +25,12 @@ from .expr import Binary, Cast, CheckedIndex, Const, Expr, Index, Load, Unary, W
 _OO = sympy.oo
 
 
-class IndexCheckError(Exception):
+class CheckError(Exception):
+    """A generated kernel's check failed: the program's own error, as in eager PyTorch, not a
+    tilefuse failure — it propagates to the caller unchanged."""
+
+
+class IndexCheckError(CheckError):
     """An index outside its bound, found by a generated kernel's check (or the reference
     interpreter). It is the program's own error, as in eager PyTorch, not a tilefuse failure:
     it propagates to the caller unchanged. The subclasses are named after the class eager
@@ -38,9 +47,25 @@ class OutOfRangeRuntimeError(IndexCheckError, RuntimeError, IndexError):
     pass
 
 
-def index_error(error: str, message: str) -> IndexCheckError:
+class DivisionByZeroError(CheckError, RuntimeError):
+    """An integer division or remainder by zero on CPU tensors: a `RuntimeError` whose message
+    is eager's, "ZeroDivisionError" (the kernel that found it is in the exception's notes)."""
+
+
+#: the `error` of a divisor's check, and eager's message
+ZERO_DIVISION = "ZeroDivisionError"
+
+
+def index_error(error: str, message: str) -> CheckError:
     """The exception for a failed check: `error` is the class eager raises ("IndexError" or
-    "RuntimeError")."""
+    "RuntimeError"), or `ZERO_DIVISION` for a divisor's check (`message` then starts with
+    eager's message; the rest, the kernel, becomes a note)."""
+    if error == ZERO_DIVISION:
+        err = DivisionByZeroError(ZERO_DIVISION)
+        detail = message[len(ZERO_DIVISION):].strip() if message.startswith(ZERO_DIVISION) else message
+        if detail and hasattr(err, "add_note"):
+            err.add_note(f"found by tilefuse's check of the divisor {detail}")
+        return err
     return (OutOfRangeRuntimeError if error == "RuntimeError" else OutOfRangeIndexError)(message)
 
 
@@ -175,22 +200,43 @@ def value_range(e: Expr, ranges: dict) -> tuple:
     if isinstance(e, Unary) and e.op in ("floor", "ceil", "round", "trunc") and e.dtype.is_int:
         return value_range(e.x, ranges)
     if isinstance(e, Binary) and e.dtype.is_int:
-        (a, b), (c, d) = value_range(e.a, ranges), value_range(e.b, ranges)
-        if e.op == "add":
-            lo, hi = _add(a, c), _add(b, d)
-            return (lo, hi) if lo is not None and hi is not None else unknown
-        if e.op == "sub":
-            lo, hi = _add(a, -d), _add(b, -c)
-            return (lo, hi) if lo is not None and hi is not None else unknown
-        if e.op == "minimum":
-            return sympy.Min(a, c), sympy.Min(b, d)
-        if e.op == "maximum":
-            return sympy.Max(a, c), sympy.Max(b, d)
-        if e.op == "mod" and c == d and _le(1, c):  # Python remainder by a positive constant
-            return sympy.Integer(0), c - 1
-        if e.op == "mul" and c == d and c.is_Number:
-            return _scale(a, b, c)
+        return _within_dtype(_binary_range(e, ranges), e.dtype)
     return unknown
+
+
+def _within_dtype(r: tuple, dtype) -> tuple:
+    """`r`, or unknown when the dtype cannot hold it all (the arithmetic may wrap)."""
+    limits = _INT_RANGE.get(dtype.name)
+    if limits is not None and not (_le(limits[0], r[0]) and _le(r[1], limits[1])):
+        return -_OO, _OO
+    return r
+
+
+def _binary_range(e: Binary, ranges: dict) -> tuple:
+    unknown = (-_OO, _OO)
+    (a, b), (c, d) = value_range(e.a, ranges), value_range(e.b, ranges)
+    if e.op == "add":
+        lo, hi = _add(a, c), _add(b, d)
+        return (lo, hi) if lo is not None and hi is not None else unknown
+    if e.op == "sub":
+        lo, hi = _add(a, -d), _add(b, -c)
+        return (lo, hi) if lo is not None and hi is not None else unknown
+    if e.op == "minimum":
+        return sympy.Min(a, c), sympy.Min(b, d)
+    if e.op == "maximum":
+        return sympy.Max(a, c), sympy.Max(b, d)
+    if e.op == "mod" and c == d and _le(1, c):  # Python remainder by a positive constant
+        return sympy.Integer(0), c - 1
+    if e.op == "mul" and c == d and c.is_Number:
+        return _scale(a, b, c)
+    return unknown
+
+
+def provably_nonzero(e: Expr, ranges: dict) -> bool:
+    """An integer divisor that is non-zero for every index in `ranges` (a constant, a size, an
+    index shifted past 0, a value clamped away from 0, ...): its division needs no check."""
+    lo, hi = value_range(e, ranges)
+    return _le(1, lo) or _le(hi, -1)
 
 
 def _float_range(e: Expr, ranges: dict):
@@ -282,5 +328,6 @@ def has_checks(e: Expr) -> bool:
     return any(isinstance(n, CheckedIndex) for n in walk(e))
 
 
-__all__ = ["IndexCheckError", "OutOfRangeIndexError", "OutOfRangeRuntimeError", "index_error", "check_message",
-           "index_range", "value_range", "provably_in_range", "prune_checks", "unchecked", "has_checks"]
+__all__ = ["CheckError", "IndexCheckError", "OutOfRangeIndexError", "OutOfRangeRuntimeError", "DivisionByZeroError",
+           "ZERO_DIVISION", "index_error", "check_message", "index_range", "value_range", "provably_in_range",
+           "provably_nonzero", "prune_checks", "unchecked", "has_checks"]

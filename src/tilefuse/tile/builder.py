@@ -6,14 +6,16 @@ shared subexpression becomes one `Let`, loads become masked `LoadTile`s at strid
 and loads under an unselected `where` branch are masked by that branch's condition (padding,
 concatenation and gathers never read out of bounds). An index read from tensor data
 (`CheckedIndex`) becomes a `Check` statement over its live elements, and the loads at it are
-masked by its in-range condition as well.
+masked by its in-range condition as well. With `divisor_checks` (kernels for CPU tensors), the
+divisor of an integer division or remainder gets a `Check` that it is non-zero wherever it is
+live, unless its value range proves it (`ir.bounds.provably_nonzero`): a constant, a size.
 """
 from __future__ import annotations
 
 import sympy
 
 from ..ir import dtypes as dt
-from ..ir.bounds import check_message
+from ..ir.bounds import ZERO_DIVISION, check_message, provably_nonzero
 from ..ir.expr import (Binary, Cast, CheckedIndex, Const, Expr, Index, Load, Unary, Var, Where, binary, const, unary,
                        walk)
 from ..ir.graph import Constant, Extern, ExternResult, Graph, Input
@@ -41,10 +43,15 @@ def land(a: Expr | None, b: Expr | None) -> Expr | None:
     return binary("logical_and", a, b)
 
 
+#: integer ops that divide by their second operand
+_DIVISIONS = ("floordiv", "mod", "fmod")
+
+
 class KernelBuilder:
-    def __init__(self, graph: Graph, name: str):
+    def __init__(self, graph: Graph, name: str, divisor_checks: bool = False):
         self.graph = graph
         self.name = name
+        self.divisor_checks = divisor_checks
         self.params: dict[str, Param] = {}
         self.blocks: list[list] = [[]]
         self.memo: list[dict] = [{}]
@@ -190,6 +197,8 @@ class KernelBuilder:
             return self.let(Where(c, a, b, e.dtype))
         if isinstance(e, (Unary, Binary, Cast)):
             kids = tuple(self.value(k, mask, guard) for k in e.children())
+            if isinstance(e, Binary) and e.op in _DIVISIONS and self.divisor_checks and not e.dtype.is_float:
+                self.check_divisor(e.b, kids[1], mask, guard)
             return self.let(e.rebuild(kids))
         if isinstance(e, CheckedIndex):
             return self.checked(e, mask, guard)
@@ -230,6 +239,20 @@ class KernelBuilder:
         self.memo[-1][("in-range", e, mask, guard)] = ok
         self.memo[-1][key] = (v, ok)
         return v
+
+    def check_divisor(self, divisor: Expr, value: Expr, mask, guard) -> None:
+        """A `Check` that an integer divisor is non-zero wherever it is live (once per value),
+        unless its value range proves it."""
+        if provably_nonzero(divisor, self.index_ranges):
+            return
+        key = ("nonzero", value, mask, guard)
+        if key in self.memo[-1]:
+            return
+        self.memo[-1][key] = True
+        ok = self.let(binary("ne", value, Const(0, value.dtype)), "nz")
+        live = land(mask, guard)
+        cond = ok if live is None else self.let(binary("logical_or", ok, unary("logical_not", live)), "chk")
+        self.emit(Check(cond, ZERO_DIVISION, ZERO_DIVISION))
 
     def store(self, name: str, index: tuple, value: Expr, mask: Expr | None) -> None:
         node = self.scratch[name] if name in self.scratch else self.graph[name]

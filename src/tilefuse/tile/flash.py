@@ -55,7 +55,7 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
     cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_DN": dn, "BLOCK_DK": dk}
 
     kname = plan.name if splits == 1 else f"{plan.name}_partial"
-    b = KernelBuilder(graph, kname)
+    b = KernelBuilder(graph, kname, options.divisor_checks)
     b.tile_symbols |= {"pid", "pid_b", "pid_s", "rm", "rn", "rj", "rjb", "kq", "kk", "joffset"}
     for e in (M, DN, N, DK, *batch_shape):
         b.size_params(e)
@@ -232,7 +232,12 @@ def _chosen_config(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> 
     low = _dot_operand(plan.flash.q)[1].is_low_precision
     bm, bn, warps, stages = _default_config(low, head, _static(M), options)
     if options.flash_config:
-        bm, bn, warps, stages = (int(v) for v in options.flash_config.split(","))
+        from ..config import knob
+
+        # the knob's own check (a caller may build LoweringOptions by hand); whether the
+        # blocks fit this kernel on its target is tile.fit's question, after lowering
+        value = knob("flash_config").parse(options.flash_config, "flash_config")
+        bm, bn, warps, stages = (int(v) for v in value.split(","))
     if options.schedule:
         sch = options.schedule
         bm, bn = sch.get("BLOCK_M", bm), sch.get("BLOCK_N", bn)
@@ -261,12 +266,15 @@ def flash_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     else:
         knobs = {"BLOCK_M": (32, 64), "BLOCK_N": (32, 64), "warps": (4, 8), "stages": (2, 3)}
 
+    smem_limit = getattr(options.limits, "shared_memory", None) or SMEM_PER_BLOCK
+
     def valid(cfg):
         if rows is not None and cfg["BLOCK_M"] > max(16, _pow2(rows)):
             return False
+        # K and V tiles pipelined over the stages, the Q tile once (tile.limits measures the same)
         smem = cfg["stages"] * cfg["BLOCK_N"] * (dk + dn) * item + cfg["BLOCK_M"] * dk * item
         regs = cfg["BLOCK_M"] * (dn + cfg["BLOCK_N"]) // (32 * cfg["warps"])
-        return smem <= SMEM_PER_BLOCK and regs <= 192
+        return smem <= smem_limit and regs <= 192
 
     nbatch = _static(sympy.Mul(*batch)) if batch else 1
     sizes = {"M": rows, "N": _static(N), "D": max(dn, dk), "batch": nbatch}
@@ -398,7 +406,7 @@ def lower_flash_merge(graph: Graph, plan: KernelPlan, options: LoweringOptions, 
     batch_shape = tuple(o_node.shape[d] for d in con.batch_dims)
     nbatch = sympy.Mul(*batch_shape) if batch_shape else sympy.Integer(1)
     bs, dn = _pow2(splits), max(16, _pow2(_static(DN)))
-    b = KernelBuilder(graph, f"{plan.name}_merge")
+    b = KernelBuilder(graph, f"{plan.name}_merge", options.divisor_checks)
     b.scratch.update(partial.scratch)
     b.tile_symbols |= {"pid", "pid_b", "rs", "rn"}
     for e in (M, DN, *batch_shape):

@@ -188,9 +188,10 @@ class DescriptorLoad(Stmt):
 @dataclass
 class Check(Stmt):
     """Every element of `ok` (a bool tile) must hold: an index read from tensor data lies in
-    its bound. Where one does not, the kernel fails with `error` ("IndexError" or
-    "RuntimeError", the class eager PyTorch raises) and `message`, in which `{size}` stands for
-    the value of `size` (the bound, an `Index` over size symbols). Triton prints
+    its bound, or an integer divisor is not zero. Where one does not, the kernel fails with
+    `error` ("IndexError" or "RuntimeError", the class eager PyTorch raises; "ZeroDivisionError"
+    for a divisor: eager's RuntimeError('ZeroDivisionError')) and `message`, in which `{size}`
+    stands for the value of `size` (the bound, an `Index` over size symbols). Triton prints
     `tl.device_assert`; the C++ backend records the failure and the launcher raises it after
     the kernel returns. Loads at such an index are masked by it too: they never read outside
     their buffer."""

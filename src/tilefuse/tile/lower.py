@@ -36,6 +36,8 @@ class LoweringOptions:
     sm_count: int = 0  # the device's multiprocessors (0: unknown)
     tma: bool = False  # the device and Triton read blocks through tensor descriptors (Hopper TMA)
     target: str = "gpu"  # "gpu" or "cpu": which machine the block-size rules choose for
+    limits: object = None  # the target's tile.limits.Limits (None: not checked)
+    divisor_checks: bool = False  # an integer division by zero raises (CPU tensors, as eager does there)
 
 
 def _pow2(n: int) -> int:
@@ -187,7 +189,7 @@ def pointwise_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
 
 
 def lower_pointwise(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> TileKernel:
-    b = KernelBuilder(graph, plan.name)
+    b = KernelBuilder(graph, plan.name, options.divisor_checks)
     b.tile_symbols |= {"pid", "xindex"}
     n = plan.parallel
     b.size_params(n)
@@ -324,7 +326,7 @@ def contraction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
 
 
 def lower_contraction(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> TileKernel:
-    b = KernelBuilder(graph, plan.name)
+    b = KernelBuilder(graph, plan.name, options.divisor_checks)
     c = plan.contraction
     main = plan.stages[0]
     node = graph[main.node]

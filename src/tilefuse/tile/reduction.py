@@ -209,7 +209,7 @@ def lower_reduction(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
 
 
 def _lower(graph: Graph, plan: KernelPlan, options: LoweringOptions, cfg: dict) -> TileKernel:
-    b = KernelBuilder(graph, plan.name)
+    b = KernelBuilder(graph, plan.name, options.divisor_checks)
     b.tile_symbols |= {"pid", "xindex", "rindex", "roffset"}
     P = plan.parallel
     Rn = sympy.Mul(*plan.reduction)

@@ -67,7 +67,8 @@ def memory_bytes(graph, plan):
     return total
 
 
-#: shared memory one Hopper SM gives a block (bytes), and the warps it can hold
+#: shared memory one Hopper SM gives a block (bytes; a target's own is in `tile.limits`), and
+#: the warps it can hold
 SMEM_PER_BLOCK = 227 * 1024
 MAX_WARPS_PER_SM = 64
 

@@ -11,7 +11,10 @@ private-directory policy are :class:`tilefuse.runtime.cache.DiskCache`'s, namesp
 
 An entry that is corrupt (checksum, unparseable JSON) or stale (another ``format``, a config
 that is not a dict of str → int/str/bool) is ignored — the lookup is a miss — deleted, and
-replaced by the next :meth:`TuningCache.store`. Plain JSON only; nothing is pickled.
+replaced by the next :meth:`TuningCache.store`. So is a well-formed record whose config the
+caller does not accept (``lookup(key, accept=...)``: not a configuration of the kernel's
+schedule space, or one over the target's limits — a checksum proves who wrote a record, not
+that its config is safe to compile). Plain JSON only; nothing is pickled.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ import math
 import operator
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .. import logs
@@ -117,9 +120,17 @@ class TuningCache:
             f"stores={self.stores})"
         )
 
-    def lookup(self, key: str) -> dict | None:
-        """``{"config", "time_s", "created", "meta"}`` stored for ``key``, or None."""
+    def lookup(self, key: str, accept: Callable[[dict], str | None] | None = None) -> dict | None:
+        """``{"config", "time_s", "created", "meta"}`` stored for ``key``, or None. ``accept``:
+        the reason a record's config must not be used (None: it may), checked before it is
+        returned; a rejected record is discarded (logged) and the lookup is a miss."""
         record = self._read(key)
+        if record is not None and accept is not None:
+            why = accept(record["config"])
+            if why:
+                logs.log("tune", "tuning record %s rejected: %s: %s", key[:12], record["config"], why)
+                self._discard(key, f"tuning record rejected: {why}")
+                record = None
         if record is None:
             self.misses += 1
         else:

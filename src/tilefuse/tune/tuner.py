@@ -8,6 +8,10 @@ the model predicts a clear win); `1` (default) — up to 8 candidates, about 10 
 synthetic inputs of the plan's shapes. The machinery is backend-neutral: the same spaces,
 search and cache tune the C++ kernels of the CPU backend (host-timed), at `max` only — each
 candidate is a C++ compile, and the CPU backend's default keeps a new kernel under a second.
+
+No configuration over the target's limits (`tile.limits`) is compiled: candidates are lowered
+and checked before the search measures any, and a tuning-cache record that is not one of the
+space's configurations, or does not fit, is discarded and tuned again.
 """
 from __future__ import annotations
 
@@ -105,11 +109,11 @@ def _tune_plan(graph, plan, options: LoweringOptions, level: str, device, backen
     dtypes = sorted({str(graph[n].dtype) for tk in default_kernels for n in tk.reads if n in graph.nodes})
     key = tuning_key(source, space.sizes, dtypes, {"name": ceilings.name, "kind": space.kind},
                      extra={k: list(v) for k, v in space.knobs.items()})  # a new knob invalidates old results
+    bench = _Bench(graph, plan, options, device, aten, backend)
     try:
         with real_tensors():
-            outcome = select_config(space, key, level, ceilings,
-                                    _Bench(graph, plan, options, device, aten, backend).measure, TuningCache(),
-                                    plan.name, levels=CPU_LEVELS if backend == "cpu" else None)
+            outcome = select_config(space, key, level, ceilings, bench.measure, TuningCache(), plan.name,
+                                    levels=CPU_LEVELS if backend == "cpu" else None, misfit=bench.misfit)
     except TuningError as err:  # nothing measurable: the model's choice, and say why
         logs.log("tune", "%s: %s", plan.name, err)
         outcome = TuneOutcome(choose_without_measuring(space, ceilings), "model", note=str(err)[:200])
@@ -130,14 +134,25 @@ def real_tensors():
 
 
 def select_config(space, key: str, level: str, ceilings: Ceilings, measure, cache, name: str,
-                  levels: dict | None = None) -> TuneOutcome:
-    """A cache hit, else the search over the model's best candidates (stored for next time)."""
+                  levels: dict | None = None, misfit=None) -> TuneOutcome:
+    """A cache hit, else the search over the model's best candidates (stored for next time).
+    `misfit(cfg)`: why a configuration does not fit the target (None: it does); a cached one
+    that does not is discarded, and candidates that do not are never measured."""
     t0 = time.perf_counter()
-    hit = cache.lookup(key)
+    configs = space.configs()
+
+    def accept(cfg: dict) -> str | None:
+        if cfg not in configs:
+            return "not a configuration of the kernel's schedule space"
+        return misfit(cfg) if misfit is not None else None
+
+    hit = cache.lookup(key, accept=accept)
     if hit is not None:
         return TuneOutcome(dict(hit["config"]), "cache", time.perf_counter() - t0, best_time=hit.get("time_s"))
     keep, budget = (levels or (MEMORY_LEVELS if space.kind == "memory" else LEVELS))[level]
     ranked = rank(space, ceilings, keep=keep)
+    if misfit is not None:
+        ranked = _fitting(ranked, rank(space, ceilings), keep, misfit, name)
     result = _search(ranked, measure, budget, name)
     cache.store(key, result.best, result.best_time, {"kind": space.kind, "candidates": len(ranked)})
     logs.log("tune", "%s: %s in %d measurements (%s)", name, describe(result.best), result.measured,
@@ -146,6 +161,28 @@ def select_config(space, key: str, level: str, ceilings: Ceilings, measure, cach
               f"{result.failures[0][1]}"[:200] if result.failures else "")
     return TuneOutcome(dict(result.best), "measured", time.perf_counter() - t0, measured=result.measured,
                        best_time=result.best_time, note=failed)
+
+
+def _fitting(ranked: list, everything: list, keep: int, misfit, name: str) -> list:
+    """The ranked candidates that fit the target, topped up to `keep` from the rest of the
+    space in the model's order; a space with none that fits is a `TuningError`."""
+    out, dropped = [], []
+    chosen = [cfg for _, cfg in ranked]
+    rest = [x for x in everything if x[1] not in chosen]
+    for k, (predicted, cfg) in enumerate(ranked + rest):
+        if k >= len(ranked) and len(out) >= keep:
+            break
+        why = misfit(cfg)
+        if why:
+            dropped.append((cfg, why))
+        else:
+            out.append((predicted, cfg))
+    for cfg, why in dropped:
+        logs.log("tune", "%s: candidate %s dropped: %s", name, describe(cfg), why)
+    if not out:
+        raise TuningError(f"no candidate fits the target: {describe(dropped[0][0])}: {dropped[0][1]}"
+                          if dropped else "no candidate")
+    return sorted(out, key=lambda x: x[0])
 
 
 def _search(ranked, measure, budget, name):
@@ -186,6 +223,29 @@ class _Bench:
         self.backend = backend
         self.built: dict = {}
         self.buffers: dict = {}
+        self.lowerings: dict = {}
+        self.check = None
+        if getattr(options, "limits", None) is not None:
+            from ..backends.limits import kernel_check
+
+            self.check = kernel_check(backend, options.limits)
+
+    def lowered(self, cfg) -> list:
+        """The plan's tile kernels under `cfg` (lowered once)."""
+        key = tuple(sorted(cfg.items()))
+        if key not in self.lowerings:
+            self.lowerings[key] = lower_plan_kernels(self.graph, self.plan, replace(self.options, schedule=cfg))
+        return self.lowerings[key]
+
+    def misfit(self, cfg) -> str | None:
+        """Why `cfg` does not fit the target (None: it does, or a library call is measured)."""
+        if self.check is None or cfg.get("impl") == "aten":
+            return None
+        for tk in self.lowered(cfg):
+            found = self.check(tk)
+            if found is not None:
+                return str(found)
+        return None
 
     def _buffer(self, name, spec):
         import torch
@@ -220,10 +280,9 @@ class _Bench:
             for _ in range(3):  # the library's first calls choose its algorithm and workspace
                 self._run(self.built[key])
         if key not in self.built:
-            options = replace(self.options, schedule=cfg)
             launchers = []
-            for tk in lower_plan_kernels(self.graph, self.plan, options):
-                launchers.append(_load(tk, self.backend))
+            for tk in self.lowered(cfg):
+                launchers.append(_load(tk, self.backend, getattr(self.check, "source", None)))
                 for name in list(tk.reads) + list(tk.writes):
                     spec = tk.scratch.get(name) or self.graph[name]
                     self._buffer(name, spec)
@@ -284,11 +343,11 @@ def _source(tk, backend: str) -> str:
     return generate(tk, interpret=False)
 
 
-def _load(tk, backend: str):
+def _load(tk, backend: str, printed=None):
     if backend == "cpu":
         from ..backends import cpu
 
-        return cpu.load_kernel(tk, cpu.generate(tk))
+        return cpu.load_kernel(tk, (printed and printed(tk)) or cpu.generate(tk))
     return load_kernel(tk, generate(tk, interpret=False), False)
 
 
