@@ -14,7 +14,7 @@ import torch
 
 #: tolerance per dtype, relative to the reference's magnitude (1 + max |ref|)
 TOLERANCE = {
-    torch.float64: 1e-7,
+    torch.float64: 1e-10,
     torch.float32: 1e-5,
     torch.float16: 1e-3,
     torch.bfloat16: 1e-2,

@@ -7,6 +7,9 @@ statement by statement and written out as a standalone script. `generate(rng)` b
 proposing random statements (pointwise, reductions, views, matmuls, cat, and dependent
 reductions such as softmax, log-softmax, layer norm, RMSNorm, logsumexp and attention-like
 chains) and keeping those that run on sample values: shapes are checked by PyTorch itself.
+Programs run in float32, bfloat16 or float64, with rounding round trips (`x.half().to(x.dtype)`);
+a statement may sit in an autocast region (`with torch.autocast("cpu", dtype=...): vK = <expr>`:
+its product's operands are rounded to bf16/fp16).
 """
 from __future__ import annotations
 
@@ -79,7 +82,8 @@ class Program:
 
 UNARY = ("torch.tanh({a})", "torch.sigmoid({a})", "torch.relu({a})", "-{a}", "{a}.abs()", "torch.sin({a})",
          "torch.exp({a}.clamp(max=8))", "torch.sqrt({a}.abs() + 1)", "torch.log({a}.abs() + 1)", "F.gelu({a})",
-         "F.silu({a})", "{a} * {c}", "{a} + {c}", "torch.clamp({a}, -1.5, 2.0)", "torch.rsqrt({a} * {a} + 0.5)")
+         "F.silu({a})", "{a} * {c}", "{a} + {c}", "torch.clamp({a}, -1.5, 2.0)", "torch.rsqrt({a} * {a} + 0.5)",
+         "{a}.bfloat16().to({a}.dtype)", "{a}.half().to({a}.dtype)", "{a}.float().to({a}.dtype)")
 BINARY = ("{a} + {b}", "{a} - {b}", "{a} * {b}", "torch.maximum({a}, {b})", "{a} / ({b}.abs() + 1)",
           "torch.where({a} > {b}, {a}, {b} * 2)")
 REDUCE = ("{a}.sum({d}, keepdim={k})", "{a}.mean({d}, keepdim={k})", "{a}.amax({d}, keepdim={k})",
@@ -92,11 +96,31 @@ DEPENDENT = ("torch.softmax({a}, {d})", "torch.log_softmax({a}, {d})",
 VIEW = ("{a}.transpose(-1, -2)", "{a}.permute({perm})", "{a}.reshape(-1, {a}.shape[-1])", "{a}.flatten()",
         "{a}.unsqueeze(0).expand(3, *{a}.shape)", "{a}[..., ::2]", "{a}[1:]", "{a}.flip(-1)",
         "{a}.narrow(-1, 1, {a}.shape[-1] - 1)", "{a}.unsqueeze(-1)", "{a}.squeeze()")
-MATMUL = ("{a} @ {b}", "torch.matmul({a}, {b}.transpose(-1, -2))")
+MATMUL = ("{a} @ {b}", "torch.matmul({a}, {b}.transpose(-1, -2))", "{a}.bfloat16().to({a}.dtype) @ {b}")
 CAT = ("torch.cat([{a}, {b}], {d})",)
+#: statements run in an autocast region: the products (and their neighbours) autocast rounds
+AUTOCAST = MATMUL + ("F.linear({a}, {b})", "F.linear({a}, {b}, {b}[:, 0])", "torch.bmm({a}, {b}.transpose(-1, -2))",
+                     "torch.softmax({a} @ {b}, -1)")
 FAMILIES = (("unary", UNARY, 3), ("binary", BINARY, 3), ("reduce", REDUCE, 2), ("dependent", DEPENDENT, 2),
-            ("view", VIEW, 2), ("matmul", MATMUL, 1), ("cat", CAT, 1))
+            ("view", VIEW, 2), ("matmul", MATMUL, 1), ("cat", CAT, 1), ("autocast", AUTOCAST, 1))
+AUTOCAST_DTYPES = ("torch.bfloat16", "torch.float16")
+DTYPES = ("torch.float32", "torch.bfloat16", "torch.float64")
 MAX_NUMEL = 4096
+
+
+def autocast_region(dtype: str) -> str:
+    """The prefix that puts a statement in an autocast region of `dtype`."""
+    return f'with torch.autocast("cpu", dtype={dtype}): '
+
+
+def statement_name(line: str) -> str:
+    """The name a statement defines (`vK`), inside an autocast region or not."""
+    return line.split(" = ", 1)[0].split()[-1]
+
+
+def without_region(line: str) -> str:
+    """The statement outside any autocast region."""
+    return line.split(": ", 1)[1] if line.startswith("with ") else line
 
 
 def _random_shape(rng: random.Random, rank: int) -> tuple:
@@ -129,8 +153,7 @@ def _runs(line: str, env: dict):
             exec(line, namespace)
     except Exception:  # noqa: BLE001 - a proposal PyTorch rejects is simply not kept
         return None
-    name = line.split(" = ", 1)[0]
-    value = namespace.get(name)
+    value = namespace.get(statement_name(line))
     if not isinstance(value, torch.Tensor) or not value.is_floating_point():
         return None
     if value.numel() == 0 or value.numel() > MAX_NUMEL or value.dim() > 4:
@@ -167,9 +190,11 @@ def generate(rng: random.Random, max_ops: int = 6) -> Program:
     attempts = 0
     while len(lines) < target and attempts < 40 * target:
         attempts += 1
-        _, templates, _ = rng.choices(FAMILIES, weights)[0]
+        family, templates, _ = rng.choices(FAMILIES, weights)[0]
         name = f"v{len(lines)}"
         line = f"{name} = " + _fill(rng, rng.choice(templates), env, names)
+        if family == "autocast":
+            line = autocast_region(rng.choice(AUTOCAST_DTYPES)) + line
         value = _runs(line, env)
         if value is None:
             continue
@@ -180,9 +205,9 @@ def generate(rng: random.Random, max_ops: int = 6) -> Program:
         lines.append(f"v0 = {inputs[0].name} * 2")
         names.append("v0")
     used = set().union(*(used_names(line) for line in lines))
-    leaves = [line.split(" = ", 1)[0] for line in lines if line.split(" = ", 1)[0] not in used]
+    leaves = [statement_name(line) for line in lines if statement_name(line) not in used]
     program = Program(tuple(inputs), tuple(lines), tuple(leaves[-3:]),
-                      dtype=rng.choice(("torch.float32", "torch.bfloat16")), dynamic=rng.random() < 0.3)
+                      dtype=rng.choice(DTYPES), dynamic=rng.random() < 0.3)
     return prune(program)
 
 
@@ -196,7 +221,7 @@ def prune(program: Program) -> Program:
     live = set(program.outputs)
     kept = []
     for line in reversed(program.lines):
-        name = line.split(" = ", 1)[0]
+        name = statement_name(line)
         if name in live:
             kept.append(line)
             live |= used_names(line)
@@ -204,4 +229,5 @@ def prune(program: Program) -> Program:
     return program.with_(lines=tuple(reversed(kept)), inputs=inputs)
 
 
-__all__ = ["Program", "InputSpec", "generate", "prune", "used_names"]
+__all__ = ["Program", "InputSpec", "generate", "prune", "used_names", "statement_name", "without_region",
+           "autocast_region"]

@@ -4,7 +4,8 @@ Greedy delta debugging over `check.program.Program`: try simpler candidates in a
 and keep the first that still fails, until none does (or the budget of compilations is spent).
 Candidates, simplest first: one output instead of several; any intermediate value as the only
 output (a prefix of the program); a statement bypassed (its uses read one of its operands
-instead); inputs made contiguous; sizes made smaller; bf16 made fp32; `dynamic=True` dropped.
+instead); a statement taken out of its autocast region; inputs made contiguous; sizes made
+smaller; bf16 or fp64 made fp32; `dynamic=True` dropped.
 A candidate must still run eagerly (PyTorch checks its shapes) before it is compiled.
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ import re
 import warnings
 from typing import Callable, Iterator
 
-from .program import InputSpec, Program, prune, used_names
+from .program import InputSpec, Program, prune, statement_name, used_names, without_region
 
 
 def runs_eagerly(program: Program) -> bool:
@@ -27,10 +28,6 @@ def runs_eagerly(program: Program) -> bool:
         return False
 
 
-def _name(line: str) -> str:
-    return line.split(" = ", 1)[0]
-
-
 def _smaller(d: int) -> list:
     out = [1, 2, 3, d // 2, d - 1]
     return sorted({x for x in out if 1 <= x < d})
@@ -41,15 +38,18 @@ def candidates(p: Program) -> Iterator[Program]:
         for o in p.outputs:
             yield prune(p.with_(outputs=(o,)))
     for line in p.lines[:-1]:
-        yield prune(p.with_(outputs=(_name(line),)))
+        yield prune(p.with_(outputs=(statement_name(line),)))
     for k, line in enumerate(p.lines):
-        name = _name(line)
+        name = statement_name(line)
         for operand in sorted(used_names(line)):
             rest = tuple(re.sub(rf"\b{name}\b", operand, other) for other in p.lines[k + 1:])
             outputs = tuple(operand if o == name else o for o in p.outputs)
             if any(not o.startswith("v") for o in outputs) and not p.lines[k + 1:]:
                 continue  # an input cannot be the output of an empty program
             yield prune(p.with_(lines=p.lines[:k] + rest, outputs=outputs))
+    for k, line in enumerate(p.lines):
+        if without_region(line) != line:
+            yield p.with_(lines=p.lines[:k] + (without_region(line),) + p.lines[k + 1:])
     for k, spec in enumerate(p.inputs):
         if spec.layout != "contiguous":
             yield p.with_(inputs=p.inputs[:k] + (InputSpec(spec.name, spec.shape),) + p.inputs[k + 1:])
@@ -66,10 +66,13 @@ def candidates(p: Program) -> Iterator[Program]:
 
 
 def _weight(p: Program) -> tuple:
-    """Smaller is simpler: statements, outputs, inputs, elements, strided inputs, bf16, dynamic."""
+    """Smaller is simpler: statements, outputs, autocast regions, inputs, elements, strided
+    inputs, a dtype other than fp32, dynamic."""
     numel = sum(_prod(i.shape) for i in p.inputs)
     strided = sum(i.layout != "contiguous" for i in p.inputs)
-    return (len(p.lines), len(p.outputs), len(p.inputs), numel, strided, p.dtype != "torch.float32", p.dynamic)
+    regions = sum(without_region(line) != line for line in p.lines)
+    return (len(p.lines), len(p.outputs), regions, len(p.inputs), numel, strided, p.dtype != "torch.float32",
+            p.dynamic)
 
 
 def _prod(shape) -> int:

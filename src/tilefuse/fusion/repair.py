@@ -75,13 +75,14 @@ class Repair:
         if isinstance(old_values, Expr):
             old_values, new_values = (old_values,), (new_values,)
         env = {}
+        wide = _compute(*old_values, *new_values)
         for prod, pivot, o, n, ov, nv in zip(self.producers, self.pivots, self.olds, self.news, old_values, new_values):
             def at(value, pivot=pivot, prod=prod):
                 return transform(pivot, lambda e: cast(value, e.dtype)
                                  if isinstance(e, Load) and e.buffer == prod else None)
 
-            env[o], env[n] = cast(at(ov), dt.float32), cast(at(nv), dt.float32)
-        return _to_ir(self.factor, env)
+            env[o], env[n] = cast(at(ov), wide), cast(at(nv), wide)
+        return _to_ir(self.factor, env, wide)
 
 
 def _reads_producer(e: Expr, producer) -> bool:
@@ -178,9 +179,14 @@ def derive_rolling_update(body: Expr, combiner: str, producer) -> Repair:
     return Repair(producers=producers, factor=factor, g=g, pivots=tuple(pivots), olds=tuple(olds), news=tuple(news))
 
 
-def _to_ir(e: sympy.Expr, env: dict) -> Expr:
+def _compute(*exprs: Expr):
+    """fp64 when a value is double (the repair must not round it to fp32), else fp32."""
+    return dt.float64 if any(e.dtype == dt.float64 for e in exprs) else dt.float32
+
+
+def _to_ir(e: sympy.Expr, env: dict, dtype) -> Expr:
     try:
-        return sympy_to_expr(e, env, dt.float32)
+        return sympy_to_expr(e, env, dtype)
     except NotImplementedError as err:
         raise NoRepair(f"cannot generate code for the factor term {e}") from err
 
@@ -200,7 +206,7 @@ class Deferred:
 
 def _factors(e: Expr) -> list:
     """Multiplicative factors of an expression as (expr, is_divisor) pairs; float casts are
-    looked through (the factors are recombined in fp32)."""
+    looked through (the factors are recombined in fp32, fp64 for double values)."""
     if isinstance(e, Cast) and e.dtype.is_float and e.x.dtype.is_float:
         return _factors(e.x)
     if isinstance(e, Binary) and e.op == "mul":
@@ -216,6 +222,7 @@ def defer_row_factors(body: Expr, producers: tuple) -> Deferred | None:
     """Split `body` into factors that depend only on the producers' values (no data, no
     reduction index) and the rest, keeping the original subexpressions."""
     post, rest, guards = [], [], []
+    wide = _compute(*(f for f, kind in _factors(body) if kind != "guard"))
     for f, kind in _factors(body):
         row_only = _reads_producer(f, producers) and not any(
             isinstance(n, Load) and n.buffer not in producers for n in walk(f)) and not any(
@@ -225,18 +232,18 @@ def defer_row_factors(body: Expr, producers: tuple) -> Deferred | None:
                 return None
             guards.append(f)
             continue
-        (post if row_only else rest).append((cast(f, dt.float32), kind))
+        (post if row_only else rest).append((cast(f, wide), kind))
     if not (post or guards) or not rest:
         return None
 
     def product(parts):
         out = None
         for f, is_div in parts:
-            term = binary("truediv", const(1.0, dt.float32), f) if is_div else f
+            term = binary("truediv", const(1.0, wide), f) if is_div else f
             out = term if out is None else binary("mul", out, term)
         return out
 
     if any(is_div for _, is_div in rest):
         return None
-    return Deferred(post=product(post) if post else const(1.0, dt.float32), factors=tuple(f for f, _ in rest),
+    return Deferred(post=product(post) if post else const(1.0, wide), factors=tuple(f for f, _ in rest),
                     guards=tuple(guards))

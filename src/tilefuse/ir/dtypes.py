@@ -88,6 +88,12 @@ def compute_dtype(dtype: DType) -> DType:
     return float32 if dtype.is_low_precision else dtype
 
 
+def float_widens(src: DType, dst: DType) -> bool:
+    """Converting a `src` float to `dst` is exact for every value (a widening, or no change);
+    bfloat16 and float16 do not hold each other's values."""
+    return src.is_float and dst.is_float and (src == dst or dst.itemsize > src.itemsize)
+
+
 def promote(a: DType, b: DType) -> DType:
     rank = {"b": 0, "u": 1, "i": 1, "f": 2}
     if rank[a.kind] != rank[b.kind]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..ir import symbolic
+from ..ir.interpret import torch_dtype
 
 
 class AtenMatmul:
@@ -19,6 +20,12 @@ class AtenMatmul:
         self.views = views
 
     def _view(self, t: torch.Tensor, op, symbols: tuple, sizes: tuple, env: dict) -> torch.Tensor:
+        v = self._strided(t, op, symbols, sizes, env)
+        for dtype in op.casts:
+            v = v.to(torch_dtype(dtype))
+        return v
+
+    def _strided(self, t: torch.Tensor, op, symbols: tuple, sizes: tuple, env: dict) -> torch.Tensor:
         if op.flat is not None:  # one offset into the storage, valid for the compiled strides
             expected = tuple(int(symbolic.evaluate(s, env)) for s in op.strides)
             if tuple(t.stride()) != expected:
@@ -45,7 +52,7 @@ class AtenMatmul:
         out = out.permute(v.order)
         if out.numel() == 0:
             return
-        if out.is_contiguous():
+        if out.is_contiguous() and out.dtype == a.dtype:
             torch.matmul(a, b, out=out)
         else:
             out.copy_(torch.matmul(a, b))

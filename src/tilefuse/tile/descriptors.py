@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import sympy
 
+from ..ir.dtypes import float_widens
 from ..ir.expr import Cast, Index, Load, out_index, red_index
 from ..ir.rewrite import substitute_index
 
@@ -31,7 +32,8 @@ class DescribedOperand:
 
 
 def _plain_load(e):
-    while isinstance(e, Cast) and e.dtype.is_float and e.x.dtype.is_float:
+    # only exact conversions: the descriptor's block is the buffer's values, unrounded
+    while isinstance(e, Cast) and float_widens(e.x.dtype, e.dtype):
         e = e.x
     return e if isinstance(e, Load) and all(isinstance(c, Index) for c in e.index) else None
 

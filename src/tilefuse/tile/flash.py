@@ -23,7 +23,7 @@ from ..ir.graph import Graph
 from .builder import KernelBuilder, contiguous_strides, land
 from .ir import Arange, Assign, DotTile, For, Full, ProgramId, ReduceTile, Scratch, TileKernel
 from .lower import (LoweringOptions, _dot_operand, _index_values, _mapped, _needs_int64, _pow2, _static, _sym, bound_check,
-                    full_tile, identity, lane_ranges)
+                    dot_accumulator, full_tile, identity, lane_ranges)
 from .reduction import _TILE_COMBINER, _acc_dtype, _combine, rebase
 from .score_rewrites import exp_as_exp2, positive_scale, pull_scales, relax_for_low_precision
 
@@ -92,8 +92,9 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
         accd = _acc_dtype(node.combiner, st.body.dtype)
         b.emit(Full(name, ("BLOCK_M", 1), identity(node.combiner, accd), accd))
         state[st.node] = Var(name, accd)
-    acc = Var(b.fresh("acc"), dt.float32)
-    b.emit(Full(acc.name, ("BLOCK_M", "BLOCK_DN"), 0.0, dt.float32))
+    accd = _accumulator(plan)
+    acc = Var(b.fresh("acc"), accd)
+    b.emit(Full(acc.name, ("BLOCK_M", "BLOCK_DN"), 0.0, accd))
 
     start, stop = _live_keys(info, reduces, graph, outs[con.m_dim], r0, N)
     if (start != 0 or stop != N) and splits == 1:
@@ -123,11 +124,11 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
         if k_mask is not None:
             k_tile = b.let(where(k_mask, k_tile, Const(0.0, k_tile.dtype)), "k")
         s_acc = b.fresh("s")
-        b.emit(Full(s_acc, ("BLOCK_M", "BLOCK_N"), 0.0, dt.float32))
-        dot_dtype = q_dtype if q_dtype == k_dtype and q_dtype.is_low_precision and not options.interpret else dt.float32
-        b.emit(DotTile(s_acc, q_tile, k_tile, Var(s_acc, dt.float32), dot_dtype))
-        # the scores stay in fp32 registers (never rounded to the graph's dtype: they never reach memory)
-        b.bound[s_node.name] = Var(s_acc, dt.float32)
+        b.emit(Full(s_acc, ("BLOCK_M", "BLOCK_N"), 0.0, accd))
+        dot_dtype = q_dtype if q_dtype == k_dtype and q_dtype.is_low_precision and not options.interpret else accd
+        b.emit(DotTile(s_acc, q_tile, k_tile, Var(s_acc, accd), dot_dtype))
+        # the scores stay in fp32 (fp64) registers (never rounded to the graph's dtype: they never reach memory)
+        b.bound[s_node.name] = Var(s_acc, accd)
         tile_mask = land(m_ok, j_ok)
         tile_mask = b.let(tile_mask, "tmask") if tile_mask is not None else None
 
@@ -170,10 +171,10 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
             v_tile = b.let(where(v_mask, v_tile, Const(0.0, v_tile.dtype)), "v")
         rebased = rebase(b, graph, acc, o_stage.repair, running)
         pv = b.fresh("pv")
-        b.emit(Full(pv, ("BLOCK_M", "BLOCK_DN"), 0.0, dt.float32))
-        pv_dtype = a_dtype if a_dtype == v_dtype and a_dtype.is_low_precision and not options.interpret else dt.float32
-        b.emit(DotTile(pv, p_tile, v_tile, Var(pv, dt.float32), pv_dtype))
-        updates.append(Assign(acc.name, binary("add", rebased, Var(pv, dt.float32))))
+        b.emit(Full(pv, ("BLOCK_M", "BLOCK_DN"), 0.0, accd))
+        pv_dtype = a_dtype if a_dtype == v_dtype and a_dtype.is_low_precision and not options.interpret else accd
+        b.emit(DotTile(pv, p_tile, v_tile, Var(pv, accd), pv_dtype))
+        updates.append(Assign(acc.name, binary("add", rebased, Var(pv, accd))))
         for u in updates:
             b.emit(u)
         b.pop_block()
@@ -214,6 +215,12 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
                       grid=(sympy.ceiling(M / _sym("BLOCK_M")), nbatch), body=b.body, num_warps=warps,
                       num_stages=stages, reads=b.reads, writes=b.writes, kind="flash",
                       plan=plan)
+
+
+def _accumulator(plan: KernelPlan):
+    """The dtype of the score and output accumulators: fp64 for double attention, else fp32."""
+    info = plan.flash
+    return dot_accumulator(info.q, info.k, info.a, info.b)
 
 
 def _flash_sizes(graph: Graph, plan: KernelPlan) -> tuple:
@@ -330,10 +337,10 @@ def _finish(b: KernelBuilder, graph: Graph, plan: KernelPlan, acc, rm, rn, m_ok,
     total = acc
     if info.post is not None:
         post = b.value(at(info.post, rm, 0, 0), mask=m_ok)
-        total = b.let(binary("mul", acc, cast(post, dt.float32)), "normalised")
+        total = b.let(binary("mul", acc, cast(post, acc.dtype)), "normalised")
         for guard in info.guards:
             g = b.value(at(guard, rm, 0, 0), mask=m_ok)
-            total = b.let(where(g, Const(0.0, dt.float32), total), "guarded")
+            total = b.let(where(g, Const(0.0, acc.dtype), total), "guarded")
     b.bound[o_node.name] = b.let(cast(total, o_node.dtype), "out")
     syms, vals = coords(rm, rn, 0)
     o_index = tuple(Index(v) if not isinstance(v, Index) else v for v in (dict(zip(syms, vals))[s] for s in outs))
@@ -382,14 +389,15 @@ def _part_name(plan: KernelPlan, what: str) -> str:
 
 def _scratch_buffers(plan, reduces, graph, splits, nbatch, M, DN) -> dict:
     """Partial states of a split flash kernel: each carried reduction per (split, batch, row)
-    and the unnormalised output accumulator per (split, batch, row, column), in fp32."""
+    and the unnormalised output accumulator per (split, batch, row, column), in the kernel's
+    accumulator dtype."""
     out = {}
     for st in reduces:
         node = graph[st.node]
         name = _part_name(plan, st.node)
         out[name] = Scratch(name, (sympy.Integer(splits), nbatch, M), _acc_dtype(node.combiner, st.body.dtype))
     name = _part_name(plan, "acc")
-    out[name] = Scratch(name, (sympy.Integer(splits), nbatch, M, DN), dt.float32)
+    out[name] = Scratch(name, (sympy.Integer(splits), nbatch, M, DN), _accumulator(plan))
     return out
 
 
@@ -439,14 +447,15 @@ def lower_flash_merge(graph: Graph, plan: KernelPlan, options: LoweringOptions, 
         b.bound[st.node] = running[st.node][1]
     part_acc = b.scratch[_part_name(plan, "acc")]
     a_mask = land(s_ok, n_ok)
-    acc = b.value(Load(part_acc.name, (Index(rs), Index(pid_b), Index(rm), Index(rn)), dt.float32), mask=a_mask)
+    accd = part_acc.dtype
+    acc = b.value(Load(part_acc.name, (Index(rs), Index(pid_b), Index(rm), Index(rn)), accd), mask=a_mask)
     if a_mask is not None:
-        acc = b.let(where(a_mask, acc, Const(0.0, dt.float32)), "part")
+        acc = b.let(where(a_mask, acc, Const(0.0, accd)), "part")
     if o_stage.repair is not None:
         acc = rebase(b, graph, acc, o_stage.repair, running)
     red = b.fresh("out")
-    b.emit(ReduceTile(red, acc, "sum", 0, dt.float32))
-    acc = Var(red, dt.float32)
+    b.emit(ReduceTile(red, acc, "sum", 0, accd))
+    acc = Var(red, accd)
     coords, at = _coordinates(con, o_node, unravel_sym(pid_b, batch_shape) if batch_shape else ())
     _finish(b, graph, plan, acc, rm, rn, None, n_ok, coords, at)
     return TileKernel(f"{plan.name}_merge", b.finish_params(), {"BLOCK_S": bs, "BLOCK_DN": dn}, numel=M * DN * nbatch,

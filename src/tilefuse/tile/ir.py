@@ -130,7 +130,7 @@ class ArgReduceTile(Stmt):
 
 @dataclass
 class DotTile(Stmt):
-    """name = acc + a @ b (fp32 accumulation)."""
+    """name = acc + a @ b, accumulated in acc's dtype (fp32; fp64 for double operands)."""
 
     name: str
     a: Expr

@@ -243,6 +243,12 @@ def _dot_operand(e: Expr) -> tuple[Expr, object]:
     return e, e.dtype
 
 
+def dot_accumulator(*factors: Expr):
+    """The dtype a dot of these factors accumulates in: fp64 for double operands (fp32 would
+    lose their precision), fp32 otherwise."""
+    return dt.float64 if any(_dot_operand(f)[1] == dt.float64 for f in factors) else dt.float32
+
+
 def _contraction_sizes(graph: Graph, plan: KernelPlan) -> tuple:
     c = plan.contraction
     node = graph[plan.stages[0].node]
@@ -277,7 +283,7 @@ def contraction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     c = plan.contraction
     M, N, K, batch = _contraction_sizes(graph, plan)
     low = all(_dot_operand(f)[1].is_low_precision for f in (c.a, c.b))
-    item = 2 if low else 4
+    item = 2 if low else dot_accumulator(c.a, c.b).itemsize
     statics = {n: _static(v) for n, v in (("M", M), ("N", N), ("K", K))}
     caps = {"BLOCK_M": statics["M"], "BLOCK_N": statics["N"], "BLOCK_K": statics["K"]}
     if options.target == "cpu":  # register/L1 blocking of the C++ loop nest
@@ -388,8 +394,8 @@ def lower_contraction(graph: Graph, plan: KernelPlan, options: LoweringOptions) 
 
     m_ok = bound_check(b, rm, M, cfg["BLOCK_M"], "mmask")  # loop-invariant: before the K loop
     n_ok = bound_check(b, rn, N, cfg["BLOCK_N"], "nmask")
-    acc = b.fresh("acc")
-    b.emit(Full(acc, ("BLOCK_M", "BLOCK_N"), 0.0, dt.float32))
+    acc, accd = b.fresh("acc"), dot_accumulator(c.a, c.b)
+    b.emit(Full(acc, ("BLOCK_M", "BLOCK_N"), 0.0, accd))
     loop = For("koffset", Index(sympy.Integer(0)), Index(K), "BLOCK_K")
     b.emit(loop)
     b.push_block(loop.body)
@@ -417,14 +423,14 @@ def lower_contraction(graph: Graph, plan: KernelPlan, options: LoweringOptions) 
             v = b.let(where(mask, v, Const(0.0, v.dtype)), "op")  # a prologue may map 0 to non-0
         operands.append((v, in_dtype))
     (a_v, a_dt), (b_v, b_dt) = operands
-    dot_dtype = a_dt if a_dt == b_dt and a_dt.is_low_precision and not options.interpret else dt.float32
-    b.emit(DotTile(acc, a_v, b_v, Var(acc, dt.float32), dot_dtype))
+    dot_dtype = a_dt if a_dt == b_dt and a_dt.is_low_precision and not options.interpret else accd
+    b.emit(DotTile(acc, a_v, b_v, Var(acc, accd), dot_dtype))
     b.pop_block()
 
     omask = land(m_ok, n_ok)
     omask = b.let(omask, "omask") if omask is not None else None
     out_vals = dims(rm, rn)
-    b.bound[node.name] = b.let(cast(Var(acc, dt.float32), node.dtype), "mm")
+    b.bound[node.name] = b.let(cast(Var(acc, accd), node.dtype), "mm")
     if main.store:
         b.store(node.name, tuple(Index(v) for v in out_vals), b.bound[node.name], omask)
     flat = sum((v * s for v, s in zip(out_vals, _contig(node.shape))), sympy.Integer(0))

@@ -1,18 +1,23 @@
 """Plain matrix products as strided views, so that a vendor library can run them.
 
 A contraction plan with nothing fused into it (one stored `Reduce(sum)` of two loads, no
-prologue beyond a float upcast, no epilogue) is `C[b.., m, n] = A[b.., m, k] · B[b.., k, n]`
+prologue beyond float conversions, no epilogue) is `C[b.., m, n] = A[b.., m, k] · B[b.., k, n]`
 where A and B are *views* of their buffers: every index of a buffer dim is affine in the
 iteration symbols. This module finds those affine maps; the runtime turns them into
 `as_strided` views with the buffers' actual strides and calls ATen's matmul (cuBLAS, MKL).
 The tuner measures that against the generated kernel (`impl` knob of the contraction space).
+
+The library must multiply the values the graph defines: a conversion that rounds
+(`x.bfloat16()` inlined into the operand, autocast's casts) is kept and applied to the view
+before the call; an exact one (an upcast) is dropped, so the common case copies nothing.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import sympy
 
+from ..ir import dtypes as dt
 from ..ir.expr import Cast, Index, Load, out_index, red_index
 
 
@@ -27,6 +32,9 @@ class OperandView:
     #: compile-time strides (`strides`), which the runtime checks
     flat: tuple | None = None
     strides: tuple | None = None
+    #: dtypes the view is converted to, in order, before the call: the graph's rounding
+    #: conversions, then the dtype the product is computed in (empty: the buffer as it is)
+    casts: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -48,9 +56,35 @@ class MatmulViews:
 
 
 def _plain_load(e):
+    """(load, [rounding conversions, innermost first], dtype of the converted values) of a
+    factor that is a load under float conversions, else None."""
+    chain = []
     while isinstance(e, Cast) and e.dtype.is_float and e.x.dtype.is_float:
+        chain.append(e.dtype)
         e = e.x
-    return e if isinstance(e, Load) and all(isinstance(c, Index) for c in e.index) else None
+    if not (isinstance(e, Load) and e.dtype.is_float and all(isinstance(c, Index) for c in e.index)):
+        return None
+    kept, held = [], e.dtype
+    for d in reversed(chain):
+        if not dt.float_widens(held, d):  # rounds: the library must see the rounded values
+            kept.append(d)
+            held = d
+    return e, kept, held
+
+
+def _compute_dtype(fa, fb, node, product):
+    """The dtype the library multiplies in: the output's own when both operands hold it and
+    the graph accumulates as the library does (eager's call), else the graph's accumulation
+    dtype — when widening to it is exact and copies no buffer that needs no conversion
+    anyway (a rounded operand is a copy already; a plain bf16 buffer stays for the generated
+    kernel); None otherwise."""
+    (_, kept_a, held_a), (_, kept_b, held_b) = fa, fb
+    if held_a == held_b == node.dtype and dt.compute_dtype(node.dtype) == product:
+        return node.dtype
+    if all(dt.float_widens(held, product) and (held == product or kept)
+           for kept, held in ((kept_a, held_a), (kept_b, held_b))):
+        return product
+    return None
 
 
 def _affine(expr, symbols: dict):
@@ -157,8 +191,12 @@ def product_views(graph, plan) -> MatmulViews | None:
 
 def _views(graph, plan, node, reshaped) -> MatmulViews | None:
     c = plan.contraction
-    a, b = _plain_load(c.a), _plain_load(c.b)
-    if a is None or b is None or not (a.dtype == b.dtype == node.dtype) or not node.dtype.is_float:
+    fa, fb = _plain_load(c.a), _plain_load(c.b)
+    if fa is None or fb is None or not node.dtype.is_float or c.a.dtype != c.b.dtype:
+        return None
+    (a, casts_a, held_a), (b, casts_b, held_b) = fa, fb
+    compute = _compute_dtype(fa, fb, node, c.a.dtype)
+    if compute is None:
         return None
     outs = out_index(node.rank)
     (r0,) = red_index(1)
@@ -170,6 +208,8 @@ def _views(graph, plan, node, reshaped) -> MatmulViews | None:
     vb = _operand(b, symbols, set(batch) | {k, n}, graph, ranges)
     if va is None or vb is None:
         return None
+    va = replace(va, casts=_conversions(casts_a, held_a, compute))
+    vb = replace(vb, casts=_conversions(casts_b, held_b, compute))
     order = tuple(c.batch_dims) + (c.m_dim, c.n_dim)
     sizes = tuple(node.shape[d] for d in c.batch_dims) + (node.shape[c.m_dim], node.shape[c.n_dim], node.ranges[0])
     if reshaped is not None:
@@ -177,8 +217,15 @@ def _views(graph, plan, node, reshaped) -> MatmulViews | None:
     return MatmulViews(va, vb, node.name, order, batch, m, n, k, sizes)
 
 
+def _conversions(kept: list, held, compute) -> tuple:
+    return tuple(kept) + ((compute,) if held != compute else ())
+
+
 def describe(views: MatmulViews) -> str:
-    return f"{views.out} = torch.matmul(view of {views.a.buffer}, view of {views.b.buffer})"
+    def operand(v: OperandView) -> str:
+        return f"view of {v.buffer}" + "".join(f".to({d})" for d in v.casts)
+
+    return f"{views.out} = torch.matmul({operand(views.a)}, {operand(views.b)})"
 
 
 __all__ = ["MatmulViews", "OperandView", "matmul_views", "product_views", "describe"]

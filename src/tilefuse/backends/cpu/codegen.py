@@ -562,8 +562,10 @@ class CppPrinter:
             p = ExprPrinter(self.ref_in(("tf_i", "tf_j"), set()))
             self.emit(f"for (int64_t tf_i = 0; tf_i < {m}; ++tf_i) for (int64_t tf_j = 0; tf_j < {n}; ++tf_j) "
                       f"{s.name}[tf_i * {n} + tf_j] = {p.expr(s.acc)};", ind)
-        block = register_block(m, n)
-        (a, lda), (b, ldb) = self._operand(s.a, (m, k), ind, block), self._operand(s.b, (k, n), ind, block)
+        acc_t = self.sh.dtype[s.name]  # fp32, or fp64 for double operands (the plain loop only)
+        block = register_block(m, n) if acc_t == dt.float32 else None
+        (a, lda), (b, ldb) = (self._operand(s.a, (m, k), ind, block, acc_t),
+                              self._operand(s.b, (k, n), ind, block, acc_t))
         zero = id(s) in self.zero_dot and id(s) not in self.dot_into
         out = self.dot_into.get(id(s), s.name)
         if block is not None:
@@ -575,13 +577,16 @@ class CppPrinter:
                           ind)
         else:
             if zero:
-                self.emit(f"for (int64_t tf_i = 0; tf_i < {m * n}; ++tf_i) {out}[tf_i] = 0.0f;", ind)
+                self.emit(f"for (int64_t tf_i = 0; tf_i < {m * n}; ++tf_i) {out}[tf_i] = 0;", ind)
             self.emit(f"tf_dot_ikj<{m}, {n}, {k}>({a}, {b}, {out});", ind)
         self.emit("}", indent)
 
-    def _operand(self, e, shape, ind, block) -> tuple:
-        """(pointer, leading dim) of the operand as a row-major float array of `shape`: the
-        buffer itself for a load read in place (with a register block), else a dense array."""
+    def _operand(self, e, shape, ind, block, acc_t) -> tuple:
+        """(pointer, leading dim) of the operand as a row-major array of `shape` in the
+        accumulator's type: the buffer itself for a load read in place (with a register block),
+        else a dense array."""
+        t = ctype(acc_t)
+        held = (dt.float32, dt.bfloat16, dt.float16) if acc_t == dt.float32 else (acc_t,)  # arrays of type t
         p = ExprPrinter(self.ref_in(("tf_i", "tf_j"), set()))
         if isinstance(e, Var) and e.name in self.inplace:  # (its load is not emitted)
             s, ld = self.inplace[e.name]
@@ -589,14 +594,14 @@ class CppPrinter:
                 return f"&ptr_{s.buffer}[{self.printer().expr(s.offset)}]", ld
             elem = f"ptr_{s.buffer}[{p.expr(s.offset)}]"  # a dense copy from the buffer instead
         elif isinstance(e, Var) and e.name not in self.local and self.sh.shape.get(e.name) == shape \
-                and self.sh.dtype[e.name] in (dt.float32, dt.bfloat16, dt.float16) and e.name not in self.sh.aranges:
+                and self.sh.dtype[e.name] in held and e.name not in self.sh.aranges:
             return e.name, shape[1]
         else:
             elem = p.expr(e)
         name = self.fresh("op")
-        self.emit(f"alignas(64) float {name}[{shape[0] * shape[1]}];", ind)
+        self.emit(f"alignas(64) {t} {name}[{shape[0] * shape[1]}];", ind)
         self.emit(f"for (int64_t tf_i = 0; tf_i < {shape[0]}; ++tf_i) for (int64_t tf_j = 0; tf_j < {shape[1]}; ++tf_j) "
-                  f"{name}[tf_i * {shape[1]} + tf_j] = (float)({elem});", ind)
+                  f"{name}[tf_i * {shape[1]} + tf_j] = ({t})({elem});", ind)
         return name, shape[1]
 
     # ------------------------------------------------------------------ the kernel

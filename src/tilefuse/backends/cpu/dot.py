@@ -85,11 +85,12 @@ template <int R, int C> TF_INLINE void tf_load_t(const float* __restrict__ src, 
       for (int ii = 0; ii < 16; ++ii) *(tf_v16*)&dst[(i0 + ii) * C + j0] = v[ii];
     }
 }
-template <int M, int N, int K> TF_INLINE void tf_dot_ikj(const float* __restrict__ a, const float* __restrict__ b,
-                                                         float* __restrict__ acc) {
+/* the plain loop, in the accumulator's type T (float, or double for fp64 products) */
+template <int M, int N, int K, typename T> TF_INLINE void tf_dot_ikj(const T* __restrict__ a, const T* __restrict__ b,
+                                                                     T* __restrict__ acc) {
   for (int i = 0; i < M; ++i)
     for (int k = 0; k < K; ++k) {
-      const float av = a[i * K + k];
+      const T av = a[i * K + k];
       #pragma omp simd
       for (int j = 0; j < N; ++j) acc[i * N + j] += av * b[k * N + j];
     }

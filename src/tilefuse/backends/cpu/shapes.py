@@ -130,7 +130,7 @@ class Shapes:
                 self._define(s.name, tuple(shape), dt.int64)
             elif isinstance(s, DotTile):
                 a, b = self.of(s.a), self.of(s.b)
-                self._define(s.name, broadcast((a[0], b[1]), self.of(s.acc)), dt.float32)
+                self._define(s.name, broadcast((a[0], b[1]), self.of(s.acc)), s.acc.dtype)
             elif isinstance(s, Assign):
                 if s.name not in self.shape:
                     raise CppUnsupported(f"{s.name} is assigned before it is defined")

@@ -345,13 +345,14 @@ class TritonPrinter:
                 out.append(f"{pad}{s.name} = {s.name}{keep}")
             elif isinstance(s, DotTile):
                 a, b = self.expr(s.a), self.expr(s.b)
-                if s.input_dtype is not None and s.input_dtype != dt.float32:
+                if s.input_dtype is not None and s.input_dtype.is_low_precision:
                     t = TL_DTYPE[s.input_dtype.name]
                     out.append(f"{pad}{s.name} = tl.dot(({a}).to({t}), ({b}).to({t}), {self.expr(s.acc)})")
                 else:
                     # fp32 operands: full precision like eager (the default would be TF32,
-                    # which the interpreter emulates too)
-                    out.append(f"{pad}{s.name} = tl.dot(({a}).to(tl.float32), ({b}).to(tl.float32), "
+                    # which the interpreter emulates too); fp64 ones into an fp64 accumulator
+                    t = TL_DTYPE[(s.input_dtype or dt.float32).name]
+                    out.append(f"{pad}{s.name} = tl.dot(({a}).to({t}), ({b}).to({t}), "
                                f"{self.expr(s.acc)}, input_precision=\"ieee\")")
             elif isinstance(s, MakeDescriptor):
                 self.uses_descriptors = True
