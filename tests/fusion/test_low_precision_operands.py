@@ -131,12 +131,21 @@ def scaled_query_attention(q, k, v, s):
     return torch.softmax((q * s) @ k.transpose(-1, -2), -1) @ v
 
 
+def gptfast_rope_attention(x, cos, sin, k, v, mask):
+    """gpt-fast: RoPE computed in fp32 on (re, im) pairs, `type_as` back to bf16, then
+    transposed into SDPA with a boolean mask (whose decomposition upcasts q, k and v)."""
+    xs = x.float().reshape(*x.shape[:-1], -1, 2)
+    out = torch.stack([xs[..., 0] * cos - xs[..., 1] * sin, xs[..., 1] * cos + xs[..., 0] * sin], -1)
+    q = out.flatten(3).type_as(x).transpose(1, 2)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
 def _dots(report):
     return [(k.kind, ln.strip()) for k in report.kernels for ln in k.tile_ir.splitlines() if "dot(" in ln]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("case", ["nanogpt", "scaled_query"])
+@pytest.mark.parametrize("case", ["nanogpt", "scaled_query", "gptfast"])
 def test_prologue_keeps_the_operands_precision(case, dtype):
     """Whatever a product's prologue computes, the product reads the low-precision values eager
     gives it: every dot of the graph runs on bf16/fp16 operands, never fp32 (which on a GPU is
@@ -146,6 +155,12 @@ def test_prologue_keeps_the_operands_precision(case, dtype):
         fn = nanogpt_attention
         args = (torch.randn(2, 37, 32).to(dtype), (torch.randn(96, 32) * 0.2).to(dtype),
                 torch.randn(96).to(dtype), torch.tril(torch.ones(64, 64)).view(1, 1, 64, 64))
+    elif case == "gptfast":
+        fn = gptfast_rope_attention
+        b, s, h, d = 2, 37, 2, 16
+        ang = torch.rand(1, s, 1, d // 2) * 6
+        args = (torch.randn(b, s, h, d).to(dtype), ang.cos(), ang.sin(), torch.randn(b, h, s, d).to(dtype),
+                torch.randn(b, h, s, d).to(dtype), torch.ones(s, s, dtype=torch.bool).tril()[None, None])
     else:
         fn = scaled_query_attention
         args = tuple(torch.randn(2, 3, 37, 16).to(dtype) for _ in range(3)) + \
@@ -160,7 +175,7 @@ def test_prologue_keeps_the_operands_precision(case, dtype):
         out = torch.compile(fn, backend="tilefuse")(*args)
     if case == "nanogpt":  # the bias add is stored narrow by the first product, not recomputed per tile
         assert [k.kind for k in report.kernels][:2] == ["contraction", "flash"], str(report)
-    ref = fn(*(a.double() for a in args))
+    ref = fn(*(a.double() if a.is_floating_point() else a for a in args))
     eager = fn(*args)
     err, eager_err = ((t.double() - ref).abs().max().item() for t in (out, eager))
     assert err <= 2 * eager_err + 1e-2 * (1 + ref.abs().max().item()), (err, eager_err)

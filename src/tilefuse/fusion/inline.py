@@ -17,6 +17,7 @@ unnecessary (a gather at `arange` positions, or at clamped ones: `ir.bounds`).
 from __future__ import annotations
 
 from ..ir.bounds import prune_checks
+from ..ir.dtypes import float_widens
 from ..ir.expr import (Cast, Expr, Index, Load, Unary, count_ops, out_index, red_index, skip_intermediate_rounding,
                        transform, walk)
 from ..ir.graph import Extern, ExternResult, Graph, Pointwise, Reduce
@@ -171,11 +172,17 @@ def _narrowing_conversion(node) -> bool:
 
 
 def _conversion_of(node, name: str) -> bool:
-    """A pointwise node that only converts `name` to another float dtype at its own index."""
+    """A pointwise node that only converts `name` to another float dtype: at its own index, or
+    an exact upcast read through a view (`float32(q.transpose(1, 2))` of a bf16 `q`, as an
+    attention's decomposition reads its operands)."""
     body = node.body if isinstance(node, Pointwise) else None
-    return (isinstance(body, Cast) and body.dtype.is_float and isinstance(body.x, Load) and body.x.buffer == name
-            and body.x.dtype.is_float and len(body.x.index) == node.rank
-            and all(isinstance(c, Index) and c.expr == s for c, s in zip(body.x.index, out_index(node.rank))))
+    if not (isinstance(body, Cast) and body.dtype.is_float and isinstance(body.x, Load) and body.x.buffer == name
+            and body.x.dtype.is_float):
+        return False
+    if float_widens(body.x.dtype, body.dtype) and all(isinstance(c, Index) for c in body.x.index):
+        return True
+    return len(body.x.index) == node.rank and all(
+        isinstance(c, Index) and c.expr == s for c, s in zip(body.x.index, out_index(node.rank)))
 
 
 def _reads_in_order(node, graph: Graph) -> bool:
