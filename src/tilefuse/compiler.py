@@ -220,12 +220,22 @@ def _lower(graph, plan, options) -> list:
 
 
 def _checking_variants(check):
-    """`check` applied to a kernel, then to each of its size variants (each its own function)."""
+    """`check` applied to a kernel (its own function, not the source it shares with its size
+    variants); a size variant over the limits is dropped with the larger ones (the kernel
+    itself serves those sizes), never a reason to shrink the kernel."""
     def run(tk):
         if tk.variants is None:
             return check(tk)
-        alone = replace(tk, variants=None)  # its own function, not the shared source
-        return next((v for v in map(check, (alone, *tk.variants.kernels)) if v is not None), None)
+        found = check(replace(tk, variants=None))
+        if found is not None:
+            return found
+        v = tk.variants
+        fitting = next((k for k, kernel in enumerate(v.kernels) if check(kernel) is not None), len(v.kernels))
+        if fitting < len(v.kernels):
+            logs.log("tile", "%s: size variants from %d elements on exceed the target's limits: dropped",
+                     tk.name, v.bounds[fitting])
+            tk.variants = replace(v, bounds=v.bounds[:fitting], kernels=v.kernels[:fitting]) if fitting else None
+        return None
     run.source = getattr(check, "source", None)
     return run
 

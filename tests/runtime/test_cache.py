@@ -381,16 +381,12 @@ def test_permission_error_on_rename_warns_and_builds(cache, monkeypatch):
 
 
 def test_disk_full_warns_and_builds(cache, monkeypatch):
-    import builtins
+    from tilefuse.runtime import cache as cache_mod
 
-    real_open = builtins.open
+    def full_disk(path, data):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    def full_open(file, mode="r", *a, **k):
-        if "w" in mode:
-            raise OSError(errno.ENOSPC, "No space left on device", str(file))
-        return real_open(file, mode, *a, **k)
-
-    monkeypatch.setattr(builtins, "open", full_open)
+    monkeypatch.setattr(cache_mod, "_write_file", full_disk)
     with pytest.warns(CacheWarning, match="No space left"):
         assert cache.get_or_create(cache_key("full"), _build) == {"k.py": b"built"}
     monkeypatch.undo()

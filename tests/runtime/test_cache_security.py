@@ -524,3 +524,25 @@ def test_lookups_do_not_measure_the_cache(tmp_path, monkeypatch):
         assert c.get(cache_key("a")) is not None
     assert calls == []
     assert tilefuse.config.cache_max_bytes == 4 << 30
+
+
+@pytest.mark.parametrize("umask", [0o002, 0o022, 0o077])
+def test_the_cache_works_under_any_umask(tmp_path, umask):
+    """What the cache writes is private whatever the umask (a group-writable umask is common:
+    Ubuntu's private user groups), so its own entries are never refused as loose."""
+    old = os.umask(umask)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", CacheWarning)  # no refusal of its own files
+            root = tmp_path / "deep" / "cache"
+            c = DiskCache("test", root=root)
+            key = cache_key("umask", str(umask))
+            assert c.put(key, FILES)
+            fresh = DiskCache("test", root=root)
+            assert fresh.get_or_create(key, _build) == FILES
+            assert fresh.hits == 1 and fresh.builds == 0
+    finally:
+        os.umask(old)
+    for p in [tmp_path / "deep", *(tmp_path / "deep").rglob("*")]:
+        mode = stat.S_IMODE(os.lstat(p).st_mode)
+        assert mode & 0o022 == 0, (p, oct(mode))

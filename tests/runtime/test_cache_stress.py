@@ -151,7 +151,9 @@ class _ReadOnly:
 
 def test_read_only_cache_directory_compiles_with_a_warning(fresh_cache, monkeypatch):
     fresh_cache.mkdir(mode=0o700)
-    monkeypatch.setattr(cache_mod, "os", _ReadOnly(os, {"makedirs", "open", "mkdir", "replace", "rename"}))
+    read_only = _ReadOnly(os, {"makedirs", "open", "mkdir", "replace", "rename"})
+    monkeypatch.setattr(cache_mod, "os", read_only)
+    monkeypatch.setattr(cache_mod.trust, "os", read_only)  # directories are made private there
     monkeypatch.setattr(cache_mod, "tempfile", _ReadOnly(cache_mod.tempfile, {"mkdtemp"}))
     with pytest.warns(CacheWarning, match="Read-only file system"):
         cache = _compile_and_check()

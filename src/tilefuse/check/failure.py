@@ -206,8 +206,7 @@ def repro_dir() -> str:
     root = root_path(config.cache_dir)
     try:
         if not os.path.lexists(root):
-            os.makedirs(root, mode=0o700, exist_ok=True)
-            os.chmod(root, 0o700)  # makedirs' mode is filtered by the umask
+            trust.private_makedirs(root)
     except OSError:
         pass
     if root.is_dir() and root_problem(root) is None:

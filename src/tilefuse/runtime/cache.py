@@ -249,10 +249,17 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _write_file(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    """A new private file (0o600 whatever the umask: loads refuse group- or other-writable
+    files), never through a link, synced."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+                 | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _below_root_problem(path: Path) -> str | None:
@@ -316,8 +323,7 @@ class DiskCache:
         created = not self.root.exists()
         try:
             if created:
-                os.makedirs(self.root, mode=0o700, exist_ok=True)
-                os.chmod(self.root, 0o700)  # makedirs' mode is filtered by the umask
+                trust.private_makedirs(self.root)
             reason, where = trust.problem(os.stat(self.root)), self.root
             if reason is None:
                 reason, where = _below_root_problem(self.dir), self.dir
@@ -486,7 +492,7 @@ class DiskCache:
             return False
         tmp: Path | None = None
         try:
-            os.makedirs(entry.parent, mode=0o700, exist_ok=True)
+            trust.private_makedirs(entry.parent)
             tmp = Path(tempfile.mkdtemp(prefix=layout.tmp_prefix(), dir=self.dir))
             listing = {}
             for name, data in files.items():
@@ -566,7 +572,7 @@ class DiskCache:
             return None
         what = f"{self.namespace}/{key}"
         try:
-            os.makedirs(path.parent, mode=0o700, exist_ok=True)
+            trust.private_makedirs(path.parent)
             lock = cache_lock.acquire(path, config.cache_lock_timeout, what, self._notice_wait)
         except OSError as e:
             logs.log("cache", "cannot lock %s (%s); building without the lock", path, e)

@@ -109,6 +109,25 @@ def create_unique(directory: str, prefix: str, suffix: str, data: bytes) -> str:
     return path
 
 
+def private_makedirs(path: str | os.PathLike) -> None:
+    """``os.makedirs(path)`` with every directory it creates private (0o700 whatever the umask:
+    ``makedirs``' own mode applies to the last level only, and the umask filters it)."""
+    path = os.path.abspath(os.fspath(path))
+    missing = []
+    while not os.path.lexists(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            continue  # made by a concurrent process: its own mode, checked by the caller
+        os.chmod(d, 0o700)
+
+
 def private_dir(path: str | os.PathLike) -> str | None:
     """``path`` as a directory only this user can write, created (mode 0o700, parents
     included) when missing; None when it cannot be created or is not trusted (then write
@@ -116,8 +135,7 @@ def private_dir(path: str | os.PathLike) -> str | None:
     path = os.fspath(path)
     try:
         if not os.path.lexists(path):
-            os.makedirs(path, mode=0o700, exist_ok=True)
-            os.chmod(path, 0o700)  # makedirs' mode is filtered by the umask
+            private_makedirs(path)
         return None if path_problem(path) else path
     except OSError:
         return None
