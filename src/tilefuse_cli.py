@@ -35,14 +35,15 @@ def package_dir() -> Path:
 
 
 def version() -> str:
-    """The installed distribution's version, else `__version__` of the package's source."""
+    """The installed distribution's version, else `__version__` of the package's source
+    (`tilefuse/_version.py`)."""
     from importlib.metadata import PackageNotFoundError, version as dist_version
 
     try:
         return dist_version("tilefuse")
     except PackageNotFoundError:
         pass
-    text = (package_dir() / "__init__.py").read_text(encoding="utf-8")
+    text = (package_dir() / "_version.py").read_text(encoding="utf-8")
     found = re.search(r"""^__version__\s*=\s*["']([^"']+)["']""", text, re.M)
     return found.group(1) if found else "unknown"
 

@@ -6,9 +6,7 @@
 
 Importing the package registers the "tilefuse" torch.compile backend.
 """
-__version__ = "0.1.0"
-
-
+from ._version import __version__
 from .config import ConfigError, ConfigWarning, UnknownOptionError, config
 from .api import TilefuseError, compile, dynamo_backend, explain, last_compilations
 from .explanation import Explanation

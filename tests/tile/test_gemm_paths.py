@@ -15,7 +15,8 @@ from tilefuse.ir import dtypes as dt
 from tilefuse.ir.expr import cast, unary
 from tilefuse.tile.descriptors import describe_operands
 from tilefuse.tile.ir import DescriptorLoad, For, MakeDescriptor
-from tilefuse.tile.lower import LoweringOptions, _dot_operand, lower_plan_kernels, schedule_space
+from tilefuse.tile.common import dot_operand
+from tilefuse.tile.lower import LoweringOptions, lower_plan_kernels, schedule_space
 from tilefuse.tile.verify import verify_tile_kernel
 
 HOPPER = LoweringOptions(sm_count=132, tma=True)
@@ -47,7 +48,7 @@ def _gelu_linear(m, n, k, dtype=dt.float16, weight_nk=False):
 
 def _described(graph, plan):
     c = plan.contraction
-    return describe_operands(graph, plan, _dot_operand(c.a)[0], _dot_operand(c.b)[0])
+    return describe_operands(graph, plan, dot_operand(c.a)[0], dot_operand(c.b)[0])
 
 
 def test_row_major_operands_are_described_and_nn_linear_weights_transposed():

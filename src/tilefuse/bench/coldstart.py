@@ -99,7 +99,7 @@ def _child(spec: dict) -> dict:
     import torch
 
     from . import backends, timing
-    from .runner import DTYPES
+    from .workload_base import DTYPES
     from .workloads import WORKLOADS
 
     try:

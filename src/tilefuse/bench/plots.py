@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .speedups import speedups
+
 
 def _grouped_bars(ax, workloads, backends, value, ylabel, title):
     width = 0.8 / max(1, len(backends))
@@ -28,8 +30,6 @@ def write_plots(report: dict, out_dir: str | Path) -> tuple[list[Path], str | No
         import matplotlib.pyplot as plt
     except Exception as e:  # the bench extra is not installed
         return [], f"matplotlib is not importable ({type(e).__name__}); pip install -e '.[bench]'"
-    from .report import speedups
-
     results = [r for r in report["results"] if r["status"] == "ok"]
     if not results:
         return [], "no backend ran"

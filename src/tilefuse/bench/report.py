@@ -9,6 +9,9 @@ import json
 import math
 from pathlib import Path
 
+from .plots import write_plots
+from .speedups import speedups
+
 COLUMNS = ["workload", "backend", "compile s", "cold/warm s", "recomp", "p50 ms", "p99 ms",
            "throughput", "roof", "vs eager", "peak MB", "max err", "eager err", "kern/ext",
            "ops/kern", "note"]
@@ -32,16 +35,6 @@ def _err(x) -> str:
     if x is None or isinstance(x, str):
         return "-" if x is None else x
     return f"{x:.1e}" if math.isfinite(x) else str(x)
-
-
-def speedups(report: dict) -> dict[tuple[str, str], float]:
-    """{(workload, backend): eager p50 / backend p50} for the rows that ran."""
-    results = report["results"]
-    eager = {r["workload"]: r["p50_ms"] for r in results
-             if r["backend"] == "eager" and r["status"] == "ok" and r["p50_ms"]}
-    return {(r["workload"], r["backend"]): eager[r["workload"]] / r["p50_ms"]
-            for r in results
-            if r["status"] == "ok" and r["p50_ms"] and r["workload"] in eager}
 
 
 def table_rows(report: dict) -> tuple[list[str], list[list[str]], list[str]]:
@@ -243,8 +236,6 @@ def write_json(report: dict, out_dir: str | Path) -> Path:
 def write_outputs(report: dict, out_dir: str | Path) -> tuple[Path, Path, list[Path]]:
     """Write results.json, the PNG plots (when matplotlib is importable; otherwise the
     report says why) and report.md into out_dir (created); returns their paths."""
-    from .plots import write_plots
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out / "results.json", out / "report.md"

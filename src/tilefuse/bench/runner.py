@@ -44,7 +44,9 @@ from ..config import closest_name
 from . import metrics, timing
 from .backends import (CACHED_BACKENDS, DEFAULT_BACKENDS, INDUCTOR_MODES, BackendUnavailable,
                        Compilers, Prepared, describe, prepare)
+from .coldstart import compile_latency
 from .report import progress_line
+from .workload_base import DTYPES
 from .workloads import WORKLOADS, Workload, get_workloads
 
 __all__ = ["BenchOptions", "Result", "run", "max_abs_error", "within_tolerance",
@@ -52,7 +54,6 @@ __all__ = ["BenchOptions", "Result", "run", "max_abs_error", "within_tolerance",
 
 GROUPS = ("kernels", "models", "all")
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _describe = describe
 
 
@@ -345,8 +346,6 @@ def _compile_latency_pair(w: Workload, backend: str, opts: BenchOptions) -> Resu
 
 
 def _cold_warm(r: Result, backend: str, opts: BenchOptions) -> None:
-    from .coldstart import compile_latency
-
     res = compile_latency(r.workload, backend, r.size, opts.dtype, opts.device)
     cold, warm = res["cold"], res["warm"]
     if "error" in cold:

@@ -20,6 +20,8 @@ import torch
 Inputs = tuple[torch.Tensor, ...]
 
 EPS = 1e-6
+#: the dtypes a benchmark runs in, by the name `--dtype` takes
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)

@@ -22,18 +22,10 @@ from typing import Callable
 import torch
 
 from .compare import compare_outputs, to_fp64
+from .fuzz_threads import check_program_threaded
+from .outcome import Outcome, compile_failure
 from .program import Program, generate
 from .shrink import shrink
-
-
-@dataclass
-class Outcome:
-    status: str  # "ok" | "mismatch" | "error" | "skipped"
-    detail: str = ""
-
-    @property
-    def failed(self) -> bool:
-        return self.status in ("mismatch", "error")
 
 
 @dataclass
@@ -56,28 +48,6 @@ class FuzzReport:
         c = self.counts
         return (f"{self.cases} cases (seed {self.seed}): {c['ok']} ok, {c['mismatch']} mismatches, "
                 f"{c['error']} errors, {c['skipped']} skipped")
-
-
-def _tilefuse_error(err: BaseException):
-    from ..api import TilefuseError
-
-    seen, depth = err, 0
-    while seen is not None and depth < 10:
-        if isinstance(seen, TilefuseError):
-            return seen
-        seen = getattr(seen, "inner_exception", None) or seen.__cause__ or seen.__context__
-        depth += 1
-    return None
-
-
-def compile_failure(err: BaseException) -> Outcome:
-    """How a failed compiled call counts: tilefuse's error, or Dynamo's refusal (skipped)."""
-    ours = _tilefuse_error(err)
-    if ours is not None:
-        return Outcome("error", str(ours).splitlines()[0])
-    if isinstance(err, torch._dynamo.exc.Unsupported):
-        return Outcome("skipped", f"Dynamo: {type(err).__name__}: {str(err).splitlines()[0]}")
-    return Outcome("error", f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
 
 
 def check_program(program: Program, seed: int = 0) -> Outcome:
@@ -176,8 +146,6 @@ def run_fuzz(cases: int, seed: int = 0, max_ops: int = 6, shrink_failures: bool 
     `threads` > 1 (and no `checker`), each case is called from that many threads at once
     (`fuzz_threads.check_program_threaded`)."""
     if checker is None:
-        from .fuzz_threads import check_program_threaded
-
         checker = check_program if threads <= 1 else functools.partial(check_program_threaded, threads=threads)
     report = FuzzReport(seed)
     for k in range(cases):

@@ -16,7 +16,7 @@ import warnings
 import torch
 
 from .compare import compare_outputs, to_fp64
-from .fuzz import Outcome, compile_failure
+from .outcome import Outcome, compile_failure
 from .program import Program
 
 

@@ -71,8 +71,6 @@ class Expr:
         return Unary("neg", self, self.dtype)
 
     def __str__(self) -> str:
-        from .printer import format_expr
-
         return format_expr(self)
 
 
@@ -411,3 +409,39 @@ def red_index(rank: int) -> tuple[sympy.Symbol, ...]:
 
 def size_symbol(k: int) -> sympy.Symbol:
     return sympy.Symbol(f"s{k}", integer=True, positive=True)
+
+
+# ------------------------------------------------------------------------------ text
+_INFIX = {
+    "add": "+", "sub": "-", "mul": "*", "truediv": "/", "floordiv": "//", "mod": "%",
+    "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
+    "logical_and": "&&", "logical_or": "||", "bitwise_and": "&", "bitwise_or": "|",
+    "bitwise_xor": "^", "lshift": "<<", "rshift": ">>",
+}
+
+
+def format_expr(e: Expr) -> str:
+    if isinstance(e, Const):
+        return repr(e.value) if e.dtype.is_float or e.dtype.is_bool else str(e.value)
+    if isinstance(e, Index):
+        return str(e.expr) if e.dtype.is_int else f"float({e.expr})"
+    if isinstance(e, Var):
+        return e.name
+    if isinstance(e, Load):
+        return f"{e.buffer}[{', '.join(format_expr(i) for i in e.index)}]"
+    if isinstance(e, Unary):
+        if e.op == "neg":
+            return f"-({format_expr(e.x)})"
+        return f"{e.op}({format_expr(e.x)})"
+    if isinstance(e, Binary):
+        if e.op in _INFIX:
+            return f"({format_expr(e.a)} {_INFIX[e.op]} {format_expr(e.b)})"
+        return f"{e.op}({format_expr(e.a)}, {format_expr(e.b)})"
+    if isinstance(e, Where):
+        return f"where({format_expr(e.cond)}, {format_expr(e.a)}, {format_expr(e.b)})"
+    if isinstance(e, Cast):
+        return f"{e.dtype}({format_expr(e.x)})"
+    if isinstance(e, CheckedIndex):
+        bound = f"-{e.size} <= . < {e.size}" if e.wrap else f"0 <= . < {e.size}"
+        return f"checked({format_expr(e.x)}, {bound})"
+    return repr(e)

@@ -19,7 +19,7 @@ from typing import Any, Iterable
 import sympy
 
 from .dtypes import DType
-from .expr import Expr, buffers_read
+from .expr import Expr, buffers_read, format_expr
 
 Shape = tuple  # tuple[sympy.Expr, ...]
 
@@ -216,6 +216,54 @@ class Graph:
         return (n for n in self.nodes.values() if isinstance(n, (Pointwise, Reduce, Scatter, Extern, ExternResult)))
 
     def __str__(self) -> str:
-        from .printer import format_graph
-
         return format_graph(self)
+
+
+# ------------------------------------------------------------------------------ text
+def format_type(dtype, shape) -> str:
+    return f"{dtype}[{', '.join(str(d) for d in shape)}]"
+
+
+def format_node(node) -> str:
+    head = f"{node.name}: {format_type(node.dtype, node.shape)}"
+    if isinstance(node, Pointwise):
+        return f"{head} = {format_expr(node.body)}"
+    if isinstance(node, Reduce):
+        ranges = ", ".join(f"r{k}<{n}" for k, n in enumerate(node.ranges))
+        return f"{head} = {node.combiner}[{ranges}]({format_expr(node.body)})"
+    if isinstance(node, Scatter):
+        where = ", ".join(format_expr(c) for c in node.index)
+        space = ", ".join(str(d) for d in node.space)
+        return f"{head} = {node.target} with [{where}] = {format_expr(node.body)} for i in [{space}]  (in place)"
+    if isinstance(node, Extern):
+        return f"{head} = extern {node.target_name}(...)  # {node.reason}"
+    if isinstance(node, ExternResult):
+        return f"{head} = {node.extern}[{node.item}]"
+    if isinstance(node, ScalarInput):
+        return f"{node.name}: int = {node.symbol}"
+    if isinstance(node, Input):
+        return f"{head}  (input {node.position})"
+    if isinstance(node, Constant):
+        return f"{head}  (constant)"
+    return head
+
+
+def format_graph(g, origins: bool = True, name: str | None = None) -> str:
+    """The graph as text; `origins`: each node's ops and source places as a trailing comment;
+    `name`: the name printed instead of the graph's own."""
+    params = ", ".join(
+        f"{n.name}: {format_type(n.dtype, n.shape)}" if isinstance(n, Input) else f"{n.name}: int"
+        for n in g.inputs
+    )
+    lines = [f"def {g.name if name is None else name}({params}):"]
+    origins = getattr(g, "origins", {}) if origins else {}
+    for node in g.nodes.values():
+        if isinstance(node, (Input, ScalarInput)):
+            continue
+        text = format_node(node)
+        origin = origins.get(node.name)
+        if origin:  # where it came from: `# mean, rsqrt  (model.py:42)`
+            text += f"{';' if ' # ' in text else '  #'} {origin.comment()}"
+        lines.append("  " + text)
+    lines.append(f"  return ({', '.join(str(o) for o in g.outputs)})")
+    return "\n".join(lines)

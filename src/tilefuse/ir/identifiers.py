@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import re
 
+from .graph import format_graph
+
 MAX_GRAPH_TAG = 16  # characters of the graph part of a kernel's name
 
 
@@ -49,8 +51,6 @@ def graph_fingerprint(graph) -> str:
     compiles them) nor the source lines its nodes come from (editing another line moves them).
     The same graph gets the same kernel names and so the same kernel sources, which the disk
     caches key on, in any process; two graphs share a tag with a chance of one in 16 million."""
-    from .printer import format_graph
-
     layouts = [(n.name, getattr(n, "strides", None)) for n in graph.inputs]
     text = f"{format_graph(graph, origins=False, name='graph')}\n{layouts}\n{sorted(graph.output_strides.items())}"
     return hashlib.sha256(text.encode()).hexdigest()[:6]

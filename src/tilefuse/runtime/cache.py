@@ -80,6 +80,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import logs
+from .._version import __version__
 from ..config import config
 from . import cache_lock, cache_size, scratch, trust
 from . import cache_layout as layout
@@ -170,12 +171,8 @@ def cache_key(*parts: Any) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _fingerprint() -> tuple[tuple[str, str], ...]:
-    try:
-        from tilefuse import __version__ as tf_version  # type: ignore[attr-defined]
-    except Exception:
-        tf_version = "0"
     fp: dict[str, str] = {
-        "tilefuse": str(tf_version),
+        "tilefuse": __version__,
         "python": platform.python_version(),
         "implementation": sys.implementation.name,
         "machine": platform.machine(),

@@ -15,7 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable
 
+from .flash import _chosen_config, split_factor
 from .limits import Violation
+from .lower import contraction_rules, pointwise_rules
+from .reduction import reduction_rules
 from .space import describe
 
 #: halvings and steps before giving up (a 2**20 block reaches 16 in 16)
@@ -64,10 +67,6 @@ def fit_kernels(graph, plan, options, check: Callable, lower: Callable) -> Fitte
 
 def current_config(graph, plan, options) -> dict:
     """The whole configuration the lowering uses for `plan` under `options`."""
-    from .flash import _chosen_config, split_factor
-    from .lower import contraction_rules, pointwise_rules
-    from .reduction import reduction_rules
-
     sch = dict(options.schedule or {})
     if plan.kind == "flash":
         cfg = dict(zip(("BLOCK_M", "BLOCK_N", "warps", "stages"), _chosen_config(graph, plan, options)))
@@ -105,8 +104,6 @@ def shrink(plan, cfg: dict, resource: str, options) -> dict | None:
         if cfg.get("XBLOCK", 1) > 1:
             return {**cfg, "XBLOCK": cfg["XBLOCK"] // 2}
         if cfg.get("persistent"):  # the row walked in tiles instead of held whole
-            from .reduction import reduction_rules
-
             looped = reduction_rules(plan, replace(options, persistent_reduction_limit=0, schedule=None))
             return {**looped, "warps": min(cfg.get("warps", 1), looped["warps"])} | {"persistent": False}
         smaller = _halved(cfg, ("RBLOCK",))

@@ -17,14 +17,13 @@ import sympy
 from ..fusion.flash import K0
 from ..fusion.plan import KernelPlan
 from ..fusion.planner import unravel_sym
-from ..ir import dtypes as dt
 from ..ir.expr import Const, Index, Load, Var, binary, cast, out_index, red_index, where
 from ..ir.graph import Graph
 from .builder import KernelBuilder, contiguous_strides, land
 from .ir import Arange, Assign, DotTile, For, Full, ProgramId, ReduceTile, Scratch, TileKernel
-from .lower import (LoweringOptions, _dot_operand, _index_values, _mapped, _needs_int64, _pow2, _static, _sym, bound_check,
-                    dot_accumulator, full_tile, identity, lane_ranges)
-from .reduction import _TILE_COMBINER, _acc_dtype, _combine, rebase
+from .common import (TILE_COMBINER, LoweringOptions, acc_dtype, bound_check, combine, dot_accumulator,
+                     dot_operand, full_tile, identity, index_values, lane_ranges, mapped, needs_int64, pow2, rebase,
+                     static_int, tile_symbol)
 from .score_rewrites import exp_as_exp2, positive_scale, pull_scales, relax_for_low_precision
 
 
@@ -50,7 +49,7 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
     M, DN, N = o_node.shape[con.m_dim], o_node.shape[con.n_dim], o_node.ranges[0]
     DK = info.score_extent
     batch_shape = tuple(o_node.shape[d] for d in con.batch_dims)
-    dn, dk = max(16, _pow2(_static(DN))), max(16, _pow2(_static(DK)))
+    dn, dk = max(16, pow2(static_int(DN))), max(16, pow2(static_int(DK)))
     bm, bn, warps, stages = _chosen_config(graph, plan, options)
     cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_DN": dn, "BLOCK_DK": dk}
 
@@ -59,17 +58,17 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
     b.tile_symbols |= {"pid", "pid_b", "pid_s", "rm", "rn", "rj", "rjb", "kq", "kk", "joffset"}
     for e in (M, DN, N, DK, *batch_shape):
         b.size_params(e)
-    wide = _needs_int64(M, N, DN, *batch_shape) or _needs_int64(M, DK, *batch_shape)
+    wide = needs_int64(M, N, DN, *batch_shape) or needs_int64(M, DK, *batch_shape)
     b.emit(ProgramId("pid", 0, wide=wide))
     b.emit(ProgramId("pid_b", 1, wide=wide))
     if splits > 1:
         b.emit(ProgramId("pid_s", 2))
-    b.emit(Arange("rm", Index(_sym("pid") * _sym("BLOCK_M")), "BLOCK_M", 0, 2))
+    b.emit(Arange("rm", Index(tile_symbol("pid") * tile_symbol("BLOCK_M")), "BLOCK_M", 0, 2))
     b.emit(Arange("rn", Index(sympy.Integer(0)), "BLOCK_DN", 1, 2))
     b.emit(Arange("kq", Index(sympy.Integer(0)), "BLOCK_DK", 1, 2))
     b.emit(Arange("kk", Index(sympy.Integer(0)), "BLOCK_DK", 0, 2))
-    rm, rn, kq, kk, rj, rjb = (_sym(n) for n in ("rm", "rn", "kq", "kk", "rj", "rjb"))
-    batch_vals = unravel_sym(_sym("pid_b"), batch_shape) if batch_shape else ()
+    rm, rn, kq, kk, rj, rjb = (tile_symbol(n) for n in ("rm", "rn", "kq", "kk", "rj", "rjb"))
+    batch_vals = unravel_sym(tile_symbol("pid_b"), batch_shape) if batch_shape else ()
     outs = out_index(o_node.rank)
     (r0,) = red_index(1)
 
@@ -79,7 +78,7 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
     n_ok = bound_check(b, rn, DN, dn, "nmask")
     kq_ok = bound_check(b, kq, DK, dk, "kqmask")
     kk_ok = bound_check(b, kk, DK, dk, "kkmask")
-    q_expr, q_dtype = _dot_operand(info.q)
+    q_expr, q_dtype = dot_operand(info.q)
     q_mask = land(m_ok, kq_ok)
     q_tile = b.value(at(q_expr, rm, 0, 0, kq), mask=q_mask)  # loop-invariant: loaded once
     if q_mask is not None:
@@ -89,7 +88,7 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
     for st in reduces:
         node = graph[st.node]
         name = b.fresh("acc")
-        accd = _acc_dtype(node.combiner, st.body.dtype)
+        accd = acc_dtype(node.combiner, st.body.dtype)
         b.emit(Full(name, ("BLOCK_M", 1), identity(node.combiner, accd), accd))
         state[st.node] = Var(name, accd)
     accd = _accumulator(plan)
@@ -103,10 +102,10 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
     if splits > 1:
         # split s walks its own whole number of key tiles: [s·chunk, (s+1)·chunk)
         chunk = sympy.floor((N + splits * bn - 1) / (splits * bn)) * bn
-        start = sympy.Max(start, _sym("pid_s") * chunk)
-        stop = sympy.Min(stop, (_sym("pid_s") + 1) * chunk)
+        start = sympy.Max(start, tile_symbol("pid_s") * chunk)
+        stop = sympy.Min(stop, (tile_symbol("pid_s") + 1) * chunk)
     row_values = {st.node for st in reduces}
-    low_inputs = q_dtype.is_low_precision and _dot_operand(info.k)[1].is_low_precision
+    low_inputs = q_dtype.is_low_precision and dot_operand(info.k)[1].is_low_precision
     relax = relax_for_low_precision if low_inputs else (lambda e: e)
 
     def key_loop(lo, hi, edit):
@@ -114,11 +113,11 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
         loop = For("joffset", Index(lo), Index(hi), "BLOCK_N")
         b.emit(loop)
         b.push_block(loop.body)
-        b.emit(Arange("rj", Index(_sym("joffset")), "BLOCK_N", 1, 2))
-        b.emit(Arange("rjb", Index(_sym("joffset")), "BLOCK_N", 0, 2))
+        b.emit(Arange("rj", Index(tile_symbol("joffset")), "BLOCK_N", 1, 2))
+        b.emit(Arange("rjb", Index(tile_symbol("joffset")), "BLOCK_N", 0, 2))
         j_ok = bound_check(b, rj, N, bn, "jmask")
         jb_ok = bound_check(b, rjb, N, bn, "jbmask")
-        k_expr, k_dtype = _dot_operand(info.k)
+        k_expr, k_dtype = dot_operand(info.k)
         k_mask = land(kk_ok, j_ok)
         k_tile = b.value(at(k_expr, 0, 0, rj, kk), mask=k_mask)
         if k_mask is not None:
@@ -145,7 +144,7 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
                 else Const(float(identity(node.combiner, carried.dtype)), carried.dtype)
             contrib = full_tile(b, where(tile_mask, v, ident) if tile_mask is not None else v, ("BLOCK_M", "BLOCK_N"))
             red = b.fresh("red")
-            comb = _TILE_COMBINER.get(node.combiner, node.combiner)
+            comb = TILE_COMBINER.get(node.combiner, node.combiner)
             b.emit(ReduceTile(red, contrib, comb, 1, carried.dtype))
             red_v = Var(red, carried.dtype)
             if scale is not None:
@@ -153,13 +152,13 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
             if st.repair is not None:
                 value = b.let(binary("add", rebase(b, graph, carried, st.repair, running), red_v), "carry")
             else:
-                value = b.let(_combine(b, comb, carried, red_v), "carry")
+                value = b.let(combine(b, comb, carried, red_v), "carry")
             running[st.node] = (b.let(_finished(carried, node), "prev"), b.let(_finished(value, node), "run"))
             b.bound[st.node] = running[st.node][1]
             updates.append(Assign(carried.name, value))
 
-        a_expr, a_dtype = _dot_operand(relax(edit(info.a)))
-        v_expr, v_dtype = _dot_operand(info.b)
+        a_expr, a_dtype = dot_operand(relax(edit(info.a)))
+        v_expr, v_dtype = dot_operand(info.b)
         if info.post is not None and v_dtype.is_low_precision:
             a_dtype = v_dtype  # unnormalised weights are rounded for the tensor-core dot
         p_tile = b.value(at(exp_as_exp2(pull_scales(a_expr), row_values), rm, 0, rj), mask=tile_mask)
@@ -200,19 +199,19 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
         b.scratch.update(scratch)
         for st in reduces:
             part = scratch[_part_name(plan, st.node)]
-            b.store(part.name, (Index(_sym("pid_s")), Index(_sym("pid_b")), Index(rm)), state[st.node], m_ok)
-        b.store(_part_name(plan, "acc"), (Index(_sym("pid_s")), Index(_sym("pid_b")), Index(rm), Index(rn)), acc, omask)
+            b.store(part.name, (Index(tile_symbol("pid_s")), Index(tile_symbol("pid_b")), Index(rm)), state[st.node], m_ok)
+        b.store(_part_name(plan, "acc"), (Index(tile_symbol("pid_s")), Index(tile_symbol("pid_b")), Index(rm), Index(rn)), acc, omask)
         plan.notes.append(f"{o_node.name}: split into {splits} ranges of keys per block of rows; partial "
                           f"states merged by {plan.name}_merge with the same rolling updates")
         return TileKernel(kname, b.finish_params(), cfg, numel=M * DN * nbatch,
-                          grid=(sympy.ceiling(M / _sym("BLOCK_M")), nbatch, splits), body=b.body, num_warps=warps,
+                          grid=(sympy.ceiling(M / tile_symbol("BLOCK_M")), nbatch, splits), body=b.body, num_warps=warps,
                           num_stages=stages, reads=b.reads, writes=b.writes, kind="flash",
                           plan=plan, scratch=scratch)
     for st in reduces:
         b.bound[st.node] = b.let(_finished(state[st.node], graph[st.node]), "red")
     _finish(b, graph, plan, acc, rm, rn, m_ok, omask, coords, at)
     return TileKernel(plan.name, b.finish_params(), cfg, numel=M * DN * nbatch,
-                      grid=(sympy.ceiling(M / _sym("BLOCK_M")), nbatch), body=b.body, num_warps=warps,
+                      grid=(sympy.ceiling(M / tile_symbol("BLOCK_M")), nbatch), body=b.body, num_warps=warps,
                       num_stages=stages, reads=b.reads, writes=b.writes, kind="flash",
                       plan=plan)
 
@@ -235,9 +234,9 @@ def _flash_sizes(graph: Graph, plan: KernelPlan) -> tuple:
 def _chosen_config(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> tuple:
     """(BLOCK_M, BLOCK_N, warps, stages): a tuned schedule, else TILEFUSE_FLASH_CONFIG, else rules."""
     M, N, DN, DK, _ = _flash_sizes(graph, plan)
-    head = max(16, _pow2(_static(DN)), _pow2(_static(DK)))
-    low = _dot_operand(plan.flash.q)[1].is_low_precision
-    bm, bn, warps, stages = _default_config(low, head, _static(M), options)
+    head = max(16, pow2(static_int(DN)), pow2(static_int(DK)))
+    low = dot_operand(plan.flash.q)[1].is_low_precision
+    bm, bn, warps, stages = _default_config(low, head, static_int(M), options)
     if options.flash_config:
         from ..config import knob
 
@@ -257,10 +256,10 @@ def flash_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     from .space import SMEM_PER_BLOCK, ScheduleSpace
 
     M, N, DN, DK, batch = _flash_sizes(graph, plan)
-    dn, dk = max(16, _pow2(_static(DN))), max(16, _pow2(_static(DK)))
-    low = _dot_operand(plan.flash.q)[1].is_low_precision
+    dn, dk = max(16, pow2(static_int(DN))), max(16, pow2(static_int(DK)))
+    low = dot_operand(plan.flash.q)[1].is_low_precision
     item = 2 if low else 4
-    rows = _static(M)
+    rows = static_int(M)
     bm, bn, warps, stages = _chosen_config(graph, plan, options)
     default = {"BLOCK_M": bm, "BLOCK_N": bn, "warps": warps, "stages": stages}
     if rows is not None and rows <= 16:
@@ -276,15 +275,15 @@ def flash_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     smem_limit = getattr(options.limits, "shared_memory", None) or SMEM_PER_BLOCK
 
     def valid(cfg):
-        if rows is not None and cfg["BLOCK_M"] > max(16, _pow2(rows)):
+        if rows is not None and cfg["BLOCK_M"] > max(16, pow2(rows)):
             return False
         # K and V tiles pipelined over the stages, the Q tile once (tile.limits measures the same)
         smem = cfg["stages"] * cfg["BLOCK_N"] * (dk + dn) * item + cfg["BLOCK_M"] * dk * item
         regs = cfg["BLOCK_M"] * (dn + cfg["BLOCK_N"]) // (32 * cfg["warps"])
         return smem <= smem_limit and regs <= 192
 
-    nbatch = _static(sympy.Mul(*batch)) if batch else 1
-    sizes = {"M": rows, "N": _static(N), "D": max(dn, dk), "batch": nbatch}
+    nbatch = static_int(sympy.Mul(*batch)) if batch else 1
+    sizes = {"M": rows, "N": static_int(N), "D": max(dn, dk), "batch": nbatch}
     return ScheduleSpace("flash", knobs, default, sizes=sizes, itemsize=item, valid=valid)
 
 
@@ -304,7 +303,7 @@ def _default_config(low_precision: bool, head_block: int, rows, options: Lowerin
     if rows is not None and rows <= 16:
         bm, bn, warps = 16, max(bn, 64) if not options.interpret else bn, 4
     elif rows is not None:
-        bm = min(bm, max(16, _pow2(rows)))
+        bm = min(bm, max(16, pow2(rows)))
     return bm, bn, warps, stages
 
 
@@ -322,7 +321,7 @@ def _coordinates(con, o_node, batch_vals):
         return list(vals), list(vals.values())
 
     def at(expr, m_val, n_val, key_val, k0_val=None):
-        return _mapped(expr, *coords(m_val, n_val, key_val, k0_val))
+        return mapped(expr, *coords(m_val, n_val, key_val, k0_val))
 
     return coords, at
 
@@ -350,8 +349,8 @@ def _finish(b: KernelBuilder, graph: Graph, plan: KernelPlan, acc, rm, rn, m_ok,
     for st in epilogues:
         enode = graph[st.node]
         vals = [c.expr for c in o_index] if tuple(enode.shape) == tuple(o_node.shape) \
-            else list(_index_values(enode.shape, flat, lane_ranges([c.expr for c in o_index], o_node.shape)))
-        v = b.value(_mapped(st.body, out_index(enode.rank), vals), mask=omask)
+            else list(index_values(enode.shape, flat, lane_ranges([c.expr for c in o_index], o_node.shape)))
+        v = b.value(mapped(st.body, out_index(enode.rank), vals), mask=omask)
         b.bound[st.node] = v
         b.store(st.node, tuple(Index(e) for e in vals), v, omask)
 
@@ -367,8 +366,8 @@ def split_factor(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> in
         return 1
     con = plan.contraction
     o_node = graph[next(st.node for st in plan.stages if st.kind == "contraction")]
-    M, N = _static(o_node.shape[con.m_dim]), _static(o_node.ranges[0])
-    nbatch = _static(sympy.Mul(*(o_node.shape[d] for d in con.batch_dims)))
+    M, N = static_int(o_node.shape[con.m_dim]), static_int(o_node.ranges[0])
+    nbatch = static_int(sympy.Mul(*(o_node.shape[d] for d in con.batch_dims)))
     if None in (M, N, nbatch):
         return 1
     return choose_splits(-(-M // 64) * nbatch, -(-N // 64), options.sm_count)
@@ -395,7 +394,7 @@ def _scratch_buffers(plan, reduces, graph, splits, nbatch, M, DN) -> dict:
     for st in reduces:
         node = graph[st.node]
         name = _part_name(plan, st.node)
-        out[name] = Scratch(name, (sympy.Integer(splits), nbatch, M), _acc_dtype(node.combiner, st.body.dtype))
+        out[name] = Scratch(name, (sympy.Integer(splits), nbatch, M), acc_dtype(node.combiner, st.body.dtype))
     name = _part_name(plan, "acc")
     out[name] = Scratch(name, (sympy.Integer(splits), nbatch, M, DN), _accumulator(plan))
     return out
@@ -413,18 +412,18 @@ def lower_flash_merge(graph: Graph, plan: KernelPlan, options: LoweringOptions, 
     M, DN = o_node.shape[con.m_dim], o_node.shape[con.n_dim]
     batch_shape = tuple(o_node.shape[d] for d in con.batch_dims)
     nbatch = sympy.Mul(*batch_shape) if batch_shape else sympy.Integer(1)
-    bs, dn = _pow2(splits), max(16, _pow2(_static(DN)))
+    bs, dn = pow2(splits), max(16, pow2(static_int(DN)))
     b = KernelBuilder(graph, f"{plan.name}_merge", options.divisor_checks)
     b.scratch.update(partial.scratch)
     b.tile_symbols |= {"pid", "pid_b", "rs", "rn"}
     for e in (M, DN, *batch_shape):
         b.size_params(e)
-    wide = _needs_int64(M, DN, *batch_shape, splits)
+    wide = needs_int64(M, DN, *batch_shape, splits)
     b.emit(ProgramId("pid", 0, wide=wide))
     b.emit(ProgramId("pid_b", 1, wide=wide))
     b.emit(Arange("rs", Index(sympy.Integer(0)), "BLOCK_S", 0, 2))
     b.emit(Arange("rn", Index(sympy.Integer(0)), "BLOCK_DN", 1, 2))
-    rm, rs, rn, pid_b = _sym("pid"), _sym("rs"), _sym("rn"), _sym("pid_b")
+    rm, rs, rn, pid_b = tile_symbol("pid"), tile_symbol("rs"), tile_symbol("rn"), tile_symbol("pid_b")
     s_ok = bound_check(b, rs, splits, bs, "smask")
     n_ok = bound_check(b, rn, DN, dn, "nmask")
     running = {}
@@ -439,7 +438,7 @@ def lower_flash_merge(graph: Graph, plan: KernelPlan, options: LoweringOptions, 
         raw = v  # a producer's per-split value is the base its consumers' partial sums were built on
         if st.repair is not None:
             v = rebase(b, graph, v, st.repair, running)
-        comb = "sum" if st.repair is not None else _TILE_COMBINER.get(node.combiner, node.combiner)
+        comb = "sum" if st.repair is not None else TILE_COMBINER.get(node.combiner, node.combiner)
         red = b.fresh("red")
         b.emit(ReduceTile(red, v, comb, 0, part.dtype))
         total = Var(red, part.dtype)
@@ -478,10 +477,10 @@ def _interior_keys(info, reduces, graph, row, key, start, stop, bn):
     if full is None:
         return None
     lower, upper = full
-    lo = _sym("pid") * _sym("BLOCK_M")
+    lo = tile_symbol("pid") * tile_symbol("BLOCK_M")
     first, last = start, stop
     if lower is not None:
-        ceil_tile = sympy.floor((lower.subs(HI, lo + _sym("BLOCK_M") - 1) + bn - 1) / bn) * bn
+        ceil_tile = sympy.floor((lower.subs(HI, lo + tile_symbol("BLOCK_M") - 1) + bn - 1) / bn) * bn
         first = sympy.Min(stop, sympy.Max(start, ceil_tile))
     if upper is not None:
         floor_tile = sympy.floor((upper.subs(LO, lo) + 1) / bn) * bn
@@ -545,12 +544,12 @@ def _live_keys(info, reduces, graph, row, key, N):
     if not all(_vanishes_when_masked(body, masked, combiner) for body, combiner in others + [(info.a, "sum")]):
         return start, stop  # some reduction still needs the masked keys: skip nothing
     lower, upper = live_key_range(masked, row, key)
-    lo = _sym("pid") * _sym("BLOCK_M")
+    lo = tile_symbol("pid") * tile_symbol("BLOCK_M")
     if lower is not None:
         first = sympy.Max(0, lower.subs(LO, lo))
-        start = sympy.floor(first / _sym("BLOCK_N")) * _sym("BLOCK_N")
+        start = sympy.floor(first / tile_symbol("BLOCK_N")) * tile_symbol("BLOCK_N")
     if upper is not None:
-        stop = sympy.Min(N, upper.subs(HI, lo + _sym("BLOCK_M") - 1) + 1)
+        stop = sympy.Min(N, upper.subs(HI, lo + tile_symbol("BLOCK_M") - 1) + 1)
     return start, stop
 
 

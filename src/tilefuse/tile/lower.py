@@ -10,120 +10,23 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import sympy
 
 from ..fusion.plan import KernelPlan
 from ..fusion.planner import unravel_sym
-from ..ir import dtypes as dt
 from ..ir.expr import Cast, Const, Expr, Index, Var, binary, cast, out_index, red_index, where
 from ..ir.graph import Graph
-from ..ir.rewrite import substitute_index
-from ..ir.symbolic import simplify_index
 from .builder import KernelBuilder, land
-from .ir import Arange, BroadcastTile, DescriptorLoad, DotTile, For, Full, Let, MakeDescriptor, ProgramId, TileKernel
-
-
-@dataclass
-class LoweringOptions:
-    interpret: bool = False
-    persistent_reduction_limit: int = 8192
-    flash_config: str = ""
-    flash_split: int = 0  # key ranges per block of rows in attention kernels (0: by occupancy)
-    schedule: dict | None = None  # a tuned configuration of the plan's schedule space (overrides rules)
-    matmul: str = "auto"  # plain matmuls: "auto" (measured), "generated", "aten"
-    sm_count: int = 0  # the device's multiprocessors (0: unknown)
-    tma: bool = False  # the device and Triton read blocks through tensor descriptors (Hopper TMA)
-    target: str = "gpu"  # "gpu" or "cpu": which machine the block-size rules choose for
-    limits: object = None  # the target's tile.limits.Limits (None: not checked)
-    divisor_checks: bool = False  # an integer division by zero raises (CPU tensors, as eager does there)
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, int(n - 1).bit_length())
-
-
-def _static(e) -> int | None:
-    e = sympy.sympify(e)
-    return int(e) if e.is_Integer else None
-
-
-def _needs_int64(*sizes) -> bool:
-    total = sympy.Mul(*sizes)
-    v = _static(total)
-    return v is None or v >= 2**31
-
-
-def identity(combiner: str, dtype):
-    """The value padding lanes contribute: neutral for the combiner in `dtype`."""
-    if combiner in ("sum", "any"):
-        return 0
-    if combiner in ("prod", "all"):
-        return 1
-    if dtype.is_float:
-        lo, hi = float("-inf"), float("inf")
-    elif dtype.is_bool:
-        lo, hi = 0, 1
-    elif dtype.kind == "u":
-        lo, hi = 0, 2 ** (8 * dtype.itemsize) - 1
-    else:
-        lo, hi = -(2 ** (8 * dtype.itemsize - 1)), 2 ** (8 * dtype.itemsize - 1) - 1
-    return lo if combiner in ("max", "argmax") else hi
-
-
-def bound_check(b: KernelBuilder, index, extent, block: int, name: str):
-    """`index < extent` as a mask, or None when every block is full (static extent that the
-    block divides): unmasked loads and stores vectorise better."""
-    ext = _static(extent)
-    if ext is not None and ext > 0 and ext % block == 0:
-        return None
-    return b.let(binary("lt", Index(index), Index(extent)), name)
-
-
-def full_tile(b: KernelBuilder, value: Expr, shape=("XBLOCK", "RBLOCK")) -> Var:
-    """A reduction's contribution as a whole tile: a body that does not depend on the
-    reduction index still counts once per element of the axis."""
-    name = b.fresh("bc")
-    b.emit(BroadcastTile(name, value, shape))
-    return Var(name, value.dtype)
-
-
-def masked(b: KernelBuilder, mask, value, other):
-    return value if mask is None else b.let(where(mask, value, other))
-
-
-def _sym(name: str) -> sympy.Symbol:
-    # tile indices, program ids and block sizes are never negative: this lets index
-    # arithmetic use the fast truncating // and % of the backend
-    return sympy.Symbol(name, integer=True, nonnegative=True)
-
-
-def _mapped(body: Expr, symbols, values) -> Expr:
-    return substitute_index(body, {s: Index(v) for s, v in zip(symbols, values)})
-
-
-def _index_values(shape, flat, ranges: dict) -> tuple:
-    return tuple(simplify_index(v, ranges) for v in unravel_sym(flat, shape))
-
-
-def lane_ranges(index, shape) -> dict:
-    """Extents of the tile symbols that index a kernel's output directly (`rm` of dim M): every
-    lane that stores has its symbol inside the dim, so index arithmetic of epilogues may
-    assume it (a masked lane's address is never dereferenced)."""
-    ranges = {}
-    for v, d in zip(index, shape):
-        v = sympy.sympify(v)
-        if v.is_Symbol:
-            ranges[v] = d
-    return ranges
+from .common import (LoweringOptions, bound_check, dot_accumulator, dot_operand, index_values, lane_ranges, mapped,
+                     needs_int64, pow2, static_int, tile_symbol)
+from .flash import flash_space, lower_flash, lower_flash_kernels
+from .ir import Arange, DescriptorLoad, DotTile, For, Full, Let, MakeDescriptor, ProgramId, TileKernel
+from .reduction import lower_reduction, reduction_space
 
 
 def lower_plan_kernels(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> list[TileKernel]:
     """The kernels implementing one plan: one, or a split flash kernel and its merge."""
     if plan.kind == "flash":
-        from .flash import lower_flash_kernels
-
         return lower_flash_kernels(graph, plan, options)
     return [lower_plan(graph, plan, options)]
 
@@ -133,12 +36,8 @@ def schedule_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     if plan.kind == "contraction":
         return contraction_space(graph, plan, options)
     if plan.kind == "flash":
-        from .flash import flash_space
-
         return flash_space(graph, plan, options)
     if plan.kind == "reduction":
-        from .reduction import reduction_space
-
         return reduction_space(graph, plan, options)
     if plan.kind == "pointwise":
         return pointwise_space(graph, plan, options)
@@ -149,14 +48,10 @@ def lower_plan(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> Tile
     if plan.kind == "pointwise":
         return lower_pointwise(graph, plan, options)
     if plan.kind == "reduction":
-        from .reduction import lower_reduction
-
         return lower_reduction(graph, plan, options)
     if plan.kind == "contraction":
         return lower_contraction(graph, plan, options)
     if plan.kind == "flash":
-        from .flash import lower_flash
-
         return lower_flash(graph, plan, options)
     raise ValueError(plan.kind)
 
@@ -166,9 +61,9 @@ def pointwise_rules(plan: KernelPlan, options: LoweringOptions) -> dict:
     block = 1024 if not options.interpret else 256
     if options.target == "cpu":  # one program is a vectorised loop: amortise its start
         block = 2048
-    nv = _static(plan.parallel)
+    nv = static_int(plan.parallel)
     if nv is not None:
-        block = min(block, max(16, _pow2(nv)))
+        block = min(block, max(16, pow2(nv)))
     return {"XBLOCK": block, "warps": 4 if block >= 512 else 2}
 
 
@@ -176,8 +71,8 @@ def pointwise_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     """Elements per program and warps."""
     from .space import ScheduleSpace, memory_bytes
 
-    n = _static(plan.parallel)
-    cap = max(16, _pow2(n)) if n is not None else 1 << 30
+    n = static_int(plan.parallel)
+    cap = max(16, pow2(n)) if n is not None else 1 << 30
     if options.target == "cpu":  # elements per program (one OpenMP task, one vectorised loop)
         knobs = {"XBLOCK": tuple(x for x in (512, 1024, 2048, 4096, 8192) if x <= cap) or (cap,), "warps": (1,)}
         return ScheduleSpace("memory", knobs, pointwise_rules(plan, options),
@@ -193,9 +88,9 @@ def lower_pointwise(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
     b.tile_symbols |= {"pid", "xindex"}
     n = plan.parallel
     b.size_params(n)
-    b.emit(ProgramId("pid", 0, wide=_needs_int64(n)))
-    x = _sym("xindex")
-    b.emit(Arange("xindex", Index(_sym("pid") * _sym("XBLOCK")), "XBLOCK", 0, 1))
+    b.emit(ProgramId("pid", 0, wide=needs_int64(n)))
+    x = tile_symbol("xindex")
+    b.emit(Arange("xindex", Index(tile_symbol("pid") * tile_symbol("XBLOCK")), "XBLOCK", 0, 1))
     rules = pointwise_rules(plan, options)
     if options.schedule:
         rules.update(options.schedule)
@@ -206,11 +101,11 @@ def lower_pointwise(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
         if st.kind == "scatter":
             _store_scattered(b, graph, st, x, n, xmask)
             continue
-        vals = _index_values(node.shape, x, {x: n})
-        v = b.value(_mapped(st.body, out_index(node.rank), vals), mask=xmask)
+        vals = index_values(node.shape, x, {x: n})
+        v = b.value(mapped(st.body, out_index(node.rank), vals), mask=xmask)
         b.store(node.name, tuple(Index(e) for e in vals), v, xmask)
     return TileKernel(plan.name, b.finish_params(), {"XBLOCK": block}, numel=n,
-                      grid=(sympy.ceiling(n / _sym("XBLOCK")),), body=b.body, num_warps=warps,
+                      grid=(sympy.ceiling(n / tile_symbol("XBLOCK")),), body=b.body, num_warps=warps,
                       reads=b.reads, writes=b.writes, kind="pointwise", plan=plan)
 
 
@@ -220,11 +115,11 @@ def _store_scattered(b: KernelBuilder, graph: Graph, st, x, n, xmask) -> None:
     node = graph[st.node]
     target, index = st.scatter
     symbols = out_index(len(node.space))
-    vals = _index_values(node.space, x, {x: n})
-    v = b.value(_mapped(st.body, symbols, vals), mask=xmask)
+    vals = index_values(node.space, x, {x: n})
+    v = b.value(mapped(st.body, symbols, vals), mask=xmask)
     where, inside = [], xmask
     for comp, extent in zip(index, graph[target].shape):
-        comp = _mapped(comp, symbols, vals)
+        comp = mapped(comp, symbols, vals)
         if not isinstance(comp, Index):
             comp = b.value(comp, mask=xmask)
             ok = binary("logical_and", binary("ge", comp, Const(0, comp.dtype)), binary("lt", comp, Index(extent)))
@@ -235,18 +130,6 @@ def _store_scattered(b: KernelBuilder, graph: Graph, st, x, n, xmask) -> None:
 
 
 # ------------------------------------------------------------------------------ contraction
-def _dot_operand(e: Expr) -> tuple[Expr, object]:
-    """Strip an upcast of a low-precision operand so the dot runs on tensor cores with fp32
-    accumulation."""
-    if isinstance(e, Cast) and e.dtype == dt.float32 and e.x.dtype.is_low_precision:
-        return e.x, e.x.dtype
-    return e, e.dtype
-
-
-def dot_accumulator(*factors: Expr):
-    """The dtype a dot of these factors accumulates in: fp64 for double operands (fp32 would
-    lose their precision), fp32 otherwise."""
-    return dt.float64 if any(_dot_operand(f)[1] == dt.float64 for f in factors) else dt.float32
 
 
 def _contraction_sizes(graph: Graph, plan: KernelPlan) -> tuple:
@@ -260,7 +143,7 @@ def contraction_rules(graph: Graph, plan: KernelPlan, options: LoweringOptions) 
     to small static extents."""
     c = plan.contraction
     M, N, K, _ = _contraction_sizes(graph, plan)
-    low = all(_dot_operand(f)[1].is_low_precision for f in (c.a, c.b))
+    low = all(dot_operand(f)[1].is_low_precision for f in (c.a, c.b))
     if options.target == "cpu":  # acc, A and B tiles fit the L1 cache together
         cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8, "warps": 1, "stages": 1}
     elif options.interpret:
@@ -270,9 +153,9 @@ def contraction_rules(graph: Graph, plan: KernelPlan, options: LoweringOptions) 
     else:
         cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8, "warps": 4, "stages": 3}
     for key, dim in (("BLOCK_M", M), ("BLOCK_N", N), ("BLOCK_K", K)):
-        v = _static(dim)
+        v = static_int(dim)
         if v is not None:
-            cfg[key] = min(cfg[key], max(16, _pow2(v)))
+            cfg[key] = min(cfg[key], max(16, pow2(v)))
     return cfg
 
 
@@ -282,9 +165,9 @@ def contraction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
 
     c = plan.contraction
     M, N, K, batch = _contraction_sizes(graph, plan)
-    low = all(_dot_operand(f)[1].is_low_precision for f in (c.a, c.b))
+    low = all(dot_operand(f)[1].is_low_precision for f in (c.a, c.b))
     item = 2 if low else dot_accumulator(c.a, c.b).itemsize
-    statics = {n: _static(v) for n, v in (("M", M), ("N", N), ("K", K))}
+    statics = {n: static_int(v) for n, v in (("M", M), ("N", N), ("K", K))}
     caps = {"BLOCK_M": statics["M"], "BLOCK_N": statics["N"], "BLOCK_K": statics["K"]}
     if options.target == "cpu":  # register/L1 blocking of the C++ loop nest
         knobs = {"BLOCK_M": (16, 32, 64), "BLOCK_N": (32, 64, 128), "BLOCK_K": (16, 32, 64),
@@ -298,13 +181,13 @@ def contraction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
 
     def valid(cfg):
         for key, cap in caps.items():
-            if cap is not None and cfg[key] > max(16, _pow2(cap)):
+            if cap is not None and cfg[key] > max(16, pow2(cap)):
                 return False
         smem = cfg["stages"] * (cfg["BLOCK_M"] + cfg["BLOCK_N"]) * cfg["BLOCK_K"] * item
         acc_regs = cfg["BLOCK_M"] * cfg["BLOCK_N"] // (32 * cfg["warps"])  # fp32 accumulators per thread
         return smem <= SMEM_PER_BLOCK and acc_regs <= 128
 
-    nbatch = _static(sympy.Mul(*batch)) if batch else 1
+    nbatch = static_int(sympy.Mul(*batch)) if batch else 1
     sizes = {k: v for k, v in statics.items()} | {"batch": nbatch}
     default = contraction_rules(graph, plan, options)
     if options.tma and not options.interpret and _described(graph, plan) is not None:
@@ -348,8 +231,8 @@ def lower_contraction(graph: Graph, plan: KernelPlan, options: LoweringOptions) 
     warps, stages = chosen.pop("warps"), chosen.pop("stages")
     use_tma, persistent = bool(chosen.pop("tma", 0)), bool(chosen.pop("persistent", 0))
     cfg = chosen
-    BM, BN, BK, G = (_sym(n) for n in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"))
-    wide = any(_needs_int64(*sizes) for sizes in ((M, K, *batch_shape), (K, N, *batch_shape), (M, N, *batch_shape)))
+    BM, BN, BK, G = (tile_symbol(n) for n in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"))
+    wide = any(needs_int64(*sizes) for sizes in ((M, K, *batch_shape), (K, N, *batch_shape), (M, N, *batch_shape)))
     described = _described(graph, plan) if use_tma and not wide else None
     persistent = persistent and described is not None and options.sm_count > 0
     num_m, num_n = sympy.ceiling(M / BM), sympy.ceiling(N / BN)
@@ -368,19 +251,19 @@ def lower_contraction(graph: Graph, plan: KernelPlan, options: LoweringOptions) 
         b.emit(MakeDescriptor(name, d.buffer, Index(d.base), tuple(Index(e) for e in d.shape),
                               (Index(d.row_stride), Index(sympy.Integer(1))), d.block))
     if persistent:
-        tiles = For("tile", Index(_sym("pid_first")), Index(num_m * num_n), "NUM_SMS", flatten=True)
+        tiles = For("tile", Index(tile_symbol("pid_first")), Index(num_m * num_n), "NUM_SMS", flatten=True)
         b.emit(tiles)
         b.push_block(tiles.body)
-        b.emit(Let("pid", Index(_sym("tile"))))
-    pid, pid_b = _sym("pid"), _sym("pid_b")
+        b.emit(Let("pid", Index(tile_symbol("tile"))))
+    pid, pid_b = tile_symbol("pid"), tile_symbol("pid_b")
     group = sympy.floor(pid / (G * num_n))
     first_m = group * G
     size_m = sympy.Min(num_m - first_m, G)
     b.emit(Let("pid_m", Index(first_m + sympy.Mod(pid, size_m))))
     b.emit(Let("pid_n", Index(sympy.floor(sympy.Mod(pid, G * num_n) / size_m))))
-    b.emit(Arange("rm", Index(_sym("pid_m") * BM), "BLOCK_M", 0, 2))
-    b.emit(Arange("rn", Index(_sym("pid_n") * BN), "BLOCK_N", 1, 2))
-    rm, rn = _sym("rm"), _sym("rn")
+    b.emit(Arange("rm", Index(tile_symbol("pid_m") * BM), "BLOCK_M", 0, 2))
+    b.emit(Arange("rn", Index(tile_symbol("pid_n") * BN), "BLOCK_N", 1, 2))
+    rm, rn = tile_symbol("rm"), tile_symbol("rn")
     batch_vals = unravel_sym(pid_b, batch_shape) if batch_shape else ()
     outs = out_index(node.rank)
     (r0,) = red_index(1)
@@ -399,25 +282,25 @@ def lower_contraction(graph: Graph, plan: KernelPlan, options: LoweringOptions) 
     loop = For("koffset", Index(sympy.Integer(0)), Index(K), "BLOCK_K")
     b.emit(loop)
     b.push_block(loop.body)
-    b.emit(Arange("rka", Index(_sym("koffset")), "BLOCK_K", 1, 2))
-    b.emit(Arange("rkb", Index(_sym("koffset")), "BLOCK_K", 0, 2))
-    rka, rkb = _sym("rka"), _sym("rkb")
+    b.emit(Arange("rka", Index(tile_symbol("koffset")), "BLOCK_K", 1, 2))
+    b.emit(Arange("rkb", Index(tile_symbol("koffset")), "BLOCK_K", 0, 2))
+    rka, rkb = tile_symbol("rka"), tile_symbol("rkb")
     ka_ok = bound_check(b, rka, K, cfg["BLOCK_K"], "kamask")
     kb_ok = bound_check(b, rkb, K, cfg["BLOCK_K"], "kbmask")
     mask_a = land(m_ok, ka_ok)
     mask_b = land(kb_ok, n_ok)
     operands = []
-    coords = {"BLOCK_M": _sym("pid_m") * BM, "BLOCK_N": _sym("pid_n") * BN, "BLOCK_K": _sym("koffset")}
+    coords = {"BLOCK_M": tile_symbol("pid_m") * BM, "BLOCK_N": tile_symbol("pid_n") * BN, "BLOCK_K": tile_symbol("koffset")}
     for k, (factor, m_val, n_val, k_val, mask) in enumerate(((c.a, rm, 0, rka, mask_a), (c.b, 0, rn, rkb, mask_b))):
-        expr, in_dtype = _dot_operand(factor)
+        expr, in_dtype = dot_operand(factor)
         if described is not None:  # a block through the descriptor: out-of-range elements read 0
             d, name = described[k], b.fresh("blk")
             b.emit(DescriptorLoad(name, ("desc_a", "desc_b")[k], tuple(Index(coords[n]) for n in d.block),
                                   graph[d.buffer].dtype, d.transpose))
             operands.append((Var(name, graph[d.buffer].dtype), in_dtype))
             continue
-        expr = _mapped(expr, outs, dims(m_val, n_val))
-        expr = _mapped(expr, (r0,), (k_val,))
+        expr = mapped(expr, outs, dims(m_val, n_val))
+        expr = mapped(expr, (r0,), (k_val,))
         v = b.value(expr, mask=mask)
         if mask is not None and not _is_plain_load(expr):
             v = b.let(where(mask, v, Const(0.0, v.dtype)), "op")  # a prologue may map 0 to non-0
@@ -442,15 +325,15 @@ def lower_contraction(graph: Graph, plan: KernelPlan, options: LoweringOptions) 
             ranges = lane_ranges(out_vals, node.shape)
             if batch_shape:
                 ranges[pid_b] = sympy.Mul(*batch_shape)
-            vals = _index_values(enode.shape, flat, ranges)
-        v = b.value(_mapped(st.body, out_index(enode.rank), vals), mask=omask)
+            vals = index_values(enode.shape, flat, ranges)
+        v = b.value(mapped(st.body, out_index(enode.rank), vals), mask=omask)
         b.bound[enode.name] = v  # later epilogues read it from registers
         b.store(enode.name, tuple(Index(e) for e in vals), v, omask)
 
     if persistent:
         b.pop_block()
     nbatch = sympy.Mul(*batch_shape) if batch_shape else sympy.Integer(1)
-    grid = (sympy.Min(_sym("NUM_SMS"), num_m * num_n), 1) if persistent else (num_m * num_n, nbatch)
+    grid = (sympy.Min(tile_symbol("NUM_SMS"), num_m * num_n), 1) if persistent else (num_m * num_n, nbatch)
     return TileKernel(plan.name, b.finish_params(), cfg, numel=M * N * nbatch, grid=grid, body=b.body,
                       num_warps=warps, num_stages=stages, reads=b.reads, writes=b.writes,
                       kind="contraction", plan=plan)
@@ -461,7 +344,7 @@ def _described(graph: Graph, plan: KernelPlan):
     from .descriptors import describe_operands
 
     c = plan.contraction
-    return describe_operands(graph, plan, _dot_operand(c.a)[0], _dot_operand(c.b)[0])
+    return describe_operands(graph, plan, dot_operand(c.a)[0], dot_operand(c.b)[0])
 
 
 def _is_plain_load(e: Expr) -> bool:

@@ -34,28 +34,9 @@ from ..ir.printer import format_expr
 from ..ir.graph import Graph
 from .builder import KernelBuilder, land
 from .ir import Arange, ArgReduceTile, Assign, For, Full, Let, LoadTile, ProgramId, ReduceTile, TileKernel, expr_names
-from .lower import (LoweringOptions, _index_values, _mapped, _needs_int64, _pow2, _static, _sym, bound_check,
-                    full_tile, identity, masked)
+from .common import (TILE_COMBINER, LoweringOptions, acc_dtype, bound_check, combine, full_tile, identity,
+                     index_values, mapped, masked, needs_int64, pow2, rebase, static_int, tile_symbol)
 from .variants import SizeVariants
-
-_TILE_COMBINER = {"any": "max", "all": "min"}
-
-
-def _acc_dtype(combiner: str, body_dtype):
-    return dt.int32 if combiner in ("any", "all") else body_dtype
-
-
-def _combine(b: KernelBuilder, combiner: str, acc: Expr, v: Expr) -> Expr:
-    combiner = _TILE_COMBINER.get(combiner, combiner)
-    if combiner == "sum":
-        return binary("add", acc, v)
-    if combiner == "prod":
-        return binary("mul", acc, v)
-    if combiner == "max":
-        return binary("maximum", acc, v)
-    if combiner == "min":
-        return binary("minimum", acc, v)
-    raise ValueError(combiner)
 
 
 def _arg_better(combiner: str, v: Expr, acc: Expr) -> Expr:
@@ -71,44 +52,13 @@ def _ident(combiner: str, dtype) -> Const:
     return Const(float(v) if dtype.is_float else v, dtype)
 
 
-def rebase(b: KernelBuilder, graph: Graph, carried: Var, repair, running: dict) -> Var:
-    """h(t) = t·factor(old, new) for a carried partial sum, with every guard decided per row
-    (the carried tile itself is only multiplied and selected once):
-
-    * an unchanged base needs no re-basing: condition 1 of the derivation gives
-      h(t, r, r) = t, so the factor is 1 there (and `exp(-inf - -inf)` is never formed);
-    * the old partial sum is dropped when the factor is 0, or when a max/min producer has just
-      left its identity (±inf): its terms were then built on an undefined base (a row that had
-      only seen -inf), and in the finished reduction they are exactly 0."""
-    olds = tuple(running[p][0] for p in repair.producers)
-    news = tuple(running[p][1] for p in repair.producers)
-    raw = b.value(repair.factor_expr(olds, news))
-    same = None
-    for old, new in zip(olds, news):
-        same = land(same, binary("eq", old, new))
-    if same is None:  # no producer (a plain sum carried through a key loop): nothing to re-base
-        return carried
-    # through b.value (memoised): the sums re-based onto the same producers share one factor
-    factor = b.value(where(same, Const(1.0, raw.dtype), raw))
-    discard = binary("eq", factor, Const(0.0, factor.dtype))
-    for prod, old, new in zip(repair.producers, olds, news):
-        combiner = graph[prod].combiner
-        if combiner in ("max", "min") and old.dtype.is_float:
-            ident = Const(float("-inf") if combiner == "max" else float("inf"), old.dtype)
-            left = binary("logical_and", binary("eq", old, ident), binary("ne", new, ident))
-            discard = binary("logical_or", discard, left)
-    discard = b.value(discard)
-    return b.let(where(discard, Const(0.0, carried.dtype), cast(binary("mul", carried, factor), carried.dtype)),
-                 "rebased")
-
-
 def reduction_rules(plan: KernelPlan, options: LoweringOptions) -> dict:
     """The fixed rule: a persistent row of pow2(R) lanes with up to 4096 elements per program
     and warps by row length; a looped row walks 2048-wide tiles with 8 warps."""
     P, Rn = plan.parallel, sympy.Mul(*plan.reduction)
-    rstatic = _static(Rn)
+    rstatic = static_int(Rn)
     if rstatic is not None and rstatic <= options.persistent_reduction_limit:
-        return _persistent_rules(_pow2(rstatic), P, options)
+        return _persistent_rules(pow2(rstatic), P, options)
     rblock, xblock, warps = (512 if options.interpret else 2048), 1, 8
     if options.target == "cpu":
         rblock = 4096
@@ -119,9 +69,9 @@ def _persistent_rules(rblock: int, P, options: LoweringOptions) -> dict:
     xblock = max(1, min(64 if not options.interpret else 16, 4096 // rblock))
     if options.target == "cpu":  # one row per program: the row is the vectorised loop
         xblock = 1
-    pv = _static(P)
+    pv = static_int(P)
     if pv is not None:
-        xblock = min(xblock, _pow2(pv))
+        xblock = min(xblock, pow2(pv))
     warps = 1 if rblock <= 128 else 2 if rblock <= 512 else 4 if rblock <= 2048 else 8 if rblock <= 4096 else 16
     return {"persistent": True, "RBLOCK": rblock, "XBLOCK": xblock, "warps": warps}
 
@@ -135,7 +85,7 @@ SIZE_LADDER = (4, 16, 64, 256, 1024, 4096)
 def size_ladder(plan: KernelPlan, options: LoweringOptions) -> tuple:
     """The RBLOCKs of the persistent alternatives of a plan whose reduction length is symbolic
     (empty when it is static: the rules then fit the row already)."""
-    if _static(sympy.Mul(*plan.reduction)) is not None:
+    if static_int(sympy.Mul(*plan.reduction)) is not None:
         return ()
     return tuple(b for b in SIZE_LADDER if b <= options.persistent_reduction_limit)
 
@@ -145,8 +95,8 @@ def reduction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     from .space import ScheduleSpace, memory_bytes
 
     rules = reduction_rules(plan, options)
-    P, R = _static(plan.parallel), _static(sympy.Mul(*plan.reduction))
-    rows = _pow2(P) if P is not None else 1 << 20
+    P, R = static_int(plan.parallel), static_int(sympy.Mul(*plan.reduction))
+    rows = pow2(P) if P is not None else 1 << 20
     families = ()
     if options.target == "cpu":  # rows per program (held whole) or tile width (looped); no warps
         if rules["persistent"]:
@@ -215,10 +165,10 @@ def _lower(graph: Graph, plan: KernelPlan, options: LoweringOptions, cfg: dict) 
     Rn = sympy.Mul(*plan.reduction)
     b.size_params(P)
     b.size_params(Rn)
-    x, r = _sym("xindex"), _sym("rindex")
+    x, r = tile_symbol("xindex"), tile_symbol("rindex")
     persistent, rblock, xblock, warps = cfg["persistent"], cfg["RBLOCK"], cfg["XBLOCK"], cfg["warps"]
-    b.emit(ProgramId("pid", 0, wide=_needs_int64(P, Rn)))
-    b.emit(Arange("xindex", Index(_sym("pid") * _sym("XBLOCK")), "XBLOCK", 0, 2))
+    b.emit(ProgramId("pid", 0, wide=needs_int64(P, Rn)))
+    b.emit(Arange("xindex", Index(tile_symbol("pid") * tile_symbol("XBLOCK")), "XBLOCK", 0, 2))
     xmask = bound_check(b, x, P, xblock, "xmask")
     sym_ranges = {x: P, r: Rn}
     level, repaired, expanded = schedule_stages(plan, use_repairs=not persistent)
@@ -231,16 +181,16 @@ def _lower(graph: Graph, plan: KernelPlan, options: LoweringOptions, cfg: dict) 
     def body_of(st: Stage):
         node = graph[st.node]
         if st.kind == "reduce":
-            xi = _index_values(node.shape, x, sym_ranges)
-            ri = _index_values(node.ranges, r, sym_ranges)
-            return _mapped(_mapped(st.body, out_index(node.rank), xi), red_index(len(node.ranges)), ri)
+            xi = index_values(node.shape, x, sym_ranges)
+            ri = index_values(node.ranges, r, sym_ranges)
+            return mapped(mapped(st.body, out_index(node.rank), xi), red_index(len(node.ranges)), ri)
         flat = x if st.kind == "row" else x * Rn + r
-        return _mapped(st.body, out_index(node.rank), _index_values(node.shape, flat, sym_ranges))
+        return mapped(st.body, out_index(node.rank), index_values(node.shape, flat, sym_ranges))
 
     def out_index_of(st: Stage):
         node = graph[st.node]
         flat = x * Rn + r if st.kind == "full" else x
-        return tuple(Index(e) for e in _index_values(node.shape, flat, sym_ranges))
+        return tuple(Index(e) for e in index_values(node.shape, flat, sym_ranges))
 
     def finish(st: Stage, value: Var) -> None:
         node = graph[st.node]
@@ -268,7 +218,7 @@ def _lower(graph: Graph, plan: KernelPlan, options: LoweringOptions, cfg: dict) 
         if node.combiner in ("argmax", "argmin"):
             b.emit(ArgReduceTile(name, contrib, b.let(Index(r), "ridx"), node.combiner, 1))
             return Var(name, dt.int64)
-        comb = _TILE_COMBINER.get(node.combiner, node.combiner)
+        comb = TILE_COMBINER.get(node.combiner, node.combiner)
         b.emit(ReduceTile(name, contrib, comb, 1, accd))
         return Var(name, accd)
 
@@ -285,7 +235,7 @@ def _lower(graph: Graph, plan: KernelPlan, options: LoweringOptions, cfg: dict) 
                 mask = land(xmask, bound_check(b, r, Rn, rblock, "rmask"))
                 mask = b.let(mask, "mask") if mask is not None else None
             for st in in_pass:
-                finish(st, tile_reduce(st, mask, _acc_dtype(graph[st.node].combiner, st.body.dtype)))
+                finish(st, tile_reduce(st, mask, acc_dtype(graph[st.node].combiner, st.body.dtype)))
             for st in fulls:
                 b.store(st.node, out_index_of(st), b.value(body_of(st), mask=mask), mask)
             continue
@@ -298,7 +248,7 @@ def _lower(graph: Graph, plan: KernelPlan, options: LoweringOptions, cfg: dict) 
     if not persistent:
         _eviction_hints(b.body)
     return TileKernel(plan.name, b.finish_params(), {"XBLOCK": xblock, "RBLOCK": rblock}, numel=P,
-                      grid=(sympy.ceiling(P / _sym("XBLOCK")),), body=b.body, num_warps=warps,
+                      grid=(sympy.ceiling(P / tile_symbol("XBLOCK")),), body=b.body, num_warps=warps,
                       reads=b.reads, writes=b.writes, kind="reduction", plan=plan)
 
 
@@ -329,7 +279,6 @@ def _walk(stmts):
             yield from _walk(s.body)
 
 
-
 def _looped_pass(b, graph, in_pass, fulls, repaired, Rn, rblock, xmask, r, body_of, out_index_of, finish,
                  tile_reduce, moments):
     from .ir import For
@@ -344,7 +293,7 @@ def _looped_pass(b, graph, in_pass, fulls, repaired, Rn, rblock, xmask, r, body_
     state = {}
     for st in in_pass:
         node = graph[st.node]
-        accd = _acc_dtype(node.combiner, st.body.dtype)
+        accd = acc_dtype(node.combiner, st.body.dtype)
         shape = ("XBLOCK", 1) if st.node in per_row else ("XBLOCK", "RBLOCK")
         name = b.fresh("acc")
         b.emit(Full(name, shape, identity(node.combiner, accd), accd))
@@ -356,7 +305,7 @@ def _looped_pass(b, graph, in_pass, fulls, repaired, Rn, rblock, xmask, r, body_
     loop = For("roffset", Index(sympy.Integer(0)), Index(Rn), "RBLOCK")
     b.emit(loop)
     b.push_block(loop.body)
-    b.emit(Arange("rindex", Index(_sym("roffset")), "RBLOCK", 1, 2))
+    b.emit(Arange("rindex", Index(tile_symbol("roffset")), "RBLOCK", 1, 2))
     mask = land(xmask, bound_check(b, r, Rn, rblock, "rmask"))
     mask = b.let(mask, "mask") if mask is not None else None
     updates = []  # per-row states are assigned after every stage of the tile has read them
@@ -369,7 +318,7 @@ def _looped_pass(b, graph, in_pass, fulls, repaired, Rn, rblock, xmask, r, body_
             if st.node in repaired:
                 value = b.let(binary("add", rebase(b, graph, acc, st.repair, running), tile_value), "carry")
             else:
-                value = b.let(_combine(b, node.combiner, acc, tile_value), "carry")
+                value = b.let(combine(b, node.combiner, acc, tile_value), "carry")
             # this tile's readers (and chained repairs) see the running value
             b.bound[st.node] = b.let(cast(value, node.dtype), "run")
             running[st.node] = (b.let(cast(acc, node.dtype), "prev"), b.bound[st.node])
@@ -382,7 +331,7 @@ def _looped_pass(b, graph, in_pass, fulls, repaired, Rn, rblock, xmask, r, body_
             b.emit(Assign(idx, where(upd, Index(r), Var(idx, dt.int64))))
             b.emit(Assign(acc.name, where(upd, v, acc)))
         else:
-            b.emit(Assign(acc.name, _combine(b, node.combiner, acc,
+            b.emit(Assign(acc.name, combine(b, node.combiner, acc,
                                              full_tile(b, masked(b, mask, v, _ident(node.combiner, acc.dtype))))))
     moments.in_loop(expanded, mask)
     for u in updates:
@@ -402,7 +351,7 @@ def _looped_pass(b, graph, in_pass, fulls, repaired, Rn, rblock, xmask, r, body_
             b.emit(ArgReduceTile(out, acc, Var(idx, dt.int64), node.combiner, 1))
             finish(st, Var(out, dt.int64))
         else:
-            comb = _TILE_COMBINER.get(node.combiner, node.combiner)
+            comb = TILE_COMBINER.get(node.combiner, node.combiner)
             b.emit(ReduceTile(out, acc, comb, 1, acc.dtype))
             finish(st, Var(out, acc.dtype))
 
@@ -420,15 +369,15 @@ class _Moments:
 
     def n(self, dtype) -> Expr:
         """The axis length as a float."""
-        rn = _static(self.Rn)
+        rn = static_int(self.Rn)
         return Const(float(rn), dtype) if rn is not None else Index(self.Rn, dtype)
 
     def mapped(self, st: Stage, e: Expr, rsym) -> Expr:
         node = self.graph[st.node]
         ranges = {self.x: self.P, rsym: self.Rn}
-        xi = _index_values(node.shape, self.x, ranges)
-        ri = _index_values(node.ranges, rsym, ranges)
-        return _mapped(_mapped(e, out_index(node.rank), xi), red_index(len(node.ranges)), ri)
+        xi = index_values(node.shape, self.x, ranges)
+        ri = index_values(node.ranges, rsym, ranges)
+        return mapped(mapped(e, out_index(node.rank), xi), red_index(len(node.ranges)), ri)
 
     def before_loop(self, stages) -> None:
         b = self.b
@@ -443,7 +392,7 @@ class _Moments:
                     self.acc[(st.node, alpha)] = Var(name, st.repair.dtype)
 
     def in_loop(self, stages, mask) -> None:
-        b, r = self.b, _sym("rindex")
+        b, r = self.b, tile_symbol("rindex")
         for st in stages:
             for alpha, q in st.repair.terms:
                 acc = self.acc.get((st.node, alpha))
@@ -462,7 +411,7 @@ class _Moments:
 
     def combine(self, st: Stage) -> Var:
         """The stage's value from its moments and its producers' final values."""
-        b, rep, r = self.b, st.repair, _sym("rindex")
+        b, rep, r = self.b, st.repair, tile_symbol("rindex")
         pivots = [b.value(self.mapped(st, p, r), mask=self.xmask) for p in rep.pivots]
         moments = []
         for alpha, q in rep.terms:
@@ -495,7 +444,7 @@ class _Moments:
                                            "expanded around 0")
                     b.emit(Full(shift.name, ("XBLOCK", 1), 0.0, shift.dtype))
                     continue
-                s = b.let(cast(b.value(self.mapped(st, pivot, _sym("rindex")), mask=self.xmask), shift.dtype))
+                s = b.let(cast(b.value(self.mapped(st, pivot, tile_symbol("rindex")), mask=self.xmask), shift.dtype))
                 finite = binary("lt", unary("abs", s), Const(float("inf"), s.dtype))
                 b.emit(Let(shift.name, where(finite, s, Const(0.0, s.dtype))))
         finally:
@@ -522,7 +471,7 @@ class _Moments:
         """First-tile estimates of the `needed` results of pass `p`: its plain sums (scaled to
         the axis length), maxima and minima, and the rows computed from them."""
         b, graph = self.b, self.graph
-        rf = _sym("rfirst")
+        rf = tile_symbol("rfirst")
         b.tile_symbols.add("rfirst")
         b.emit(Arange("rfirst", Index(sympy.Integer(0)), "RBLOCK", 1, 2))
         rmask = bound_check(b, rf, self.Rn, self.rblock, "fmask")

@@ -23,7 +23,7 @@ from ...ir import dtypes as dt
 from ...ir.expr import Index, Var
 from ...tile.ir import (Arange, ArgReduceTile, Assign, BroadcastTile, Check, Comment, DotTile, For, Full, Let, LoadTile,
                         ProgramId, ReduceTile, StoreTile, TileKernel, checks_of)
-from ...tile.lower import identity
+from ...tile.common import identity
 from ...tile.variants import all_kernels
 from .dot import DOT_SOURCE, fold_accumulator, inplace_operands, register_block, stmt_readers
 from .exprs import STORAGE, CppUnsupported, ExprPrinter, const, ctype, round_to

@@ -1,0 +1,176 @@
+"""Helpers every kernel family's lowering shares: the lowering options, static sizes and
+powers of two, padding identities and masks, tile index symbols, dot operands, and the
+combining and re-basing of carried reduction states."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+
+from ..fusion.planner import unravel_sym
+from ..ir import dtypes as dt
+from ..ir.expr import Cast, Const, Expr, Index, Var, binary, cast, where
+from ..ir.graph import Graph
+from ..ir.rewrite import substitute_index
+from ..ir.symbolic import simplify_index
+from .builder import KernelBuilder, land
+from .ir import BroadcastTile
+
+
+@dataclass
+class LoweringOptions:
+    interpret: bool = False
+    persistent_reduction_limit: int = 8192
+    flash_config: str = ""
+    flash_split: int = 0  # key ranges per block of rows in attention kernels (0: by occupancy)
+    schedule: dict | None = None  # a tuned configuration of the plan's schedule space (overrides rules)
+    matmul: str = "auto"  # plain matmuls: "auto" (measured), "generated", "aten"
+    sm_count: int = 0  # the device's multiprocessors (0: unknown)
+    tma: bool = False  # the device and Triton read blocks through tensor descriptors (Hopper TMA)
+    target: str = "gpu"  # "gpu" or "cpu": which machine the block-size rules choose for
+    limits: object = None  # the target's tile.limits.Limits (None: not checked)
+    divisor_checks: bool = False  # an integer division by zero raises (CPU tensors, as eager does there)
+
+
+def pow2(n: int) -> int:
+    return 1 << max(0, int(n - 1).bit_length())
+
+
+def static_int(e) -> int | None:
+    e = sympy.sympify(e)
+    return int(e) if e.is_Integer else None
+
+
+def needs_int64(*sizes) -> bool:
+    total = sympy.Mul(*sizes)
+    v = static_int(total)
+    return v is None or v >= 2**31
+
+
+def identity(combiner: str, dtype):
+    """The value padding lanes contribute: neutral for the combiner in `dtype`."""
+    if combiner in ("sum", "any"):
+        return 0
+    if combiner in ("prod", "all"):
+        return 1
+    if dtype.is_float:
+        lo, hi = float("-inf"), float("inf")
+    elif dtype.is_bool:
+        lo, hi = 0, 1
+    elif dtype.kind == "u":
+        lo, hi = 0, 2 ** (8 * dtype.itemsize) - 1
+    else:
+        lo, hi = -(2 ** (8 * dtype.itemsize - 1)), 2 ** (8 * dtype.itemsize - 1) - 1
+    return lo if combiner in ("max", "argmax") else hi
+
+
+def bound_check(b: KernelBuilder, index, extent, block: int, name: str):
+    """`index < extent` as a mask, or None when every block is full (static extent that the
+    block divides): unmasked loads and stores vectorise better."""
+    ext = static_int(extent)
+    if ext is not None and ext > 0 and ext % block == 0:
+        return None
+    return b.let(binary("lt", Index(index), Index(extent)), name)
+
+
+def full_tile(b: KernelBuilder, value: Expr, shape=("XBLOCK", "RBLOCK")) -> Var:
+    """A reduction's contribution as a whole tile: a body that does not depend on the
+    reduction index still counts once per element of the axis."""
+    name = b.fresh("bc")
+    b.emit(BroadcastTile(name, value, shape))
+    return Var(name, value.dtype)
+
+
+def masked(b: KernelBuilder, mask, value, other):
+    return value if mask is None else b.let(where(mask, value, other))
+
+
+def tile_symbol(name: str) -> sympy.Symbol:
+    # tile indices, program ids and block sizes are never negative: this lets index
+    # arithmetic use the fast truncating // and % of the backend
+    return sympy.Symbol(name, integer=True, nonnegative=True)
+
+
+def mapped(body: Expr, symbols, values) -> Expr:
+    return substitute_index(body, {s: Index(v) for s, v in zip(symbols, values)})
+
+
+def index_values(shape, flat, ranges: dict) -> tuple:
+    return tuple(simplify_index(v, ranges) for v in unravel_sym(flat, shape))
+
+
+def lane_ranges(index, shape) -> dict:
+    """Extents of the tile symbols that index a kernel's output directly (`rm` of dim M): every
+    lane that stores has its symbol inside the dim, so index arithmetic of epilogues may
+    assume it (a masked lane's address is never dereferenced)."""
+    ranges = {}
+    for v, d in zip(index, shape):
+        v = sympy.sympify(v)
+        if v.is_Symbol:
+            ranges[v] = d
+    return ranges
+
+
+def dot_operand(e: Expr) -> tuple[Expr, object]:
+    """Strip an upcast of a low-precision operand so the dot runs on tensor cores with fp32
+    accumulation."""
+    if isinstance(e, Cast) and e.dtype == dt.float32 and e.x.dtype.is_low_precision:
+        return e.x, e.x.dtype
+    return e, e.dtype
+
+
+def dot_accumulator(*factors: Expr):
+    """The dtype a dot of these factors accumulates in: fp64 for double operands (fp32 would
+    lose their precision), fp32 otherwise."""
+    return dt.float64 if any(dot_operand(f)[1] == dt.float64 for f in factors) else dt.float32
+
+
+TILE_COMBINER = {"any": "max", "all": "min"}
+
+
+def acc_dtype(combiner: str, body_dtype):
+    return dt.int32 if combiner in ("any", "all") else body_dtype
+
+
+def combine(b: KernelBuilder, combiner: str, acc: Expr, v: Expr) -> Expr:
+    combiner = TILE_COMBINER.get(combiner, combiner)
+    if combiner == "sum":
+        return binary("add", acc, v)
+    if combiner == "prod":
+        return binary("mul", acc, v)
+    if combiner == "max":
+        return binary("maximum", acc, v)
+    if combiner == "min":
+        return binary("minimum", acc, v)
+    raise ValueError(combiner)
+
+
+def rebase(b: KernelBuilder, graph: Graph, carried: Var, repair, running: dict) -> Var:
+    """h(t) = t·factor(old, new) for a carried partial sum, with every guard decided per row
+    (the carried tile itself is only multiplied and selected once):
+
+    * an unchanged base needs no re-basing: condition 1 of the derivation gives
+      h(t, r, r) = t, so the factor is 1 there (and `exp(-inf - -inf)` is never formed);
+    * the old partial sum is dropped when the factor is 0, or when a max/min producer has just
+      left its identity (±inf): its terms were then built on an undefined base (a row that had
+      only seen -inf), and in the finished reduction they are exactly 0."""
+    olds = tuple(running[p][0] for p in repair.producers)
+    news = tuple(running[p][1] for p in repair.producers)
+    raw = b.value(repair.factor_expr(olds, news))
+    same = None
+    for old, new in zip(olds, news):
+        same = land(same, binary("eq", old, new))
+    if same is None:  # no producer (a plain sum carried through a key loop): nothing to re-base
+        return carried
+    # through b.value (memoised): the sums re-based onto the same producers share one factor
+    factor = b.value(where(same, Const(1.0, raw.dtype), raw))
+    discard = binary("eq", factor, Const(0.0, factor.dtype))
+    for prod, old, new in zip(repair.producers, olds, news):
+        combiner = graph[prod].combiner
+        if combiner in ("max", "min") and old.dtype.is_float:
+            ident = Const(float("-inf") if combiner == "max" else float("inf"), old.dtype)
+            left = binary("logical_and", binary("eq", old, ident), binary("ne", new, ident))
+            discard = binary("logical_or", discard, left)
+    discard = b.value(discard)
+    return b.let(where(discard, Const(0.0, carried.dtype), cast(binary("mul", carried, factor), carried.dtype)),
+                 "rebased")
