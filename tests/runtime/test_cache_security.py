@@ -546,3 +546,32 @@ def test_the_cache_works_under_any_umask(tmp_path, umask):
     for p in [tmp_path / "deep", *(tmp_path / "deep").rglob("*")]:
         mode = stat.S_IMODE(os.lstat(p).st_mode)
         assert mode & 0o022 == 0, (p, oct(mode))
+
+
+def test_a_root_reached_through_another_users_link_is_refused(tmp_path, monkeypatch):
+    """`TILEFUSE_CACHE_DIR=/tmp/cache` where someone else planted `/tmp/cache` as a link: even
+    pointing at a directory of ours it is refused (they could retarget it after the checks)."""
+    ours = tmp_path / "ours"
+    c, key = _stored(ours)
+    link = tmp_path / "planted"
+    link.symlink_to(c.root)
+    _foreign(monkeypatch, link)
+    with pytest.warns(CacheWarning, match="symbolic link owned by another user"):
+        fresh = DiskCache("test", root=link)
+    assert not fresh.readable and not fresh.writable
+    assert fresh.get_or_create(key, _build) == BUILT and fresh.hits == 0
+
+
+def test_a_root_reached_through_our_own_link_is_resolved_once(tmp_path):
+    """Our own link is followed once, when the cache opens: the cache then keeps using the
+    directory it checked, whatever the link points at later."""
+    c, key = _stored(tmp_path / "ours")
+    link = tmp_path / "mine"
+    link.symlink_to(c.root)
+    fresh = DiskCache("test", root=link)
+    assert fresh.root == c.root.resolve()
+    other = tmp_path / "elsewhere"
+    other.mkdir(mode=0o700)
+    link.unlink()
+    link.symlink_to(other)
+    assert fresh.get_or_create(key, _build) == FILES and fresh.hits == 1

@@ -73,6 +73,7 @@ import numbers
 import os
 import platform
 import shutil
+import stat
 import sys
 import tempfile
 import warnings
@@ -259,6 +260,24 @@ def _write_file(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
+def _foreign_link(path: str) -> tuple[str, str] | None:
+    """(link, why) for the first symbolic link on the way to `path` that another user owns
+    (they could point it elsewhere at any time); None when there is none."""
+    uid = trust.expected_uid()
+    if uid is None:
+        return None
+    parts = Path(path).parts
+    for i in range(2, len(parts) + 1):
+        p = os.path.join(*parts[:i])
+        try:
+            st = os.lstat(p)
+        except OSError:
+            return None  # does not exist (yet): nothing below it is a link
+        if stat.S_ISLNK(st.st_mode) and trust.owner(st) != uid:
+            return p, f"is a symbolic link owned by another user (uid {trust.owner(st)})"
+    return None
+
+
 def _below_root_problem(path: Path) -> str | None:
     """Why a directory below the root (a namespace, a shard) is not trusted; None when it is,
     or does not exist yet (it will be created private)."""
@@ -292,7 +311,11 @@ class DiskCache:
         if root is None:
             root = config.cache_dir
         self.namespace = namespace
-        self.root = Path(os.path.abspath(os.path.expanduser(os.fspath(root))))
+        given = os.path.abspath(os.path.expanduser(os.fspath(root)))
+        # links resolved once, here: the root is then a fixed directory, and a link someone else
+        # retargets after the checks below cannot swap it for theirs
+        self._link_problem = _foreign_link(given)
+        self.root = Path(os.path.realpath(given))
         self.dir = self.root / namespace
         self.hits = 0
         self.misses = 0
@@ -317,6 +340,12 @@ class DiskCache:
 
     def _setup(self) -> None:
         scratch.sweep()  # what killed processes left in the temporary directory
+        if self._link_problem is not None:
+            self.readable = self.writable = False
+            link, why = self._link_problem
+            self._warn("insecure", f"refusing to use the cache directory {link}: it {why}, who could point "
+                       "it at their own files; set TILEFUSE_CACHE_DIR to a private directory")
+            return
         created = not self.root.exists()
         try:
             if created:
