@@ -136,6 +136,7 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
                               divisor_checks=device.type == "cpu" and config.index_checks)
     fits = _checking_variants(kernel_check(backend, limits))
     misfits: dict = {}  # knob -> kernels whose configuration from that knob was replaced
+    published: list = []  # (key, dedupe.Shared) this compile built
     steps = []
     pending = list(schedule.steps)
     while pending:
@@ -218,6 +219,7 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
         report.kernels.extend(reports)
         if key is not None:
             shared = dedupe.publish(key, dedupe.Shared(step.name, dedupe.names_of(base), built, tuned, reports))
+            published.append((key, shared))
             for s in steps[len(steps) - len(built):]:
                 s.keep = shared
     for knob, kernels in misfits.items():
@@ -225,10 +227,14 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
         warnings.warn(ConfigWarning(f"{knob}={getattr(config, knob)!r} does not fit {kernels[0]}{more}"), stacklevel=3)
     _record_origins(report, graph, schedule)
     with stage("load"):  # C++ kernels are built in parallel: a failed build fails the compile
-        for s in steps:
-            wait = getattr(getattr(s, "launch", None), "wait", None)
-            if wait is not None:
-                wait()
+        try:
+            for s in steps:
+                wait = getattr(getattr(s, "launch", None), "wait", None)
+                if wait is not None:
+                    wait()
+        except BaseException:  # a failed build is not shared: the next compile builds again
+            dedupe.forget(published)
+            raise
     # writes into inputs run last: every step that reads an input's old value runs before them
     # (a write whose result later steps read — a re-inplaced scatter, whose input's old value
     # nothing reads — stays where it is)

@@ -74,6 +74,14 @@ def publish(key: str, shared: Shared) -> Shared:
         return _shared.setdefault(key, shared)
 
 
+def forget(entries) -> None:
+    """Drop `entries` (a compile that failed: its builds may have failed, and are not kept)."""
+    with _lock:
+        for key, shared in entries:
+            if _shared.get(key) is shared:
+                del _shared[key]
+
+
 def renaming(shared: Shared, names: list) -> dict | None:
     """The representative's names → a duplicate's (None: its compiled kernels use a name the
     base lowering did not, so the duplicate cannot be mapped and compiles on its own)."""
@@ -119,4 +127,4 @@ def clear() -> None:
         _shared.clear()
 
 
-__all__ = ["Shared", "Renamed", "plan_key", "names_of", "lookup", "publish", "renaming", "kernel_name", "clear"]
+__all__ = ["Shared", "Renamed", "plan_key", "names_of", "lookup", "publish", "forget", "renaming", "kernel_name", "clear"]
