@@ -142,9 +142,9 @@ def _record(report: CompileReport, gm: torch.fx.GraphModule, settings: dict) -> 
     `TILEFUSE_DEBUG_DIR` when that is set."""
     report.settings = dict(settings)
     if logs.enabled("compile_time", logging.INFO):
-        stages = ", ".join(f"{k} {v:.2f}" for k, v in report.stage_seconds.items() if k != "total")
-        logs.info("compile_time", "%s: %d kernel(s), %d extern(s) in %.2f s (%s)", report.graph_name,
-                  len(report.kernels), len(report.externs), report.stage_seconds.get("total", 0.0), stages)
+        from .compile_profile import report_text
+
+        logs.info("compile_time", "%s", report_text(report))
     _history.append(report)
     for sink in _report_sinks:
         sink.append(report)

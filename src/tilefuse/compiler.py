@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 import sympy
 import torch
 
-from . import logs
+from . import dedupe, logs
 from .backends import cpu as cpu_backend
 from .backends.limits import kernel_check, target_limits
 from .backends.triton import TritonKernel, generate, load_kernel
@@ -51,6 +51,9 @@ class KernelReport:
     tune_seconds: float = 0.0
     ops: list = field(default_factory=list)  # the ATen ops it computes, in program order
     source_lines: list = field(default_factory=list)  # the user's lines they come from
+    compile_seconds: float = 0.0  # its plan's time from tuning to the build's start (on its first kernel)
+    shares: str = ""  # the identical kernel whose tuning and build it uses ("": its own)
+    shared_by: int = 0  # how many kernels use this one's build besides itself
 
 
 @dataclass
@@ -133,6 +136,7 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
                               divisor_checks=device.type == "cpu" and config.index_checks)
     fits = _checking_variants(kernel_check(backend, limits))
     misfits: dict = {}  # knob -> kernels whose configuration from that knob was replaced
+    published: list = []  # (key, dedupe.Shared) this compile built
     steps = []
     pending = list(schedule.steps)
     while pending:
@@ -158,6 +162,15 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
             pending.insert(0, epilogue)
             continue
         views = matmul_views(graph, step) if config.matmul != "generated" else None
+        t0 = time.perf_counter()
+        key = base = None
+        if views is None or not (config.matmul == "aten" or (backend == "cpu" and config.matmul == "auto"
+                                                              and _cpu_prefers_aten(views))):
+            base, added = _base_lowering(graph, step, options, stage)
+            key = dedupe.plan_key(graph, base, backend, options)
+            shared = dedupe.lookup(key)
+            if shared is not None and _reuse(shared, step, base, views, steps, report):
+                continue
         with stage("tune"):
             tuned = tune_plan(graph, step, options, level=config.autotune, device=device, backend=backend,
                               aten=(lambda: _aten_step(step, views)) if views is not None else None)
@@ -167,32 +180,61 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
                                   or (backend == "cpu" and config.matmul == "auto" and _cpu_prefers_aten(views))):
             aten = _aten_step(step, views)
             step.notes.append(f"{step.name}: nothing fused — {describe_matmul(views)} (ATen)")
+            kr = KernelReport(step.name, "aten-matmul", step.members, describe_matmul(views), "", step.notes,
+                              tuned.seconds, compile_seconds=time.perf_counter() - t0)
+            if key is not None:
+                aten.keep = dedupe.publish(key, dedupe.Shared(step.name, dedupe.names_of(base), [], tuned, [kr],
+                                                              aten=True))
             steps.append(aten)
-            report.kernels.append(KernelReport(step.name, "aten-matmul", step.members, describe_matmul(views), "",
-                                               step.notes, tuned.seconds))
+            report.kernels.append(kr)
             continue
         plan_options = replace(options, schedule=tuned.config) if tuned.config is not None else options
-        # lowered (tile), then checked against the target's limits (C++: printed), until it fits
-        fitted = fit_kernels(graph, step, plan_options, _timed(stage, "codegen", fits), _timed(stage, "tile", _lower))
+        # lowered (tile), then checked against the target's limits (C++: printed), until it fits;
+        # the first lowering under the graph's options is the one the key was made of
+        lower = _timed(stage, "tile", _lower)
+        first = [(base, added)] if base is not None and tuned.config is None else []
+
+        def lower_once(graph, plan, opts, first=first, lower=lower, plan_options=plan_options):
+            if first and opts is plan_options:
+                kernels, notes = first.pop()
+                plan.notes.extend(notes)
+                return kernels
+            return lower(graph, plan, opts)
+
+        fitted = fit_kernels(graph, step, plan_options, _timed(stage, "codegen", fits), lower_once)
         tks = fitted.kernels
         if fitted.replaced is not None:
             _replaced(step, fitted, options, tuned, misfits)
+        built, reports = [], []
         for tk in tks:
             logs.log("tile", "%s", tk)
             source, launcher = _generate_and_load(tk, backend, step, stage, getattr(fits, "source", None))
             kind = step.kind if tk.kind != "flash-merge" else "flash-merge"
-            report.kernels.append(KernelReport(tk.name, kind, step.members, source, str(tk), step.notes,
-                                               tuned.seconds if tk is tks[0] else 0.0))
+            reports.append(KernelReport(tk.name, kind, step.members, source, str(tk), step.notes,
+                                        tuned.seconds if tk is tks[0] else 0.0))
+            built.append((tk, source, launcher))
             steps.append(KernelStep(tk.name, launcher, list(tk.writes), list(tk.reads), dict(tk.scratch)))
+        if reports:
+            reports[0].compile_seconds = time.perf_counter() - t0
+        report.kernels.extend(reports)
+        if key is not None:
+            shared = dedupe.publish(key, dedupe.Shared(step.name, dedupe.names_of(base), built, tuned, reports))
+            published.append((key, shared))
+            for s in steps[len(steps) - len(built):]:
+                s.keep = shared
     for knob, kernels in misfits.items():
         more = f" (and {len(kernels) - 1} more kernel(s))" if len(kernels) > 1 else ""
         warnings.warn(ConfigWarning(f"{knob}={getattr(config, knob)!r} does not fit {kernels[0]}{more}"), stacklevel=3)
     _record_origins(report, graph, schedule)
     with stage("load"):  # C++ kernels are built in parallel: a failed build fails the compile
-        for s in steps:
-            wait = getattr(getattr(s, "launch", None), "wait", None)
-            if wait is not None:
-                wait()
+        try:
+            for s in steps:
+                wait = getattr(getattr(s, "launch", None), "wait", None)
+                if wait is not None:
+                    wait()
+        except BaseException:  # a failed build is not shared: the next compile builds again
+            dedupe.forget(published)
+            raise
     # writes into inputs run last: every step that reads an input's old value runs before them
     # (a write whose result later steps read — a re-inplaced scatter, whose input's old value
     # nothing reads — stays where it is)
@@ -201,6 +243,48 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
               and s.name not in read]
     steps = [s for s in steps if not any(s is w for w in writes)] + writes
     return CompiledGraph(graph, steps, device), report
+
+
+def _base_lowering(graph, step, options, stage):
+    """The plan's kernels under the graph's options (what its dedupe key is made of), and the
+    notes that lowering added to the plan (taken off it again: tuning and fitting lower anew)."""
+    notes = list(step.notes)
+    with stage("tile"):
+        kernels = _lower(graph, step, options)
+    added = step.notes[len(notes):]
+    step.notes[:] = notes
+    return kernels, added
+
+
+def _reuse(shared, step, base, views, steps: list, report: CompileReport) -> bool:
+    """Steps for `step` from an identical plan compiled before (`shared`): its tuning, sources
+    and launchers over this plan's buffers. False: this plan cannot be mapped onto it."""
+    t0 = time.perf_counter()
+    if shared.aten:
+        if views is None:
+            return False
+        step.notes.append(f"{step.name}: nothing fused — {describe_matmul(views)} (ATen, as {shared.plan})")
+        steps.append(replace(_aten_step(step, views), keep=shared))
+        report.kernels.append(KernelReport(step.name, "aten-matmul", step.members, describe_matmul(views), "",
+                                           step.notes, shares=shared.plan))
+        shared.reports[0].shared_by += 1
+        return True
+    mapping = dedupe.renaming(shared, dedupe.names_of(base)) if shared.kernels else None
+    if mapping is None:
+        return False
+    step.notes.append(f"{step.name}: the same kernel as {shared.plan}: tuned and built once")
+    own = {tk.name: tk for tk in base}
+    for (tk, source, launch), rep in zip(shared.kernels, shared.reports):
+        name = dedupe.kernel_name(shared, step.name, tk.name, mapping)
+        pairs = [(p.name, mapping[p.name]) for p in tk.params if p.kind == "buffer"]
+        scratch = {mapping[n]: replace(spec, name=mapping[n]) for n, spec in tk.scratch.items()}
+        steps.append(KernelStep(name, dedupe.Renamed(launch, pairs, shared), [mapping[n] for n in tk.writes],
+                                [mapping[n] for n in tk.reads], scratch, keep=shared))
+        report.kernels.append(KernelReport(name, rep.kind, step.members, source, str(own.get(name, tk)), step.notes,
+                                           shares=rep.name))
+        rep.shared_by += 1
+    report.kernels[-len(shared.kernels)].compile_seconds = time.perf_counter() - t0
+    return True
 
 
 def _timed(stage, name: str, fn):

@@ -43,6 +43,19 @@ def split_prelude(source: str, name: str) -> tuple[str, str]:
     return "", source
 
 
+def _counted(kernels: int, distinct: int) -> str:
+    return f"{kernels} kernel(s)" + (f" ({distinct} distinct)" if distinct != kernels else "")
+
+
+def _build(k, short, here) -> str:
+    """Whose tuning and build a kernel uses: `= <kernel>` (identical to it), or its own, with
+    how many others share it."""
+    if getattr(k, "shares", ""):
+        return f"= {short(k.shares)}" if k.shares in here and k.shares != k.name else f"= {k.shares} (earlier graph)"
+    n = getattr(k, "shared_by", 0)
+    return f"own, shared with {n} other(s)" if n else "own"
+
+
 def _lines_of(kernel) -> str:
     """`model.py:12-14, 20` from the kernel's source lines (`file:line[ in fn: code]`)."""
     by_file: dict[str, list[int]] = {}
@@ -103,7 +116,8 @@ class Explanation:
     def format(self, verbose: bool = False) -> str:
         kernels = sum(len(r.kernels) for r in self.reports)
         externs = sum(len(r.externs) for r in self.reports)
-        head = (f"tilefuse: {len(self.reports)} graph(s), {kernels} kernel(s), {externs} extern(s), "
+        distinct = sum(1 for k in self.kernels if not getattr(k, "shares", ""))
+        head = (f"tilefuse: {len(self.reports)} graph(s), {_counted(kernels, distinct)}, {externs} extern(s), "
                 f"{len(self.graph_breaks)} graph break(s)")
         if self.first_call_seconds:
             head += f"; first call {_seconds(self.first_call_seconds)}"
@@ -122,7 +136,9 @@ class Explanation:
 
     def _graph(self, r, verbose: bool) -> list[str]:
         total = r.stage_seconds.get("total")
-        line = f"{r.graph_name} · target {r.backend or 'n/a'} · {len(r.kernels)} kernel(s), {len(r.externs)} extern(s)"
+        distinct = sum(1 for k in r.kernels if not getattr(k, "shares", ""))
+        line = (f"{r.graph_name} · target {r.backend or 'n/a'} · {_counted(len(r.kernels), distinct)}, "
+                f"{len(r.externs)} extern(s)")
         if total is not None:
             line += f" · compile {_seconds(total)}"
         out = [line]
@@ -134,11 +150,17 @@ class Explanation:
         if tag:
             out.append(f"  kernels are named {tag}_<name below>")
         if r.kernels:
-            rows = [(graph_tag_of(k.name)[1] if tag else k.name, k.kind, _clip(", ".join(getattr(k, "ops", None) or k.nodes), _OPS_WIDTH),
+            short = (lambda n: graph_tag_of(n)[1] if tag and graph_tag_of(n)[0] == tag else n)
+            rows = [(short(k.name), k.kind, _clip(", ".join(getattr(k, "ops", None) or k.nodes), _OPS_WIDTH),
                      _clip(_lines_of(k), _FROM_WIDTH)) for k in r.kernels]
-            widths = [max(len(row[c]) for row in rows + [("kernel", "kind", "ops", "from")]) for c in range(4)]
+            titles = ("kernel", "kind", "ops", "from")
+            if any(getattr(k, "shares", "") or getattr(k, "shared_by", 0) for k in r.kernels):
+                here = {k.name for k in r.kernels}
+                rows = [row + (_build(k, short, here),) for row, k in zip(rows, r.kernels)]
+                titles += ("build",)
+            widths = [max(len(row[c]) for row in rows + [titles]) for c in range(len(titles))]
             fmt = "  " + "  ".join(f"{{:<{w}}}" for w in widths)
-            out.append(fmt.format("kernel", "kind", "ops", "from").rstrip())
+            out.append(fmt.format(*titles).rstrip())
             out.extend(fmt.format(*row).rstrip() for row in rows)
         for name, target, reason in r.externs:
             out.append(f"  extern {name}: {target} — {reason}")

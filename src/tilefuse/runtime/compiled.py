@@ -34,6 +34,7 @@ class KernelStep:
     writes: list
     reads: list
     scratch: dict = field(default_factory=dict)  # name -> tile.ir.Scratch among `writes`
+    keep: object = None  # what its launcher shares with identical kernels (`dedupe.Shared`), kept alive
 
 
 @dataclass
