@@ -151,9 +151,10 @@ class Explanation:
             out.append(f"  kernels are named {tag}_<name below>")
         if r.kernels:
             short = (lambda n: graph_tag_of(n)[1] if tag and graph_tag_of(n)[0] == tag else n)
-            rows = [(short(k.name), k.kind, _clip(", ".join(getattr(k, "ops", None) or k.nodes), _OPS_WIDTH),
-                     _clip(_lines_of(k), _FROM_WIDTH)) for k in r.kernels]
-            titles = ("kernel", "kind", "ops", "from")
+            rows: list[tuple[str, ...]] = [
+                (short(k.name), k.kind, _clip(", ".join(getattr(k, "ops", None) or k.nodes), _OPS_WIDTH),
+                 _clip(_lines_of(k), _FROM_WIDTH)) for k in r.kernels]
+            titles: tuple[str, ...] = ("kernel", "kind", "ops", "from")
             if any(getattr(k, "shares", "") or getattr(k, "shared_by", 0) for k in r.kernels):
                 here = {k.name for k in r.kernels}
                 rows = [row + (_build(k, short, here),) for row, k in zip(rows, r.kernels)]
