@@ -575,3 +575,25 @@ def test_a_root_reached_through_our_own_link_is_resolved_once(tmp_path):
     link.unlink()
     link.symlink_to(other)
     assert fresh.get_or_create(key, _build) == FILES and fresh.hits == 1
+
+
+def test_a_library_evicted_after_its_check_is_loaded_from_the_bytes_in_hand(tmp_path, monkeypatch):
+    """Another process (or `tilefuse cache clear`) removed the entry between its check and the
+    load: the kernel still loads, from a private copy of the bytes just read."""
+    from tilefuse.backends.cpu import launcher, toolchain
+
+    source = 'extern "C" int tf_answer() { return 42; }\n'
+    cache = DiskCache("cpu", root=tmp_path / "cache")
+    key = cache_key("evicted", source)
+    real = launcher.ctypes.CDLL
+    tried = []
+
+    def evicted(path, *a, **k):
+        if str(path).startswith(str(cache.root)):
+            tried.append(path)
+            raise OSError(2, "No such file or directory", str(path))
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(launcher.ctypes, "CDLL", evicted)
+    lib = launcher._build_and_load(cache, key, source, toolchain.find_compiler())
+    assert tried and lib.tf_answer() == 42

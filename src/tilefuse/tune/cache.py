@@ -123,13 +123,14 @@ class TuningCache:
     def lookup(self, key: str, accept: Callable[[dict], str | None] | None = None) -> dict | None:
         """``{"config", "time_s", "created", "meta"}`` stored for ``key``, or None. ``accept``:
         the reason a record's config must not be used (None: it may), checked before it is
-        returned; a rejected record is discarded (logged) and the lookup is a miss."""
+        returned; a rejected record is a miss here (logged), left for the processes it fits."""
         record = self._read(key)
         if record is not None and accept is not None:
             why = accept(record["config"])
             if why:
+                # a miss, not a deletion: whether a configuration fits can depend on this
+                # process (its stack limit, its GPU); the re-tuned record replaces it
                 logs.log("tune", "tuning record %s rejected: %s: %s", key[:12], record["config"], why)
-                self._discard(key, f"tuning record rejected: {why}")
                 record = None
         if record is None:
             self.misses += 1

@@ -144,11 +144,12 @@ def _build_and_load(cache: DiskCache, key: str, source: str, cxx: str) -> ctypes
                                                "kernel.so": toolchain.build(source, cxx)})
     entry = cache.path_of(key)
     if entry is not None:
-        path = os.path.join(entry, "kernel.so")
-    else:  # cache unusable: a private copy, deleted once loaded
-        with scratch.private_copy(files["kernel.so"], ".so") as path:
-            return ctypes.CDLL(path)
-    return ctypes.CDLL(path)
+        try:
+            return ctypes.CDLL(os.path.join(entry, "kernel.so"))
+        except OSError:  # evicted or cleared since it was checked: the bytes are in hand
+            pass
+    with scratch.private_copy(files["kernel.so"], ".so") as path:  # deleted once loaded
+        return ctypes.CDLL(path)
 
 
 class CppKernel:
