@@ -136,6 +136,7 @@ def _nanogpt_inputs(size, device, dtype):
 
 def _nanogpt_train_inputs(size, device, dtype):
     model = _built(_gpt, size, device, dtype, train=True)
+    model._bench_autocast = dtype  # the step autocasts to the benchmark dtype (weights stay fp32)
     fused = {"fused": True} if torch.device(device).type == "cuda" else {}
     opt = torch.optim.AdamW(model.parameters(), lr=0.0, weight_decay=0.1, **fused)
     vocab = model.config.vocab_size
@@ -166,12 +167,6 @@ def _nanogpt_train_reference(model, opt, idx, targets):
     m = copy.deepcopy(model).to(dtype)
     o = torch.optim.AdamW(m.parameters(), lr=0.0, weight_decay=0.1)
     return train_step(nanogpt_loss, m, o, idx, targets, autocast_dtype=torch.float32)
-
-
-def _nanogpt_train_make(size, device, dtype):
-    model, opt, idx, targets = _nanogpt_train_inputs(size, device, dtype)
-    model._bench_autocast = dtype  # the step autocasts to the benchmark dtype
-    return model, opt, idx, targets
 
 
 # ----------------------------------------------------------------------------- gpt-fast
@@ -271,7 +266,7 @@ MODEL_WORKLOADS: list[Workload] = [
     _model_workload("nanogpt", _nanogpt_inputs, nanogpt_logits,
                     {"quick": _LM_QUICK, "full": (8, 1024, 12, 768)},
                     "nanoGPT GPT-2 small inference (tril buffer + masked_fill attention)"),
-    _model_workload("nanogpt_train", _nanogpt_train_make, nanogpt_loss,
+    _model_workload("nanogpt_train", _nanogpt_train_inputs, nanogpt_loss,
                     {"quick": _LM_QUICK, "full": (8, 1024, 6, 768)},
                     "nanoGPT training step: autocast, backward, AdamW (lr 0)",
                     flops=_lm_flops(6), ref_fn=_nanogpt_train_reference,
