@@ -27,6 +27,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from .compare import compare_outputs, to_fp64
+from .outcome import tilefuse_error_in
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int64": torch.int64}
 ORDER = ("error", "mismatch", "graph-break", "extern", "generated", "skipped")
@@ -106,18 +107,6 @@ def _flatten_sample(sample):
     return tensors, rebuild
 
 
-def _tilefuse_error(err: BaseException):
-    from ..api import TilefuseError
-
-    seen, depth = err, 0
-    while seen is not None and depth < 10:
-        if isinstance(seen, TilefuseError):
-            return seen
-        seen = getattr(seen, "inner_exception", None) or seen.__cause__ or seen.__context__
-        depth += 1
-    return None
-
-
 def _first_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0][:300] if text else ''}"
@@ -152,7 +141,7 @@ def check_sample(info, sample) -> tuple[str, str, int, list]:
             warnings.simplefilter("ignore")
             compiled = torch.compile(call, backend="tilefuse", fullgraph=True)(*tensors)
     except Exception as err:  # noqa: BLE001 - classified
-        ours = _tilefuse_error(err)
+        ours = tilefuse_error_in(err)
         if ours is not None:
             return "error", str(ours).splitlines()[0][:400], 0, []
         if isinstance(err, torch._dynamo.exc.TorchDynamoException) or "dynamo" in type(err).__module__:

@@ -17,7 +17,8 @@ class Outcome:
         return self.status in ("mismatch", "error")
 
 
-def _tilefuse_error(err: BaseException):
+def tilefuse_error_in(err: BaseException):
+    """tilefuse's own error down `err`'s chain of causes (Dynamo wraps it), or None."""
     from ..api import TilefuseError
 
     seen, depth = err, 0
@@ -31,7 +32,7 @@ def _tilefuse_error(err: BaseException):
 
 def compile_failure(err: BaseException) -> Outcome:
     """How a failed compiled call counts: tilefuse's error, or Dynamo's refusal (skipped)."""
-    ours = _tilefuse_error(err)
+    ours = tilefuse_error_in(err)
     if ours is not None:
         return Outcome("error", str(ours).splitlines()[0])
     if isinstance(err, torch._dynamo.exc.Unsupported):
