@@ -27,13 +27,13 @@ def main():
     w = WORKLOADS[args.workload]
     inputs = w.make_inputs(w.sizes["full"], torch.device("cuda"), torch.bfloat16)
     captured = []
-    real = tuner._tune_plan
+    real = tuner._prepare
 
     def capture(graph, plan, options, level, device, backend, aten):
         captured.append((graph, plan, options, device))
         return real(graph, plan, options, level, device, backend, aten)
 
-    tuner._tune_plan = capture
+    tuner._prepare = capture
     tilefuse.compile(w.fn, autotune="0")(*inputs)
     graph, plan, options, device = captured[0]
     space = schedule_space(graph, plan, options)

@@ -302,6 +302,13 @@ def _boxed(fn):
 def _aot(gm: torch.fx.GraphModule, example_inputs, settings: dict):
     from torch._functorch.aot_autograd import aot_module_simplified
 
+    if any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs) and \
+            settings.get("target", config.target) in ("auto", "triton"):
+        from .backends.triton import compile_pool
+
+        with config.patch(**settings):
+            compile_pool.start()  # the workers start (import Triton) while AOTAutograd traces
+
     return aot_module_simplified(
         gm, example_inputs,
         fw_compiler=functools.partial(_compile_graph, kind="forward", settings=settings),

@@ -37,7 +37,7 @@ from .tile.fit import fit_kernels
 from .tile.ir import without_checks
 from .tile.variants import all_kernels
 from .tile.verify import verify_tile_kernel
-from .tune.tuner import tune_plan
+from .tune.tuner import PreparedTuning, precompile_kernel, prepare_tuning, tune_plan
 
 
 @dataclass
@@ -135,6 +135,7 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
                               # eager CUDA does not raise on an integer division by zero: only CPU tensors check
                               divisor_checks=device.type == "cpu" and config.index_checks)
     fits = _checking_variants(kernel_check(backend, limits))
+    prepared = _prepare_tuning(graph, schedule.steps, options, device, backend, stage)
     misfits: dict = {}  # knob -> kernels whose configuration from that knob was replaced
     published: list = []  # (key, dedupe.Shared) this compile built
     steps = []
@@ -173,7 +174,8 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
                 continue
         with stage("tune"):
             tuned = tune_plan(graph, step, options, level=config.autotune, device=device, backend=backend,
-                              aten=(lambda: _aten_step(step, views)) if views is not None else None)
+                              aten=(lambda: _aten_step(step, views)) if views is not None else None,
+                              prepared=prepared.pop(step.name, None))
         if tuned.describe():
             step.notes.append(f"{step.name}: {tuned.describe()}")
         if views is not None and (config.matmul == "aten" or (tuned.config or {}).get("impl") == "aten"
@@ -209,6 +211,7 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
         for tk in tks:
             logs.log("tile", "%s", tk)
             source, launcher = _generate_and_load(tk, backend, step, stage, getattr(fits, "source", None))
+            precompile_kernel(graph, tk, launcher)  # Triton: compiling in a worker while the next plans lower
             kind = step.kind if tk.kind != "flash-merge" else "flash-merge"
             reports.append(KernelReport(tk.name, kind, step.members, source, str(tk), step.notes,
                                         tuned.seconds if tk is tks[0] else 0.0))
@@ -322,6 +325,33 @@ def _checking_variants(check):
         return None
     run.source = getattr(check, "source", None)
     return run
+
+
+def _prepare_tuning(graph, steps, options, device, backend: str, stage) -> dict:
+    """{plan name: its prepared tuning} for the plans a GPU graph measures: every plan's
+    candidates start compiling (in `compile_pool`'s workers) before the first is measured, so
+    the graph's compiles run side by side instead of one after another. Empty where there are
+    no workers to compile in."""
+    from .backends.triton import compile_pool
+
+    if backend != "triton" or config.autotune not in ("1", "max") or not compile_pool.start():
+        return {}
+    out, keys = {}, set()
+    with stage("tune"):
+        for step in steps:
+            if isinstance(step, ExternStep) or _statically_empty(graph, step):
+                continue
+            views = matmul_views(graph, step) if config.matmul != "generated" else None
+            if views is not None and config.matmul == "aten":
+                continue
+            p = prepare_tuning(graph, step, options, level=config.autotune, device=device, backend=backend,
+                               aten=(lambda step=step, views=views: _aten_step(step, views)) if views is not None else None)
+            if isinstance(p, PreparedTuning) and p.key in keys:
+                continue  # the same kernel as an earlier plan: shared, or a tuning-cache hit by its turn
+            if isinstance(p, PreparedTuning):
+                keys.add(p.key)
+            out[step.name] = p
+    return out
 
 
 def _replaced(step, fitted, options, tuned, misfits: dict) -> None:

@@ -3,9 +3,16 @@ plan's schedule space with the cost model, measure the best candidates with the 
 within a time budget, and store the winner.
 
 `TILEFUSE_AUTOTUNE`: `0` — no measurement, the cost model's choice (the rules' default unless
-the model predicts a clear win); `1` (default) — up to 8 candidates, about 10 s per kernel;
-`max` — up to 32 candidates, about 60 s. Only kernels with static sizes are measured, on
-synthetic inputs of the plan's shapes. The machinery is backend-neutral: the same spaces,
+the model predicts a clear win); `1` (default) — the model's best 8 candidates (6 for a
+memory-bound kernel), measured for at most 0.5 s (0.25 s); `max` — up to 32 candidates, measured
+for up to 60 s. Only kernels with static sizes are measured, on synthetic inputs of the plan's
+shapes.
+
+Tuning is two steps, so that a graph's compiles overlap: `prepare_tuning` ranks a plan's
+candidates and starts compiling their kernels (Triton: in `compile_pool`'s worker processes;
+C++: in the build pool), and `tune_plan` then waits for them, runs each once, and measures —
+the budget counts measurements only, never a compile. The compiler prepares every plan of a
+graph before it measures the first. The machinery is backend-neutral: the same spaces,
 search and cache tune the C++ kernels of the CPU backend (host-timed), at `max` only — each
 candidate is a C++ compile, and the CPU backend's default keeps a new kernel under a second.
 
@@ -28,13 +35,17 @@ from .cache import TuningCache, tuning_key
 from .cost import NOMINAL, Ceilings, choose_without_measuring, measure_ceilings, rank
 from .search import Candidate, TuningError, search
 
-#: level -> (candidates measured, budget seconds); the default's 8 s leaves room for the compile
-#: of the last candidate and the lookups inside the 10 s a new kernel may cost
-LEVELS = {"1": (8, 8.0), "max": (32, 60.0)}
+#: level -> (candidates measured, seconds of measurement); candidates are compiled (in parallel)
+#: and run once before the budget starts, so the default's half second is all timing: a graph's
+#: dozen distinct kernels tune in a few seconds
+LEVELS = {"1": (8, 0.5), "max": (32, 60.0)}
 #: memory-bound kernels (reductions, pointwise) gain little from tuning: a smaller search
-MEMORY_LEVELS = {"1": (6, 3.0), "max": (16, 20.0)}
+MEMORY_LEVELS = {"1": (6, 0.25), "max": (16, 20.0)}
 #: the CPU backend (C++ kernels, a compile per candidate): measured only when asked for
 CPU_LEVELS = {"max": (12, 20.0)}
+#: at most this many samples per candidate (the bandit's bookkeeping grows with the samples, and a
+#: fast kernel would otherwise take thousands within the budget)
+SAMPLES_PER_CANDIDATE = {"1": 6, "max": 16}
 
 
 @dataclass
@@ -77,20 +88,67 @@ def device_ceilings(device) -> Ceilings:
     return _ceilings[key]
 
 
-def tune_plan(graph, plan, options: LoweringOptions, *, level: str, device, backend: str, aten=None) -> TuneOutcome:
-    """`aten`: builds the plan's library step (a plain matmul), measured as `impl=aten`."""
+@dataclass
+class PreparedTuning:
+    """A plan's tuning up to its measurements: the candidates the model ranked, whose kernels
+    are compiling (`tune_plan(prepared=...)` measures them)."""
+
+    name: str
+    key: str
+    kind: str
+    level: str
+    levels: dict | None
+    ranked: list
+    bench: "_Bench"
+    ceilings: Ceilings
+    space: object
+    seconds: float = 0.0
+
+
+def prepare_tuning(graph, plan, options: LoweringOptions, *, level: str, device, backend: str,
+                   aten=None) -> "PreparedTuning | TuneOutcome":
+    """Rank the plan's candidates and start compiling them; a `TuneOutcome` where nothing is
+    left to measure (rules, the model's choice, a tuning-cache hit)."""
+    t0 = time.perf_counter()
     notes = list(plan.notes)
     try:
-        return _tune_plan(graph, plan, options, level, device, backend, aten)
+        out = _prepare(graph, plan, options, level, device, backend, aten)
     except Exception as err:  # noqa: BLE001 — tuning is an optimisation: never the reason a graph fails
         logs.log("tune", "%s: tuning failed, the rules choose: %s: %s", plan.name, type(err).__name__, err)
-        return TuneOutcome(None, "rules", note=f"tuning failed: {type(err).__name__}: {err}"[:200])
+        out = TuneOutcome(None, "rules", note=f"tuning failed: {type(err).__name__}: {err}"[:200])
     finally:
         plan.notes[:] = notes  # lowering candidates annotates the plan: keep only the final lowering's notes
+    out.seconds += time.perf_counter() - t0
+    return out
 
 
-def _tune_plan(graph, plan, options: LoweringOptions, level: str, device, backend: str, aten) -> TuneOutcome:
+def tune_plan(graph, plan, options: LoweringOptions, *, level: str, device, backend: str, aten=None,
+              prepared: "PreparedTuning | TuneOutcome | None" = None) -> TuneOutcome:
+    """`aten`: builds the plan's library step (a plain matmul), measured as `impl=aten`.
+    `prepared`: this plan's `prepare_tuning` (else it is prepared here)."""
+    if prepared is None:
+        prepared = prepare_tuning(graph, plan, options, level=level, device=device, backend=backend, aten=aten)
+    if isinstance(prepared, TuneOutcome):
+        return prepared
     t0 = time.perf_counter()
+    notes = list(plan.notes)
+    try:
+        with real_tensors():
+            outcome = _measure(prepared)
+    except TuningError as err:  # nothing measurable: the model's choice, and say why
+        logs.log("tune", "%s: %s", plan.name, err)
+        outcome = TuneOutcome(choose_without_measuring(prepared.space, prepared.ceilings), "model",
+                              note=str(err)[:200])
+    except Exception as err:  # noqa: BLE001 — tuning is an optimisation: never the reason a graph fails
+        logs.log("tune", "%s: tuning failed, the rules choose: %s: %s", plan.name, type(err).__name__, err)
+        outcome = TuneOutcome(None, "rules", note=f"tuning failed: {type(err).__name__}: {err}"[:200])
+    finally:
+        plan.notes[:] = notes
+    outcome.seconds = prepared.seconds + time.perf_counter() - t0
+    return outcome
+
+
+def _prepare(graph, plan, options: LoweringOptions, level: str, device, backend: str, aten):
     if backend not in ("triton", "cpu") or options.flash_config or options.flash_split:
         return TuneOutcome(None, "rules")  # the interpreter's tiles, or the user's own choice
     space = schedule_space(graph, plan, options)
@@ -103,22 +161,34 @@ def _tune_plan(graph, plan, options: LoweringOptions, level: str, device, backen
     with real_tensors():
         ceilings = device_ceilings(device) if measurable else NOMINAL
     if not measurable:
-        return TuneOutcome(choose_without_measuring(space, ceilings), "model", time.perf_counter() - t0)
+        return TuneOutcome(choose_without_measuring(space, ceilings), "model")
     default_kernels = lower_plan_kernels(graph, plan, replace(options, schedule=space.default))
     source = canonical_source("\n".join(_source(tk, backend) for tk in default_kernels), default_kernels)
     dtypes = sorted({str(graph[n].dtype) for tk in default_kernels for n in tk.reads if n in graph.nodes})
     key = tuning_key(source, space.sizes, dtypes, {"name": ceilings.name, "kind": space.kind},
                      extra={k: list(v) for k, v in space.knobs.items()})  # a new knob invalidates old results
     bench = _Bench(graph, plan, options, device, aten, backend)
+    levels = CPU_LEVELS if backend == "cpu" else None
     try:
         with real_tensors():
-            outcome = select_config(space, key, level, ceilings, bench.measure, TuningCache(), plan.name,
-                                    levels=CPU_LEVELS if backend == "cpu" else None, misfit=bench.misfit)
-    except TuningError as err:  # nothing measurable: the model's choice, and say why
+            found = candidates(space, key, level, ceilings, TuningCache(), plan.name, levels=levels,
+                               misfit=bench.misfit)
+    except TuningError as err:  # nothing fits: the model's choice, and say why
         logs.log("tune", "%s: %s", plan.name, err)
-        outcome = TuneOutcome(choose_without_measuring(space, ceilings), "model", note=str(err)[:200])
-    outcome.seconds = time.perf_counter() - t0
-    return outcome
+        return TuneOutcome(choose_without_measuring(space, ceilings), "model", note=str(err)[:200])
+    if isinstance(found, TuneOutcome):
+        return found
+    bench.precompile([cfg for _, cfg in found])
+    return PreparedTuning(plan.name, key, space.kind, level, levels, found, bench, ceilings, space)
+
+
+def _measure(p: PreparedTuning) -> TuneOutcome:
+    ranked, failures = p.bench.ready(p.ranked)
+    if not ranked:
+        raise TuningError(f"all {len(failures)} candidates failed to compile or run; first: "
+                          f"{describe(failures[0][0])}: {failures[0][1]}")
+    return search_candidates(ranked, p.bench.measure, TuningCache(), p.key, p.level, p.kind, p.name,
+                             levels=p.levels, failures=failures)
 
 
 def real_tensors():
@@ -139,6 +209,19 @@ def select_config(space, key: str, level: str, ceilings: Ceilings, measure, cach
     `misfit(cfg)`: why a configuration does not fit the target (None: it does); a cached one
     that does not is discarded, and candidates that do not are never measured."""
     t0 = time.perf_counter()
+    found = candidates(space, key, level, ceilings, cache, name, levels, misfit)
+    if isinstance(found, TuneOutcome):
+        return found
+    outcome = search_candidates(found, measure, cache, key, level, space.kind, name, levels)
+    outcome.seconds = time.perf_counter() - t0
+    return outcome
+
+
+def candidates(space, key: str, level: str, ceilings: Ceilings, cache, name: str, levels: dict | None = None,
+               misfit=None) -> "list | TuneOutcome":
+    """The tuning cache's record for `key` (a `TuneOutcome`), else the model's best candidates
+    that fit, as [(predicted seconds, config)]."""
+    t0 = time.perf_counter()
     configs = space.configs()
 
     def accept(cfg: dict) -> str | None:
@@ -149,16 +232,29 @@ def select_config(space, key: str, level: str, ceilings: Ceilings, measure, cach
     hit = cache.lookup(key, accept=accept)
     if hit is not None:
         return TuneOutcome(dict(hit["config"]), "cache", time.perf_counter() - t0, best_time=hit.get("time_s"))
-    keep, budget = (levels or (MEMORY_LEVELS if space.kind == "memory" else LEVELS))[level]
+    keep, _ = _level(levels, space.kind, level)
     ranked = rank(space, ceilings, keep=keep)
     if misfit is not None:
         ranked = _fitting(ranked, rank(space, ceilings), keep, misfit, name)
-    result = _search(ranked, measure, budget, name)
-    cache.store(key, result.best, result.best_time, {"kind": space.kind, "candidates": len(ranked)})
+    return ranked
+
+
+def _level(levels: dict | None, kind: str, level: str) -> tuple:
+    return (levels or (MEMORY_LEVELS if kind == "memory" else LEVELS))[level]
+
+
+def search_candidates(ranked: list, measure, cache, key: str, level: str, kind: str, name: str,
+                      levels: dict | None = None, failures: list | None = None) -> TuneOutcome:
+    """Measure the ranked candidates within the level's budget and store the winner under `key`."""
+    t0 = time.perf_counter()
+    _, budget = _level(levels, kind, level)
+    result = _search(ranked, measure, budget, name, SAMPLES_PER_CANDIDATE.get(level, 8) * len(ranked))
+    failures = list(failures or []) + list(result.failures)
+    cache.store(key, result.best, result.best_time, {"kind": kind, "candidates": len(ranked) + len(failures)})
     logs.log("tune", "%s: %s in %d measurements (%s)", name, describe(result.best), result.measured,
-             ", ".join(f"{describe(c)}: {e}" for c, e in result.failures[:3]))
-    failed = (f"{len(result.failures)} candidate(s) failed, first: {describe(result.failures[0][0])}: "
-              f"{result.failures[0][1]}"[:200] if result.failures else "")
+             ", ".join(f"{describe(c)}: {e}" for c, e in failures[:3]))
+    failed = (f"{len(failures)} candidate(s) failed, first: {describe(failures[0][0])}: "
+              f"{failures[0][1]}"[:200] if failures else "")
     return TuneOutcome(dict(result.best), "measured", time.perf_counter() - t0, measured=result.measured,
                        best_time=result.best_time, note=failed)
 
@@ -185,11 +281,11 @@ def _fitting(ranked: list, everything: list, keep: int, misfit, name: str) -> li
     return sorted(out, key=lambda x: x[0])
 
 
-def _search(ranked, measure, budget, name):
-    candidates = [Candidate(cfg, predicted) for predicted, cfg in ranked]
-    bar = _progress(name, len(candidates))
+def _search(ranked, measure, budget, name, max_measurements=None):
+    arms = [Candidate(cfg, predicted) for predicted, cfg in ranked]
+    bar = _progress(name, len(arms))
     try:
-        return search(candidates, measure, budget_s=budget, progress=bar)
+        return search(arms, measure, budget_s=budget, max_measurements=max_measurements, progress=bar)
     finally:
         if bar is not None:
             bar.close()
@@ -213,6 +309,37 @@ class _progress:
         sys.stderr.write("\n")
 
 
+def synthetic_buffer(graph, name: str, spec, device):
+    """An uninitialised tensor of `spec`'s shape, strides and dtype on `device` (a "meta" device
+    gives the layout without memory)."""
+    import torch
+
+    from ..ir import symbolic
+    from ..ir.interpret import torch_dtype
+
+    shape = tuple(int(symbolic.evaluate(d, {})) for d in spec.shape)
+    strides = getattr(spec, "strides", None) or graph.output_strides.get(name)
+    dtype = torch_dtype(spec.dtype)
+    if strides is not None:
+        return torch.empty_strided(shape, tuple(int(symbolic.evaluate(s, {})) for s in strides), dtype=dtype,
+                                   device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def precompile_kernel(graph, tk, launcher) -> bool:
+    """Start compiling a loaded kernel ahead of its first launch, for the static shapes of its
+    buffers (a kernel whose sizes are only known at run time compiles when it launches)."""
+    start = getattr(launcher, "precompile", None)
+    if start is None:
+        return False
+    try:
+        buffers = {name: synthetic_buffer(graph, name, tk.scratch.get(name) or graph[name], "meta")
+                   for name in list(tk.reads) + list(tk.writes)}
+    except (KeyError, TypeError, ValueError):  # a symbolic size
+        return False
+    return start(buffers, {})
+
+
 class _Bench:
     """Builds the plan's kernels for a configuration (once) and times one launch of all of
     them on synthetic buffers of the plan's shapes (random floats; zeros for integer and
@@ -222,6 +349,7 @@ class _Bench:
         self.graph, self.plan, self.options, self.device, self.aten = graph, plan, options, device, aten
         self.backend = backend
         self.built: dict = {}
+        self.loaded: dict = {}
         self.buffers: dict = {}
         self.lowerings: dict = {}
         self.check = None
@@ -247,28 +375,49 @@ class _Bench:
                 return str(found)
         return None
 
+    def precompile(self, configs) -> None:
+        """Load the kernels of `configs` and start compiling them (a C++ kernel starts building
+        when loaded; a Triton kernel compiles in a worker process where there are any)."""
+        for cfg in configs:
+            if cfg.get("impl") == "aten":
+                continue
+            try:
+                for tk, launcher in zip(self.lowered(cfg), self._launchers(cfg)):
+                    precompile_kernel(self.graph, tk, launcher)
+            except Exception as err:  # noqa: BLE001 — `ready` meets the error again and drops the candidate
+                logs.log("tune", "%s: candidate %s did not load: %s", self.plan.name, describe(cfg), err)
+
+    def ready(self, ranked: list) -> tuple[list, list]:
+        """Each candidate built and run once, outside any time budget: (the ranked candidates
+        that ran, [(config, error)] for those that did not)."""
+        ok, failed = [], []
+        for predicted, cfg in ranked:
+            try:
+                self._kernels(cfg)
+            except Exception as err:  # noqa: BLE001 — a candidate that fails is dropped, not fatal
+                failed.append((cfg, f"{type(err).__name__}: {err}"[:500]))
+                logs.log("tune", "%s: candidate %s failed: %s", self.plan.name, describe(cfg), failed[-1][1])
+            else:
+                ok.append((predicted, cfg))
+        return ok, failed
+
     def _buffer(self, name, spec):
-        import torch
-
-        from ..ir import symbolic
-        from ..ir.interpret import torch_dtype
-
         if name in self.buffers:
             return self.buffers[name]
-        shape = tuple(int(symbolic.evaluate(d, {})) for d in spec.shape)
-        strides = getattr(spec, "strides", None) or self.graph.output_strides.get(name)
-        dtype = torch_dtype(spec.dtype)
-        if strides is not None:
-            t = torch.empty_strided(shape, tuple(int(symbolic.evaluate(s, {})) for s in strides), dtype=dtype,
-                                    device=self.device)
-        else:
-            t = torch.empty(shape, dtype=dtype, device=self.device)
-        if dtype.is_floating_point:
+        t = synthetic_buffer(self.graph, name, spec, self.device)
+        if t.dtype.is_floating_point:
             t.normal_()
         else:
             t.zero_()
         self.buffers[name] = t
         return t
+
+    def _launchers(self, cfg) -> list:
+        key = tuple(sorted(cfg.items()))
+        if key not in self.loaded:
+            self.loaded[key] = [_load(tk, self.backend, getattr(self.check, "source", None))
+                                for tk in self.lowered(cfg)]
+        return self.loaded[key]
 
     def _kernels(self, cfg):
         key = tuple(sorted(cfg.items()))
@@ -280,14 +429,13 @@ class _Bench:
             for _ in range(3):  # the library's first calls choose its algorithm and workspace
                 self._run(self.built[key])
         if key not in self.built:
-            launchers = []
+            launchers = self._launchers(cfg)
             for tk in self.lowered(cfg):
-                launchers.append(_load(tk, self.backend, getattr(self.check, "source", None)))
                 for name in list(tk.reads) + list(tk.writes):
                     spec = tk.scratch.get(name) or self.graph[name]
                     self._buffer(name, spec)
+            self._run(launchers)  # compiles (or waits for the worker's compile): not timed
             self.built[key] = launchers
-            self._run(launchers)  # compiles: not timed
         return self.built[key]
 
     def _run(self, launchers):
@@ -351,4 +499,5 @@ def _load(tk, backend: str, printed=None):
     return load_kernel(tk, generate(tk, interpret=False), False)
 
 
-__all__ = ["tune_plan", "select_config", "TuneOutcome", "device_ceilings", "LEVELS"]
+__all__ = ["tune_plan", "prepare_tuning", "PreparedTuning", "select_config", "candidates", "search_candidates",
+           "TuneOutcome", "device_ceilings", "precompile_kernel", "synthetic_buffer", "LEVELS"]

@@ -44,7 +44,7 @@ from ...runtime.cache import DiskCache, cache_key, environment_fingerprint
 from ...runtime.size_cache import SizeCache, size_key
 from ...ir.bounds import index_error
 from ...tile.ir import TileKernel, check_message, checks_of
-from . import interpreter
+from . import compile_pool, interpreter
 
 _import_lock = threading.Lock()
 # module name -> the imported kernel module, while a kernel holds it: a dropped graph (a
@@ -78,6 +78,8 @@ def _import_source(source: str, key: str, interpret: bool):
             return module
         spec = importlib.util.spec_from_file_location(mod_name, path)
         module = importlib.util.module_from_spec(spec)
+        module.__tilefuse_path__ = path  # a compile worker imports the same file
+        module.__tilefuse_launched__ = False
         sys.modules[mod_name] = module
         try:
             spec.loader.exec_module(module)
@@ -101,6 +103,7 @@ class TritonKernel:
         fn = getattr(self.module, kernel.name)
         self.fn = interpreter.launchable(fn) if interpret else fn
         self._shapes = SizeCache()  # size_key(env) -> (size arguments, grid, empty)
+        self._warming = None  # the worker's compile of this kernel, until the first launch
         self.described = _described_buffers(kernel.body)  # read through tensor descriptors (TMA)
         self.checks = checks_of(kernel.body)
         self.debug = {"debug": True, "sanitize_overflow": False} if self.checks and not interpret else {}
@@ -114,7 +117,7 @@ class TritonKernel:
             else:
                 self.arg_plan.append(("size", p.name, None))
 
-    def __call__(self, buffers: dict, env: dict) -> None:
+    def _shape(self, env: dict) -> tuple:
         sizes = size_key(env)
         shape = self._shapes.get(sizes)
         if shape is None:  # sizes, grid and emptiness once per set of sizes: sympy stays off the hot path
@@ -122,28 +125,67 @@ class TritonKernel:
                       if kind == "size"}
             empty = int(symbolic.evaluate(self.kernel.numel, env)) == 0
             shape = self._shapes.put(sizes, (values, self.kernel.grid_size(env), empty))
-        values, grid, empty = shape
-        if empty:
-            return  # empty output: nothing to compute
-        if self.described:
-            _ensure_allocator()
+        return shape
+
+    def _args(self, buffers: dict, values: dict, launch: bool = True) -> list:
         args = []
         for kind, name, k in self.arg_plan:
             if kind == "buffer":
                 t = buffers[name]
-                if name in self.described and t.data_ptr() % 16:
+                if launch and name in self.described and t.data_ptr() % 16:
                     t = _aligned_copy(t)  # TMA needs a 16-byte aligned base (a view at an odd offset)
                 args.append(t)
             elif kind == "stride":
                 args.append(buffers[name].stride(k))
             else:
                 args.append(values[name])
+        return args
+
+    def _options(self) -> dict:
+        return dict(self.kernel.constexprs, num_warps=self.kernel.num_warps, num_stages=self.kernel.num_stages,
+                    **self.debug)
+
+    def precompile(self, buffers: dict, env: dict) -> bool:
+        """Compile the kernel in a worker process (`compile_pool`) for a launch on `buffers`
+        (tensors, meta tensors will do) with sizes `env`; its first launch waits for it. False
+        where nothing was started: no pool, an interpreted or already launched kernel, sizes
+        not known."""
+        if self.interpret or self.module.__tilefuse_launched__ or self._warming is not None:
+            return False
+        try:
+            values, _, empty = self._shape(env)
+            args = [a.dtype if hasattr(a, "dtype") else a for a in self._args(buffers, values, launch=False)]
+        except (KeyError, TypeError, ValueError):  # a size or buffer only known at run time
+            return False
+        if empty:
+            return False
+        options = self._options()
+        key = cache_key("triton-precompile", self.module.__name__, repr(args), sorted(options.items()))
+        self._warming = compile_pool.submit(key, self.module.__tilefuse_path__, self.module.__name__,
+                                            self.kernel.name, args, options)
+        return self._warming is not None
+
+    def __call__(self, buffers: dict, env: dict) -> None:
+        values, grid, empty = self._shape(env)
+        if empty:
+            return  # empty output: nothing to compute
+        if self.described:
+            _ensure_allocator()
+        args = self._args(buffers, values)
         if self.interpret:
             with interpreter.running():
                 self._interpret(grid, args, env)
             return
-        self.fn[grid](*args, **self.kernel.constexprs, num_warps=self.kernel.num_warps,
-                      num_stages=self.kernel.num_stages, **self.debug)
+        if self._warming is not None:  # compiling in a worker: Triton finds the binary on disk after it
+            expected = compile_pool.wait(self._warming)
+            self._warming = None
+            compiled = self.fn[grid](*args, **self.kernel.constexprs, num_warps=self.kernel.num_warps,
+                                     num_stages=self.kernel.num_stages, **self.debug)
+            compile_pool.launched(expected, compiled)
+        else:
+            self.fn[grid](*args, **self.kernel.constexprs, num_warps=self.kernel.num_warps,
+                          num_stages=self.kernel.num_stages, **self.debug)
+        self.module.__tilefuse_launched__ = True
 
     def _interpret(self, grid, args: list, env: dict) -> None:
         launch = self.fn[grid]

@@ -1,0 +1,161 @@
+"""A worker process that compiles Triton kernels into Triton's on-disk cache.
+
+Started by `compile_pool` as `python -m tilefuse.backends.triton.compile_worker`, never by a
+user. It reads tasks from stdin and writes one reply per task to the stdout it was started
+with (fd 1 is then pointed at stderr, so a print in Triton or a kernel cannot corrupt the
+replies). Every message is a length-prefixed pickle between this process and the one that
+started it, over its own pipes.
+
+A task names a generated kernel module by its file, the kernel, its launch arguments (tensors
+as their dtypes), options and the parent's `TRITON_*` environment; the worker runs
+`JITFunction.warmup`, which compiles exactly what the first launch in the parent would compile,
+builds the launch stub, and replies with the binary's cache hash (the parent checks that its
+launch found that binary). The worker never
+touches the GPU: Triton's driver is wrapped to report the parent's target (architecture and
+warp size) instead of asking the device, so a worker creates no CUDA context.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import pickle
+import struct
+import sys
+import time
+
+_HEADER = struct.Struct("<Q")
+
+
+def read_message(stream):
+    head = stream.read(_HEADER.size)
+    if len(head) < _HEADER.size:
+        return None
+    (n,) = _HEADER.unpack(head)
+    return pickle.loads(stream.read(n))
+
+
+def write_message(stream, message) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(_HEADER.pack(len(data)) + data)
+    stream.flush()
+
+
+class _TargetOnlyDriver:
+    """The active Triton driver, but answering the device questions of a compile (which
+    device, which stream, which target) from the parent's answers, without CUDA."""
+
+    def __init__(self, target):
+        self._target = target
+
+    def __getattr__(self, name):  # anything else: the real driver (absent on a machine without a GPU)
+        from triton.runtime import driver
+
+        return getattr(driver.default, name)
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        return self._target
+
+
+_target = None
+
+
+def _install_target(target: tuple) -> None:
+    global _target
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+
+    _target = GPUTarget(*target)
+    driver.set_active(_TargetOnlyDriver(_target))
+
+
+_modules: dict = {}
+
+
+def _kernel(path: str, module_name: str, fn_name: str):
+    module = _modules.get(module_name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module  # Triton reads the function's globals through its module
+        spec.loader.exec_module(module)
+        _modules[module_name] = module
+    return getattr(module, fn_name)
+
+
+def _match_environment(env: dict) -> None:
+    """Triton's environment variables as the parent has them now (they are part of a compile's
+    cache key, and a library may have set some after this worker started)."""
+    for name in [k for k in os.environ if k.startswith("TRITON_") and k not in env]:
+        del os.environ[name]
+    os.environ.update(env)
+
+
+def _match_backend(backend_hash: str) -> None:
+    """The backend's part of the cache key as the parent has it. It holds the ptxas version the
+    parent's Triton read once, at its first compile: a library that set `TRITON_PTXAS_PATH` since
+    (TorchInductor does) changed the ptxas the parent compiles with but not that version, so the
+    parent's key is not what a fresh process computes. The binary is built by the ptxas the
+    parent would use now (the environment above), under the key the parent will look up."""
+    if not backend_hash:
+        return
+    from triton.compiler.compiler import make_backend
+
+    backend = make_backend(_target)
+    if backend.hash() != backend_hash:
+        type(backend).hash = lambda self, _h=backend_hash: _h
+
+
+def compile_kernel(path: str, module_name: str, fn_name: str, args: list, options: dict, env: dict,
+                   backend_hash: str = "") -> str:
+    """Compile the kernel for a launch with `args` and `options`; its Triton cache hash."""
+    _match_environment(env)
+    _match_backend(backend_hash)
+    fn = _kernel(path, module_name, fn_name)
+    compiled = fn.warmup(*args, grid=(1,), **options)
+    try:  # the launch stub (a C extension per signature, cached on disk) is built here too
+        from triton.runtime import driver
+
+        driver.active.launcher_cls(compiled.src, compiled.metadata)
+    except Exception:  # noqa: BLE001 — an optimisation: the parent builds it at its first launch
+        pass
+    return str(getattr(compiled, "hash", ""))
+
+
+def main() -> int:
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # anything printed goes to stderr, not into the replies
+    tasks = sys.stdin.buffer
+    first = read_message(tasks)
+    if first is None:
+        return 0
+    try:
+        import torch  # noqa: F401 — Triton's driver and `warmup`'s dtypes are PyTorch's
+
+        _install_target(first["target"])
+        write_message(replies, ("ready", None, ""))
+    except Exception as err:  # noqa: BLE001 — the parent compiles in-process instead
+        write_message(replies, ("ready", None, f"{type(err).__name__}: {err}"))
+        return 1
+    while True:
+        task = read_message(tasks)
+        if task is None:
+            return 0
+        task_id, path, module_name, fn_name, args, options, env, backend_hash = task
+        t0 = time.perf_counter()
+        digest = ""
+        try:
+            digest = compile_kernel(path, module_name, fn_name, args, options, env, backend_hash)
+            error = ""
+        except Exception as err:  # noqa: BLE001 — reported; the parent compiles it itself
+            error = f"{type(err).__name__}: {err}"[:2000]
+        write_message(replies, (task_id, time.perf_counter() - t0, error, digest))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,195 @@
+"""Triton kernels compiled in worker processes (backends/triton/compile_pool.py): a generated
+kernel compiles for a GPU target in a worker without any GPU (the worker never asks the
+device), into the Triton cache the launching process reads, under the key that process would
+compute; a failing task is reported, not raised; a dead worker fails its tasks and the pool
+gives way to in-process compiles; a graph's final kernels and tuning candidates are handed
+to the pool."""
+import os
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from irgraphs import GraphBuilder  # noqa: E402
+from tilefuse.backends.triton import compile_pool, compile_worker, generate  # noqa: E402
+from tilefuse.backends.triton.launcher import TritonKernel  # noqa: E402
+from tilefuse.config import config  # noqa: E402
+from tilefuse.fusion import plan_graph  # noqa: E402
+from tilefuse.ir import dtypes as dt  # noqa: E402
+from tilefuse.ir.expr import cast  # noqa: E402
+from tilefuse.tile.lower import LoweringOptions, lower_plan_kernels  # noqa: E402
+from tilefuse.tune.tuner import precompile_kernel  # noqa: E402
+
+TARGET = ("cuda", 90, 32)  # an H100/H200: compiling for it needs Triton's ptxas, not a GPU
+GPU = LoweringOptions(interpret=False, sm_count=132)
+
+
+@pytest.fixture
+def pool(tmp_path, monkeypatch):
+    """A fresh pool of two workers compiling into a Triton cache of this test's own."""
+    triton_cache = tmp_path / "triton"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(triton_cache))
+    _reset()
+    with config.patch(cache_dir=str(tmp_path / "tilefuse"), compile_threads=2):
+        assert compile_pool.start(TARGET)
+        yield triton_cache
+        _reset()
+
+
+def _reset():
+    if compile_pool._pool is not None:
+        compile_pool._pool.close()
+    compile_pool._pool, compile_pool._unavailable, compile_pool._stopped_counts = None, "", {}
+
+
+def _row_softmax_kernel(rows=37, cols=100):
+    """A generated kernel of odd sizes (not multiples of any block)."""
+    g = GraphBuilder("sm")
+    x = g.input("x", (rows, cols), dt.bfloat16, strides="contiguous")
+    mx = g.ctx.reduce((rows,), (cols,), "max", lambda i, r: cast(x.load((i[0], r[0])), dt.float32), dt.float32)
+    graph = g.output(mx)
+    (plan,) = plan_graph(graph).kernels
+    (tk,) = lower_plan_kernels(graph, plan, GPU)
+    return graph, tk
+
+
+def _cubins(root) -> set:
+    return {f for _, _, files in os.walk(root) for f in files if f.endswith(".cubin")}
+
+
+def test_a_worker_compiles_a_generated_kernel_without_a_gpu(pool):
+    graph, tk = _row_softmax_kernel()
+    launcher = TritonKernel(tk, generate(tk, interpret=False), interpret=False)
+    assert precompile_kernel(graph, tk, launcher)
+    compile_pool.wait(launcher._warming)
+    assert launcher._warming.result()[0] == "" and launcher._warming.result()[1]
+    assert f"{tk.name}.cubin" in _cubins(pool)
+    assert compile_pool.stats()["compiled"] == 1
+    # handed over once: a second request for the same launch is the same task
+    assert not precompile_kernel(graph, tk, launcher)
+
+
+def test_the_launching_process_finds_the_workers_binary(pool):
+    """The key the launching process computes for the same launch is the worker's: compiling
+    it here (under the same fixed target) adds nothing to the cache."""
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+
+    graph, tk = _row_softmax_kernel(rows=19, cols=70)
+    launcher = TritonKernel(tk, generate(tk, interpret=False), interpret=False)
+    assert precompile_kernel(graph, tk, launcher)
+    digest = compile_pool.wait(launcher._warming)
+    before = {d for d in os.listdir(pool)}
+    buffers = {n: torch.empty(graph[n].shape, dtype=torch.bfloat16 if graph[n].dtype == dt.bfloat16
+                              else torch.float32, device="meta") for n in list(tk.reads) + list(tk.writes)}
+    values, _, _ = launcher._shape({})
+    args = [a.dtype if hasattr(a, "dtype") else a for a in launcher._args(buffers, values, launch=False)]
+    saved = driver._active
+    driver.set_active(compile_worker._TargetOnlyDriver(GPUTarget(*TARGET)))
+    try:
+        here = launcher.fn.warmup(*args, grid=(1,), **launcher._options())
+    finally:
+        driver._active = saved
+    assert {d for d in os.listdir(pool)} == before
+    assert here.hash == digest
+
+
+def test_triton_settings_made_after_the_workers_started_reach_them(pool, tmp_path, monkeypatch):
+    """A library that points Triton elsewhere once the workers run (TorchInductor sets
+    TRITON_CACHE_DIR when it first compiles) is followed: the binary lands where this process
+    will look for it."""
+    elsewhere = tmp_path / "elsewhere"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(elsewhere))
+    graph, tk = _row_softmax_kernel(rows=23, cols=45)
+    launcher = TritonKernel(tk, generate(tk, interpret=False), interpret=False)
+    assert precompile_kernel(graph, tk, launcher)
+    assert compile_pool.wait(launcher._warming)
+    assert f"{tk.name}.cubin" in _cubins(elsewhere)
+    assert f"{tk.name}.cubin" not in _cubins(pool)
+
+
+def test_a_failing_task_is_reported_not_raised(pool):
+    graph, tk = _row_softmax_kernel()
+    launcher = TritonKernel(tk, generate(tk, interpret=False), interpret=False)
+    future = compile_pool.submit("missing", launcher.module.__tilefuse_path__, launcher.module.__name__,
+                                 "no_such_kernel", [], {})
+    compile_pool.wait(future)  # logged only
+    assert "no_such_kernel" in future.result()[0]
+    assert compile_pool.stats()["failed"] == 1
+
+
+def test_dead_workers_fail_their_tasks_and_the_pool_gives_way(pool):
+    workers = compile_pool._pool.workers
+    for w in workers:
+        w.proc.kill()
+    for w in workers:
+        w.thread.join(timeout=30)  # each notices its worker is gone at its next task or reply
+    graph, tk = _row_softmax_kernel()
+    launcher = TritonKernel(tk, generate(tk, interpret=False), interpret=False)
+    started = precompile_kernel(graph, tk, launcher)
+    if started:  # queued before the last worker was seen to be gone: failed, not hung
+        compile_pool.wait(launcher._warming)
+        assert launcher._warming.exception() is not None
+    assert compile_pool._pool is None and compile_pool._unavailable
+    assert not compile_pool.start(TARGET)  # not started again in this process
+
+
+def test_one_thread_means_no_pool(monkeypatch):
+    _reset()
+    with config.patch(compile_threads=1):
+        assert not compile_pool.start(TARGET)
+        assert compile_pool.submit("k", "p", "m", "f", [], {}) is None
+    _reset()
+
+
+def test_a_symbolic_size_is_left_to_the_launch(pool):
+    import sympy
+
+    g = GraphBuilder("dyn")
+    n = sympy.Symbol("s0", positive=True, integer=True)
+    x = g.input("x", (n, 64), dt.float32, strides="contiguous")
+    out = g.ctx.reduce((n,), (64,), "sum", lambda i, r: x.load((i[0], r[0])), dt.float32)
+    graph = g.output(out)
+    (plan,) = plan_graph(graph).kernels
+    (tk,) = lower_plan_kernels(graph, plan, GPU)
+    launcher = TritonKernel(tk, generate(tk, interpret=False), interpret=False)
+    assert not precompile_kernel(graph, tk, launcher)
+
+
+def test_a_pool_whose_binaries_are_never_found_is_given_up(pool):
+    """If this process's launches never find what the workers compiled (their cache keys
+    differ), the pool stops instead of doubling every compile."""
+
+    class Compiled:
+        hash = "this-process-key"
+
+    for _ in range(compile_pool.GIVE_UP_AFTER):
+        compile_pool.launched("worker-key", Compiled())
+    assert compile_pool._pool is None and "did not find" in compile_pool._unavailable
+    assert compile_pool.stats()["missed"] == compile_pool.GIVE_UP_AFTER
+    assert not compile_pool.start(TARGET)
+
+
+def test_found_binaries_keep_the_pool(pool):
+    class Compiled:
+        hash = "same"
+
+    compile_pool.launched("same", Compiled())
+    for _ in range(compile_pool.GIVE_UP_AFTER):
+        compile_pool.launched("other", type("C", (), {"hash": "x"})())
+    assert compile_pool._pool is not None
+    assert compile_pool.stats()["found"] == 1
+
+
+def test_the_worker_keys_its_binary_with_this_processs_backend_hash(pool, monkeypatch):
+    """The backend part of Triton's key (the ptxas version this process read once) is taken
+    from this process, not recomputed in the worker."""
+    graph, tk = _row_softmax_kernel(rows=29, cols=33)
+    launcher = TritonKernel(tk, generate(tk, interpret=False), interpret=False)
+    task = (launcher.module.__tilefuse_path__, launcher.module.__name__, tk.name,
+            [torch.bfloat16, torch.float32], launcher._options())
+    own = compile_pool.wait(compile_pool.submit("own", *task))
+    monkeypatch.setattr(compile_pool, "_backend_hash", lambda target: "another-ptxas-90")
+    other = compile_pool.wait(compile_pool.submit("other", *task))
+    assert own and other and own != other
