@@ -103,6 +103,9 @@ def test_fused_attention_op_is_one_flash_kernel(name, call, dtype, heads, ev, ma
     m = masks(dtype)[mask] if mask else None
     compiled, report = compile_graph(call, q, k, v, m)
     assert [kr.kind for kr in report.kernels] == ["flash"] and not report.externs, report.graph_ir
+    if dtype != torch.float32:  # both products on the inputs' dtype (tensor cores), as the fused kernels
+        dots = [ln for ln in report.kernels[0].tile_ir.splitlines() if "dot(" in ln]
+        assert dots and all(f"in {str(dtype).split('.')[1]}" in ln for ln in dots), dots
     out = compiled(q, k, v, m)[0]
     assert out.dtype == dtype and out.shape == (B, heads[0], L, ev)
     ref = math_attention(q, k, v, m, **ref_kwargs)

@@ -140,12 +140,26 @@ def gptfast_rope_attention(x, cos, sin, k, v, mask):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
+def hf_gqa_attention(x, wq, wk, wv, mask):
+    """Hugging Face Llama: q, k, v projected and transposed to heads, key and value repeated to
+    the query heads (`repeat_kv`: expand and reshape), then SDPA with the model's boolean mask;
+    the fused op's P·V reads V as it is."""
+    b, s, _ = x.shape
+    d = 16
+    q, k, v = (F.linear(x, w).view(b, s, -1, d).transpose(1, 2) for w in (wq, wk, wv))
+    kvh = k.shape[1]
+    rep = q.shape[1] // kvh
+    k = k[:, :, None].expand(b, kvh, rep, s, d).reshape(b, kvh * rep, s, d)
+    v = v[:, :, None].expand(b, kvh, rep, s, d).reshape(b, kvh * rep, s, d)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
 def _dots(report):
     return [(k.kind, ln.strip()) for k in report.kernels for ln in k.tile_ir.splitlines() if "dot(" in ln]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("case", ["nanogpt", "scaled_query", "gptfast"])
+@pytest.mark.parametrize("case", ["nanogpt", "scaled_query", "gptfast", "hf_gqa"])
 def test_prologue_keeps_the_operands_precision(case, dtype):
     """Whatever a product's prologue computes, the product reads the low-precision values eager
     gives it: every dot of the graph runs on bf16/fp16 operands, never fp32 (which on a GPU is
@@ -161,6 +175,13 @@ def test_prologue_keeps_the_operands_precision(case, dtype):
         ang = torch.rand(1, s, 1, d // 2) * 6
         args = (torch.randn(b, s, h, d).to(dtype), ang.cos(), ang.sin(), torch.randn(b, h, s, d).to(dtype),
                 torch.randn(b, h, s, d).to(dtype), torch.ones(s, s, dtype=torch.bool).tril()[None, None])
+    elif case == "hf_gqa":
+        fn = hf_gqa_attention
+        b, s, d = 2, 37, 16
+        keep = torch.ones(s, s, dtype=torch.bool).tril()[None, None].expand(b, 1, s, s).clone()
+        keep[1, :, :, :5] = False  # padding on the left of the second sequence
+        args = (torch.randn(b, s, 32).to(dtype), (torch.randn(4 * d, 32) * 0.2).to(dtype),
+                (torch.randn(2 * d, 32) * 0.2).to(dtype), (torch.randn(2 * d, 32) * 0.2).to(dtype), keep)
     else:
         fn = scaled_query_attention
         args = tuple(torch.randn(2, 3, 37, 16).to(dtype) for _ in range(3)) + \

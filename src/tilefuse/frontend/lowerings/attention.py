@@ -10,7 +10,10 @@ PyTorch's math path (`_scaled_dot_product_attention_math`, the CPU decomposition
 
 so the fusion planner turns it into the same single "flash" kernel (the math path scales q
 and k by √s each before the product; the value is the same up to fp32 rounding).
-Half-precision inputs are upcast to fp32 first, as the math path does; rows masked entirely give 0 (`_safe_softmax`).
+Half-precision inputs are multiplied as they are, accumulating in fp32; the softmax runs in
+fp32 and its probabilities are rounded to the inputs' dtype before the product with V, as the
+fused kernels do (the math path upcasts everything to fp32 instead: a P·V product off the
+tensor cores); rows masked entirely give 0 (`_safe_softmax`).
 Key/value with fewer heads than the query (grouped-query attention) are repeated per group.
 
 Only the attention output (result 0) is produced, and for the CPU op
@@ -142,8 +145,7 @@ def attention(ctx, q, k, v, mask, is_causal: bool, scale, bottom_right: bool = F
     if mask is not None and not isinstance(mask, TensorValue):
         raise Unsupported(f"mask of type {type(mask).__name__}")
     out_dtype = meta_dtype(ctx, 0)
-    acc = dt.compute_dtype(q.dtype)  # the math path upcasts fp16/bf16 to fp32
-    q, k, v = (_as(ctx, t, acc) for t in (q, k, v))
+    acc = dt.compute_dtype(q.dtype)  # scores, softmax and accumulation in fp32 for fp16/bf16
     b, h, n_q, e = (sym(d) for d in q.shape)
     n_k, e_v = sym(k.shape[2]), sym(v.shape[3])
     k, v = _repeat_heads(k, h), _repeat_heads(v, h)
@@ -170,7 +172,10 @@ def attention(ctx, q, k, v, mask, is_causal: bool, scale, bottom_right: bool = F
             [base.load(i)] + [broadcast_load(t, i, shape, acc) for t in terms]))
 
     weights, (p, m, s) = _safe_softmax(ctx, scores, acc)
-    out = contraction(ctx, _batched(weights), _batched(v), acc)
+    # the fused kernels this op stands for (FlashAttention, cuDNN, memory-efficient, ATen's CPU
+    # flash kernel) multiply the probabilities rounded to the inputs' dtype with V as it is:
+    # a bf16/fp16 P·V runs on tensor cores, accumulating in fp32
+    out = contraction(ctx, _batched(_as(ctx, weights, v.dtype)), _batched(v), acc)
     out = reshape(out, (b, h, n_q, e_v))
     if out_dtype != acc:
         src = out
