@@ -192,7 +192,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("cache_max_bytes", int, 4 << 30,
          "the disk cache's size bound (4 GiB by default): past it the least recently used entries "
          "are removed; 0: no bound", minimum=0),
-    Knob("compile_threads", int, 0, "C++ kernels of one graph built at once; 0: one per CPU core",
+    Knob("compile_threads", int, 0, "kernels compiled at once: C++ builds, and Triton compiles in worker "
+         "processes; 0: one per CPU core (Triton: at most 32); 1: Triton kernels compile in this process",
          minimum=0, maximum=1024),
     Knob("persistent_reduction_limit", int, 8192,
          "largest reduction extent held whole in one tile (longer rows loop over tiles, and so does a "
