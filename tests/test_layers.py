@@ -45,6 +45,7 @@ LAYERS = {
     "tilefuse.debug_dump": 8,
     "tilefuse.dedupe": 8,  # the driver's sharing of identical kernels across plans and graphs
     "tilefuse.compile_profile": 8,  # the driver's compile-time report
+    "tilefuse.progress": 8,  # the driver's progress line
     # "the public API sits on top of the driver"; the package itself re-exports the API
     "tilefuse.api": 9,
     "tilefuse": 9,

@@ -10,14 +10,21 @@ import pstats
 STAGES = ("lower", "passes", "fusion", "tune", "tile", "codegen", "load")
 
 
+_SOURCES = {"measured": "measured", "cache": "from the tuning cache", "model": "by the cost model",
+            "rules": "by the rules"}
+
+
 def report_text(report, top: int = 5) -> str:
     """A multi-line summary of one graph's `CompileReport`."""
     times = report.stage_seconds
     total = times.get("total", sum(v for k, v in times.items() if k != "total"))
     distinct = sum(1 for k in report.kernels if not k.shares)
     order = [s for s in STAGES if s in times] + [s for s in times if s not in STAGES and s != "total"]
+    tuning = getattr(report, "tuning", {})
+    tuned = (", schedules: " + ", ".join(f"{n} {_SOURCES.get(k, k)}" for k, n in sorted(tuning.items()))
+             if tuning else "")
     lines = [f"{report.graph_name}: {total:.3f} s, {len(report.kernels)} kernel(s), {distinct} distinct, "
-             f"{len(report.externs)} extern(s)",
+             f"{len(report.externs)} extern(s){tuned}",
              "  stages: " + " · ".join(f"{s} {times[s]:.3f} s" for s in order)]
     slow = sorted(report.kernels, key=lambda k: -(k.compile_seconds + k.tune_seconds))[:top]
     for k in slow:

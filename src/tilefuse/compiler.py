@@ -37,6 +37,7 @@ from .tile.fit import fit_kernels
 from .tile.ir import without_checks
 from .tile.variants import all_kernels
 from .tile.verify import verify_tile_kernel
+from .progress import CompileProgress
 from .tune.tuner import PreparedTuning, precompile_kernel, prepare_tuning, tune_plan
 
 
@@ -68,6 +69,7 @@ class CompileReport:
     plans: str = ""  # the kernel plans as text (Schedule.describe)
     failure: str = ""  # why compilation failed (the graph then ran as the fallback knob says)
     settings: dict = field(default_factory=dict)  # the options it was compiled with
+    tuning: dict = field(default_factory=dict)  # how plans got their schedule: source -> count
 
 
 class _Stages:
@@ -135,13 +137,24 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
                               # eager CUDA does not raise on an integer division by zero: only CPU tensors check
                               divisor_checks=device.type == "cpu" and config.index_checks)
     fits = _checking_variants(kernel_check(backend, limits))
-    prepared = _prepare_tuning(graph, schedule.steps, options, device, backend, stage)
+    progress = CompileProgress(graph.name, sum(not isinstance(s, ExternStep) for s in schedule.steps))
+    try:
+        return _compile_steps(graph, schedule, options, device, backend, report, stage, fits, progress)
+    finally:
+        progress.close()
+
+
+def _compile_steps(graph, schedule, options, device, backend: str, report, stage, fits, progress):
+    prepared = _prepare_tuning(graph, schedule.steps, options, device, backend, stage, progress)
     misfits: dict = {}  # knob -> kernels whose configuration from that knob was replaced
     published: list = []  # (key, dedupe.Shared) this compile built
     steps = []
     pending = list(schedule.steps)
     while pending:
         step = pending.pop(0)
+        if not isinstance(step, ExternStep):
+            progress.done += 1
+            progress.now(f"planning {step.name}")
         if isinstance(step, ExternStep):
             node = graph[step.node]
             report.externs.append((node.name, node.target_name, node.reason))
@@ -161,6 +174,7 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
             report.kernels.append(KernelReport(step.name, "aten-matmul", [views.out], describe_matmul(views), "",
                                                step.notes))
             pending.insert(0, epilogue)
+            progress.total += 1
             continue
         views = matmul_views(graph, step) if config.matmul != "generated" else None
         t0 = time.perf_counter()
@@ -175,7 +189,10 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
         with stage("tune"):
             tuned = tune_plan(graph, step, options, level=config.autotune, device=device, backend=backend,
                               aten=(lambda: _aten_step(step, views)) if views is not None else None,
-                              prepared=prepared.pop(step.name, None))
+                              prepared=prepared.pop(step.name, None), progress=progress.tuning(step.name))
+        report.tuning[tuned.source] = report.tuning.get(tuned.source, 0) + 1
+        if tuned.config is not None:
+            progress.tuned += 1
         if tuned.describe():
             step.notes.append(f"{step.name}: {tuned.describe()}")
         if views is not None and (config.matmul == "aten" or (tuned.config or {}).get("impl") == "aten"
@@ -216,6 +233,7 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
             reports.append(KernelReport(tk.name, kind, step.members, source, str(tk), step.notes,
                                         tuned.seconds if tk is tks[0] else 0.0))
             built.append((tk, source, launcher))
+            progress.built += 1
             steps.append(KernelStep(tk.name, launcher, list(tk.writes), list(tk.reads), dict(tk.scratch)))
         if reports:
             reports[0].compile_seconds = time.perf_counter() - t0
@@ -229,6 +247,7 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
         more = f" (and {len(kernels) - 1} more kernel(s))" if len(kernels) > 1 else ""
         warnings.warn(ConfigWarning(f"{knob}={getattr(config, knob)!r} does not fit {kernels[0]}{more}"), stacklevel=3)
     _record_origins(report, graph, schedule)
+    progress.now("waiting for kernel builds")
     with stage("load"):  # C++ kernels are built in parallel: a failed build fails the compile
         try:
             for s in steps:
@@ -327,7 +346,7 @@ def _checking_variants(check):
     return run
 
 
-def _prepare_tuning(graph, steps, options, device, backend: str, stage) -> dict:
+def _prepare_tuning(graph, steps, options, device, backend: str, stage, progress) -> dict:
     """{plan name: its prepared tuning} for the plans a GPU graph measures: every plan's
     candidates start compiling (in `compile_pool`'s workers) before the first is measured, so
     the graph's compiles run side by side instead of one after another. Empty where there are
@@ -344,6 +363,7 @@ def _prepare_tuning(graph, steps, options, device, backend: str, stage) -> dict:
             views = matmul_views(graph, step) if config.matmul != "generated" else None
             if views is not None and config.matmul == "aten":
                 continue
+            progress.now(f"ranking the schedules of {step.name}")
             p = prepare_tuning(graph, step, options, level=config.autotune, device=device, backend=backend,
                                aten=(lambda step=step, views=views: _aten_step(step, views)) if views is not None else None)
             if isinstance(p, PreparedTuning) and p.key in keys:

@@ -22,8 +22,6 @@ space's configurations, or does not fit, is discarded and tuned again.
 """
 from __future__ import annotations
 
-import math
-import sys
 import time
 from dataclasses import dataclass, replace
 
@@ -123,9 +121,10 @@ def prepare_tuning(graph, plan, options: LoweringOptions, *, level: str, device,
 
 
 def tune_plan(graph, plan, options: LoweringOptions, *, level: str, device, backend: str, aten=None,
-              prepared: "PreparedTuning | TuneOutcome | None" = None) -> TuneOutcome:
+              prepared: "PreparedTuning | TuneOutcome | None" = None, progress=None) -> TuneOutcome:
     """`aten`: builds the plan's library step (a plain matmul), measured as `impl=aten`.
-    `prepared`: this plan's `prepare_tuning` (else it is prepared here)."""
+    `prepared`: this plan's `prepare_tuning` (else it is prepared here). `progress(runs, total,
+    best seconds)`: told after each measurement."""
     if prepared is None:
         prepared = prepare_tuning(graph, plan, options, level=level, device=device, backend=backend, aten=aten)
     if isinstance(prepared, TuneOutcome):
@@ -134,7 +133,7 @@ def tune_plan(graph, plan, options: LoweringOptions, *, level: str, device, back
     notes = list(plan.notes)
     try:
         with real_tensors():
-            outcome = _measure(prepared)
+            outcome = _measure(prepared, progress)
     except TuningError as err:  # nothing measurable: the model's choice, and say why
         logs.log("tune", "%s: %s", plan.name, err)
         outcome = TuneOutcome(choose_without_measuring(prepared.space, prepared.ceilings), "model",
@@ -182,13 +181,13 @@ def _prepare(graph, plan, options: LoweringOptions, level: str, device, backend:
     return PreparedTuning(plan.name, key, space.kind, level, levels, found, bench, ceilings, space)
 
 
-def _measure(p: PreparedTuning) -> TuneOutcome:
+def _measure(p: PreparedTuning, progress=None) -> TuneOutcome:
     ranked, failures = p.bench.ready(p.ranked)
     if not ranked:
         raise TuningError(f"all {len(failures)} candidates failed to compile or run; first: "
                           f"{describe(failures[0][0])}: {failures[0][1]}")
     return search_candidates(ranked, p.bench.measure, TuningCache(), p.key, p.level, p.kind, p.name,
-                             levels=p.levels, failures=failures)
+                             levels=p.levels, failures=failures, progress=progress)
 
 
 def real_tensors():
@@ -244,11 +243,12 @@ def _level(levels: dict | None, kind: str, level: str) -> tuple:
 
 
 def search_candidates(ranked: list, measure, cache, key: str, level: str, kind: str, name: str,
-                      levels: dict | None = None, failures: list | None = None) -> TuneOutcome:
-    """Measure the ranked candidates within the level's budget and store the winner under `key`."""
+                      levels: dict | None = None, failures: list | None = None, progress=None) -> TuneOutcome:
+    """Measure the ranked candidates within the level's budget and store the winner under `key`.
+    `progress(runs, total, best seconds)` is told after each measurement."""
     t0 = time.perf_counter()
     _, budget = _level(levels, kind, level)
-    result = _search(ranked, measure, budget, name, SAMPLES_PER_CANDIDATE.get(level, 8) * len(ranked))
+    result = _search(ranked, measure, budget, name, SAMPLES_PER_CANDIDATE.get(level, 8) * len(ranked), progress)
     failures = list(failures or []) + list(result.failures)
     cache.store(key, result.best, result.best_time, {"kind": kind, "candidates": len(ranked) + len(failures)})
     logs.log("tune", "%s: %s in %d measurements (%s)", name, describe(result.best), result.measured,
@@ -281,32 +281,9 @@ def _fitting(ranked: list, everything: list, keep: int, misfit, name: str) -> li
     return sorted(out, key=lambda x: x[0])
 
 
-def _search(ranked, measure, budget, name, max_measurements=None):
+def _search(ranked, measure, budget, name, max_measurements=None, progress=None):
     arms = [Candidate(cfg, predicted) for predicted, cfg in ranked]
-    bar = _progress(name, len(arms))
-    try:
-        return search(arms, measure, budget_s=budget, max_measurements=max_measurements, progress=bar)
-    finally:
-        if bar is not None:
-            bar.close()
-
-
-class _progress:
-    """A one-line progress display on an interactive terminal (nothing otherwise)."""
-
-    def __new__(cls, name, total):
-        return super().__new__(cls) if sys.stderr.isatty() else None
-
-    def __init__(self, name, total):
-        self.name = name
-
-    def __call__(self, done, total, best):
-        best_us = f"{best * 1e6:.1f} us" if best is not None and math.isfinite(best) else "-"
-        sys.stderr.write(f"\rtilefuse: tuning {self.name}: {done} runs, best {best_us}   ")
-        sys.stderr.flush()
-
-    def close(self):
-        sys.stderr.write("\n")
+    return search(arms, measure, budget_s=budget, max_measurements=max_measurements, progress=progress)
 
 
 def synthetic_buffer(graph, name: str, spec, device):
