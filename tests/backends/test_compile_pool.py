@@ -5,6 +5,9 @@ compute; a failing task is reported, not raised; a dead worker fails its tasks a
 gives way to in-process compiles; a graph's final kernels and tuning candidates are handed
 to the pool."""
 import os
+import signal
+import threading
+import time
 
 import pytest
 import torch
@@ -119,20 +122,56 @@ def test_a_failing_task_is_reported_not_raised(pool):
     assert compile_pool.stats()["failed"] == 1
 
 
-def test_dead_workers_fail_their_tasks_and_the_pool_gives_way(pool):
-    workers = compile_pool._pool.workers
-    for w in workers:
+def _warm_up():
+    """One compile through the pool, so that its workers have started."""
+    graph, tk = _row_softmax_kernel(rows=11, cols=12)
+    launcher = TritonKernel(tk, generate(tk, interpret=False), interpret=False)
+    assert precompile_kernel(graph, tk, launcher)
+    assert compile_pool.wait(launcher._warming)
+
+
+def _gone(timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while compile_pool._pool is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return compile_pool._pool is None
+
+
+def test_dead_workers_are_noticed_and_the_pool_gives_way(pool):
+    _warm_up()
+    for w in compile_pool._pool.workers:
         w.proc.kill()
-    for w in workers:
-        w.thread.join(timeout=30)  # each notices its worker is gone at its next task or reply
+    assert _gone()  # each worker's thread sees its process gone, idle or not
+    assert "every compile worker stopped" in compile_pool._unavailable
     graph, tk = _row_softmax_kernel()
     launcher = TritonKernel(tk, generate(tk, interpret=False), interpret=False)
-    started = precompile_kernel(graph, tk, launcher)
-    if started:  # queued before the last worker was seen to be gone: failed, not hung
-        compile_pool.wait(launcher._warming)
-        assert launcher._warming.exception() is not None
-    assert compile_pool._pool is None and compile_pool._unavailable
+    assert not precompile_kernel(graph, tk, launcher)  # no pool: the launch compiles it
     assert not compile_pool.start(TARGET)  # not started again in this process
+
+
+def test_a_hung_worker_gives_the_pool_up(pool, monkeypatch):
+    _warm_up()
+    monkeypatch.setattr(compile_pool, "WAIT_S", 2.0)
+    for w in compile_pool._pool.workers:
+        os.kill(w.proc.pid, signal.SIGSTOP)
+    graph, tk = _row_softmax_kernel(rows=7, cols=9)
+    launcher = TritonKernel(tk, generate(tk, interpret=False), interpret=False)
+    assert precompile_kernel(graph, tk, launcher)
+    t0 = time.monotonic()
+    assert compile_pool.wait(launcher._warming) == ""
+    assert time.monotonic() - t0 < 30
+    assert compile_pool._pool is None and "2 s" in compile_pool._unavailable
+    future = launcher._warming
+    assert compile_pool.wait(future) == ""  # a later wait on the given-up pool returns at once
+
+
+def test_a_task_that_breaks_the_channel_completes(pool):
+    """Whatever breaks a worker's channel, the task in hand completes (with an error) instead of
+    leaving its launch waiting."""
+    future = compile_pool.submit("unpicklable", "p", "m", "f", [threading.Lock()], {})
+    t0 = time.monotonic()
+    assert compile_pool.wait(future) == ""
+    assert time.monotonic() - t0 < 10 and future.exception() is not None
 
 
 def test_one_thread_means_no_pool(monkeypatch):
@@ -166,7 +205,7 @@ def test_a_pool_whose_binaries_are_never_found_is_given_up(pool):
 
     for _ in range(compile_pool.GIVE_UP_AFTER):
         compile_pool.launched("worker-key", Compiled())
-    assert compile_pool._pool is None and "did not find" in compile_pool._unavailable
+    assert compile_pool._pool is None and "none found" in compile_pool._unavailable
     assert compile_pool.stats()["missed"] == compile_pool.GIVE_UP_AFTER
     assert not compile_pool.start(TARGET)
 

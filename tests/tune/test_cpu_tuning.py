@@ -81,3 +81,57 @@ def test_canonical_source_renames_only_kernel_and_buffer_names():
     assert "s0" in one and "buf121" in one and "buf1" not in one.replace("buf121", "") and "kernel" not in one
     swapped = canonical_source(src.format(k="kernel1", a="buf12", b="buf1"), [kernel("kernel1", ["buf1", "buf12"])])
     assert swapped != one  # the same names in other roles are another kernel
+
+
+def _flaky_builds(monkeypatch, fails):
+    """Candidates' builds fail where `fails(k)` holds (k: the k-th build asked for)."""
+    real = tuner._Bench._kernels
+    calls = []
+
+    def build(self, cfg):
+        key = tuple(sorted(cfg.items()))
+        if key not in self.built:
+            calls.append(key)
+            if fails(len(calls)):
+                raise RuntimeError("planted build failure")
+        return real(self, cfg)
+
+    monkeypatch.setattr(tuner._Bench, "_kernels", build)
+    return calls
+
+
+def test_a_candidate_that_fails_to_build_is_dropped(monkeypatch, tmp_path):
+    monkeypatch.setitem(tuner.CPU_LEVELS, "max", (3, 1.5))
+    calls = _flaky_builds(monkeypatch, lambda k: k == 2)
+    x, w = torch.randn(37, 300), torch.randn(300)
+    with tilefuse.config.patch(cache_dir=str(tmp_path), backend="cpu"):
+        torch._dynamo.reset()
+        rep = tilefuse.explain(_rmsnorm, x, w, options={"autotune": "max"})
+        out = tilefuse.compile(_rmsnorm, options={"autotune": "max"})(x, w)
+    notes = " ".join(_notes(rep))
+    assert len(calls) >= 3 and "measured" in notes and "planted build failure" in notes, notes
+    torch.testing.assert_close(out, _rmsnorm(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_no_candidate_that_builds_leaves_the_model_choosing(monkeypatch, tmp_path):
+    monkeypatch.setitem(tuner.CPU_LEVELS, "max", (3, 1.5))
+    _flaky_builds(monkeypatch, lambda k: True)
+    x, w = torch.randn(37, 300), torch.randn(300)
+    with tilefuse.config.patch(cache_dir=str(tmp_path), backend="cpu"):
+        torch._dynamo.reset()
+        rep = tilefuse.explain(_rmsnorm, x, w, options={"autotune": "max"})
+    notes = " ".join(_notes(rep))
+    assert "cost model" in notes and "failed to compile or run" in notes, notes
+
+
+def test_building_stops_at_its_budget(monkeypatch, tmp_path):
+    """Built one after another (no compile workers), only the best-ranked candidates that fit the
+    build budget are measured."""
+    monkeypatch.setitem(tuner.CPU_LEVELS, "max", (3, 1.5))
+    monkeypatch.setitem(tuner.BUILD_S, "max", 0.0)
+    calls = _flaky_builds(monkeypatch, lambda k: False)
+    x, w = torch.randn(37, 300), torch.randn(300)
+    with tilefuse.config.patch(cache_dir=str(tmp_path), backend="cpu"):
+        torch._dynamo.reset()
+        rep = tilefuse.explain(_rmsnorm, x, w, options={"autotune": "max"})
+    assert len(calls) == 1 and any("measured" in n for n in _notes(rep)), (calls, _notes(rep))

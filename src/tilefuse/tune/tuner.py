@@ -22,6 +22,7 @@ space's configurations, or does not fit, is discarded and tuned again.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, replace
 
@@ -41,6 +42,9 @@ LEVELS = {"1": (8, 0.5), "max": (32, 60.0)}
 MEMORY_LEVELS = {"1": (6, 0.25), "max": (16, 20.0)}
 #: the CPU backend (C++ kernels, a compile per candidate): measured only when asked for
 CPU_LEVELS = {"max": (12, 20.0)}
+#: level -> seconds for building the candidates before measuring (all of them, when a pool of
+#: compile workers builds them side by side; the best-ranked, when they compile one by one)
+BUILD_S = {"1": 8.0, "max": 60.0}
 #: at most this many samples per candidate (the bandit's bookkeeping grows with the samples, and a
 #: fast kernel would otherwise take thousands within the budget)
 SAMPLES_PER_CANDIDATE = {"1": 6, "max": 16}
@@ -182,7 +186,7 @@ def _prepare(graph, plan, options: LoweringOptions, level: str, device, backend:
 
 
 def _measure(p: PreparedTuning, progress=None) -> TuneOutcome:
-    ranked, failures = p.bench.ready(p.ranked)
+    ranked, failures = p.bench.ready(p.ranked, BUILD_S.get(p.level, 8.0))
     if not ranked:
         raise TuningError(f"all {len(failures)} candidates failed to compile or run; first: "
                           f"{describe(failures[0][0])}: {failures[0][1]}")
@@ -314,7 +318,11 @@ def precompile_kernel(graph, tk, launcher) -> bool:
                    for name in list(tk.reads) + list(tk.writes)}
     except (KeyError, TypeError, ValueError):  # a symbolic size
         return False
-    return start(buffers, {})
+    try:
+        return start(buffers, {})
+    except Exception as err:  # noqa: BLE001 — an optimisation: the kernel compiles when it launches
+        logs.log("cache", "%s: not compiled ahead: %s: %s", tk.name, type(err).__name__, err)
+        return False
 
 
 class _Bench:
@@ -364,11 +372,18 @@ class _Bench:
             except Exception as err:  # noqa: BLE001 — `ready` meets the error again and drops the candidate
                 logs.log("tune", "%s: candidate %s did not load: %s", self.plan.name, describe(cfg), err)
 
-    def ready(self, ranked: list) -> tuple[list, list]:
-        """Each candidate built and run once, outside any time budget: (the ranked candidates
-        that ran, [(config, error)] for those that did not)."""
+    def ready(self, ranked: list, budget_s: float = math.inf) -> tuple[list, list]:
+        """Each candidate built and run once, in rank order, outside the measuring budget, until
+        `budget_s` is spent (compiles in workers overlap, so this is the wait for the slowest; in
+        this process they add up, and the best-ranked that were built are measured): (the ranked
+        candidates that ran, [(config, error)] for those that did not)."""
         ok, failed = [], []
-        for predicted, cfg in ranked:
+        t0 = time.perf_counter()
+        for k, (predicted, cfg) in enumerate(ranked):
+            if ok and time.perf_counter() - t0 > budget_s:
+                logs.log("tune", "%s: %d candidate(s) not built within %.0f s", self.plan.name, len(ranked) - k,
+                         budget_s)
+                break
             try:
                 self._kernels(cfg)
             except Exception as err:  # noqa: BLE001 — a candidate that fails is dropped, not fatal
