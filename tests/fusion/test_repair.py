@@ -32,6 +32,31 @@ def test_rolling_update_is_derived_for_variants(body, factor):
     assert "h(t, r, r')" in repair.describe()
 
 
+def test_a_layer_like_another_reuses_its_derivation():
+    """Every layer of a model asks for the same derivation under other buffer names: the sympy
+    work runs once, and each layer gets a repair over its own buffers; a refusal is remembered
+    too."""
+    from tilefuse.fusion import repair as repair_mod
+
+    def layer(n):
+        x = Load(f"x{n}", (Index(I0), Index(R0)), dt.float32)
+        m = Load(f"m{n}", (Index(I0),), dt.float32)
+        return unary("exp", unary("tanh", x / 17.0) * 17.0 - m) * Load(f"v{n}", (Index(R0),), dt.float32), f"m{n}"
+
+    repair_mod._rebasing.cache_clear()
+    repairs = [derive_rolling_update(layer(n)[0], "sum", layer(n)[1]) for n in range(4)]
+    info = repair_mod._rebasing.cache_info()
+    assert info.misses == 1 and info.hits == 3
+    assert all(sympy.simplify(r.factor - repairs[0].factor) == 0 for r in repairs)
+    assert [r.producers for r in repairs] == [(f"m{n}",) for n in range(4)]
+    assert {e.buffer for e in repairs[3].pivots} == {"m3"}
+    for n in range(2):
+        x = Load(f"x{n}", (Index(I0), Index(R0)), dt.float32)
+        with pytest.raises(NoRepair, match="depends on the data"):
+            derive_rolling_update(unary("exp", x * Load(f"m{n}", (Index(I0),), dt.float32)), "sum", f"m{n}")
+    assert repair_mod._rebasing.cache_info().hits == 4
+
+
 @pytest.mark.parametrize("body,why", [
     (binary("mul", X - M, X - M), "depends on the data"),      # variance: moment expansion, not h
     (unary("exp", X * M), "depends on the data"),

@@ -16,6 +16,8 @@ entropy ...), and both conditions are checked symbolically before it is used (Ne
 """
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 
 import sympy
@@ -157,26 +159,35 @@ def derive_rolling_update(body: Expr, combiner: str, producer) -> Repair:
         news.append(sympy.Symbol(f"{base}_new", real=True))
     opaque: dict = {}
     g = _to_sympy(body, producers, pivots, opaque)
-    cs = set(opaque.values())
-    syms = list(pivots.values())
+    verdict, factor = _rebasing(g, tuple(pivots.values()), tuple(olds), tuple(news), frozenset(opaque.values()))
+    if verdict:
+        raise NoRepair(verdict)
+    return Repair(producers=producers, factor=factor, g=g, pivots=tuple(pivots), olds=tuple(olds), news=tuple(news))
+
+
+@functools.lru_cache(maxsize=1024)
+def _rebasing(g, syms: tuple, olds: tuple, news: tuple, cs: frozenset):
+    """("", h's factor) re-basing Σ g(r, c_j) from r to r', or (why not, None). The sympy work
+    of a derivation, cached: every layer of a model asks it for the same canonical g (pivots
+    r.., data symbols c0, c1, .. in order of appearance)."""
     g_new = g.subs(dict(zip(syms, news)), simultaneous=True)
     g_old = g.subs(dict(zip(syms, olds)), simultaneous=True)
     factor = sympy.simplify(sympy.powsimp(g_new / g_old, force=True))
     if factor.free_symbols & cs:
-        raise NoRepair(f"g(r', c) / g(r, c) = {factor} depends on the data, so no h re-bases a partial sum")
+        return f"g(r', c) / g(r, c) = {factor} depends on the data, so no h re-bases a partial sum", None
     if not (factor.is_positive and factor.is_finite):
         # condition 1 divides by g(r, c): a factor that can be 0 or infinite (r'/r when a
         # running value crosses 0) would lose the partial sum at run time
-        raise NoRepair(f"the factor {factor} is not provably positive and finite")
+        return f"the factor {factor} is not provably positive and finite", None
     h = T * factor
     # condition 1: h(g(r, c), r, r') == g(r', c)
     if sympy.simplify(sympy.powsimp(sympy.expand(h.subs(T, g_old) - g_new), force=True)) != 0:
-        raise NoRepair("h(g(r, c), r, r') != g(r', c)")
+        return "h(g(r, c), r, r') != g(r', c)", None
     # condition 2: h distributes over the sum
     a, b = sympy.symbols("a b", real=True)
     if sympy.simplify(h.subs(T, a + b) - h.subs(T, a) - h.subs(T, b)) != 0:
-        raise NoRepair("h does not distribute over the sum")
-    return Repair(producers=producers, factor=factor, g=g, pivots=tuple(pivots), olds=tuple(olds), news=tuple(news))
+        return "h does not distribute over the sum", None
+    return "", factor
 
 
 def _compute(*exprs: Expr):
