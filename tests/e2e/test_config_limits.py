@@ -188,12 +188,16 @@ def test_tuner_never_compiles_a_candidate_over_the_limits(monkeypatch):
     from tilefuse.backends.cpu import stack
     from tilefuse.tune import tuner
 
-    measured, dropped = [], []
-    measure, misfit = tuner._Bench.measure, tuner._Bench.misfit
+    measured, built, dropped = [], [], []
+    measure, misfit, launchers = tuner._Bench.measure, tuner._Bench.misfit, tuner._Bench._launchers
 
     def record_measure(self, cfg):
         measured.append(dict(cfg))
         return measure(self, cfg)
+
+    def record_launchers(self, cfg):  # every candidate's kernels are loaded (built) here
+        built.append(dict(cfg))
+        return launchers(self, cfg)
 
     def record_misfit(self, cfg):
         why = misfit(self, cfg)
@@ -203,6 +207,7 @@ def test_tuner_never_compiles_a_candidate_over_the_limits(monkeypatch):
 
     monkeypatch.setattr(tuner._Bench, "measure", record_measure)
     monkeypatch.setattr(tuner._Bench, "misfit", record_misfit)
+    monkeypatch.setattr(tuner._Bench, "_launchers", record_launchers)
     # a budget that holds the row reduction's arrays for 1 or 2 rows per program, not 4
     monkeypatch.setattr(stack, "stack_budget", lambda: 3 * 4096 * 4)
     x = torch.randn(8, 4096)
@@ -211,5 +216,5 @@ def test_tuner_never_compiles_a_candidate_over_the_limits(monkeypatch):
     with tilefuse.config.patch(target="cpu", autotune="max", fallback="error"):
         out = torch.compile(fn, backend="tilefuse", dynamic=False)(x)
     torch.testing.assert_close(out, fn(x))
-    assert measured and dropped, (measured, dropped)
-    assert all(cfg["XBLOCK"] <= 2 for cfg in measured) and all(cfg["XBLOCK"] > 2 for cfg in dropped)
+    assert measured and built and dropped, (measured, built, dropped)
+    assert all(cfg["XBLOCK"] <= 2 for cfg in measured + built) and all(cfg["XBLOCK"] > 2 for cfg in dropped)

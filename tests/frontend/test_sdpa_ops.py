@@ -90,6 +90,10 @@ CASES = [
      torch.bfloat16, (1, 1), E, None, {"causal": "top_left"}),
     ("overrideable-negative-scale", lambda q, k, v, m: aten._scaled_dot_product_fused_attention_overrideable(
         q, k, v, scale=-0.2)[0], torch.float32, (1, 1), E, None, {"scale": -0.2}),
+    ("efficient-gqa-bias-fp16", lambda q, k, v, m: aten._scaled_dot_product_efficient_attention(
+        q, k, v, m.expand(B, 4, L, S), False)[0], torch.float16, (4, 2), 16, "bias4", {}),
+    ("cudnn-causal-fp64", lambda q, k, v, m: aten._scaled_dot_product_cudnn_attention(
+        q, k, v, None, False, is_causal=True)[0], torch.float64, (1, 1), E, None, {"causal": "top_left"}),
     ("overrideable-bias-causal-bf16", lambda q, k, v, m: aten._scaled_dot_product_fused_attention_overrideable(
         q, k, v, m, is_causal=True)[0], torch.bfloat16, (1, 1), E, "bias", {"causal": "top_left"}),
 ]
@@ -103,14 +107,14 @@ def test_fused_attention_op_is_one_flash_kernel(name, call, dtype, heads, ev, ma
     m = masks(dtype)[mask] if mask else None
     compiled, report = compile_graph(call, q, k, v, m)
     assert [kr.kind for kr in report.kernels] == ["flash"] and not report.externs, report.graph_ir
-    if dtype != torch.float32:  # both products on the inputs' dtype (tensor cores), as the fused kernels
+    if dtype in (torch.bfloat16, torch.float16):  # both products on the inputs' dtype, as the fused kernels
         dots = [ln for ln in report.kernels[0].tile_ir.splitlines() if "dot(" in ln]
         assert dots and all(f"in {str(dtype).split('.')[1]}" in ln for ln in dots), dots
     out = compiled(q, k, v, m)[0]
     assert out.dtype == dtype and out.shape == (B, heads[0], L, ev)
     ref = math_attention(q, k, v, m, **ref_kwargs)
     eager = math_attention(q, k, v, m, dtype=torch.float32, **ref_kwargs).to(dtype)  # the math path
-    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    tol = {torch.float32: 1e-5, torch.float64: 1e-12}.get(dtype, 1e-2)
     err, eager_err = ((x.double() - ref).abs().max().item() for x in (out, eager))
     assert err <= 2 * eager_err + tol, (err, eager_err)
     if mask == "keep":  # PyTorch's math path: a row masked throughout gives 0
