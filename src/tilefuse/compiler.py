@@ -364,8 +364,8 @@ def _prepare_tuning(graph, steps, options, device, backend: str, stage, progress
             if views is not None and config.matmul == "aten":
                 continue
             progress.now(f"ranking the schedules of {step.name}")
-            p = prepare_tuning(graph, step, options, level=config.autotune, device=device, backend=backend,
-                               aten=(lambda step=step, views=views: _aten_step(step, views)) if views is not None else None)
+            aten = (lambda step=step, views=views: _aten_step(step, views)) if views is not None else None
+            p = prepare_tuning(graph, step, options, level=config.autotune, device=device, backend=backend, aten=aten)
             if isinstance(p, PreparedTuning) and p.key in keys:
                 continue  # the same kernel as an earlier plan: shared, or a tuning-cache hit by its turn
             if isinstance(p, PreparedTuning):
