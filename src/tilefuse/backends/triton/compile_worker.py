@@ -111,6 +111,19 @@ def _match_backend(backend_hash: str) -> None:
         type(backend).hash = lambda self, _h=backend_hash: _h
 
 
+def _builds_launch_stubs() -> bool:
+    """Triton before 3.9 compiles a C launch stub per kernel signature when a launcher is made;
+    3.9 launches through its driver's own module (making a launcher would only start the real
+    driver, which initialises CUDA, in this process)."""
+    import triton
+
+    try:
+        major, minor = (int(p) for p in triton.__version__.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) < (3, 9)
+
+
 def compile_kernel(path: str, module_name: str, fn_name: str, args: list, options: dict, env: dict,
                    backend_hash: str = "") -> str:
     """Compile the kernel for a launch with `args` and `options`; its Triton cache hash."""
@@ -118,12 +131,13 @@ def compile_kernel(path: str, module_name: str, fn_name: str, args: list, option
     _match_backend(backend_hash)
     fn = _kernel(path, module_name, fn_name)
     compiled = fn.warmup(*args, grid=(1,), **options)
-    try:  # the launch stub (a C extension per signature, cached on disk) is built here too
-        from triton.runtime import driver
+    if _builds_launch_stubs():  # the launch stub (a C extension per signature, cached on disk) too
+        try:
+            from triton.runtime import driver
 
-        driver.active.launcher_cls(compiled.src, compiled.metadata)
-    except Exception:  # noqa: BLE001 — an optimisation: the parent builds it at its first launch
-        pass
+            driver.active.launcher_cls(compiled.src, compiled.metadata)
+        except Exception:  # noqa: BLE001 — an optimisation: the parent builds it at its first launch
+            pass
     return str(getattr(compiled, "hash", ""))
 
 
