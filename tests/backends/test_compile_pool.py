@@ -91,7 +91,7 @@ def test_the_launching_process_finds_the_workers_binary(pool):
     saved = driver._active
     driver.set_active(compile_worker._TargetOnlyDriver(GPUTarget(*TARGET)))
     try:
-        here = launcher.fn.warmup(*args, grid=(1,), **launcher._options())
+        here = launcher.fn.warmup(*args, grid=(1,), **launcher._launch_options)
     finally:
         driver._active = saved
     assert {d for d in os.listdir(pool)} == before
@@ -227,7 +227,7 @@ def test_the_worker_keys_its_binary_with_this_processs_backend_hash(pool, monkey
     graph, tk = _row_softmax_kernel(rows=29, cols=33)
     launcher = TritonKernel(tk, generate(tk, interpret=False), interpret=False)
     task = (launcher.module.__tilefuse_path__, launcher.module.__name__, tk.name,
-            [torch.bfloat16, torch.float32], launcher._options())
+            [torch.bfloat16, torch.float32], launcher._launch_options)
     own = compile_pool.wait(compile_pool.submit("own", *task))
     monkeypatch.setattr(compile_pool, "_backend_hash", lambda target: "another-ptxas-90")
     other = compile_pool.wait(compile_pool.submit("other", *task))

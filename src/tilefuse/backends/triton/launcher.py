@@ -107,6 +107,8 @@ class TritonKernel:
         self.described = _described_buffers(kernel.body)  # read through tensor descriptors (TMA)
         self.checks = checks_of(kernel.body)
         self.debug = {"debug": True, "sanitize_overflow": False} if self.checks and not interpret else {}
+        self._launch_options = dict(kernel.constexprs, num_warps=kernel.num_warps, num_stages=kernel.num_stages,
+                                    **self.debug)
         self.arg_plan = []
         for p in kernel.params:
             if p.kind == "buffer":
@@ -141,10 +143,6 @@ class TritonKernel:
                 args.append(values[name])
         return args
 
-    def _options(self) -> dict:
-        return dict(self.kernel.constexprs, num_warps=self.kernel.num_warps, num_stages=self.kernel.num_stages,
-                    **self.debug)
-
     def precompile(self, buffers: dict, env: dict) -> bool:
         """Compile the kernel in a worker process (`compile_pool`) for a launch on `buffers`
         (tensors, meta tensors will do) with sizes `env`; its first launch waits for it. False
@@ -159,7 +157,7 @@ class TritonKernel:
             return False
         if empty:
             return False
-        options = self._options()
+        options = self._launch_options
         key = cache_key("triton-precompile", self.module.__name__, repr(args), sorted(options.items()))
         self._warming = compile_pool.submit(key, self.module.__tilefuse_path__, self.module.__name__,
                                             self.kernel.name, args, options)
@@ -182,12 +180,9 @@ class TritonKernel:
             # another specialisation, which this launch compiles itself
             aligned = all(a.data_ptr() % 16 == 0 for a in args if hasattr(a, "data_ptr"))
             expected = compile_pool.wait(future) if aligned else ""
-            compiled = self.fn[grid](*args, **self.kernel.constexprs, num_warps=self.kernel.num_warps,
-                                     num_stages=self.kernel.num_stages, **self.debug)
-            compile_pool.launched(expected, compiled)
+            compile_pool.launched(expected, self.fn[grid](*args, **self._launch_options))
         else:
-            self.fn[grid](*args, **self.kernel.constexprs, num_warps=self.kernel.num_warps,
-                          num_stages=self.kernel.num_stages, **self.debug)
+            self.fn[grid](*args, **self._launch_options)
         self.module.__tilefuse_launched__ = True
 
     def _interpret(self, grid, args: list, env: dict) -> None:
