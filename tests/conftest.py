@@ -12,3 +12,6 @@ os.environ.setdefault("TILEFUSE_CACHE_DIR", tempfile.mkdtemp(prefix="tilefuse-te
 os.environ.setdefault("TILEFUSE_FALLBACK", "error")
 # tests check results, not speed: no measured tuning on a GPU (the cost model still chooses)
 os.environ.setdefault("TILEFUSE_AUTOTUNE", "0")
+# every test compiles what it runs: a graph loaded from the graph cache would hide the compile a
+# test patches or inspects (tests/test_graph_cache.py turns it on where it is the subject)
+os.environ.setdefault("TILEFUSE_GRAPH_CACHE", "0")

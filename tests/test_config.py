@@ -27,6 +27,8 @@ BAD_AND_GOOD = {
     "cache_lock_timeout": ("-1", ("30", 30)),
     "cache_max_bytes": ("4G", ("1073741824", 1 << 30)),
     "compile_threads": ("two", (" 3 ", 3)),
+    "graph_cache": ("sometimes", ("off", False)),
+    "cuda_graphs": ("2", ("on", True)),
     "persistent_reduction_limit": ("4194304", ("1024", 1024)),
     "flash_config": ("64,64,4", ("64,32,4,2", "64,32,4,2")),
     "flash_split": ("-1", ("4", 4)),
@@ -114,10 +116,10 @@ def test_the_old_backend_name_is_the_target_knob():
 
 
 def test_modes_map_to_knobs_and_bad_modes_are_refused():
-    assert resolve_options("max-autotune") == {"autotune": "max"}
+    assert resolve_options("max-autotune") == {"autotune": "max", "cuda_graphs": True}
+    assert resolve_options("max-autotune-no-cudagraphs") == {"autotune": "max"}
     assert resolve_options("default") == {}
-    with pytest.warns(UserWarning, match="CUDA-graph"):
-        assert resolve_options("reduce-overhead") == {}
+    assert resolve_options("reduce-overhead") == {"cuda_graphs": True}
     with pytest.raises(ConfigError, match="max-autotune"):
         resolve_options("fastest")
     assert resolve_options(options={"autotune": 0, "verify": "1"}) == {"autotune": "0", "verify": True}

@@ -46,6 +46,7 @@ LAYERS = {
     "tilefuse.dedupe": 8,  # the driver's sharing of identical kernels across plans and graphs
     "tilefuse.compile_profile": 8,  # the driver's compile-time report
     "tilefuse.progress": 8,  # the driver's progress line
+    "tilefuse.graph_cache": 8,  # the driver's store of whole compiled graphs
     # "the public API sits on top of the driver"; the package itself re-exports the API
     "tilefuse.api": 9,
     "tilefuse": 9,

@@ -88,7 +88,7 @@ def _fail(phase: str, name: str, err: BaseException, eager, gm=None, args=None):
     return eager
 
 
-def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, settings: dict):
+def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, settings: dict, inference: bool = False):
     name = f"{kind}{next(_graph_ids)}"
     t0 = time.perf_counter()
     try:
@@ -104,10 +104,13 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, settings
             runner = _fail("compiling", name, err, gm.forward, gm)
         return _boxed(runner)
     report.stage_seconds["total"] = time.perf_counter() - t0
+    mutated = _mutated_inputs(gm)
+    with config.patch(**settings):
+        if config.cuda_graphs:
+            compiled = _with_cuda_graphs(compiled, report, inference, mutated)
     _record(report, gm, settings)
     state = {"first": True, "runner": compiled}
     aliases = _output_aliases(gm)
-    mutated = _mutated_inputs(gm)
 
     def run(*args):
         runner = state["runner"]
@@ -135,6 +138,23 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, settings
         return out
 
     return _boxed(run)
+
+
+def _with_cuda_graphs(compiled, report: CompileReport, inference: bool, mutated: list):
+    """The compiled graph replayed as CUDA graphs where it can be (`runtime.cuda_graphs`);
+    else itself, with the reason in the report."""
+    from .runtime.cuda_graphs import CudaGraphRunner
+
+    if compiled.device.type != "cuda":
+        report.cuda_graphs = f"not used: the graph runs on {compiled.device.type} tensors"
+        return compiled
+    if not inference:
+        report.cuda_graphs = "not used: a training graph (CUDA graphs serve inference graphs today)"
+        return compiled
+    context = torch._guards.TracingContext.try_get()
+    metadata = getattr(context, "fw_metadata", None) if context is not None else None
+    static = list(getattr(metadata, "static_input_indices", None) or [])
+    return CudaGraphRunner(compiled, static, mutated, report)
 
 
 def _record(report: CompileReport, gm: torch.fx.GraphModule, settings: dict) -> None:
@@ -313,6 +333,7 @@ def _aot(gm: torch.fx.GraphModule, example_inputs, settings: dict):
         gm, example_inputs,
         fw_compiler=functools.partial(_compile_graph, kind="forward", settings=settings),
         bw_compiler=functools.partial(_compile_graph, kind="backward", settings=settings),
+        inference_compiler=functools.partial(_compile_graph, kind="forward", settings=settings, inference=True),
         decompositions=_decompositions(),
         # in-place updates of inputs (a KV-cache write) stay in the graph: the frontend writes
         # them in place instead of AOTAutograd copying a whole new tensor back after the call

@@ -7,7 +7,7 @@ import cProfile
 import pstats
 
 #: the stages in pipeline order (the report lists any other after them)
-STAGES = ("lower", "passes", "fusion", "tune", "tile", "codegen", "load")
+STAGES = ("graph cache", "lower", "passes", "fusion", "tune", "tile", "codegen", "load", "store")
 
 
 _SOURCES = {"measured": "measured", "cache": "from the tuning cache", "model": "by the cost model",
@@ -20,6 +20,9 @@ def report_text(report, top: int = 5) -> str:
     total = times.get("total", sum(v for k, v in times.items() if k != "total"))
     distinct = sum(1 for k in report.kernels if not k.shares)
     order = [s for s in STAGES if s in times] + [s for s in times if s not in STAGES and s != "total"]
+    if getattr(report, "cached", ""):
+        return (f"{report.graph_name}: {total:.3f} s, loaded from the graph cache ({report.cached}): "
+                f"{len(report.kernels)} kernel(s), {distinct} distinct, {len(report.externs)} extern(s)")
     tuning = getattr(report, "tuning", {})
     tuned = (", schedules: " + ", ".join(f"{n} {_SOURCES.get(k, k)}" for k, n in sorted(tuning.items()))
              if tuning else "")

@@ -7,6 +7,7 @@ and a `CompileReport` that `tilefuse.explain` prints.
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 import warnings
 from dataclasses import dataclass, field, replace
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field, replace
 import sympy
 import torch
 
-from . import dedupe, logs
+from . import dedupe, graph_cache, logs
 from .backends import cpu as cpu_backend
 from .backends.limits import kernel_check, target_limits
 from .backends.triton import TritonKernel, generate, load_kernel
@@ -27,6 +28,7 @@ from .fusion.plan import KernelPlan, Stage
 from .ir.expr import Load, walk
 from .ir.verify import verify
 from .passes import run_passes
+from .runtime.artifact import artifact_function
 from .runtime.compiled import CompiledGraph, ExternCall, KernelStep
 from .runtime.dispatch import SizeDispatch
 from .tile.lower import LoweringOptions, lower_plan_kernels
@@ -70,6 +72,8 @@ class CompileReport:
     failure: str = ""  # why compilation failed (the graph then ran as the fallback knob says)
     settings: dict = field(default_factory=dict)  # the options it was compiled with
     tuning: dict = field(default_factory=dict)  # how plans got their schedule: source -> count
+    cached: str = ""  # the graph cache's key (its first digits) when the graph was loaded from it
+    cuda_graphs: str = ""  # how the graph runs under the cuda_graphs knob ("": the knob is off)
 
 
 class _Stages:
@@ -102,9 +106,18 @@ def compile_fx(gm: torch.fx.GraphModule, device: torch.device, name: str = "grap
         raise ConfigError("target='triton' needs CUDA tensors; use 'cpu' or 'interpret' for CPU tensors")
     if choose_backend(device) == "cpu" and device.type != "cpu":
         raise ConfigError(f"target={choose_backend(device)!r} needs CPU tensors, not {device.type}; use 'triton'")
+    key = graph_cache.graph_key(gm, device, re.sub(r"\d+$", "", name)) if config.graph_cache else None
+    if key is not None:
+        loaded = graph_cache.load(key, device, name)
+        if loaded is not None:
+            return loaded
     with stage("lower"):
         graph = lower_fx(gm, name)
-    return compile_ir(graph, device, report)
+    compiled, report = compile_ir(graph, device, report)
+    if key is not None:
+        with stage("store"):
+            graph_cache.store(key, compiled, report)
+    return compiled, report
 
 
 def compile_ir(graph, device: torch.device, report: CompileReport | None = None):
@@ -476,6 +489,7 @@ def _statically_empty(graph, plan) -> bool:
     return bool(sizes) and all(any(sympy.sympify(d) == 0 for d in shape) for shape in sizes)
 
 
+@artifact_function
 def _nothing(buffers, env) -> None:
     return None
 

@@ -192,6 +192,13 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("cache_max_bytes", int, 4 << 30,
          "the disk cache's size bound (4 GiB by default): past it the least recently used entries "
          "are removed; 0: no bound", minimum=0),
+    Knob("cuda_graphs", bool, False,
+         "replay each compiled inference graph on a GPU as CUDA graphs, one per input layout "
+         "(mode='reduce-overhead' and 'max-autotune' turn it on): one launch per call instead of one "
+         "per kernel"),
+    Knob("graph_cache", bool, True,
+         "a graph compiled before (same FX graph, input layouts, knobs, versions, device) is loaded from "
+         "the disk cache instead of compiled again"),
     Knob("compile_threads", int, 0, "kernels compiled at once: C++ builds, and Triton compiles in worker "
          "processes; 0: one per CPU core (Triton: at most 32); 1: Triton kernels compile in this process",
          minimum=0, maximum=1024),
@@ -214,14 +221,11 @@ _BY_ENV: dict[str, Knob] = {**{k.env: k for k in KNOBS.values()},
 #: torch.compile's modes, as knob settings
 MODES: dict[str, dict] = {
     "default": {},
-    "max-autotune": {"autotune": "max"},
+    "max-autotune": {"autotune": "max", "cuda_graphs": True},
     "max-autotune-no-cudagraphs": {"autotune": "max"},
-    "reduce-overhead": {},
+    "reduce-overhead": {"cuda_graphs": True},
 }
-MODE_NOTES = {
-    "reduce-overhead": "tilefuse has no CUDA-graph runtime yet: mode='reduce-overhead' compiles as "
-                       "mode='default' (kernels are launched one by one)",
-}
+MODE_NOTES: dict[str, str] = {}
 
 
 def knob(name: str) -> Knob:

@@ -113,6 +113,9 @@ class Renamed:
         self.pairs = pairs  # [(representative's name, duplicate's name)]
         self.shared = shared  # keeps the entry alive while this graph is
 
+    def __tilefuse_reduce__(self):  # a stored graph rebuilds it, sharing with nothing
+        return self.launch, self.pairs, None
+
     def __call__(self, buffers: dict, env: dict) -> None:
         self.launch({r: buffers[d] for r, d in self.pairs}, env)
 

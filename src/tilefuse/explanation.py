@@ -145,6 +145,10 @@ class Explanation:
         failure = getattr(r, "failure", "")
         if failure:
             out.append(f"  compilation failed: {failure} (the graph ran as the fallback knob says)")
+        if getattr(r, "cuda_graphs", ""):
+            out.append(f"  CUDA graphs: {r.cuda_graphs}")
+        if getattr(r, "cached", ""):
+            out.append(f"  loaded from the graph cache ({r.cached}): the kernels of the compile that stored it")
         tags = {graph_tag_of(k.name)[0] for k in r.kernels}
         tag = tags.pop() if len(tags) == 1 else ""
         if tag:

@@ -48,19 +48,24 @@ def test_torch_compile_modes_run(mode):
     torch._dynamo.reset()
     out = torch.compile(fn, backend="tilefuse", mode=mode)(x, w)
     _close(out, fn(x.double(), w.double()), fn(x, w))
-    expected = {"autotune": "max"} if mode and mode.startswith("max-autotune") else {}
+    expected = {"default": {}, None: {}, "max-autotune": {"autotune": "max", "cuda_graphs": True},
+                "max-autotune-no-cudagraphs": {"autotune": "max"}}[mode]
     assert tilefuse.last_compilations(1).reports[0].settings == expected
 
 
-def test_reduce_overhead_is_accepted_with_one_warning_saying_what_it_does():
+def test_reduce_overhead_turns_cuda_graphs_on_and_explain_says_where_they_are_not_used():
     torch._dynamo.reset()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         f = torch.compile(lambda x: x.exp() + 1, backend="tilefuse", mode="reduce-overhead")
         x = torch.randn(6)
-        torch.testing.assert_close(f(x), x.exp() + 1)
-    notes = [w for w in caught if "reduce-overhead" in str(w.message)]
-    assert len(notes) == 1 and "CUDA-graph" in str(notes[0].message)
+        for _ in range(3):
+            torch.testing.assert_close(f(x), x.exp() + 1)
+    assert not [w for w in caught if "reduce-overhead" in str(w.message)]
+    report = tilefuse.last_compilations(1).reports[0]
+    assert report.settings == {"cuda_graphs": True}
+    assert report.cuda_graphs == "not used: the graph runs on cpu tensors"
+    assert "CUDA graphs: not used" in str(tilefuse.last_compilations(1))
 
 
 def test_torch_compile_options_are_tilefuse_knobs():

@@ -12,7 +12,8 @@ every input that is not a parameter into the graph's own buffers on each call â€
 memory-bound workload that copy can cost more than the kernels â€” the second times the tuned
 kernels alone); `inductor-reduce-overhead` (CUDA graphs, no tuning);
 `tilefuse` (`tilefuse.compile(fn, fallback="error")`, so that an internal failure is a
-reported n/a, not a silent eager run); `jax` (jax.jit of the jax.numpy twin, when JAX is
+reported n/a, not a silent eager run); `tilefuse-reduce-overhead` (the same with
+`mode="reduce-overhead"`: CUDA graphs, GPU only); `jax` (jax.jit of the jax.numpy twin, when JAX is
 importable); any other registered Dynamo backend by name. `BackendUnavailable` carries the
 reason a backend cannot be used.
 """
@@ -37,6 +38,8 @@ CACHED_BACKENDS = ("inductor", "inductor-max-autotune", "inductor-max-autotune-n
 INDUCTOR_MODES = {"inductor": None, "inductor-max-autotune": "max-autotune",
                   "inductor-max-autotune-no-cudagraphs": "max-autotune-no-cudagraphs",
                   "inductor-reduce-overhead": "reduce-overhead"}
+#: backend name -> tilefuse.compile mode
+TILEFUSE_MODES = {"tilefuse": None, "tilefuse-reduce-overhead": "reduce-overhead"}
 
 #: name -> (fn -> callable): extra or overriding backends, e.g. for tests
 Compilers = Mapping[str, Callable[[Callable], Callable]]
@@ -90,8 +93,11 @@ def prepare(name: str, workload, inputs: tuple, device: str,
         return Prepared(program(workload.fn), tuple(inputs))
     if name == "jax":
         return _jax_prepared(workload, inputs, device)
-    if name == "tilefuse":
-        return _tilefuse_prepared(workload, inputs)
+    if name in TILEFUSE_MODES:
+        mode = TILEFUSE_MODES[name]
+        if mode and torch.device(device).type != "cuda":
+            raise BackendUnavailable(f"{mode} replays CUDA graphs: GPU only")
+        return _tilefuse_prepared(workload, inputs, mode)
     if name in INDUCTOR_MODES:
         mode = INDUCTOR_MODES[name]
         if mode and torch.device(device).type != "cuda":
@@ -156,14 +162,14 @@ def _inductor_prepared(compiled: Callable, inputs) -> Prepared:
 
 # ----------------------------------------------------------------------------- tilefuse
 
-def _tilefuse_prepared(workload, inputs) -> Prepared:
+def _tilefuse_prepared(workload, inputs, mode: str | None = None) -> Prepared:
     try:
         tilefuse = importlib.import_module("tilefuse")
         api = importlib.import_module("tilefuse.api")
     except Exception as e:
         raise BackendUnavailable(f"import tilefuse failed: {describe(e)}") from e
     try:
-        compiled = tilefuse.compile(workload.fn, fallback="error")
+        compiled = tilefuse.compile(workload.fn, fallback="error", mode=mode)
     except Exception as e:
         raise BackendUnavailable(f"tilefuse.compile failed: {describe(e)}") from e
     prepared = Prepared(workload.program(compiled), tuple(inputs), compiles=_dynamo_graphs)

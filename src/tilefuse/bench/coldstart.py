@@ -123,7 +123,13 @@ def _child(spec: dict) -> dict:
         return {"error": backends.describe(e), "import_s": import_s}
     from torch._dynamo.utils import counters
 
-    return {"first_call_s": first, "import_s": import_s,
+    loaded = None
+    if spec["backend"] == "tilefuse":  # graphs loaded from tilefuse's graph cache, of those compiled
+        import tilefuse
+
+        reports = tilefuse.last_compilations().reports
+        loaded = f"{sum(1 for r in reports if r.cached)}/{len(reports)}"
+    return {"first_call_s": first, "import_s": import_s, "graphs_loaded": loaded,
             "compiles": (prepared.compiles() - before) if prepared.compiles else None,
             "fxgraph_cache_hit": int(counters["inductor"]["fxgraph_cache_hit"]),
             "fxgraph_cache_miss": int(counters["inductor"]["fxgraph_cache_miss"]),

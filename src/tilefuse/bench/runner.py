@@ -42,7 +42,7 @@ import torch
 
 from ..config import closest_name
 from . import metrics, timing
-from .backends import (CACHED_BACKENDS, DEFAULT_BACKENDS, INDUCTOR_MODES, BackendUnavailable,
+from .backends import (CACHED_BACKENDS, DEFAULT_BACKENDS, INDUCTOR_MODES, TILEFUSE_MODES, BackendUnavailable,
                        Compilers, Prepared, describe, prepare)
 from .coldstart import compile_latency
 from .report import progress_line
@@ -102,7 +102,7 @@ class BenchOptions:
                        compile_latency=self.compile_latency or self.compile_latency_only)
 
 
-_OWN_BACKENDS = ("eager", *INDUCTOR_MODES, "tilefuse", "jax")
+_OWN_BACKENDS = ("eager", *INDUCTOR_MODES, *TILEFUSE_MODES, "jax")
 
 
 def known_backends(extra=()) -> list[str]:

@@ -19,6 +19,9 @@ class AtenMatmul:
     def __init__(self, views):
         self.views = views
 
+    def __tilefuse_reduce__(self):  # a stored graph rebuilds it (`runtime.artifact`)
+        return (self.views,)
+
     def _view(self, t: torch.Tensor, op, symbols: tuple, sizes: tuple, env: dict) -> torch.Tensor:
         v = self._strided(t, op, symbols, sizes, env)
         for dtype in op.casts:

@@ -36,6 +36,8 @@ class KernelStep:
     scratch: dict = field(default_factory=dict)  # name -> tile.ir.Scratch among `writes`
     keep: object = None  # what its launcher shares with identical kernels (`dedupe.Shared`), kept alive
 
+    __tilefuse_transient__ = ("keep",)  # (a stored graph shares nothing: `runtime.artifact`)
+
 
 @dataclass
 class ExternCall:

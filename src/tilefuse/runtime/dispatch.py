@@ -22,6 +22,9 @@ class SizeDispatch:
         self.alternatives = alternatives
         self.value = _evaluator(variants.extent)
 
+    def __tilefuse_reduce__(self):  # a stored graph rebuilds it (`runtime.artifact`)
+        return self.variants, self.launcher, self.alternatives
+
     def __call__(self, buffers: dict, env: dict) -> None:
         k = self.variants.index(self.value(env))
         (self.launcher if k is None else self.alternatives[k])(buffers, env)

@@ -176,6 +176,9 @@ class CppKernel:
         self._sizes_array = ctypes.c_int64 * max(1, len(self.sizes))
         self._written = [name for name in self.buffers if name in set(kernel.writes)]
 
+    def __tilefuse_reduce__(self):  # a stored graph rebuilds it (`runtime.artifact`)
+        return self.kernel, self.source
+
     def wait(self) -> "CppKernel":
         """Block until the kernel's library is built and loaded (raises its build error)."""
         if self._fn is None:

@@ -119,6 +119,9 @@ class TritonKernel:
             else:
                 self.arg_plan.append(("size", p.name, None))
 
+    def __tilefuse_reduce__(self):  # a stored graph rebuilds it (`runtime.artifact`)
+        return self.kernel, self.source, self.interpret
+
     def _shape(self, env: dict) -> tuple:
         sizes = size_key(env)
         shape = self._shapes.get(sizes)
