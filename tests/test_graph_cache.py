@@ -1,6 +1,7 @@
 """The graph cache: a graph compiled before is loaded (not planned, lowered or tuned again) and
 gives the same results; anything the compiled graph depends on changes its key; an entry that
 does not load is compiled again, never an error."""
+import contextlib
 import json
 import os
 import subprocess
@@ -10,19 +11,30 @@ import pytest
 import torch
 
 import tilefuse
-from tilefuse import graph_cache
+from tilefuse import api, graph_cache
 from tilefuse.runtime import artifact
 
 TARGETS = ["cpu", "interpret"]
 
 
+@contextlib.contextmanager
+def collected_reports():
+    """The compile reports of the graphs compiled inside the block (as `explain` collects them)."""
+    sink: list = []
+    api._report_sinks.append(sink)
+    try:
+        yield sink
+    finally:
+        api._report_sinks.remove(sink)
+
+
 def compile_and_run(fn, *args, **options):
     """(outputs, the reports of the graphs compiled) for a fresh Dynamo compile of `fn`."""
     torch._dynamo.reset()
-    before = len(tilefuse.last_compilations().reports)
-    out = tilefuse.compile(fn, fallback="error", **{"graph_cache": True, **options})(*args)
-    reports = tilefuse.last_compilations().reports
-    return out, reports[min(before, len(reports) - 1):] if len(reports) > before else reports[-1:]
+    with collected_reports() as reports:
+        out = tilefuse.compile(fn, fallback="error", **{"graph_cache": True, **options})(*args)
+    assert reports
+    return out, reports
 
 
 def mlp(x, w1, b1, w2):
@@ -127,14 +139,14 @@ def test_training_graphs(tmp_path):
         expected = [p.grad.clone() for p in model.parameters()]
         model.zero_grad()
         torch._dynamo.reset()
-        before = len(tilefuse.last_compilations().reports)
-        loss = tilefuse.compile(model, fallback="error", target="cpu", cache_dir=str(tmp_path),
-                                graph_cache=True)(x).square().mean()
-        loss.backward()
+        with collected_reports() as reports:
+            loss = tilefuse.compile(model, fallback="error", target="cpu", cache_dir=str(tmp_path),
+                                    graph_cache=True)(x).square().mean()
+            loss.backward()
         torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
         for p, g in zip(model.parameters(), expected):
             torch.testing.assert_close(p.grad, g, atol=1e-5, rtol=1e-5)
-        return tilefuse.last_compilations().reports[before:]
+        return reports
 
     first = step(0)
     second = step(1)  # other weights and data, the same graphs

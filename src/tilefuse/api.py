@@ -324,10 +324,11 @@ def _aot(gm: torch.fx.GraphModule, example_inputs, settings: dict):
 
     if any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs) and \
             settings.get("target", config.target) in ("auto", "triton"):
-        from .backends.triton import compile_pool
+        from .backends.triton import compile_pool, launcher
 
         with config.patch(**settings):
             compile_pool.start()  # the workers start (import Triton) while AOTAutograd traces
+        launcher.prefetch_triton_key()
 
     return aot_module_simplified(
         gm, example_inputs,

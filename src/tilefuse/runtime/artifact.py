@@ -26,6 +26,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import enum
+import functools
 import importlib
 import json
 import math
@@ -80,6 +81,7 @@ def _name_of(obj) -> str:
     return f"{obj.__module__}:{obj.__qualname__}"
 
 
+@functools.lru_cache(maxsize=4096)
 def _resolve(name: str, prefixes: tuple):
     module, _, qualname = name.partition(":")
     if not module.startswith(prefixes) or not qualname or "<" in qualname:

@@ -31,8 +31,9 @@ from ..runtime.cache import DiskCache, cache_key, environment_fingerprint
 
 __all__ = ["FORMAT_VERSION", "NAMESPACE", "TuningCache", "shape_bucket", "tuning_key"]
 
-#: bumped whenever the record's schema changes; entries of another version are discarded
-FORMAT_VERSION = 1
+#: bumped whenever the record's schema or the way results are measured changes; entries of another
+#: version are discarded (2: GPU samples taken with the L2 cache flushed before each launch)
+FORMAT_VERSION = 2
 NAMESPACE = "tune"
 RECORD = "tuning.json"
 

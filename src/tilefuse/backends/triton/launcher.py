@@ -53,6 +53,32 @@ _modules: "weakref.WeakValueDictionary[str, object]" = weakref.WeakValueDictiona
 _caches: dict[str, DiskCache] = {}
 
 
+_key_thread: list = []
+
+
+def prefetch_triton_key() -> None:
+    """Start Triton's hash of its own sources in a background thread. Triton computes it once
+    per process before its first compile or launch (about 0.4 s on a GPU machine); started
+    when a graph reaches the backend, it runs while Dynamo and AOTAutograd trace (the hashing
+    releases the GIL), so a graph loaded from the graph cache does not wait for it."""
+    if _key_thread:
+        return
+    try:
+        from triton.runtime.cache import triton_key
+    except Exception:  # noqa: BLE001 - a Triton without it: nothing to prefetch
+        return
+    thread = threading.Thread(target=_quietly, args=(triton_key,), name="tilefuse-triton-key", daemon=True)
+    _key_thread.append(thread)
+    thread.start()
+
+
+def _quietly(fn) -> None:
+    try:
+        fn()
+    except Exception:  # noqa: BLE001 - the first launch computes it again and reports any error
+        pass
+
+
 def kernel_cache() -> DiskCache:
     """The process's handle on the "triton" cache namespace (its hit/miss/build counters
     tell whether a run compiled anything new)."""
