@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from lowering_harness import check, noncontig, rand
 
 from tilefuse.ir import Binary, Cast, Load, Pointwise, Reduce
+from tilefuse.ir.monoid import SUM
 
 F32, BF16 = torch.float32, torch.bfloat16
 
@@ -21,7 +22,7 @@ def _side(e):
 
 def assert_contraction(node, low_precision: bool):
     body = node.body
-    assert node.combiner == "sum" and len(node.ranges) == 1
+    assert node.combiner == SUM and len(node.ranges) == 1
     a, b = body.a, body.b
     for side in (a, b):
         assert isinstance(_side(side), Load), side

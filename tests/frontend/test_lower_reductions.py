@@ -4,6 +4,7 @@ import torch
 from lowering_harness import check, noncontig, rand
 
 from tilefuse.ir import Reduce
+from tilefuse.ir.monoid import SUM
 
 F32, BF16 = torch.float32, torch.bfloat16
 
@@ -115,4 +116,4 @@ def test_var_is_two_dependent_reductions():
     rec = check(lambda x: x.var(1), rand(7, 13))
     nodes = list(rec.graphs[0].nodes.values())
     reds = [n for n in nodes if isinstance(n, Reduce)]
-    assert len(reds) == 2 and all(r.combiner == "sum" for r in reds)
+    assert len(reds) == 2 and all(r.combiner == SUM for r in reds)

@@ -17,6 +17,7 @@ from tilefuse.fusion.repair import NoRepair
 from tilefuse.ir import dtypes as dt
 from tilefuse.ir.expr import Index, Load, Var, binary, const, unary
 from tilefuse.ir.interpret import Evaluator
+from tilefuse.ir.monoid import MAX, SUM
 
 I0, R0 = sympy.Symbol("i0", integer=True, nonnegative=True), sympy.Symbol("r0", integer=True, nonnegative=True)
 F64 = dt.float64
@@ -31,7 +32,7 @@ V = Load("v", (Index(I0),), F64)
 def _check_expansion(body, producers, rows=3, n=29, seed=0):
     """Σ_j body evaluated directly == the expansion combined from its moments, with shifts
     anywhere (the expansion is exact for every expansion point)."""
-    rep = derive_moments(body, "sum", producers, "t")
+    rep = derive_moments(body, SUM, producers, "t")
     g = torch.Generator().manual_seed(seed)
     buffers = {"x": torch.randn(rows, n, generator=g, dtype=torch.float64) + 2,
                "y": torch.randn(rows, n, generator=g, dtype=torch.float64),
@@ -101,9 +102,9 @@ def test_known_bodies_expand(body, text):
 ])
 def test_non_polynomial_bodies_are_refused(body, why):
     with pytest.raises(NoRepair, match=why):
-        derive_moments(body, "sum", "m")
+        derive_moments(body, SUM, "m")
     with pytest.raises(NoRepair, match="only sums"):
-        derive_moments((X - M) * (X - M), "max", "m")
+        derive_moments((X - M) * (X - M), MAX, "m")
 
 
 # ---------------------------------------------------------------- compiled kernels

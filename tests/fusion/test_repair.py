@@ -11,6 +11,7 @@ from tilefuse.config import config
 from tilefuse.fusion.repair import NoRepair, derive_rolling_update
 from tilefuse.ir import dtypes as dt
 from tilefuse.ir.expr import Index, Load, binary, const, unary, where
+from tilefuse.ir.monoid import MAX, SUM
 
 I0, R0 = sympy.Symbol("i0", integer=True, nonnegative=True), sympy.Symbol("r0", integer=True, nonnegative=True)
 X = Load("x", (Index(I0), Index(R0)), dt.float32)
@@ -26,7 +27,7 @@ M = Load("m", (Index(I0),), dt.float32)
     (unary("exp", X - where(unary("isinf", M), const(0.0), M)), "exp(r_old - r_new)"),  # guarded max
 ])
 def test_rolling_update_is_derived_for_variants(body, factor):
-    repair = derive_rolling_update(body, "sum", "m")
+    repair = derive_rolling_update(body, SUM, "m")
     assert sympy.simplify(repair.factor - sympy.sympify(factor, locals={
         "r_old": sympy.Symbol("r_old", real=True), "r_new": sympy.Symbol("r_new", real=True)})) == 0
     assert "h(t, r, r')" in repair.describe()
@@ -44,7 +45,7 @@ def test_a_layer_like_another_reuses_its_derivation():
         return unary("exp", unary("tanh", x / 17.0) * 17.0 - m) * Load(f"v{n}", (Index(R0),), dt.float32), f"m{n}"
 
     repair_mod._rebasing.cache_clear()
-    repairs = [derive_rolling_update(layer(n)[0], "sum", layer(n)[1]) for n in range(4)]
+    repairs = [derive_rolling_update(layer(n)[0], SUM, layer(n)[1]) for n in range(4)]
     info = repair_mod._rebasing.cache_info()
     assert info.misses == 1 and info.hits == 3
     assert all(sympy.simplify(r.factor - repairs[0].factor) == 0 for r in repairs)
@@ -53,7 +54,7 @@ def test_a_layer_like_another_reuses_its_derivation():
     for n in range(2):
         x = Load(f"x{n}", (Index(I0), Index(R0)), dt.float32)
         with pytest.raises(NoRepair, match="depends on the data"):
-            derive_rolling_update(unary("exp", x * Load(f"m{n}", (Index(I0),), dt.float32)), "sum", f"m{n}")
+            derive_rolling_update(unary("exp", x * Load(f"m{n}", (Index(I0),), dt.float32)), SUM, f"m{n}")
     assert repair_mod._rebasing.cache_info().hits == 4
 
 
@@ -63,9 +64,9 @@ def test_a_layer_like_another_reuses_its_derivation():
 ])
 def test_bodies_without_rolling_update_are_refused(body, why):
     with pytest.raises(NoRepair, match=why):
-        derive_rolling_update(body, "sum", "m")
+        derive_rolling_update(body, SUM, "m")
     with pytest.raises(NoRepair, match="only sums"):
-        derive_rolling_update(unary("exp", X - M), "max", "m")
+        derive_rolling_update(unary("exp", X - M), MAX, "m")
 
 
 def _loops(fn, x):
@@ -145,7 +146,7 @@ def test_review_regressions_chained_row_indexed_and_sign_changing_repairs():
         ref = fn(arg.double())
         assert (out.double() - ref).abs().max() <= 2 * (fn(arg).double() - ref).abs().max() + 1e-4 * (1 + ref.abs().max())
     with pytest.raises(NoRepair, match="positive and finite"):
-        derive_rolling_update(X * M, "sum", "m")
+        derive_rolling_update(X * M, SUM, "m")
 
 
 def test_cross_entropy_with_integer_targets_is_one_pass():

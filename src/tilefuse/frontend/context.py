@@ -11,6 +11,7 @@ from ..ir import dtypes as dt
 from ..ir.dtypes import DType
 from ..ir.expr import Expr, Index, cast, out_index, red_index
 from ..ir.graph import Extern, ExternResult, Graph, Pointwise, Reduce, TensorArg
+from ..ir.monoid import Monoid, monoid
 from .reinplace import mutates_input
 from .values import BufferValue, TensorValue
 
@@ -125,15 +126,16 @@ class LoweringContext:
         node = self.graph.add(Pointwise(self._name(), dtype, shape, body=body))
         return BufferValue(node.name, dtype, shape)
 
-    def reduce(self, shape, ranges, combiner: str, fn: Callable[[tuple, tuple], Expr],
+    def reduce(self, shape, ranges, combiner: Monoid | str, fn: Callable[[tuple, tuple], Expr],
                dtype: DType) -> BufferValue:
-        """out[i] = combiner over r in `ranges` of fn(i, r)."""
+        """out[i] = combiner over r in `ranges` of fn(i, r); the combiner is a `Monoid` or its
+        name (`ir.monoid.monoid` looks it up)."""
         shape = tuple(sympy.sympify(d) for d in shape)
         ranges = tuple(sympy.sympify(d) for d in ranges)
         idx = tuple(Index(s) for s in out_index(len(shape)))
         ridx = tuple(Index(s) for s in red_index(len(ranges)))
         body = fn(idx, ridx)
-        node = self.graph.add(Reduce(self._name(), dtype, shape, ranges=ranges, combiner=combiner, body=body))
+        node = self.graph.add(Reduce(self._name(), dtype, shape, ranges=ranges, combiner=monoid(combiner), body=body))
         return BufferValue(node.name, dtype, shape)
 
     def realize(self, value: TensorValue) -> str:

@@ -24,6 +24,7 @@ import sympy
 
 from ..ir.expr import Expr, Index, Load, free_symbols, out_index, red_index, transform, walk
 from ..ir.graph import Graph
+from ..ir.monoid import SUM
 from ..ir.rewrite import substitute_index
 from .plan import KernelPlan, Stage
 from .repair import NoRepair, derive_rolling_update
@@ -157,7 +158,7 @@ def _check(out_k, red_k, f_name, side, by_node, graph, outputs, steps, note):
         note(extra[-1])
     else:
         try:
-            repair = derive_rolling_update(term, "sum", producers)
+            repair = derive_rolling_update(term, SUM, producers)
         except NoRepair as why:
             note(f"{out_k.stages[0].node}: no attention fusion: {why}")
             return None
@@ -264,7 +265,7 @@ def _defer(info: FlashInfo, term: Expr, producers: tuple, o_node, con):
         b = b * f
     rest_producers = tuple(p for p in producers if _loads_of(a, p) or _loads_of(b, p))
     try:
-        repair = derive_rolling_update(a * b, "sum", rest_producers)
+        repair = derive_rolling_update(a * b, SUM, rest_producers)
     except NoRepair:
         return None
     return FlashInfo(q=info.q, k=info.k, score_extent=info.score_extent, a=a, b=b,

@@ -21,6 +21,7 @@ from ..ir.dtypes import float_widens
 from ..ir.expr import (Cast, Expr, Index, Load, Unary, count_ops, out_index, red_index, skip_intermediate_rounding,
                        transform, walk)
 from ..ir.graph import Extern, ExternResult, Graph, Pointwise, Reduce
+from ..ir.monoid import SUM
 from ..ir.rewrite import substitute_index
 
 #: unary ops that cost far more than an add (a contraction prologue of these is realised)
@@ -33,7 +34,7 @@ MAX_PROLOGUE_OPS = 3  # contraction operand prologues are recomputed once per ou
 def is_contraction_like(node) -> bool:
     from ..ir.expr import Binary
 
-    return isinstance(node, Reduce) and node.combiner == "sum" and isinstance(node.body, Binary) and node.body.op == "mul"
+    return isinstance(node, Reduce) and node.combiner == SUM and isinstance(node.body, Binary) and node.body.op == "mul"
 
 
 def _costly(body: Expr) -> bool:

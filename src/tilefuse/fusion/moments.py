@@ -33,6 +33,7 @@ import sympy
 
 from ..ir import dtypes as dt
 from ..ir.expr import Binary, Cast, Const, Expr, Unary, Var, binary, cast, free_symbols, red_index, unary, where
+from ..ir.monoid import SUM, Monoid
 from ..ir.printer import format_expr
 from .repair import NoRepair, _pivots, _reads_producer, _to_sympy
 
@@ -186,11 +187,11 @@ class _Jets:
 
 
 # ---------------------------------------------------------------- derivation
-def derive_moments(body: Expr, combiner: str, producers, name: str = "t") -> MomentRepair:
+def derive_moments(body: Expr, combiner: Monoid, producers, name: str = "t") -> MomentRepair:
     """Expand `combiner_j body(r.., c_j)` as a polynomial in the values of `producers` (one
     name or several). Raises NoRepair when the body is not a small polynomial in them."""
     producers = (producers,) if isinstance(producers, str) else tuple(producers)
-    if combiner != "sum":
+    if combiner != SUM:
         raise NoRepair(f"the consumer combines with {combiner}; only sums expand into moments")
     if not body.dtype.is_float:
         raise NoRepair(f"the body is {body.dtype}, not floating point")

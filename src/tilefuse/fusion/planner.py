@@ -26,6 +26,7 @@ from .. import logs
 from ..config import config
 from ..ir.expr import Binary, Expr, Index, Load, free_symbols, out_index, red_index, walk
 from ..ir.graph import Extern, ExternResult, Graph, Pointwise, Reduce, Scatter
+from ..ir.monoid import SUM
 from ..ir.rewrite import substitute_index
 from ..ir.symbolic import simplify_index
 from .inline import Inliner
@@ -77,7 +78,7 @@ def _unit_dims(node: Reduce, outs, other_reads) -> list:
 
 def match_contraction(node: Reduce, body: Expr) -> Contraction | None:
     """Recognise out[b.., m, n] = sum_k a(b.., m, k) * b(b.., k, n)."""
-    if node.combiner != "sum" or len(node.ranges) != 1:
+    if node.combiner != SUM or len(node.ranges) != 1:
         return None
     if not (isinstance(body, Binary) and body.op == "mul"):
         return None
@@ -237,7 +238,7 @@ class Planner:
         if any(k.stage(d).level >= top for d in deps if d != producer):
             self.note(f"{node.name}: no rolling update: it reads several reductions of pass {top}", k)
             return None
-        if self.graph[producer].combiner not in ("max", "min", "sum", "prod"):
+        if not self.graph[producer].combiner.numeric:
             self.note(f"{node.name}: no rolling update over {producer} ({self.graph[producer].combiner})", k)
             return None
         try:

@@ -24,6 +24,7 @@ import sympy
 
 from ..ir import dtypes as dt
 from ..ir.expr import Binary, Cast, Const, Expr, Index, Load, Unary, Where, binary, cast, const, transform, walk
+from ..ir.monoid import SUM, Monoid
 from ..ir.rewrite import sympy_to_expr
 
 T = sympy.Symbol("t", real=True)
@@ -140,11 +141,11 @@ def _to_sympy(e: Expr, producers: tuple, pivots: dict, opaque: dict) -> sympy.Ex
     raise NoRepair(f"the body applies {getattr(e, 'op', type(e).__name__)} to data and an earlier result together")
 
 
-def derive_rolling_update(body: Expr, combiner: str, producer) -> Repair:
+def derive_rolling_update(body: Expr, combiner: Monoid, producer) -> Repair:
     """Derive h for `combiner_j body(r.., c_j)` where `producer` names the earlier reduction
     (or a tuple of them) whose running values the body reads. Raises NoRepair."""
     producers = (producer,) if isinstance(producer, str) else tuple(producer)
-    if combiner != "sum":
+    if combiner != SUM:
         raise NoRepair(f"the consumer combines with {combiner}; only sums are re-based")
     pivots: dict = {}
     olds, news = [], []

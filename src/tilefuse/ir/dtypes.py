@@ -94,6 +94,19 @@ def float_widens(src: DType, dst: DType) -> bool:
     return src.is_float and dst.is_float and (src == dst or dst.itemsize > src.itemsize)
 
 
+def value_range(dtype: DType) -> tuple:
+    """(lowest, highest) value of `dtype`: ±inf for floats, 0 and 1 for bool, the integer
+    bounds of the width otherwise."""
+    if dtype.is_float:
+        return float("-inf"), float("inf")
+    if dtype.is_bool:
+        return 0, 1
+    bits = 8 * dtype.itemsize
+    if dtype.kind == "u":
+        return 0, 2 ** bits - 1
+    return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+
+
 def promote(a: DType, b: DType) -> DType:
     rank = {"b": 0, "u": 1, "i": 1, "f": 2}
     if rank[a.kind] != rank[b.kind]:

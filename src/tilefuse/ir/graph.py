@@ -20,11 +20,9 @@ import sympy
 
 from .dtypes import DType
 from .expr import Expr, buffers_read, format_expr
+from .monoid import SUM, Monoid, monoid
 
 Shape = tuple  # tuple[sympy.Expr, ...]
-
-#: combiners a Reduce may use, with their identity (None: no finite identity needed)
-COMBINERS = ("sum", "prod", "max", "min", "argmax", "argmin", "any", "all")
 
 
 @dataclass(eq=False)
@@ -77,14 +75,15 @@ class Pointwise(Node):
 @dataclass(eq=False)
 class Reduce(Node):
     """out[i] = combiner over r in ranges of body(i, r). `body.dtype` is the accumulation
-    dtype; the result is cast to `dtype`. argmax/argmin yield the flat index of r."""
+    dtype; the result is cast to `dtype`. argmax/argmin yield the flat index of r. The
+    combiner is a `Monoid` (a name given to the constructor is looked up)."""
 
     ranges: Shape = ()
-    combiner: str = "sum"
+    combiner: Monoid = SUM
     body: Expr = None
 
     def __post_init__(self):
-        assert self.combiner in COMBINERS, self.combiner
+        self.combiner = monoid(self.combiner)
 
     def inputs(self):
         return buffers_read(self.body)

@@ -177,18 +177,6 @@ def evaluate_pointwise(node: Pointwise, buffers: dict, env: dict) -> torch.Tenso
     return value.expand(shape).to(torch_dtype(node.dtype)).contiguous()
 
 
-_REDUCERS = {
-    "sum": lambda x: x.sum(-1),
-    "prod": lambda x: x.prod(-1),
-    "max": lambda x: x.amax(-1),
-    "min": lambda x: x.amin(-1),
-    "argmax": lambda x: x.argmax(-1),
-    "argmin": lambda x: x.argmin(-1),
-    "any": lambda x: x.any(-1),
-    "all": lambda x: x.all(-1),
-}
-
-
 def evaluate_reduce(node: Reduce, buffers: dict, env: dict) -> torch.Tensor:
     shape = tuple(int(symbolic.evaluate(d, env)) for d in node.shape)
     ranges = tuple(int(symbolic.evaluate(d, env)) for d in node.ranges)
@@ -198,18 +186,12 @@ def evaluate_reduce(node: Reduce, buffers: dict, env: dict) -> torch.Tensor:
     local.update(_grid(ranges, red_index(len(ranges)), rank, len(shape)))
     value = Evaluator(buffers, local)(node.body).expand(shape + ranges)
     flat = value.reshape(shape + (math.prod(ranges),))
+    m = node.combiner
     if flat.shape[-1] == 0:
-        identity = {"sum": 0, "prod": 1, "any": False, "all": True}.get(node.combiner)
-        if identity is None:
-            raise RuntimeError(f"{node.combiner} over an empty range")
-        return torch.full(shape, identity, dtype=torch_dtype(node.dtype))
-    if node.combiner in ("max", "min") and flat.dtype.is_floating_point:
-        # propagate NaN like torch.amax does
-        out = _REDUCERS[node.combiner](flat)
-        out = torch.where(flat.isnan().any(-1), torch.tensor(float("nan"), dtype=out.dtype), out)
-    else:
-        out = _REDUCERS[node.combiner](flat)
-    return out.to(torch_dtype(node.dtype))
+        if not m.empty_ok:
+            raise RuntimeError(f"{m} over an empty range")
+        return torch.full(shape, m.identity(node.dtype), dtype=torch_dtype(node.dtype))
+    return m.reduce(flat).to(torch_dtype(node.dtype))
 
 
 def run_scatter(node: Scatter, buffers: dict, env: dict) -> torch.Tensor:

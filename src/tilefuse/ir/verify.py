@@ -8,7 +8,8 @@ from __future__ import annotations
 import sympy
 
 from .expr import CheckedIndex, Index, Load, walk
-from .graph import COMBINERS, Extern, ExternResult, Graph, Input, Pointwise, Reduce, Scatter
+from .graph import Extern, ExternResult, Graph, Input, Pointwise, Reduce, Scatter
+from .monoid import Monoid
 
 
 class IRVerificationError(ValueError):
@@ -49,8 +50,8 @@ def verify(graph: Graph) -> Graph:
             allowed = {sympy.Symbol(f"i{k}", integer=True, nonnegative=True) for k in range(node.rank)}
             _check_body(graph, node, seen, allowed)
         elif isinstance(node, Reduce):
-            if node.combiner not in COMBINERS:
-                raise IRVerificationError(f"{node.name}: unknown combiner {node.combiner}")
+            if not isinstance(node.combiner, Monoid):
+                raise IRVerificationError(f"{node.name}: combiner {node.combiner!r} is not a Monoid")
             allowed = {sympy.Symbol(f"i{k}", integer=True, nonnegative=True) for k in range(node.rank)}
             allowed |= {sympy.Symbol(f"r{k}", integer=True, nonnegative=True) for k in range(len(node.ranges))}
             _check_body(graph, node, seen, allowed)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from ..ir import dtypes as dt
 from ..ir.expr import Binary, Cast, Const, Expr, Index, Load, binary, cast, const, out_index
 from ..ir.graph import Graph, Pointwise, Reduce
+from ..ir.monoid import SUM
 from ..ir.rewrite import substitute_index
 
 
@@ -74,7 +75,7 @@ def hoist_scales(graph: Graph) -> Graph:
     rewritten: dict[str, list] = {}
     taken: set[str] = set()
     for node in list(graph.nodes.values()):
-        if not (isinstance(node, Reduce) and node.combiner == "sum" and node.body.dtype.is_float):
+        if not (isinstance(node, Reduce) and node.combiner == SUM and node.body.dtype.is_float):
             continue
         factors = _factors(node.body)
         if len(factors) < 2:
@@ -96,7 +97,7 @@ def hoist_scales(graph: Graph) -> Graph:
         while name in taken:
             name = f"{name}_"
         taken.add(name)
-        raw = Reduce(name, acc, node.shape, ranges=node.ranges, combiner="sum", body=body)
+        raw = Reduce(name, acc, node.shape, ranges=node.ranges, combiner=SUM, body=body)
         index = tuple(Index(s) for s in out_index(node.rank))
         scaled = Pointwise(node.name, node.dtype, node.shape,
                            body=cast(binary("mul", Load(raw.name, index, acc), const(scale, acc)), node.dtype))

@@ -11,6 +11,7 @@ from ..fusion.planner import unravel_sym
 from ..ir import dtypes as dt
 from ..ir.expr import Cast, Const, Expr, Index, Var, binary, cast, where
 from ..ir.graph import Graph
+from ..ir.monoid import Monoid
 from ..ir.rewrite import substitute_index
 from ..ir.symbolic import simplify_index
 from .builder import KernelBuilder, land
@@ -47,21 +48,10 @@ def needs_int64(*sizes) -> bool:
     return v is None or v >= 2**31
 
 
-def identity(combiner: str, dtype):
-    """The value padding lanes contribute: neutral for the combiner in `dtype`."""
-    if combiner in ("sum", "any"):
-        return 0
-    if combiner in ("prod", "all"):
-        return 1
-    if dtype.is_float:
-        lo, hi = float("-inf"), float("inf")
-    elif dtype.is_bool:
-        lo, hi = 0, 1
-    elif dtype.kind == "u":
-        lo, hi = 0, 2 ** (8 * dtype.itemsize) - 1
-    else:
-        lo, hi = -(2 ** (8 * dtype.itemsize - 1)), 2 ** (8 * dtype.itemsize - 1) - 1
-    return lo if combiner in ("max", "argmax") else hi
+def identity_const(m: Monoid, dtype) -> Const:
+    """The value padding lanes contribute: the monoid's identity in `dtype`, as a constant."""
+    v = m.identity(dtype)
+    return Const(float(v) if dtype.is_float else v, dtype)
 
 
 def bound_check(b: KernelBuilder, index, extent, block: int, name: str):
@@ -125,24 +115,11 @@ def dot_accumulator(*factors: Expr):
     return dt.float64 if any(dot_operand(f)[1] == dt.float64 for f in factors) else dt.float32
 
 
-TILE_COMBINER = {"any": "max", "all": "min"}
-
-
-def acc_dtype(combiner: str, body_dtype):
-    return dt.int32 if combiner in ("any", "all") else body_dtype
-
-
-def combine(b: KernelBuilder, combiner: str, acc: Expr, v: Expr) -> Expr:
-    combiner = TILE_COMBINER.get(combiner, combiner)
-    if combiner == "sum":
-        return binary("add", acc, v)
-    if combiner == "prod":
-        return binary("mul", acc, v)
-    if combiner == "max":
-        return binary("maximum", acc, v)
-    if combiner == "min":
-        return binary("minimum", acc, v)
-    raise ValueError(combiner)
+def combine(b: KernelBuilder, m: Monoid, acc: Expr, v: Expr) -> Expr:
+    """acc ⊕ v for an accumulator of `m`, as the tile carries it (any/all: max/min of 0/1)."""
+    if not m.tile.op:  # argmax/argmin carry (value, index) pairs: the lowering selects them
+        raise ValueError(f"{m} has no elementwise combine")
+    return binary(m.tile.op, acc, v)
 
 
 def rebase(b: KernelBuilder, graph: Graph, carried: Var, repair, running: dict) -> Var:
@@ -166,9 +143,9 @@ def rebase(b: KernelBuilder, graph: Graph, carried: Var, repair, running: dict) 
     factor = b.value(where(same, Const(1.0, raw.dtype), raw))
     discard = binary("eq", factor, Const(0.0, factor.dtype))
     for prod, old, new in zip(repair.producers, olds, news):
-        combiner = graph[prod].combiner
-        if combiner in ("max", "min") and old.dtype.is_float:
-            ident = Const(float("-inf") if combiner == "max" else float("inf"), old.dtype)
+        m = graph[prod].combiner
+        if m.extremum and old.dtype.is_float:
+            ident = identity_const(m, old.dtype)
             left = binary("logical_and", binary("eq", old, ident), binary("ne", new, ident))
             discard = binary("logical_or", discard, left)
     discard = b.value(discard)

@@ -19,11 +19,11 @@ from ..fusion.plan import KernelPlan
 from ..fusion.planner import unravel_sym
 from ..ir.expr import Const, Index, Load, Var, binary, cast, out_index, red_index, where
 from ..ir.graph import Graph
+from ..ir.monoid import ANY, MAX, MIN, SUM, Monoid
 from .builder import KernelBuilder, contiguous_strides, land
 from .ir import Arange, Assign, DotTile, For, Full, ProgramId, ReduceTile, Scratch, TileKernel
-from .common import (TILE_COMBINER, LoweringOptions, acc_dtype, bound_check, combine, dot_accumulator,
-                     dot_operand, full_tile, identity, index_values, lane_ranges, mapped, needs_int64, pow2, rebase,
-                     static_int, tile_symbol)
+from .common import (LoweringOptions, bound_check, combine, dot_accumulator, dot_operand, full_tile, identity_const,
+                     index_values, lane_ranges, mapped, needs_int64, pow2, rebase, static_int, tile_symbol)
 from .score_rewrites import exp_as_exp2, positive_scale, pull_scales, relax_for_low_precision
 
 
@@ -88,8 +88,8 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
     for st in reduces:
         node = graph[st.node]
         name = b.fresh("acc")
-        accd = acc_dtype(node.combiner, st.body.dtype)
-        b.emit(Full(name, ("BLOCK_M", 1), identity(node.combiner, accd), accd))
+        accd = node.combiner.acc_dtype(st.body.dtype)
+        b.emit(Full(name, ("BLOCK_M", 1), node.combiner.identity(accd), accd))
         state[st.node] = Var(name, accd)
     accd = _accumulator(plan)
     acc = Var(b.fresh("acc"), accd)
@@ -136,15 +136,14 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
             node = graph[st.node]
             carried = state[st.node]
             body, scale = pull_scales(relax(edit(st.body))), None
-            if node.combiner in ("max", "min") and positive_scale(body) and body.dtype == carried.dtype:
+            if node.combiner.extremum and positive_scale(body) and body.dtype == carried.dtype:
                 # max_j(x_j·c) = c·max_j(x_j) for c > 0 (rounding is monotonic: exactly equal)
                 body, scale = body.a, body
             v = cast(b.value(at(exp_as_exp2(body, row_values), rm, 0, rj), mask=tile_mask), carried.dtype)
-            ident = Const(identity(node.combiner, carried.dtype), carried.dtype) if not carried.dtype.is_float \
-                else Const(float(identity(node.combiner, carried.dtype)), carried.dtype)
+            ident = identity_const(node.combiner, carried.dtype)
             contrib = full_tile(b, where(tile_mask, v, ident) if tile_mask is not None else v, ("BLOCK_M", "BLOCK_N"))
             red = b.fresh("red")
-            comb = TILE_COMBINER.get(node.combiner, node.combiner)
+            comb = node.combiner.tile
             b.emit(ReduceTile(red, contrib, comb, 1, carried.dtype))
             red_v = Var(red, carried.dtype)
             if scale is not None:
@@ -394,7 +393,7 @@ def _scratch_buffers(plan, reduces, graph, splits, nbatch, M, DN) -> dict:
     for st in reduces:
         node = graph[st.node]
         name = _part_name(plan, st.node)
-        out[name] = Scratch(name, (sympy.Integer(splits), nbatch, M), acc_dtype(node.combiner, st.body.dtype))
+        out[name] = Scratch(name, (sympy.Integer(splits), nbatch, M), node.combiner.acc_dtype(st.body.dtype))
     name = _part_name(plan, "acc")
     out[name] = Scratch(name, (sympy.Integer(splits), nbatch, M, DN), _accumulator(plan))
     return out
@@ -430,15 +429,14 @@ def lower_flash_merge(graph: Graph, plan: KernelPlan, options: LoweringOptions, 
     for st in reduces:
         node = graph[st.node]
         part = b.scratch[_part_name(plan, st.node)]
-        ident = Const(identity(node.combiner, part.dtype) if not part.dtype.is_float
-                      else float(identity(node.combiner, part.dtype)), part.dtype)
+        ident = identity_const(node.combiner, part.dtype)
         v = b.value(Load(part.name, (Index(rs), Index(pid_b), Index(rm)), part.dtype), mask=s_ok)
         if s_ok is not None:
             v = b.let(where(s_ok, v, ident), "part")
         raw = v  # a producer's per-split value is the base its consumers' partial sums were built on
         if st.repair is not None:
             v = rebase(b, graph, v, st.repair, running)
-        comb = "sum" if st.repair is not None else TILE_COMBINER.get(node.combiner, node.combiner)
+        comb = SUM if st.repair is not None else node.combiner.tile
         red = b.fresh("red")
         b.emit(ReduceTile(red, v, comb, 0, part.dtype))
         total = Var(red, part.dtype)
@@ -453,7 +451,7 @@ def lower_flash_merge(graph: Graph, plan: KernelPlan, options: LoweringOptions, 
     if o_stage.repair is not None:
         acc = rebase(b, graph, acc, o_stage.repair, running)
     red = b.fresh("out")
-    b.emit(ReduceTile(red, acc, "sum", 0, accd))
+    b.emit(ReduceTile(red, acc, SUM, 0, accd))
     acc = Var(red, accd)
     coords, at = _coordinates(con, o_node, unravel_sym(pid_b, batch_shape) if batch_shape else ())
     _finish(b, graph, plan, acc, rm, rn, None, n_ok, coords, at)
@@ -469,7 +467,7 @@ def _interior_keys(info, reduces, graph, row, key, start, stop, bn):
     from .masking import HI, LO, full_key_range, unmasked
     from ..ir.expr import transform
 
-    maxes = [st for st in reduces if graph[st.node].combiner == "max"]
+    maxes = [st for st in reduces if graph[st.node].combiner == MAX]
     if not maxes:
         return None
     masked = info.reduce_bodies[maxes[0].node]
@@ -489,7 +487,7 @@ def _interior_keys(info, reduces, graph, row, key, start, stop, bn):
     return first, last, lambda e: transform(e, lambda n: live if n == masked else None)
 
 
-def _vanishes_when_masked(body, masked, combiner: str) -> bool:
+def _vanishes_when_masked(body, masked, m: Monoid) -> bool:
     """A skipped key tile must contribute the combiner's identity to `body`: the body reads the
     scores only through the masked score expression, and where that is -inf it evaluates to
     the identity (checked on random values of everything else, e.g. exp(-inf - m) == 0)."""
@@ -505,9 +503,9 @@ def _vanishes_when_masked(body, masked, combiner: str) -> bool:
     hidden = transform(body, lambda e: placeholder if e == masked else None)
     if any(isinstance(e, Load) and e.buffer in scores for e in walk(hidden)):
         return False
-    ident = {"sum": 0.0, "any": 0.0, "max": float("-inf"), "min": float("inf")}.get(combiner)
-    if ident is None:
+    if m not in (SUM, ANY, MAX, MIN):  # (prod, all and the arg-reductions are not checked)
         return False
+    ident = float(m.identity(body.dtype))
     rng = random.Random(0)
     for _ in range(3):
         def leaf(e):
@@ -526,7 +524,7 @@ def _vanishes_when_masked(body, masked, combiner: str) -> bool:
 
 def _finished(value, node):
     """A carried value as the reduction's result dtype (any/all accumulate as int32)."""
-    if node.combiner in ("any", "all"):
+    if node.combiner.logical:
         return binary("ne", value, Const(0, value.dtype))
     return cast(value, node.dtype)
 
@@ -536,12 +534,12 @@ def _live_keys(info, reduces, graph, row, key, N):
     from .masking import HI, LO, live_key_range
 
     start, stop = sympy.Integer(0), N
-    maxes = [st for st in reduces if graph[st.node].combiner == "max"]
+    maxes = [st for st in reduces if graph[st.node].combiner == MAX]
     if not maxes:
         return start, stop
     masked = info.reduce_bodies[maxes[0].node]
     others = [(info.reduce_bodies[st.node], graph[st.node].combiner) for st in reduces if st is not maxes[0]]
-    if not all(_vanishes_when_masked(body, masked, combiner) for body, combiner in others + [(info.a, "sum")]):
+    if not all(_vanishes_when_masked(body, masked, m) for body, m in others + [(info.a, SUM)]):
         return start, stop  # some reduction still needs the masked keys: skip nothing
     lower, upper = live_key_range(masked, row, key)
     lo = tile_symbol("pid") * tile_symbol("BLOCK_M")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from ..ir.dtypes import DType
 from ..ir.expr import Expr, Index, format_expr
+from ..ir.monoid import Monoid
 
 
 @dataclass(frozen=True)
@@ -107,11 +108,12 @@ class StoreTile(Stmt):
 
 @dataclass
 class ReduceTile(Stmt):
-    """name = combiner of `value` along `axis` (kept as a size-1 axis)."""
+    """name = combiner of `value` along `axis` (kept as a size-1 axis); the combiner is a tile
+    monoid (`Monoid.tile`: sum, prod, max or min)."""
 
     name: str
     value: Expr
-    combiner: str
+    combiner: Monoid
     axis: int
     dtype: DType
 
@@ -124,7 +126,7 @@ class ArgReduceTile(Stmt):
     name: str
     value: Expr
     index: Expr
-    combiner: str  # "argmax" | "argmin"
+    combiner: Monoid  # ARGMAX | ARGMIN
     axis: int
 
 

@@ -32,24 +32,20 @@ from ..ir import dtypes as dt
 from ..ir.expr import Const, Expr, Index, Load, Var, binary, cast, out_index, red_index, unary, walk, where
 from ..ir.printer import format_expr
 from ..ir.graph import Graph
+from ..ir.monoid import SUM, Monoid
 from .builder import KernelBuilder, land
 from .ir import Arange, ArgReduceTile, Assign, For, Full, Let, LoadTile, ProgramId, ReduceTile, TileKernel, expr_names
-from .common import (TILE_COMBINER, LoweringOptions, acc_dtype, bound_check, combine, full_tile, identity,
-                     index_values, mapped, masked, needs_int64, pow2, rebase, static_int, tile_symbol)
+from .common import (LoweringOptions, bound_check, combine, full_tile, identity_const, index_values, mapped, masked,
+                     needs_int64, pow2, rebase, static_int, tile_symbol)
 from .variants import SizeVariants
 
 
-def _arg_better(combiner: str, v: Expr, acc: Expr) -> Expr:
-    strictly = binary("gt" if combiner == "argmax" else "lt", v, acc)
+def _arg_better(m: Monoid, v: Expr, acc: Expr) -> Expr:
+    strictly = binary(m.better, v, acc)
     if v.dtype.is_float:
         acc_ok = unary("logical_not", unary("isnan", acc))
         return binary("logical_and", binary("logical_or", strictly, unary("isnan", v)), acc_ok)
     return strictly
-
-
-def _ident(combiner: str, dtype) -> Const:
-    v = identity(combiner, dtype)
-    return Const(float(v) if dtype.is_float else v, dtype)
 
 
 def reduction_rules(plan: KernelPlan, options: LoweringOptions) -> dict:
@@ -194,7 +190,7 @@ def _lower(graph: Graph, plan: KernelPlan, options: LoweringOptions, cfg: dict) 
 
     def finish(st: Stage, value: Var) -> None:
         node = graph[st.node]
-        if node.combiner in ("any", "all"):
+        if node.combiner.logical:
             b.bound[st.node] = b.let(binary("ne", value, Const(0, value.dtype)), "red")
         else:
             b.bound[st.node] = b.let(cast(value, node.dtype), "red")
@@ -213,13 +209,12 @@ def _lower(graph: Graph, plan: KernelPlan, options: LoweringOptions, cfg: dict) 
         """The reduction of this tile's contribution to one value per row."""
         node = graph[st.node]
         v = cast(b.value(body_of(st), mask=mask), accd)
-        contrib = full_tile(b, where(mask, v, _ident(node.combiner, accd)) if mask is not None else v)
+        contrib = full_tile(b, where(mask, v, identity_const(node.combiner, accd)) if mask is not None else v)
         name = b.fresh("red")
-        if node.combiner in ("argmax", "argmin"):
+        if node.combiner.arg:
             b.emit(ArgReduceTile(name, contrib, b.let(Index(r), "ridx"), node.combiner, 1))
             return Var(name, dt.int64)
-        comb = TILE_COMBINER.get(node.combiner, node.combiner)
-        b.emit(ReduceTile(name, contrib, comb, 1, accd))
+        b.emit(ReduceTile(name, contrib, node.combiner.tile, 1, accd))
         return Var(name, accd)
 
     moments = _Moments(b, graph, plan, level, repaired, expanded, (x, P), (Rn, rblock), xmask, body_of)
@@ -235,7 +230,7 @@ def _lower(graph: Graph, plan: KernelPlan, options: LoweringOptions, cfg: dict) 
                 mask = land(xmask, bound_check(b, r, Rn, rblock, "rmask"))
                 mask = b.let(mask, "mask") if mask is not None else None
             for st in in_pass:
-                finish(st, tile_reduce(st, mask, acc_dtype(graph[st.node].combiner, st.body.dtype)))
+                finish(st, tile_reduce(st, mask, graph[st.node].combiner.acc_dtype(st.body.dtype)))
             for st in fulls:
                 b.store(st.node, out_index_of(st), b.value(body_of(st), mask=mask), mask)
             continue
@@ -293,12 +288,12 @@ def _looped_pass(b, graph, in_pass, fulls, repaired, Rn, rblock, xmask, r, body_
     state = {}
     for st in in_pass:
         node = graph[st.node]
-        accd = acc_dtype(node.combiner, st.body.dtype)
+        accd = node.combiner.acc_dtype(st.body.dtype)
         shape = ("XBLOCK", 1) if st.node in per_row else ("XBLOCK", "RBLOCK")
         name = b.fresh("acc")
-        b.emit(Full(name, shape, identity(node.combiner, accd), accd))
+        b.emit(Full(name, shape, node.combiner.identity(accd), accd))
         idx = None
-        if node.combiner in ("argmax", "argmin"):
+        if node.combiner.arg:
             idx = b.fresh("accidx")
             b.emit(Full(idx, shape, 0, dt.int64))
         state[st.node] = (Var(name, accd), idx)
@@ -331,8 +326,8 @@ def _looped_pass(b, graph, in_pass, fulls, repaired, Rn, rblock, xmask, r, body_
             b.emit(Assign(idx, where(upd, Index(r), Var(idx, dt.int64))))
             b.emit(Assign(acc.name, where(upd, v, acc)))
         else:
-            b.emit(Assign(acc.name, combine(b, node.combiner, acc,
-                                             full_tile(b, masked(b, mask, v, _ident(node.combiner, acc.dtype))))))
+            pad = identity_const(node.combiner, acc.dtype)
+            b.emit(Assign(acc.name, combine(b, node.combiner, acc, full_tile(b, masked(b, mask, v, pad)))))
     moments.in_loop(expanded, mask)
     for u in updates:
         b.emit(u)
@@ -351,8 +346,7 @@ def _looped_pass(b, graph, in_pass, fulls, repaired, Rn, rblock, xmask, r, body_
             b.emit(ArgReduceTile(out, acc, Var(idx, dt.int64), node.combiner, 1))
             finish(st, Var(out, dt.int64))
         else:
-            comb = TILE_COMBINER.get(node.combiner, node.combiner)
-            b.emit(ReduceTile(out, acc, comb, 1, acc.dtype))
+            b.emit(ReduceTile(out, acc, node.combiner.tile, 1, acc.dtype))
             finish(st, Var(out, acc.dtype))
 
 
@@ -406,7 +400,7 @@ class _Moments:
                 acc = self.acc.get((st.node, alpha))
                 if acc is not None:
                     name = self.b.fresh("moment")
-                    self.b.emit(ReduceTile(name, acc, "sum", 1, acc.dtype))
+                    self.b.emit(ReduceTile(name, acc, SUM, 1, acc.dtype))
                     self.sums[(st.node, alpha)] = Var(name, acc.dtype)
 
     def combine(self, st: Stage) -> Var:
@@ -490,21 +484,21 @@ class _Moments:
                     est[st.node] = b.value(self.body_of(st), mask=self.xmask)
                 continue
             if (st.kind != "reduce" or st.node in self.repaired or st.node in self.expanded
-                    or node.combiner not in ("sum", "max", "min") or not st.body.dtype.is_float):
+                    or not (node.combiner == SUM or node.combiner.extremum) or not st.body.dtype.is_float):
                 continue
             v = b.value(self.mapped(st, st.body, rf), mask=mask)
             v = cast(v, dt.compute_dtype(v.dtype))
-            contrib = full_tile(b, masked(b, mask, v, _ident(node.combiner, v.dtype)))
+            contrib = full_tile(b, masked(b, mask, v, identity_const(node.combiner, v.dtype)))
             name = b.fresh("first")
-            b.emit(ReduceTile(name, contrib, node.combiner, 1, v.dtype))
+            b.emit(ReduceTile(name, contrib, node.combiner.tile, 1, v.dtype))
             value = Var(name, v.dtype)
-            if node.combiner == "sum":
+            if node.combiner == SUM:
                 if count is None:
                     count = Const(float(self.rblock), v.dtype)
                     if rmask is not None:
                         ones = full_tile(b, where(rmask, Const(1.0, v.dtype), Const(0.0, v.dtype)))
                         count = Var(b.fresh("count"), v.dtype)
-                        b.emit(ReduceTile(count.name, ones, "sum", 1, v.dtype))
+                        b.emit(ReduceTile(count.name, ones, SUM, 1, v.dtype))
                 value = binary("mul", value, binary("truediv", self.n(v.dtype), count))
             est[st.node] = b.let(cast(value, node.dtype), "first")
         return est

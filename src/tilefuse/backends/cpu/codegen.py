@@ -21,9 +21,9 @@ import sympy
 
 from ...ir import dtypes as dt
 from ...ir.expr import Index, Var
+from ...ir.monoid import ARGMAX, MAX, MIN, PROD, SUM
 from ...tile.ir import (Arange, ArgReduceTile, Assign, BroadcastTile, Check, Comment, DotTile, For, Full, Let, LoadTile,
                         ProgramId, ReduceTile, StoreTile, TileKernel, checks_of)
-from ...tile.common import identity
 from ...tile.variants import all_kernels
 from .dot import DOT_SOURCE, fold_accumulator, inplace_operands, register_block, stmt_readers
 from .exprs import STORAGE, CppUnsupported, ExprPrinter, const, ctype, round_to
@@ -428,35 +428,33 @@ class CppPrinter:
         return f"{s.name}_lanes"
 
     def _ident(self, s) -> str:
-        if isinstance(s, ArgReduceTile):
+        if isinstance(s, ArgReduceTile):  # the index of no element yet: any real one is lower
             return "INT64_MAX"
-        combiner = {"any": "max", "all": "min"}.get(s.combiner, s.combiner)
-        return const(identity(combiner, s.dtype), s.dtype)
+        return const(s.combiner.tile.identity(s.dtype), s.dtype)
 
     def _vident(self, s) -> str:
-        v = identity("max" if s.combiner == "argmax" else "min", s.value.dtype)
-        return const(v, s.value.dtype)
+        return const(s.combiner.identity(s.value.dtype), s.value.dtype)
 
     def _acc_at(self, s, col: str, d1: int, values: bool = False) -> str:
         name = s.name + ("_cv" if values else "")
         return f"{name}[{col}]" if d1 > 1 else name
 
     def _combine(self, s, acc: str, v: str) -> str:
-        c = {"any": "max", "all": "min"}.get(s.combiner, s.combiner)
+        m = s.combiner.tile
         t = ctype(s.dtype)
-        if c == "sum":
+        if m == SUM:
             return f"({acc} + {v})"
-        if c == "prod":
+        if m == PROD:
             return f"({acc} * {v})"
-        if c in ("max", "min"):
-            return f"tf_{c}<{t}>({acc}, {v})"
+        if m.extremum:
+            return f"tf_{m.name}<{t}>({acc}, {v})"
         raise CppUnsupported(f"reduction combiner {s.combiner}")
 
     def _arg_step(self, s, vacc: str, iacc: str, v: str, ix: str, ind: int) -> None:
         """(vacc, iacc) ← the better of itself and (v, ix): NaN counts as the largest value,
         ties go to the lower index."""
         t = ctype(s.value.dtype)
-        better = "(v2 > v1)" if s.combiner == "argmax" else "((v2 < v1) && !n1)"
+        better = "(v2 > v1)" if s.combiner == ARGMAX else "((v2 < v1) && !n1)"
         self.emit("{", ind)
         self.emit(f"const {t} v1 = {vacc}; const int64_t i1 = {iacc}; const {t} v2 = {v}; const int64_t i2 = {ix};", ind + 1)
         self.emit("const bool n1 = v1 != v1, n2 = v2 != v2;", ind + 1)
@@ -497,9 +495,8 @@ class CppPrinter:
             return
         t = ctype(s.dtype)
         lv = self._lanes(s)
-        c = {"any": "max", "all": "min"}.get(s.combiner, s.combiner)
-        if lanes == 16 and s.dtype == dt.float32 and c in ("sum", "max", "min"):
-            self.emit(f"{out} = tf_h{c}16f({lv});", ind)
+        if lanes == 16 and s.dtype == dt.float32 and s.combiner.tile in (SUM, MAX, MIN):  # tf_hsum16f, ...
+            self.emit(f"{out} = tf_h{s.combiner.tile.name}16f({lv});", ind)
             return
         if lanes & (lanes - 1) == 0:  # halving steps (vector ops) instead of a chain of lanes - 1
             self.emit(f"for (int tf_w = {lanes // 2}; tf_w > 0; tf_w >>= 1)", ind)

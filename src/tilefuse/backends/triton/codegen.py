@@ -11,6 +11,7 @@ import sympy
 
 from ...ir import dtypes as dt
 from ...ir.expr import Binary, Cast, Const, Expr, Index, Unary, Var, Where
+from ...ir.monoid import SUM
 from ...tile.ir import (Arange, ArgReduceTile, Assign, BroadcastTile, Check, Comment, DescriptorLoad, DotTile, For,
                         Full, Let, LoadTile, MakeDescriptor, ProgramId, ReduceTile, StoreTile, TileKernel,
                         check_message)
@@ -321,27 +322,28 @@ class TritonPrinter:
             elif isinstance(s, ReduceTile):
                 v = self.expr(s.value)
                 keep = "[:, None]" if s.axis == 1 else "[None, :]"
-                if s.combiner == "sum":
+                m = s.combiner
+                if m == SUM:
                     red = f"tl.sum({v}, {s.axis})"
-                elif s.combiner in ("max", "min") and s.dtype.is_float and self.interpret:
+                elif m.extremum and s.dtype.is_float and self.interpret:
                     # the interpreter runs a custom combine pairwise in Python (seconds per
                     # call); its tl.max/min are vectorised but drop NaN: put NaN back
                     has_nan = f"(tl.max(({v} != {v}).to(tl.int32), {s.axis}) > 0)"
-                    red = f"tl.where({has_nan}, float('nan'), tl.{s.combiner}({v}, {s.axis}))"
+                    red = f"tl.where({has_nan}, float('nan'), tl.{m.name}({v}, {s.axis}))"
                 else:
-                    helper = s.combiner
-                    if s.combiner in ("max", "min") and s.dtype.is_float:
-                        helper = "f" + s.combiner
+                    helper = m.name  # HELPERS: _prod_combine, _max_combine, _min_combine; floats _fmax_/_fmin_combine
+                    if m.extremum and s.dtype.is_float:
+                        helper = "f" + m.name
                     fn = f"_{helper}_combine"
                     self.helpers.add(helper)
                     red = f"tl.reduce({v}, {s.axis}, {fn})"
                 out.append(f"{pad}{s.name} = {red}{keep}")
             elif isinstance(s, ArgReduceTile):
-                self.helpers.add(s.combiner)
+                self.helpers.add(s.combiner.name)
                 v, i = self.expr(s.value), self.expr(s.index)
                 keep = "[:, None]" if s.axis == 1 else "[None, :]"
                 out.append(f"{pad}_, {s.name} = tl.reduce(({v}, tl.broadcast_to({i}, {v}.shape).to(tl.int64)), "
-                           f"{s.axis}, _{s.combiner}_combine)")
+                           f"{s.axis}, _{s.combiner.name}_combine)")
                 out.append(f"{pad}{s.name} = {s.name}{keep}")
             elif isinstance(s, DotTile):
                 a, b = self.expr(s.a), self.expr(s.b)

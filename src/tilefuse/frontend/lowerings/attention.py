@@ -34,6 +34,7 @@ import torch.fx
 
 from ...ir import dtypes as dt
 from ...ir.expr import Index, binary, cast, const, unary, where
+from ...ir.monoid import ANY
 from ..registry import Unsupported, lowering
 from ..values import TensorValue, ix, ix_floordiv, ix_mul
 from .common import broadcast_load, broadcast_shapes, meta_dtype, overloads, pointwise, py, reduce, scalar, sym
@@ -274,7 +275,7 @@ def _safe_softmax(ctx, x: TensorValue, acc):
     probs = pointwise(ctx, shape, acc, softmax)
     is_inf = pointwise(ctx, shape, dt.bool_, lambda i: binary("eq", x.load(i), const(float("-inf"), acc)))
     finite = pointwise(ctx, shape, dt.bool_, lambda i: unary("logical_not", is_inf.load(i)))
-    row_any = reduce(ctx, p.out_shape, p.ranges, "any", lambda i, r: finite.load(p.input_index(i, r)), dt.bool_)
+    row_any = reduce(ctx, p.out_shape, p.ranges, ANY, lambda i, r: finite.load(p.input_index(i, r)), dt.bool_)
     masked_row = pointwise(ctx, p.out_shape, dt.bool_, lambda i: unary("logical_not", row_any.load(i)))
     zeros = pointwise(ctx, shape, acc, lambda i: const(0.0, acc))
     return pointwise(ctx, shape, acc, lambda i: where(

@@ -18,6 +18,7 @@ from ...ir.dtypes import DType
 from ...ir.expr import Expr, Index, as_expr, cast, const, out_index, red_index, transform
 from ...ir.graph import Constant, Input, ScalarInput
 from ...ir.interpret import torch_dtype
+from ...ir.monoid import Monoid
 from ...ir.symbolic import simplify_index
 from ..context import ir_dtype, plain_sympy, shape_of
 from ..registry import Unsupported
@@ -261,7 +262,7 @@ def pointwise(ctx, shape, dtype: DType, fn) -> BufferValue:
     return ctx.pointwise(shape, dtype, lambda idx: simplify_body(fn(idx), ranges))
 
 
-def reduce(ctx, shape, ranges, combiner: str, fn, dtype: DType) -> BufferValue:
+def reduce(ctx, shape, ranges, combiner: Monoid, fn, dtype: DType) -> BufferValue:
     shape = tuple(sym(d) for d in shape)
     ranges = tuple(sym(d) for d in ranges)
     extents = dict(zip(out_index(len(shape)), shape))

@@ -14,6 +14,7 @@ import torch
 from ...ir import dtypes as dt
 from ...ir.dtypes import DType
 from ...ir.expr import Binary, Load, binary, cast
+from ...ir.monoid import SUM
 from ..registry import Unsupported, lowering
 from ..values import TensorValue
 from .common import broadcast_load, is_scalar_value, out_shape, pointwise, py, reduce, scalar
@@ -50,7 +51,7 @@ def contraction(ctx, a: TensorValue, b: TensorValue, out_dtype: DType) -> Tensor
             return Binary("mul", _operand(ctx, a, (idx[0], idx[1], ridx[0]), acc),
                           _operand(ctx, b, (idx[0], ridx[0], idx[2]), acc), acc)
 
-    return reduce(ctx, shape, (k,), "sum", body, out_dtype)
+    return reduce(ctx, shape, (k,), SUM, body, out_dtype)
 
 
 @lowering(aten.mm.default, aten.bmm.default)
@@ -106,7 +107,7 @@ def addmv(ctx, bias, mat, vec, *, beta=1, alpha=1):
     if mat.rank != 2 or vec.rank != 1 or not out.is_float:
         raise Unsupported("addmv operands")
     acc = dt.compute_dtype(out)
-    prod = reduce(ctx, (mat.shape[0],), (mat.shape[1],), "sum",
+    prod = reduce(ctx, (mat.shape[0],), (mat.shape[1],), SUM,
                   lambda idx, ridx: Binary("mul", cast(mat.load((idx[0], ridx[0])), acc),
                                            cast(vec.load((ridx[0],)), acc), acc), acc)
     return _scaled_sum(ctx, bias, prod, beta, alpha, out, acc)

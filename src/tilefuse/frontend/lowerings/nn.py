@@ -16,6 +16,7 @@ import torch
 from ...ir import dtypes as dt
 from ...ir.dtypes import DType
 from ...ir.expr import Expr, binary, cast, unary, where
+from ...ir.monoid import MAX, SUM
 from ..registry import Unsupported, lowering
 from ..values import TensorValue, ViewValue
 from .common import (broadcast_load, canonical_dim, elementwise, meta_dtype, meta_shape, pointwise, py,
@@ -208,8 +209,8 @@ def softmax_parts(ctx, x: TensorValue, dim, acc: DType):
     """(plan, row max, sum of exp(x - max)) over `dim`, kept dims for broadcasting back."""
     d = canonical_dim(dim, x.rank)
     p = Plan(tuple(x.shape), [d], True)
-    m = reduce_value(ctx, x, p, "max", acc, acc)
-    s = reduce_value(ctx, x, p, "sum", acc, acc,
+    m = reduce_value(ctx, x, p, MAX, acc, acc)
+    s = reduce_value(ctx, x, p, SUM, acc, acc,
                      transform=lambda v, idx: unary("exp", binary("sub", v, m.load(idx))))
     return p, m, s
 
@@ -249,14 +250,14 @@ def _softmax_backward(log: bool):
         d = canonical_dim(dim, grad.rank)
         p = Plan(tuple(grad.shape), [d], True)
         if log:  # grad - exp(y) * sum(grad)
-            s = reduce_value(ctx, grad, p, "sum", acc, acc)
+            s = reduce_value(ctx, grad, p, SUM, acc, acc)
 
             def body(idx):
                 g, v = cast(grad.load(idx), acc), cast(y.load(idx), acc)
                 return binary("sub", g, binary("mul", unary("exp", v), s.load(p.output_index(idx))))
         else:  # y * (grad - sum(grad * y))
             s = reduce_value(ctx, _Lazy(grad.shape, acc, lambda idx: binary(
-                "mul", cast(grad.load(idx), acc), cast(y.load(idx), acc))), p, "sum", acc, acc)
+                "mul", cast(grad.load(idx), acc), cast(y.load(idx), acc))), p, SUM, acc, acc)
 
             def body(idx):
                 g, v = cast(grad.load(idx), acc), cast(y.load(idx), acc)
@@ -342,8 +343,8 @@ def native_layer_norm_backward(ctx, grad, x, normalized_shape, mean, rstd, weigh
 
     results = []
     if output_mask[0]:
-        s1 = reduce_value(ctx, _Lazy(shape, acc, gw), p, "sum", acc, acc)
-        s2 = reduce_value(ctx, _Lazy(shape, acc, lambda idx: binary("mul", gw(idx), xhat(idx))), p, "sum", acc, acc)
+        s1 = reduce_value(ctx, _Lazy(shape, acc, gw), p, SUM, acc, acc)
+        s2 = reduce_value(ctx, _Lazy(shape, acc, lambda idx: binary("mul", gw(idx), xhat(idx))), p, SUM, acc, acc)
 
         def dx(idx):
             j = p.output_index(idx)
@@ -357,12 +358,12 @@ def native_layer_norm_backward(ctx, grad, x, normalized_shape, mean, rstd, weigh
     if output_mask[1] and weight is not None:
         wd = meta_dtype(ctx, 1)
         g_xhat = _Lazy(shape, acc, lambda idx: binary("mul", cast(grad.load(idx), acc), xhat(idx)))
-        results.append(reduce_value(ctx, g_xhat, outer, "sum", acc, wd))
+        results.append(reduce_value(ctx, g_xhat, outer, SUM, acc, wd))
     else:
         results.append(None)
     if output_mask[2] and bias is not None:
         bd = meta_dtype(ctx, 2)
-        results.append(reduce_value(ctx, grad, outer, "sum", acc, bd))
+        results.append(reduce_value(ctx, grad, outer, SUM, acc, bd))
     else:
         results.append(None)
     return tuple(results)

@@ -18,6 +18,7 @@ import torch
 from ...ir import dtypes as dt
 from ...ir.dtypes import DType
 from ...ir.expr import Index, binary, cast, const, unary
+from ...ir.monoid import ALL, ANY, ARGMAX, ARGMIN, MAX, MIN, PROD, SUM, Monoid
 from ..registry import Unsupported, lowering
 from ..values import TensorValue, ix
 from .common import acc_dtype, canonical_dims, meta_dtype, out_shape, pointwise, py, reduce, scalar, sym
@@ -72,7 +73,7 @@ def plan(x: TensorValue, dims, keepdim=False) -> Plan:
     return Plan(tuple(x.shape), canonical_dims(py(dims), x.rank), bool(keepdim))
 
 
-def reduce_value(ctx, x: TensorValue, p: Plan, combiner: str, body_dtype: DType, out_dtype: DType,
+def reduce_value(ctx, x: TensorValue, p: Plan, combiner: Monoid, body_dtype: DType, out_dtype: DType,
                  transform=None, first: DType | None = None):
     """Reduce `x` over the plan: each element is cast to `first` (a dtype argument), then to
     `body_dtype`, then optionally transformed by `transform(value, out_index)`."""
@@ -86,10 +87,10 @@ def reduce_value(ctx, x: TensorValue, p: Plan, combiner: str, body_dtype: DType,
 
     if not p.dims:  # reducing a 0-d tensor: a pointwise copy
         def pbody(idx):
-            if combiner in ("argmax", "argmin"):
+            if combiner.arg:
                 return const(0)
             v = element(idx, ())
-            return cast(v, dt.bool_) if combiner in ("any", "all") else v
+            return cast(v, dt.bool_) if combiner.logical else v
 
         return pointwise(ctx, p.out_shape, out_dtype, pbody)
     return reduce(ctx, p.out_shape, p.ranges, combiner, element, out_dtype)
@@ -108,7 +109,7 @@ def sum_(ctx, x, dim=None, keepdim=False, *, dtype=None):
     if ctx.current_target == aten.sum.default:
         dim, keepdim = None, False
     out = ctx.out_dtype
-    return reduce_value(ctx, x, plan(x, dim, keepdim), "sum", acc_dtype(out), out, first=_first(x, out, dtype))
+    return reduce_value(ctx, x, plan(x, dim, keepdim), SUM, acc_dtype(out), out, first=_first(x, out, dtype))
 
 
 @lowering(aten.prod.default, aten.prod.dim_int)
@@ -117,12 +118,12 @@ def prod(ctx, x, dim=None, keepdim=False, *, dtype=None):
         dim, keepdim = None, False
     out = ctx.out_dtype
     p = plan(x, None if dim is None else [dim], keepdim)
-    return reduce_value(ctx, x, p, "prod", acc_dtype(out), out, first=_first(x, out, dtype))
+    return reduce_value(ctx, x, p, PROD, acc_dtype(out), out, first=_first(x, out, dtype))
 
 
 def mean_value(ctx, x, p: Plan, acc: DType, out: DType | None = None, first: DType | None = None) -> TensorValue:
     """Mean over the plan in `acc` (a Reduce(sum) and a Pointwise divide), cast to `out`."""
-    s = reduce_value(ctx, x, p, "sum", acc, acc, first=first)
+    s = reduce_value(ctx, x, p, SUM, acc, acc, first=first)
     n = p.numel
     return pointwise(ctx, p.out_shape, out or acc, lambda idx: binary("truediv", s.load(idx), scalar(n, acc)))
 
@@ -152,18 +153,18 @@ def _extremum(combiner):
     return lower
 
 
-lowering(aten.amax.default)(_extremum("max"))
-lowering(aten.amin.default)(_extremum("min"))
+lowering(aten.amax.default)(_extremum(MAX))
+lowering(aten.amin.default)(_extremum(MIN))
 
 
 @lowering(aten.max.default)
 def max_all(ctx, x):
-    return reduce_value(ctx, x, plan(x, None), "max", _minmax_body_dtype(x), ctx.out_dtype)
+    return reduce_value(ctx, x, plan(x, None), MAX, _minmax_body_dtype(x), ctx.out_dtype)
 
 
 @lowering(aten.min.default)
 def min_all(ctx, x):
-    return reduce_value(ctx, x, plan(x, None), "min", _minmax_body_dtype(x), ctx.out_dtype)
+    return reduce_value(ctx, x, plan(x, None), MIN, _minmax_body_dtype(x), ctx.out_dtype)
 
 
 def _arg(combiner):
@@ -182,8 +183,8 @@ def _arg(combiner):
     return lower
 
 
-lowering(aten.argmax.default)(_arg("argmax"))
-lowering(aten.argmin.default)(_arg("argmin"))
+lowering(aten.argmax.default)(_arg(ARGMAX))
+lowering(aten.argmin.default)(_arg(ARGMIN))
 
 
 def _with_indices(value_combiner, index_combiner):
@@ -196,8 +197,8 @@ def _with_indices(value_combiner, index_combiner):
     return lower
 
 
-lowering(aten.max.dim)(_with_indices("max", "argmax"))
-lowering(aten.min.dim)(_with_indices("min", "argmin"))
+lowering(aten.max.dim)(_with_indices(MAX, ARGMAX))
+lowering(aten.min.dim)(_with_indices(MIN, ARGMIN))
 
 
 # ---------------------------------------------------------------- any / all
@@ -218,8 +219,8 @@ def _logical(combiner):
     return lower
 
 
-lowering(aten.any.default, aten.any.dim, aten.any.dims)(_logical("any"))
-lowering(aten.all.default, aten.all.dim, aten.all.dims)(_logical("all"))
+lowering(aten.any.default, aten.any.dim, aten.any.dims)(_logical(ANY))
+lowering(aten.all.default, aten.all.dim, aten.all.dims)(_logical(ALL))
 
 
 # ---------------------------------------------------------------- variance
@@ -234,7 +235,7 @@ def var_value(ctx, x, p: Plan, correction, acc: DType):
         d = binary("sub", v, m.load(idx))
         return binary("mul", d, d)
 
-    sq = reduce_value(ctx, x, p, "sum", acc, acc, transform=deviation)
+    sq = reduce_value(ctx, x, p, SUM, acc, acc, transform=deviation)
     correction = py(correction)
     n = p.numel
     denom = sympy.Max(n - sym(correction), 0)
@@ -312,17 +313,17 @@ def linalg_vector_norm(ctx, x, ord=2, dim=None, keepdim=False, *, dtype=None):
     if not p.dims:
         raise Unsupported("norm of a 0-d tensor")
     if ord == math.inf or ord == -math.inf:
-        return reduce_value(ctx, x, p, "max" if ord > 0 else "min", acc, out, first=first,
+        return reduce_value(ctx, x, p, MAX if ord > 0 else MIN, acc, out, first=first,
                             transform=lambda v, idx: unary("abs", v))
     if ord == 0:
-        return reduce_value(ctx, x, p, "sum", acc, out, first=first,
+        return reduce_value(ctx, x, p, SUM, acc, out, first=first,
                             transform=lambda v, idx: cast(binary("ne", v, const(0.0, acc)), acc))
     if ord == 1:
-        return reduce_value(ctx, x, p, "sum", acc, out, first=first, transform=lambda v, idx: unary("abs", v))
+        return reduce_value(ctx, x, p, SUM, acc, out, first=first, transform=lambda v, idx: unary("abs", v))
     if ord == 2:
-        s = reduce_value(ctx, x, p, "sum", acc, acc, first=first, transform=lambda v, idx: binary("mul", v, v))
+        s = reduce_value(ctx, x, p, SUM, acc, acc, first=first, transform=lambda v, idx: binary("mul", v, v))
         return pointwise(ctx, p.out_shape, out, lambda idx: unary("sqrt", s.load(idx)))
-    s = reduce_value(ctx, x, p, "sum", acc, acc, first=first,
+    s = reduce_value(ctx, x, p, SUM, acc, acc, first=first,
                      transform=lambda v, idx: binary("pow", unary("abs", v), const(float(ord), acc)))
     return pointwise(ctx, p.out_shape, out,
                      lambda idx: binary("pow", s.load(idx), const(1.0 / float(ord), acc)))
