@@ -97,6 +97,15 @@ def test_ir_objects_shared_and_cyclic():
     assert torch.equal(g.nodes["c"].value, torch.tensor([1.0, -2.0, 3.5]))
 
 
+def test_interned_values_come_back_as_themselves():
+    from tilefuse.ir.graph import Reduce
+    from tilefuse.ir.monoid import ARGMAX, MAX, SUM
+
+    node = Reduce("r", dt.float32, (s0,), ranges=(7,), combiner=MAX, body=Const(1.0, dt.float32))
+    back = roundtrip([SUM, ARGMAX, node])
+    assert back[0] is SUM and back[1] is ARGMAX and back[2].combiner is MAX
+
+
 def test_transient_attributes_are_left_out():
     step = KernelStep("k", None, ["out"], ["a"], keep=object())
     back = roundtrip(step)

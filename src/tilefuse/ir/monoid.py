@@ -123,6 +123,13 @@ class Monoid:
     def __reduce__(self):
         return monoid, (self.name,)
 
+    def __tilefuse_reduce__(self):  # a stored compiled graph names it (`runtime.artifact`) ...
+        return (self.name,)
+
+    @classmethod
+    def __tilefuse_rebuild__(cls, name):  # ... and gets the interned monoid back
+        return monoid(name)
+
 
 SUM = Monoid("sum", "zero", "sum", idempotent=False, op="add")
 PROD = Monoid("prod", "one", "prod", idempotent=False, op="mul")

@@ -9,8 +9,9 @@ qualified name, looked up in `torch.ops`); and tilefuse's own objects:
 * a dataclass or enum defined in tilefuse: its attributes (those named in the class's
   `__tilefuse_transient__` are left out and read back as None);
 * an object whose class defines `__tilefuse_reduce__() -> args`: rebuilt by calling the class
-  with those arguments (a launcher: `TritonKernel(kernel, source, interpret)` imports its module
-  from the kernel cache, as a compile does);
+  (or its `__tilefuse_rebuild__`, for interned values such as a reduction's `Monoid`) with
+  those arguments (a launcher: `TritonKernel(kernel, source, interpret)` imports its module from
+  the kernel cache, as a compile does);
 * a function marked with `@artifact_function`.
 
 Objects referenced twice come back as one object (a memo, as pickle keeps one), cycles
@@ -294,7 +295,8 @@ class _Decoder:
             cls = _resolve(v[2], _OWN)
             if not (isinstance(cls, type) and "__tilefuse_reduce__" in dir(cls)):
                 raise ArtifactError(f"{v[2]} cannot be rebuilt from arguments")
-            obj = cls(*(self.value(a) for a in v[3]))
+            build = getattr(cls, "__tilefuse_rebuild__", cls)  # (a class may intern its values)
+            obj = build(*(self.value(a) for a in v[3]))
             self.objects[v[1]] = obj
             return obj
         if tag == "o":
