@@ -202,6 +202,20 @@ def test_measure_cpu():
     x = torch.randn(64, 64)
     t = measure(torch.softmax, (x, -1), "cpu", budget_s=0.01, min_samples=3)
     assert t["p50_ms"] > 0 and t["p99_ms"] >= t["p50_ms"] and t["samples"] >= 3
+    from tilefuse.bench.timing import host_time
+
+    assert host_time(torch.softmax, (x, -1), "cpu") is None  # on a CPU a call's time is all host
+
+
+def test_host_time_column_only_where_measured():
+    from tilefuse.bench.report import table_rows
+
+    report = _run(["eager", "scaled"], ["softmax"], compilers={"scaled": lambda fn: fn})
+    columns, _, _ = table_rows(report)
+    assert "host ms" not in columns  # CPU runs: no host time
+    report["results"][1]["host_ms"] = 0.0421
+    columns, rows, _ = table_rows(report)
+    assert rows[1][columns.index("host ms")] == "0.0421" and rows[0][columns.index("host ms")] == ""
 
 
 @pytest.mark.parametrize("argv, named", [

@@ -12,10 +12,10 @@ from pathlib import Path
 from .plots import write_plots
 from .speedups import speedups
 
-COLUMNS = ["workload", "backend", "compile s", "cold/warm s", "recomp", "p50 ms", "p99 ms",
+COLUMNS = ["workload", "backend", "compile s", "cold/warm s", "recomp", "p50 ms", "p99 ms", "host ms",
            "throughput", "roof", "vs eager", "peak MB", "max err", "eager err", "kern/ext",
            "ops/kern", "note"]
-_RIGHT = {"compile s", "cold/warm s", "recomp", "p50 ms", "p99 ms", "throughput", "roof",
+_RIGHT = {"compile s", "cold/warm s", "recomp", "p50 ms", "p99 ms", "host ms", "throughput", "roof",
           "vs eager", "peak MB", "max err", "eager err", "kern/ext", "ops/kern"}
 
 
@@ -68,6 +68,7 @@ def table_rows(report: dict) -> tuple[list[str], list[list[str]], list[str]]:
                           f"{recomp} ({r['dynamic_served']}/{r['dynamic_sizes']})",
                 "p50 ms": _sig(r["p50_ms"]),
                 "p99 ms": _sig(r["p99_ms"]),
+                "host ms": _sig(r.get("host_ms")) if r.get("host_ms") is not None else "",
                 "throughput": f"{_sig(r['throughput'])} {r['throughput_unit']}",
                 "roof": "-" if roof is None else f"{100 * roof:.0f}%",
                 "vs eager": f"{s:.2f}×" if s else "-",

@@ -151,6 +151,7 @@ class Result:
     autotune_s: float | None = None
     p50_ms: float | None = None
     p99_ms: float | None = None
+    host_ms: float | None = None        # (GPU) the time a call takes to return, kernels only enqueued
     samples: int | None = None
     throughput: float | None = None
     throughput_unit: str = ""
@@ -272,6 +273,9 @@ def _bench_pair(w: Workload, backend: str, inputs, ref, ref_scale: float, eager_
         r.gbps = w.bytes(inputs) / secs / 1e9
         r.tflops = w.flops(inputs) / secs / 1e12
         r.roofline = metrics.roofline_fraction(w.flops(inputs), w.bytes(inputs), secs, ceilings)
+        if not p.host_timed:
+            stage = "host time"
+            r.host_ms = timing.host_time(p.call, p.args, opts.device)
         _after_timing(r, p, w, backend, opts)
     except BackendUnavailable as e:
         r.reason = str(e)

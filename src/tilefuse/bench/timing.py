@@ -8,6 +8,9 @@ host overhead the call has (guards, launches) when that overhead exceeds the GPU
 
 CPU: a `time.perf_counter_ns` loop, one sample per call, after a warm-up.
 
+`host_time(fn, inputs, device)` (CUDA): how long a call takes to return with the device idle,
+the host's part of a step (what CUDA graphs remove).
+
 Both run for about `budget_s` seconds, between `min_samples` and `max_samples` calls (on
 CPU, a call slower than the budget gets fewer samples: sampling stops after
 max(5·budget_s, 1 s)), and report the median (p50) and 99th percentile in milliseconds. Timings are never asserted
@@ -48,6 +51,25 @@ def measure(fn: Callable, inputs: Sequence[torch.Tensor], device: str | torch.de
                              0.025 if warmup_s is None else warmup_s, flush_l2)
     return _measure_host(fn, inputs, 0.2 if budget_s is None else budget_s,
                          min_samples, max_samples, 0.02 if warmup_s is None else warmup_s)
+
+
+def host_time(fn: Callable, inputs: Sequence, device: str | torch.device, calls: int = 21) -> float | None:
+    """CUDA: the median time in milliseconds a call takes to return, each call started with
+    the device idle — Python, guards, allocation and kernel launches, not the kernels (they
+    are only enqueued). When it is close to the p50 time the step is bound by the host (a
+    call that synchronises inside, `.item()`, counts the GPU's time too). None on CPU, where
+    a call's time is all host."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    samples = []
+    for _ in range(calls):
+        torch.cuda.synchronize(device)
+        t = time.perf_counter_ns()
+        fn(*inputs)
+        samples.append((time.perf_counter_ns() - t) / 1e6)
+    torch.cuda.synchronize(device)
+    return sorted(samples)[len(samples) // 2]
 
 
 def _measure_host(fn, inputs, budget_s, min_samples, max_samples, warmup_s) -> dict:
