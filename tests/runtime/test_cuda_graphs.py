@@ -160,3 +160,16 @@ def test_real_capture_on_a_gpu():
         torch.testing.assert_close(out, fn(w, ref_cache, pos, x))
         torch.testing.assert_close(cache, ref_cache)
     assert tilefuse.last_compilations(1).reports[0].cuda_graphs.startswith("captured")
+
+
+def test_expanded_inputs_are_copied_once_per_element():
+    def fn(x, b):
+        return torch.tanh(x) + b
+
+    b0 = torch.randn(6, 1).expand(6, 4)  # stride 0 along the last dim
+    compiled, _ = compiled_graph(fn, torch.randn(6, 4), b0)
+    runner = FakeRunner(compiled, static=[], mutated=[])
+    for _ in range(4):
+        x, b = torch.randn(6, 4), torch.randn(6, 1).expand(6, 4)
+        torch.testing.assert_close(runner(x, b)[0], fn(x, b))
+    assert len(runner.recorded) == 1 and runner.captures[()].expanded == {1}

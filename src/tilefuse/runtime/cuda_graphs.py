@@ -53,6 +53,9 @@ class _Capture:
         self.static_ptrs = static_ptrs
         self.owned = owned
         self.outputs = outputs
+        # an expanded input (a stride-0 dim) is copied through the view that holds each element once
+        self.expanded = {k for k, buf in owned.items() if _has_expanded_dims(buf)}
+        self.targets = [_distinct(buf) if k in self.expanded else buf for k, buf in owned.items()]
 
 
 class CudaGraphRunner:
@@ -128,7 +131,7 @@ class CudaGraphRunner:
         owned = {k: torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
                  for k, a in enumerate(args) if isinstance(a, torch.Tensor) and k not in static}
         for k, buf in owned.items():
-            buf.copy_(args[k])
+            _distinct(buf).copy_(_distinct(args[k]))
         inputs = [owned.get(k, a) for k, a in enumerate(args)]
         try:
             graph, outputs = self._record(lambda: self.compiled.run(inputs))
@@ -173,11 +176,24 @@ class CudaGraphRunner:
     def _replay(self, capture: _Capture, args):
         owned = capture.owned
         if owned:
-            torch._foreach_copy_(list(owned.values()), [args[k] for k in owned])
+            expanded = capture.expanded
+            torch._foreach_copy_(capture.targets, [_distinct(args[k]) if k in expanded else args[k] for k in owned])
         capture.graph.replay()
         for k in self.mutated & owned.keys():
-            args[k].copy_(owned[k])
+            _distinct(args[k]).copy_(_distinct(owned[k]))
         return [o.clone() if isinstance(o, torch.Tensor) else o for o in capture.outputs]
+
+
+def _has_expanded_dims(t: torch.Tensor) -> bool:
+    return any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride()))
+
+
+def _distinct(t: torch.Tensor) -> torch.Tensor:
+    """`t` with each expanded (stride-0) dim cut to one element: a view in which no two
+    elements share memory, which `copy_` can write."""
+    if not _has_expanded_dims(t):
+        return t
+    return t[tuple(slice(0, 1) if st == 0 and n > 1 else slice(None) for n, st in zip(t.shape, t.stride()))]
 
 
 def _varying_inputs(graph) -> list:
