@@ -70,6 +70,12 @@ def test_relations_and_booleans():
     assert back == values and [sympy.srepr(v) for v in back] == [sympy.srepr(v) for v in values]
 
 
+def test_long_texts_referenced_twice_are_stored_once():
+    source = "def kernel():\n" + "    x = 1\n" * 100
+    doc = encode([source, source, {"a": source}, "short", "short"])
+    assert doc.count(b"x = 1") == 100 and decode(doc) == [source, source, {"a": source}, "short", "short"]
+
+
 def test_equal_subtrees_are_stored_once():
     e = (s0 * 64 + s1) * (s0 * 64 + s1 + 1)
     doc = json.loads(encode([e, e + 1, s0 * 64]))

@@ -41,6 +41,8 @@ _OWN = ("tilefuse.",)
 _SYMPY = ("sympy.", "tilefuse.", "torch.utils._sympy.")
 #: FX's immutable lists and dicts (in extern calls' arguments) are stored as plain ones
 _FX_COLLECTIONS = "torch.fx.immutable_collections"
+#: texts at least this long are stored once however often they are referenced
+_SHARED_TEXT = 256
 #: tensors larger than this are not stored (a lifted constant is small; a weight is an input)
 MAX_TENSOR_BYTES = 16 << 20
 
@@ -116,6 +118,10 @@ class _Encoder:
         return n
 
     def value(self, v):
+        if type(v) is str and len(v) >= _SHARED_TEXT:  # a kernel's source, held by each copy of it
+            if id(v) in self.memo:
+                return ["r", self.memo[id(v)]]
+            return ["x", self._remember(v), v]
         if v is None or isinstance(v, (bool, str)):
             return v
         if isinstance(v, int) and type(v) is int:
@@ -259,6 +265,11 @@ class _Decoder:
             return self.objects[v[1]]
         if tag == "y":
             return self.syms[v[1]]
+        if tag == "x":
+            if not isinstance(v[2], str):
+                raise ArtifactError("a shared text that is not text")
+            self.objects[v[1]] = v[2]
+            return v[2]
         if tag == "f":
             return float(v[1])
         if tag == "t":
