@@ -45,8 +45,8 @@ def _inject_fusion(mp):
 
 
 def _inject_tile(mp):
-    mp.setattr("tilefuse.tile.lower.lower_pointwise", _boom)
-    mp.setattr("tilefuse.tile.lower.lower_contraction", _boom)
+    mp.setattr("tilefuse.tile.pointwise.lower_pointwise", _boom)
+    mp.setattr("tilefuse.tile.contraction.lower_contraction", _boom)
 
 
 def _inject_codegen(mp):

@@ -1,4 +1,5 @@
-"""Lowering of attention-shaped ("flash") plans: one program per block of query rows.
+"""The flash kernel family (`FAMILY`): attention-shaped plans, one program per block of query
+rows.
 
     Q = q[rows, :]                                  loaded once, [BLOCK_M, D]
     for each block of key positions:
@@ -12,6 +13,8 @@ coordinates (`fusion.flash.FlashInfo`), so this lowering only binds those coordi
 """
 from __future__ import annotations
 
+import math
+
 import sympy
 
 from ..fusion.flash import K0
@@ -22,9 +25,12 @@ from ..ir.graph import Graph
 from ..ir.monoid import ANY, MAX, MIN, SUM, Monoid
 from .builder import KernelBuilder, contiguous_strides, land
 from .ir import Arange, Assign, DotTile, For, Full, ProgramId, ReduceTile, Scratch, TileKernel
+from .family import KernelFamily
 from .common import (LoweringOptions, bound_check, combine, dot_accumulator, dot_operand, full_tile, identity_const,
                      index_values, lane_ranges, mapped, needs_int64, pow2, rebase, static_int, tile_symbol)
+from .roofline import concurrency, tile_efficiency
 from .score_rewrites import exp_as_exp2, positive_scale, pull_scales, relax_for_low_precision
+from .space import SMEM_PER_BLOCK, ScheduleSpace, shrink_dot_tiles
 
 
 def lower_flash_kernels(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> list[TileKernel]:
@@ -252,8 +258,6 @@ def _chosen_config(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> 
 
 def flash_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     """Row and key tiles, warps, pipeline stages and (few rows: decode) the split factor."""
-    from .space import SMEM_PER_BLOCK, ScheduleSpace
-
     M, N, DN, DK, batch = _flash_sizes(graph, plan)
     dn, dk = max(16, pow2(static_int(DN))), max(16, pow2(static_int(DK)))
     low = dot_operand(plan.flash.q)[1].is_low_precision
@@ -283,7 +287,7 @@ def flash_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
 
     nbatch = static_int(sympy.Mul(*batch)) if batch else 1
     sizes = {"M": rows, "N": static_int(N), "D": max(dn, dk), "batch": nbatch}
-    return ScheduleSpace("flash", knobs, default, sizes=sizes, itemsize=item, valid=valid)
+    return ScheduleSpace("flash", knobs, default, sizes=sizes, itemsize=item, valid=valid, plan_kind="flash")
 
 
 def _default_config(low_precision: bool, head_block: int, rows, options: LoweringOptions) -> tuple:
@@ -551,4 +555,45 @@ def _live_keys(info, reduces, graph, row, key, N):
     return start, stop
 
 
-__all__ = ["lower_flash", "lower_flash_kernels", "lower_flash_merge", "split_factor", "choose_splits", "flash_space"]
+def current_flash_config(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> dict:
+    """The tiles, warps, stages and split the lowering uses: a tuned schedule, else the
+    `flash_config` knob, else the rules."""
+    cfg = dict(zip(("BLOCK_M", "BLOCK_N", "warps", "stages"), _chosen_config(graph, plan, options)))
+    cfg["split"] = split_factor(graph, plan, options)
+    return cfg
+
+
+def shrink_flash(plan: KernelPlan, cfg: dict, resource: str, options: LoweringOptions) -> dict | None:
+    return shrink_dot_tiles(cfg, resource, ("BLOCK_M", "BLOCK_N"))
+
+
+def flash_time(space, cfg, c) -> float:
+    """Two dots per key tile against the exp/max/sum per score, or the K and V traffic of every
+    block of rows, whichever is larger; a split adds its merge kernel."""
+    s = space.sizes
+    M, N, D, batch = s.get("M"), s.get("N"), s.get("D"), s.get("batch") or 1
+    if None in (M, N, D):
+        return math.inf
+    bm, bn, warps, stages = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["warps"], cfg["stages"]
+    split = cfg.get("split", 1)
+    programs = math.ceil(M / bm) * batch * split
+    smem = stages * bn * 2 * D * space.itemsize + bm * D * space.itemsize
+    slots = concurrency(smem, warps, c.sm_count)
+    waves = math.ceil(programs / slots)
+    keys = math.ceil(N / split / bn) * bn
+    flops = 4.0 * bm * keys * D  # two dots per key tile
+    vector = 10.0 * bm * keys  # exp2, max, sum, scale per score
+    per_sm = min(slots // c.sm_count, math.ceil(programs / c.sm_count))
+    sm_rate = c.matrix_flops / c.sm_count * tile_efficiency(bm, min(bn, D), warps)
+    t_compute = waves * per_sm * max(flops / sm_rate, vector / (c.vector_flops / c.sm_count))
+    kv_bytes = math.ceil(M / bm) * batch * N * 2 * D * space.itemsize
+    t_memory = kv_bytes / c.bandwidth
+    merge = 4e-6 if split > 1 else 0.0
+    return max(t_compute, t_memory) * (1.0 + 0.15 / stages) + 3e-6 + merge
+
+
+FAMILY = KernelFamily("flash", lower=lower_flash_kernels, space=flash_space, config=current_flash_config,
+                      shrink=shrink_flash, cost=flash_time, tuned_on_cpu=False)
+
+__all__ = ["FAMILY", "lower_flash", "lower_flash_kernels", "lower_flash_merge", "split_factor", "choose_splits",
+           "flash_space", "current_flash_config", "shrink_flash", "flash_time"]

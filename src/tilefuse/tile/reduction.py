@@ -1,4 +1,5 @@
-"""Lowering of reduction plans: a [XBLOCK, RBLOCK] tile per program.
+"""The reduction kernel family (`FAMILY`): a [XBLOCK, RBLOCK] tile per program, priced as a
+memory-bound kernel (`tile.roofline.memory_time`).
 
 The reduction axis is held whole in the tile (persistent row) when it is static and at most
 `persistent_reduction_limit`; every stage then runs once, in order, from registers. Otherwise
@@ -24,6 +25,8 @@ length (`tile.variants`), so a short row is not walked in a tile sized for the l
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import sympy
 
 from ..fusion.plan import KernelPlan, Stage
@@ -37,6 +40,9 @@ from .builder import KernelBuilder, land
 from .ir import Arange, ArgReduceTile, Assign, For, Full, Let, LoadTile, ProgramId, ReduceTile, TileKernel, expr_names
 from .common import (LoweringOptions, bound_check, combine, full_tile, identity_const, index_values, mapped, masked,
                      needs_int64, pow2, rebase, static_int, tile_symbol)
+from .family import KernelFamily
+from .roofline import memory_time
+from .space import ScheduleSpace, halved, memory_bytes, warps_within
 from .variants import SizeVariants
 
 
@@ -88,8 +94,6 @@ def size_ladder(plan: KernelPlan, options: LoweringOptions) -> tuple:
 
 def reduction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     """Rows per program and warps (persistent rows); tile width and warps (looped rows)."""
-    from .space import ScheduleSpace, memory_bytes
-
     rules = reduction_rules(plan, options)
     P, R = static_int(plan.parallel), static_int(sympy.Mul(*plan.reduction))
     rows = pow2(P) if P is not None else 1 << 20
@@ -101,7 +105,8 @@ def reduction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
         else:
             knobs = {"RBLOCK": (1024, 2048, 4096, 8192), "warps": (1,)}
         return ScheduleSpace("memory", knobs, {k: rules[k] for k in knobs},
-                             sizes={"programs": P, "rows": P, "R": R, "bytes": memory_bytes(graph, plan)})
+                             sizes={"programs": P, "rows": P, "R": R, "bytes": memory_bytes(graph, plan)},
+                             plan_kind="reduction")
     if rules["persistent"]:
         rb = rules["RBLOCK"]
         # the row held whole, or (for long rows) walked in tiles with a second pass re-reading
@@ -125,7 +130,7 @@ def reduction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     default = {k: rules[k] for k in knobs}
     return ScheduleSpace("memory", knobs, default,
                          sizes={"programs": P, "rows": P, "R": R, "bytes": memory_bytes(graph, plan)},
-                         valid=valid, families=families)
+                         valid=valid, families=families, plan_kind="reduction")
 
 
 def lower_reduction(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> TileKernel:
@@ -502,3 +507,33 @@ class _Moments:
                 value = binary("mul", value, binary("truediv", self.n(v.dtype), count))
             est[st.node] = b.let(cast(value, node.dtype), "first")
         return est
+
+
+def current_reduction_config(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> dict:
+    """The rules' configuration with the schedule's knobs over it."""
+    cfg = reduction_rules(plan, options)
+    cfg.update(dict(options.schedule or {}))
+    return cfg
+
+
+def shrink_reduction(plan: KernelPlan, cfg: dict, resource: str, options: LoweringOptions) -> dict | None:
+    """Fewer rows per program; then a persistent row walked in tiles instead of held whole;
+    then narrower tiles."""
+    if cfg.get("XBLOCK", 1) > 1:
+        return {**cfg, "XBLOCK": cfg["XBLOCK"] // 2}
+    if cfg.get("persistent"):  # the row walked in tiles instead of held whole
+        looped = reduction_rules(plan, replace(options, persistent_reduction_limit=0, schedule=None))
+        return {**looped, "warps": min(cfg.get("warps", 1), looped["warps"])} | {"persistent": False}
+    smaller = halved(cfg, ("RBLOCK",))
+    return warps_within(smaller, "RBLOCK") if smaller else None
+
+
+def _kernels(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> list[TileKernel]:
+    return [lower_reduction(graph, plan, options)]
+
+
+FAMILY = KernelFamily("reduction", lower=_kernels, space=reduction_space, config=current_reduction_config,
+                      shrink=shrink_reduction, cost=memory_time)
+
+__all__ = ["FAMILY", "lower_reduction", "reduction_rules", "reduction_space", "current_reduction_config",
+           "shrink_reduction", "size_ladder", "SIZE_LADDER"]

@@ -1,10 +1,12 @@
 """Schedule spaces: the knobs a lowering exposes for tuning, declared next to the kernel.
 
-A lowering that can be tuned has a `<kind>_space(graph, plan, options)` function beside it
-returning a `ScheduleSpace`: named knobs with their candidate values, the configuration its
-fixed rules would choose (`default`), and a validity check (shared memory, registers, sizes).
+A kernel family that can be tuned declares its space (`KernelFamily.space`, a
+`<kind>_space(graph, plan, options)` function beside its lowering) as a `ScheduleSpace`: named
+knobs with their candidate values, the configuration its fixed rules would choose
+(`default`), and a validity check (shared memory, registers, sizes).
 The tuner (`tune/`) ranks and measures configurations; the chosen one reaches the lowering as
-`LoweringOptions.schedule`, which overrides its rules knob by knob.
+`LoweringOptions.schedule`, which overrides its rules knob by knob. The helpers at the end
+shrink a configuration that does not fit its target (`tile.fit`, `KernelFamily.shrink`).
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from typing import Callable
 
 @dataclass
 class ScheduleSpace:
-    kind: str  # "contraction" | "flash" | ...
+    kind: str  # "contraction" | "flash" | "memory"
     knobs: dict  # knob -> tuple of candidate values, in a stable order
     default: dict  # the lowering's rule-based choice
     sizes: dict = field(default_factory=dict)  # static problem sizes the cost model reads (M, N, K, ...)
@@ -25,6 +27,10 @@ class ScheduleSpace:
     #: held whole or looped): the tuner measures the best-predicted configuration of each of
     #: their values, since the cost model cannot rank such alternatives reliably
     families: tuple = ()
+    #: the plan kind whose family declared the space (`tile.registry`): its cost prices it.
+    #: (`kind` names the cost class — "memory", "contraction", "flash" — that the tuning
+    #: budget and the tuning cache's records go by.)
+    plan_kind: str = ""
 
     def configs(self) -> list[dict]:
         """Every valid configuration, the default first."""
@@ -67,9 +73,35 @@ def memory_bytes(graph, plan):
     return total
 
 
+#: the smallest block a configuration that does not fit is shrunk to (`tile.fit`)
+MIN_BLOCK = 16
+
+
+def halved(cfg: dict, keys, floor: int = MIN_BLOCK) -> dict | None:
+    """`cfg` with the largest of `keys` above `floor` halved (None: all at the floor)."""
+    key = max((k for k in keys if cfg.get(k, 0) > floor), key=lambda k: cfg[k], default=None)
+    return None if key is None else {**cfg, key: cfg[key] // 2}
+
+
+def warps_within(cfg: dict, block: str) -> dict:
+    """No more warps than the block has rows of 32 lanes."""
+    return {**cfg, "warps": max(1, min(cfg.get("warps", 1), cfg[block] // 32))}
+
+
+def shrink_dot_tiles(cfg: dict, resource: str, blocks) -> dict | None:
+    """The next smaller configuration of a pipelined `dot` kernel (contraction, flash): pipeline
+    stages down to two first for shared memory, else the largest of `blocks` halved, else one
+    stage fewer."""
+    stages = cfg.get("stages", 1)
+    if resource == "shared memory" and stages > 2:  # two stages still overlap loads with the dot
+        return {**cfg, "stages": stages - 1}
+    return halved(cfg, blocks) or ({**cfg, "stages": stages - 1} if stages > 1 else None)
+
+
 #: shared memory one Hopper SM gives a block (bytes; a target's own is in `tile.limits`), and
 #: the warps it can hold
 SMEM_PER_BLOCK = 227 * 1024
 MAX_WARPS_PER_SM = 64
 
-__all__ = ["ScheduleSpace", "describe", "memory_bytes", "SMEM_PER_BLOCK", "MAX_WARPS_PER_SM"]
+__all__ = ["ScheduleSpace", "describe", "memory_bytes", "halved", "warps_within", "shrink_dot_tiles", "MIN_BLOCK",
+           "SMEM_PER_BLOCK", "MAX_WARPS_PER_SM"]

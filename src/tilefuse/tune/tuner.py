@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from .. import logs
 from ..backends.triton import generate, load_kernel
 from ..tile.lower import LoweringOptions, lower_plan_kernels, schedule_space
+from ..tile.registry import family
 from ..tile.space import describe
 from .cache import TuningCache, tuning_key
 from .cost import NOMINAL, Ceilings, choose_without_measuring, measure_ceilings, rank
@@ -155,7 +156,7 @@ def _prepare(graph, plan, options: LoweringOptions, level: str, device, backend:
     if backend not in ("triton", "cpu") or options.flash_config or options.flash_split:
         return TuneOutcome(None, "rules")  # the interpreter's tiles, or the user's own choice
     space = schedule_space(graph, plan, options)
-    if space is None or (backend == "cpu" and space.kind == "flash"):
+    if space is None or (backend == "cpu" and not family(plan.kind).tuned_on_cpu):
         return TuneOutcome(None, "rules")
     static = all(v is not None for v in space.sizes.values())
     measurable = static and (level in LEVELS and device.type == "cuda" or level in CPU_LEVELS and backend == "cpu")

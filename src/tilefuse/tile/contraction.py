@@ -1,0 +1,299 @@
+"""The contraction kernel family: a [BLOCK_M, BLOCK_N] output tile per program (grouped
+ordering), a loop over K in BLOCK_K steps with `dot`, then the epilogue stages on the
+accumulator. On Hopper the operands may come through TMA descriptors, optionally from one
+persistent program per SM; a plain matmul (nothing fused) may run in the vendor library
+instead (the `impl` knob, `tile.matmul_views`).
+"""
+from __future__ import annotations
+
+import math
+
+import sympy
+
+from ..fusion.plan import KernelPlan
+from ..fusion.planner import unravel_sym
+from ..ir.expr import Cast, Const, Expr, Index, Load, Var, cast, out_index, red_index, where
+from ..ir.graph import Graph
+from .builder import KernelBuilder, contiguous_strides, land
+from .common import (LoweringOptions, bound_check, dot_accumulator, dot_operand, index_values, lane_ranges, mapped,
+                     needs_int64, pow2, static_int, tile_symbol)
+from .family import KernelFamily
+from .ir import Arange, DescriptorLoad, DotTile, For, Full, Let, MakeDescriptor, ProgramId, TileKernel
+from .roofline import concurrency, tile_efficiency
+from .space import SMEM_PER_BLOCK, ScheduleSpace, shrink_dot_tiles
+
+
+def _contraction_sizes(graph: Graph, plan: KernelPlan) -> tuple:
+    c = plan.contraction
+    node = graph[plan.stages[0].node]
+    return node.shape[c.m_dim], node.shape[c.n_dim], node.ranges[0], tuple(node.shape[d] for d in c.batch_dims)
+
+
+def contraction_rules(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> dict:
+    """The fixed rule's tiles: 128×128×64, 8 warps for bf16/fp16; 64×64×32 for fp32; clipped
+    to small static extents."""
+    c = plan.contraction
+    M, N, K, _ = _contraction_sizes(graph, plan)
+    low = all(dot_operand(f)[1].is_low_precision for f in (c.a, c.b))
+    if options.target == "cpu":  # acc, A and B tiles fit the L1 cache together
+        cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8, "warps": 1, "stages": 1}
+    elif options.interpret:
+        cfg = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8, "warps": 4, "stages": 1}
+    elif low:
+        cfg = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "warps": 8, "stages": 3}
+    else:
+        cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8, "warps": 4, "stages": 3}
+    for key, dim in (("BLOCK_M", M), ("BLOCK_N", N), ("BLOCK_K", K)):
+        v = static_int(dim)
+        if v is not None:
+            cfg[key] = min(cfg[key], max(16, pow2(v)))
+    return cfg
+
+
+def contraction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
+    """Tiles, warps, pipeline stages and grouped ordering of a blocked `dot` kernel."""
+    c = plan.contraction
+    M, N, K, batch = _contraction_sizes(graph, plan)
+    low = all(dot_operand(f)[1].is_low_precision for f in (c.a, c.b))
+    item = 2 if low else dot_accumulator(c.a, c.b).itemsize
+    statics = {n: static_int(v) for n, v in (("M", M), ("N", N), ("K", K))}
+    caps = {"BLOCK_M": statics["M"], "BLOCK_N": statics["N"], "BLOCK_K": statics["K"]}
+    if options.target == "cpu":  # register/L1 blocking of the C++ loop nest
+        knobs = {"BLOCK_M": (16, 32, 64), "BLOCK_N": (32, 64, 128), "BLOCK_K": (16, 32, 64),
+                 "GROUP_M": (8,), "warps": (1,), "stages": (1,)}
+    elif low:
+        knobs = {"BLOCK_M": (64, 128, 256), "BLOCK_N": (64, 128, 256), "BLOCK_K": (32, 64, 128),
+                 "GROUP_M": (8,), "warps": (4, 8), "stages": (3, 4, 5)}
+    else:
+        knobs = {"BLOCK_M": (32, 64, 128), "BLOCK_N": (32, 64, 128), "BLOCK_K": (16, 32),
+                 "GROUP_M": (8,), "warps": (4, 8), "stages": (2, 3, 4)}
+
+    def valid(cfg):
+        for key, cap in caps.items():
+            if cap is not None and cfg[key] > max(16, pow2(cap)):
+                return False
+        smem = cfg["stages"] * (cfg["BLOCK_M"] + cfg["BLOCK_N"]) * cfg["BLOCK_K"] * item
+        acc_regs = cfg["BLOCK_M"] * cfg["BLOCK_N"] // (32 * cfg["warps"])  # fp32 accumulators per thread
+        return smem <= SMEM_PER_BLOCK and acc_regs <= 128
+
+    nbatch = static_int(sympy.Mul(*batch)) if batch else 1
+    sizes = {k: v for k, v in statics.items()} | {"batch": nbatch}
+    default = contraction_rules(graph, plan, options)
+    if options.tma and not options.interpret and _described(graph, plan) is not None:
+        # Hopper: operands through TMA descriptors, optionally one persistent program per SM
+        # walking the output tiles (pointer loads gain nothing from persistence: not offered)
+        knobs["tma"], knobs["persistent"] = (0, 1), ((0, 1) if options.sm_count else (0,))
+        default["tma"] = default["persistent"] = 0
+        tiles_ok = valid
+
+        def valid(cfg):
+            return tiles_ok(cfg) and (cfg["tma"] or not cfg["persistent"])
+    if options.matmul != "generated" and not options.interpret:
+        from .matmul_views import matmul_views
+
+        if matmul_views(graph, plan) is not None:  # nothing fused: the library's matmul is a candidate
+            knobs["impl"], default["impl"] = ("generated", "aten"), "generated"
+            tiles = valid
+
+            def valid(cfg):  # the library ignores the tile knobs: one "aten" configuration
+                if cfg["impl"] == "aten":
+                    return all(cfg[k] == v for k, v in default.items() if k != "impl")
+                return tiles(cfg)
+    return ScheduleSpace("contraction", knobs, default, sizes=sizes, itemsize=item, valid=valid,
+                         families=tuple(k for k in ("impl", "persistent") if k in knobs),
+                         plan_kind="contraction")
+
+
+def lower_contraction(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> TileKernel:
+    b = KernelBuilder(graph, plan.name, options.divisor_checks)
+    c = plan.contraction
+    main = plan.stages[0]
+    node = graph[main.node]
+    M, N, K = node.shape[c.m_dim], node.shape[c.n_dim], node.ranges[0]
+    batch_shape = tuple(node.shape[d] for d in c.batch_dims)
+    for e in (M, N, K, *batch_shape):
+        b.size_params(e)
+    b.tile_symbols |= {"pid", "pid_b", "rm", "rn", "rka", "rkb", "koffset", "pid_m", "pid_n"}
+    chosen = contraction_rules(graph, plan, options)
+    if options.schedule:
+        chosen.update(options.schedule)
+    chosen.pop("impl", None)  # "aten" never reaches a lowering (the driver runs ATen instead)
+    warps, stages = chosen.pop("warps"), chosen.pop("stages")
+    use_tma, persistent = bool(chosen.pop("tma", 0)), bool(chosen.pop("persistent", 0))
+    cfg = chosen
+    BM, BN, BK, G = (tile_symbol(n) for n in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"))
+    wide = any(needs_int64(*sizes) for sizes in ((M, K, *batch_shape), (K, N, *batch_shape), (M, N, *batch_shape)))
+    described = _described(graph, plan) if use_tma and not wide else None
+    persistent = persistent and described is not None and options.sm_count > 0
+    num_m, num_n = sympy.ceiling(M / BM), sympy.ceiling(N / BN)
+    b.tile_symbols |= {"pid_first", "tile", "desc_a", "desc_b"}
+    if persistent:  # one program per SM walks the output tiles; its loads overlap the last epilogue
+        cfg["NUM_SMS"] = options.sm_count
+        b.emit(ProgramId("pid_first", 0))
+    else:
+        b.emit(ProgramId("pid", 0, wide=wide))
+        b.emit(ProgramId("pid_b", 1, wide=wide))
+    for name, d in zip(("desc_a", "desc_b"), described or ()):
+        b.buffer(d.buffer)
+        b.size_params(d.base)
+        for e in (*d.shape, d.row_stride):
+            b.size_params(e)
+        b.emit(MakeDescriptor(name, d.buffer, Index(d.base), tuple(Index(e) for e in d.shape),
+                              (Index(d.row_stride), Index(sympy.Integer(1))), d.block))
+    if persistent:
+        tiles = For("tile", Index(tile_symbol("pid_first")), Index(num_m * num_n), "NUM_SMS", flatten=True)
+        b.emit(tiles)
+        b.push_block(tiles.body)
+        b.emit(Let("pid", Index(tile_symbol("tile"))))
+    pid, pid_b = tile_symbol("pid"), tile_symbol("pid_b")
+    group = sympy.floor(pid / (G * num_n))
+    first_m = group * G
+    size_m = sympy.Min(num_m - first_m, G)
+    b.emit(Let("pid_m", Index(first_m + sympy.Mod(pid, size_m))))
+    b.emit(Let("pid_n", Index(sympy.floor(sympy.Mod(pid, G * num_n) / size_m))))
+    b.emit(Arange("rm", Index(tile_symbol("pid_m") * BM), "BLOCK_M", 0, 2))
+    b.emit(Arange("rn", Index(tile_symbol("pid_n") * BN), "BLOCK_N", 1, 2))
+    rm, rn = tile_symbol("rm"), tile_symbol("rn")
+    batch_vals = unravel_sym(pid_b, batch_shape) if batch_shape else ()
+    outs = out_index(node.rank)
+    (r0,) = red_index(1)
+
+    def dims(m_val, n_val):
+        vals = [None] * node.rank
+        vals[c.m_dim], vals[c.n_dim] = m_val, n_val
+        for d, v in zip(c.batch_dims, batch_vals):
+            vals[d] = v
+        return vals
+
+    m_ok = bound_check(b, rm, M, cfg["BLOCK_M"], "mmask")  # loop-invariant: before the K loop
+    n_ok = bound_check(b, rn, N, cfg["BLOCK_N"], "nmask")
+    acc, accd = b.fresh("acc"), dot_accumulator(c.a, c.b)
+    b.emit(Full(acc, ("BLOCK_M", "BLOCK_N"), 0.0, accd))
+    loop = For("koffset", Index(sympy.Integer(0)), Index(K), "BLOCK_K")
+    b.emit(loop)
+    b.push_block(loop.body)
+    b.emit(Arange("rka", Index(tile_symbol("koffset")), "BLOCK_K", 1, 2))
+    b.emit(Arange("rkb", Index(tile_symbol("koffset")), "BLOCK_K", 0, 2))
+    rka, rkb = tile_symbol("rka"), tile_symbol("rkb")
+    ka_ok = bound_check(b, rka, K, cfg["BLOCK_K"], "kamask")
+    kb_ok = bound_check(b, rkb, K, cfg["BLOCK_K"], "kbmask")
+    mask_a = land(m_ok, ka_ok)
+    mask_b = land(kb_ok, n_ok)
+    operands = []
+    coords = {"BLOCK_M": tile_symbol("pid_m") * BM, "BLOCK_N": tile_symbol("pid_n") * BN, "BLOCK_K": tile_symbol("koffset")}
+    for k, (factor, m_val, n_val, k_val, mask) in enumerate(((c.a, rm, 0, rka, mask_a), (c.b, 0, rn, rkb, mask_b))):
+        expr, in_dtype = dot_operand(factor)
+        if described is not None:  # a block through the descriptor: out-of-range elements read 0
+            d, name = described[k], b.fresh("blk")
+            b.emit(DescriptorLoad(name, ("desc_a", "desc_b")[k], tuple(Index(coords[n]) for n in d.block),
+                                  graph[d.buffer].dtype, d.transpose))
+            operands.append((Var(name, graph[d.buffer].dtype), in_dtype))
+            continue
+        expr = mapped(expr, outs, dims(m_val, n_val))
+        expr = mapped(expr, (r0,), (k_val,))
+        v = b.value(expr, mask=mask)
+        if mask is not None and not _is_plain_load(expr):
+            v = b.let(where(mask, v, Const(0.0, v.dtype)), "op")  # a prologue may map 0 to non-0
+        operands.append((v, in_dtype))
+    (a_v, a_dt), (b_v, b_dt) = operands
+    dot_dtype = a_dt if a_dt == b_dt and a_dt.is_low_precision and not options.interpret else accd
+    b.emit(DotTile(acc, a_v, b_v, Var(acc, accd), dot_dtype))
+    b.pop_block()
+
+    omask = land(m_ok, n_ok)
+    omask = b.let(omask, "omask") if omask is not None else None
+    out_vals = dims(rm, rn)
+    b.bound[node.name] = b.let(cast(Var(acc, accd), node.dtype), "mm")
+    if main.store:
+        b.store(node.name, tuple(Index(v) for v in out_vals), b.bound[node.name], omask)
+    flat = sum((v * s for v, s in zip(out_vals, contiguous_strides(node.shape))), sympy.Integer(0))
+    for st in plan.stages[1:]:
+        enode = graph[st.node]
+        if tuple(enode.shape) == tuple(node.shape):
+            vals = out_vals
+        else:
+            ranges = lane_ranges(out_vals, node.shape)
+            if batch_shape:
+                ranges[pid_b] = sympy.Mul(*batch_shape)
+            vals = index_values(enode.shape, flat, ranges)
+        v = b.value(mapped(st.body, out_index(enode.rank), vals), mask=omask)
+        b.bound[enode.name] = v  # later epilogues read it from registers
+        b.store(enode.name, tuple(Index(e) for e in vals), v, omask)
+
+    if persistent:
+        b.pop_block()
+    nbatch = sympy.Mul(*batch_shape) if batch_shape else sympy.Integer(1)
+    grid = (sympy.Min(tile_symbol("NUM_SMS"), num_m * num_n), 1) if persistent else (num_m * num_n, nbatch)
+    return TileKernel(plan.name, b.finish_params(), cfg, numel=M * N * nbatch, grid=grid, body=b.body,
+                      num_warps=warps, num_stages=stages, reads=b.reads, writes=b.writes,
+                      kind="contraction", plan=plan)
+
+
+def _described(graph: Graph, plan: KernelPlan):
+    """The operands as tensor-descriptor views, or None (see `tile.descriptors`)."""
+    from .descriptors import describe_operands
+
+    c = plan.contraction
+    return describe_operands(graph, plan, dot_operand(c.a)[0], dot_operand(c.b)[0])
+
+
+def _is_plain_load(e: Expr) -> bool:
+    while isinstance(e, Cast):
+        e = e.x
+    return isinstance(e, Load)
+
+
+def current_contraction_config(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> dict:
+    """The rules' configuration with the schedule's knobs over it."""
+    cfg = contraction_rules(graph, plan, options)
+    cfg.update(dict(options.schedule or {}))
+    return cfg
+
+
+def shrink_contraction(plan: KernelPlan, cfg: dict, resource: str, options: LoweringOptions) -> dict | None:
+    return shrink_dot_tiles(cfg, resource, ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
+
+
+def contraction_time(space, cfg, c) -> float:
+    """A blocked `dot` kernel: the larger of its padded flops (waves of tiles at their
+    efficiency) and its operand traffic (re-reads per output tile row and column), or the
+    vendor library's roofline for `impl=aten`."""
+    s = space.sizes
+    M, N, K, batch = s.get("M"), s.get("N"), s.get("K"), s.get("batch") or 1
+    if None in (M, N, K):
+        return math.inf
+    bm, bn, bk, warps, stages = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["warps"], cfg["stages"]
+    tm, tn = math.ceil(M / bm), math.ceil(N / bn)
+    tiles = tm * tn * batch
+    smem = stages * (bm + bn) * bk * space.itemsize
+    slots = concurrency(smem, warps, c.sm_count)
+    waves = math.ceil(tiles / slots)
+    per_sm = slots // c.sm_count
+    # padded work of one wave, spread over the SMs at the tile's efficiency
+    flops_per_tile = 2.0 * bm * bn * math.ceil(K / bk) * bk
+    sm_rate = c.matrix_flops / c.sm_count * tile_efficiency(bm, bn, warps) * (1.02 if cfg.get("tma") else 1.0)
+    t_compute = waves * min(per_sm, math.ceil(tiles / c.sm_count)) * flops_per_tile / sm_rate
+    persistent = bool(cfg.get("persistent"))
+    if persistent:  # one program per SM, its tiles back to back
+        t_compute = math.ceil(tiles / c.sm_count) * flops_per_tile / sm_rate
+    if cfg.get("impl") == "aten":  # the vendor library: the device's measured matrix rate, its own pipelining
+        return max(2.0 * M * N * K * batch / c.matrix_flops, (M * K + K * N + M * N) * batch * space.itemsize
+                   / c.bandwidth) + 3e-6
+    # operands re-read once per output tile row/column; grouped ordering lets L2 serve most
+    reread = (M * K * tn + K * N * tm) * batch * space.itemsize / max(1.0, min(cfg.get("GROUP_M", 1), tm) ** 0.5)
+    t_memory = (reread + M * N * batch * space.itemsize) / c.bandwidth
+    # prologue/epilogue of the software pipeline, per program; a persistent program overlaps
+    # the next tile's loads with this tile's epilogue
+    pipeline = 1.0 + (0.05 if persistent else 0.15) / stages
+    return max(t_compute, t_memory) * pipeline + 3e-6
+
+
+def _kernels(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> list[TileKernel]:
+    return [lower_contraction(graph, plan, options)]
+
+
+FAMILY = KernelFamily("contraction", lower=_kernels, space=contraction_space, config=current_contraction_config,
+                      shrink=shrink_contraction, cost=contraction_time)
+
+__all__ = ["FAMILY", "lower_contraction", "contraction_rules", "contraction_space", "current_contraction_config",
+           "shrink_contraction", "contraction_time"]

@@ -1,0 +1,115 @@
+"""The pointwise kernel family: a 1-D tile of XBLOCK elements per program.
+
+Each stage's value is computed at the program's elements and stored; a scatter stage (an
+in-place indexed write, `index_put_`/`index_copy_` after re-inplacing) stores its values at the
+data-dependent positions of its target instead, skipping positions outside it. Priced as a
+memory-bound kernel (`tile.roofline.memory_time`).
+"""
+from __future__ import annotations
+
+import sympy
+
+from ..fusion.plan import KernelPlan
+from ..ir.expr import Const, Index, binary, out_index
+from ..ir.graph import Graph
+from .builder import KernelBuilder, land
+from .common import LoweringOptions, bound_check, index_values, mapped, needs_int64, pow2, static_int, tile_symbol
+from .family import KernelFamily
+from .ir import Arange, ProgramId, TileKernel
+from .roofline import memory_time
+from .space import ScheduleSpace, halved, memory_bytes, warps_within
+
+
+def pointwise_rules(plan: KernelPlan, options: LoweringOptions) -> dict:
+    block = 1024 if not options.interpret else 256
+    if options.target == "cpu":  # one program is a vectorised loop: amortise its start
+        block = 2048
+    nv = static_int(plan.parallel)
+    if nv is not None:
+        block = min(block, max(16, pow2(nv)))
+    return {"XBLOCK": block, "warps": 4 if block >= 512 else 2}
+
+
+def pointwise_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
+    """Elements per program and warps."""
+    n = static_int(plan.parallel)
+    cap = max(16, pow2(n)) if n is not None else 1 << 30
+    if options.target == "cpu":  # elements per program (one OpenMP task, one vectorised loop)
+        knobs = {"XBLOCK": tuple(x for x in (512, 1024, 2048, 4096, 8192) if x <= cap) or (cap,), "warps": (1,)}
+        return ScheduleSpace("memory", knobs, pointwise_rules(plan, options),
+                             sizes={"programs": n, "rows": n, "R": 1, "bytes": memory_bytes(graph, plan)},
+                             plan_kind="pointwise")
+    knobs = {"XBLOCK": tuple(x for x in (256, 512, 1024, 2048, 4096) if x <= cap) or (cap,), "warps": (2, 4, 8)}
+    return ScheduleSpace("memory", knobs, pointwise_rules(plan, options),
+                         sizes={"programs": n, "rows": n, "R": 1, "bytes": memory_bytes(graph, plan)},
+                         valid=lambda cfg: cfg["XBLOCK"] >= 32 * cfg["warps"], plan_kind="pointwise")
+
+
+def lower_pointwise(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> TileKernel:
+    b = KernelBuilder(graph, plan.name, options.divisor_checks)
+    b.tile_symbols |= {"pid", "xindex"}
+    n = plan.parallel
+    b.size_params(n)
+    b.emit(ProgramId("pid", 0, wide=needs_int64(n)))
+    x = tile_symbol("xindex")
+    b.emit(Arange("xindex", Index(tile_symbol("pid") * tile_symbol("XBLOCK")), "XBLOCK", 0, 1))
+    rules = pointwise_rules(plan, options)
+    if options.schedule:
+        rules.update(options.schedule)
+    block, warps = rules["XBLOCK"], rules["warps"]
+    xmask = bound_check(b, x, n, block, "xmask")
+    for st in plan.stages:
+        node = graph[st.node]
+        if st.kind == "scatter":
+            _store_scattered(b, graph, st, x, n, xmask)
+            continue
+        vals = index_values(node.shape, x, {x: n})
+        v = b.value(mapped(st.body, out_index(node.rank), vals), mask=xmask)
+        b.store(node.name, tuple(Index(e) for e in vals), v, xmask)
+    return TileKernel(plan.name, b.finish_params(), {"XBLOCK": block}, numel=n,
+                      grid=(sympy.ceiling(n / tile_symbol("XBLOCK")),), body=b.body, num_warps=warps,
+                      reads=b.reads, writes=b.writes, kind="pointwise", plan=plan)
+
+
+def _store_scattered(b: KernelBuilder, graph: Graph, st, x, n, xmask) -> None:
+    """A scatter stage: each value of the written space goes to its (data-dependent) position
+    in the target input; a position outside the target is not written."""
+    node = graph[st.node]
+    target, index = st.scatter
+    symbols = out_index(len(node.space))
+    vals = index_values(node.space, x, {x: n})
+    v = b.value(mapped(st.body, symbols, vals), mask=xmask)
+    where, inside = [], xmask
+    for comp, extent in zip(index, graph[target].shape):
+        comp = mapped(comp, symbols, vals)
+        if not isinstance(comp, Index):
+            comp = b.value(comp, mask=xmask)
+            ok = binary("logical_and", binary("ge", comp, Const(0, comp.dtype)), binary("lt", comp, Index(extent)))
+            inside = land(inside, b.let(ok, "inside"))
+            b.size_params(extent)
+        where.append(comp)
+    b.store(target, tuple(where), v, inside)
+
+
+def current_pointwise_config(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> dict:
+    """The rules' configuration with the schedule's knobs over it."""
+    cfg = pointwise_rules(plan, options)
+    cfg.update(dict(options.schedule or {}))
+    return cfg
+
+
+def shrink_pointwise(plan: KernelPlan, cfg: dict, resource: str, options: LoweringOptions) -> dict | None:
+    """Half the elements per program (down to one), warps within them."""
+    smaller = halved(cfg, ("XBLOCK",), floor=1)
+    return warps_within(smaller, "XBLOCK") if smaller else None
+
+
+def _kernels(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> list[TileKernel]:
+    return [lower_pointwise(graph, plan, options)]
+
+
+FAMILY = KernelFamily("pointwise", lower=_kernels, space=pointwise_space, config=current_pointwise_config,
+                      shrink=shrink_pointwise, cost=memory_time)
+
+__all__ = ["FAMILY", "lower_pointwise", "pointwise_rules", "pointwise_space", "current_pointwise_config",
+           "shrink_pointwise"]
