@@ -572,3 +572,15 @@ def test_a_forked_child_compiles_with_its_own_build_pool():
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_products_of_few_rows_tile_only_those_rows(rows):
+    """A batched product with one (or three) rows per batch — a MoE's gathered experts, a decode
+    step — gets a row tile as small as the product (a vector-matrix loop), not 16 rows of
+    which all but one are masked; against eager, gathered weights included."""
+    x, experts = rand(9, rows, 40), torch.randint(0, 4, (9,))
+    w = rand(4, 40, 72)
+    ex = run_cpu(lambda a, w, e: torch.relu(a @ w[e]), x, w, experts, matmul="generated")
+    product = next(k for k in ex.kernels if k.kind == "contraction")
+    assert f"constexpr int64_t BLOCK_M = {1 if rows == 1 else 4};" in product.source, product.source[:600]

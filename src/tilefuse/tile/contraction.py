@@ -46,8 +46,15 @@ def contraction_rules(graph: Graph, plan: KernelPlan, options: LoweringOptions) 
     for key, dim in (("BLOCK_M", M), ("BLOCK_N", N), ("BLOCK_K", K)):
         v = static_int(dim)
         if v is not None:
-            cfg[key] = min(cfg[key], max(16, pow2(v)))
+            cfg[key] = min(cfg[key], max(_min_block(key, options), pow2(v)))
     return cfg
+
+
+def _min_block(key: str, options: LoweringOptions) -> int:
+    """The smallest tile of a dot's dim: 16 where Triton's `tl.dot` runs; on CPU rows as few as
+    the product has (a product of one row per batch — a MoE's gathered experts, a decode step —
+    is a vector-matrix loop, not 16 rows of which 15 are masked)."""
+    return 1 if options.target == "cpu" and key == "BLOCK_M" else 16
 
 
 def contraction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
@@ -59,8 +66,9 @@ def contraction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     statics = {n: static_int(v) for n, v in (("M", M), ("N", N), ("K", K))}
     caps = {"BLOCK_M": statics["M"], "BLOCK_N": statics["N"], "BLOCK_K": statics["K"]}
     if options.target == "cpu":  # register/L1 blocking of the C++ loop nest
-        knobs = {"BLOCK_M": (16, 32, 64), "BLOCK_N": (32, 64, 128), "BLOCK_K": (16, 32, 64),
-                 "GROUP_M": (8,), "warps": (1,), "stages": (1,)}
+        few = statics["M"] is not None and pow2(statics["M"]) < 16  # (rows as few as the product has)
+        knobs = {"BLOCK_M": ((pow2(statics["M"]),) if few else ()) + (16, 32, 64), "BLOCK_N": (32, 64, 128),
+                 "BLOCK_K": (16, 32, 64), "GROUP_M": (8,), "warps": (1,), "stages": (1,)}
     elif low:
         knobs = {"BLOCK_M": (64, 128, 256), "BLOCK_N": (64, 128, 256), "BLOCK_K": (32, 64, 128),
                  "GROUP_M": (8,), "warps": (4, 8), "stages": (3, 4, 5)}
@@ -70,7 +78,7 @@ def contraction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
 
     def valid(cfg):
         for key, cap in caps.items():
-            if cap is not None and cfg[key] > max(16, pow2(cap)):
+            if cap is not None and cfg[key] > max(_min_block(key, options), pow2(cap)):
                 return False
         smem = cfg["stages"] * (cfg["BLOCK_M"] + cfg["BLOCK_N"]) * cfg["BLOCK_K"] * item
         acc_regs = cfg["BLOCK_M"] * cfg["BLOCK_N"] // (32 * cfg["warps"])  # fp32 accumulators per thread
