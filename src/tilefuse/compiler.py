@@ -106,7 +106,8 @@ def compile_fx(gm: torch.fx.GraphModule, device: torch.device, name: str = "grap
         raise ConfigError("target='triton' needs CUDA tensors; use 'cpu' or 'interpret' for CPU tensors")
     if choose_backend(device) == "cpu" and device.type != "cpu":
         raise ConfigError(f"target={choose_backend(device)!r} needs CPU tensors, not {device.type}; use 'triton'")
-    key = graph_cache.graph_key(gm, device, re.sub(r"\d+$", "", name)) if config.graph_cache else None
+    key = graph_cache.graph_key(gm, device, re.sub(r"\d+$", "", name), _sm_count(device)) \
+        if config.graph_cache else None
     if key is not None:
         loaded = graph_cache.load(key, device, name)
         if loaded is not None:

@@ -65,12 +65,13 @@ def source_hash() -> str:
     return h.hexdigest()
 
 
-def graph_key(gm: torch.fx.GraphModule, device: torch.device, kind: str) -> str | None:
+def graph_key(gm: torch.fx.GraphModule, device: torch.device, kind: str, sm_count: int = 0) -> str | None:
     """The graph's key, or None when something it depends on cannot be named (the reason is
-    logged): such a graph is compiled every time."""
+    logged): such a graph is compiled every time. `sm_count`: the GPU's, as the lowering
+    options have it (0 on a CPU)."""
     try:
         with real_tensors():  # (constants are hashed: outside the compile's fake-tensor mode)
-            parts = _key_parts(gm, device, kind)
+            parts = _key_parts(gm, device, kind, sm_count)
     except _Unkeyable as why:
         logs.log("cache", "graph %s not cached: %s", kind, why)
         return None
@@ -81,7 +82,7 @@ class _Unkeyable(Exception):
     pass
 
 
-def _key_parts(gm, device, kind) -> list:
+def _key_parts(gm, device, kind, sm_count: int) -> list:
     inputs, shape_envs = [], []
     for node in gm.graph.nodes:
         if node.op == "placeholder":
@@ -93,8 +94,6 @@ def _key_parts(gm, device, kind) -> list:
         elif node.op == "get_attr":
             inputs.append([node.target, _attribute(gm, node.target)])
     knobs = {name: str(value) for name, value in config.as_dict().items() if name not in _NOT_IN_KEY}
-    sm_count = torch.cuda.get_device_properties(device).multi_processor_count \
-        if device.type == "cuda" and torch.cuda.is_available() else 0
     return ["tilefuse-graph", FORMAT, environment_fingerprint(), source_hash(), kind, device.type, sm_count,
             torch.get_float32_matmul_precision(), knobs, gm.code, inputs, [_guards(e) for e in shape_envs]]
 

@@ -138,7 +138,7 @@ class _Encoder:
             return ["x", self._remember(v), v]
         if v is None or isinstance(v, (bool, str)):
             return v
-        if isinstance(v, int) and type(v) is int:
+        if type(v) is int:
             return v
         if type(v) is float:
             return v if math.isfinite(v) else ["f", repr(v)]
