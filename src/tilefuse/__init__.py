@@ -7,7 +7,7 @@
 Importing the package registers the "tilefuse" torch.compile backend.
 """
 from ._version import __version__
-from .config import ConfigError, ConfigWarning, UnknownOptionError, config
+from .config import ConfigError, ConfigWarning, Options, UnknownOptionError, config
 from .api import TilefuseError, compile, dynamo_backend, explain, last_compilations
 from .explanation import Explanation
 from .ir.bounds import IndexCheckError
@@ -25,4 +25,4 @@ def _register_backend() -> None:
 _register_backend()
 
 __all__ = ["config", "compile", "explain", "last_compilations", "Explanation", "dynamo_backend", "TilefuseError",
-           "IndexCheckError", "ConfigError", "ConfigWarning", "UnknownOptionError", "__version__"]
+           "IndexCheckError", "ConfigError", "ConfigWarning", "UnknownOptionError", "Options", "__version__"]

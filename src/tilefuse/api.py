@@ -25,7 +25,7 @@ import torch
 
 from . import logs
 from .compiler import CompileReport, compile_fx
-from .config import ConfigError, UnknownOptionError, config, resolve_options
+from .config import KNOBS, ConfigError, Options, UnknownOptionError, config, resolve_options
 from .ir.bounds import CheckError
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ def _device_of(gm: torch.fx.GraphModule) -> torch.device:
     return torch.device("cpu")
 
 
-def _fail(phase: str, name: str, err: BaseException, eager, gm=None, args=None):
+def _fail(phase: str, name: str, err: BaseException, eager, options: Options, gm=None, args=None):
     """Report an internal failure: raise `TilefuseError` (fallback "error") or warn and return
     `eager` to run the graph with (fallback "eager"). The message names the stage and the op
     that failed and points to a standalone reproducer of the graph."""
@@ -77,11 +77,11 @@ def _fail(phase: str, name: str, err: BaseException, eager, gm=None, args=None):
     if failure.op:
         msg += f"; op: {failure.op}"
     msg += f"; {failure.error}"
-    repro = write_reproducer(gm, args, title=msg, name=name, knobs=config.non_defaults()) if gm is not None else None
+    repro = write_reproducer(gm, args, title=msg, name=name, knobs=options.non_defaults()) if gm is not None else None
     if repro:
         msg += f"\nreproducer: python {repro}"
     logs.log("runtime", "%s\n%s", msg, "".join(traceback.format_exception(err)))
-    if config.fallback == "error":
+    if options.fallback == "error":
         raise TilefuseError(msg) from err
     warnings.warn(msg + "\nrunning this graph eagerly (set TILEFUSE_FALLBACK=error to raise)",
                   TilefuseFallbackWarning, stacklevel=3)
@@ -91,24 +91,26 @@ def _fail(phase: str, name: str, err: BaseException, eager, gm=None, args=None):
 def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, settings: dict, inference: bool = False):
     name = f"{kind}{next(_graph_ids)}"
     t0 = time.perf_counter()
+    # the compile's options: the configuration as it is now (a backward graph compiles later,
+    # under the configuration of that moment) with the compile's own settings over it
+    options = config.options(settings)
     try:
-        with config.patch(**settings):  # also for backward graphs, compiled later
-            compiled, report = compile_fx(gm, _device_of(gm), name)
+        with _process_settings(settings):
+            compiled, report = compile_fx(gm, _device_of(gm), name, options)
     except (ConfigError, UnknownOptionError):
         raise  # the user's error, not ours: never an eager fallback
     except Exception as err:  # noqa: BLE001 - every failure falls back or raises clearly
         report = CompileReport(name, graph_ir=f"(compilation failed: {type(err).__name__}: {err})")
         report.failure = f"{type(err).__name__}: {err}"
-        _record(report, gm, settings)
-        with config.patch(**settings):
-            runner = _fail("compiling", name, err, gm.forward, gm)
+        _record(report, gm, settings, options)
+        with _process_settings(settings):
+            runner = _fail("compiling", name, err, gm.forward, options, gm)
         return _boxed(runner)
     report.stage_seconds["total"] = time.perf_counter() - t0
     mutated = _mutated_inputs(gm)
-    with config.patch(**settings):
-        if config.cuda_graphs:
-            compiled = _with_cuda_graphs(compiled, report, inference, mutated)
-    _record(report, gm, settings)
+    if options.cuda_graphs:
+        compiled = _with_cuda_graphs(compiled, report, inference, mutated)
+    _record(report, gm, settings, options)
     state = {"first": True, "runner": compiled}
     aliases = _output_aliases(gm)
 
@@ -117,7 +119,7 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, settings
         if runner is not compiled:
             return runner(*args)
         before = None
-        if state["first"] and mutated and config.verify:  # the reference needs the inputs as they were
+        if state["first"] and mutated and options.verify:  # the reference needs the inputs as they were
             before = {k: args[k].clone() for k in mutated}
         try:
             out = compiled(*args)
@@ -127,17 +129,24 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, settings
             raise
         except Exception as err:  # noqa: BLE001 - the first launch also compiles the kernels
             eager_out = gm.forward(*args)  # if eager fails too, the error is the program's own
-            with config.patch(**settings):
-                state["runner"] = _fail("running", name, err, gm.forward, gm, args)
+            with _process_settings(settings):
+                state["runner"] = _fail("running", name, err, gm.forward, options, gm, args)
             return eager_out
         if state["first"]:
             state["first"] = False
-            with config.patch(**settings):
-                if config.verify:
-                    return _verify(name, gm, compiled, report, args, out, state, before)
+            if options.verify:
+                with _process_settings(settings):
+                    return _verify(name, gm, compiled, report, args, out, state, options, before)
         return out
 
     return _boxed(run)
+
+
+def _process_settings(settings: dict):
+    """The process settings (`Knob.process`: log channels, the disk cache, build workers) a
+    compile's own options name, applied while its graph compiles or reports: the logging and
+    the cache read them where they work. Every other knob travels in the compile's `Options`."""
+    return config.patch(**{name: value for name, value in settings.items() if KNOBS[name].process})
 
 
 def _with_cuda_graphs(compiled, report: CompileReport, inference: bool, mutated: list):
@@ -157,7 +166,7 @@ def _with_cuda_graphs(compiled, report: CompileReport, inference: bool, mutated:
     return CudaGraphRunner(compiled, static, mutated, report)
 
 
-def _record(report: CompileReport, gm: torch.fx.GraphModule, settings: dict) -> None:
+def _record(report: CompileReport, gm: torch.fx.GraphModule, settings: dict, options: Options) -> None:
     """Keep the report for `last_compilations()` and a running `explain`, and write it under
     `TILEFUSE_DEBUG_DIR` when that is set."""
     report.settings = dict(settings)
@@ -168,7 +177,7 @@ def _record(report: CompileReport, gm: torch.fx.GraphModule, settings: dict) -> 
     _history.append(report)
     for sink in _report_sinks:
         sink.append(report)
-    debug_dir = settings.get("debug_dir", config.debug_dir)
+    debug_dir = options.debug_dir
     if debug_dir:
         from .debug_dump import dump_graph
 
@@ -280,7 +289,7 @@ def _mutated_inputs(gm: torch.fx.GraphModule) -> list:
     return [k for k, p in enumerate(placeholders) if p in written]
 
 
-def _verify(name, gm, compiled, report, args, out, state, before=None):
+def _verify(name, gm, compiled, report, args, out, state, options: Options, before=None):
     """TILEFUSE_VERIFY: the fp64 rule against eager on the first run; on a mismatch, the first
     diverging kernel is reported (error, or warning and eager from then on). `before`: copies
     of the inputs the graph writes into, as they were before the call (the checks run on
@@ -303,7 +312,7 @@ def _verify(name, gm, compiled, report, args, out, state, before=None):
         logs.log("runtime", "%s", result)
         return out
     msg = str(result)
-    if config.fallback == "error":
+    if options.fallback == "error":
         raise TilefuseError(msg)
     warnings.warn(msg + "\nrunning this graph eagerly from now on (set TILEFUSE_FALLBACK=error to raise)",
                   TilefuseFallbackWarning, stacklevel=3)
@@ -326,7 +335,7 @@ def _aot(gm: torch.fx.GraphModule, example_inputs, settings: dict):
             settings.get("target", config.target) in ("auto", "triton"):
         from .backends.triton import compile_pool, launcher
 
-        with config.patch(**settings):
+        with _process_settings(settings):
             compile_pool.start()  # the workers start (import Triton) while AOTAutograd traces
         launcher.prefetch_triton_key()
 

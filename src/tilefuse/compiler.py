@@ -19,22 +19,21 @@ from . import dedupe, graph_cache, logs
 from .backends import cpu as cpu_backend
 from .backends.limits import kernel_check, target_limits
 from .backends.triton import TritonKernel, generate, load_kernel
-from .config import KNOBS, ConfigError, ConfigWarning, config
+from .config import KNOBS, ConfigError, ConfigWarning, Options, config
 from .frontend.to_ir import lower_fx
 from .fusion import ExternStep, plan_graph
 from .fusion.layout import assign_layouts
+from .fusion.library import LIBRARY, MEASURED, LibraryCall, choose_library_calls
+from .fusion.matmul_views import describe as describe_matmul
 from .fusion.naming import kernel_origin
-from .fusion.plan import KernelPlan, Stage
-from .ir.expr import Load, walk
+from .fusion.plan import KernelPlan
 from .ir.verify import verify
 from .passes import run_passes
 from .runtime.artifact import artifact_function
+from .runtime.aten_matmul import AtenMatmul
 from .runtime.compiled import CompiledGraph, ExternCall, KernelStep
 from .runtime.dispatch import SizeDispatch
 from .tile.lower import LoweringOptions, lower_plan_kernels
-from .runtime.aten_matmul import AtenMatmul
-from .tile.matmul_views import describe as describe_matmul
-from .tile.matmul_views import matmul_views, product_views
 from .tile.fit import fit_kernels
 from .tile.ir import without_checks
 from .tile.variants import all_kernels
@@ -92,40 +91,45 @@ class _Stages:
             times[name] = times.get(name, 0.0) + time.perf_counter() - t0
 
 
-def choose_backend(device: torch.device) -> str:
-    """`config.target`, or for "auto": Triton for CUDA tensors, C++ kernels otherwise."""
-    if config.target != "auto":
-        return config.target
+def choose_backend(device: torch.device, options: Options) -> str:
+    """`options.target`, or for "auto": Triton for CUDA tensors, C++ kernels otherwise."""
+    if options.target != "auto":
+        return options.target
     return "triton" if device.type == "cuda" else "cpu"
 
 
-def compile_fx(gm: torch.fx.GraphModule, device: torch.device, name: str = "graph"):
+def compile_fx(gm: torch.fx.GraphModule, device: torch.device, name: str = "graph", options: Options | None = None):
+    """Compile an FX graph under `options` (the API's value; None: the configuration's)."""
+    options = options if options is not None else config.options()
     report = CompileReport(name)
     stage = _Stages(report)
-    if choose_backend(device) == "triton" and device.type != "cuda":
+    backend = choose_backend(device, options)
+    if backend == "triton" and device.type != "cuda":
         raise ConfigError("target='triton' needs CUDA tensors; use 'cpu' or 'interpret' for CPU tensors")
-    if choose_backend(device) == "cpu" and device.type != "cpu":
-        raise ConfigError(f"target={choose_backend(device)!r} needs CPU tensors, not {device.type}; use 'triton'")
-    key = graph_cache.graph_key(gm, device, re.sub(r"\d+$", "", name), _sm_count(device)) \
-        if config.graph_cache else None
+    if backend == "cpu" and device.type != "cpu":
+        raise ConfigError(f"target={backend!r} needs CPU tensors, not {device.type}; use 'triton'")
+    key = graph_cache.graph_key(gm, device, re.sub(r"\d+$", "", name), _sm_count(device), options) \
+        if options.graph_cache else None
     if key is not None:
         loaded = graph_cache.load(key, device, name)
         if loaded is not None:
             return loaded
     with stage("lower"):
         graph = lower_fx(gm, name)
-    compiled, report = compile_ir(graph, device, report)
+    compiled, report = compile_ir(graph, device, report, options)
     if key is not None:
         with stage("store"):
             graph_cache.store(key, compiled, report)
     return compiled, report
 
 
-def compile_ir(graph, device: torch.device, report: CompileReport | None = None):
-    """Compile a graph-IR graph (the part of the pipeline after the frontend)."""
+def compile_ir(graph, device: torch.device, report: CompileReport | None = None, options: Options | None = None):
+    """Compile a graph-IR graph (the part of the pipeline after the frontend) under `options`
+    (None: the configuration's)."""
+    options = options if options is not None else config.options()
     report = report or CompileReport(graph.name)
     stage = _Stages(report)
-    backend = choose_backend(device)
+    backend = choose_backend(device, options)
     report.backend = backend
     interpret = backend == "interpret"
     if backend == "cpu":
@@ -139,27 +143,32 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None)
         verify(graph)
     report.graph_ir = str(graph)
     with stage("fusion"):
-        schedule = plan_graph(graph)
+        schedule = plan_graph(graph, options.persistent_reduction_limit)
         assign_layouts(graph, schedule)
     report.decisions = list(schedule.decisions)
     report.plans = schedule.describe()
+    with stage("fusion"):
+        choose_library_calls(graph, schedule, options.matmul, cpu=backend == "cpu")
     limits = target_limits(backend, device)
-    options = LoweringOptions(interpret=interpret, persistent_reduction_limit=config.persistent_reduction_limit,
-                              flash_config=config.flash_config, flash_split=config.flash_split,
-                              sm_count=_sm_count(device), matmul=config.matmul, tma=_tma_capable(device, backend),
-                              target="cpu" if backend == "cpu" else "gpu", limits=limits,
-                              # eager CUDA does not raise on an integer division by zero: only CPU tensors check
-                              divisor_checks=device.type == "cpu" and config.index_checks)
+    lowering = LoweringOptions(interpret=interpret, persistent_reduction_limit=options.persistent_reduction_limit,
+                               flash_config=options.flash_config, flash_split=options.flash_split,
+                               sm_count=_sm_count(device), matmul=options.matmul, tma=_tma_capable(device, backend),
+                               target="cpu" if backend == "cpu" else "gpu", limits=limits,
+                               # eager CUDA does not raise on an integer division by zero: only CPU tensors check
+                               divisor_checks=device.type == "cpu" and options.index_checks,
+                               index_checks=options.index_checks)
     fits = _checking_variants(kernel_check(backend, limits))
     progress = CompileProgress(graph.name, sum(not isinstance(s, ExternStep) for s in schedule.steps))
     try:
-        return _compile_steps(graph, schedule, options, device, backend, report, stage, fits, progress)
+        return _compile_steps(graph, schedule, lowering, options, device, backend, report, stage, fits, progress)
     finally:
         progress.close()
 
 
-def _compile_steps(graph, schedule, options, device, backend: str, report, stage, fits, progress):
-    prepared = _prepare_tuning(graph, schedule.steps, options, device, backend, stage, progress)
+def _compile_steps(graph, schedule, lowering, options: Options, device, backend: str, report, stage, fits, progress):
+    """The plans' kernels (lowered under `lowering`, the tile layer's options), tuned, built
+    and loaded, as the compiled graph's steps."""
+    prepared = _prepare_tuning(graph, schedule.steps, lowering, options, device, backend, stage, progress)
     misfits: dict = {}  # knob -> kernels whose configuration from that knob was replaced
     published: list = []  # (key, dedupe.Shared) this compile built
     steps = []
@@ -174,34 +183,28 @@ def _compile_steps(graph, schedule, options, device, backend: str, report, stage
             report.externs.append((node.name, node.target_name, node.reason))
             steps.append(ExternCall(node.name, sorted(node.inputs()), step.label))
             continue
+        if isinstance(step, LibraryCall):  # a product in ATen's matmul, its epilogue the next plan
+            steps.append(_aten_step(step, step.views))
+            report.kernels.append(KernelReport(step.name, "aten-matmul", [step.views.out], describe_matmul(step.views),
+                                               "", step.notes))
+            continue
         if _statically_empty(graph, step):
             # no element to compute (a dim of 0): the outputs are only allocated
             steps.append(KernelStep(step.name, _nothing, list(step.stores), []))
             report.kernels.append(KernelReport(step.name, "empty", step.members, "", "", step.notes))
             continue
-        split = _cpu_epilogue_split(graph, step) if backend == "cpu" and config.matmul != "generated" else None
-        if split is not None:  # the product in ATen's matmul, the epilogue a pointwise kernel after it
-            views, epilogue = split
-            step.notes.append(f"{step.name}: product through ATen ({describe_matmul(views)}), "
-                              f"epilogue {epilogue.members} -> {epilogue.name}")
-            steps.append(_aten_step(step, views))
-            report.kernels.append(KernelReport(step.name, "aten-matmul", [views.out], describe_matmul(views), "",
-                                               step.notes))
-            pending.insert(0, epilogue)
-            progress.total += 1
-            continue
-        views = matmul_views(graph, step) if config.matmul != "generated" else None
+        choice = step.library
+        views = choice.views
         t0 = time.perf_counter()
         key = base = None
-        if views is None or not (config.matmul == "aten" or (backend == "cpu" and config.matmul == "auto"
-                                                              and _cpu_prefers_aten(views))):
-            base, added = _base_lowering(graph, step, options, stage)
-            key = dedupe.plan_key(graph, base, backend, options)
+        if choice.how != LIBRARY:
+            base, added = _base_lowering(graph, step, lowering, stage)
+            key = dedupe.plan_key(graph, base, backend, lowering, options)
             shared = dedupe.lookup(key)
             if shared is not None and _reuse(shared, step, base, views, steps, report):
                 continue
         with stage("tune"):
-            tuned = tune_plan(graph, step, options, level=config.autotune, device=device, backend=backend,
+            tuned = tune_plan(graph, step, lowering, level=options.autotune, device=device, backend=backend,
                               aten=(lambda: _aten_step(step, views)) if views is not None else None,
                               prepared=prepared.pop(step.name, None), progress=progress.tuning(step.name))
         report.tuning[tuned.source] = report.tuning.get(tuned.source, 0) + 1
@@ -209,8 +212,7 @@ def _compile_steps(graph, schedule, options, device, backend: str, report, stage
             progress.tuned += 1
         if tuned.describe():
             step.notes.append(f"{step.name}: {tuned.describe()}")
-        if views is not None and (config.matmul == "aten" or (tuned.config or {}).get("impl") == "aten"
-                                  or (backend == "cpu" and config.matmul == "auto" and _cpu_prefers_aten(views))):
+        if choice.how == LIBRARY or (choice.how == MEASURED and (tuned.config or {}).get("impl") == "aten"):
             aten = _aten_step(step, views)
             step.notes.append(f"{step.name}: nothing fused — {describe_matmul(views)} (ATen)")
             kr = KernelReport(step.name, "aten-matmul", step.members, describe_matmul(views), "", step.notes,
@@ -221,7 +223,7 @@ def _compile_steps(graph, schedule, options, device, backend: str, report, stage
             steps.append(aten)
             report.kernels.append(kr)
             continue
-        plan_options = replace(options, schedule=tuned.config) if tuned.config is not None else options
+        plan_options = replace(lowering, schedule=tuned.config) if tuned.config is not None else lowering
         # lowered (tile), then checked against the target's limits (C++: printed), until it fits;
         # the first lowering under the graph's options is the one the key was made of
         lower = _timed(stage, "tile", _lower)
@@ -237,7 +239,7 @@ def _compile_steps(graph, schedule, options, device, backend: str, report, stage
         fitted = fit_kernels(graph, step, plan_options, _timed(stage, "codegen", fits), lower_once)
         tks = fitted.kernels
         if fitted.replaced is not None:
-            _replaced(step, fitted, options, tuned, misfits)
+            _replaced(step, fitted, lowering, tuned, misfits)
         built, reports = [], []
         for tk in tks:
             logs.log("tile", "%s", tk)
@@ -259,7 +261,7 @@ def _compile_steps(graph, schedule, options, device, backend: str, report, stage
                 s.keep = shared
     for knob, kernels in misfits.items():
         more = f" (and {len(kernels) - 1} more kernel(s))" if len(kernels) > 1 else ""
-        warnings.warn(ConfigWarning(f"{knob}={getattr(config, knob)!r} does not fit {kernels[0]}{more}"), stacklevel=3)
+        warnings.warn(ConfigWarning(f"{knob}={getattr(options, knob)!r} does not fit {kernels[0]}{more}"), stacklevel=3)
     _record_origins(report, graph, schedule)
     progress.now("waiting for kernel builds")
     with stage("load"):  # C++ kernels are built in parallel: a failed build fails the compile
@@ -334,7 +336,7 @@ def _lower(graph, plan, options) -> list:
     tks = lower_plan_kernels(graph, plan, options)
     for k in (k for tk in tks for k in all_kernels(tk)):  # size variants included
         verify_tile_kernel(k)
-        if not config.index_checks:  # TILEFUSE_INDEX_CHECKS=0: out-of-range indices read 0, unreported
+        if not options.index_checks:  # TILEFUSE_INDEX_CHECKS=0: out-of-range indices read 0, unreported
             k.body = without_checks(k.body)
     return tks
 
@@ -360,26 +362,26 @@ def _checking_variants(check):
     return run
 
 
-def _prepare_tuning(graph, steps, options, device, backend: str, stage, progress) -> dict:
+def _prepare_tuning(graph, steps, lowering, options: Options, device, backend: str, stage, progress) -> dict:
     """{plan name: its prepared tuning} for the plans a GPU graph measures: every plan's
     candidates start compiling (in `compile_pool`'s workers) before the first is measured, so
     the graph's compiles run side by side instead of one after another. Empty where there are
     no workers to compile in."""
     from .backends.triton import compile_pool
 
-    if backend != "triton" or config.autotune not in ("1", "max") or not compile_pool.start():
+    if backend != "triton" or options.autotune not in ("1", "max") or not compile_pool.start():
         return {}
     out, keys = {}, set()
     with stage("tune"):
         for step in steps:
-            if isinstance(step, ExternStep) or _statically_empty(graph, step):
+            if isinstance(step, ExternStep) or (isinstance(step, KernelPlan) and _statically_empty(graph, step)):
                 continue
-            views = matmul_views(graph, step) if config.matmul != "generated" else None
-            if views is not None and config.matmul == "aten":
+            if isinstance(step, LibraryCall) or step.library.how == LIBRARY:
                 continue
+            views = step.library.views
             progress.now(f"ranking the schedules of {step.name}")
             aten = (lambda step=step, views=views: _aten_step(step, views)) if views is not None else None
-            p = prepare_tuning(graph, step, options, level=config.autotune, device=device, backend=backend, aten=aten)
+            p = prepare_tuning(graph, step, lowering, level=options.autotune, device=device, backend=backend, aten=aten)
             if isinstance(p, PreparedTuning) and p.key in keys:
                 continue  # the same kernel as an earlier plan: shared, or a tuning-cache hit by its turn
             if isinstance(p, PreparedTuning):
@@ -446,39 +448,6 @@ def _with_variants(tk, launcher, load):
     if tk.variants is None:
         return launcher
     return SizeDispatch(tk.variants, launcher, [load(k) for k in tk.variants.kernels])
-
-
-#: plain matmuls (nothing fused) at least this many multiply-adds run in ATen's matmul on CPU
-#: (MKL/OpenBLAS beats a generated kernel there); smaller ones, and any with a fused prologue or
-#: epilogue, are generated. Symbolic sizes count as large.
-CPU_ATEN_MATMUL_MACS = 32 ** 3
-
-
-def _cpu_prefers_aten(views) -> bool:
-    macs = sympy.Mul(*views.sizes)
-    return not macs.is_Integer or int(macs) >= CPU_ATEN_MATMUL_MACS
-
-
-def _cpu_epilogue_split(graph, plan):
-    """(product views, epilogue plan) for a CPU contraction whose product part is a plain matmul
-    large enough for ATen (as `_cpu_prefers_aten` decides) with epilogue stages fused after it,
-    else None. The product goes to its own buffer in the node's dtype (the rounding the
-    generated kernel applies before its epilogue); the epilogue, whose stages read the product
-    at their own position, becomes a pointwise kernel reading that buffer. Epilogue stages that
-    read one another stay in the generated kernel (a pointwise plan reads no member)."""
-    if plan.kind != "contraction" or len(plan.stages) < 2 or plan.flash is not None or matmul_views(graph, plan):
-        return None  # (a plain product, reshaped or not, is one ATen call already)
-    epilogue = plan.stages[1:]
-    names = {st.node for st in epilogue}
-    if any(st.kind != "row" or {e.buffer for e in walk(st.body) if isinstance(e, Load)} & names for st in epilogue):
-        return None
-    views = product_views(graph, plan)
-    if views is None or config.matmul != "auto" or not _cpu_prefers_aten(views):
-        return None
-    product = graph[plan.stages[0].node]
-    stages = [Stage(st.node, "pointwise", st.body, store=True) for st in epilogue]
-    return views, KernelPlan(f"{plan.name}_epilogue", "pointwise", sympy.Mul(*product.shape), stages=stages,
-                             notes=[f"epilogue of {plan.name} after its product {product.name} (ATen)"])
 
 
 def _aten_step(plan, views) -> KernelStep:

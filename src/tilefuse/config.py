@@ -16,6 +16,7 @@ import difflib
 import os
 import warnings
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Callable, Iterator, Mapping
 
 #: log channels (`TILEFUSE_LOGS`); each is a standard logger, see logs.py
@@ -88,6 +89,9 @@ class Knob:
     check: Callable[[Any], None] | None = None  # raises ConfigError (message without the knob's name)
     aliases: tuple = ()  # older names, still accepted
     values: str = ""  # the allowed values in words, where `choices` and the type do not say it
+    #: a setting of the process's machinery (logging, the disk cache, build workers) rather than
+    #: of what a compile produces: read where it is used, not carried by `Options`' readers
+    process: bool = False
 
     @property
     def env(self) -> str:
@@ -179,19 +183,19 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "for large ones on CPU), generated, aten", choices=("auto", "generated", "aten")),
     Knob("logs", str, "",
          f"comma-separated log channels printed to stderr: {', '.join(LOG_CHANNELS)}, or all "
-         "(also TORCH_LOGS=+tilefuse)", check=_check_logs, values="channel names, comma-separated"),
+         "(also TORCH_LOGS=+tilefuse)", check=_check_logs, values="channel names, comma-separated", process=True),
     Knob("debug_dir", str, "",
          "if set, every compiled graph's FX graph, graph IR, kernel plans, tile IR and sources are "
          "written under this directory", values="a directory (empty: off)"),
     Knob("cache_dir", str, "",
          "the kernel and tuning cache (per user, created private); empty: $XDG_CACHE_HOME/tilefuse "
-         "or ~/.cache/tilefuse", values="a directory"),
+         "or ~/.cache/tilefuse", values="a directory", process=True),
     Knob("cache_lock_timeout", int, 600,
          "seconds a process waits for another one building the same cache entry (it says so after "
-         "a few) before building it too", minimum=0, maximum=86400),
+         "a few) before building it too", minimum=0, maximum=86400, process=True),
     Knob("cache_max_bytes", int, 4 << 30,
          "the disk cache's size bound (4 GiB by default): past it the least recently used entries "
-         "are removed; 0: no bound", minimum=0),
+         "are removed; 0: no bound", minimum=0, process=True),
     Knob("cuda_graphs", bool, False,
          "replay each compiled inference graph on a GPU as CUDA graphs, one per input layout "
          "(mode='reduce-overhead' and 'max-autotune' turn it on): one launch per call instead of one "
@@ -201,7 +205,7 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "the disk cache instead of compiled again"),
     Knob("compile_threads", int, 0, "kernels compiled at once: C++ builds, and Triton compiles in worker "
          "processes; 0: one per CPU core (Triton: at most 32); 1: Triton kernels compile in this process",
-         minimum=0, maximum=1024),
+         minimum=0, maximum=1024, process=True),
     Knob("persistent_reduction_limit", int, 8192,
          "largest reduction extent held whole in one tile (longer rows loop over tiles, and so does a "
          "row too large for its kernel on the target, with a warning)",
@@ -329,9 +333,13 @@ class Config:
 
     def non_defaults(self) -> dict:
         """Knobs whose value differs from the default (what a reproducer must set)."""
-        default_dir = _default_cache_dir()
-        return {n: v for n, v in self.as_dict().items()
-                if v != KNOBS[n].default and not (n == "cache_dir" and v == default_dir)}
+        return self.options().non_defaults()
+
+    def options(self, settings: Mapping[str, Any] | None = None) -> "Options":
+        """The immutable `Options` of a compile: this configuration's values as the running
+        thread sees them (assignments, the environment, `patch`), overridden by `settings`
+        (a compile's `mode=`/`options=`, as `resolve_options` returns them)."""
+        return Options({**self.as_dict(), **(settings or {})})
 
     def source_of(self, name: str) -> str:
         """Where a knob's value comes from: "default", its environment variable, "assigned",
@@ -355,6 +363,70 @@ class Config:
             yield self
         finally:
             _overrides.reset(token)
+
+
+class Options:
+    """The knob values one compile runs with: an immutable value, made once by the API from the
+    configuration's current values and the compile's own options (`Config.options`), and handed
+    from stage to stage (`options.autotune`, `options.matmul`, ...). The global `config` only
+    supplies the defaults; no stage reads it for a compile's knob.
+
+    Process settings (`Knob.process`: logs, the disk cache's place and bounds, build workers)
+    are in the value too, for the record, but the modules that own them read the configuration
+    where they work (the API applies a compile's own process settings while that graph compiles)."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: Mapping[str, Any] | None = None):
+        base = {name: k.default for name, k in KNOBS.items()}
+        base["cache_dir"] = _default_cache_dir()
+        for name, value in (values or {}).items():
+            k = knob(name)
+            base[k.name] = k.parse(value, name)
+        if not base["cache_dir"]:
+            base["cache_dir"] = _default_cache_dir()
+        object.__setattr__(self, "_values", MappingProxyType(base))
+
+    def __getattr__(self, name: str) -> Any:  # only called for names that are not attributes
+        values = object.__getattribute__(self, "_values")
+        if name in values:
+            return values[name]
+        if name in _BY_NAME:
+            return values[_BY_NAME[name].name]
+        raise AttributeError(f"tilefuse options have no knob {name!r}{_closest(name, KNOBS)}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"tilefuse options are immutable: use options.replace({name}=...)")
+
+    def replace(self, **changes: Any) -> "Options":
+        """A copy with `changes` (checked as any option is)."""
+        return Options({**self._values, **changes})
+
+    def as_dict(self) -> dict:
+        return dict(self._values)
+
+    def non_defaults(self) -> dict:
+        """Knobs whose value differs from the default (what a reproducer must set)."""
+        default_dir = _default_cache_dir()
+        return {n: v for n, v in self._values.items()
+                if v != KNOBS[n].default and not (n == "cache_dir" and v == default_dir)}
+
+    def process_settings(self) -> dict:
+        """The process settings among these values (`Knob.process`)."""
+        return {n: v for n, v in self._values.items() if KNOBS[n].process}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Options) and self._values == other._values
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._values.items()))
+
+    def __reduce__(self):
+        return (Options, (dict(self._values),))
+
+    def __repr__(self) -> str:
+        changed = self.non_defaults()
+        return "tilefuse.Options(" + ", ".join(f"{n}={v!r}" for n, v in changed.items()) + ")"
 
 
 for _name, _knob in _BY_NAME.items():

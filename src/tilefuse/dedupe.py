@@ -17,7 +17,6 @@ import threading
 import weakref
 from dataclasses import dataclass, field
 
-from .config import KNOBS, config
 from .tile.variants import all_kernels
 from .tune.tuner import canonical_source
 
@@ -49,8 +48,9 @@ def names_of(kernels) -> list:
     return out
 
 
-def plan_key(graph, kernels, backend: str, options) -> str:
-    """The content key of a plan lowered to `kernels` (name-free)."""
+def plan_key(graph, kernels, backend: str, lowering, options) -> str:
+    """The content key of a plan lowered to `kernels` (name-free) under `lowering` (the tile
+    layer's options) in a compile with `options` (its `config.Options`)."""
     text = canonical_source("\n".join(str(k) for tk in kernels for k in all_kernels(tk)), kernels)
     dtypes = []
     for tk in kernels:
@@ -58,8 +58,8 @@ def plan_key(graph, kernels, backend: str, options) -> str:
             if p.kind == "buffer":
                 spec = tk.scratch.get(p.name) or (graph[p.name] if p.name in graph.nodes else None)
                 dtypes.append(str(getattr(spec, "dtype", None)))
-    knobs = sorted((k, repr(getattr(config, k))) for k in KNOBS)
-    blob = repr((text, backend, repr(options), dtypes, knobs))
+    knobs = sorted((k, repr(v)) for k, v in options.as_dict().items())
+    blob = repr((text, backend, repr(lowering), dtypes, knobs))
     return hashlib.sha256(blob.encode()).hexdigest()
 
 

@@ -27,7 +27,7 @@ import time
 import torch
 
 from . import logs
-from .config import config
+from .config import Options, config
 from .runtime import artifact
 from .runtime.cache import DiskCache, cache_key, environment_fingerprint
 from .runtime.compiled import CompiledGraph
@@ -65,13 +65,14 @@ def source_hash() -> str:
     return h.hexdigest()
 
 
-def graph_key(gm: torch.fx.GraphModule, device: torch.device, kind: str, sm_count: int = 0) -> str | None:
-    """The graph's key, or None when something it depends on cannot be named (the reason is
-    logged): such a graph is compiled every time. `sm_count`: the GPU's, as the lowering
-    options have it (0 on a CPU)."""
+def graph_key(gm: torch.fx.GraphModule, device: torch.device, kind: str, sm_count: int,
+              options: Options) -> str | None:
+    """The graph's key under the compile's `options`, or None when something it depends on
+    cannot be named (the reason is logged): such a graph is compiled every time. `sm_count`:
+    the GPU's, as the lowering options have it (0 on a CPU)."""
     try:
         with real_tensors():  # (constants are hashed: outside the compile's fake-tensor mode)
-            parts = _key_parts(gm, device, kind, sm_count)
+            parts = _key_parts(gm, device, kind, sm_count, options)
     except _Unkeyable as why:
         logs.log("cache", "graph %s not cached: %s", kind, why)
         return None
@@ -82,7 +83,7 @@ class _Unkeyable(Exception):
     pass
 
 
-def _key_parts(gm, device, kind, sm_count: int) -> list:
+def _key_parts(gm, device, kind, sm_count: int, options: Options) -> list:
     inputs, shape_envs = [], []
     for node in gm.graph.nodes:
         if node.op == "placeholder":
@@ -93,7 +94,7 @@ def _key_parts(gm, device, kind, sm_count: int) -> list:
                 shape_envs.append(env)
         elif node.op == "get_attr":
             inputs.append([node.target, _attribute(gm, node.target)])
-    knobs = {name: str(value) for name, value in config.as_dict().items() if name not in _NOT_IN_KEY}
+    knobs = {name: str(value) for name, value in options.as_dict().items() if name not in _NOT_IN_KEY}
     return ["tilefuse-graph", FORMAT, environment_fingerprint(), source_hash(), kind, device.type, sm_count,
             torch.get_float32_matmul_precision(), knobs, gm.code, inputs, [_guards(e) for e in shape_envs]]
 

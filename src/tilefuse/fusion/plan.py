@@ -65,6 +65,7 @@ class KernelPlan:
     notes: list[str] = field(default_factory=list)
     flash: object = None  # fusion.flash.FlashInfo for attention-shaped kernels
     origin: object = None  # ir.origin.Origin: the ops and source lines it computes (`fusion.naming`)
+    library: object = None  # fusion.library.ProductChoice: whether a library runs its product (None: undecided)
 
     @property
     def members(self) -> list[str]:
@@ -87,7 +88,7 @@ class ExternStep:
 
 @dataclass
 class Schedule:
-    steps: list  # KernelPlan | ExternStep, in execution order
+    steps: list  # KernelPlan | ExternStep | fusion.library.LibraryCall, in execution order
     inlined: set = field(default_factory=set)
     decisions: list[str] = field(default_factory=list)
 

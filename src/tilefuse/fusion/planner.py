@@ -23,7 +23,7 @@ from __future__ import annotations
 import sympy
 
 from .. import logs
-from ..config import config
+from ..config import KNOBS
 from ..ir.expr import Binary, Expr, Index, Load, free_symbols, out_index, red_index, walk
 from ..ir.graph import Extern, ExternResult, Graph, Pointwise, Reduce, Scatter
 from ..ir.monoid import SUM
@@ -108,8 +108,9 @@ def match_contraction(node: Reduce, body: Expr) -> Contraction | None:
 
 
 class Planner:
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, persistent_reduction_limit: int):
         self.graph = graph
+        self.persistent_reduction_limit = persistent_reduction_limit
         self.inliner = Inliner(graph)
         self.steps: list = []
         self.where: dict[str, int] = {}
@@ -253,7 +254,7 @@ class Planner:
         """Moments carried in the pass that finishes the results this one reads (reductions
         of that pass and rows computed after it), when the body is polynomial in them."""
         axis = sympy.sympify(numel(k.reduction))
-        if axis.is_Integer and int(axis) <= config.persistent_reduction_limit:
+        if axis.is_Integer and int(axis) <= self.persistent_reduction_limit:
             return None  # a persistent row: the body reads the finished results from registers
         level, _ = schedule_passes(k, use_repairs=True)
         top = max((level[d] for d in deps), default=-1)
@@ -361,8 +362,10 @@ class Planner:
                     st.store = True  # realised for a reason the inliner recorded
 
 
-def plan_graph(graph: Graph) -> Schedule:
-    return Planner(graph).run()
+def plan_graph(graph: Graph, persistent_reduction_limit: int = KNOBS["persistent_reduction_limit"].default) -> Schedule:
+    """The graph's kernel plans; rows up to `persistent_reduction_limit` elements are held whole
+    in a tile (the knob's value: longer ones are walked tile by tile, with carried repairs)."""
+    return Planner(graph, persistent_reduction_limit).run()
 
 
 __all__ = ["plan_graph", "match_contraction", "X", "R"]

@@ -262,3 +262,12 @@ def _min(a, b):
 
         return torch.minimum(torch.as_tensor(a), torch.as_tensor(b))
     return min(a, b)
+def contiguous_strides(shape) -> tuple:
+    """Row-major strides of `shape` (sympy), in elements."""
+    strides, acc = [], sympy.Integer(1)
+    for d in reversed(shape):
+        strides.append(acc)
+        acc = acc * d
+    return tuple(reversed(strides))
+
+

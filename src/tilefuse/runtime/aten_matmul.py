@@ -1,6 +1,6 @@
 """Running a plain matrix product through ATen (cuBLAS on GPUs, MKL/OpenBLAS on CPUs).
 
-`tile.matmul_views` describes each operand as affine maps from the iteration symbols to the
+`fusion.matmul_views` describes each operand as affine maps from the iteration symbols to the
 buffer's dims; here they become `as_strided` views using the buffers' actual strides at call
 time (so non-contiguous inputs need no copy), and the product is written into the output
 buffer that the compiled graph allocated.

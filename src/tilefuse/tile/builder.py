@@ -19,16 +19,8 @@ from ..ir.bounds import ZERO_DIVISION, check_message, provably_nonzero
 from ..ir.expr import (Binary, Cast, CheckedIndex, Const, Expr, Index, Load, Unary, Var, Where, binary, const, unary,
                        walk)
 from ..ir.graph import Constant, Extern, ExternResult, Graph, Input
-from ..ir.symbolic import simplify_index
+from ..ir.symbolic import contiguous_strides, simplify_index  # noqa: F401 - contiguous_strides: the lowerings import it from here
 from .ir import Check, LoadTile, Let, Param, StoreTile
-
-
-def contiguous_strides(shape) -> tuple:
-    strides, acc = [], sympy.Integer(1)
-    for d in reversed(shape):
-        strides.append(acc)
-        acc = acc * d
-    return tuple(reversed(strides))
 
 
 def tile_symbol(name: str) -> sympy.Symbol:

@@ -31,6 +31,7 @@ class LoweringOptions:
     target: str = "gpu"  # "gpu" or "cpu": which machine the block-size rules choose for
     limits: object = None  # the target's tile.limits.Limits (None: not checked)
     divisor_checks: bool = False  # an integer division by zero raises (CPU tensors, as eager does there)
+    index_checks: bool = True  # indices read from data are checked against their bounds (TILEFUSE_INDEX_CHECKS)
 
 
 def pow2(n: int) -> int:

@@ -2,7 +2,7 @@
 ordering), a loop over K in BLOCK_K steps with `dot`, then the epilogue stages on the
 accumulator. On Hopper the operands may come through TMA descriptors, optionally from one
 persistent program per SM; a plain matmul (nothing fused) may run in the vendor library
-instead (the `impl` knob, `tile.matmul_views`).
+instead (the `impl` knob, `fusion.matmul_views`).
 """
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def contraction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
         def valid(cfg):
             return tiles_ok(cfg) and (cfg["tma"] or not cfg["persistent"])
     if options.matmul != "generated" and not options.interpret:
-        from .matmul_views import matmul_views
+        from ..fusion.matmul_views import matmul_views
 
         if matmul_views(graph, plan) is not None:  # nothing fused: the library's matmul is a candidate
             knobs["impl"], default["impl"] = ("generated", "aten"), "generated"

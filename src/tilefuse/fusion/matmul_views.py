@@ -19,6 +19,7 @@ import sympy
 
 from ..ir import dtypes as dt
 from ..ir.expr import Cast, Index, Load, out_index, red_index
+from ..ir.symbolic import contiguous_strides
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,6 @@ def _operand(load: Load, symbols: dict, allowed: set, graph=None, ranges=None):
 
 def _compile_time_strides(graph, name):
     from ..ir.graph import Input
-    from .builder import contiguous_strides
 
     node = graph.nodes.get(name)
     if isinstance(node, Input):
@@ -148,7 +148,6 @@ def _reshape_of(graph, node, stage) -> bool:
     """`stage` stores `node` reshaped (same elements in the same row-major order) into a
     contiguous buffer."""
     from ..ir.symbolic import simplify_index
-    from .builder import contiguous_strides
 
     out = graph[stage.node]
     body = stage.body
