@@ -196,7 +196,7 @@ def test_plain_matmul_uses_aten_above_the_size_rule():
 def test_generated_products_of_every_register_block(dtype):
     """Tiles of several shapes reach each register block of the dot micro-kernel (and the
     plain loop for the rest); fp64 rule against eager."""
-    from tilefuse.backends.cpu.codegen import register_block
+    from tilefuse.backends.cpu.dot import register_block
 
     assert [register_block(m, n) for m, n in ((64, 64), (4, 64), (4, 32), (8, 16), (4, 16), (2, 16), (64, 8))] == \
         [(8, 2), (4, 4), (4, 2), (8, 1), (4, 1), None, None]
@@ -245,9 +245,9 @@ def test_operands_read_in_place_without_a_register_block_are_copied_from_the_buf
     """A tile the dots read in place is never loaded into an array; a dot without a register
     block (the plain loop) copies it from the buffer instead. Flash and generated products,
     against eager."""
-    from tilefuse.backends.cpu import codegen
+    from tilefuse.backends.cpu import dot
 
-    monkeypatch.setattr(codegen, "register_block", lambda m, n: None)
+    monkeypatch.setattr(dot, "register_block", lambda m, n: None)
     ex = run_cpu(attention, *(rand(1, 2, 128, 32) for _ in range(3)))
     flash = next(x for x in ex.kernels if x.kind == "flash")
     src = flash.source.split('extern "C"')[1]

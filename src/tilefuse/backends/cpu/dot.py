@@ -9,12 +9,18 @@ statements around a dot that save whole passes over its tiles.
 * **Operands read in place**: an unmasked fp32 tile load used only as a dot operand, whose rows
   are contiguous with a compile-time row stride, is not copied: the micro-kernel reads the
   buffer with that leading dimension (the V tile of P·V).
+
+`plan_dot` is the dot's part of the loop plan (`loop_plan.py`): its register block and how it
+reads each operand, as a `DotPlan`.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from ...ir import dtypes as dt
 from ...ir.expr import Binary, Var
 from ...tile.ir import Assign, DotTile, For, Let, LoadTile, StoreTile
+from .exprs import CppUnsupported
 from .shapes import reads, written as stmt_written
 
 
@@ -96,6 +102,70 @@ template <int M, int N, int K, typename T> TF_INLINE void tf_dot_ikj(const T* __
     }
 }
 """
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A dot operand as a row-major array of `shape`. `kind`: "in_place" (the buffer read at
+    `load`'s offset with leading dimension `ld`), "array" (the tile value `name` itself),
+    "copy_load" (a dense copy from `load`'s buffer), "copy" (a dense copy of `expr`)."""
+
+    kind: str
+    shape: tuple
+    ld: int
+    name: str = ""
+    load: object = None
+    expr: object = None
+
+
+@dataclass(frozen=True)
+class DotPlan:
+    """`stmt` as `out (+)= a @ b` of extents (m, n, k), in `acc_dtype`; `block`: the register
+    block (rows, 16-lane vectors) or None for the plain i-k-j loop; `zero`: the accumulator
+    starts at 0 (no fill); `init`: the accumulator is first set from `stmt.acc`."""
+
+    stmt: DotTile
+    m: int
+    n: int
+    k: int
+    acc_dtype: object
+    block: tuple | None
+    a: Operand
+    b: Operand
+    zero: bool
+    init: bool
+    out: str
+
+
+def plan_dot(s: DotTile, sh, local, inplace: dict, zero: bool, out: str) -> DotPlan:
+    """The plan of `s` given the values that never leave their nest (`local`), the loads read
+    in place (`inplace_operands`), whether its accumulator starts at zero unfilled and the
+    array it accumulates into."""
+    (m, n) = sh.shape[s.name]
+    k = sh.of(s.a)[1]
+    if sh.of(s.b)[0] not in (1, k):
+        raise CppUnsupported("dot operands of mismatched inner extents")
+    acc_t = sh.dtype[s.name]  # fp32, or fp64 for double operands (the plain loop only)
+    block = register_block(m, n) if acc_t == dt.float32 else None
+    return DotPlan(stmt=s, m=m, n=n, k=k, acc_dtype=acc_t, block=block,
+                   a=_operand(s.a, (m, k), block, acc_t, sh, local, inplace),
+                   b=_operand(s.b, (k, n), block, acc_t, sh, local, inplace),
+                   zero=zero, init=not (isinstance(s.acc, Var) and s.acc.name == s.name), out=out)
+
+
+def _operand(e, shape, block, acc_t, sh, local, inplace) -> Operand:
+    """The buffer itself for a load read in place (with a register block), the tile's own
+    array when it already has the accumulator's type, else a dense copy."""
+    held = (dt.float32, dt.bfloat16, dt.float16) if acc_t == dt.float32 else (acc_t,)  # arrays of that type
+    if isinstance(e, Var) and e.name in inplace:  # (its load is not printed)
+        s, ld = inplace[e.name]
+        if block is not None and sh.shape.get(e.name) == shape:
+            return Operand("in_place", shape, ld, load=s)
+        return Operand("copy_load", shape, shape[1], load=s)
+    if isinstance(e, Var) and e.name not in local and sh.shape.get(e.name) == shape \
+            and sh.dtype[e.name] in held and e.name not in sh.aranges:
+        return Operand("array", shape, shape[1], name=e.name)
+    return Operand("copy", shape, shape[1], expr=e)
 
 
 def register_block(m: int, n: int):

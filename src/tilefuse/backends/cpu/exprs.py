@@ -15,6 +15,7 @@ import sympy
 
 from ...ir import dtypes as dt
 from ...ir.expr import Binary, Cast, Const, Expr, Index, Unary, Var, Where
+from ..dispatch import handler
 
 
 class CppUnsupported(NotImplementedError):
@@ -164,22 +165,29 @@ class ExprPrinter:
 
     # ---------------------------------------------------------------- expressions
     def expr(self, e: Expr) -> str:
-        if isinstance(e, Var):
-            return self.ref(e.name)
-        if isinstance(e, Const):
-            return const(e.value, e.dtype)
-        if isinstance(e, Index):
-            text = self.index(e.expr)
-            return text if e.dtype == dt.int64 else f"(({ctype(e.dtype)})({text}))"
-        if isinstance(e, Cast):
-            return self.cast(self.expr(e.x), e.x.dtype, e.dtype)
-        if isinstance(e, Where):
-            return f"(({self.expr(e.cond)}) ? ({ctype(e.dtype)})({self.expr(e.a)}) : ({ctype(e.dtype)})({self.expr(e.b)}))"
-        if isinstance(e, Unary):
-            return self._rounded(self.unary(e), e.dtype)
-        if isinstance(e, Binary):
-            return self._rounded(self.binary(e), e.dtype)
-        raise CppUnsupported(f"cannot print {type(e).__name__} as C++")
+        return handler(_EXPR, e, CppUnsupported, "cannot print {} as C++")(self, e)
+
+    def _var(self, e: Var) -> str:
+        return self.ref(e.name)
+
+    def _const(self, e: Const) -> str:
+        return const(e.value, e.dtype)
+
+    def _index(self, e: Index) -> str:
+        text = self.index(e.expr)
+        return text if e.dtype == dt.int64 else f"(({ctype(e.dtype)})({text}))"
+
+    def _cast(self, e: Cast) -> str:
+        return self.cast(self.expr(e.x), e.x.dtype, e.dtype)
+
+    def _where(self, e: Where) -> str:
+        return f"(({self.expr(e.cond)}) ? ({ctype(e.dtype)})({self.expr(e.a)}) : ({ctype(e.dtype)})({self.expr(e.b)}))"
+
+    def _unary(self, e: Unary) -> str:
+        return self._rounded(self.unary(e), e.dtype)
+
+    def _binary(self, e: Binary) -> str:
+        return self._rounded(self.binary(e), e.dtype)
 
     @staticmethod
     def _rounded(text: str, dtype) -> str:
@@ -288,3 +296,8 @@ class ExprPrinter:
             if op == "rshift":
                 return f"tf_shr<{ct}, {ctype(e.b.dtype)}>({a}, {b})"
         raise CppUnsupported(f"binary op {op} on {t} has no C++ spelling")
+
+
+#: expression node -> its printer (one handler per type)
+_EXPR = {Var: ExprPrinter._var, Const: ExprPrinter._const, Index: ExprPrinter._index, Cast: ExprPrinter._cast,
+         Where: ExprPrinter._where, Unary: ExprPrinter._unary, Binary: ExprPrinter._binary}

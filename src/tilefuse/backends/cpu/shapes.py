@@ -3,9 +3,12 @@
 Tile IR values broadcast like NumPy arrays of at most two dims whose extents are block sizes
 (constexprs, known when the kernel is printed). Here every value gets a concrete shape
 `(d0, d1)` (a 1-D kernel's tiles are `(1, n)`: the contiguous axis is always the inner one)
-and its dtype, found in one walk over the statements.
+and its dtype, found in one walk over the statements; read-only once built. Also the strides
+of an affine offset over the tile's dims, and what a statement reads, defines and writes.
 """
 from __future__ import annotations
+
+from types import MappingProxyType
 
 import sympy
 
@@ -39,6 +42,8 @@ class Shapes:
         self.dtype: dict = {}
         self.aranges: dict[str, int] = {}
         self._walk(kernel.body)
+        self.shape, self.dtype, self.aranges = (MappingProxyType(self.shape), MappingProxyType(self.dtype),
+                                                MappingProxyType(self.aranges))
 
     # ------------------------------------------------------------------ helpers
     def dim(self, axis: int) -> int:
@@ -78,6 +83,27 @@ class Shapes:
             elif isinstance(n, Index):
                 shapes.extend(self.of_symbol(s.name) for s in sympy.sympify(n.expr).free_symbols)
         return broadcast(*shapes) if shapes else SCALAR
+
+    def strides(self, offset):
+        """(row stride, column stride) of an affine `Index` offset over the tile's aranges
+        (sympy, free of tile symbols), or None."""
+        if not isinstance(offset, Index):
+            return None
+        e = sympy.sympify(offset.expr)
+        if e.has(sympy.floor, sympy.Mod, sympy.ceiling, sympy.Min, sympy.Max):
+            return None
+        ti, tj = sympy.Dummy("ti"), sympy.Dummy("tj")
+        moved = {}
+        for sym in e.free_symbols:
+            d = self.aranges.get(sym.name)
+            if d is not None and self.shape[sym.name][d] > 1:
+                moved[sym] = sym + (ti if d == 0 else tj)
+        e = sympy.expand(e.subs(moved))
+        si, sj = sympy.diff(e, ti), sympy.diff(e, tj)
+        tile = set(moved) | {ti, tj}
+        if (si.free_symbols | sj.free_symbols) & tile:
+            return None
+        return si, sj
 
     def _define(self, name: str, shape: tuple, dtype) -> None:
         old = self.shape.get(name)

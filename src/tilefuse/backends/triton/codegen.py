@@ -3,11 +3,10 @@
 `generate(kernel, interpret)` returns the text of a Python module holding one `@triton.jit`
 kernel and the helpers it uses. Buffer parameters are named `ptr_<buffer>`; sizes and strides
 keep their names; block sizes are `tl.constexpr` parameters. Index checks are
-`tl.device_assert`s (the launcher enables them).
+`tl.device_assert`s (the launcher enables them). Each statement and expression type has one
+handler (`_STMT`, `_EXPR`); index arithmetic is printed by `indexing.py`.
 """
 from __future__ import annotations
-
-import sympy
 
 from ...ir import dtypes as dt
 from ...ir.expr import Binary, Cast, Const, Expr, Index, Unary, Var, Where
@@ -16,7 +15,9 @@ from ...tile.ir import (Arange, ArgReduceTile, Assign, BroadcastTile, Check, Com
                         Full, Let, LoadTile, MakeDescriptor, ProgramId, ReduceTile, StoreTile, TileKernel,
                         check_message)
 from ...tile.variants import all_kernels
+from ..dispatch import handler
 from .helpers import HELPERS, InterpretUnsupported, unary_call
+from .indexing import format_sympy
 
 TL_DTYPE = {
     "bool": "tl.int1", "uint8": "tl.uint8", "uint16": "tl.uint16", "uint32": "tl.uint32", "uint64": "tl.uint64", "int8": "tl.int8", "int16": "tl.int16", "int32": "tl.int32",
@@ -27,69 +28,6 @@ TL_DTYPE = {
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">",
           "ge": ">=", "logical_and": "&", "logical_or": "|", "logical_xor": "^", "bitwise_and": "&",
           "bitwise_or": "|", "bitwise_xor": "^", "lshift": "<<", "rshift": ">>"}
-
-
-def format_sympy(e, helpers: set | None = None) -> str:
-    """Print an integer index expression. sympy's floor/Mod round toward minus infinity;
-    Triton's // and % truncate, so a dividend that may be negative goes through helpers."""
-    helpers = set() if helpers is None else helpers
-    return _fmt(sympy.sympify(e), helpers)
-
-
-def _fmt(e, helpers: set, f64: bool = False) -> str:
-    format_sympy = lambda x: _fmt(sympy.sympify(x), helpers, f64)  # noqa: E731
-    if e.is_Integer:
-        return str(int(e))
-    if e.is_Rational or e.is_Float:
-        # inside a size computed in floats, literals are fp64 scalars: the arithmetic is then
-        # in double, as PyTorch computes it (fp32 would put floor(0.7 * 10) at 6)
-        return f"tl.full([], {float(e)!r}, tl.float64)" if f64 else repr(float(e))
-    if isinstance(e, (sympy.floor, sympy.ceiling)) and e.args[0].has(sympy.Float):
-        fn = "tl.floor" if isinstance(e, sympy.floor) else "tl.ceil"
-        return f"{fn}({_fmt(sympy.sympify(e.args[0]), helpers, True)}).to(tl.int64)"
-    if e.is_Symbol:
-        return e.name
-    if e.is_Add:
-        terms = [format_sympy(a) for a in e.args]
-        return "(" + " + ".join(terms) + ")"
-    if e.is_Mul:
-        num, den = e.as_numer_denom()
-        if den != 1:
-            return f"({format_sympy(num)} / {format_sympy(den)})"
-        coeff, rest = e.as_coeff_Mul()
-        if coeff == -1:
-            return f"(-{format_sympy(rest)})"
-        return "(" + " * ".join(format_sympy(a) for a in e.args) + ")"
-    if e.is_Pow and e.exp.is_Integer and int(e.exp) > 0:
-        return "(" + " * ".join([format_sympy(e.base)] * int(e.exp)) + ")"
-    if e.is_Pow:  # float powers of sizes (SDPA's d ** -0.25 with a symbolic head dim)
-        return f"tl.exp2(tl.log2(({format_sympy(e.base)}).to(tl.float32)) * {format_sympy(e.exp)})"
-    if isinstance(e, sympy.floor):
-        num, den = e.args[0].as_numer_denom()
-        if num.is_nonnegative and den.is_positive:
-            return f"({format_sympy(num)} // {format_sympy(den)})"
-        helpers.add("floordiv")
-        return f"_floordiv({format_sympy(num)}, {format_sympy(den)})"
-    if isinstance(e, sympy.ceiling):
-        num, den = e.args[0].as_numer_denom()
-        return f"tl.cdiv({format_sympy(num)}, {format_sympy(den)})"
-    if isinstance(e, sympy.Mod):
-        a, m = e.args
-        if a.is_nonnegative and m.is_positive:
-            return f"({format_sympy(a)} % {format_sympy(m)})"
-        helpers.add("remainder")
-        return f"_remainder({format_sympy(a)}, {format_sympy(m)})"
-    if isinstance(e, sympy.Min):
-        out = format_sympy(e.args[0])
-        for a in e.args[1:]:
-            out = f"tl.minimum({out}, {format_sympy(a)})"
-        return out
-    if isinstance(e, sympy.Max):
-        out = format_sympy(e.args[0])
-        for a in e.args[1:]:
-            out = f"tl.maximum({out}, {format_sympy(a)})"
-        return out
-    raise NotImplementedError(f"cannot print index expression {e} for Triton")
 
 
 def _const(value, dtype) -> str:
@@ -125,31 +63,32 @@ class TritonPrinter:
         return s
 
     def _expr(self, e: Expr) -> str:
-        if isinstance(e, Var):
-            return e.name
-        if isinstance(e, Const):
-            if e.dtype.is_int and not -2**31 <= int(e.value) < 2**31:
-                # a typed scalar: a bare literal is converted to the other operand's int32
-                return f"tl.full([], {int(e.value)}, {TL_DTYPE[e.dtype.name]})"
-            return _const(e.value, e.dtype)
-        if isinstance(e, Index):
-            return format_sympy(e.expr, self.helpers)
-        if isinstance(e, Cast):
-            x = self.expr(e.x)
-            if e.dtype.is_bool:
-                return f"({x} != 0)"
-            if isinstance(e.x, Const):  # a literal has no .to(): a scalar of the target dtype
-                if self.interpret and e.dtype == dt.bfloat16:
-                    return self.cast(f"tl.full([], {x}, tl.float32)", e.dtype, dt.float32)
-                return f"tl.full([], {x}, {TL_DTYPE[e.dtype.name]})"
-            return self.cast(x, e.dtype, e.x.dtype)
-        if isinstance(e, Where):
-            return f"tl.where({self.expr(e.cond)}, {self.expr(e.a)}, {self.expr(e.b)})"
-        if isinstance(e, Unary):
-            return self.unary(e)
-        if isinstance(e, Binary):
-            return self.binary(e)
-        raise TypeError(f"cannot print {type(e).__name__}")
+        return handler(_EXPR, e, TypeError)(self, e)
+
+    def _var(self, e: Var) -> str:
+        return e.name
+
+    def _const(self, e: Const) -> str:
+        if e.dtype.is_int and not -2**31 <= int(e.value) < 2**31:
+            # a typed scalar: a bare literal is converted to the other operand's int32
+            return f"tl.full([], {int(e.value)}, {TL_DTYPE[e.dtype.name]})"
+        return _const(e.value, e.dtype)
+
+    def _index(self, e: Index) -> str:
+        return format_sympy(e.expr, self.helpers)
+
+    def _cast(self, e: Cast) -> str:
+        x = self.expr(e.x)
+        if e.dtype.is_bool:
+            return f"({x} != 0)"
+        if isinstance(e.x, Const):  # a literal has no .to(): a scalar of the target dtype
+            if self.interpret and e.dtype == dt.bfloat16:
+                return self.cast(f"tl.full([], {x}, tl.float32)", e.dtype, dt.float32)
+            return f"tl.full([], {x}, {TL_DTYPE[e.dtype.name]})"
+        return self.cast(x, e.dtype, e.x.dtype)
+
+    def _where(self, e: Where) -> str:
+        return f"tl.where({self.expr(e.cond)}, {self.expr(e.a)}, {self.expr(e.b)})"
 
     def cast(self, x: str, dtype, from_dtype=None) -> str:
         if self.interpret and dtype == dt.bfloat16 and from_dtype != dt.bfloat16:
@@ -277,112 +216,137 @@ class TritonPrinter:
     def stmts(self, stmts, indent: int, out: list) -> None:
         pad = "    " * indent
         for s in stmts:
-            if isinstance(s, ProgramId):
-                wide = ".to(tl.int64)" if s.wide else ""
-                out.append(f"{pad}{s.name} = tl.program_id({s.axis}){wide}")
-            elif isinstance(s, Arange):
-                rng = f"tl.arange(0, {s.block})"
-                if s.ndim == 2:
-                    rng += "[:, None]" if s.axis == 0 else "[None, :]"
-                start = self.expr(s.start)
-                out.append(f"{pad}{s.name} = {start} + {rng}" if start != "0" else f"{pad}{s.name} = {rng}")
-            elif isinstance(s, (Let, Assign)):
-                out.append(f"{pad}{s.name} = {self.expr(s.value)}")
-            elif isinstance(s, Full):
-                shape = ", ".join(str(d) for d in s.shape)
-                out.append(f"{pad}{s.name} = tl.full([{shape}], {_const(s.value, s.dtype)}, {TL_DTYPE[s.dtype.name]})")
-            elif isinstance(s, BroadcastTile):
-                shape = ", ".join(str(d) for d in s.shape)
-                out.append(f"{pad}{s.name} = tl.broadcast_to({self.expr(s.value)}, [{shape}])")
-            elif isinstance(s, LoadTile):
-                ptr = f"ptr_{s.buffer} + {self.expr(s.offset)}"
-                hint = f", eviction_policy=\"evict_{s.eviction}\"" if s.eviction and not self.interpret else ""
-                if s.mask is not None:
-                    # pointer and mask may be tiles of different (broadcastable) shapes
-                    out.append(f"{pad}{s.name}_p, {s.name}_m = tl.broadcast({ptr}, {self.expr(s.mask)})")
-                    out.append(f"{pad}{s.name} = tl.load({s.name}_p, {s.name}_m, other=0{hint})")
-                else:
-                    out.append(f"{pad}{s.name} = tl.load({ptr}{hint})")
-            elif isinstance(s, StoreTile):
-                if isinstance(s.value, Const):  # a bare literal has no .to(): a scalar of the stored dtype
-                    v = f"tl.full([], {self.expr(s.value)}, {TL_DTYPE[s.dtype.name]})"
-                else:
-                    v = self.cast(self.expr(s.value), s.dtype, s.value.dtype)
-                ptr = f"ptr_{s.buffer} + {self.expr(s.offset)}"
-                self.stores += 1
-                p_, v_ = f"st{self.stores}_p", f"st{self.stores}_v"
-                out.append(f"{pad}{p_}, {v_} = tl.broadcast({ptr}, {v})")
-                if s.mask is not None:
-                    m_ = f"st{self.stores}_m"
-                    out.append(f"{pad}{p_}, {m_} = tl.broadcast({p_}, {self.expr(s.mask)})")
-                    out.append(f"{pad}{v_}, {m_} = tl.broadcast({v_}, {m_})")
-                    out.append(f"{pad}tl.store({p_}, {v_}, {m_})")
-                else:
-                    out.append(f"{pad}tl.store({p_}, {v_})")
-            elif isinstance(s, ReduceTile):
-                v = self.expr(s.value)
-                keep = "[:, None]" if s.axis == 1 else "[None, :]"
-                m = s.combiner
-                if m == SUM:
-                    red = f"tl.sum({v}, {s.axis})"
-                elif m.extremum and s.dtype.is_float and self.interpret:
-                    # the interpreter runs a custom combine pairwise in Python (seconds per
-                    # call); its tl.max/min are vectorised but drop NaN: put NaN back
-                    has_nan = f"(tl.max(({v} != {v}).to(tl.int32), {s.axis}) > 0)"
-                    red = f"tl.where({has_nan}, float('nan'), tl.{m.name}({v}, {s.axis}))"
-                else:
-                    helper = m.name  # HELPERS: _prod_combine, _max_combine, _min_combine; floats _fmax_/_fmin_combine
-                    if m.extremum and s.dtype.is_float:
-                        helper = "f" + m.name
-                    fn = f"_{helper}_combine"
-                    self.helpers.add(helper)
-                    red = f"tl.reduce({v}, {s.axis}, {fn})"
-                out.append(f"{pad}{s.name} = {red}{keep}")
-            elif isinstance(s, ArgReduceTile):
-                self.helpers.add(s.combiner.name)
-                v, i = self.expr(s.value), self.expr(s.index)
-                keep = "[:, None]" if s.axis == 1 else "[None, :]"
-                out.append(f"{pad}_, {s.name} = tl.reduce(({v}, tl.broadcast_to({i}, {v}.shape).to(tl.int64)), "
-                           f"{s.axis}, _{s.combiner.name}_combine)")
-                out.append(f"{pad}{s.name} = {s.name}{keep}")
-            elif isinstance(s, DotTile):
-                a, b = self.expr(s.a), self.expr(s.b)
-                if s.input_dtype is not None and s.input_dtype.is_low_precision:
-                    t = TL_DTYPE[s.input_dtype.name]
-                    out.append(f"{pad}{s.name} = tl.dot(({a}).to({t}), ({b}).to({t}), {self.expr(s.acc)})")
-                else:
-                    # fp32 operands: full precision like eager (the default would be TF32,
-                    # which the interpreter emulates too); fp64 ones into an fp64 accumulator
-                    t = TL_DTYPE[(s.input_dtype or dt.float32).name]
-                    out.append(f"{pad}{s.name} = tl.dot(({a}).to({t}), ({b}).to({t}), "
-                               f"{self.expr(s.acc)}, input_precision=\"ieee\")")
-            elif isinstance(s, MakeDescriptor):
-                self.uses_descriptors = True
-                base = self.expr(s.base)
-                ptr = f"ptr_{s.buffer}" + (f" + {base}" if base != "0" else "")
-                shape = ", ".join(self.expr(d) for d in s.shape)
-                strides = ", ".join(self.expr(d) for d in s.strides)
-                out.append(f"{pad}{s.name} = tl.make_tensor_descriptor({ptr}, shape=[{shape}], strides=[{strides}], "
-                           f"block_shape=[{s.block[0]}, {s.block[1]}])")
-            elif isinstance(s, DescriptorLoad):
-                at = ", ".join(self.expr(o) for o in s.offsets)
-                load = f"{s.descriptor}.load([{at}])"
-                out.append(f"{pad}{s.name} = {f'tl.trans({load})' if s.transpose else load}")
-            elif isinstance(s, For) and s.flatten:
-                out.append(f"{pad}for {s.var} in tl.range({self.expr(s.start)}, {self.expr(s.stop)}, {s.step}, "
-                           f"flatten=True):")
-                self.stmts(s.body, indent + 1, out)
-            elif isinstance(s, For):
-                out.append(f"{pad}for {s.var} in range({self.expr(s.start)}, {self.expr(s.stop)}, {s.step}):")
-                self.stmts(s.body, indent + 1, out)
-            elif isinstance(s, Check):
-                # compiled only in debug mode: the launcher builds kernels with checks that way
-                out.append(f"{pad}tl.device_assert({self.expr(s.ok)}, {check_message(s)!r})")
-            elif isinstance(s, Comment):
-                out.append(f"{pad}# {s.text}")
-            else:
-                raise TypeError(f"cannot print {type(s).__name__}")
+            handler(_STMT, s, TypeError)(self, s, pad, indent, out)
 
+    def _program_id(self, s: ProgramId, pad: str, indent: int, out: list) -> None:
+        wide = ".to(tl.int64)" if s.wide else ""
+        out.append(f"{pad}{s.name} = tl.program_id({s.axis}){wide}")
+
+    def _arange(self, s: Arange, pad: str, indent: int, out: list) -> None:
+        rng = f"tl.arange(0, {s.block})"
+        if s.ndim == 2:
+            rng += "[:, None]" if s.axis == 0 else "[None, :]"
+        start = self.expr(s.start)
+        out.append(f"{pad}{s.name} = {start} + {rng}" if start != "0" else f"{pad}{s.name} = {rng}")
+
+    def _let(self, s, pad: str, indent: int, out: list) -> None:  # (and Assign)
+        out.append(f"{pad}{s.name} = {self.expr(s.value)}")
+
+    def _full(self, s: Full, pad: str, indent: int, out: list) -> None:
+        shape = ", ".join(str(d) for d in s.shape)
+        out.append(f"{pad}{s.name} = tl.full([{shape}], {_const(s.value, s.dtype)}, {TL_DTYPE[s.dtype.name]})")
+
+    def _broadcast(self, s: BroadcastTile, pad: str, indent: int, out: list) -> None:
+        shape = ", ".join(str(d) for d in s.shape)
+        out.append(f"{pad}{s.name} = tl.broadcast_to({self.expr(s.value)}, [{shape}])")
+
+    def _load(self, s: LoadTile, pad: str, indent: int, out: list) -> None:
+        ptr = f"ptr_{s.buffer} + {self.expr(s.offset)}"
+        hint = f", eviction_policy=\"evict_{s.eviction}\"" if s.eviction and not self.interpret else ""
+        if s.mask is not None:
+            # pointer and mask may be tiles of different (broadcastable) shapes
+            out.append(f"{pad}{s.name}_p, {s.name}_m = tl.broadcast({ptr}, {self.expr(s.mask)})")
+            out.append(f"{pad}{s.name} = tl.load({s.name}_p, {s.name}_m, other=0{hint})")
+        else:
+            out.append(f"{pad}{s.name} = tl.load({ptr}{hint})")
+
+    def _store(self, s: StoreTile, pad: str, indent: int, out: list) -> None:
+        if isinstance(s.value, Const):  # a bare literal has no .to(): a scalar of the stored dtype
+            v = f"tl.full([], {self.expr(s.value)}, {TL_DTYPE[s.dtype.name]})"
+        else:
+            v = self.cast(self.expr(s.value), s.dtype, s.value.dtype)
+        ptr = f"ptr_{s.buffer} + {self.expr(s.offset)}"
+        self.stores += 1
+        p_, v_ = f"st{self.stores}_p", f"st{self.stores}_v"
+        out.append(f"{pad}{p_}, {v_} = tl.broadcast({ptr}, {v})")
+        if s.mask is not None:
+            m_ = f"st{self.stores}_m"
+            out.append(f"{pad}{p_}, {m_} = tl.broadcast({p_}, {self.expr(s.mask)})")
+            out.append(f"{pad}{v_}, {m_} = tl.broadcast({v_}, {m_})")
+            out.append(f"{pad}tl.store({p_}, {v_}, {m_})")
+        else:
+            out.append(f"{pad}tl.store({p_}, {v_})")
+
+    def _reduce(self, s: ReduceTile, pad: str, indent: int, out: list) -> None:
+        v = self.expr(s.value)
+        keep = "[:, None]" if s.axis == 1 else "[None, :]"
+        m = s.combiner
+        if m == SUM:
+            red = f"tl.sum({v}, {s.axis})"
+        elif m.extremum and s.dtype.is_float and self.interpret:
+            # the interpreter runs a custom combine pairwise in Python (seconds per
+            # call); its tl.max/min are vectorised but drop NaN: put NaN back
+            has_nan = f"(tl.max(({v} != {v}).to(tl.int32), {s.axis}) > 0)"
+            red = f"tl.where({has_nan}, float('nan'), tl.{m.name}({v}, {s.axis}))"
+        else:
+            helper = m.name  # HELPERS: _prod_combine, _max_combine, _min_combine; floats _fmax_/_fmin_combine
+            if m.extremum and s.dtype.is_float:
+                helper = "f" + m.name
+            fn = f"_{helper}_combine"
+            self.helpers.add(helper)
+            red = f"tl.reduce({v}, {s.axis}, {fn})"
+        out.append(f"{pad}{s.name} = {red}{keep}")
+
+    def _arg_reduce(self, s: ArgReduceTile, pad: str, indent: int, out: list) -> None:
+        self.helpers.add(s.combiner.name)
+        v, i = self.expr(s.value), self.expr(s.index)
+        keep = "[:, None]" if s.axis == 1 else "[None, :]"
+        out.append(f"{pad}_, {s.name} = tl.reduce(({v}, tl.broadcast_to({i}, {v}.shape).to(tl.int64)), "
+                   f"{s.axis}, _{s.combiner.name}_combine)")
+        out.append(f"{pad}{s.name} = {s.name}{keep}")
+
+    def _dot(self, s: DotTile, pad: str, indent: int, out: list) -> None:
+        a, b = self.expr(s.a), self.expr(s.b)
+        if s.input_dtype is not None and s.input_dtype.is_low_precision:
+            t = TL_DTYPE[s.input_dtype.name]
+            out.append(f"{pad}{s.name} = tl.dot(({a}).to({t}), ({b}).to({t}), {self.expr(s.acc)})")
+        else:
+            # fp32 operands: full precision like eager (the default would be TF32,
+            # which the interpreter emulates too); fp64 ones into an fp64 accumulator
+            t = TL_DTYPE[(s.input_dtype or dt.float32).name]
+            out.append(f"{pad}{s.name} = tl.dot(({a}).to({t}), ({b}).to({t}), "
+                       f"{self.expr(s.acc)}, input_precision=\"ieee\")")
+
+    def _make_descriptor(self, s: MakeDescriptor, pad: str, indent: int, out: list) -> None:
+        self.uses_descriptors = True
+        base = self.expr(s.base)
+        ptr = f"ptr_{s.buffer}" + (f" + {base}" if base != "0" else "")
+        shape = ", ".join(self.expr(d) for d in s.shape)
+        strides = ", ".join(self.expr(d) for d in s.strides)
+        out.append(f"{pad}{s.name} = tl.make_tensor_descriptor({ptr}, shape=[{shape}], strides=[{strides}], "
+                   f"block_shape=[{s.block[0]}, {s.block[1]}])")
+
+    def _descriptor_load(self, s: DescriptorLoad, pad: str, indent: int, out: list) -> None:
+        at = ", ".join(self.expr(o) for o in s.offsets)
+        load = f"{s.descriptor}.load([{at}])"
+        out.append(f"{pad}{s.name} = {f'tl.trans({load})' if s.transpose else load}")
+
+    def _for(self, s: For, pad: str, indent: int, out: list) -> None:
+        if s.flatten:
+            out.append(f"{pad}for {s.var} in tl.range({self.expr(s.start)}, {self.expr(s.stop)}, {s.step}, "
+                       f"flatten=True):")
+        else:
+            out.append(f"{pad}for {s.var} in range({self.expr(s.start)}, {self.expr(s.stop)}, {s.step}):")
+        self.stmts(s.body, indent + 1, out)
+
+    def _check(self, s: Check, pad: str, indent: int, out: list) -> None:
+        # compiled only in debug mode: the launcher builds kernels with checks that way
+        out.append(f"{pad}tl.device_assert({self.expr(s.ok)}, {check_message(s)!r})")
+
+    def _comment(self, s: Comment, pad: str, indent: int, out: list) -> None:
+        out.append(f"{pad}# {s.text}")
+
+
+#: expression node -> its printer
+_EXPR = {Var: TritonPrinter._var, Const: TritonPrinter._const, Index: TritonPrinter._index, Cast: TritonPrinter._cast,
+         Where: TritonPrinter._where, Unary: TritonPrinter.unary, Binary: TritonPrinter.binary}
+#: statement -> its printer
+_STMT = {ProgramId: TritonPrinter._program_id, Arange: TritonPrinter._arange, Let: TritonPrinter._let,
+         Assign: TritonPrinter._let, Full: TritonPrinter._full, BroadcastTile: TritonPrinter._broadcast,
+         LoadTile: TritonPrinter._load, StoreTile: TritonPrinter._store, ReduceTile: TritonPrinter._reduce,
+         ArgReduceTile: TritonPrinter._arg_reduce, DotTile: TritonPrinter._dot,
+         MakeDescriptor: TritonPrinter._make_descriptor, DescriptorLoad: TritonPrinter._descriptor_load,
+         For: TritonPrinter._for, Check: TritonPrinter._check, Comment: TritonPrinter._comment}
 
 def generate(kernel: TileKernel, interpret: bool = False) -> str:
     """The module of one kernel, with its size variants (`tile.variants`) after it."""

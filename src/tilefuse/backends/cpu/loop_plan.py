@@ -1,0 +1,388 @@
+"""The loop-nest plan of a C++ kernel: every decision the C++ printer follows, made once.
+
+`plan_kernel(kernel)` walks a tile kernel and returns a `LoopPlan`, an immutable value (frozen
+dataclasses, read-only mappings): which consecutive statements share one loop nest (`Nest`:
+its extents, which reductions run along rows in vector lanes and which down columns, whether
+the inner loop may be `omp simd`), which values stay scalars of their nest and which need an
+array, which cheap values a later nest recomputes (`remat.py`), which statements nothing
+reads any more, which Kᵀ tiles are copied by register transposes before their nest, and for
+each `dot` (`DotPlan`) its register block, its operands (read in place, an array, or a dense
+copy), whether it starts from zero and whether it accumulates straight into carried state
+(`dot.py`). The printer (`codegen.py`, `nests.py`) only spells that plan as C++.
+
+Statements are the tile IR's own (mutable, unhashable) objects: the plan holds them, and the
+few per-statement facts kept in maps (error codes of index checks) are keyed by `id`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping, Union
+
+import sympy
+
+from ...ir import dtypes as dt
+from ...ir.expr import Index, Var
+from ...tile.ir import (Arange, ArgReduceTile, Assign, BroadcastTile, Check, DotTile, For, Full, Let, LoadTile,
+                        ReduceTile, StoreTile, TileKernel, checks_of, expr_names)
+from .dot import DotPlan, fold_accumulator, inplace_operands, plan_dot, stmt_readers
+from .remat import plan_remat
+from .shapes import SCALAR, Shapes, defines, reads
+
+#: statements a loop nest can hold (one element of each per iteration)
+ELEMENTWISE = (Let, LoadTile, StoreTile, BroadcastTile, Full, Assign, ReduceTile, ArgReduceTile, Check)
+#: vector lanes of a reduction along rows
+LANES = 16
+
+
+# ---------------------------------------------------------------------------- the plan
+@dataclass(frozen=True)
+class Step:
+    """One statement of a nest's body. `role`: "value" (defines a scalar of the body; also
+    written to its array when `stored`), "effect" (a store, an assignment or a check), "row" /
+    "col" (a reduction along the row in lanes / down the column into per-column accumulators),
+    "copy" (a reduction over a dim of one element)."""
+
+    stmt: object
+    role: str
+    stored: bool = False
+
+
+@dataclass(frozen=True)
+class TransposedLoad:
+    """An fp32 tile load copied before its nest by 16x16 register transposes (`tf_load_t`):
+    the source is contiguous along the tile's rows, `col_stride` apart along its columns."""
+
+    stmt: LoadTile
+    col_stride: object  # sympy
+
+
+@dataclass(frozen=True)
+class Nest:
+    """One loop nest over a `(rows, cols)` iteration space."""
+
+    shape: tuple
+    steps: tuple  # Step, in order
+    remat: tuple  # statements recomputed at the top of the body (remat.py)
+    transposed: tuple  # TransposedLoad, printed before the loops
+    checks: tuple  # Check statements: one failure flag each
+    row_reductions: tuple
+    col_reductions: tuple
+    lanes: int  # vector lanes of the row reductions (the row's extent when it is not a multiple of 16)
+    simd: bool  # False when lanes store to one address (their order matters)
+
+
+@dataclass(frozen=True)
+class Single:
+    """A statement printed on its own (program ids, aranges, scalars, comments, checks)."""
+
+    stmt: object
+
+
+@dataclass(frozen=True)
+class Loop:
+    """A `For` over a planned body."""
+
+    stmt: For
+    body: tuple
+
+
+Item = Union[Nest, Single, DotPlan, Loop]
+
+
+@dataclass(frozen=True)
+class LoopPlan:
+    """Everything the printer of one kernel follows. `local`: values that never leave their
+    nest (no array); `alias`: name -> the carried array written in its place; `arrays`: the
+    names declared per program (scalars or arrays, in order); `arg_values`: the argmax/argmin
+    statements whose results keep a value per column too; `check_ids`: id(Check) -> error code;
+    `aligned`: aranges whose start is a multiple of their block, name -> (block, dim)."""
+
+    kernel: TileKernel
+    shapes: Shapes
+    items: tuple
+    local: frozenset
+    alias: Mapping
+    arrays: tuple
+    arg_values: tuple
+    check_ids: Mapping
+    aligned: Mapping
+
+
+def plan_kernel(kernel: TileKernel) -> LoopPlan:
+    return _Planner(kernel).plan()
+
+
+# ---------------------------------------------------------------------------- planning
+class _Group:
+    """A nest being built: consecutive elementwise statements over one iteration space."""
+
+    def __init__(self, shape):
+        self.shape = shape
+        self.stmts: list = []
+        self.defined: set[str] = set()
+        self.touched: set[str] = set()  # defined or assigned here
+        self.reduced: set[str] = set()  # reduction results: final only after the loop
+
+
+class _Planner:
+    def __init__(self, kernel: TileKernel):
+        self.kernel = kernel
+        self.sh = Shapes(kernel)
+        self.site: dict[int, object] = {}  # id(stmt) -> its group (or the statement itself)
+        self.local: set[str] = set()
+        self.zero_dot: set[int] = set()  # ids of dots whose accumulator starts at 0
+        self.remat: dict = {}  # id(group) -> statements recomputed in its loop body
+        self.readers: dict[str, set] = {}  # name -> ids of the sites that read it
+        self.stmt_readers = stmt_readers(kernel.body)  # name -> statements that read it
+        self.alias: dict[str, str] = {}  # R -> acc: `R = f(acc)` written into acc's array (dot.py)
+        self.dot_into: dict[int, str] = {}  # id(dot) -> the carried array it accumulates into
+        self.skip: set[int] = set()  # ids of `acc = R + X` statements those dots replace
+        self.folded: set[str] = set()  # names X of those dots (never stored)
+        self.inplace = inplace_operands(kernel, self.sh, self.sh.strides, self.stmt_readers)
+
+    def plan(self) -> LoopPlan:
+        k = self.kernel
+        draft = self.group(k.body)
+        self.remat = plan_remat(k, draft, self.sh, _Group)
+        self.find_locals(draft)
+        arrays, arg_values = self.declarations()
+        return LoopPlan(kernel=k, shapes=self.sh, items=self.freeze(draft), local=frozenset(self.local),
+                        alias=MappingProxyType(dict(self.alias)), arrays=arrays, arg_values=arg_values,
+                        check_ids=MappingProxyType({id(c): n + 1 for n, c in enumerate(checks_of(k.body))}),
+                        aligned=MappingProxyType(self.block_aligned()))
+
+    # ------------------------------------------------------------------ grouping
+    def zero_starts(self, stmts) -> set:
+        """ids of `X = full(0)` statements whose only use is as the accumulator of a following
+        `X = dot(a, b) + X`: the dot starts its registers at 0 instead (no zero fill, no load)."""
+        skip = set()
+        for k, s in enumerate(stmts):
+            if not (isinstance(s, DotTile) and isinstance(s.acc, Var) and s.acc.name == s.name):
+                continue
+            for j in range(k - 1, -1, -1):
+                t = stmts[j]
+                if isinstance(t, Full) and t.name == s.name:
+                    if isinstance(t.value, (int, float)) and t.value == 0:
+                        skip.add(id(t))
+                        self.zero_dot.add(id(s))
+                    break
+                if isinstance(t, For) or s.name in reads(t) or defines(t) == s.name:
+                    break
+        return skip
+
+    def group(self, stmts) -> list:
+        """Split a block into nests being built, single statements and ("for", stmt, body)."""
+        items: list = []
+        group: _Group | None = None
+        zero_fills = self.zero_starts(stmts)
+
+        def flush():
+            nonlocal group
+            if group is not None:
+                items.append(group)
+                group = None
+
+        for k, s in enumerate(stmts):
+            if id(s) in self.zero_dot:
+                fold = fold_accumulator(stmts, k, self.stmt_readers, self.sh)
+                if fold is not None:
+                    j, a = fold
+                    self.alias[stmts[j].name] = a.name
+                    self.dot_into[id(s)] = a.name
+                    self.skip.add(id(a))
+                    self.folded.add(s.name)
+        for s in stmts:
+            if id(s) in zero_fills or id(s) in self.skip:
+                continue
+            if isinstance(s, For):
+                flush()
+                items.append(("for", s, self.group(s.body)))
+                self.site[id(s)] = s
+                continue
+            if not isinstance(s, ELEMENTWISE):
+                flush()
+                items.append(s)
+                self.site[id(s)] = s
+                continue
+            shape = self.sh.loop_shape(s)
+            r = reads(s)
+            if shape == SCALAR and not isinstance(s, (ReduceTile, ArgReduceTile)):
+                if group is not None and isinstance(s, (Let, LoadTile, BroadcastTile)) and not (r & group.touched):
+                    items.append(s)  # before the open group (appended when it is flushed)
+                    self.site[id(s)] = s
+                    continue
+                flush()
+                items.append(s)
+                self.site[id(s)] = s
+                continue
+            if group is not None and (group.shape != shape or r & group.reduced):
+                flush()
+            if group is None:
+                group = _Group(shape)
+            group.stmts.append(s)
+            self.site[id(s)] = group
+            name = defines(s)
+            if name is not None:
+                group.defined.add(name)
+                group.touched.add(name)
+                if isinstance(s, (ReduceTile, ArgReduceTile)):
+                    group.reduced.add(name)
+            if isinstance(s, Assign):
+                group.touched.add(s.name)
+        flush()
+        return items
+
+    def find_locals(self, items) -> None:
+        """A value defined in a group and read only there (or recomputed where it is read)
+        never needs an array."""
+        readers = self.readers
+        recomputed = {gid: {s.name for s in stmts} for gid, stmts in self.remat.items()}
+
+        def visit(stmts):
+            for s in stmts:
+                site = id(self.site.get(id(s)))  # (zero fills a dot replaces have no site: they read nothing)
+                skip = recomputed.get(site, set())
+                for name in reads(s) if not isinstance(s, For) else expr_names(s.start) | expr_names(s.stop):
+                    if name not in skip:
+                        readers.setdefault(name, set()).add(site)
+                if isinstance(s, For):
+                    visit(s.body)
+
+        visit(self.kernel.body)
+        for gid, stmts in self.remat.items():  # what the recomputations read
+            for s in stmts:
+                for name in reads(s) - recomputed[gid]:
+                    readers.setdefault(name, set()).add(gid)
+        for g in _groups(items):
+            for s in g.stmts:
+                name = defines(s)
+                if name is None or name in g.reduced:
+                    continue
+                if readers.get(name, set()) <= {id(g)}:
+                    self.local.add(name)
+
+    # ------------------------------------------------------------------ freezing
+    def freeze(self, items) -> tuple:
+        out = []
+        for it in items:
+            if isinstance(it, _Group):
+                nest = self.nest(it)
+                if nest is not None:
+                    out.append(nest)
+            elif isinstance(it, tuple):
+                out.append(Loop(it[1], self.freeze(it[2])))
+            elif isinstance(it, DotTile):
+                out.append(self.dot(it))
+            else:
+                out.append(Single(it))
+        return tuple(out)
+
+    def nest(self, g: _Group) -> Nest | None:
+        """The nest of a group, or None when every value it computes is recomputed where it
+        is read (nothing to print)."""
+        d0, d1 = g.shape
+        reds = [s for s in g.stmts if isinstance(s, (ReduceTile, ArgReduceTile))]
+        row_reds = [s for s in reds if self.sh.dim(s.axis) == 1 and d1 > 1]
+        col_reds = [s for s in reds if self.sh.dim(s.axis) == 0 and d0 > 1]
+        # lanes that store to one address (a [BLOCK_M, 1] tile stored at a row-only offset)
+        # must keep their order: no `omp simd` on that loop
+        inner = 1 if d1 > 1 else 0
+        simd = all(self.sh.of(s.offset)[inner] == g.shape[inner] for s in g.stmts if isinstance(s, StoreTile))
+        dead = {id(s) for s in self.dead(g)}
+        if len(dead) == len(g.stmts):
+            return None
+        transposed = []
+        for s in g.stmts:
+            if id(s) not in dead:
+                t = self.transposed_load(s, g.shape)
+                if t is not None:
+                    transposed.append(t)
+        hoisted = {id(t.stmt) for t in transposed}
+        steps = []
+        for s in g.stmts:
+            if id(s) in hoisted or id(s) in dead:
+                continue
+            if isinstance(s, (ReduceTile, ArgReduceTile)):
+                role = "row" if any(s is r for r in row_reds) else "col" if any(s is r for r in col_reds) else "copy"
+                steps.append(Step(s, role))
+            elif defines(s) is not None:
+                steps.append(Step(s, "value", stored=defines(s) not in self.local))
+            else:
+                steps.append(Step(s, "effect"))
+        return Nest(shape=g.shape, steps=tuple(steps), remat=tuple(self.remat.get(id(g), ())),
+                    transposed=tuple(transposed), checks=tuple(s for s in g.stmts if isinstance(s, Check)),
+                    row_reductions=tuple(row_reds), col_reductions=tuple(col_reds),
+                    lanes=(LANES if d1 % LANES == 0 else d1) if row_reds else d1, simd=simd)
+
+    def dead(self, g: _Group) -> list:
+        """Statements of a group whose value nothing reads (every later reader recomputes it)."""
+        live: set[str] = set()
+        dead = []
+        for s in reversed(g.stmts):
+            name = defines(s)
+            if name in self.inplace or isinstance(s, (Let, LoadTile, Full, BroadcastTile)) and name in self.local \
+                    and name not in live and not (self.readers.get(name, set()) - {id(g)}):
+                dead.append(s)
+                continue
+            live |= reads(s)
+        return dead
+
+    def transposed_load(self, s, shape) -> TransposedLoad | None:
+        """An unmasked fp32 tile load kept in an array whose source is contiguous along the
+        tile's rows (a Kᵀ tile read from K): copied by register transposes before the nest (the
+        nest's inner loop would gather it one element at a time)."""
+        d0, d1 = shape
+        if not (isinstance(s, LoadTile) and s.mask is None and s.dtype == dt.float32 and s.name not in self.local
+                and d0 % 16 == 0 and d1 % 16 == 0 and isinstance(s.offset, Index)
+                and self.sh.shape.get(s.name) == shape):
+            return None
+        strides = self.sh.strides(s.offset)
+        if strides is None or strides[0] != 1 or strides[1] == 1:
+            return None
+        return TransposedLoad(s, strides[1])
+
+    def dot(self, s: DotTile) -> DotPlan:
+        zero = id(s) in self.zero_dot and id(s) not in self.dot_into
+        return plan_dot(s, self.sh, self.local, self.inplace, zero=zero, out=self.dot_into.get(id(s), s.name))
+
+    # ------------------------------------------------------------------ per program
+    def declarations(self) -> tuple:
+        """(names declared once per program, argmax/argmin results that keep values too)."""
+        seen: list[str] = []
+        loop_vars = {s.var for s in _walk(self.kernel.body) if isinstance(s, For)}
+        for name in self.sh.shape:
+            if name in self.local or name in seen or name in loop_vars or name in self.alias \
+                    or name in self.inplace or name in self.folded:
+                continue
+            seen.append(name)
+        args = tuple(s for s in _walk(self.kernel.body) if isinstance(s, ArgReduceTile))
+        return tuple(seen), args
+
+    def block_aligned(self) -> dict:
+        """Aranges whose start is a multiple of their block: name -> (block, dim)."""
+        out = {}
+        for s in _walk(self.kernel.body):
+            if isinstance(s, Arange) and isinstance(s.start, Index) and s.name in self.sh.aranges:
+                block = self.sh.block(s.block)
+                start = sympy.sympify(s.start.expr)
+                start = start.subs({x: self.sh.constexprs[x.name] for x in start.free_symbols
+                                    if x.name in self.sh.constexprs})
+                if block > 1 and sympy.fraction(sympy.cancel(start / block))[1] == 1:
+                    out[s.name] = (block, self.sh.aranges[s.name])
+        return out
+
+
+def _walk(stmts):
+    for s in stmts:
+        yield s
+        if isinstance(s, For):
+            yield from _walk(s.body)
+
+
+def _groups(items):
+    for it in items:
+        if isinstance(it, _Group):
+            yield it
+        elif isinstance(it, tuple):
+            yield from _groups(it[2])
