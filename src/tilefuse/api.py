@@ -25,8 +25,8 @@ import torch
 
 from . import logs
 from .compiler import CompileReport, compile_fx
-from .config import ConfigError, UnknownOptionError, config, resolve_options
-from .ir.bounds import CheckError
+from .config import config, resolve_options
+from .errors import CheckError, ConfigError, TilefuseError, TilefuseFallbackWarning, UnknownOptionError
 
 if TYPE_CHECKING:
     from .explanation import Explanation
@@ -34,14 +34,6 @@ if TYPE_CHECKING:
 _graph_ids = itertools.count()
 _report_sinks: list = []  # explain() collects reports here while it runs
 _history: collections.deque = collections.deque(maxlen=64)  # last_compilations()
-
-
-class TilefuseError(RuntimeError):
-    pass
-
-
-class TilefuseFallbackWarning(UserWarning):
-    pass
 
 
 def _decompositions():

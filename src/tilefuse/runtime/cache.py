@@ -83,6 +83,7 @@ from typing import Any, Callable
 from .. import logs
 from .._version import __version__
 from ..config import config
+from ..errors import CacheWarning
 from . import cache_lock, cache_size, scratch, trust
 from . import cache_layout as layout
 from .cache_admin import NAMESPACES, OWNED_DIRS, RootItem, clear_root, root_contents, root_problem
@@ -107,11 +108,6 @@ FORMAT_VERSION = 1
 
 # (root, problem) pairs already warned about: each problem is reported once per process.
 _warned: set[tuple[str, str]] = set()
-
-
-class CacheWarning(UserWarning):
-    """The disk cache could not be used (I/O error, insecure directory); compilation goes on
-    without it."""
 
 
 # --------------------------------------------------------------------------------------------
