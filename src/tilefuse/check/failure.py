@@ -32,6 +32,7 @@ STAGES = {
     "tilefuse.backends.cpu": "C++ code generation or build",
     "tilefuse.backends": "code generation",
     "tilefuse.runtime": "runtime",
+    "tilefuse.cache": "runtime",  # the disk cache, as the runtime uses it
     "tilefuse.compiler": "compile driver",
 }
 
@@ -200,8 +201,8 @@ def repro_dir() -> str:
     directory in the temporary directory (one per process), never a shared one."""
     global _fallback_dir
     from ..config import config
-    from ..runtime import trust
-    from ..runtime.cache_admin import root_path, root_problem
+    from ..cache import trust
+    from ..cache.admin import root_path, root_problem
 
     root = root_path(config.cache_dir)
     try:
@@ -231,7 +232,7 @@ def write_reproducer(gm: torch.fx.GraphModule, args=None, title: str = "", name:
     and never through a link: an existing file is reused only when it is this user's and holds
     the same script, else the script gets a new name."""
     try:
-        from ..runtime import trust
+        from ..cache import trust
 
         data = reproducer_source(gm, args, title, knobs).encode()
         directory = repro_dir()

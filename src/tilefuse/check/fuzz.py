@@ -116,7 +116,7 @@ def write_reproducer(program: Program, outcome: Outcome, out_dir: str, seed: int
     """Write the reproducer to a new file in `out_dir` (created exclusively, never through a
     link: a file already there is kept, and the script gets another name unless it is that
     file's own text)."""
-    from ..runtime import trust
+    from ..cache import trust
 
     data = reproducer_source(program, outcome, seed).encode()
     os.makedirs(out_dir, exist_ok=True)
