@@ -41,7 +41,7 @@ from ...config import config
 from ...ir import symbolic
 from ...cache import scratch
 from ...cache.disk import DiskCache, cache_key, environment_fingerprint
-from ...runtime.size_cache import SizeCache, size_key
+from ..size_cache import SizeCache, size_key
 from ...ir.bounds import index_error
 from ...tile.ir import TileKernel, check_message, checks_of
 from . import compile_pool, interpreter
