@@ -62,7 +62,7 @@ def _fail(phase: str, name: str, err: BaseException, eager, gm=None, args=None):
     """Report an internal failure: raise `TilefuseError` (fallback "error") or warn and return
     `eager` to run the graph with (fallback "eager"). The message names the stage and the op
     that failed and points to a standalone reproducer of the graph."""
-    from .check.failure import describe_failure, write_reproducer
+    from .failure import describe_failure, write_reproducer
 
     failure = describe_failure(err, phase)
     msg = f"tilefuse failed while {phase} {name} — stage: {failure.stage}"
@@ -277,7 +277,7 @@ def _verify(name, gm, compiled, report, args, out, state, before=None):
     diverging kernel is reported (error, or warning and eager from then on). `before`: copies
     of the inputs the graph writes into, as they were before the call (the checks run on
     copies of them, never on the program's own tensors)."""
-    from .check.verify import verify_graph
+    from .verify_mode import verify_graph
 
     if before:
         ref_args = list(args)

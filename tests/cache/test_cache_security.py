@@ -184,14 +184,14 @@ def _would_be_named(directory: Path, gm, args) -> Path:
     """The predictable name a reproducer of `gm` got before (repro_<name>_<hash>.py)."""
     import hashlib
 
-    from tilefuse.check.failure import reproducer_source
+    from tilefuse.failure import reproducer_source
 
     source = reproducer_source(gm, args, "t", {})
     return directory / f"repro_g_{hashlib.sha256(source.encode()).hexdigest()[:10]}.py"
 
 
 def test_reproducers_avoid_a_refused_root_and_planted_links_in_the_temp_dir(tmp_path, monkeypatch):
-    from tilefuse.check.failure import write_reproducer
+    from tilefuse.failure import write_reproducer
 
     root = tmp_path / "cache"
     root.mkdir()
@@ -212,7 +212,7 @@ def test_reproducers_avoid_a_refused_root_and_planted_links_in_the_temp_dir(tmp_
 
 
 def test_reproducers_in_a_private_root_never_follow_a_planted_link(tmp_path, monkeypatch):
-    from tilefuse.check.failure import write_reproducer
+    from tilefuse.failure import write_reproducer
 
     root = tmp_path / "cache"
     monkeypatch.setattr(tilefuse.config, "cache_dir", str(root))
@@ -230,7 +230,7 @@ def test_reproducers_in_a_private_root_never_follow_a_planted_link(tmp_path, mon
 
 
 def test_a_symlinked_repro_directory_is_not_written_through(tmp_path, monkeypatch):
-    from tilefuse.check.failure import write_reproducer
+    from tilefuse.failure import write_reproducer
 
     root = tmp_path / "cache"
     root.mkdir(mode=0o700)

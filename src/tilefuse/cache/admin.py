@@ -26,9 +26,9 @@ OWNED_DIRS = {
     "tune-ceilings": "measured bandwidth and compute ceilings of each GPU",  # tune/tuner.py
     "graphs": "compiled graphs: steps, launch settings and reports (kernels are in triton/ and cpu/)",  # graph_cache.py
     "triton-bin": "Triton's compiled binaries, written by older tilefuse versions (Triton now keeps its own)",
-    "repro": "reproducer scripts of failed compiles",  # check/failure.py
+    "repro": "reproducer scripts of failed compiles",  # failure.py
 }
-#: the OWNED_DIRS that are DiskCache namespaces (the entry layout of cache.py's docstring)
+#: the OWNED_DIRS that are DiskCache namespaces (the entry layout of disk.py's docstring)
 NAMESPACES = ("triton", "cpu", "tune", "tune-ceilings", "graphs")
 #: files tilefuse keeps directly in the root
 OWNED_FILES = {".size-checked": "when the cache's size was last measured"}  # size_bound.py
