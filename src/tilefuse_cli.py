@@ -4,7 +4,8 @@ Importing the `tilefuse` package imports torch and registers the torch.compile b
 on a cold machine. This module owns what must not wait for that: the argument parser of every
 command, `--help`, `--version`, the checks of arguments that need no registry, and
 `tilefuse config` (the knob registry, `tilefuse/config.py`, is loaded by path: it imports only
-the standard library). Only then does it import `tilefuse.cli`, which runs the command.
+the standard library and `tilefuse/errors.py`). Only then does it import `tilefuse.cli`, which
+runs the command.
 """
 from __future__ import annotations
 
@@ -15,12 +16,14 @@ import re
 import shutil
 import sys
 import textwrap
+import types
 import warnings
 from pathlib import Path
 from typing import NoReturn
 
 PROG = "tilefuse"
-_CONFIG_MODULE = "tilefuse_config_standalone"
+_STANDALONE = "tilefuse_standalone"  # the package's directory, without running its __init__
+_CONFIG_MODULE = _STANDALONE + ".config"
 
 
 # ------------------------------------------------------------------------------ the package
@@ -50,9 +53,15 @@ def version() -> str:
 
 def load_config(show_warnings: bool = False):
     """`tilefuse/config.py` as a standalone module: the registry and the environment's values
-    (a bad `TILEFUSE_*` value raises its `ConfigError` here, naming the variable)."""
+    (a bad `TILEFUSE_*` value raises its `ConfigError` here, naming the variable). It is loaded
+    as a module of a stand-in package over the same directory, whose `__init__` never runs, so
+    that its import of `.errors` finds `tilefuse/errors.py` (standard library only) by path."""
     if _CONFIG_MODULE in sys.modules:
         return sys.modules[_CONFIG_MODULE]
+    if _STANDALONE not in sys.modules:
+        package = types.ModuleType(_STANDALONE)
+        package.__path__ = [str(package_dir())]
+        sys.modules[_STANDALONE] = package
     spec = importlib.util.spec_from_file_location(_CONFIG_MODULE, package_dir() / "config.py")
     if spec is None or spec.loader is None:
         raise SystemExit(f"{PROG}: error: cannot load {package_dir() / 'config.py'}")

@@ -20,7 +20,7 @@ import pytest
 import tilefuse
 import tilefuse_cli
 from tilefuse.config import KNOBS, knob_table
-from tilefuse.runtime import cache
+from tilefuse.cache import disk as cache
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 _RUN = """

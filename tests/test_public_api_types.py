@@ -1,5 +1,5 @@
 """The public API is typed (the package ships `py.typed`): mypy finds no error in the modules a
-user imports from — the API, the config registry, the explanation, the CLI's entry."""
+user imports from — the API, the config registry, the errors, the explanation, the CLI's entry."""
 import os
 import subprocess
 import sys
@@ -7,7 +7,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PUBLIC = ["src/tilefuse/__init__.py", "src/tilefuse/api.py", "src/tilefuse/config.py",
+PUBLIC = ["src/tilefuse/__init__.py", "src/tilefuse/api.py", "src/tilefuse/config.py", "src/tilefuse/errors.py",
           "src/tilefuse/explanation.py", "src/tilefuse_cli.py"]
 
 

@@ -7,10 +7,10 @@
 Importing the package registers the "tilefuse" torch.compile backend.
 """
 from ._version import __version__
-from .config import ConfigError, ConfigWarning, Options, UnknownOptionError, config
-from .api import TilefuseError, compile, dynamo_backend, explain, last_compilations
+from .config import Options, config
+from .errors import ConfigError, ConfigWarning, IndexCheckError, TilefuseError, UnknownOptionError
+from .api import compile, dynamo_backend, explain, last_compilations
 from .explanation import Explanation
-from .ir.bounds import IndexCheckError
 
 
 def _register_backend() -> None:

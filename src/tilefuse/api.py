@@ -5,7 +5,7 @@ decompositions, so forward and backward graphs both reach the compiler. A failur
 tilefuse never silently breaks the user's program: with `TILEFUSE_FALLBACK=eager` (default)
 the graph runs eagerly with a warning naming the stage, the op and a reproducer script; with
 `error` it raises `TilefuseError` with the same message. `TILEFUSE_VERIFY=1` checks each graph
-against eager on its first run and names the first diverging kernel (`check.verify`). An
+against eager on its first run and names the first diverging kernel (`verify_mode`). An
 index out of range that a generated kernel's check finds is the program's error, not ours: it
 is raised as eager raises it (`IndexError` / `RuntimeError`, naming the op).
 """
@@ -25,8 +25,8 @@ import torch
 
 from . import logs
 from .compiler import CompileReport, compile_fx
-from .config import KNOBS, ConfigError, Options, UnknownOptionError, config, resolve_options
-from .ir.bounds import CheckError
+from .config import KNOBS, Options, config, resolve_options
+from .errors import CheckError, ConfigError, TilefuseError, TilefuseFallbackWarning, UnknownOptionError
 
 if TYPE_CHECKING:
     from .explanation import Explanation
@@ -34,14 +34,6 @@ if TYPE_CHECKING:
 _graph_ids = itertools.count()
 _report_sinks: list = []  # explain() collects reports here while it runs
 _history: collections.deque = collections.deque(maxlen=64)  # last_compilations()
-
-
-class TilefuseError(RuntimeError):
-    pass
-
-
-class TilefuseFallbackWarning(UserWarning):
-    pass
 
 
 def _decompositions():
@@ -70,7 +62,7 @@ def _fail(phase: str, name: str, err: BaseException, eager, options: Options, gm
     """Report an internal failure: raise `TilefuseError` (fallback "error") or warn and return
     `eager` to run the graph with (fallback "eager"). The message names the stage and the op
     that failed and points to a standalone reproducer of the graph."""
-    from .check.failure import describe_failure, write_reproducer
+    from .failure import describe_failure, write_reproducer
 
     failure = describe_failure(err, phase)
     msg = f"tilefuse failed while {phase} {name} — stage: {failure.stage}"
@@ -294,7 +286,7 @@ def _verify(name, gm, compiled, report, args, out, state, options: Options, befo
     diverging kernel is reported (error, or warning and eager from then on). `before`: copies
     of the inputs the graph writes into, as they were before the call (the checks run on
     copies of them, never on the program's own tensors)."""
-    from .check.verify import verify_graph
+    from .verify_mode import verify_graph
 
     if before:
         ref_args = list(args)

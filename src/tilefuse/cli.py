@@ -32,13 +32,13 @@ def run(args) -> int:
 
 def _cache(args) -> int:
     from .config import config
-    from .runtime import cache
+    from .cache import admin
 
     root = os.path.abspath(os.path.expanduser(config.cache_dir))
-    problem = cache.root_problem(root)
+    problem = admin.root_problem(root)
     if args.action == "clear":
-        removed = cache.clear_root(root) if problem is None else []
-        kept = [i for i in cache.root_contents(root) if not i.owned or i.left]
+        removed = admin.clear_root(root) if problem is None else []
+        kept = [i for i in admin.root_contents(root) if not i.owned or i.left]
         if args.json:
             print(json.dumps({"root": root, "refused": problem, "removed": [_item_json(i) for i in removed],
                               "left_alone": [_item_json(i) for i in kept]}, indent=1))
@@ -48,7 +48,7 @@ def _cache(args) -> int:
         else:
             _print_cleared(root, removed, kept)
         return 1 if problem is not None or any(i.errors for i in removed) else 0
-    items = cache.root_contents(root)
+    items = admin.root_contents(root)
     if args.json:
         print(json.dumps({"root": root, "exists": os.path.isdir(root), "problem": problem,
                           "directories": [_item_json(i) for i in items]}, indent=1))
@@ -71,7 +71,7 @@ def _print_info(root: str, items: list, problem: str | None) -> None:
         return
     print(f"cache directory {root}" + (f"\n  not used: {problem}; run `chmod 700 {root}` or set "
                                        "TILEFUSE_CACHE_DIR to a private directory" if problem else ""))
-    from .runtime.cache_admin import OWNED_FILES
+    from .cache.admin import OWNED_FILES
 
     owned = [i for i in items if i.owned]
     rows = [(i.name + ("" if i.name in OWNED_FILES else "/"), i.what, str(i.entries), _human(i.bytes),

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Iterator, Mapping
 
+from .errors import ConfigError, ConfigWarning, UnknownOptionError
+
 #: log channels (`TILEFUSE_LOGS`); each is a standard logger, see logs.py
 LOG_CHANNELS = ("graph", "fusion", "tile", "code", "tune", "runtime", "cache", "compile_time")
 
@@ -27,20 +29,6 @@ OTHER_VARIABLES = {"TILEFUSE_TEST_DEVICE": "the test suite's device (tests/, not
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
-
-
-class ConfigError(ValueError):
-    """A knob, option or mode given a value it does not take: the user's error, raised at once
-    (never an eager fallback)."""
-
-
-class ConfigWarning(UserWarning):
-    """A knob's value that is valid but does not fit a kernel on its target (the stack of a C++
-    program, a GPU's shared memory): the kernel was compiled with a smaller configuration."""
-
-
-class UnknownOptionError(TypeError):
-    """An option name tilefuse does not have."""
 
 
 def closest_name(name: str, known) -> str | None:

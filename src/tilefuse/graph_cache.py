@@ -7,7 +7,7 @@ device, shape and strides (symbolic ones as their expressions), and the shape en
 guards and ranges on the symbols; the values of tensor constants; the graph's kind (forward or
 backward); every knob that shapes the compile (not logs, caches or the fallback); PyTorch's
 float32 matmul precision; the versions of tilefuse, PyTorch, Triton and Python, the device
-name and capability (`runtime.cache.environment_fingerprint`), the GPU's SM count; and a hash
+name and capability (`cache.disk.environment_fingerprint`), the GPU's SM count; and a hash
 of tilefuse's own source files (an edited checkout never loads a graph the old code compiled).
 
 Entries are JSON (`runtime.artifact`), in the disk cache's "graphs" namespace: atomic,
@@ -29,7 +29,7 @@ import torch
 from . import logs
 from .config import Options, config
 from .runtime import artifact
-from .runtime.cache import DiskCache, cache_key, environment_fingerprint
+from .cache.disk import DiskCache, cache_key, environment_fingerprint
 from .runtime.compiled import CompiledGraph
 from .tune.tuner import real_tensors
 

@@ -31,7 +31,7 @@ LOGGERS = {
     "code": "tilefuse.backends",
     "tune": "tilefuse.tune",
     "runtime": "tilefuse.runtime",
-    "cache": "tilefuse.runtime.cache",
+    "cache": "tilefuse.runtime.cache",  # the name from when runtime/ held the disk cache, kept for users' log setups
     "compile_time": "tilefuse.compiler",
 }
 assert set(LOGGERS) == set(LOG_CHANNELS)

@@ -114,7 +114,7 @@ def test_outputs_that_are_strided_slices_of_one_intermediate():
 
 def test_compare_resolves_conjugate_views():
     """`fft.ifft` may return a conjugate view: comparing it raised instead of judging it."""
-    from tilefuse.check.compare import compare_outputs
+    from tilefuse.compare import compare_outputs
 
     z = torch.randn(6, dtype=torch.cfloat)
     assert compare_outputs(z.conj(), z.conj().resolve_conj(), z.conj().to(torch.cdouble)) is None

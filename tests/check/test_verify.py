@@ -9,7 +9,7 @@ import torch
 import tilefuse
 from tilefuse.api import TilefuseError, TilefuseFallbackWarning
 from tilefuse.backends.triton.launcher import TritonKernel
-from tilefuse.check.compare import compare_outputs
+from tilefuse.compare import compare_outputs
 
 
 def f(x, w):

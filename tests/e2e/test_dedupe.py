@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import tilefuse
 from tilefuse import dedupe
 from tilefuse.backends.cpu import toolchain
-from tilefuse.check.compare import compare_outputs
+from tilefuse.compare import compare_outputs
 from tilefuse.check.compile_profile import compile_profile
 
 pytestmark = pytest.mark.skipif(toolchain.find_compiler() is None, reason="no C++ compiler")

@@ -10,7 +10,7 @@ import torch
 
 import tilefuse
 from tilefuse import compiler
-from tilefuse.check.compare import compare_outputs, to_fp64
+from tilefuse.compare import compare_outputs, to_fp64
 from tilefuse.ir.bounds import CheckError, DivisionByZeroError
 from tilefuse.tile.ir import checks_of
 from tilefuse.tile.lower import lower_plan_kernels

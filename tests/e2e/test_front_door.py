@@ -214,7 +214,7 @@ def test_tilefuse_logs_prints_only_the_channels_asked_for():
 
 
 def test_reproducer_records_the_knobs_that_were_set(tmp_path):
-    from tilefuse.check.failure import reproducer_source
+    from tilefuse.failure import reproducer_source
 
     gm = torch.fx.symbolic_trace(lambda x: x + 1)
     source = reproducer_source(gm, [torch.randn(3)], knobs={"autotune": "0", "cache_dir": "/x", "matmul": "aten"})

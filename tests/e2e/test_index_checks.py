@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import tilefuse
-from tilefuse.check.compare import compare_outputs, to_fp64
+from tilefuse.compare import compare_outputs, to_fp64
 from tilefuse.ir.bounds import IndexCheckError
 from backends_on_cpu import CPU_BACKENDS
 

@@ -15,7 +15,7 @@ from torch._dynamo.utils import counters
 from torch.utils.checkpoint import checkpoint
 
 import tilefuse
-from tilefuse.check.compare import compare_outputs, to_fp64
+from tilefuse.compare import compare_outputs, to_fp64
 from backends_on_cpu import CPU_BACKENDS
 
 

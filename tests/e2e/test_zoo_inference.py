@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
 import tilefuse
-from tilefuse.check.compare import compare_outputs, to_fp64
+from tilefuse.compare import compare_outputs, to_fp64
 from backends_on_cpu import CPU_BACKENDS
 
 

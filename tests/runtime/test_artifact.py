@@ -173,12 +173,12 @@ def _doc(value, sym=()):
 
 @pytest.mark.parametrize("doc", [
     _doc(["fn", "os:system"]),  # a function outside tilefuse
-    _doc(["fn", "tilefuse.runtime.cache:cache_key"]),  # a tilefuse function not marked storable
+    _doc(["fn", "tilefuse.cache.disk:cache_key"]),  # a tilefuse function not marked storable
     _doc(["o", 0, "tilefuse.runtime.compiled:CompiledGraph", [], []]),  # not a dataclass
     _doc(["R", 0, "tilefuse.ir.graph:Input", []]),  # a class that is not rebuilt from arguments
     _doc(["R", 0, "subprocess:Popen", [["l", 1, ["ls"]]]]),
     _doc(["y", 0], [["A", "builtins:eval", []]]),  # a sympy entry naming something else
-    _doc(["y", 0], [["A", "tilefuse.runtime.cache:DiskCache", []]]),
+    _doc(["y", 0], [["A", "tilefuse.cache.disk:DiskCache", []]]),
     _doc(["e", "tilefuse.ir.graph:Graph", 1]),
     _doc(["zz"]),
     b"not json",

@@ -102,7 +102,7 @@ def _graphs(monkeypatch) -> list:
 
 @pytest.mark.parametrize("target", [pytest.param("cpu", marks=needs_cxx), "interpret"])
 def test_size_caches_stay_bounded(monkeypatch, target):
-    from tilefuse.runtime import size_cache
+    from tilefuse.backends import size_cache
 
     monkeypatch.setattr(size_cache, "LIMIT", 8)
     graphs = _graphs(monkeypatch)
@@ -120,7 +120,7 @@ def test_size_caches_stay_bounded(monkeypatch, target):
 
 
 def test_size_cache_drops_the_least_recently_used():
-    from tilefuse.runtime import size_cache
+    from tilefuse.backends import size_cache
 
     cache = size_cache.SizeCache(limit=3)
     for k in range(3):

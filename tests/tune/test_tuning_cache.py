@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tilefuse.runtime import cache as cache_mod
-from tilefuse.runtime.cache import CacheWarning, DiskCache
+from tilefuse.cache import disk as cache_mod
+from tilefuse.cache.disk import CacheWarning, DiskCache
 from tilefuse.tune import cache as tune_cache
 from tilefuse.tune.cache import TuningCache, shape_bucket, tuning_key
 from tilefuse.tune.search import search

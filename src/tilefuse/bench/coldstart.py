@@ -31,7 +31,7 @@ def cache_env(root: str | os.PathLike) -> dict[str, str]:
     """Environment variables that point every compiler's on-disk cache under `root`. A root
     tilefuse refuses as a cache (another user's, or writable by others) is refused here too:
     the other compilers' caches (Triton's binaries among them) would be just as open."""
-    from ..runtime.cache_admin import root_problem
+    from ..cache.admin import root_problem
 
     root = Path(root)
     problem = root_problem(root)

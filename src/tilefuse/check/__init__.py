@@ -1,6 +1,7 @@
-"""Correctness tooling: the fp64 comparison rule, verify-mode bisection, failure reports and
-reproducers, the differential fuzzer and its shrinker, and the OpInfo sweep.
+"""Correctness tooling: the differential fuzzer and its shrinker, and the OpInfo sweep, judged by
+the fp64 rule (`tilefuse.compare`).
 
-By the layering rule only the CLI and the public API import this package; it may import
-anything below it.
+By the layering rule only the CLI imports this package; it may import anything below it. What
+the public API itself runs — failure reports and reproducers (`tilefuse.failure`), verify mode
+(`tilefuse.verify_mode`) — sits with the driver, below the API.
 """

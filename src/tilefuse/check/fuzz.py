@@ -3,7 +3,7 @@
 Each case is a random `Program` (see `check.program`) run three ways — eagerly in its dtype,
 eagerly in fp64 (the reference) and through `torch.compile(backend="tilefuse",
 fullgraph=True)` with `TILEFUSE_FALLBACK=error` — and judged by the fp64 rule
-(`check.compare`). A case is `ok`, a `mismatch` (wrong numbers), an `error` (tilefuse raised),
+(`tilefuse.compare`). A case is `ok`, a `mismatch` (wrong numbers), an `error` (tilefuse raised),
 or `skipped` (eager or Dynamo rejected it: not ours). A failing case is shrunk
 (`check.shrink`) and written as a standalone script that reruns it.
 
@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from .compare import compare_outputs, to_fp64
+from ..compare import compare_outputs, to_fp64
 from .fuzz_threads import check_program_threaded
 from .outcome import Outcome, compile_failure
 from .program import Program, generate
@@ -89,7 +89,7 @@ import torch
 import torch.nn.functional as F
 
 import tilefuse
-from tilefuse.check.compare import compare_outputs, to_fp64
+from tilefuse.compare import compare_outputs, to_fp64
 
 
 {program.function_source()}
@@ -116,7 +116,7 @@ def write_reproducer(program: Program, outcome: Outcome, out_dir: str, seed: int
     """Write the reproducer to a new file in `out_dir` (created exclusively, never through a
     link: a file already there is kept, and the script gets another name unless it is that
     file's own text)."""
-    from ..runtime import trust
+    from ..cache import trust
 
     data = reproducer_source(program, outcome, seed).encode()
     os.makedirs(out_dir, exist_ok=True)

@@ -4,7 +4,7 @@ A compiled function is shared by every thread that calls it, so a launch that ke
 state where another call can reach it gives one thread another's result, or corrupts memory.
 Here the program is compiled once (on the first call, in this thread), then each of `threads`
 threads calls it `calls` times on inputs of its own, all starting together; every result is
-judged against eager on the same inputs by the fp64 rule (`check.compare`).
+judged against eager on the same inputs by the fp64 rule (`tilefuse.compare`).
 
     run_fuzz(cases=50, seed=1, threads=4)
 """
@@ -15,7 +15,7 @@ import warnings
 
 import torch
 
-from .compare import compare_outputs, to_fp64
+from ..compare import compare_outputs, to_fp64
 from .outcome import Outcome, compile_failure
 from .program import Program
 

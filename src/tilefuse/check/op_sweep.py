@@ -3,7 +3,7 @@
 
 For every OpInfo and dtype (float32, bfloat16, int64 by default) the first few sample inputs
 are compiled and run with `TILEFUSE_FALLBACK=error`, and the outputs are judged by the fp64 rule
-(`check.compare`). The compile reports (the ones `tilefuse.explain` prints) say what each graph
+(`tilefuse.compare`). The compile reports (the ones `tilefuse.explain` prints) say what each graph
 became. An (op, dtype) is, worst sample first:
 
 * `error` — tilefuse raised (a bug, unless listed in `EXPECTED` with its reason);
@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 from torch.utils import _pytree as pytree
 
-from .compare import compare_outputs, to_fp64
+from ..compare import compare_outputs, to_fp64
 from .outcome import tilefuse_error_in
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int64": torch.int64}

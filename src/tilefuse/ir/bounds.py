@@ -19,37 +19,11 @@ import math
 
 import sympy
 
+from ..errors import CheckError, DivisionByZeroError, IndexCheckError, OutOfRangeIndexError, OutOfRangeRuntimeError
 from . import dtypes as dt
 from .expr import Binary, Cast, CheckedIndex, Const, Expr, Index, Load, Unary, Where, binary, const, transform
 
 _OO = sympy.oo
-
-
-class CheckError(Exception):
-    """A generated kernel's check failed: the program's own error, as in eager PyTorch, not a
-    tilefuse failure — it propagates to the caller unchanged."""
-
-
-class IndexCheckError(CheckError):
-    """An index outside its bound, found by a generated kernel's check (or the reference
-    interpreter). It is the program's own error, as in eager PyTorch, not a tilefuse failure:
-    it propagates to the caller unchanged. The subclasses are named after the class eager
-    PyTorch raises for the op, and are instances of both `IndexError` and `RuntimeError`: the
-    op a kernel sees may come from a decomposition (`nll_loss` reaches it as `gather`), and an
-    `except` clause written for eager's class must still catch it."""
-
-
-class OutOfRangeIndexError(IndexCheckError, IndexError, RuntimeError):
-    pass
-
-
-class OutOfRangeRuntimeError(IndexCheckError, RuntimeError, IndexError):
-    pass
-
-
-class DivisionByZeroError(CheckError, RuntimeError):
-    """An integer division or remainder by zero on CPU tensors: a `RuntimeError` whose message
-    is eager's, "ZeroDivisionError" (the kernel that found it is in the exception's notes)."""
 
 
 #: the `error` of a divisor's check, and eager's message

@@ -1,1 +1,2 @@
-"""Runtime: compiled graphs (buffers, launches, extern calls) and the on-disk cache."""
+"""Runtime: compiled graphs (buffers, launches, extern calls) and what runs them; the disk cache
+is below every layer (`tilefuse.cache`)."""

@@ -24,7 +24,7 @@ from ..ir import symbolic
 from ..ir.graph import Constant, Extern, ExternResult, Graph, Input, ScalarInput, Scatter
 from ..ir.interpret import bind_result_sizes, bind_symbols, output_value, run_extern, torch_dtype
 from .profiling import profiled, profiler_enabled, step_label
-from .size_cache import SizeCache, size_key
+from ..backends.size_cache import SizeCache, size_key
 
 
 @dataclass

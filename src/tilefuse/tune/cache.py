@@ -3,7 +3,7 @@ later process (or a later graph in this one) uses it without measuring anything.
 
 This module owns the tuning key, the shape buckets that make one result serve nearby sizes,
 and the JSON record stored per key. Storage, atomic writes, checksums, locking and the
-private-directory policy are :class:`tilefuse.runtime.cache.DiskCache`'s, namespace
+private-directory policy are :class:`tilefuse.cache.disk.DiskCache`'s, namespace
 ``"tune"``; one entry holds one file, ``tuning.json``::
 
     {"format": 1, "key": "<key>", "config": {"BLOCK_M": 128, ...},
@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .. import logs
-from ..runtime.cache import DiskCache, cache_key, environment_fingerprint
+from ..cache.disk import DiskCache, cache_key, environment_fingerprint
 
 __all__ = ["FORMAT_VERSION", "NAMESPACE", "TuningCache", "shape_bucket", "tuning_key"]
 

@@ -79,7 +79,7 @@ def device_ceilings(device) -> Ceilings:
         return NOMINAL
     key = str(device)
     if key not in _ceilings:
-        from ..runtime.cache import DiskCache, cache_key, environment_fingerprint
+        from ..cache.disk import DiskCache, cache_key, environment_fingerprint
 
         cache = DiskCache("tune-ceilings")
         entry = cache.get_or_create(cache_key("ceilings", environment_fingerprint()),

@@ -36,9 +36,9 @@ import torch
 from ... import logs
 from ...config import config
 from ...ir import symbolic
-from ...runtime import scratch
-from ...runtime.cache import DiskCache
-from ...runtime.size_cache import SizeCache, size_key
+from ...cache import scratch
+from ...cache.disk import DiskCache
+from ..size_cache import SizeCache, size_key
 from ...ir.bounds import index_error
 from ...tile.ir import TileKernel, check_message, checks_of
 from . import toolchain

@@ -23,7 +23,7 @@ import threading
 import warnings
 
 from ... import logs
-from ...runtime.cache import cache_key, environment_fingerprint
+from ...cache.disk import cache_key, environment_fingerprint
 
 FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math", "-fwrapv")
 X86_64 = ("-march=native", "-mprefer-vector-width=512")
@@ -146,7 +146,7 @@ def build_key(source: str, cxx: str) -> str:
 def build(source: str, cxx: str) -> bytes:
     """Compile `source` to a shared library; returns its bytes. The work happens in a private
     temporary directory named after this process (`tilefuse-cpp-<pid>-*`), removed when the
-    build ends; a process killed meanwhile leaves it to `runtime.scratch.sweep`."""
+    build ends; a process killed meanwhile leaves it to `cache.scratch.sweep`."""
     with tempfile.TemporaryDirectory(prefix=f"tilefuse-cpp-{os.getpid()}-") as tmp:
         src, lib = os.path.join(tmp, "kernel.cpp"), os.path.join(tmp, "kernel.so")
         with open(src, "w") as f:

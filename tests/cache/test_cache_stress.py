@@ -14,8 +14,8 @@ import torch
 
 import tilefuse
 from tilefuse.backends.triton import launcher
-from tilefuse.runtime import cache as cache_mod
-from tilefuse.runtime.cache import CacheWarning
+from tilefuse.cache import disk as cache_mod
+from tilefuse.cache.disk import CacheWarning
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 

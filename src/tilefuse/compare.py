@@ -5,6 +5,9 @@ fp64 (the reference), measure eager's error and the compiled error against it, a
 when ``err_compiled <= 2 * err_eager + tol * (1 + max|ref|)``, ``tol`` being the dtype's
 tolerance. Non-finite values must sit exactly where eager has them (same infinities, NaN for
 NaN); integers and booleans must be equal.
+
+Verify mode (`verify_mode`), which the public API runs, and the correctness tooling of `check/`
+all judge by it, so it sits with the driver, below the API.
 """
 from __future__ import annotations
 

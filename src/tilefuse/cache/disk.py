@@ -17,10 +17,10 @@ Layout::
       repro/, tune-ceilings/             other directories tilefuse writes (see OWNED_DIRS)
       .size-checked                      when the size bound was last enforced
 
-:func:`root_contents` and :func:`clear_root` (``cache_admin.py``) list and clear what tilefuse
+:func:`root_contents` and :func:`clear_root` (``admin.py``) list and clear what tilefuse
 wrote under the root (``tilefuse cache info|clear``); anything else there is left alone.
-``cache_layout.py`` says which names are tilefuse's, ``cache_lock.py`` how an entry is locked,
-``cache_size.py`` how the cache stays under ``config.cache_max_bytes``, ``trust.py`` which
+``layout.py`` says which names are tilefuse's, ``entry_lock.py`` how an entry is locked,
+``size_bound.py`` how the cache stays under ``config.cache_max_bytes``, ``trust.py`` which
 files may be loaded.
 
 ``root`` defaults to ``tilefuse.config.cache_dir`` (env ``TILEFUSE_CACHE_DIR``, default
@@ -83,10 +83,11 @@ from typing import Any, Callable
 from .. import logs
 from .._version import __version__
 from ..config import config
-from . import cache_lock, cache_size, scratch, trust
-from . import cache_layout as layout
-from .cache_admin import NAMESPACES, OWNED_DIRS, RootItem, clear_root, root_contents, root_problem
-from .cache_layout import MANIFEST
+from ..errors import CacheWarning
+from . import entry_lock, scratch, size_bound, trust
+from . import layout
+from .admin import NAMESPACES, OWNED_DIRS, RootItem, clear_root, root_contents, root_problem
+from .layout import MANIFEST
 
 __all__ = [
     "CacheWarning",
@@ -107,11 +108,6 @@ FORMAT_VERSION = 1
 
 # (root, problem) pairs already warned about: each problem is reported once per process.
 _warned: set[tuple[str, str]] = set()
-
-
-class CacheWarning(UserWarning):
-    """The disk cache could not be used (I/O error, insecure directory); compilation goes on
-    without it."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -481,7 +477,7 @@ class DiskCache:
         except OSError as e:
             logs.log("cache", "cannot read %s: %s", entry, e)
             return None
-        cache_size.touch(entry / MANIFEST)
+        size_bound.touch(entry / MANIFEST)
         return out
 
     def _discard(self, entry: Path, why: str) -> None:
@@ -552,7 +548,7 @@ class DiskCache:
         finally:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
-        removed, freed = cache_size.wrote(self.root, sum(len(d) for d in files.values()), config.cache_max_bytes)
+        removed, freed = size_bound.wrote(self.root, sum(len(d) for d in files.values()), config.cache_max_bytes)
         if removed:
             logs.log("cache", "over cache_max_bytes=%d: removed the %d least recently used entries (%d bytes)",
                      config.cache_max_bytes, removed, freed)
@@ -592,14 +588,14 @@ class DiskCache:
                 except Exception as e:  # pragma: no cover - release failures are harmless
                     logs.log("cache", "releasing lock for %s failed: %s", key, e)
 
-    def _acquire_lock(self, key: str) -> cache_lock.EntryLock | None:
+    def _acquire_lock(self, key: str) -> entry_lock.EntryLock | None:
         path = self._lock_path(key)
         if self._chain_problem(path) is not None:
             return None
         what = f"{self.namespace}/{key}"
         try:
             trust.private_makedirs(path.parent)
-            lock = cache_lock.acquire(path, config.cache_lock_timeout, what, self._notice_wait)
+            lock = entry_lock.acquire(path, config.cache_lock_timeout, what, self._notice_wait)
         except OSError as e:
             logs.log("cache", "cannot lock %s (%s); building without the lock", path, e)
             return None
@@ -630,7 +626,7 @@ class DiskCache:
         if root_problem(self.root) is not None:
             return 0
         targets = self._namespace_dirs() if all_namespaces else [self.dir]
-        from .cache_admin import clear_namespace
+        from .admin import clear_namespace
 
         removed = sum(clear_namespace(ns_dir) for ns_dir in targets)
         logs.log("cache", "cleared %d entries under %s", removed, self.root)

@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import cache_layout as layout
+from . import layout
 
 #: a hit moves an entry's last use forward when it is older than this (seconds)
 TOUCH_AFTER_S = 3600.0

@@ -1,4 +1,4 @@
-"""Tests for the on-disk artifact cache (tilefuse.runtime.cache)."""
+"""Tests for the on-disk artifact cache (tilefuse.cache.disk)."""
 from __future__ import annotations
 
 import ast
@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tilefuse.runtime import cache as cache_mod
-from tilefuse.runtime.cache import CacheWarning, DiskCache, cache_key, environment_fingerprint
+from tilefuse.cache import disk as cache_mod
+from tilefuse.cache.disk import CacheWarning, DiskCache, cache_key, environment_fingerprint
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 FILES = {"kernel.py": b"def kernel():\n    return 42\n", "kernel.so": bytes(range(256)) * 8, "meta.json": b"{}"}
@@ -100,7 +100,7 @@ def test_key_other_objects_use_str_and_type():
 
 def test_key_stable_across_processes_and_hash_seeds():
     expr = 'cache_key({"b", "a", "c"}, {"z": 1, "y": frozenset({"q", "r"})}, "s")'
-    script = f"from tilefuse.runtime.cache import cache_key; print({expr})"
+    script = f"from tilefuse.cache.disk import cache_key; print({expr})"
     outs = {
         subprocess.run(
             [sys.executable, "-c", script], env=_subprocess_env(PYTHONHASHSEED=seed),
@@ -381,7 +381,7 @@ def test_permission_error_on_rename_warns_and_builds(cache, monkeypatch):
 
 
 def test_disk_full_warns_and_builds(cache, monkeypatch):
-    from tilefuse.runtime import cache as cache_mod
+    from tilefuse.cache import disk as cache_mod
 
     def full_disk(path, data):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
@@ -502,7 +502,7 @@ def test_info_and_clear(tmp_path):
 _WORKER = textwrap.dedent(
     """
     import json, os, sys, time
-    from tilefuse.runtime.cache import DiskCache
+    from tilefuse.cache.disk import DiskCache
     root, key, counter, ready_dir, me = sys.argv[1:6]
     open(os.path.join(ready_dir, me), "w").close()
     deadline = time.time() + 60

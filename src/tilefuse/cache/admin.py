@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import logs
-from . import cache_layout as layout
-from . import cache_lock, trust
+from . import entry_lock, layout, trust
 
 #: the directories tilefuse writes under the root, and what they hold, in words
 OWNED_DIRS = {
@@ -27,12 +26,12 @@ OWNED_DIRS = {
     "tune-ceilings": "measured bandwidth and compute ceilings of each GPU",  # tune/tuner.py
     "graphs": "compiled graphs: steps, launch settings and reports (kernels are in triton/ and cpu/)",  # graph_cache.py
     "triton-bin": "Triton's compiled binaries, written by older tilefuse versions (Triton now keeps its own)",
-    "repro": "reproducer scripts of failed compiles",  # check/failure.py
+    "repro": "reproducer scripts of failed compiles",  # failure.py
 }
-#: the OWNED_DIRS that are DiskCache namespaces (the entry layout of cache.py's docstring)
+#: the OWNED_DIRS that are DiskCache namespaces (the entry layout of disk.py's docstring)
 NAMESPACES = ("triton", "cpu", "tune", "tune-ceilings", "graphs")
 #: files tilefuse keeps directly in the root
-OWNED_FILES = {".size-checked": "when the cache's size was last measured"}  # cache_size.py
+OWNED_FILES = {".size-checked": "when the cache's size was last measured"}  # size_bound.py
 
 _REPRO = re.compile(r"repro_[A-Za-z0-9_.-]*\.py")
 
@@ -253,7 +252,7 @@ def _scan(directory) -> list[os.DirEntry]:
 def _remove(thing: Path, kind: str, trash_dir: Path) -> list[str] | None:
     """Remove one thing of tilefuse's: a lock only when no process holds it."""
     if kind == "lock":
-        return [] if cache_lock.remove_if_free(thing) else None
+        return [] if entry_lock.remove_if_free(thing) else None
     return layout.remove(thing, trash_dir)
 
 

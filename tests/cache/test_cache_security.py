@@ -5,7 +5,7 @@ tilefuse wrote, a wait on another process's lock says whom it waits for, tempora
 processes are swept, and the cache stays under its size bound.
 
 Other users are simulated: loose modes with chmod, another owner by replacing
-`tilefuse.runtime.trust.owner` (tests cannot rely on being root or on a second user).
+`tilefuse.cache.trust.owner` (tests cannot rely on being root or on a second user).
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ import pytest
 import torch
 
 import tilefuse
-from tilefuse.runtime import cache as cache_mod
-from tilefuse.runtime.cache import CacheWarning, DiskCache, cache_key
+from tilefuse.cache import disk as cache_mod
+from tilefuse.cache.disk import CacheWarning, DiskCache, cache_key
 
 SO = b"\x7fELF not really a library" * 10
 FILES = {"kernel.py": b"x = 'cached'\n", "kernel.so": SO}
@@ -66,7 +66,7 @@ def _optional(module: str):
 
 def _foreign(monkeypatch, *paths: Path) -> None:
     """Make `paths` look owned by another user."""
-    trust = _optional("tilefuse.runtime.trust")
+    trust = _optional("tilefuse.cache.trust")
     if trust is None:
         return
 
@@ -184,14 +184,14 @@ def _would_be_named(directory: Path, gm, args) -> Path:
     """The predictable name a reproducer of `gm` got before (repro_<name>_<hash>.py)."""
     import hashlib
 
-    from tilefuse.check.failure import reproducer_source
+    from tilefuse.failure import reproducer_source
 
     source = reproducer_source(gm, args, "t", {})
     return directory / f"repro_g_{hashlib.sha256(source.encode()).hexdigest()[:10]}.py"
 
 
 def test_reproducers_avoid_a_refused_root_and_planted_links_in_the_temp_dir(tmp_path, monkeypatch):
-    from tilefuse.check.failure import write_reproducer
+    from tilefuse.failure import write_reproducer
 
     root = tmp_path / "cache"
     root.mkdir()
@@ -212,7 +212,7 @@ def test_reproducers_avoid_a_refused_root_and_planted_links_in_the_temp_dir(tmp_
 
 
 def test_reproducers_in_a_private_root_never_follow_a_planted_link(tmp_path, monkeypatch):
-    from tilefuse.check.failure import write_reproducer
+    from tilefuse.failure import write_reproducer
 
     root = tmp_path / "cache"
     monkeypatch.setattr(tilefuse.config, "cache_dir", str(root))
@@ -230,7 +230,7 @@ def test_reproducers_in_a_private_root_never_follow_a_planted_link(tmp_path, mon
 
 
 def test_a_symlinked_repro_directory_is_not_written_through(tmp_path, monkeypatch):
-    from tilefuse.check.failure import write_reproducer
+    from tilefuse.failure import write_reproducer
 
     root = tmp_path / "cache"
     root.mkdir(mode=0o700)
@@ -333,7 +333,7 @@ def test_a_compile_with_a_refused_root_leaves_triton_s_cache_alone(tmp_path, mon
 def test_a_wait_on_another_process_s_lock_says_whom_it_waits_for(tmp_path, monkeypatch):
     import fcntl
 
-    from tilefuse.runtime import cache_lock
+    from tilefuse.cache import entry_lock
 
     c = DiskCache("test", root=tmp_path / "cache")
     key = cache_key("locked")
@@ -349,7 +349,7 @@ def test_a_wait_on_another_process_s_lock_says_whom_it_waits_for(tmp_path, monke
         stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        monkeypatch.setattr(cache_lock, "NOTICE_AFTER_S", 0.2)
+        monkeypatch.setattr(entry_lock, "NOTICE_AFTER_S", 0.2)
         t0 = time.monotonic()
         with tilefuse.config.patch(cache_lock_timeout=1):
             with pytest.warns(CacheWarning, match=rf"waiting for process {holder.pid}, which is building test/{key}"):
@@ -401,7 +401,7 @@ def test_stale_temporaries_of_killed_processes_are_swept_on_start(tmp_path, monk
     shared_tmp = tmp_path / "tmp"
     shared_tmp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(shared_tmp))
-    scratch = _optional("tilefuse.runtime.scratch")
+    scratch = _optional("tilefuse.cache.scratch")
     if scratch is not None:
         monkeypatch.setattr(scratch, "_swept", set())  # as in a new process
     dead, me = _dead_pid(), os.getpid()
@@ -453,7 +453,7 @@ def test_an_unusable_cache_leaves_no_library_copies(tmp_path, monkeypatch):
     shared_tmp = tmp_path / "tmp"
     shared_tmp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(shared_tmp))
-    scratch = _optional("tilefuse.runtime.scratch")
+    scratch = _optional("tilefuse.cache.scratch")
     if scratch is not None:
         monkeypatch.setattr(scratch, "_dir", None)  # this process's scratch directory, made anew here
     root = tmp_path / "shared"
@@ -492,7 +492,7 @@ def test_a_compile_works_in_a_directory_named_after_its_process(tmp_path, monkey
 
 
 def test_the_cache_stays_under_its_size_bound_least_recently_used_first(tmp_path, monkeypatch):
-    from tilefuse.runtime import cache_size
+    from tilefuse.cache import size_bound
 
     c = DiskCache("test", root=tmp_path / "cache")
     keys = [cache_key("sized", k) for k in range(6)]
@@ -502,24 +502,24 @@ def test_the_cache_stays_under_its_size_bound_least_recently_used_first(tmp_path
             t = time.time() - 10 * 3600 + k * 60  # written in this order, long ago
             os.utime(_entry(c, key) / "manifest.json", (t, t))
     assert c.get(keys[0]) is not None  # a hit: the oldest becomes the most recently used
-    monkeypatch.setattr(cache_size, "_written", {})
-    (c.root / cache_size.MARKER).unlink()
+    monkeypatch.setattr(size_bound, "_written", {})
+    (c.root / size_bound.MARKER).unlink()
     with tilefuse.config.patch(cache_max_bytes=4500):
         assert c.put(cache_key("sized", "new"), {"blob": bytes(1000)})
     left = {key for key in keys if _entry(c, key).is_dir()}
     assert keys[0] in left and cache_key("sized", "new") in {p.name for p in (c.root / "test").glob("*/*")}
     assert keys[1] not in left and keys[2] not in left  # the least recently used went first
     total = sum(cache_mod.layout.tree_bytes(e) for e in (c.root / "test").glob("*/*") if e.is_dir())
-    assert total <= 4500 * cache_size.LOW_WATER
+    assert total <= 4500 * size_bound.LOW_WATER
 
 
 def test_lookups_do_not_measure_the_cache(tmp_path, monkeypatch):
-    from tilefuse.runtime import cache_size
+    from tilefuse.cache import size_bound
 
     c = DiskCache("test", root=tmp_path / "cache")
     c.put(cache_key("a"), {"blob": b"x"})
     calls = []
-    monkeypatch.setattr(cache_size, "enforce", lambda *a: calls.append(a) or (0, 0))
+    monkeypatch.setattr(size_bound, "enforce", lambda *a: calls.append(a) or (0, 0))
     for _ in range(50):
         assert c.get(cache_key("a")) is not None
     assert calls == []

@@ -7,6 +7,9 @@ atomic under the GIL (an entry evicted between the two is simply not moved). A m
 its value outside any lock (two threads may both compute it: the values are equal and
 immutable) and inserts it under a lock that also drops the least recently used entries past
 the limit, so a program that calls with ever new sizes holds a bounded number of them.
+
+The launchers of both backends and the runtime's compiled graphs use it, so it sits here, below
+the runtime.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 when it diverges, find the first kernel that computes something wrong.
 
 The check runs the captured ATen graph eagerly and in fp64 and applies the fp64 rule
-(`check.compare`) to the compiled outputs. On a mismatch the compiled graph is run again with a
+(`compare`) to the compiled outputs. On a mismatch the compiled graph is run again with a
 hook that records the buffers written by every step — the state after each prefix of the
 graph's steps — and the kernels are examined in order: each kernel's outputs are recomputed by
 the reference interpreter (`ir.interpret`) from the very buffers the kernel read in the
@@ -10,6 +10,9 @@ compiled run, so an error made upstream is not blamed on a later kernel. The fir
 outputs disagree is reported with its nodes, the max error (against the interpreter from the
 same inputs, and against the interpreter run of the whole graph) and a pointer to
 `tilefuse.explain`.
+
+The public API runs it (`tilefuse.compile(..., verify=True)`), so it sits with the driver, below
+the API.
 """
 from __future__ import annotations
 
@@ -17,8 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..ir import graph as G
-from ..ir.interpret import bind_symbols, evaluate_pointwise, evaluate_reduce, run_extern, run_scatter
+from .ir import graph as G
+from .ir.interpret import bind_symbols, evaluate_pointwise, evaluate_reduce, run_extern, run_scatter
 from .compare import Mismatch, compare_outputs, compare_tensor, to_fp64
 
 
@@ -114,7 +117,7 @@ def evaluate_nodes(graph: G.Graph, want, available: dict, env: dict) -> dict:
 
 
 def _definitions(graph: G.Graph, nodes) -> list:
-    from ..ir.printer import format_graph
+    from .ir.printer import format_graph
 
     text = format_graph(graph).splitlines()
     out = []
@@ -129,7 +132,7 @@ def find_diverging_kernel(compiled, args, report=None) -> KernelDivergence | Non
     """Run `compiled` (a runtime CompiledGraph) recording each step's outputs, and return the
     first kernel whose outputs differ from the reference interpreter's values computed from the
     same inputs; None when every kernel agrees."""
-    from ..runtime.compiled import KernelStep
+    from .runtime.compiled import KernelStep
 
     graph = compiled.graph
     snapshots: dict = {}  # buffer -> value right after the step that wrote it

@@ -6,6 +6,9 @@ lowering, code generation, runtime) and the op being worked on there (the FX nod
 was called for, the kernel plan or IR node a later stage held). `write_reproducer` saves the
 failing ATen graph as a standalone script that recompiles it through tilefuse with
 `TILEFUSE_FALLBACK=error`, so the failure can be rerun outside the user's program.
+
+The public API reports every failed compile or run with it, so it sits with the driver, below
+the API.
 """
 from __future__ import annotations
 
@@ -32,8 +35,13 @@ STAGES = {
     "tilefuse.backends.cpu": "C++ code generation or build",
     "tilefuse.backends": "code generation",
     "tilefuse.runtime": "runtime",
+    "tilefuse.cache": "runtime",  # the disk cache, as the runtime uses it
     "tilefuse.compiler": "compile driver",
 }
+
+
+#: correctness tooling, not a compiler stage: its frames never name the stage
+_TOOLING = ("tilefuse.check", "tilefuse.verify_mode", "tilefuse.compare")
 
 
 @dataclass
@@ -86,7 +94,7 @@ def describe_failure(err: BaseException, phase: str = "compiling") -> Failure:
     stage, op = None, ""
     for frame in _frames(err):
         module = frame.f_globals.get("__name__", "")
-        if not module.startswith("tilefuse.") or module.startswith("tilefuse.check"):
+        if not module.startswith("tilefuse.") or module.startswith(_TOOLING):
             continue
         s = _stage_of(module)
         if s is not None and (s != "compile driver" or stage is None):
@@ -199,9 +207,9 @@ def repro_dir() -> str:
     `repro/` this user's, writable by no one else, `repro/` not a link), else a new private
     directory in the temporary directory (one per process), never a shared one."""
     global _fallback_dir
-    from ..config import config
-    from ..runtime import trust
-    from ..runtime.cache_admin import root_path, root_problem
+    from .config import config
+    from .cache import trust
+    from .cache.admin import root_path, root_problem
 
     root = root_path(config.cache_dir)
     try:
@@ -231,7 +239,7 @@ def write_reproducer(gm: torch.fx.GraphModule, args=None, title: str = "", name:
     and never through a link: an existing file is reused only when it is this user's and holds
     the same script, else the script gets a new name."""
     try:
-        from ..runtime import trust
+        from .cache import trust
 
         data = reproducer_source(gm, args, title, knobs).encode()
         directory = repro_dir()
