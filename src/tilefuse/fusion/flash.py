@@ -18,7 +18,7 @@ derive is merged; anything else keeps its three kernels.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import sympy
 
@@ -26,6 +26,7 @@ from ..ir.expr import Expr, Index, Load, free_symbols, out_index, red_index, tra
 from ..ir.graph import Graph
 from ..ir.monoid import SUM
 from ..ir.rewrite import substitute_index
+from .masking import mask_facts
 from .plan import KernelPlan, Stage
 from .repair import NoRepair, derive_rolling_update
 from .schedule import schedule_passes
@@ -164,7 +165,8 @@ def _check(out_k, red_k, f_name, side, by_node, graph, outputs, steps, note):
             return None
     flash = KernelPlan(name=out_k.name, kind="flash", parallel=out_k.parallel, reduction=(o_node.ranges[0],))
     flash.contraction = con
-    flash.flash = info
+    masked, skippable = mask_facts({s.node: info.reduce_bodies[s.node] for s in reduces}, info.a, graph)
+    flash.flash = info = replace(info, masked=masked, skippable=skippable)
     flash.stages.append(Stage(s_name, "score", score_k.stages[0].body, store=False))
     flash.stages.extend(Stage(s.node, "reduce", info.reduce_bodies[s.node], level=0, store=False, repair=s.repair)
                         for s in reduces)
@@ -195,6 +197,10 @@ class FlashInfo:
     reduce_bodies: dict  # reduction node -> body in output coordinates
     post: Expr | None = None  # row factor applied after the loop (deferred normalisation)
     guards: tuple = ()  # row conditions under which the output is 0 (PyTorch's masked-row rule)
+    #: the score expression the running max reduces, -inf where the program masks (None: no max),
+    #: and whether key tiles masked throughout may be skipped (`fusion.masking.mask_facts`)
+    masked: Expr | None = None
+    skippable: bool = False
 
 
 def _coordinates(graph, out_k, score_k, reduces, term, f_name, f_body, s_name):

@@ -22,7 +22,7 @@ from ..fusion.plan import KernelPlan
 from ..fusion.planner import unravel_sym
 from ..ir.expr import Const, Index, Load, Var, binary, cast, out_index, red_index, where
 from ..ir.graph import Graph
-from ..ir.monoid import ANY, MAX, MIN, SUM, Monoid
+from ..ir.monoid import SUM
 from .builder import KernelBuilder, contiguous_strides, land
 from .ir import Arange, Assign, DotTile, For, Full, ProgramId, ReduceTile, Scratch, TileKernel
 from .family import KernelFamily
@@ -101,7 +101,7 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
     acc = Var(b.fresh("acc"), accd)
     b.emit(Full(acc.name, ("BLOCK_M", "BLOCK_DN"), 0.0, accd))
 
-    start, stop = _live_keys(info, reduces, graph, outs[con.m_dim], r0, N)
+    start, stop = _live_keys(info, outs[con.m_dim], r0, N)
     if (start != 0 or stop != N) and splits == 1:
         plan.notes.append(f"{o_node.name}: key tiles outside [{start}, {stop}) are fully masked for the "
                           f"row block and skipped")
@@ -183,7 +183,7 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
             b.emit(u)
         b.pop_block()
 
-    interior = _interior_keys(info, reduces, graph, outs[con.m_dim], r0, start, stop, bn)
+    interior = _interior_keys(info, outs[con.m_dim], r0, start, stop, bn)
     if interior is None:
         key_loop(start, stop, lambda e: e)
     else:
@@ -464,17 +464,16 @@ def lower_flash_merge(graph: Graph, plan: KernelPlan, options: LoweringOptions, 
                       reads=b.reads, writes=b.writes, kind="flash-merge", plan=plan)
 
 
-def _interior_keys(info, reduces, graph, row, key, start, stop, bn):
+def _interior_keys(info, row, key, start, stop, bn):
     """(first, last, edit): the tile-aligned key range [first, last) inside [start, stop) where
     the program's mask holds for no row of the block, and the rewrite that drops the mask from
     the bodies there — or None when the mask is not exactly a set of unit-linear bounds."""
-    from .masking import HI, LO, full_key_range, unmasked
+    from ..fusion.masking import HI, LO, full_key_range, unmasked
     from ..ir.expr import transform
 
-    maxes = [st for st in reduces if graph[st.node].combiner == MAX]
-    if not maxes:
+    masked = info.masked
+    if masked is None:
         return None
-    masked = info.reduce_bodies[maxes[0].node]
     full = full_key_range(masked, row, key)
     if full is None:
         return None
@@ -491,41 +490,6 @@ def _interior_keys(info, reduces, graph, row, key, start, stop, bn):
     return first, last, lambda e: transform(e, lambda n: live if n == masked else None)
 
 
-def _vanishes_when_masked(body, masked, m: Monoid) -> bool:
-    """A skipped key tile must contribute the combiner's identity to `body`: the body reads the
-    scores only through the masked score expression, and where that is -inf it evaluates to
-    the identity (checked on random values of everything else, e.g. exp(-inf - m) == 0)."""
-    import random
-
-    import torch
-
-    from ..ir.expr import Load, transform, walk
-    from ..ir.interpret import Evaluator
-
-    scores = {e.buffer for e in walk(masked) if isinstance(e, Load)}
-    placeholder = Var("__masked__", masked.dtype)
-    hidden = transform(body, lambda e: placeholder if e == masked else None)
-    if any(isinstance(e, Load) and e.buffer in scores for e in walk(hidden)):
-        return False
-    if m not in (SUM, ANY, MAX, MIN):  # (prod, all and the arg-reductions are not checked)
-        return False
-    ident = float(m.identity(body.dtype))
-    rng = random.Random(0)
-    for _ in range(3):
-        def leaf(e):
-            if e is placeholder or e == placeholder:
-                return Const(float("-inf"), e.dtype)
-            if isinstance(e, (Load, Index)) and not isinstance(e, Var):
-                v = rng.uniform(-4, 4)
-                return Const(v if e.dtype.is_float else int(v), e.dtype) if not e.dtype.is_bool else Const(v > 0, e.dtype)
-            return None
-
-        value = Evaluator({}, {})(transform(hidden, leaf))
-        if float(torch.as_tensor(value).double()) != ident:
-            return False
-    return True
-
-
 def _finished(value, node):
     """A carried value as the reduction's result dtype (any/all accumulate as int32)."""
     if node.combiner.logical:
@@ -533,18 +497,14 @@ def _finished(value, node):
     return cast(value, node.dtype)
 
 
-def _live_keys(info, reduces, graph, row, key, N):
+def _live_keys(info, row, key, N):
     """The key range a block of query rows must visit (block skipping of masked tiles)."""
-    from .masking import HI, LO, live_key_range
+    from ..fusion.masking import HI, LO, live_key_range
 
     start, stop = sympy.Integer(0), N
-    maxes = [st for st in reduces if graph[st.node].combiner == MAX]
-    if not maxes:
-        return start, stop
-    masked = info.reduce_bodies[maxes[0].node]
-    others = [(info.reduce_bodies[st.node], graph[st.node].combiner) for st in reduces if st is not maxes[0]]
-    if not all(_vanishes_when_masked(body, masked, m) for body, m in others + [(info.a, SUM)]):
-        return start, stop  # some reduction still needs the masked keys: skip nothing
+    masked = info.masked
+    if masked is None or not info.skippable:
+        return start, stop  # no mask, or some reduction still needs the masked keys: skip nothing
     lower, upper = live_key_range(masked, row, key)
     lo = tile_symbol("pid") * tile_symbol("BLOCK_M")
     if lower is not None:

@@ -1,5 +1,7 @@
 """Block skipping: which key tiles a block of query rows can skip because the program's own
-mask makes every score in them -inf.
+mask makes every score in them -inf — the analysis, done once when attention is fused
+(`mask_facts`, recorded on the plan's `FlashInfo`); the flash lowering turns its bounds into
+the kernel's loop range.
 
 The score reduction's body (the running max's input) is inspected for the form
 `where(cond(i, j), -inf, score)`; each disjunct of `cond` that is linear in the query row `i`
@@ -10,9 +12,12 @@ unchanged; conditions of any other shape simply skip nothing.
 """
 from __future__ import annotations
 
+import random
+
 import sympy
 
-from ..ir.expr import Binary, Cast, Const, Expr, Index, Where
+from ..ir.expr import Binary, Cast, Const, Expr, Index, Load, Var, Where, transform, walk
+from ..ir.monoid import ANY, MAX, MIN, SUM, Monoid
 
 _REL = {"gt": sympy.StrictGreaterThan, "ge": sympy.GreaterThan, "lt": sympy.StrictLessThan, "le": sympy.LessThan}
 
@@ -223,4 +228,50 @@ def _cast(e: Expr, dtype):
 LO = sympy.Symbol("LO", integer=True)
 HI = sympy.Symbol("HI", integer=True)
 
-__all__ = ["live_key_range", "full_key_range", "unmasked", "masked_condition", "LO", "HI"]
+def vanishes_when_masked(body: Expr, masked: Expr, m: Monoid) -> bool:
+    """A skipped key tile must contribute the combiner's identity to `body`: the body reads the
+    scores only through the masked score expression, and where that is -inf it evaluates to
+    the identity (checked on random values of everything else, e.g. exp(-inf - m) == 0)."""
+    import torch
+
+    from ..ir.interpret import Evaluator
+
+    scores = {e.buffer for e in walk(masked) if isinstance(e, Load)}
+    placeholder = Var("__masked__", masked.dtype)
+    hidden = transform(body, lambda e: placeholder if e == masked else None)
+    if any(isinstance(e, Load) and e.buffer in scores for e in walk(hidden)):
+        return False
+    if m not in (SUM, ANY, MAX, MIN):  # (prod, all and the arg-reductions are not checked)
+        return False
+    ident = float(m.identity(body.dtype))
+    rng = random.Random(0)
+    for _ in range(3):
+        def leaf(e):
+            if e is placeholder or e == placeholder:
+                return Const(float("-inf"), e.dtype)
+            if isinstance(e, (Load, Index)) and not isinstance(e, Var):
+                v = rng.uniform(-4, 4)
+                return Const(v if e.dtype.is_float else int(v), e.dtype) if not e.dtype.is_bool else Const(v > 0, e.dtype)
+            return None
+
+        value = Evaluator({}, {})(transform(hidden, leaf))
+        if float(torch.as_tensor(value).double()) != ident:
+            return False
+    return True
+
+
+def mask_facts(reduce_bodies: dict, weights: Expr, graph) -> tuple[Expr | None, bool]:
+    """(masked, skippable) of an attention-shaped kernel: `masked` is the score expression the
+    running max reduces (the first max reduction's body, where the program's mask writes -inf;
+    None without a max), and `skippable` whether a key tile where it is -inf everywhere may be
+    skipped: every other reduction's body and the output's `weights` contribute their identity
+    there (`vanishes_when_masked`)."""
+    maxes = [node for node in reduce_bodies if graph[node].combiner == MAX]
+    if not maxes:
+        return None, False
+    masked = reduce_bodies[maxes[0]]
+    others = [(body, graph[node].combiner) for node, body in reduce_bodies.items() if node != maxes[0]]
+    return masked, all(vanishes_when_masked(body, masked, m) for body, m in others + [(weights, SUM)])
+
+
+__all__ = ["mask_facts", "vanishes_when_masked", "live_key_range", "full_key_range", "unmasked", "masked_condition", "LO", "HI"]
