@@ -24,7 +24,7 @@ from .frontend.to_ir import lower_fx
 from .fusion import ExternStep, plan_graph
 from .fusion.layout import assign_layouts
 from .fusion.naming import kernel_origin
-from .fusion.plan import KernelPlan, Stage
+from .fusion.plan import KernelPlan, PlanKind, Stage, StageKind
 from .ir.expr import Load, walk
 from .ir.verify import verify
 from .passes import run_passes
@@ -36,7 +36,7 @@ from .runtime.aten_matmul import AtenMatmul
 from .tile.matmul_views import describe as describe_matmul
 from .tile.matmul_views import matmul_views, product_views
 from .tile.fit import fit_kernels
-from .tile.ir import without_checks
+from .tile.ir import KernelKind, without_checks
 from .tile.variants import all_kernels
 from .tile.verify import verify_tile_kernel
 from .progress import CompileProgress
@@ -243,7 +243,7 @@ def _compile_steps(graph, schedule, options, device, backend: str, report, stage
             logs.log("tile", "%s", tk)
             source, launcher = _generate_and_load(tk, backend, step, stage, getattr(fits, "source", None))
             precompile_kernel(graph, tk, launcher)  # Triton: compiling in a worker while the next plans lower
-            kind = step.kind if tk.kind != "flash-merge" else "flash-merge"
+            kind = step.kind if tk.kind != KernelKind.FLASH_MERGE else tk.kind
             reports.append(KernelReport(tk.name, kind, step.members, source, str(tk), step.notes,
                                         tuned.seconds if tk is tks[0] else 0.0))
             built.append((tk, source, launcher))
@@ -395,9 +395,9 @@ def _replaced(step, fitted, options, tuned, misfits: dict) -> None:
     what = fitted.describe()
     step.notes.append(what)
     knob = None
-    if tuned.config is None and step.kind == "flash" and options.flash_config:
+    if tuned.config is None and step.kind == PlanKind.FLASH and options.flash_config:
         knob = "flash_config"
-    elif tuned.config is None and step.kind == "reduction" and fitted.replaced.get("persistent") and \
+    elif tuned.config is None and step.kind == PlanKind.REDUCTION and fitted.replaced.get("persistent") and \
             options.persistent_reduction_limit != KNOBS["persistent_reduction_limit"].default:
         knob = "persistent_reduction_limit"
     if knob is not None:
@@ -466,18 +466,18 @@ def _cpu_epilogue_split(graph, plan):
     generated kernel applies before its epilogue); the epilogue, whose stages read the product
     at their own position, becomes a pointwise kernel reading that buffer. Epilogue stages that
     read one another stay in the generated kernel (a pointwise plan reads no member)."""
-    if plan.kind != "contraction" or len(plan.stages) < 2 or plan.flash is not None or matmul_views(graph, plan):
+    if plan.kind != PlanKind.CONTRACTION or len(plan.stages) < 2 or plan.flash is not None or matmul_views(graph, plan):
         return None  # (a plain product, reshaped or not, is one ATen call already)
     epilogue = plan.stages[1:]
     names = {st.node for st in epilogue}
-    if any(st.kind != "row" or {e.buffer for e in walk(st.body) if isinstance(e, Load)} & names for st in epilogue):
+    if any(st.kind != StageKind.ROW or {e.buffer for e in walk(st.body) if isinstance(e, Load)} & names for st in epilogue):
         return None
     views = product_views(graph, plan)
     if views is None or config.matmul != "auto" or not _cpu_prefers_aten(views):
         return None
     product = graph[plan.stages[0].node]
-    stages = [Stage(st.node, "pointwise", st.body, store=True) for st in epilogue]
-    return views, KernelPlan(f"{plan.name}_epilogue", "pointwise", sympy.Mul(*product.shape), stages=stages,
+    stages = [Stage(st.node, StageKind.POINTWISE, st.body, store=True) for st in epilogue]
+    return views, KernelPlan(f"{plan.name}_epilogue", PlanKind.POINTWISE, sympy.Mul(*product.shape), stages=stages,
                              notes=[f"epilogue of {plan.name} after its product {product.name} (ATen)"])
 
 

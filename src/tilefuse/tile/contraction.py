@@ -10,7 +10,7 @@ import math
 
 import sympy
 
-from ..fusion.plan import KernelPlan
+from ..fusion.plan import KernelPlan, PlanKind
 from ..fusion.planner import unravel_sym
 from ..ir.expr import Cast, Const, Expr, Index, Load, Var, cast, out_index, red_index, where
 from ..ir.graph import Graph
@@ -18,7 +18,8 @@ from .builder import KernelBuilder, contiguous_strides, land
 from .common import (LoweringOptions, bound_check, dot_accumulator, dot_operand, index_values, lane_ranges, mapped,
                      needs_int64, pow2, static_int, tile_symbol)
 from .family import KernelFamily
-from .ir import Arange, DescriptorLoad, DotTile, For, Full, Let, MakeDescriptor, ProgramId, TileKernel
+from .ir import (Arange, DescriptorLoad, DotTile, For, Full, KernelKind, Let, MakeDescriptor, ProgramId,
+                 TileKernel)
 from .roofline import concurrency, tile_efficiency
 from .space import SMEM_PER_BLOCK, ScheduleSpace, shrink_dot_tiles
 
@@ -109,7 +110,7 @@ def contraction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
                 return tiles(cfg)
     return ScheduleSpace("contraction", knobs, default, sizes=sizes, itemsize=item, valid=valid,
                          families=tuple(k for k in ("impl", "persistent") if k in knobs),
-                         plan_kind="contraction")
+                         plan_kind=PlanKind.CONTRACTION)
 
 
 def lower_contraction(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> TileKernel:
@@ -234,7 +235,7 @@ def lower_contraction(graph: Graph, plan: KernelPlan, options: LoweringOptions) 
     grid = (sympy.Min(tile_symbol("NUM_SMS"), num_m * num_n), 1) if persistent else (num_m * num_n, nbatch)
     return TileKernel(plan.name, b.finish_params(), cfg, numel=M * N * nbatch, grid=grid, body=b.body,
                       num_warps=warps, num_stages=stages, reads=b.reads, writes=b.writes,
-                      kind="contraction", plan=plan)
+                      kind=KernelKind.CONTRACTION, plan=plan)
 
 
 def _described(graph: Graph, plan: KernelPlan):
@@ -300,7 +301,7 @@ def _kernels(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> list[T
     return [lower_contraction(graph, plan, options)]
 
 
-FAMILY = KernelFamily("contraction", lower=_kernels, space=contraction_space, config=current_contraction_config,
+FAMILY = KernelFamily(PlanKind.CONTRACTION, lower=_kernels, space=contraction_space, config=current_contraction_config,
                       shrink=shrink_contraction, cost=contraction_time)
 
 __all__ = ["FAMILY", "lower_contraction", "contraction_rules", "contraction_space", "current_contraction_config",

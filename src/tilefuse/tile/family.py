@@ -12,11 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from ..fusion.plan import PlanKind
+
 
 @dataclass(frozen=True)
 class KernelFamily:
     #: the `KernelPlan.kind` this family lowers
-    kind: str
+    kind: PlanKind
     #: `(graph, plan, options)` → the plan's tile kernels (one, or a split kernel and its merge)
     lower: Callable
     #: `(graph, plan, options)` → the plan's `ScheduleSpace` (None: nothing to tune)

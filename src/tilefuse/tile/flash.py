@@ -18,13 +18,13 @@ import math
 import sympy
 
 from ..fusion.flash import K0
-from ..fusion.plan import KernelPlan
+from ..fusion.plan import KernelPlan, PlanKind, StageKind
 from ..fusion.planner import unravel_sym
 from ..ir.expr import Const, Index, Load, Var, binary, cast, out_index, red_index, where
 from ..ir.graph import Graph
 from ..ir.monoid import ANY, MAX, MIN, SUM, Monoid
 from .builder import KernelBuilder, contiguous_strides, land
-from .ir import Arange, Assign, DotTile, For, Full, ProgramId, ReduceTile, Scratch, TileKernel
+from .ir import Arange, Assign, DotTile, For, Full, KernelKind, ProgramId, ReduceTile, Scratch, TileKernel
 from .family import KernelFamily
 from .common import (LoweringOptions, bound_check, combine, dot_accumulator, dot_operand, full_tile, identity_const,
                      index_values, lane_ranges, mapped, needs_int64, pow2, rebase, static_int, tile_symbol)
@@ -47,11 +47,11 @@ def lower_flash_kernels(graph: Graph, plan: KernelPlan, options: LoweringOptions
 def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits: int = 1) -> TileKernel:
     info = plan.flash
     con = plan.contraction
-    stages = {st.kind: st for st in plan.stages if st.kind in ("score", "contraction")}
-    reduces = [st for st in plan.stages if st.kind == "reduce"]
-    o_stage = stages["contraction"]
+    stages = {st.kind: st for st in plan.stages if st.kind in (StageKind.SCORE, StageKind.CONTRACTION)}
+    reduces = [st for st in plan.stages if st.kind == StageKind.REDUCE]
+    o_stage = stages[StageKind.CONTRACTION]
     o_node = graph[o_stage.node]
-    s_node = graph[stages["score"].node]
+    s_node = graph[stages[StageKind.SCORE].node]
     M, DN, N = o_node.shape[con.m_dim], o_node.shape[con.n_dim], o_node.ranges[0]
     DK = info.score_extent
     batch_shape = tuple(o_node.shape[d] for d in con.batch_dims)
@@ -210,14 +210,14 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
                           f"states merged by {plan.name}_merge with the same rolling updates")
         return TileKernel(kname, b.finish_params(), cfg, numel=M * DN * nbatch,
                           grid=(sympy.ceiling(M / tile_symbol("BLOCK_M")), nbatch, splits), body=b.body, num_warps=warps,
-                          num_stages=stages, reads=b.reads, writes=b.writes, kind="flash",
+                          num_stages=stages, reads=b.reads, writes=b.writes, kind=KernelKind.FLASH,
                           plan=plan, scratch=scratch)
     for st in reduces:
         b.bound[st.node] = b.let(_finished(state[st.node], graph[st.node]), "red")
     _finish(b, graph, plan, acc, rm, rn, m_ok, omask, coords, at)
     return TileKernel(plan.name, b.finish_params(), cfg, numel=M * DN * nbatch,
                       grid=(sympy.ceiling(M / tile_symbol("BLOCK_M")), nbatch), body=b.body, num_warps=warps,
-                      num_stages=stages, reads=b.reads, writes=b.writes, kind="flash",
+                      num_stages=stages, reads=b.reads, writes=b.writes, kind=KernelKind.FLASH,
                       plan=plan)
 
 
@@ -229,7 +229,7 @@ def _accumulator(plan: KernelPlan):
 
 def _flash_sizes(graph: Graph, plan: KernelPlan) -> tuple:
     con = plan.contraction
-    o_node = graph[next(st.node for st in plan.stages if st.kind == "contraction")]
+    o_node = graph[next(st.node for st in plan.stages if st.kind == StageKind.CONTRACTION)]
     M, DN, N = o_node.shape[con.m_dim], o_node.shape[con.n_dim], o_node.ranges[0]
     DK = plan.flash.score_extent
     batch = tuple(o_node.shape[d] for d in con.batch_dims)
@@ -287,7 +287,8 @@ def flash_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
 
     nbatch = static_int(sympy.Mul(*batch)) if batch else 1
     sizes = {"M": rows, "N": static_int(N), "D": max(dn, dk), "batch": nbatch}
-    return ScheduleSpace("flash", knobs, default, sizes=sizes, itemsize=item, valid=valid, plan_kind="flash")
+    return ScheduleSpace("flash", knobs, default, sizes=sizes, itemsize=item, valid=valid,
+                         plan_kind=PlanKind.FLASH)
 
 
 def _default_config(low_precision: bool, head_block: int, rows, options: LoweringOptions) -> tuple:
@@ -332,9 +333,9 @@ def _coordinates(con, o_node, batch_vals):
 def _finish(b: KernelBuilder, graph: Graph, plan: KernelPlan, acc, rm, rn, m_ok, omask, coords, at) -> None:
     """After the key loop: the deferred row factor and guards, the output store, epilogues."""
     info = plan.flash
-    o_stage = next(st for st in plan.stages if st.kind == "contraction")
+    o_stage = next(st for st in plan.stages if st.kind == StageKind.CONTRACTION)
     o_node = graph[o_stage.node]
-    epilogues = [st for st in plan.stages if st.kind == "row"]
+    epilogues = [st for st in plan.stages if st.kind == StageKind.ROW]
     outs = out_index(o_node.rank)
     total = acc
     if info.post is not None:
@@ -368,7 +369,7 @@ def split_factor(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> in
     if options.interpret or options.sm_count <= 0:
         return 1
     con = plan.contraction
-    o_node = graph[next(st.node for st in plan.stages if st.kind == "contraction")]
+    o_node = graph[next(st.node for st in plan.stages if st.kind == StageKind.CONTRACTION)]
     M, N = static_int(o_node.shape[con.m_dim]), static_int(o_node.ranges[0])
     nbatch = static_int(sympy.Mul(*(o_node.shape[d] for d in con.batch_dims)))
     if None in (M, N, nbatch):
@@ -409,8 +410,8 @@ def lower_flash_merge(graph: Graph, plan: KernelPlan, options: LoweringOptions, 
     combine the producers (max ...), re-base every repaired partial sum onto the combined
     values with its derived h, sum over the splits, then finish as the flash kernel does."""
     con = plan.contraction
-    reduces = [st for st in plan.stages if st.kind == "reduce"]
-    o_stage = next(st for st in plan.stages if st.kind == "contraction")
+    reduces = [st for st in plan.stages if st.kind == StageKind.REDUCE]
+    o_stage = next(st for st in plan.stages if st.kind == StageKind.CONTRACTION)
     o_node = graph[o_stage.node]
     M, DN = o_node.shape[con.m_dim], o_node.shape[con.n_dim]
     batch_shape = tuple(o_node.shape[d] for d in con.batch_dims)
@@ -461,7 +462,7 @@ def lower_flash_merge(graph: Graph, plan: KernelPlan, options: LoweringOptions, 
     _finish(b, graph, plan, acc, rm, rn, None, n_ok, coords, at)
     return TileKernel(f"{plan.name}_merge", b.finish_params(), {"BLOCK_S": bs, "BLOCK_DN": dn}, numel=M * DN * nbatch,
                       grid=(M, nbatch), body=b.body, num_warps=4 if dn >= 128 else 2, num_stages=1,
-                      reads=b.reads, writes=b.writes, kind="flash-merge", plan=plan)
+                      reads=b.reads, writes=b.writes, kind=KernelKind.FLASH_MERGE, plan=plan)
 
 
 def _interior_keys(info, reduces, graph, row, key, start, stop, bn):
@@ -592,7 +593,7 @@ def flash_time(space, cfg, c) -> float:
     return max(t_compute, t_memory) * (1.0 + 0.15 / stages) + 3e-6 + merge
 
 
-FAMILY = KernelFamily("flash", lower=lower_flash_kernels, space=flash_space, config=current_flash_config,
+FAMILY = KernelFamily(PlanKind.FLASH, lower=lower_flash_kernels, space=flash_space, config=current_flash_config,
                       shrink=shrink_flash, cost=flash_time, tuned_on_cpu=False)
 
 __all__ = ["FAMILY", "lower_flash", "lower_flash_kernels", "lower_flash_merge", "split_factor", "choose_splits",

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import sympy
 
-from ..fusion.plan import KernelPlan
+from ..fusion.plan import KernelPlan, PlanKind, StageKind
 from ..ir.expr import Const, Index, binary, out_index
 from ..ir.graph import Graph
 from .builder import KernelBuilder, land
 from .common import LoweringOptions, bound_check, index_values, mapped, needs_int64, pow2, static_int, tile_symbol
 from .family import KernelFamily
-from .ir import Arange, ProgramId, TileKernel
+from .ir import Arange, KernelKind, ProgramId, TileKernel
 from .roofline import memory_time
 from .space import ScheduleSpace, halved, memory_bytes, warps_within
 
@@ -38,11 +38,12 @@ def pointwise_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
         knobs = {"XBLOCK": tuple(x for x in (512, 1024, 2048, 4096, 8192) if x <= cap) or (cap,), "warps": (1,)}
         return ScheduleSpace("memory", knobs, pointwise_rules(plan, options),
                              sizes={"programs": n, "rows": n, "R": 1, "bytes": memory_bytes(graph, plan)},
-                             plan_kind="pointwise")
+                             plan_kind=PlanKind.POINTWISE)
     knobs = {"XBLOCK": tuple(x for x in (256, 512, 1024, 2048, 4096) if x <= cap) or (cap,), "warps": (2, 4, 8)}
     return ScheduleSpace("memory", knobs, pointwise_rules(plan, options),
                          sizes={"programs": n, "rows": n, "R": 1, "bytes": memory_bytes(graph, plan)},
-                         valid=lambda cfg: cfg["XBLOCK"] >= 32 * cfg["warps"], plan_kind="pointwise")
+                         valid=lambda cfg: cfg["XBLOCK"] >= 32 * cfg["warps"],
+                         plan_kind=PlanKind.POINTWISE)
 
 
 def lower_pointwise(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> TileKernel:
@@ -60,7 +61,7 @@ def lower_pointwise(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
     xmask = bound_check(b, x, n, block, "xmask")
     for st in plan.stages:
         node = graph[st.node]
-        if st.kind == "scatter":
+        if st.kind == StageKind.SCATTER:
             _store_scattered(b, graph, st, x, n, xmask)
             continue
         vals = index_values(node.shape, x, {x: n})
@@ -68,7 +69,7 @@ def lower_pointwise(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
         b.store(node.name, tuple(Index(e) for e in vals), v, xmask)
     return TileKernel(plan.name, b.finish_params(), {"XBLOCK": block}, numel=n,
                       grid=(sympy.ceiling(n / tile_symbol("XBLOCK")),), body=b.body, num_warps=warps,
-                      reads=b.reads, writes=b.writes, kind="pointwise", plan=plan)
+                      reads=b.reads, writes=b.writes, kind=KernelKind.POINTWISE, plan=plan)
 
 
 def _store_scattered(b: KernelBuilder, graph: Graph, st, x, n, xmask) -> None:
@@ -108,7 +109,7 @@ def _kernels(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> list[T
     return [lower_pointwise(graph, plan, options)]
 
 
-FAMILY = KernelFamily("pointwise", lower=_kernels, space=pointwise_space, config=current_pointwise_config,
+FAMILY = KernelFamily(PlanKind.POINTWISE, lower=_kernels, space=pointwise_space, config=current_pointwise_config,
                       shrink=shrink_pointwise, cost=memory_time)
 
 __all__ = ["FAMILY", "lower_pointwise", "pointwise_rules", "pointwise_space", "current_pointwise_config",

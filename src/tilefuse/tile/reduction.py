@@ -29,7 +29,7 @@ from dataclasses import replace
 
 import sympy
 
-from ..fusion.plan import KernelPlan, Stage
+from ..fusion.plan import KernelPlan, PlanKind, Stage, StageKind
 from ..fusion.schedule import schedule_stages
 from ..ir import dtypes as dt
 from ..ir.expr import Const, Expr, Index, Load, Var, binary, cast, out_index, red_index, unary, walk, where
@@ -37,7 +37,8 @@ from ..ir.printer import format_expr
 from ..ir.graph import Graph
 from ..ir.monoid import SUM, Monoid
 from .builder import KernelBuilder, land
-from .ir import Arange, ArgReduceTile, Assign, For, Full, Let, LoadTile, ProgramId, ReduceTile, TileKernel, expr_names
+from .ir import (Arange, ArgReduceTile, Assign, For, Full, KernelKind, Let, LoadTile, ProgramId, ReduceTile, TileKernel,
+                 expr_names)
 from .common import (LoweringOptions, bound_check, combine, full_tile, identity_const, index_values, mapped, masked,
                      needs_int64, pow2, rebase, static_int, tile_symbol)
 from .family import KernelFamily
@@ -106,7 +107,7 @@ def reduction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
             knobs = {"RBLOCK": (1024, 2048, 4096, 8192), "warps": (1,)}
         return ScheduleSpace("memory", knobs, {k: rules[k] for k in knobs},
                              sizes={"programs": P, "rows": P, "R": R, "bytes": memory_bytes(graph, plan)},
-                             plan_kind="reduction")
+                             plan_kind=PlanKind.REDUCTION)
     if rules["persistent"]:
         rb = rules["RBLOCK"]
         # the row held whole, or (for long rows) walked in tiles with a second pass re-reading
@@ -130,7 +131,7 @@ def reduction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     default = {k: rules[k] for k in knobs}
     return ScheduleSpace("memory", knobs, default,
                          sizes={"programs": P, "rows": P, "R": R, "bytes": memory_bytes(graph, plan)},
-                         valid=valid, families=families, plan_kind="reduction")
+                         valid=valid, families=families, plan_kind=PlanKind.REDUCTION)
 
 
 def lower_reduction(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> TileKernel:
@@ -176,21 +177,21 @@ def _lower(graph: Graph, plan: KernelPlan, options: LoweringOptions, cfg: dict) 
     for st in plan.stages:
         if st.repair is not None and (st.node in repaired or st.node in expanded):
             plan.notes.append(f"{st.node}: carried in pass {level[st.node]} with {st.repair.describe()}")
-    reduces = [s for s in plan.stages if s.kind == "reduce"]
-    passes = 1 + max([level[s.node] for s in plan.stages if s.kind != "row"], default=0)
+    reduces = [s for s in plan.stages if s.kind == StageKind.REDUCE]
+    passes = 1 + max([level[s.node] for s in plan.stages if s.kind != StageKind.ROW], default=0)
 
     def body_of(st: Stage):
         node = graph[st.node]
-        if st.kind == "reduce":
+        if st.kind == StageKind.REDUCE:
             xi = index_values(node.shape, x, sym_ranges)
             ri = index_values(node.ranges, r, sym_ranges)
             return mapped(mapped(st.body, out_index(node.rank), xi), red_index(len(node.ranges)), ri)
-        flat = x if st.kind == "row" else x * Rn + r
+        flat = x if st.kind == StageKind.ROW else x * Rn + r
         return mapped(st.body, out_index(node.rank), index_values(node.shape, flat, sym_ranges))
 
     def out_index_of(st: Stage):
         node = graph[st.node]
-        flat = x * Rn + r if st.kind == "full" else x
+        flat = x * Rn + r if st.kind == StageKind.FULL else x
         return tuple(Index(e) for e in index_values(node.shape, flat, sym_ranges))
 
     def finish(st: Stage, value: Var) -> None:
@@ -204,7 +205,7 @@ def _lower(graph: Graph, plan: KernelPlan, options: LoweringOptions, cfg: dict) 
         for st in plan.stages:
             if st.node in expanded and level[st.node] == after_pass:
                 finish(st, moments.combine(st))
-            elif st.kind == "row" and level[st.node] == after_pass:
+            elif st.kind == StageKind.ROW and level[st.node] == after_pass:
                 v = b.value(body_of(st), mask=xmask)
                 b.bound[st.node] = v
                 if st.store:
@@ -228,7 +229,7 @@ def _lower(graph: Graph, plan: KernelPlan, options: LoweringOptions, cfg: dict) 
         if p > 0:
             row_stages(p - 1)
         in_pass = [s for s in reduces if level[s.node] == p]
-        fulls = [s for s in plan.stages if s.kind == "full" and level[s.node] == p]
+        fulls = [s for s in plan.stages if s.kind == StageKind.FULL and level[s.node] == p]
         if persistent:
             if p == 0:
                 b.emit(Arange("rindex", Index(sympy.Integer(0)), "RBLOCK", 1, 2))
@@ -249,7 +250,7 @@ def _lower(graph: Graph, plan: KernelPlan, options: LoweringOptions, cfg: dict) 
         _eviction_hints(b.body)
     return TileKernel(plan.name, b.finish_params(), {"XBLOCK": xblock, "RBLOCK": rblock}, numel=P,
                       grid=(sympy.ceiling(P / tile_symbol("XBLOCK")),), body=b.body, num_warps=warps,
-                      reads=b.reads, writes=b.writes, kind="reduction", plan=plan)
+                      reads=b.reads, writes=b.writes, kind=KernelKind.REDUCTION, plan=plan)
 
 
 def _eviction_hints(body: list) -> None:
@@ -462,7 +463,7 @@ class _Moments:
             if name in needed or name not in members or self.level[name] != p:
                 continue
             needed.add(name)
-            if members[name].kind == "row":
+            if members[name].kind == StageKind.ROW:
                 todo += [e.buffer for e in walk(members[name].body) if isinstance(e, Load)]
         return needed
 
@@ -482,13 +483,13 @@ class _Moments:
             if st.node not in needed:
                 continue
             node = graph[st.node]
-            if st.kind == "row":
+            if st.kind == StageKind.ROW:
                 reads = {e.buffer for e in walk(st.body) if isinstance(e, Load) and e.buffer in self.level}
                 if all(d in est or self.level[d] < p for d in reads):
                     b.bound.update(est)
                     est[st.node] = b.value(self.body_of(st), mask=self.xmask)
                 continue
-            if (st.kind != "reduce" or st.node in self.repaired or st.node in self.expanded
+            if (st.kind != StageKind.REDUCE or st.node in self.repaired or st.node in self.expanded
                     or not (node.combiner == SUM or node.combiner.extremum) or not st.body.dtype.is_float):
                 continue
             v = b.value(self.mapped(st, st.body, rf), mask=mask)
@@ -532,7 +533,7 @@ def _kernels(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> list[T
     return [lower_reduction(graph, plan, options)]
 
 
-FAMILY = KernelFamily("reduction", lower=_kernels, space=reduction_space, config=current_reduction_config,
+FAMILY = KernelFamily(PlanKind.REDUCTION, lower=_kernels, space=reduction_space, config=current_reduction_config,
                       shrink=shrink_reduction, cost=memory_time)
 
 __all__ = ["FAMILY", "lower_reduction", "reduction_rules", "reduction_space", "current_reduction_config",

@@ -14,6 +14,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..fusion.plan import PlanKind
+
 
 @dataclass
 class ScheduleSpace:
@@ -30,7 +32,7 @@ class ScheduleSpace:
     #: the plan kind whose family declared the space (`tile.registry`): its cost prices it.
     #: (`kind` names the cost class — "memory", "contraction", "flash" — that the tuning
     #: budget and the tuning cache's records go by.)
-    plan_kind: str = ""
+    plan_kind: PlanKind | None = None
 
     def configs(self) -> list[dict]:
         """Every valid configuration, the default first."""
