@@ -205,11 +205,11 @@ def _compile_steps(graph, schedule, options, device, backend: str, report, stage
                               aten=(lambda: _aten_step(step, views)) if views is not None else None,
                               prepared=prepared.pop(step.name, None), progress=progress.tuning(step.name))
         report.tuning[tuned.source] = report.tuning.get(tuned.source, 0) + 1
-        if tuned.config is not None:
+        if tuned.schedule is not None:
             progress.tuned += 1
         if tuned.describe():
             step.notes.append(f"{step.name}: {tuned.describe()}")
-        if views is not None and (config.matmul == "aten" or (tuned.config or {}).get("impl") == "aten"
+        if views is not None and (config.matmul == "aten" or (tuned.schedule or {}).get("impl") == "aten"
                                   or (backend == "cpu" and config.matmul == "auto" and _cpu_prefers_aten(views))):
             aten = _aten_step(step, views)
             step.notes.append(f"{step.name}: nothing fused — {describe_matmul(views)} (ATen)")
@@ -221,11 +221,11 @@ def _compile_steps(graph, schedule, options, device, backend: str, report, stage
             steps.append(aten)
             report.kernels.append(kr)
             continue
-        plan_options = replace(options, schedule=tuned.config) if tuned.config is not None else options
+        plan_options = replace(options, schedule=tuned.schedule) if tuned.schedule is not None else options
         # lowered (tile), then checked against the target's limits (C++: printed), until it fits;
         # the first lowering under the graph's options is the one the key was made of
         lower = _timed(stage, "tile", _lower)
-        first = [(base, added)] if base is not None and tuned.config is None else []
+        first = [(base, added)] if base is not None and tuned.schedule is None else []
 
         def lower_once(graph, plan, opts, first=first, lower=lower, plan_options=plan_options):
             if first and opts is plan_options:
@@ -395,14 +395,14 @@ def _replaced(step, fitted, options, tuned, misfits: dict) -> None:
     what = fitted.describe()
     step.notes.append(what)
     knob = None
-    if tuned.config is None and step.kind == PlanKind.FLASH and options.flash_config:
+    if tuned.schedule is None and step.kind == PlanKind.FLASH and options.flash_config:
         knob = "flash_config"
-    elif tuned.config is None and step.kind == PlanKind.REDUCTION and fitted.replaced.get("persistent") and \
+    elif tuned.schedule is None and step.kind == PlanKind.REDUCTION and fitted.replaced.get("persistent") and \
             options.persistent_reduction_limit != KNOBS["persistent_reduction_limit"].default:
         knob = "persistent_reduction_limit"
     if knob is not None:
         misfits.setdefault(knob, []).append(what)
-    logs.log("tune" if tuned.config is not None else "tile", "%s", what)
+    logs.log("tune" if tuned.schedule is not None else "tile", "%s", what)
 
 
 def _record_origins(report: CompileReport, graph, schedule) -> None:

@@ -43,6 +43,7 @@ from .common import (LoweringOptions, bound_check, combine, full_tile, identity_
                      needs_int64, pow2, rebase, static_int, tile_symbol)
 from .family import KernelFamily
 from .roofline import memory_time
+from .schedule import Schedule, schedule_over
 from .space import ScheduleSpace, halved, memory_bytes, warps_within
 from .variants import SizeVariants
 
@@ -55,7 +56,7 @@ def _arg_better(m: Monoid, v: Expr, acc: Expr) -> Expr:
     return strictly
 
 
-def reduction_rules(plan: KernelPlan, options: LoweringOptions) -> dict:
+def reduction_rules(plan: KernelPlan, options: LoweringOptions) -> Schedule:
     """The fixed rule: a persistent row of pow2(R) lanes with up to 4096 elements per program
     and warps by row length; a looped row walks 2048-wide tiles with 8 warps."""
     P, Rn = plan.parallel, sympy.Mul(*plan.reduction)
@@ -65,10 +66,10 @@ def reduction_rules(plan: KernelPlan, options: LoweringOptions) -> dict:
     rblock, xblock, warps = (512 if options.interpret else 2048), 1, 8
     if options.target == "cpu":
         rblock = 4096
-    return {"persistent": False, "RBLOCK": rblock, "XBLOCK": xblock, "warps": warps}
+    return Schedule(persistent=False, RBLOCK=rblock, XBLOCK=xblock, warps=warps)
 
 
-def _persistent_rules(rblock: int, P, options: LoweringOptions) -> dict:
+def _persistent_rules(rblock: int, P, options: LoweringOptions) -> Schedule:
     xblock = max(1, min(64 if not options.interpret else 16, 4096 // rblock))
     if options.target == "cpu":  # one row per program: the row is the vectorised loop
         xblock = 1
@@ -76,7 +77,7 @@ def _persistent_rules(rblock: int, P, options: LoweringOptions) -> dict:
     if pv is not None:
         xblock = min(xblock, pow2(pv))
     warps = 1 if rblock <= 128 else 2 if rblock <= 512 else 4 if rblock <= 2048 else 8 if rblock <= 4096 else 16
-    return {"persistent": True, "RBLOCK": rblock, "XBLOCK": xblock, "warps": warps}
+    return Schedule(persistent=True, RBLOCK=rblock, XBLOCK=xblock, warps=warps)
 
 
 #: the rows held whole when the reduction's length is symbolic, chosen at launch by the actual
@@ -105,7 +106,7 @@ def reduction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
             knobs = {"XBLOCK": tuple(x for x in (1, 2, 4, 8) if x <= rows and x * rb <= 65536) or (1,), "warps": (1,)}
         else:
             knobs = {"RBLOCK": (1024, 2048, 4096, 8192), "warps": (1,)}
-        return ScheduleSpace("memory", knobs, {k: rules[k] for k in knobs},
+        return ScheduleSpace("memory", knobs, rules.pick(knobs),
                              sizes={"programs": P, "rows": P, "R": R, "bytes": memory_bytes(graph, plan)},
                              plan_kind=PlanKind.REDUCTION)
     if rules["persistent"]:
@@ -118,18 +119,17 @@ def reduction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
                  "RBLOCK": (rb,) + looped, "warps": (1, 2, 4, 8, 16)}
         families = ("persistent",) if looped else ()
 
-        def valid(cfg):
-            if not cfg["persistent"]:
-                return cfg["XBLOCK"] == 1 and cfg["RBLOCK"] < rb and cfg["RBLOCK"] >= 32 * cfg["warps"] >= 128
-            return (cfg["RBLOCK"] == rb and cfg["XBLOCK"] * rb // (32 * cfg["warps"]) <= 128
-                    and cfg["warps"] * 32 <= max(32, cfg["XBLOCK"] * rb))
+        def valid(s: Schedule) -> bool:
+            if not s["persistent"]:
+                return s["XBLOCK"] == 1 and s["RBLOCK"] < rb and s["RBLOCK"] >= 32 * s.warps >= 128
+            return (s["RBLOCK"] == rb and s["XBLOCK"] * rb // (32 * s.warps) <= 128
+                    and s.warps * 32 <= max(32, s["XBLOCK"] * rb))
     else:
         knobs = {"RBLOCK": (512, 1024, 2048, 4096), "warps": (4, 8, 16)}
 
-        def valid(cfg):
-            return cfg["RBLOCK"] >= 32 * cfg["warps"]
-    default = {k: rules[k] for k in knobs}
-    return ScheduleSpace("memory", knobs, default,
+        def valid(s: Schedule) -> bool:
+            return s["RBLOCK"] >= 32 * s.warps
+    return ScheduleSpace("memory", knobs, rules.pick(knobs),
                          sizes={"programs": P, "rows": P, "R": R, "bytes": memory_bytes(graph, plan)},
                          valid=valid, families=families, plan_kind=PlanKind.REDUCTION)
 
@@ -138,12 +138,10 @@ def lower_reduction(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
     """The plan's kernel; for a symbolic reduction length walked in tiles, with persistent
     alternatives for short rows (`size_ladder`) that the launch chooses by the actual length.
     A schedule that says whether the row is held whole is taken as it is."""
-    cfg = reduction_rules(plan, options)
-    if options.schedule:
-        cfg.update(options.schedule)
-    kernel = _lower(graph, plan, options, cfg)
+    schedule = current_reduction_schedule(graph, plan, options)
+    kernel = _lower(graph, plan, options, schedule)
     ladder = size_ladder(plan, options)
-    if cfg["persistent"] or not ladder or "persistent" in (options.schedule or {}):
+    if schedule["persistent"] or not ladder or "persistent" in (options.schedule or {}):
         return kernel
     notes = list(plan.notes)
     alternatives = []
@@ -156,11 +154,11 @@ def lower_reduction(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
     kernel.variants = SizeVariants(Rn, ladder, tuple(alternatives))
     plan.notes.append(f"{plan.name}: reduction length {Rn} known at launch: a row of up to "
                       f"{'/'.join(map(str, ladder))} elements held whole in as many lanes, "
-                      f"a longer one walked in RBLOCK={cfg['RBLOCK']} tiles")
+                      f"a longer one walked in RBLOCK={schedule['RBLOCK']} tiles")
     return kernel
 
 
-def _lower(graph: Graph, plan: KernelPlan, options: LoweringOptions, cfg: dict) -> TileKernel:
+def _lower(graph: Graph, plan: KernelPlan, options: LoweringOptions, schedule: Schedule) -> TileKernel:
     b = KernelBuilder(graph, plan.name, options.divisor_checks)
     b.tile_symbols |= {"pid", "xindex", "rindex", "roffset"}
     P = plan.parallel
@@ -168,7 +166,7 @@ def _lower(graph: Graph, plan: KernelPlan, options: LoweringOptions, cfg: dict) 
     b.size_params(P)
     b.size_params(Rn)
     x, r = tile_symbol("xindex"), tile_symbol("rindex")
-    persistent, rblock, xblock, warps = cfg["persistent"], cfg["RBLOCK"], cfg["XBLOCK"], cfg["warps"]
+    persistent, rblock, xblock, warps = schedule["persistent"], schedule["RBLOCK"], schedule["XBLOCK"], schedule.warps
     b.emit(ProgramId("pid", 0, wide=needs_int64(P, Rn)))
     b.emit(Arange("xindex", Index(tile_symbol("pid") * tile_symbol("XBLOCK")), "XBLOCK", 0, 2))
     xmask = bound_check(b, x, P, xblock, "xmask")
@@ -510,22 +508,21 @@ class _Moments:
         return est
 
 
-def current_reduction_config(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> dict:
-    """The rules' configuration with the schedule's knobs over it."""
-    cfg = reduction_rules(plan, options)
-    cfg.update(dict(options.schedule or {}))
-    return cfg
+def current_reduction_schedule(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> Schedule:
+    """The rules' schedule with `options.schedule`'s knobs over it: what the lowering uses."""
+    return schedule_over(reduction_rules(plan, options), options.schedule)
 
 
-def shrink_reduction(plan: KernelPlan, cfg: dict, resource: str, options: LoweringOptions) -> dict | None:
+def shrink_reduction(plan: KernelPlan, schedule: Schedule, resource: str,
+                     options: LoweringOptions) -> Schedule | None:
     """Fewer rows per program; then a persistent row walked in tiles instead of held whole;
     then narrower tiles."""
-    if cfg.get("XBLOCK", 1) > 1:
-        return {**cfg, "XBLOCK": cfg["XBLOCK"] // 2}
-    if cfg.get("persistent"):  # the row walked in tiles instead of held whole
+    if schedule.get("XBLOCK", 1) > 1:
+        return schedule.replace(XBLOCK=schedule["XBLOCK"] // 2)
+    if schedule.get("persistent"):  # the row walked in tiles instead of held whole
         looped = reduction_rules(plan, replace(options, persistent_reduction_limit=0, schedule=None))
-        return {**looped, "warps": min(cfg.get("warps", 1), looped["warps"])} | {"persistent": False}
-    smaller = halved(cfg, ("RBLOCK",))
+        return looped.replace(warps=min(schedule.warps, looped.warps), persistent=False)
+    smaller = halved(schedule, ("RBLOCK",))
     return warps_within(smaller, "RBLOCK") if smaller else None
 
 
@@ -533,8 +530,8 @@ def _kernels(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> list[T
     return [lower_reduction(graph, plan, options)]
 
 
-FAMILY = KernelFamily(PlanKind.REDUCTION, lower=_kernels, space=reduction_space, config=current_reduction_config,
+FAMILY = KernelFamily(PlanKind.REDUCTION, lower=_kernels, space=reduction_space, schedule=current_reduction_schedule,
                       shrink=shrink_reduction, cost=memory_time)
 
-__all__ = ["FAMILY", "lower_reduction", "reduction_rules", "reduction_space", "current_reduction_config",
+__all__ = ["FAMILY", "lower_reduction", "reduction_rules", "reduction_space", "current_reduction_schedule",
            "shrink_reduction", "size_ladder", "SIZE_LADDER"]
