@@ -470,7 +470,8 @@ def _cpu_epilogue_split(graph, plan):
         return None  # (a plain product, reshaped or not, is one ATen call already)
     epilogue = plan.stages[1:]
     names = {st.node for st in epilogue}
-    if any(st.kind != StageKind.ROW or {e.buffer for e in walk(st.body) if isinstance(e, Load)} & names for st in epilogue):
+    if any(st.kind != StageKind.ROW or {e.buffer for e in walk(st.body) if isinstance(e, Load)} & names
+           for st in epilogue):
         return None
     views = product_views(graph, plan)
     if views is None or config.matmul != "auto" or not _cpu_prefers_aten(views):

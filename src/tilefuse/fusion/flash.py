@@ -166,9 +166,10 @@ def _check(out_k, red_k, f_name, side, by_node, graph, outputs, steps, note):
     flash.contraction = con
     flash.flash = info
     flash.stages.append(Stage(s_name, StageKind.SCORE, score_k.stages[0].body, store=False))
-    flash.stages.extend(Stage(s.node, StageKind.REDUCE, info.reduce_bodies[s.node], level=0, store=False, repair=s.repair)
-                        for s in reduces)
-    flash.stages.append(Stage(out_k.stages[0].node, StageKind.CONTRACTION, term, store=out_k.stages[0].store, repair=repair))
+    flash.stages.extend(Stage(s.node, StageKind.REDUCE, info.reduce_bodies[s.node], level=0, store=False,
+                              repair=s.repair) for s in reduces)
+    flash.stages.append(Stage(out_k.stages[0].node, StageKind.CONTRACTION, term, store=out_k.stages[0].store,
+                              repair=repair))
     flash.stages.extend(out_k.stages[1:])
     fused = (f"{out_k.stages[0].node}: attention fusion of the scores {s_name}, their reductions "
              f"{', '.join(s.node for s in reduces)} and the output product (the scores never reach memory)")

@@ -215,7 +215,8 @@ class Planner:
             if not self.loads_at_position(body, members, index_map, ranges):
                 continue
             level = 1 + max((k.stage(d).level for d in deps & members), default=-1)
-            stage = Stage(node.name, StageKind.REDUCE, body, level=level, repair=self.try_repair(k, node, body, deps & members))
+            stage = Stage(node.name, StageKind.REDUCE, body, level=level,
+                          repair=self.try_repair(k, node, body, deps & members))
             self.add(k, stage)
             self.note(f"{node.name}: joins {k.name} as a reduction over the same axis (pass {level})", k)
             return

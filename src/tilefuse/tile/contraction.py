@@ -304,8 +304,8 @@ def _kernels(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> list[T
     return [lower_contraction(graph, plan, options)]
 
 
-FAMILY = KernelFamily(PlanKind.CONTRACTION, lower=_kernels, space=contraction_space, schedule=current_contraction_schedule,
-                      shrink=shrink_contraction, cost=contraction_time)
+FAMILY = KernelFamily(PlanKind.CONTRACTION, lower=_kernels, space=contraction_space,
+                      schedule=current_contraction_schedule, shrink=shrink_contraction, cost=contraction_time)
 
 __all__ = ["FAMILY", "lower_contraction", "contraction_rules", "contraction_space", "current_contraction_schedule",
            "shrink_contraction", "contraction_time"]

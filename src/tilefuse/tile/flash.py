@@ -594,8 +594,8 @@ def flash_time(space, schedule: Schedule, c) -> float:
     return max(t_compute, t_memory) * (1.0 + 0.15 / stages) + 3e-6 + merge
 
 
-FAMILY = KernelFamily(PlanKind.FLASH, lower=lower_flash_kernels, space=flash_space, schedule=current_flash_schedule,
-                      shrink=shrink_flash, cost=flash_time, tuned_on_cpu=False)
+FAMILY = KernelFamily(PlanKind.FLASH, lower=lower_flash_kernels, space=flash_space,
+                      schedule=current_flash_schedule, shrink=shrink_flash, cost=flash_time, tuned_on_cpu=False)
 
 __all__ = ["FAMILY", "lower_flash", "lower_flash_kernels", "lower_flash_merge", "split_factor", "choose_splits",
            "flash_space", "current_flash_schedule", "shrink_flash", "flash_time"]

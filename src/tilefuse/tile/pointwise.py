@@ -107,8 +107,8 @@ def _kernels(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> list[T
     return [lower_pointwise(graph, plan, options)]
 
 
-FAMILY = KernelFamily(PlanKind.POINTWISE, lower=_kernels, space=pointwise_space, schedule=current_pointwise_schedule,
-                      shrink=shrink_pointwise, cost=memory_time)
+FAMILY = KernelFamily(PlanKind.POINTWISE, lower=_kernels, space=pointwise_space,
+                      schedule=current_pointwise_schedule, shrink=shrink_pointwise, cost=memory_time)
 
 __all__ = ["FAMILY", "lower_pointwise", "pointwise_rules", "pointwise_space", "current_pointwise_schedule",
            "shrink_pointwise"]

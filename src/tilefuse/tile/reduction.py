@@ -530,8 +530,8 @@ def _kernels(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> list[T
     return [lower_reduction(graph, plan, options)]
 
 
-FAMILY = KernelFamily(PlanKind.REDUCTION, lower=_kernels, space=reduction_space, schedule=current_reduction_schedule,
-                      shrink=shrink_reduction, cost=memory_time)
+FAMILY = KernelFamily(PlanKind.REDUCTION, lower=_kernels, space=reduction_space,
+                      schedule=current_reduction_schedule, shrink=shrink_reduction, cost=memory_time)
 
 __all__ = ["FAMILY", "lower_reduction", "reduction_rules", "reduction_space", "current_reduction_schedule",
            "shrink_reduction", "size_ladder", "SIZE_LADDER"]

@@ -110,5 +110,6 @@ def shrink_dot_tiles(schedule: Schedule, resource: str, blocks) -> Schedule | No
 SMEM_PER_BLOCK = 227 * 1024
 MAX_WARPS_PER_SM = 64
 
-__all__ = ["ScheduleSpace", "Schedule", "describe", "memory_bytes", "halved", "warps_within", "shrink_dot_tiles", "MIN_BLOCK",
+__all__ = ["ScheduleSpace", "Schedule", "describe", "memory_bytes",
+           "halved", "warps_within", "shrink_dot_tiles", "MIN_BLOCK",
            "SMEM_PER_BLOCK", "MAX_WARPS_PER_SM"]
