@@ -26,7 +26,7 @@ from .fusion.layout import assign_layouts
 from .fusion.library import LIBRARY, MEASURED, LibraryCall, choose_library_calls
 from .fusion.matmul_views import describe as describe_matmul
 from .fusion.naming import kernel_origin
-from .fusion.plan import KernelPlan
+from .fusion.plan import KernelPlan, PlanKind
 from .ir.verify import verify
 from .passes import run_passes
 from .runtime.artifact import artifact_function
@@ -35,7 +35,7 @@ from .runtime.compiled import CompiledGraph, ExternCall, KernelStep
 from .runtime.dispatch import SizeDispatch
 from .tile.lower import LoweringOptions, lower_plan_kernels
 from .tile.fit import fit_kernels
-from .tile.ir import without_checks
+from .tile.ir import KernelKind, without_checks
 from .tile.variants import all_kernels
 from .tile.verify import verify_tile_kernel
 from .progress import CompileProgress
@@ -208,11 +208,11 @@ def _compile_steps(graph, schedule, lowering, options: Options, device, backend:
                               aten=(lambda: _aten_step(step, views)) if views is not None else None,
                               prepared=prepared.pop(step.name, None), progress=progress.tuning(step.name))
         report.tuning[tuned.source] = report.tuning.get(tuned.source, 0) + 1
-        if tuned.config is not None:
+        if tuned.schedule is not None:
             progress.tuned += 1
         if tuned.describe():
             step.notes.append(f"{step.name}: {tuned.describe()}")
-        if choice.how == LIBRARY or (choice.how == MEASURED and (tuned.config or {}).get("impl") == "aten"):
+        if choice.how == LIBRARY or (choice.how == MEASURED and (tuned.schedule or {}).get("impl") == "aten"):
             aten = _aten_step(step, views)
             step.notes.append(f"{step.name}: nothing fused — {describe_matmul(views)} (ATen)")
             kr = KernelReport(step.name, "aten-matmul", step.members, describe_matmul(views), "", step.notes,
@@ -223,11 +223,11 @@ def _compile_steps(graph, schedule, lowering, options: Options, device, backend:
             steps.append(aten)
             report.kernels.append(kr)
             continue
-        plan_options = replace(lowering, schedule=tuned.config) if tuned.config is not None else lowering
+        plan_options = replace(lowering, schedule=tuned.schedule) if tuned.schedule is not None else lowering
         # lowered (tile), then checked against the target's limits (C++: printed), until it fits;
         # the first lowering under the graph's options is the one the key was made of
         lower = _timed(stage, "tile", _lower)
-        first = [(base, added)] if base is not None and tuned.config is None else []
+        first = [(base, added)] if base is not None and tuned.schedule is None else []
 
         def lower_once(graph, plan, opts, first=first, lower=lower, plan_options=plan_options):
             if first and opts is plan_options:
@@ -245,7 +245,7 @@ def _compile_steps(graph, schedule, lowering, options: Options, device, backend:
             logs.log("tile", "%s", tk)
             source, launcher = _generate_and_load(tk, backend, step, stage, getattr(fits, "source", None))
             precompile_kernel(graph, tk, launcher)  # Triton: compiling in a worker while the next plans lower
-            kind = step.kind if tk.kind != "flash-merge" else "flash-merge"
+            kind = step.kind if tk.kind != KernelKind.FLASH_MERGE else tk.kind
             reports.append(KernelReport(tk.name, kind, step.members, source, str(tk), step.notes,
                                         tuned.seconds if tk is tks[0] else 0.0))
             built.append((tk, source, launcher))
@@ -397,14 +397,14 @@ def _replaced(step, fitted, options, tuned, misfits: dict) -> None:
     what = fitted.describe()
     step.notes.append(what)
     knob = None
-    if tuned.config is None and step.kind == "flash" and options.flash_config:
+    if tuned.schedule is None and step.kind == PlanKind.FLASH and options.flash_config:
         knob = "flash_config"
-    elif tuned.config is None and step.kind == "reduction" and fitted.replaced.get("persistent") and \
+    elif tuned.schedule is None and step.kind == PlanKind.REDUCTION and fitted.replaced.get("persistent") and \
             options.persistent_reduction_limit != KNOBS["persistent_reduction_limit"].default:
         knob = "persistent_reduction_limit"
     if knob is not None:
         misfits.setdefault(knob, []).append(what)
-    logs.log("tune" if tuned.config is not None else "tile", "%s", what)
+    logs.log("tune" if tuned.schedule is not None else "tile", "%s", what)
 
 
 def _record_origins(report: CompileReport, graph, schedule) -> None:

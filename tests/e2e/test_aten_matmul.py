@@ -85,7 +85,7 @@ def test_contraction_space_offers_aten_once_for_plain_products():
     graph = g.output(mm)
     (plan,) = plan_graph(graph).kernels
     space = schedule_space(graph, plan, LoweringOptions(interpret=False, sm_count=132))
-    configs = space.configs()
+    configs = space.schedules()
     assert space.default["impl"] == "generated"
     assert sum(c["impl"] == "aten" for c in configs) == 1
     none = schedule_space(graph, plan, LoweringOptions(interpret=False, sm_count=132, matmul="generated"))

@@ -178,7 +178,7 @@ def test_tuning_cache_record_over_the_limits_is_discarded_and_tuned_again(tmp_pa
         close(out, fn, x)
         tc.TuningCache.lookup = lookup
         record = tc.TuningCache().lookup(planted[0])
-        assert record is not None and record["config"]["XBLOCK"] in (1, 2, 4), record
+        assert record is not None and record["schedule"]["XBLOCK"] in (1, 2, 4), record
         print("ok")
     ''')
     assert "ok" in out

@@ -12,7 +12,7 @@ from tilefuse.ir import dtypes as dt
 from tilefuse.ir.expr import cast
 from tilefuse.tile import contraction, flash, pointwise, reduction
 from tilefuse.tile.family import KernelFamily
-from tilefuse.tile.fit import current_config
+from tilefuse.tile.fit import current_schedule
 from tilefuse.tile.lower import LoweringOptions, lower_plan_kernels, schedule_space
 from tilefuse.tile.registry import FAMILIES, UnknownKind, family
 from tilefuse.tune.cost import NOMINAL, predict
@@ -52,7 +52,7 @@ def test_spaces_are_declared_and_priced_by_the_plans_family():
         space = schedule_space(graph, plan, options)
         assert space.plan_kind == plan.kind
         assert predict(space, space.default) == family(plan.kind).cost(space, space.default, NOMINAL)
-        assert current_config(graph, plan, options) == family(plan.kind).config(graph, plan, options)
+        assert current_schedule(graph, plan, options) == family(plan.kind).schedule(graph, plan, options)
         assert [k.name for k in lower_plan_kernels(graph, plan, options)] == [plan.name]
     assert {"contraction", "reduction", "pointwise"} <= kinds
 

@@ -84,7 +84,7 @@ def test_space_offers_tma_and_persistence_only_with_descriptors():
     space = schedule_space(graph, plan, HOPPER)
     assert space.knobs["tma"] == (0, 1) and space.knobs["persistent"] == (0, 1)
     assert space.default["tma"] == 0 and space.default["persistent"] == 0
-    configs = space.configs()
+    configs = space.schedules()
     assert any(c["persistent"] for c in configs)
     assert all(c["tma"] for c in configs if c["persistent"])
     assert "tma" not in schedule_space(graph, plan, LoweringOptions(sm_count=132)).knobs  # not Hopper

@@ -17,7 +17,7 @@ from tilefuse.backends.limits import kernel_check, target_limits
 from tilefuse.fusion import plan_graph
 from tilefuse.ir import dtypes as dt
 from tilefuse.ir.expr import cast
-from tilefuse.tile.fit import LimitError, current_config, fit_kernels
+from tilefuse.tile.fit import LimitError, current_schedule, fit_kernels
 from tilefuse.tile.limits import (H200_SHARED_MEMORY, TRITON_MAX_NUMEL, Limits, largest_tile, shared_memory_bytes,
                                   violation)
 from tilefuse.tile.lower import LoweringOptions, lower_plan_kernels
@@ -126,7 +126,7 @@ def test_a_tile_over_tritons_element_limit_is_halved():
 def test_a_persistent_row_over_the_stack_budget_becomes_a_looped_row():
     x = torch.randn(4, 65536)
     ((graph, plan, options),) = _captured(lambda x: torch.softmax(x * 2, -1) * x, x, persistent_reduction_limit=65536)
-    assert current_config(graph, plan, options)["persistent"]
+    assert current_schedule(graph, plan, options)["persistent"]
     small = Limits("cpu", stack_bytes=64 * 1024)
     check = kernel_check("cpu", small)
     (tk,) = lower_plan_kernels(graph, plan, options)

@@ -12,7 +12,7 @@ from tilefuse.tune.search import (
     Candidate,
     SearchResult,
     TuningError,
-    config_key,
+    schedule_key,
     search,
 )
 
@@ -67,7 +67,7 @@ def candidates(true=TRUE, predicted=PREDICTED) -> list[Candidate]:
 
 
 def arm(result: SearchResult, block: int):
-    return result.per_arm[config_key({"BLOCK": block})]
+    return result.per_arm[schedule_key({"BLOCK": block})]
 
 
 # ------------------------------------------------------------------------ finding the best

@@ -30,7 +30,7 @@ def _matmul(m, n, k, dtype=dt.bfloat16, out_dtype=dt.float32):
 def test_contraction_space_is_valid_and_starts_from_the_rules():
     graph, plan = _matmul(4096, 4096, 4096)
     space = schedule_space(graph, plan, GPU)
-    configs = space.configs()
+    configs = space.schedules()
     assert configs[0] == space.default == {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8,
                                            "warps": 8, "stages": 3}
     assert len(configs) > 20 and len({tuple(sorted(c.items())) for c in configs}) == len(configs)
@@ -39,7 +39,7 @@ def test_contraction_space_is_valid_and_starts_from_the_rules():
         assert c["BLOCK_M"] * c["BLOCK_N"] // (32 * c["warps"]) <= 128
     # a small problem never gets tiles larger than itself
     graph, plan = _matmul(40, 24, 1000)
-    for c in schedule_space(graph, plan, GPU).configs():
+    for c in schedule_space(graph, plan, GPU).schedules():
         assert c["BLOCK_M"] <= 64 and c["BLOCK_N"] <= 32
 
 
@@ -92,7 +92,7 @@ def test_selection_measures_once_then_hits_the_cache(tmp_path):
     pytest.importorskip("tilefuse.tune.search")
     from tilefuse.tune.cache import TuningCache
     from tilefuse.tune.cost import NOMINAL
-    from tilefuse.tune.tuner import select_config
+    from tilefuse.tune.tuner import select_schedule
 
     graph, plan = _matmul(2048, 2048, 2048)
     space = schedule_space(graph, plan, GPU)
@@ -106,13 +106,13 @@ def test_selection_measures_once_then_hits_the_cache(tmp_path):
     from tilefuse.config import config
 
     with config.patch(cache_dir=str(tmp_path)):
-        first = select_config(space, "k1", "max", NOMINAL, fake_measure, TuningCache(), "kernel0")
+        first = select_schedule(space, "k1", "max", NOMINAL, fake_measure, TuningCache(), "kernel0")
         assert first.source == "measured" and first.measured == len(calls) > 0
         n = len(calls)
-        again = select_config(space, "k1", "max", NOMINAL, fake_measure, TuningCache(), "kernel0")
-        assert again.source == "cache" and len(calls) == n and again.config == first.config
+        again = select_schedule(space, "k1", "max", NOMINAL, fake_measure, TuningCache(), "kernel0")
+        assert again.source == "cache" and len(calls) == n and again.schedule == first.schedule
     if any(c == best for c in calls):
-        assert first.config == best
+        assert first.schedule == best
 
 
 def _rmsnorm(rows, width):
@@ -165,7 +165,7 @@ def test_pointwise_space_and_too_few_programs():
 def test_empty_problems_are_predicted_not_divided_by_zero():
     graph, plan = _rmsnorm(0, 300)
     space = schedule_space(graph, plan, GPU)
-    assert all(math.isfinite(predict(space, cfg)) for cfg in space.configs())
+    assert all(math.isfinite(predict(space, cfg)) for cfg in space.schedules())
     assert choose_without_measuring(space) is not None
 
 

@@ -52,7 +52,7 @@ def test_store_then_lookup_in_a_fresh_cache_object(root, key):
     second = TuningCache(root)  # as a second process would see it
     hit = second.lookup(key)
     assert hit is not None
-    assert hit["config"] == CONFIG and type(hit["config"]["unroll"]) is bool
+    assert hit["schedule"] == CONFIG and type(hit["schedule"]["unroll"]) is bool
     assert hit["time_s"] == 1.25e-5
     assert hit["meta"] == {"candidates": 12, "measured": 30}
     assert hit["created"] > 0
@@ -69,7 +69,7 @@ def test_a_hit_needs_no_measurement(root, key):
     def tune(cache):
         hit = cache.lookup(key)
         if hit is not None:
-            return hit["config"]
+            return hit["schedule"]
         result = search([{"BLOCK": b} for b in (16, 32, 64)], measure, budget_s=10.0)
         cache.store(key, result.best, result.best_time, {"measured": result.measured})
         return result.best
@@ -86,7 +86,7 @@ def test_store_replaces_an_earlier_record(root, key):
     cache = TuningCache(root)
     cache.store(key, {"BLOCK": 32}, 2e-5)
     cache.store(key, {"BLOCK": 64}, 1e-5)
-    assert TuningCache(root).lookup(key)["config"] == {"BLOCK": 64}
+    assert TuningCache(root).lookup(key)["schedule"] == {"BLOCK": 64}
     assert cache.stores == 2
 
 
@@ -116,7 +116,7 @@ def test_corrupt_record_on_disk_is_a_miss_and_is_replaced(root, key):
     assert cache.lookup(key) is None
     assert cache.misses == 1
     assert cache.store(key, {"BLOCK_M": 64}, 2e-5)
-    assert TuningCache(root).lookup(key)["config"] == {"BLOCK_M": 64}
+    assert TuningCache(root).lookup(key)["schedule"] == {"BLOCK_M": 64}
 
 
 def _valid_record(for_key, /, **changes):
@@ -154,7 +154,7 @@ def test_stale_or_invalid_record_with_valid_checksums_is_a_miss_and_is_replaced(
     assert not _record_path(root, key).exists()  # discarded, not left behind
     assert cache.store(key, CONFIG, 3e-5)
     hit = TuningCache(root).lookup(key)
-    assert hit is not None and hit["config"] == CONFIG and hit["time_s"] == 3e-5
+    assert hit is not None and hit["schedule"] == CONFIG and hit["time_s"] == 3e-5
 
 
 def test_insecure_cache_directory_is_not_used(tmp_path, key):

@@ -12,7 +12,7 @@ from tilefuse.tile.lower import LoweringOptions, schedule_space
 from tilefuse.tune.cache import TuningCache, tuning_key
 from tilefuse.tune.cost import NOMINAL
 from tilefuse.tune.search import TuningError
-from tilefuse.tune.tuner import select_config
+from tilefuse.tune.tuner import select_schedule
 
 GPU = LoweringOptions(interpret=False, sm_count=132)
 KEY = tuning_key("kernel source", {"M": 2048}, ["bfloat16"], {"name": "test"})
@@ -43,15 +43,15 @@ def test_candidates_over_the_limits_are_never_measured(tmp_path):
         return 1e-3 * (1 + 64 * 64 / (cfg["BLOCK_M"] * cfg["BLOCK_N"]))
 
     with config.patch(cache_dir=str(tmp_path)):
-        out = select_config(space, KEY, "1", NOMINAL, measure, TuningCache(), "kernel0", misfit=_too_big)
+        out = select_schedule(space, KEY, "1", NOMINAL, measure, TuningCache(), "kernel0", misfit=_too_big)
     assert measured and not any(_too_big(cfg) for cfg in measured)
-    assert out.source == "measured" and _too_big(out.config) is None
+    assert out.source == "measured" and _too_big(out.schedule) is None
 
 
 def test_nothing_fits_is_a_tuning_error(tmp_path):
     with config.patch(cache_dir=str(tmp_path)):
         with pytest.raises(TuningError, match="no candidate fits"):
-            select_config(_space(), KEY, "1", NOMINAL, lambda cfg: 1e-3, TuningCache(), "kernel0",
+            select_schedule(_space(), KEY, "1", NOMINAL, lambda cfg: 1e-3, TuningCache(), "kernel0",
                           misfit=lambda cfg: "never")
 
 
@@ -70,10 +70,10 @@ def test_cached_record_that_does_not_fit_is_discarded_and_tuned_again(tmp_path, 
 
     with config.patch(cache_dir=str(tmp_path)):
         assert TuningCache().store(KEY, record, 1e-6)  # a valid entry: checksummed by the cache itself
-        out = select_config(space, KEY, "1", NOMINAL, measure, TuningCache(), "kernel0", misfit=_too_big)
-        assert out.source == "measured" and measured and out.config != record
+        out = select_schedule(space, KEY, "1", NOMINAL, measure, TuningCache(), "kernel0", misfit=_too_big)
+        assert out.source == "measured" and measured and out.schedule != record
         again = TuningCache().lookup(KEY)
-        assert again is not None and again["config"] == out.config  # replaced by the new result
+        assert again is not None and again["schedule"] == out.schedule  # replaced by the new result
 
 
 def test_lookup_misses_a_record_the_caller_does_not_accept(tmp_path):
@@ -82,7 +82,7 @@ def test_lookup_misses_a_record_the_caller_does_not_accept(tmp_path):
     with config.patch(cache_dir=str(tmp_path)):
         cache = TuningCache()
         assert cache.store(KEY, {"XBLOCK": 1 << 20}, 1e-6)
-        assert cache.lookup(KEY, accept=lambda cfg: None)["config"] == {"XBLOCK": 1 << 20}
+        assert cache.lookup(KEY, accept=lambda cfg: None)["schedule"] == {"XBLOCK": 1 << 20}
         assert cache.lookup(KEY, accept=lambda cfg: "too big") is None
         assert cache.misses == 1
-        assert TuningCache().lookup(KEY)["config"] == {"XBLOCK": 1 << 20}
+        assert TuningCache().lookup(KEY)["schedule"] == {"XBLOCK": 1 << 20}

@@ -27,7 +27,7 @@ from ..ir.graph import Graph
 from ..ir.monoid import SUM
 from ..ir.rewrite import substitute_index
 from .masking import mask_facts
-from .plan import KernelPlan, Stage
+from .plan import KernelPlan, PlanKind, Stage, StageKind
 from .repair import NoRepair, derive_rolling_update
 from .schedule import schedule_passes
 
@@ -59,7 +59,7 @@ def fuse_flash(steps: list, graph: Graph, outputs: set, note) -> list:
     kernels = [s for s in steps if isinstance(s, KernelPlan)]
     by_node = {st.node: k for k in kernels for st in k.stages}
     for out_k in kernels:
-        if out_k.kind != "contraction":
+        if out_k.kind != PlanKind.CONTRACTION:
             continue
         merged = _try_merge(out_k, by_node, graph, outputs, steps, note)
         if merged is None:
@@ -94,9 +94,9 @@ def _try_merge(out_k: KernelPlan, by_node: dict, graph: Graph, outputs: set, ste
         factor = getattr(con, side)
         for f_name in {e.buffer for e in walk(factor) if isinstance(e, Load)}:
             red_k = by_node.get(f_name)
-            if red_k is None or red_k.kind != "reduction" or red_k.reduction != (key_extent,):
+            if red_k is None or red_k.kind != PlanKind.REDUCTION or red_k.reduction != (key_extent,):
                 continue
-            if red_k.stage(f_name).kind != "full":
+            if red_k.stage(f_name).kind != StageKind.FULL:
                 continue
             merged = _check(out_k, red_k, f_name, side, by_node, graph, outputs, steps, note)
             if merged is not None:
@@ -107,8 +107,8 @@ def _try_merge(out_k: KernelPlan, by_node: dict, graph: Graph, outputs: set, ste
 def _check(out_k, red_k, f_name, side, by_node, graph, outputs, steps, note):
     con = out_k.contraction
     o_node = graph[out_k.stages[0].node]
-    reduces = [s for s in red_k.stages if s.kind == "reduce"]
-    others = [s for s in red_k.stages if s.kind not in ("reduce",) and s.node != f_name]
+    reduces = [s for s in red_k.stages if s.kind == StageKind.REDUCE]
+    others = [s for s in red_k.stages if s.kind != StageKind.REDUCE and s.node != f_name]
     if others:
         return None
     # one loop carries every reduction: each must run in the first pass, reading earlier
@@ -120,7 +120,7 @@ def _check(out_k, red_k, f_name, side, by_node, graph, outputs, steps, note):
             note(f"{out_k.stages[0].node}: no attention fusion: {st.node} needs a finished reduction")
             return None
     reads = {e.buffer for st in red_k.stages for e in walk(st.body) if isinstance(e, Load)}
-    score_names = [n for n in reads if n in by_node and by_node[n].kind == "contraction"
+    score_names = [n for n in reads if n in by_node and by_node[n].kind == PlanKind.CONTRACTION
                    and len(by_node[n].stages) == 1]
     if len(score_names) != 1:
         return None
@@ -163,14 +163,15 @@ def _check(out_k, red_k, f_name, side, by_node, graph, outputs, steps, note):
         except NoRepair as why:
             note(f"{out_k.stages[0].node}: no attention fusion: {why}")
             return None
-    flash = KernelPlan(name=out_k.name, kind="flash", parallel=out_k.parallel, reduction=(o_node.ranges[0],))
+    flash = KernelPlan(name=out_k.name, kind=PlanKind.FLASH, parallel=out_k.parallel, reduction=(o_node.ranges[0],))
     flash.contraction = con
     masked, skippable = mask_facts({s.node: info.reduce_bodies[s.node] for s in reduces}, info.a, graph)
     flash.flash = info = replace(info, masked=masked, skippable=skippable)
-    flash.stages.append(Stage(s_name, "score", score_k.stages[0].body, store=False))
-    flash.stages.extend(Stage(s.node, "reduce", info.reduce_bodies[s.node], level=0, store=False, repair=s.repair)
-                        for s in reduces)
-    flash.stages.append(Stage(out_k.stages[0].node, "contraction", term, store=out_k.stages[0].store, repair=repair))
+    flash.stages.append(Stage(s_name, StageKind.SCORE, score_k.stages[0].body, store=False))
+    flash.stages.extend(Stage(s.node, StageKind.REDUCE, info.reduce_bodies[s.node], level=0, store=False,
+                              repair=s.repair) for s in reduces)
+    flash.stages.append(Stage(out_k.stages[0].node, StageKind.CONTRACTION, term, store=out_k.stages[0].store,
+                              repair=repair))
     flash.stages.extend(out_k.stages[1:])
     fused = (f"{out_k.stages[0].node}: attention fusion of the scores {s_name}, their reductions "
              f"{', '.join(s.node for s in reduces)} and the output product (the scores never reach memory)")

@@ -22,7 +22,7 @@ import sympy
 
 from ..ir.expr import Load, walk
 from .matmul_views import MatmulViews, describe, matmul_views, product_views
-from .plan import KernelPlan, Schedule, Stage
+from .plan import KernelPlan, PlanKind, Schedule, Stage, StageKind
 
 #: plain matmuls (nothing fused) at least this many multiply-adds run in ATen's matmul on CPU
 #: (MKL/OpenBLAS beats a generated kernel there); smaller ones, and any with a fused prologue or
@@ -73,19 +73,19 @@ def epilogue_split(graph, plan: KernelPlan, matmul: str) -> tuple | None:
     generated kernel applies before its epilogue); the epilogue, whose stages read the product
     at their own position, becomes a pointwise kernel reading that buffer. Epilogue stages that
     read one another stay in the generated kernel (a pointwise plan reads no member)."""
-    if matmul != "auto" or plan.kind != "contraction" or len(plan.stages) < 2 or plan.flash is not None \
+    if matmul != "auto" or plan.kind != PlanKind.CONTRACTION or len(plan.stages) < 2 or plan.flash is not None \
             or matmul_views(graph, plan):
         return None  # (a plain product, reshaped or not, is one ATen call already)
     epilogue = plan.stages[1:]
     names = {st.node for st in epilogue}
-    if any(st.kind != "row" or {e.buffer for e in walk(st.body) if isinstance(e, Load)} & names for st in epilogue):
+    if any(st.kind != StageKind.ROW or {e.buffer for e in walk(st.body) if isinstance(e, Load)} & names for st in epilogue):
         return None
     views = product_views(graph, plan)
     if views is None or not cpu_prefers_library(views):
         return None
     product = graph[plan.stages[0].node]
-    stages = [Stage(st.node, "pointwise", st.body, store=True) for st in epilogue]
-    return views, KernelPlan(f"{plan.name}_epilogue", "pointwise", sympy.Mul(*product.shape), stages=stages,
+    stages = [Stage(st.node, StageKind.POINTWISE, st.body, store=True) for st in epilogue]
+    return views, KernelPlan(f"{plan.name}_epilogue", PlanKind.POINTWISE, sympy.Mul(*product.shape), stages=stages,
                              notes=[f"epilogue of {plan.name} after its product {product.name} (ATen)"])
 
 

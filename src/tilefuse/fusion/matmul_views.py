@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 import sympy
 
+from ..fusion.plan import PlanKind
 from ..ir import dtypes as dt
 from ..ir.expr import Cast, Index, Load, out_index, red_index
 from ..ir.symbolic import contiguous_strides
@@ -168,7 +169,7 @@ def _reshape_of(graph, node, stage) -> bool:
 def matmul_views(graph, plan) -> MatmulViews | None:
     """The plan as views for a library matmul, or None when anything is fused into it (a
     reshape of the result is not: it is a view of the output buffer)."""
-    if plan.kind != "contraction" or not plan.stages:
+    if plan.kind != PlanKind.CONTRACTION or not plan.stages:
         return None
     node = graph[plan.stages[0].node]
     reshaped = None
@@ -183,7 +184,7 @@ def product_views(graph, plan) -> MatmulViews | None:
     """The *product part* of a contraction plan (its first stage, whatever epilogue follows) as
     views for a library matmul writing the product node's own buffer, or None when a prologue
     is fused into the operands."""
-    if plan.kind != "contraction" or not plan.stages:
+    if plan.kind != PlanKind.CONTRACTION or not plan.stages:
         return None
     return _views(graph, plan, graph[plan.stages[0].node], None)
 

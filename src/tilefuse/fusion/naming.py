@@ -31,9 +31,10 @@ from ..ir.expr import Load, walk
 from ..ir.graph import Graph
 from ..ir.identifiers import graph_tag, identifier_part, short_op_name
 from ..ir.origin import Origin, origin_of_nodes
-from .plan import ExternStep, KernelPlan
+from .plan import ExternStep, KernelPlan, PlanKind, StageKind
 
-KIND_LABELS = {"pointwise": "pw", "reduction": "red", "contraction": "mm", "flash": "flash"}
+KIND_LABELS = {PlanKind.POINTWISE: "pw", PlanKind.REDUCTION: "red", PlanKind.CONTRACTION: "mm",
+               PlanKind.FLASH: "flash"}
 MAX_OPS_CHARS = 32
 
 #: ops that only move or convert values: named only in a kernel that does nothing else
@@ -45,7 +46,7 @@ PLUMBING = frozenset({
 
 
 def kind_label(plan: KernelPlan) -> str:
-    if plan.kind == "pointwise" and any(st.kind == "scatter" for st in plan.stages):
+    if plan.kind == PlanKind.POINTWISE and any(st.kind == StageKind.SCATTER for st in plan.stages):
         return "scatter"
     return KIND_LABELS.get(plan.kind, identifier_part(plan.kind) or "kernel")
 

@@ -1,8 +1,9 @@
 """Kernel plans: the planner's output, the tile layer's input.
 
-One `KernelPlan` is one generated kernel. It has a parallel iteration space (`parallel`, the
+One `KernelPlan` is one generated kernel, of a `PlanKind` (pointwise, reduction, contraction,
+flash: the key of its kernel family in `tile.registry`). It has a parallel iteration space (`parallel`, the
 numel of its outputs' leading part), an optional reduction axis (`reduction`, the extents of
-the reduced dims), and ordered stages:
+the reduced dims), and ordered stages, each of a `StageKind`:
 
 * `reduce` stages — reductions over the reduction axis, held whole in a tile when the axis
   fits (persistent row) or carried across a loop over tiles; `level` orders dependent ones
@@ -15,7 +16,12 @@ the reduced dims), and ordered stages:
 * `contraction` — a Reduce(sum) of a product computed as a blocked `dot`, with `row` stages
   as its epilogue;
 * `scatter` — an in-place indexed write into a graph input (a pointwise kernel over the
-  written values whose stores go to data-dependent positions).
+  written values whose stores go to data-dependent positions);
+* `score` — a flash plan's score tile, computed with a `dot` per tile of keys and never
+  stored (`fusion.flash`).
+
+The kinds are `Vocabulary` enums: each member is also its name as a string, so kernel names,
+reports, cache keys and stored graphs read the same as they did with plain strings.
 
 A `reduce` stage with a `repair` reads an earlier reduction of the same kernel but can still be
 carried in the same pass over the axis: the derived rolling update re-bases its partial sum
@@ -25,21 +31,58 @@ loop (see `fusion.moments`).
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 from ..ir.expr import Expr
 
 
+class Vocabulary(str, enum.Enum):
+    """A closed set of names that is also its strings: a member equals, hashes, formats and
+    serialises (JSON, cache keys, the explain output, kernel names) as its value, so typing a
+    field with it changes no text anything stores or prints."""
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
+class PlanKind(Vocabulary):
+    """What a `KernelPlan` computes: the key of its kernel family (`tile.registry`)."""
+
+    POINTWISE = "pointwise"
+    REDUCTION = "reduction"
+    CONTRACTION = "contraction"
+    #: attention-shaped: a score `dot`, dependent reductions over the keys and an output `dot`
+    #: (`fusion.flash`)
+    FLASH = "flash"
+
+
+class StageKind(Vocabulary):
+    """What one stage of a plan is (see the module's docstring)."""
+
+    REDUCE = "reduce"
+    FULL = "full"
+    ROW = "row"
+    CONTRACTION = "contraction"
+    POINTWISE = "pointwise"
+    SCATTER = "scatter"
+    #: a flash plan's score tile (`S = Q·Kᵀ`, held in registers)
+    SCORE = "score"
+
+
 @dataclass
 class Stage:
     node: str
-    kind: str  # "reduce" | "full" | "row" | "contraction" | "pointwise" | "scatter"
+    kind: StageKind
     body: Expr
     level: int = 0
     store: bool = True
     repair: object = None  # fusion.repair.Repair or fusion.moments.MomentRepair: same pass as its producer
     #: a "scatter" stage's target input and the (inlined) position each value is written to
     scatter: tuple | None = None
+
+    def __post_init__(self):
+        self.kind = StageKind(self.kind)  # (a plain name is taken, and checked)
 
 
 @dataclass
@@ -57,7 +100,7 @@ class Contraction:
 @dataclass
 class KernelPlan:
     name: str
-    kind: str  # "pointwise" | "reduction" | "contraction"
+    kind: PlanKind
     parallel: object  # sympy numel of the parallel space
     reduction: tuple = ()  # extents of reduced dims (reduction kernels)
     stages: list[Stage] = field(default_factory=list)
@@ -66,6 +109,9 @@ class KernelPlan:
     flash: object = None  # fusion.flash.FlashInfo for attention-shaped kernels
     origin: object = None  # ir.origin.Origin: the ops and source lines it computes (`fusion.naming`)
     library: object = None  # fusion.library.ProductChoice: whether a library runs its product (None: undecided)
+
+    def __post_init__(self):
+        self.kind = PlanKind(self.kind)  # (a plain name is taken, and checked)
 
     @property
     def members(self) -> list[str]:

@@ -30,7 +30,7 @@ from ..ir.monoid import SUM
 from ..ir.rewrite import substitute_index
 from ..ir.symbolic import simplify_index
 from .inline import Inliner
-from .plan import Contraction, ExternStep, KernelPlan, Schedule, Stage
+from .plan import Contraction, ExternStep, KernelPlan, PlanKind, Schedule, Stage, StageKind
 from .flash import fuse_flash
 from .moments import derive_moments
 from .naming import name_kernels, rename_text
@@ -140,7 +140,7 @@ class Planner:
                     return False
         return True
 
-    def new_kernel(self, kind: str, parallel, reduction=()) -> KernelPlan:
+    def new_kernel(self, kind: PlanKind, parallel, reduction=()) -> KernelPlan:
         k = KernelPlan(name=f"kernel{len(self.kernels())}", kind=kind, parallel=parallel, reduction=reduction)
         self.steps.append(k)
         return k
@@ -196,32 +196,33 @@ class Planner:
         parallel = numel(node.shape)
         contraction = match_contraction(node, body)
         if contraction is not None:
-            k = self.new_kernel("contraction", parallel)
+            k = self.new_kernel(PlanKind.CONTRACTION, parallel)
             k.contraction = contraction
-            self.add(k, Stage(node.name, "contraction", body))
+            self.add(k, Stage(node.name, StageKind.CONTRACTION, body))
             self.note(f"{node.name}: contraction (m=dim {contraction.m_dim}, n=dim {contraction.n_dim}) -> {k.name}", k)
             return
         deps = self.deps(body)
         index_map = dict(zip(out_index(node.rank), (Index(e) for e in unravel_sym(X, node.shape))))
         for k in reversed(self.kernels()):
-            if k.kind != "reduction" or k.reduction != tuple(node.ranges):
+            if k.kind != PlanKind.REDUCTION or k.reduction != tuple(node.ranges):
                 continue
             if sympy.simplify(k.parallel - parallel) != 0:
                 continue
             kidx = self.steps.index(k)
-            members = {s.node for s in k.stages if s.kind in ("reduce", "row")}
+            members = {s.node for s in k.stages if s.kind in (StageKind.REDUCE, StageKind.ROW)}
             ranges = {X: k.parallel}
             if not self.reachable_before(deps, kidx, members):
                 continue
             if not self.loads_at_position(body, members, index_map, ranges):
                 continue
             level = 1 + max((k.stage(d).level for d in deps & members), default=-1)
-            stage = Stage(node.name, "reduce", body, level=level, repair=self.try_repair(k, node, body, deps & members))
+            stage = Stage(node.name, StageKind.REDUCE, body, level=level,
+                          repair=self.try_repair(k, node, body, deps & members))
             self.add(k, stage)
             self.note(f"{node.name}: joins {k.name} as a reduction over the same axis (pass {level})", k)
             return
-        k = self.new_kernel("reduction", parallel, tuple(node.ranges))
-        self.add(k, Stage(node.name, "reduce", body, level=0))
+        k = self.new_kernel(PlanKind.REDUCTION, parallel, tuple(node.ranges))
+        self.add(k, Stage(node.name, StageKind.REDUCE, body, level=0))
         self.note(f"{node.name}: reduction over {list(node.ranges)} -> {k.name}", k)
 
     def try_repair(self, k: KernelPlan, node: Reduce, body: Expr, deps: set):
@@ -231,7 +232,7 @@ class Planner:
         return repair if repair is not None else self.try_moments(k, node, body, deps)
 
     def try_rolling_update(self, k: KernelPlan, node: Reduce, body: Expr, deps: set):
-        reduce_deps = [d for d in deps if k.stage(d).kind == "reduce"]
+        reduce_deps = [d for d in deps if k.stage(d).kind == StageKind.REDUCE]
         if not reduce_deps:
             return None
         producer = max(reduce_deps, key=lambda d: k.stage(d).level)
@@ -276,9 +277,10 @@ class Planner:
         candidates = sorted({self.where[d] for d in deps}, reverse=True)
         for kidx in candidates:
             k = self.steps[kidx]
-            if not isinstance(k, KernelPlan) or k.kind == "pointwise":
+            if not isinstance(k, KernelPlan) or k.kind == PlanKind.POINTWISE:
                 continue
-            anchors = {s.node for s in k.stages if s.kind in ("reduce", "contraction", "row")}
+            anchors = {s.node for s in k.stages
+                       if s.kind in (StageKind.REDUCE, StageKind.CONTRACTION, StageKind.ROW)}
             if not self.reachable_before(deps, kidx, anchors):
                 self.note(f"{node.name}: cannot join {k.name}: reads a value produced after it")
                 continue
@@ -286,10 +288,10 @@ class Planner:
                 index_map = dict(zip(out_index(node.rank), (Index(e) for e in unravel_sym(X, node.shape))))
                 if self.loads_at_position(body, anchors, index_map, {X: k.parallel}):
                     level = max((k.stage(d).level for d in deps & anchors), default=-1)
-                    self.add(k, Stage(node.name, "row", body, level=level))
+                    self.add(k, Stage(node.name, StageKind.ROW, body, level=level))
                     self.note(f"{node.name}: epilogue of {k.name}", k)
                     return
-            if k.kind == "reduction":
+            if k.kind == PlanKind.REDUCTION:
                 rn = numel(k.reduction)
                 if sympy.simplify(size - k.parallel * rn) == 0:
                     flat = X * rn + R
@@ -297,17 +299,17 @@ class Planner:
                     ranges = {X: k.parallel, R: rn}
                     if self.loads_at_position(body, anchors, index_map, ranges):
                         level = 1 + max((k.stage(d).level for d in deps & anchors), default=-1)
-                        self.add(k, Stage(node.name, "full", body, level=level))
+                        self.add(k, Stage(node.name, StageKind.FULL, body, level=level))
                         self.note(f"{node.name}: full-row output of {k.name} (pass {level})", k)
                         return
             self.note(f"{node.name}: not fused into {k.name}: it does not read the kernel's results at the kernel's own position")
         k = self.horizontal_partner(size, deps)
         if k is not None:
-            self.add(k, Stage(node.name, "pointwise", body))
+            self.add(k, Stage(node.name, StageKind.POINTWISE, body))
             self.note(f"{node.name}: joins {k.name}: same iteration space, reads nothing it computes", k)
             return
-        k = self.new_kernel("pointwise", size)
-        self.add(k, Stage(node.name, "pointwise", body))
+        k = self.new_kernel(PlanKind.POINTWISE, size)
+        self.add(k, Stage(node.name, StageKind.POINTWISE, body))
         self.note(f"{node.name}: pointwise -> {k.name}", k)
 
     def horizontal_partner(self, size, deps: set) -> KernelPlan | None:
@@ -316,7 +318,7 @@ class Planner:
         of k, the writes of k and v into their caches) share one launch."""
         for kidx in range(len(self.steps) - 1, -1, -1):
             k = self.steps[kidx]
-            if not (isinstance(k, KernelPlan) and k.kind == "pointwise"):
+            if not (isinstance(k, KernelPlan) and k.kind == PlanKind.POINTWISE):
                 continue
             if len(k.stages) >= MAX_HORIZONTAL_STAGES or sympy.expand(k.parallel - size) != 0:
                 continue  # (expand, not simplify: this scan runs for every pointwise node)
@@ -330,14 +332,14 @@ class Planner:
         body = self.inliner.expr(node.body)
         index = tuple(self.inliner.expr(c) for c in node.index)
         deps = self.deps(body) | {d for c in index for d in self.deps(c)}
-        stage = Stage(node.name, "scatter", body, scatter=(node.target, index))
+        stage = Stage(node.name, StageKind.SCATTER, body, scatter=(node.target, index))
         k = self.horizontal_partner(numel(node.space), deps)
         if k is not None:
             self.add(k, stage)
             self.note(f"{node.name}: in-place indexed write into {node.target}, joins {k.name}: same iteration "
                       f"space, reads nothing it computes", k)
             return
-        k = self.new_kernel("pointwise", numel(node.space))
+        k = self.new_kernel(PlanKind.POINTWISE, numel(node.space))
         self.add(k, stage)
         self.note(f"{node.name}: in-place indexed write into {node.target} -> {k.name}", k)
 
@@ -358,7 +360,8 @@ class Planner:
         for k in self.kernels():
             for st in k.stages:
                 st.store = st.node in outputs or st.node in read_elsewhere
-                if st.kind in ("row", "full", "pointwise", "scatter") and not st.store:
+                if st.kind in (StageKind.ROW, StageKind.FULL, StageKind.POINTWISE, StageKind.SCATTER) \
+                        and not st.store:
                     st.store = True  # realised for a reason the inliner recorded
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..ir.expr import Load, walk
 from .moments import MomentRepair
-from .plan import KernelPlan
+from .plan import KernelPlan, StageKind
 
 
 def schedule_passes(plan: KernelPlan, use_repairs: bool) -> tuple[dict, set]:
@@ -35,15 +35,15 @@ def schedule_stages(plan: KernelPlan, use_repairs: bool) -> tuple[dict, set, set
             dep = members[d]
             if moments and d in st.repair.producers:
                 need = max(need, level[d])
-            elif dep.kind == "row":
-                need = max(need, level[d] + 1 if st.kind != "row" else level[d])
-            elif st.kind == "row":
+            elif dep.kind == StageKind.ROW:
+                need = max(need, level[d] + 1 if st.kind != StageKind.ROW else level[d])
+            elif st.kind == StageKind.ROW:
                 need = max(need, level[d])
             elif rolling and d == st.repair.producer:
                 need = max(need, level[d])
             else:
                 need = max(need, level[d] + 1)
-        level[st.node] = need if st.kind == "row" else max(need, 0)
+        level[st.node] = need if st.kind == StageKind.ROW else max(need, 0)
         if rolling and level[st.node] == level.get(st.repair.producer):
             repaired.add(st.node)
         if moments and level[st.node] == max(level[p] for p in st.repair.producers):

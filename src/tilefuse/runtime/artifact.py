@@ -136,8 +136,8 @@ class _Encoder:
             if id(v) in self.memo:
                 return ["r", self.memo[id(v)]]
             return ["x", self._remember(v), v]
-        if v is None or isinstance(v, (bool, str)):
-            return v
+        if v is None or isinstance(v, (bool, str)) and not isinstance(v, enum.Enum):
+            return v  # (a str enum — a plan's kind — is stored as its enum, below: it decodes typed)
         if type(v) is int:
             return v
         if type(v) is float:

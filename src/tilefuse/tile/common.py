@@ -16,6 +16,7 @@ from ..ir.rewrite import substitute_index
 from ..ir.symbolic import simplify_index
 from .builder import KernelBuilder, land
 from .ir import BroadcastTile
+from .schedule import Schedule
 
 
 @dataclass
@@ -24,7 +25,7 @@ class LoweringOptions:
     persistent_reduction_limit: int = 8192
     flash_config: str = ""
     flash_split: int = 0  # key ranges per block of rows in attention kernels (0: by occupancy)
-    schedule: dict | None = None  # a tuned configuration of the plan's schedule space (overrides rules)
+    schedule: Schedule | None = None  # a schedule of the plan's space (tuned, fitted): over the rules, knob by knob
     matmul: str = "auto"  # plain matmuls: "auto" (measured), "generated", "aten"
     sm_count: int = 0  # the device's multiprocessors (0: unknown)
     tma: bool = False  # the device and Triton read blocks through tensor descriptors (Hopper TMA)

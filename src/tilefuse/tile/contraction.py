@@ -10,7 +10,7 @@ import math
 
 import sympy
 
-from ..fusion.plan import KernelPlan
+from ..fusion.plan import KernelPlan, PlanKind
 from ..fusion.planner import unravel_sym
 from ..ir.expr import Cast, Const, Expr, Index, Load, Var, cast, out_index, red_index, where
 from ..ir.graph import Graph
@@ -18,8 +18,10 @@ from .builder import KernelBuilder, contiguous_strides, land
 from .common import (LoweringOptions, bound_check, dot_accumulator, dot_operand, index_values, lane_ranges, mapped,
                      needs_int64, pow2, static_int, tile_symbol)
 from .family import KernelFamily
-from .ir import Arange, DescriptorLoad, DotTile, For, Full, Let, MakeDescriptor, ProgramId, TileKernel
+from .ir import (Arange, DescriptorLoad, DotTile, For, Full, KernelKind, Let, MakeDescriptor, ProgramId,
+                 TileKernel)
 from .roofline import concurrency, tile_efficiency
+from .schedule import Schedule, schedule_over
 from .space import SMEM_PER_BLOCK, ScheduleSpace, shrink_dot_tiles
 
 
@@ -29,25 +31,30 @@ def _contraction_sizes(graph: Graph, plan: KernelPlan) -> tuple:
     return node.shape[c.m_dim], node.shape[c.n_dim], node.ranges[0], tuple(node.shape[d] for d in c.batch_dims)
 
 
-def contraction_rules(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> dict:
+def contraction_rules(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> Schedule:
     """The fixed rule's tiles: 128×128×64, 8 warps for bf16/fp16; 64×64×32 for fp32; clipped
     to small static extents."""
     c = plan.contraction
     M, N, K, _ = _contraction_sizes(graph, plan)
     low = all(dot_operand(f)[1].is_low_precision for f in (c.a, c.b))
     if options.target == "cpu":  # acc, A and B tiles fit the L1 cache together
-        cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8, "warps": 1, "stages": 1}
+        rules = Schedule(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, warps=1, stages=1)
     elif options.interpret:
-        cfg = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8, "warps": 4, "stages": 1}
+        rules = Schedule(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=8, warps=4, stages=1)
     elif low:
-        cfg = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "warps": 8, "stages": 3}
+        rules = Schedule(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, warps=8, stages=3)
     else:
-        cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8, "warps": 4, "stages": 3}
+        rules = Schedule(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, warps=4, stages=3)
     for key, dim in (("BLOCK_M", M), ("BLOCK_N", N), ("BLOCK_K", K)):
         v = static_int(dim)
         if v is not None:
-            cfg[key] = min(cfg[key], max(_min_block(key, options), pow2(v)))
-    return cfg
+            rules = rules.replace(**{key: min(rules[key], max(_min_block(key, options), pow2(v)))})
+    return rules
+
+
+#: the knobs that are not block sizes (the kernel's constants): the launch's, and the choices of
+#: kind of kernel
+NOT_BLOCKS = ("impl", "warps", "stages", "tma", "persistent")
 
 
 def _min_block(key: str, options: LoweringOptions) -> int:
@@ -76,12 +83,12 @@ def contraction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
         knobs = {"BLOCK_M": (32, 64, 128), "BLOCK_N": (32, 64, 128), "BLOCK_K": (16, 32),
                  "GROUP_M": (8,), "warps": (4, 8), "stages": (2, 3, 4)}
 
-    def valid(cfg):
+    def valid(s: Schedule) -> bool:
         for key, cap in caps.items():
-            if cap is not None and cfg[key] > max(_min_block(key, options), pow2(cap)):
+            if cap is not None and s[key] > max(_min_block(key, options), pow2(cap)):
                 return False
-        smem = cfg["stages"] * (cfg["BLOCK_M"] + cfg["BLOCK_N"]) * cfg["BLOCK_K"] * item
-        acc_regs = cfg["BLOCK_M"] * cfg["BLOCK_N"] // (32 * cfg["warps"])  # fp32 accumulators per thread
+        smem = s["stages"] * (s["BLOCK_M"] + s["BLOCK_N"]) * s["BLOCK_K"] * item
+        acc_regs = s["BLOCK_M"] * s["BLOCK_N"] // (32 * s["warps"])  # fp32 accumulators per thread
         return smem <= SMEM_PER_BLOCK and acc_regs <= 128
 
     nbatch = static_int(sympy.Mul(*batch)) if batch else 1
@@ -91,25 +98,25 @@ def contraction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
         # Hopper: operands through TMA descriptors, optionally one persistent program per SM
         # walking the output tiles (pointer loads gain nothing from persistence: not offered)
         knobs["tma"], knobs["persistent"] = (0, 1), ((0, 1) if options.sm_count else (0,))
-        default["tma"] = default["persistent"] = 0
+        default = default.replace(tma=0, persistent=0)
         tiles_ok = valid
 
-        def valid(cfg):
-            return tiles_ok(cfg) and (cfg["tma"] or not cfg["persistent"])
+        def valid(s: Schedule) -> bool:
+            return tiles_ok(s) and (s["tma"] or not s["persistent"])
     if options.matmul != "generated" and not options.interpret:
         from ..fusion.matmul_views import matmul_views
 
         if matmul_views(graph, plan) is not None:  # nothing fused: the library's matmul is a candidate
-            knobs["impl"], default["impl"] = ("generated", "aten"), "generated"
+            knobs["impl"], default = ("generated", "aten"), default.replace(impl="generated")
             tiles = valid
 
-            def valid(cfg):  # the library ignores the tile knobs: one "aten" configuration
-                if cfg["impl"] == "aten":
-                    return all(cfg[k] == v for k, v in default.items() if k != "impl")
-                return tiles(cfg)
+            def valid(s: Schedule) -> bool:  # the library ignores the tile knobs: one "aten" schedule
+                if s["impl"] == "aten":
+                    return all(s[k] == v for k, v in default.items() if k != "impl")
+                return tiles(s)
     return ScheduleSpace("contraction", knobs, default, sizes=sizes, itemsize=item, valid=valid,
                          families=tuple(k for k in ("impl", "persistent") if k in knobs),
-                         plan_kind="contraction")
+                         plan_kind=PlanKind.CONTRACTION)
 
 
 def lower_contraction(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> TileKernel:
@@ -122,13 +129,10 @@ def lower_contraction(graph: Graph, plan: KernelPlan, options: LoweringOptions) 
     for e in (M, N, K, *batch_shape):
         b.size_params(e)
     b.tile_symbols |= {"pid", "pid_b", "rm", "rn", "rka", "rkb", "koffset", "pid_m", "pid_n"}
-    chosen = contraction_rules(graph, plan, options)
-    if options.schedule:
-        chosen.update(options.schedule)
-    chosen.pop("impl", None)  # "aten" never reaches a lowering (the driver runs ATen instead)
-    warps, stages = chosen.pop("warps"), chosen.pop("stages")
-    use_tma, persistent = bool(chosen.pop("tma", 0)), bool(chosen.pop("persistent", 0))
-    cfg = chosen
+    schedule = current_contraction_schedule(graph, plan, options)
+    # ("impl=aten" never reaches a lowering: the driver runs ATen instead)
+    use_tma, persistent = bool(schedule.get("tma", 0)), bool(schedule.get("persistent", 0))
+    constexprs = schedule.without(*NOT_BLOCKS).as_dict()  # the block sizes are the kernel's constants
     BM, BN, BK, G = (tile_symbol(n) for n in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"))
     wide = any(needs_int64(*sizes) for sizes in ((M, K, *batch_shape), (K, N, *batch_shape), (M, N, *batch_shape)))
     described = _described(graph, plan) if use_tma and not wide else None
@@ -136,7 +140,7 @@ def lower_contraction(graph: Graph, plan: KernelPlan, options: LoweringOptions) 
     num_m, num_n = sympy.ceiling(M / BM), sympy.ceiling(N / BN)
     b.tile_symbols |= {"pid_first", "tile", "desc_a", "desc_b"}
     if persistent:  # one program per SM walks the output tiles; its loads overlap the last epilogue
-        cfg["NUM_SMS"] = options.sm_count
+        constexprs["NUM_SMS"] = options.sm_count
         b.emit(ProgramId("pid_first", 0))
     else:
         b.emit(ProgramId("pid", 0, wide=wide))
@@ -173,8 +177,8 @@ def lower_contraction(graph: Graph, plan: KernelPlan, options: LoweringOptions) 
             vals[d] = v
         return vals
 
-    m_ok = bound_check(b, rm, M, cfg["BLOCK_M"], "mmask")  # loop-invariant: before the K loop
-    n_ok = bound_check(b, rn, N, cfg["BLOCK_N"], "nmask")
+    m_ok = bound_check(b, rm, M, schedule["BLOCK_M"], "mmask")  # loop-invariant: before the K loop
+    n_ok = bound_check(b, rn, N, schedule["BLOCK_N"], "nmask")
     acc, accd = b.fresh("acc"), dot_accumulator(c.a, c.b)
     b.emit(Full(acc, ("BLOCK_M", "BLOCK_N"), 0.0, accd))
     loop = For("koffset", Index(sympy.Integer(0)), Index(K), "BLOCK_K")
@@ -183,8 +187,8 @@ def lower_contraction(graph: Graph, plan: KernelPlan, options: LoweringOptions) 
     b.emit(Arange("rka", Index(tile_symbol("koffset")), "BLOCK_K", 1, 2))
     b.emit(Arange("rkb", Index(tile_symbol("koffset")), "BLOCK_K", 0, 2))
     rka, rkb = tile_symbol("rka"), tile_symbol("rkb")
-    ka_ok = bound_check(b, rka, K, cfg["BLOCK_K"], "kamask")
-    kb_ok = bound_check(b, rkb, K, cfg["BLOCK_K"], "kbmask")
+    ka_ok = bound_check(b, rka, K, schedule["BLOCK_K"], "kamask")
+    kb_ok = bound_check(b, rkb, K, schedule["BLOCK_K"], "kbmask")
     mask_a = land(m_ok, ka_ok)
     mask_b = land(kb_ok, n_ok)
     operands = []
@@ -232,9 +236,9 @@ def lower_contraction(graph: Graph, plan: KernelPlan, options: LoweringOptions) 
         b.pop_block()
     nbatch = sympy.Mul(*batch_shape) if batch_shape else sympy.Integer(1)
     grid = (sympy.Min(tile_symbol("NUM_SMS"), num_m * num_n), 1) if persistent else (num_m * num_n, nbatch)
-    return TileKernel(plan.name, b.finish_params(), cfg, numel=M * N * nbatch, grid=grid, body=b.body,
-                      num_warps=warps, num_stages=stages, reads=b.reads, writes=b.writes,
-                      kind="contraction", plan=plan)
+    return TileKernel(plan.name, b.finish_params(), constexprs, numel=M * N * nbatch, grid=grid, body=b.body,
+                      num_warps=schedule.warps, num_stages=schedule.stages, reads=b.reads, writes=b.writes,
+                      kind=KernelKind.CONTRACTION, plan=plan)
 
 
 def _described(graph: Graph, plan: KernelPlan):
@@ -251,18 +255,17 @@ def _is_plain_load(e: Expr) -> bool:
     return isinstance(e, Load)
 
 
-def current_contraction_config(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> dict:
-    """The rules' configuration with the schedule's knobs over it."""
-    cfg = contraction_rules(graph, plan, options)
-    cfg.update(dict(options.schedule or {}))
-    return cfg
+def current_contraction_schedule(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> Schedule:
+    """The rules' schedule with `options.schedule`'s knobs over it: what the lowering uses."""
+    return schedule_over(contraction_rules(graph, plan, options), options.schedule)
 
 
-def shrink_contraction(plan: KernelPlan, cfg: dict, resource: str, options: LoweringOptions) -> dict | None:
-    return shrink_dot_tiles(cfg, resource, ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
+def shrink_contraction(plan: KernelPlan, schedule: Schedule, resource: str,
+                       options: LoweringOptions) -> Schedule | None:
+    return shrink_dot_tiles(schedule, resource, ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
 
 
-def contraction_time(space, cfg, c) -> float:
+def contraction_time(space, schedule: Schedule, c) -> float:
     """A blocked `dot` kernel: the larger of its padded flops (waves of tiles at their
     efficiency) and its operand traffic (re-reads per output tile row and column), or the
     vendor library's roofline for `impl=aten`."""
@@ -270,7 +273,8 @@ def contraction_time(space, cfg, c) -> float:
     M, N, K, batch = s.get("M"), s.get("N"), s.get("K"), s.get("batch") or 1
     if None in (M, N, K):
         return math.inf
-    bm, bn, bk, warps, stages = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["warps"], cfg["stages"]
+    bm, bn, bk = schedule["BLOCK_M"], schedule["BLOCK_N"], schedule["BLOCK_K"]
+    warps, stages = schedule["warps"], schedule["stages"]
     tm, tn = math.ceil(M / bm), math.ceil(N / bn)
     tiles = tm * tn * batch
     smem = stages * (bm + bn) * bk * space.itemsize
@@ -279,16 +283,16 @@ def contraction_time(space, cfg, c) -> float:
     per_sm = slots // c.sm_count
     # padded work of one wave, spread over the SMs at the tile's efficiency
     flops_per_tile = 2.0 * bm * bn * math.ceil(K / bk) * bk
-    sm_rate = c.matrix_flops / c.sm_count * tile_efficiency(bm, bn, warps) * (1.02 if cfg.get("tma") else 1.0)
+    sm_rate = c.matrix_flops / c.sm_count * tile_efficiency(bm, bn, warps) * (1.02 if schedule.get("tma") else 1.0)
     t_compute = waves * min(per_sm, math.ceil(tiles / c.sm_count)) * flops_per_tile / sm_rate
-    persistent = bool(cfg.get("persistent"))
+    persistent = bool(schedule.get("persistent"))
     if persistent:  # one program per SM, its tiles back to back
         t_compute = math.ceil(tiles / c.sm_count) * flops_per_tile / sm_rate
-    if cfg.get("impl") == "aten":  # the vendor library: the device's measured matrix rate, its own pipelining
+    if schedule.get("impl") == "aten":  # the vendor library: the device's measured matrix rate, its own pipelining
         return max(2.0 * M * N * K * batch / c.matrix_flops, (M * K + K * N + M * N) * batch * space.itemsize
                    / c.bandwidth) + 3e-6
     # operands re-read once per output tile row/column; grouped ordering lets L2 serve most
-    reread = (M * K * tn + K * N * tm) * batch * space.itemsize / max(1.0, min(cfg.get("GROUP_M", 1), tm) ** 0.5)
+    reread = (M * K * tn + K * N * tm) * batch * space.itemsize / max(1.0, min(schedule.get("GROUP_M", 1), tm) ** 0.5)
     t_memory = (reread + M * N * batch * space.itemsize) / c.bandwidth
     # prologue/epilogue of the software pipeline, per program; a persistent program overlaps
     # the next tile's loads with this tile's epilogue
@@ -300,8 +304,8 @@ def _kernels(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> list[T
     return [lower_contraction(graph, plan, options)]
 
 
-FAMILY = KernelFamily("contraction", lower=_kernels, space=contraction_space, config=current_contraction_config,
-                      shrink=shrink_contraction, cost=contraction_time)
+FAMILY = KernelFamily(PlanKind.CONTRACTION, lower=_kernels, space=contraction_space,
+                      schedule=current_contraction_schedule, shrink=shrink_contraction, cost=contraction_time)
 
-__all__ = ["FAMILY", "lower_contraction", "contraction_rules", "contraction_space", "current_contraction_config",
+__all__ = ["FAMILY", "lower_contraction", "contraction_rules", "contraction_space", "current_contraction_schedule",
            "shrink_contraction", "contraction_time"]

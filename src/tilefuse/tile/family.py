@@ -12,23 +12,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from ..fusion.plan import PlanKind
+
 
 @dataclass(frozen=True)
 class KernelFamily:
     #: the `KernelPlan.kind` this family lowers
-    kind: str
+    kind: PlanKind
     #: `(graph, plan, options)` → the plan's tile kernels (one, or a split kernel and its merge)
     lower: Callable
     #: `(graph, plan, options)` → the plan's `ScheduleSpace` (None: nothing to tune)
     space: Callable
-    #: `(graph, plan, options)` → the whole configuration the lowering uses under `options`
-    #: (its rules, a knob, or `options.schedule` over them), as a schedule dict (`tile.fit`)
-    config: Callable
-    #: `(plan, config, resource, options)` → the next smaller configuration after `config`
+    #: `(graph, plan, options)` → the whole `Schedule` the lowering uses under `options` (its
+    #: rules, a knob, or `options.schedule` over them: what the lowering itself reads, `tile.fit`)
+    schedule: Callable
+    #: `(plan, schedule, resource, options)` → the next smaller schedule after `schedule`
     #: exceeded the target's `resource` ("shared memory", "elements", ...), or None (`tile.fit`;
     #: too many warps is every family's case, handled there)
     shrink: Callable
-    #: `(space, config, ceilings)` → predicted seconds of one launch (`tune.cost.predict`; the
+    #: `(space, schedule, ceilings)` → predicted seconds of one launch (`tune.cost.predict`; the
     #: ceilings are a `tune.cost.Ceilings`)
     cost: Callable
     #: whether the tuner measures this family's C++ kernels (its knobs mean something on a CPU)

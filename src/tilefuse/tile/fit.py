@@ -1,14 +1,14 @@
-"""A configuration that fits: lower a plan, check its kernels against the target's limits
-(`tile.limits`), and while one does not fit, lower it again with a smaller configuration.
+"""A schedule that fits: lower a plan, check its kernels against the target's limits
+(`tile.limits`), and while one does not fit, lower it again with a smaller schedule.
 
-The configuration is the one the lowering would use (its rules, a knob such as
-`flash_config` or `persistent_reduction_limit`, or a tuned schedule), as a schedule dict;
+The schedule is the one the lowering would use (its rules, a knob such as `flash_config` or
+`persistent_reduction_limit`, or a tuned schedule), as a `Schedule` (`tile.schedule`);
 each step makes it smaller where the violated resource says, as the plan's kernel family
 decides (`KernelFamily.shrink`) — pipeline stages down to two first for shared memory, else
 the largest block halved, and a persistent row becomes a looped one.
 The kernels that fit are returned with what was replaced and why; the caller decides how
 loudly to say it (a warning for a knob, a debug log for the tuner). When even the smallest
-configuration does not fit, `LimitError` says so: never a kernel over the limits.
+schedule does not fit, `LimitError` says so: never a kernel over the limits.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from typing import Callable
 
 from .limits import Violation
 from .registry import family
+from .schedule import Schedule
 from .space import describe
 
 #: halvings and steps before giving up (a 2**20 block reaches 16 in 16)
@@ -24,14 +25,14 @@ MAX_STEPS = 40
 
 
 class LimitError(RuntimeError):
-    """No configuration of a plan fits its target's limits."""
+    """No schedule of a plan fits its target's limits."""
 
 
 @dataclass
 class Fitted:
     kernels: list
-    schedule: dict | None  # the schedule the kernels were lowered with
-    replaced: dict | None = None  # the configuration that did not fit (None: the first one fit)
+    schedule: Schedule | None  # the schedule the kernels were lowered with (None: the rules')
+    replaced: Schedule | None = None  # the schedule that did not fit (None: the first one fit)
     violation: Violation | None = None  # why it did not
 
     def describe(self) -> str:
@@ -52,7 +53,7 @@ def fit_kernels(graph, plan, options, check: Callable, lower: Callable) -> Fitte
         found = next((v for v in map(check, kernels) if v is not None), None)
         if found is None:
             return Fitted(kernels, options.schedule, first, first_violation)
-        current = current_config(graph, plan, options)
+        current = current_schedule(graph, plan, options)
         if first is None:
             first, first_violation = current, found
         smaller = shrink(plan, current, found.resource, options)
@@ -62,19 +63,19 @@ def fit_kernels(graph, plan, options, check: Callable, lower: Callable) -> Fitte
     raise LimitError(f"{plan.name}: no configuration fits the target: {first_violation}")
 
 
-def current_config(graph, plan, options) -> dict:
-    """The whole configuration the lowering uses for `plan` under `options`."""
-    return family(plan.kind).config(graph, plan, options)
+def current_schedule(graph, plan, options) -> Schedule:
+    """The whole schedule the lowering uses for `plan` under `options`."""
+    return family(plan.kind).schedule(graph, plan, options)
 
 
-def shrink(plan, cfg: dict, resource: str, options) -> dict | None:
-    """The next smaller configuration of `plan` after `cfg` exceeded `resource`, or None: too
+def shrink(plan, schedule: Schedule, resource: str, options) -> Schedule | None:
+    """The next smaller schedule of `plan` after `schedule` exceeded `resource`, or None: too
     many warps is every family's case (a power of two, at most 32), the rest the family's."""
     if resource == "warps":
-        warps = cfg.get("warps", 1)
+        warps = schedule.warps
         low = 1 << (max(1, warps).bit_length() - 1)  # a power of two at most `warps`
-        return {**cfg, "warps": min(low, 32)} if low != warps or warps > 32 else None
-    return family(plan.kind).shrink(plan, cfg, resource, options)
+        return schedule.replace(warps=min(low, 32)) if low != warps or warps > 32 else None
+    return family(plan.kind).shrink(plan, schedule, resource, options)
 
 
-__all__ = ["fit_kernels", "Fitted", "LimitError", "current_config", "shrink"]
+__all__ = ["fit_kernels", "Fitted", "LimitError", "current_schedule", "shrink"]

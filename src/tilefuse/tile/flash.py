@@ -18,18 +18,19 @@ import math
 import sympy
 
 from ..fusion.flash import K0
-from ..fusion.plan import KernelPlan
+from ..fusion.plan import KernelPlan, PlanKind, StageKind
 from ..fusion.planner import unravel_sym
 from ..ir.expr import Const, Index, Load, Var, binary, cast, out_index, red_index, where
 from ..ir.graph import Graph
 from ..ir.monoid import SUM
 from .builder import KernelBuilder, contiguous_strides, land
-from .ir import Arange, Assign, DotTile, For, Full, ProgramId, ReduceTile, Scratch, TileKernel
+from .ir import Arange, Assign, DotTile, For, Full, KernelKind, ProgramId, ReduceTile, Scratch, TileKernel
 from .family import KernelFamily
 from .common import (LoweringOptions, bound_check, combine, dot_accumulator, dot_operand, full_tile, identity_const,
                      index_values, lane_ranges, mapped, needs_int64, pow2, rebase, static_int, tile_symbol)
 from .roofline import concurrency, tile_efficiency
 from .score_rewrites import exp_as_exp2, positive_scale, pull_scales, relax_for_low_precision
+from .schedule import Schedule, schedule_over
 from .space import SMEM_PER_BLOCK, ScheduleSpace, shrink_dot_tiles
 
 
@@ -47,17 +48,18 @@ def lower_flash_kernels(graph: Graph, plan: KernelPlan, options: LoweringOptions
 def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits: int = 1) -> TileKernel:
     info = plan.flash
     con = plan.contraction
-    stages = {st.kind: st for st in plan.stages if st.kind in ("score", "contraction")}
-    reduces = [st for st in plan.stages if st.kind == "reduce"]
-    o_stage = stages["contraction"]
+    stages = {st.kind: st for st in plan.stages if st.kind in (StageKind.SCORE, StageKind.CONTRACTION)}
+    reduces = [st for st in plan.stages if st.kind == StageKind.REDUCE]
+    o_stage = stages[StageKind.CONTRACTION]
     o_node = graph[o_stage.node]
-    s_node = graph[stages["score"].node]
+    s_node = graph[stages[StageKind.SCORE].node]
     M, DN, N = o_node.shape[con.m_dim], o_node.shape[con.n_dim], o_node.ranges[0]
     DK = info.score_extent
     batch_shape = tuple(o_node.shape[d] for d in con.batch_dims)
     dn, dk = max(16, pow2(static_int(DN))), max(16, pow2(static_int(DK)))
-    bm, bn, warps, stages = _chosen_config(graph, plan, options)
-    cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_DN": dn, "BLOCK_DK": dk}
+    schedule = _tiles_schedule(graph, plan, options)
+    bm, bn, warps, stages = schedule["BLOCK_M"], schedule["BLOCK_N"], schedule.warps, schedule.stages
+    constexprs = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_DN": dn, "BLOCK_DK": dk}
 
     kname = plan.name if splits == 1 else f"{plan.name}_partial"
     b = KernelBuilder(graph, kname, options.divisor_checks)
@@ -208,16 +210,16 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
         b.store(_part_name(plan, "acc"), (Index(tile_symbol("pid_s")), Index(tile_symbol("pid_b")), Index(rm), Index(rn)), acc, omask)
         plan.notes.append(f"{o_node.name}: split into {splits} ranges of keys per block of rows; partial "
                           f"states merged by {plan.name}_merge with the same rolling updates")
-        return TileKernel(kname, b.finish_params(), cfg, numel=M * DN * nbatch,
+        return TileKernel(kname, b.finish_params(), constexprs, numel=M * DN * nbatch,
                           grid=(sympy.ceiling(M / tile_symbol("BLOCK_M")), nbatch, splits), body=b.body, num_warps=warps,
-                          num_stages=stages, reads=b.reads, writes=b.writes, kind="flash",
+                          num_stages=stages, reads=b.reads, writes=b.writes, kind=KernelKind.FLASH,
                           plan=plan, scratch=scratch)
     for st in reduces:
         b.bound[st.node] = b.let(_finished(state[st.node], graph[st.node]), "red")
     _finish(b, graph, plan, acc, rm, rn, m_ok, omask, coords, at)
-    return TileKernel(plan.name, b.finish_params(), cfg, numel=M * DN * nbatch,
+    return TileKernel(plan.name, b.finish_params(), constexprs, numel=M * DN * nbatch,
                       grid=(sympy.ceiling(M / tile_symbol("BLOCK_M")), nbatch), body=b.body, num_warps=warps,
-                      num_stages=stages, reads=b.reads, writes=b.writes, kind="flash",
+                      num_stages=stages, reads=b.reads, writes=b.writes, kind=KernelKind.FLASH,
                       plan=plan)
 
 
@@ -229,19 +231,24 @@ def _accumulator(plan: KernelPlan):
 
 def _flash_sizes(graph: Graph, plan: KernelPlan) -> tuple:
     con = plan.contraction
-    o_node = graph[next(st.node for st in plan.stages if st.kind == "contraction")]
+    o_node = graph[next(st.node for st in plan.stages if st.kind == StageKind.CONTRACTION)]
     M, DN, N = o_node.shape[con.m_dim], o_node.shape[con.n_dim], o_node.ranges[0]
     DK = plan.flash.score_extent
     batch = tuple(o_node.shape[d] for d in con.batch_dims)
     return M, N, DN, DK, batch
 
 
-def _chosen_config(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> tuple:
-    """(BLOCK_M, BLOCK_N, warps, stages): a tuned schedule, else TILEFUSE_FLASH_CONFIG, else rules."""
+#: the knobs of the flash kernel's tiles (the split is `split_factor`'s)
+TILE_KNOBS = ("BLOCK_M", "BLOCK_N", "warps", "stages")
+
+
+def _tiles_schedule(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> Schedule:
+    """BLOCK_M, BLOCK_N, warps and stages: a tuned schedule's, else TILEFUSE_FLASH_CONFIG's, else
+    the rules'."""
     M, N, DN, DK, _ = _flash_sizes(graph, plan)
     head = max(16, pow2(static_int(DN)), pow2(static_int(DK)))
     low = dot_operand(plan.flash.q)[1].is_low_precision
-    bm, bn, warps, stages = _default_config(low, head, static_int(M), options)
+    bm, bn, warps, stages = _default_tiles(low, head, static_int(M), options)
     if options.flash_config:
         from ..config import knob
 
@@ -249,11 +256,8 @@ def _chosen_config(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> 
         # blocks fit this kernel on its target is tile.fit's question, after lowering
         value = knob("flash_config").parse(options.flash_config, "flash_config")
         bm, bn, warps, stages = (int(v) for v in value.split(","))
-    if options.schedule:
-        sch = options.schedule
-        bm, bn = sch.get("BLOCK_M", bm), sch.get("BLOCK_N", bn)
-        warps, stages = sch.get("warps", warps), sch.get("stages", stages)
-    return bm, bn, warps, stages
+    rules = Schedule(zip(TILE_KNOBS, (bm, bn, warps, stages)))
+    return schedule_over(rules, options.schedule).pick(TILE_KNOBS)
 
 
 def flash_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
@@ -263,11 +267,10 @@ def flash_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     low = dot_operand(plan.flash.q)[1].is_low_precision
     item = 2 if low else 4
     rows = static_int(M)
-    bm, bn, warps, stages = _chosen_config(graph, plan, options)
-    default = {"BLOCK_M": bm, "BLOCK_N": bn, "warps": warps, "stages": stages}
+    default = _tiles_schedule(graph, plan, options)
     if rows is not None and rows <= 16:
         auto = split_factor(graph, plan, options)
-        default["split"] = auto
+        default = default.replace(split=auto)
         knobs = {"BLOCK_M": (16,), "BLOCK_N": (64, 128, 256), "warps": (4, 8), "stages": (2, 3, 4),
                  "split": tuple(sorted({1, auto, max(1, auto // 2), 2 * auto}))}
     elif low:
@@ -277,20 +280,21 @@ def flash_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
 
     smem_limit = getattr(options.limits, "shared_memory", None) or SMEM_PER_BLOCK
 
-    def valid(cfg):
-        if rows is not None and cfg["BLOCK_M"] > max(16, pow2(rows)):
+    def valid(s: Schedule) -> bool:
+        if rows is not None and s["BLOCK_M"] > max(16, pow2(rows)):
             return False
         # K and V tiles pipelined over the stages, the Q tile once (tile.limits measures the same)
-        smem = cfg["stages"] * cfg["BLOCK_N"] * (dk + dn) * item + cfg["BLOCK_M"] * dk * item
-        regs = cfg["BLOCK_M"] * (dn + cfg["BLOCK_N"]) // (32 * cfg["warps"])
+        smem = s["stages"] * s["BLOCK_N"] * (dk + dn) * item + s["BLOCK_M"] * dk * item
+        regs = s["BLOCK_M"] * (dn + s["BLOCK_N"]) // (32 * s["warps"])
         return smem <= smem_limit and regs <= 192
 
     nbatch = static_int(sympy.Mul(*batch)) if batch else 1
     sizes = {"M": rows, "N": static_int(N), "D": max(dn, dk), "batch": nbatch}
-    return ScheduleSpace("flash", knobs, default, sizes=sizes, itemsize=item, valid=valid, plan_kind="flash")
+    return ScheduleSpace("flash", knobs, default, sizes=sizes, itemsize=item, valid=valid,
+                         plan_kind=PlanKind.FLASH)
 
 
-def _default_config(low_precision: bool, head_block: int, rows, options: LoweringOptions) -> tuple:
+def _default_tiles(low_precision: bool, head_block: int, rows, options: LoweringOptions) -> tuple:
     """(BLOCK_M, BLOCK_N, warps, stages) until the autotuner chooses: the best of a sweep on the
     H200 (docs/benchmarks.md) — 128×128 tiles for head dim 128, 128×64 below, 8 warps; 16 rows (the smallest `dot`) when there are at most 16 (decode)."""
     if options.target == "cpu":  # score tile and operands stay in the L1/L2 caches
@@ -332,9 +336,9 @@ def _coordinates(con, o_node, batch_vals):
 def _finish(b: KernelBuilder, graph: Graph, plan: KernelPlan, acc, rm, rn, m_ok, omask, coords, at) -> None:
     """After the key loop: the deferred row factor and guards, the output store, epilogues."""
     info = plan.flash
-    o_stage = next(st for st in plan.stages if st.kind == "contraction")
+    o_stage = next(st for st in plan.stages if st.kind == StageKind.CONTRACTION)
     o_node = graph[o_stage.node]
-    epilogues = [st for st in plan.stages if st.kind == "row"]
+    epilogues = [st for st in plan.stages if st.kind == StageKind.ROW]
     outs = out_index(o_node.rank)
     total = acc
     if info.post is not None:
@@ -368,7 +372,7 @@ def split_factor(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> in
     if options.interpret or options.sm_count <= 0:
         return 1
     con = plan.contraction
-    o_node = graph[next(st.node for st in plan.stages if st.kind == "contraction")]
+    o_node = graph[next(st.node for st in plan.stages if st.kind == StageKind.CONTRACTION)]
     M, N = static_int(o_node.shape[con.m_dim]), static_int(o_node.ranges[0])
     nbatch = static_int(sympy.Mul(*(o_node.shape[d] for d in con.batch_dims)))
     if None in (M, N, nbatch):
@@ -409,8 +413,8 @@ def lower_flash_merge(graph: Graph, plan: KernelPlan, options: LoweringOptions, 
     combine the producers (max ...), re-base every repaired partial sum onto the combined
     values with its derived h, sum over the splits, then finish as the flash kernel does."""
     con = plan.contraction
-    reduces = [st for st in plan.stages if st.kind == "reduce"]
-    o_stage = next(st for st in plan.stages if st.kind == "contraction")
+    reduces = [st for st in plan.stages if st.kind == StageKind.REDUCE]
+    o_stage = next(st for st in plan.stages if st.kind == StageKind.CONTRACTION)
     o_node = graph[o_stage.node]
     M, DN = o_node.shape[con.m_dim], o_node.shape[con.n_dim]
     batch_shape = tuple(o_node.shape[d] for d in con.batch_dims)
@@ -461,7 +465,7 @@ def lower_flash_merge(graph: Graph, plan: KernelPlan, options: LoweringOptions, 
     _finish(b, graph, plan, acc, rm, rn, None, n_ok, coords, at)
     return TileKernel(f"{plan.name}_merge", b.finish_params(), {"BLOCK_S": bs, "BLOCK_DN": dn}, numel=M * DN * nbatch,
                       grid=(M, nbatch), body=b.body, num_warps=4 if dn >= 128 else 2, num_stages=1,
-                      reads=b.reads, writes=b.writes, kind="flash-merge", plan=plan)
+                      reads=b.reads, writes=b.writes, kind=KernelKind.FLASH_MERGE, plan=plan)
 
 
 def _interior_keys(info, row, key, start, stop, bn):
@@ -515,27 +519,25 @@ def _live_keys(info, row, key, N):
     return start, stop
 
 
-def current_flash_config(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> dict:
+def current_flash_schedule(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> Schedule:
     """The tiles, warps, stages and split the lowering uses: a tuned schedule, else the
     `flash_config` knob, else the rules."""
-    cfg = dict(zip(("BLOCK_M", "BLOCK_N", "warps", "stages"), _chosen_config(graph, plan, options)))
-    cfg["split"] = split_factor(graph, plan, options)
-    return cfg
+    return _tiles_schedule(graph, plan, options).replace(split=split_factor(graph, plan, options))
 
 
-def shrink_flash(plan: KernelPlan, cfg: dict, resource: str, options: LoweringOptions) -> dict | None:
-    return shrink_dot_tiles(cfg, resource, ("BLOCK_M", "BLOCK_N"))
+def shrink_flash(plan: KernelPlan, schedule: Schedule, resource: str, options: LoweringOptions) -> Schedule | None:
+    return shrink_dot_tiles(schedule, resource, ("BLOCK_M", "BLOCK_N"))
 
 
-def flash_time(space, cfg, c) -> float:
+def flash_time(space, schedule: Schedule, c) -> float:
     """Two dots per key tile against the exp/max/sum per score, or the K and V traffic of every
     block of rows, whichever is larger; a split adds its merge kernel."""
     s = space.sizes
     M, N, D, batch = s.get("M"), s.get("N"), s.get("D"), s.get("batch") or 1
     if None in (M, N, D):
         return math.inf
-    bm, bn, warps, stages = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["warps"], cfg["stages"]
-    split = cfg.get("split", 1)
+    bm, bn, warps, stages = schedule["BLOCK_M"], schedule["BLOCK_N"], schedule["warps"], schedule["stages"]
+    split = schedule.get("split", 1)
     programs = math.ceil(M / bm) * batch * split
     smem = stages * bn * 2 * D * space.itemsize + bm * D * space.itemsize
     slots = concurrency(smem, warps, c.sm_count)
@@ -552,8 +554,8 @@ def flash_time(space, cfg, c) -> float:
     return max(t_compute, t_memory) * (1.0 + 0.15 / stages) + 3e-6 + merge
 
 
-FAMILY = KernelFamily("flash", lower=lower_flash_kernels, space=flash_space, config=current_flash_config,
-                      shrink=shrink_flash, cost=flash_time, tuned_on_cpu=False)
+FAMILY = KernelFamily(PlanKind.FLASH, lower=lower_flash_kernels, space=flash_space,
+                      schedule=current_flash_schedule, shrink=shrink_flash, cost=flash_time, tuned_on_cpu=False)
 
 __all__ = ["FAMILY", "lower_flash", "lower_flash_kernels", "lower_flash_merge", "split_factor", "choose_splits",
-           "flash_space", "current_flash_config", "shrink_flash", "flash_time"]
+           "flash_space", "current_flash_schedule", "shrink_flash", "flash_time"]

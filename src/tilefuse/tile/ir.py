@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from ..ir.dtypes import DType
 from ..ir.expr import Expr, Index, format_expr
+from ..fusion.plan import Vocabulary
 from ..ir.monoid import Monoid
 
 
@@ -291,6 +292,17 @@ def check_message(check: Check, env: dict | None = None) -> str:
     return check.message.replace("{size}", size)
 
 
+class KernelKind(Vocabulary):
+    """What a tile kernel is: its plan's kind (`fusion.plan.PlanKind`), or the merge kernel a
+    split flash plan adds after its split kernel."""
+
+    POINTWISE = "pointwise"
+    REDUCTION = "reduction"
+    CONTRACTION = "contraction"
+    FLASH = "flash"
+    FLASH_MERGE = "flash-merge"
+
+
 @dataclass
 class TileKernel:
     name: str
@@ -303,7 +315,7 @@ class TileKernel:
     num_stages: int = 1
     reads: list = field(default_factory=list)
     writes: list = field(default_factory=list)
-    kind: str = "pointwise"
+    kind: KernelKind = KernelKind.POINTWISE
     plan: object = None  # the KernelPlan it implements (for reports)
     scratch: dict = field(default_factory=dict)  # name -> Scratch it writes for a later kernel
     #: alternatives tiled for small values of a symbolic extent, chosen at launch (`tile.variants`)

@@ -9,25 +9,26 @@ from __future__ import annotations
 
 import sympy
 
-from ..fusion.plan import KernelPlan
+from ..fusion.plan import KernelPlan, PlanKind, StageKind
 from ..ir.expr import Const, Index, binary, out_index
 from ..ir.graph import Graph
 from .builder import KernelBuilder, land
 from .common import LoweringOptions, bound_check, index_values, mapped, needs_int64, pow2, static_int, tile_symbol
 from .family import KernelFamily
-from .ir import Arange, ProgramId, TileKernel
+from .ir import Arange, KernelKind, ProgramId, TileKernel
 from .roofline import memory_time
+from .schedule import Schedule, schedule_over
 from .space import ScheduleSpace, halved, memory_bytes, warps_within
 
 
-def pointwise_rules(plan: KernelPlan, options: LoweringOptions) -> dict:
+def pointwise_rules(plan: KernelPlan, options: LoweringOptions) -> Schedule:
     block = 1024 if not options.interpret else 256
     if options.target == "cpu":  # one program is a vectorised loop: amortise its start
         block = 2048
     nv = static_int(plan.parallel)
     if nv is not None:
         block = min(block, max(16, pow2(nv)))
-    return {"XBLOCK": block, "warps": 4 if block >= 512 else 2}
+    return Schedule(XBLOCK=block, warps=4 if block >= 512 else 2)
 
 
 def pointwise_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
@@ -38,11 +39,12 @@ def pointwise_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
         knobs = {"XBLOCK": tuple(x for x in (512, 1024, 2048, 4096, 8192) if x <= cap) or (cap,), "warps": (1,)}
         return ScheduleSpace("memory", knobs, pointwise_rules(plan, options),
                              sizes={"programs": n, "rows": n, "R": 1, "bytes": memory_bytes(graph, plan)},
-                             plan_kind="pointwise")
+                             plan_kind=PlanKind.POINTWISE)
     knobs = {"XBLOCK": tuple(x for x in (256, 512, 1024, 2048, 4096) if x <= cap) or (cap,), "warps": (2, 4, 8)}
     return ScheduleSpace("memory", knobs, pointwise_rules(plan, options),
                          sizes={"programs": n, "rows": n, "R": 1, "bytes": memory_bytes(graph, plan)},
-                         valid=lambda cfg: cfg["XBLOCK"] >= 32 * cfg["warps"], plan_kind="pointwise")
+                         valid=lambda schedule: schedule["XBLOCK"] >= 32 * schedule.warps,
+                         plan_kind=PlanKind.POINTWISE)
 
 
 def lower_pointwise(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> TileKernel:
@@ -53,14 +55,12 @@ def lower_pointwise(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
     b.emit(ProgramId("pid", 0, wide=needs_int64(n)))
     x = tile_symbol("xindex")
     b.emit(Arange("xindex", Index(tile_symbol("pid") * tile_symbol("XBLOCK")), "XBLOCK", 0, 1))
-    rules = pointwise_rules(plan, options)
-    if options.schedule:
-        rules.update(options.schedule)
-    block, warps = rules["XBLOCK"], rules["warps"]
+    schedule = current_pointwise_schedule(graph, plan, options)
+    block, warps = schedule["XBLOCK"], schedule.warps
     xmask = bound_check(b, x, n, block, "xmask")
     for st in plan.stages:
         node = graph[st.node]
-        if st.kind == "scatter":
+        if st.kind == StageKind.SCATTER:
             _store_scattered(b, graph, st, x, n, xmask)
             continue
         vals = index_values(node.shape, x, {x: n})
@@ -68,7 +68,7 @@ def lower_pointwise(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
         b.store(node.name, tuple(Index(e) for e in vals), v, xmask)
     return TileKernel(plan.name, b.finish_params(), {"XBLOCK": block}, numel=n,
                       grid=(sympy.ceiling(n / tile_symbol("XBLOCK")),), body=b.body, num_warps=warps,
-                      reads=b.reads, writes=b.writes, kind="pointwise", plan=plan)
+                      reads=b.reads, writes=b.writes, kind=KernelKind.POINTWISE, plan=plan)
 
 
 def _store_scattered(b: KernelBuilder, graph: Graph, st, x, n, xmask) -> None:
@@ -91,16 +91,15 @@ def _store_scattered(b: KernelBuilder, graph: Graph, st, x, n, xmask) -> None:
     b.store(target, tuple(where), v, inside)
 
 
-def current_pointwise_config(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> dict:
-    """The rules' configuration with the schedule's knobs over it."""
-    cfg = pointwise_rules(plan, options)
-    cfg.update(dict(options.schedule or {}))
-    return cfg
+def current_pointwise_schedule(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> Schedule:
+    """The rules' schedule with `options.schedule`'s knobs over it: what the lowering uses."""
+    return schedule_over(pointwise_rules(plan, options), options.schedule)
 
 
-def shrink_pointwise(plan: KernelPlan, cfg: dict, resource: str, options: LoweringOptions) -> dict | None:
+def shrink_pointwise(plan: KernelPlan, schedule: Schedule, resource: str,
+                     options: LoweringOptions) -> Schedule | None:
     """Half the elements per program (down to one), warps within them."""
-    smaller = halved(cfg, ("XBLOCK",), floor=1)
+    smaller = halved(schedule, ("XBLOCK",), floor=1)
     return warps_within(smaller, "XBLOCK") if smaller else None
 
 
@@ -108,8 +107,8 @@ def _kernels(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> list[T
     return [lower_pointwise(graph, plan, options)]
 
 
-FAMILY = KernelFamily("pointwise", lower=_kernels, space=pointwise_space, config=current_pointwise_config,
-                      shrink=shrink_pointwise, cost=memory_time)
+FAMILY = KernelFamily(PlanKind.POINTWISE, lower=_kernels, space=pointwise_space,
+                      schedule=current_pointwise_schedule, shrink=shrink_pointwise, cost=memory_time)
 
-__all__ = ["FAMILY", "lower_pointwise", "pointwise_rules", "pointwise_space", "current_pointwise_config",
+__all__ = ["FAMILY", "lower_pointwise", "pointwise_rules", "pointwise_space", "current_pointwise_schedule",
            "shrink_pointwise"]

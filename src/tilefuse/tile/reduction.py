@@ -29,7 +29,7 @@ from dataclasses import replace
 
 import sympy
 
-from ..fusion.plan import KernelPlan, Stage
+from ..fusion.plan import KernelPlan, PlanKind, Stage, StageKind
 from ..fusion.schedule import schedule_stages
 from ..ir import dtypes as dt
 from ..ir.expr import Const, Expr, Index, Load, Var, binary, cast, out_index, red_index, unary, walk, where
@@ -37,11 +37,13 @@ from ..ir.printer import format_expr
 from ..ir.graph import Graph
 from ..ir.monoid import SUM, Monoid
 from .builder import KernelBuilder, land
-from .ir import Arange, ArgReduceTile, Assign, For, Full, Let, LoadTile, ProgramId, ReduceTile, TileKernel, expr_names
+from .ir import (Arange, ArgReduceTile, Assign, For, Full, KernelKind, Let, LoadTile, ProgramId, ReduceTile, TileKernel,
+                 expr_names)
 from .common import (LoweringOptions, bound_check, combine, full_tile, identity_const, index_values, mapped, masked,
                      needs_int64, pow2, rebase, static_int, tile_symbol)
 from .family import KernelFamily
 from .roofline import memory_time
+from .schedule import Schedule, schedule_over
 from .space import ScheduleSpace, halved, memory_bytes, warps_within
 from .variants import SizeVariants
 
@@ -54,7 +56,7 @@ def _arg_better(m: Monoid, v: Expr, acc: Expr) -> Expr:
     return strictly
 
 
-def reduction_rules(plan: KernelPlan, options: LoweringOptions) -> dict:
+def reduction_rules(plan: KernelPlan, options: LoweringOptions) -> Schedule:
     """The fixed rule: a persistent row of pow2(R) lanes with up to 4096 elements per program
     and warps by row length; a looped row walks 2048-wide tiles with 8 warps."""
     P, Rn = plan.parallel, sympy.Mul(*plan.reduction)
@@ -64,10 +66,10 @@ def reduction_rules(plan: KernelPlan, options: LoweringOptions) -> dict:
     rblock, xblock, warps = (512 if options.interpret else 2048), 1, 8
     if options.target == "cpu":
         rblock = 4096
-    return {"persistent": False, "RBLOCK": rblock, "XBLOCK": xblock, "warps": warps}
+    return Schedule(persistent=False, RBLOCK=rblock, XBLOCK=xblock, warps=warps)
 
 
-def _persistent_rules(rblock: int, P, options: LoweringOptions) -> dict:
+def _persistent_rules(rblock: int, P, options: LoweringOptions) -> Schedule:
     xblock = max(1, min(64 if not options.interpret else 16, 4096 // rblock))
     if options.target == "cpu":  # one row per program: the row is the vectorised loop
         xblock = 1
@@ -75,7 +77,7 @@ def _persistent_rules(rblock: int, P, options: LoweringOptions) -> dict:
     if pv is not None:
         xblock = min(xblock, pow2(pv))
     warps = 1 if rblock <= 128 else 2 if rblock <= 512 else 4 if rblock <= 2048 else 8 if rblock <= 4096 else 16
-    return {"persistent": True, "RBLOCK": rblock, "XBLOCK": xblock, "warps": warps}
+    return Schedule(persistent=True, RBLOCK=rblock, XBLOCK=xblock, warps=warps)
 
 
 #: the rows held whole when the reduction's length is symbolic, chosen at launch by the actual
@@ -104,9 +106,9 @@ def reduction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
             knobs = {"XBLOCK": tuple(x for x in (1, 2, 4, 8) if x <= rows and x * rb <= 65536) or (1,), "warps": (1,)}
         else:
             knobs = {"RBLOCK": (1024, 2048, 4096, 8192), "warps": (1,)}
-        return ScheduleSpace("memory", knobs, {k: rules[k] for k in knobs},
+        return ScheduleSpace("memory", knobs, rules.pick(knobs),
                              sizes={"programs": P, "rows": P, "R": R, "bytes": memory_bytes(graph, plan)},
-                             plan_kind="reduction")
+                             plan_kind=PlanKind.REDUCTION)
     if rules["persistent"]:
         rb = rules["RBLOCK"]
         # the row held whole, or (for long rows) walked in tiles with a second pass re-reading
@@ -117,32 +119,29 @@ def reduction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
                  "RBLOCK": (rb,) + looped, "warps": (1, 2, 4, 8, 16)}
         families = ("persistent",) if looped else ()
 
-        def valid(cfg):
-            if not cfg["persistent"]:
-                return cfg["XBLOCK"] == 1 and cfg["RBLOCK"] < rb and cfg["RBLOCK"] >= 32 * cfg["warps"] >= 128
-            return (cfg["RBLOCK"] == rb and cfg["XBLOCK"] * rb // (32 * cfg["warps"]) <= 128
-                    and cfg["warps"] * 32 <= max(32, cfg["XBLOCK"] * rb))
+        def valid(s: Schedule) -> bool:
+            if not s["persistent"]:
+                return s["XBLOCK"] == 1 and s["RBLOCK"] < rb and s["RBLOCK"] >= 32 * s.warps >= 128
+            return (s["RBLOCK"] == rb and s["XBLOCK"] * rb // (32 * s.warps) <= 128
+                    and s.warps * 32 <= max(32, s["XBLOCK"] * rb))
     else:
         knobs = {"RBLOCK": (512, 1024, 2048, 4096), "warps": (4, 8, 16)}
 
-        def valid(cfg):
-            return cfg["RBLOCK"] >= 32 * cfg["warps"]
-    default = {k: rules[k] for k in knobs}
-    return ScheduleSpace("memory", knobs, default,
+        def valid(s: Schedule) -> bool:
+            return s["RBLOCK"] >= 32 * s.warps
+    return ScheduleSpace("memory", knobs, rules.pick(knobs),
                          sizes={"programs": P, "rows": P, "R": R, "bytes": memory_bytes(graph, plan)},
-                         valid=valid, families=families, plan_kind="reduction")
+                         valid=valid, families=families, plan_kind=PlanKind.REDUCTION)
 
 
 def lower_reduction(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> TileKernel:
     """The plan's kernel; for a symbolic reduction length walked in tiles, with persistent
     alternatives for short rows (`size_ladder`) that the launch chooses by the actual length.
     A schedule that says whether the row is held whole is taken as it is."""
-    cfg = reduction_rules(plan, options)
-    if options.schedule:
-        cfg.update(options.schedule)
-    kernel = _lower(graph, plan, options, cfg)
+    schedule = current_reduction_schedule(graph, plan, options)
+    kernel = _lower(graph, plan, options, schedule)
     ladder = size_ladder(plan, options)
-    if cfg["persistent"] or not ladder or "persistent" in (options.schedule or {}):
+    if schedule["persistent"] or not ladder or "persistent" in (options.schedule or {}):
         return kernel
     notes = list(plan.notes)
     alternatives = []
@@ -155,11 +154,11 @@ def lower_reduction(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
     kernel.variants = SizeVariants(Rn, ladder, tuple(alternatives))
     plan.notes.append(f"{plan.name}: reduction length {Rn} known at launch: a row of up to "
                       f"{'/'.join(map(str, ladder))} elements held whole in as many lanes, "
-                      f"a longer one walked in RBLOCK={cfg['RBLOCK']} tiles")
+                      f"a longer one walked in RBLOCK={schedule['RBLOCK']} tiles")
     return kernel
 
 
-def _lower(graph: Graph, plan: KernelPlan, options: LoweringOptions, cfg: dict) -> TileKernel:
+def _lower(graph: Graph, plan: KernelPlan, options: LoweringOptions, schedule: Schedule) -> TileKernel:
     b = KernelBuilder(graph, plan.name, options.divisor_checks)
     b.tile_symbols |= {"pid", "xindex", "rindex", "roffset"}
     P = plan.parallel
@@ -167,7 +166,7 @@ def _lower(graph: Graph, plan: KernelPlan, options: LoweringOptions, cfg: dict) 
     b.size_params(P)
     b.size_params(Rn)
     x, r = tile_symbol("xindex"), tile_symbol("rindex")
-    persistent, rblock, xblock, warps = cfg["persistent"], cfg["RBLOCK"], cfg["XBLOCK"], cfg["warps"]
+    persistent, rblock, xblock, warps = schedule["persistent"], schedule["RBLOCK"], schedule["XBLOCK"], schedule.warps
     b.emit(ProgramId("pid", 0, wide=needs_int64(P, Rn)))
     b.emit(Arange("xindex", Index(tile_symbol("pid") * tile_symbol("XBLOCK")), "XBLOCK", 0, 2))
     xmask = bound_check(b, x, P, xblock, "xmask")
@@ -176,21 +175,21 @@ def _lower(graph: Graph, plan: KernelPlan, options: LoweringOptions, cfg: dict) 
     for st in plan.stages:
         if st.repair is not None and (st.node in repaired or st.node in expanded):
             plan.notes.append(f"{st.node}: carried in pass {level[st.node]} with {st.repair.describe()}")
-    reduces = [s for s in plan.stages if s.kind == "reduce"]
-    passes = 1 + max([level[s.node] for s in plan.stages if s.kind != "row"], default=0)
+    reduces = [s for s in plan.stages if s.kind == StageKind.REDUCE]
+    passes = 1 + max([level[s.node] for s in plan.stages if s.kind != StageKind.ROW], default=0)
 
     def body_of(st: Stage):
         node = graph[st.node]
-        if st.kind == "reduce":
+        if st.kind == StageKind.REDUCE:
             xi = index_values(node.shape, x, sym_ranges)
             ri = index_values(node.ranges, r, sym_ranges)
             return mapped(mapped(st.body, out_index(node.rank), xi), red_index(len(node.ranges)), ri)
-        flat = x if st.kind == "row" else x * Rn + r
+        flat = x if st.kind == StageKind.ROW else x * Rn + r
         return mapped(st.body, out_index(node.rank), index_values(node.shape, flat, sym_ranges))
 
     def out_index_of(st: Stage):
         node = graph[st.node]
-        flat = x * Rn + r if st.kind == "full" else x
+        flat = x * Rn + r if st.kind == StageKind.FULL else x
         return tuple(Index(e) for e in index_values(node.shape, flat, sym_ranges))
 
     def finish(st: Stage, value: Var) -> None:
@@ -204,7 +203,7 @@ def _lower(graph: Graph, plan: KernelPlan, options: LoweringOptions, cfg: dict) 
         for st in plan.stages:
             if st.node in expanded and level[st.node] == after_pass:
                 finish(st, moments.combine(st))
-            elif st.kind == "row" and level[st.node] == after_pass:
+            elif st.kind == StageKind.ROW and level[st.node] == after_pass:
                 v = b.value(body_of(st), mask=xmask)
                 b.bound[st.node] = v
                 if st.store:
@@ -228,7 +227,7 @@ def _lower(graph: Graph, plan: KernelPlan, options: LoweringOptions, cfg: dict) 
         if p > 0:
             row_stages(p - 1)
         in_pass = [s for s in reduces if level[s.node] == p]
-        fulls = [s for s in plan.stages if s.kind == "full" and level[s.node] == p]
+        fulls = [s for s in plan.stages if s.kind == StageKind.FULL and level[s.node] == p]
         if persistent:
             if p == 0:
                 b.emit(Arange("rindex", Index(sympy.Integer(0)), "RBLOCK", 1, 2))
@@ -249,7 +248,7 @@ def _lower(graph: Graph, plan: KernelPlan, options: LoweringOptions, cfg: dict) 
         _eviction_hints(b.body)
     return TileKernel(plan.name, b.finish_params(), {"XBLOCK": xblock, "RBLOCK": rblock}, numel=P,
                       grid=(sympy.ceiling(P / tile_symbol("XBLOCK")),), body=b.body, num_warps=warps,
-                      reads=b.reads, writes=b.writes, kind="reduction", plan=plan)
+                      reads=b.reads, writes=b.writes, kind=KernelKind.REDUCTION, plan=plan)
 
 
 def _eviction_hints(body: list) -> None:
@@ -462,7 +461,7 @@ class _Moments:
             if name in needed or name not in members or self.level[name] != p:
                 continue
             needed.add(name)
-            if members[name].kind == "row":
+            if members[name].kind == StageKind.ROW:
                 todo += [e.buffer for e in walk(members[name].body) if isinstance(e, Load)]
         return needed
 
@@ -482,13 +481,13 @@ class _Moments:
             if st.node not in needed:
                 continue
             node = graph[st.node]
-            if st.kind == "row":
+            if st.kind == StageKind.ROW:
                 reads = {e.buffer for e in walk(st.body) if isinstance(e, Load) and e.buffer in self.level}
                 if all(d in est or self.level[d] < p for d in reads):
                     b.bound.update(est)
                     est[st.node] = b.value(self.body_of(st), mask=self.xmask)
                 continue
-            if (st.kind != "reduce" or st.node in self.repaired or st.node in self.expanded
+            if (st.kind != StageKind.REDUCE or st.node in self.repaired or st.node in self.expanded
                     or not (node.combiner == SUM or node.combiner.extremum) or not st.body.dtype.is_float):
                 continue
             v = b.value(self.mapped(st, st.body, rf), mask=mask)
@@ -509,22 +508,21 @@ class _Moments:
         return est
 
 
-def current_reduction_config(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> dict:
-    """The rules' configuration with the schedule's knobs over it."""
-    cfg = reduction_rules(plan, options)
-    cfg.update(dict(options.schedule or {}))
-    return cfg
+def current_reduction_schedule(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> Schedule:
+    """The rules' schedule with `options.schedule`'s knobs over it: what the lowering uses."""
+    return schedule_over(reduction_rules(plan, options), options.schedule)
 
 
-def shrink_reduction(plan: KernelPlan, cfg: dict, resource: str, options: LoweringOptions) -> dict | None:
+def shrink_reduction(plan: KernelPlan, schedule: Schedule, resource: str,
+                     options: LoweringOptions) -> Schedule | None:
     """Fewer rows per program; then a persistent row walked in tiles instead of held whole;
     then narrower tiles."""
-    if cfg.get("XBLOCK", 1) > 1:
-        return {**cfg, "XBLOCK": cfg["XBLOCK"] // 2}
-    if cfg.get("persistent"):  # the row walked in tiles instead of held whole
+    if schedule.get("XBLOCK", 1) > 1:
+        return schedule.replace(XBLOCK=schedule["XBLOCK"] // 2)
+    if schedule.get("persistent"):  # the row walked in tiles instead of held whole
         looped = reduction_rules(plan, replace(options, persistent_reduction_limit=0, schedule=None))
-        return {**looped, "warps": min(cfg.get("warps", 1), looped["warps"])} | {"persistent": False}
-    smaller = halved(cfg, ("RBLOCK",))
+        return looped.replace(warps=min(schedule.warps, looped.warps), persistent=False)
+    smaller = halved(schedule, ("RBLOCK",))
     return warps_within(smaller, "RBLOCK") if smaller else None
 
 
@@ -532,8 +530,8 @@ def _kernels(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> list[T
     return [lower_reduction(graph, plan, options)]
 
 
-FAMILY = KernelFamily("reduction", lower=_kernels, space=reduction_space, config=current_reduction_config,
-                      shrink=shrink_reduction, cost=memory_time)
+FAMILY = KernelFamily(PlanKind.REDUCTION, lower=_kernels, space=reduction_space,
+                      schedule=current_reduction_schedule, shrink=shrink_reduction, cost=memory_time)
 
-__all__ = ["FAMILY", "lower_reduction", "reduction_rules", "reduction_space", "current_reduction_config",
+__all__ = ["FAMILY", "lower_reduction", "reduction_rules", "reduction_space", "current_reduction_schedule",
            "shrink_reduction", "size_ladder", "SIZE_LADDER"]

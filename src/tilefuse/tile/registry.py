@@ -5,11 +5,12 @@ A plan kind without a family is an `UnknownKind` error naming it, never a silent
 """
 from __future__ import annotations
 
+from ..fusion.plan import PlanKind
 from . import contraction, flash, pointwise, reduction
 from .family import KernelFamily
 
 #: plan kind -> its family
-FAMILIES: dict[str, KernelFamily] = {f.kind: f for f in (pointwise.FAMILY, reduction.FAMILY, contraction.FAMILY,
+FAMILIES: dict[PlanKind, KernelFamily] = {f.kind: f for f in (pointwise.FAMILY, reduction.FAMILY, contraction.FAMILY,
                                                          flash.FAMILY)}
 
 
@@ -17,7 +18,7 @@ class UnknownKind(ValueError):
     """A kernel plan of a kind no family lowers."""
 
 
-def family(kind: str) -> KernelFamily:
+def family(kind: PlanKind) -> KernelFamily:
     """The family that lowers, tunes and prices plans of `kind`."""
     found = FAMILIES.get(kind)
     if found is None:

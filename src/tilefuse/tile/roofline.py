@@ -27,7 +27,7 @@ def concurrency(smem: int, warps: int, sm_count: int) -> int:
     return sm_count * per_sm
 
 
-def memory_time(space, cfg, c) -> float:
+def memory_time(space, schedule, c) -> float:
     """Reductions and pointwise kernels: their bytes over the bandwidth, slowed when too few
     programs keep the SMs busy, by a ragged last wave, and by spilling (many elements per
     thread)."""
@@ -35,8 +35,8 @@ def memory_time(space, cfg, c) -> float:
     total, rows, R = s.get("bytes"), s.get("rows"), s.get("R") or 1
     if total is None or rows is None:
         return math.inf
-    xblock, warps = cfg.get("XBLOCK", 1), cfg["warps"]
-    rblock = cfg.get("RBLOCK", space.default.get("RBLOCK", R))
+    xblock, warps = schedule.get("XBLOCK", 1), schedule["warps"]
+    rblock = schedule.get("RBLOCK", space.default.get("RBLOCK", R))
     programs = math.ceil(rows / xblock)
     if programs == 0 or total == 0:
         return 3e-6  # an empty launch

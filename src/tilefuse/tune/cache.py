@@ -1,5 +1,5 @@
-"""The tuning cache: the configuration a search chose for a kernel, kept on disk so that a
-later process (or a later graph in this one) uses it without measuring anything.
+"""The tuning cache: the schedule a search chose for a kernel, kept on disk so that a later
+process (or a later graph in this one) uses it without measuring anything.
 
 This module owns the tuning key, the shape buckets that make one result serve nearby sizes,
 and the JSON record stored per key. Storage, atomic writes, checksums, locking and the
@@ -8,6 +8,9 @@ private-directory policy are :class:`tilefuse.cache.disk.DiskCache`'s, namespace
 
     {"format": 1, "key": "<key>", "config": {"BLOCK_M": 128, ...},
      "time_s": 1.2e-05, "created": 1760000000.0, "meta": {...}}
+
+(the record's ``config`` is the schedule's knobs, `Schedule.as_dict()`; a lookup returns it as
+a `Schedule` again, under ``"schedule"``).
 
 An entry that is corrupt (checksum, unparseable JSON) or stale (another ``format``, a config
 that is not a dict of str → int/str/bool) is ignored — the lookup is a miss — deleted, and
@@ -28,6 +31,7 @@ from typing import Any
 
 from .. import logs
 from ..cache.disk import DiskCache, cache_key, environment_fingerprint
+from ..tile.schedule import Schedule
 
 __all__ = ["FORMAT_VERSION", "NAMESPACE", "TuningCache", "shape_bucket", "tuning_key"]
 
@@ -121,32 +125,32 @@ class TuningCache:
             f"stores={self.stores})"
         )
 
-    def lookup(self, key: str, accept: Callable[[dict], str | None] | None = None) -> dict | None:
-        """``{"config", "time_s", "created", "meta"}`` stored for ``key``, or None. ``accept``:
-        the reason a record's config must not be used (None: it may), checked before it is
+    def lookup(self, key: str, accept: Callable[[Schedule], str | None] | None = None) -> dict | None:
+        """``{"schedule", "time_s", "created", "meta"}`` stored for ``key``, or None. ``accept``:
+        the reason a record's schedule must not be used (None: it may), checked before it is
         returned; a rejected record is a miss here (logged), left for the processes it fits."""
         record = self._read(key)
         if record is not None and accept is not None:
-            why = accept(record["config"])
+            why = accept(record["schedule"])
             if why:
-                # a miss, not a deletion: whether a configuration fits can depend on this
-                # process (its stack limit, its GPU); the re-tuned record replaces it
-                logs.log("tune", "tuning record %s rejected: %s: %s", key[:12], record["config"], why)
+                # a miss, not a deletion: whether a schedule fits can depend on this process
+                # (its stack limit, its GPU); the re-tuned record replaces it
+                logs.log("tune", "tuning record %s rejected: %s: %s", key[:12], record["schedule"].as_dict(), why)
                 record = None
         if record is None:
             self.misses += 1
         else:
             self.hits += 1
-            logs.log("tune", "cache hit %s: %s", key[:12], record["config"])
+            logs.log("tune", "cache hit %s: %s", key[:12], record["schedule"].as_dict())
         return record
 
     def store(
-        self, key: str, config: Mapping[str, Any], time_s: float, meta: Mapping[str, Any] | None = None
+        self, key: str, schedule: Mapping[str, Any], time_s: float, meta: Mapping[str, Any] | None = None
     ) -> bool:
-        """Record ``config`` (measured at ``time_s`` seconds) for ``key``, replacing any earlier
+        """Record ``schedule`` (measured at ``time_s`` seconds) for ``key``, replacing any earlier
         record. ``meta`` is any JSON object (candidates, measurements, budget...). Returns
         whether the record is on disk afterwards."""
-        config = _check_config(dict(config) if isinstance(config, Mapping) else config)
+        config = _check_config(dict(schedule) if isinstance(schedule, Mapping) else schedule)
         time_s = float(time_s)
         if not (math.isfinite(time_s) and time_s >= 0):
             raise ValueError(f"time_s must be a finite number of seconds >= 0, got {time_s!r}")
@@ -193,7 +197,7 @@ class TuningCache:
         except (KeyError, TypeError, ValueError, UnicodeDecodeError) as e:
             self._discard(key, f"stale or invalid tuning record: {e}")
             return None
-        return {"config": config, "time_s": time_s, "created": created, "meta": meta}
+        return {"schedule": Schedule(config), "time_s": time_s, "created": created, "meta": meta}
 
     def _discard(self, key: str, why: str) -> None:
         # DiskCache has no public delete; its own discard (rename out of sight, then remove)

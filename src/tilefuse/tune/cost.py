@@ -1,8 +1,8 @@
-"""The roofline cost model: predicted time of a configuration of a schedule space.
+"""The roofline cost model: predicted time of a schedule of a schedule space.
 
 A kernel's time is bounded below by its bytes over the memory bandwidth, its `dot` flops over
 the matrix throughput, and its other arithmetic over the vector throughput. The model counts
-those for one configuration — including what the configuration changes: how often operand
+those for one schedule — including what the schedule changes: how often operand
 tiles are re-read, how many programs run concurrently (shared memory, warps), the last
 partial wave, and the smaller per-program efficiency of small tiles — and takes the largest.
 It ranks and prunes a space before anything is measured; it does not replace measurement.
@@ -19,6 +19,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from ..tile.registry import family
+from ..tile.schedule import Schedule
 from ..tile.space import ScheduleSpace
 
 
@@ -42,18 +43,19 @@ class Ceilings:
 NOMINAL = Ceilings("nominal", bandwidth=4.0e12, matrix_flops=700e12, vector_flops=60e12, sm_count=132)
 
 
-def predict(space: ScheduleSpace, cfg: dict, ceilings: Ceilings = NOMINAL) -> float:
-    """Predicted seconds of one launch of the space's kernel(s) under `cfg` (inf when the sizes
-    are unknown: such spaces are not ranked), by the cost of the family that declared it."""
-    return family(space.plan_kind).cost(space, cfg, ceilings)
+def predict(space: ScheduleSpace, schedule: Schedule, ceilings: Ceilings = NOMINAL) -> float:
+    """Predicted seconds of one launch of the space's kernel(s) under `schedule` (inf when the
+    sizes are unknown: such spaces are not ranked), by the cost of the family that declared it."""
+    return family(space.plan_kind).cost(space, schedule, ceilings)
 
 
-def rank(space: ScheduleSpace, ceilings: Ceilings = NOMINAL, keep: int | None = None) -> list[tuple[float, dict]]:
-    """The space's configurations by predicted time, best first. A cut to `keep` always keeps
-    the rules' default (the measured-good starting point) and the best-predicted configuration
+def rank(space: ScheduleSpace, ceilings: Ceilings = NOMINAL,
+         keep: int | None = None) -> list[tuple[float, Schedule]]:
+    """The space's schedules by predicted time, best first. A cut to `keep` always keeps
+    the rules' default (the measured-good starting point) and the best-predicted schedule
     of each value of the space's `families` (a library call, a persistent program, a looped
     row: alternatives the model's terms cannot rank, each one measurement away from chosen)."""
-    scored = sorted(((predict(space, cfg, ceilings), cfg) for cfg in space.configs()), key=lambda x: x[0])
+    scored = sorted(((predict(space, s, ceilings), s) for s in space.schedules()), key=lambda x: x[0])
     if keep is None or len(scored) <= keep:
         return scored
     # each kind of kernel (a combination of family values) gets an equal share of the head
@@ -71,7 +73,7 @@ def rank(space: ScheduleSpace, ceilings: Ceilings = NOMINAL, keep: int | None = 
     return sorted(head[:max(keep, len(must))], key=lambda x: x[0])
 
 
-def choose_without_measuring(space: ScheduleSpace, ceilings: Ceilings = NOMINAL) -> dict:
+def choose_without_measuring(space: ScheduleSpace, ceilings: Ceilings = NOMINAL) -> Schedule:
     """TILEFUSE_AUTOTUNE=0: the model's best, unless the rules' default is predicted within 10%
     of it (the model is too coarse to overrule a measured rule on a small margin)."""
     # the kind of kernel (a library, a persistent program, ...) is only switched by measurement
@@ -80,8 +82,8 @@ def choose_without_measuring(space: ScheduleSpace, ceilings: Ceilings = NOMINAL)
     best_t, best = scored[0]
     default_t = predict(space, space.default, ceilings)
     if not math.isfinite(best_t) or default_t <= 1.1 * best_t:
-        return dict(space.default)
-    return dict(best)
+        return space.default
+    return best
 
 
 def measure_ceilings(device) -> Ceilings:

@@ -1,10 +1,11 @@
-"""The measurement search: which configuration of a kernel to measure next, when to give up on
+"""The measurement search: which schedule of a kernel to measure next, when to give up on
 one, and when to stop.
 
 This module owns the bandit. It knows nothing about kernels, backends or devices: it gets
-candidate configurations (ranked by a cost model) and a ``measure(config) -> seconds`` callable
-that compiles and times one configuration, and returns the fastest configuration it found
-within a budget of wall time and measurements.
+candidate schedules (knob → value mappings, ranked by a cost model; each becomes a
+:class:`~tilefuse.tile.schedule.Schedule`) and a ``measure(schedule) -> seconds`` callable
+that compiles and times one schedule, and returns the fastest schedule it found within a
+budget of wall time and measurements.
 
 The algorithm is UCB1 turned to minimisation, over normalised times:
 
@@ -45,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import logs
+from ..tile.schedule import Schedule
 
 __all__ = [
     "CONFIDENCE",
@@ -58,7 +60,7 @@ __all__ = [
     "Candidate",
     "SearchResult",
     "TuningError",
-    "config_key",
+    "schedule_key",
     "search",
 ]
 
@@ -83,27 +85,27 @@ class TuningError(RuntimeError):
     """No configuration could be measured (all failed, or none within the budget)."""
 
 
-def config_key(config: Mapping[str, Any]) -> tuple:
-    """A hashable, order-independent key of a configuration: its (knob, value) pairs sorted
-    by knob name."""
+def schedule_key(schedule: Mapping[str, Any]) -> tuple:
+    """A hashable, order-independent key of a schedule: its (knob, value) pairs sorted by knob
+    name."""
     try:
-        key = tuple(sorted(config.items(), key=lambda kv: str(kv[0])))
+        key = tuple(sorted(schedule.items(), key=lambda kv: str(kv[0])))
         hash(key)
     except TypeError as e:
-        raise TypeError(f"configuration {config!r} must map knob names to hashable values") from e
+        raise TypeError(f"schedule {dict(schedule)!r} must map knob names to hashable values") from e
     return key
 
 
 class Candidate:
-    """A configuration (knob → value) with an optional predicted cost in seconds (lower is
-    better). Equal and hashed by its configuration, not by the prediction."""
+    """A schedule (knob → value) with an optional predicted cost in seconds (lower is better).
+    Equal and hashed by its schedule, not by the prediction."""
 
-    __slots__ = ("config", "key", "predicted")
+    __slots__ = ("schedule", "key", "predicted")
 
-    def __init__(self, config: Mapping[str, Any], predicted: float | None = None):
-        self.config = dict(config)
+    def __init__(self, schedule: Mapping[str, Any], predicted: float | None = None):
+        self.key = schedule_key(schedule)
+        self.schedule = schedule if isinstance(schedule, Schedule) else Schedule(schedule)
         self.predicted = None if predicted is None else float(predicted)
-        self.key = config_key(self.config)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Candidate) and self.key == other.key
@@ -113,7 +115,7 @@ class Candidate:
 
     def __repr__(self) -> str:
         pred = "" if self.predicted is None else f", predicted={self.predicted:.3g}"
-        return f"Candidate({self.config!r}{pred})"
+        return f"Candidate({self.schedule!r}{pred})"
 
 
 @dataclass
@@ -124,7 +126,7 @@ class ArmStats:
     the race when the search stopped), ``"dropped"`` (early-stopped as clearly slower) or
     ``"failed"`` (``error`` says why; earlier samples, if any, are kept)."""
 
-    config: dict
+    schedule: Schedule
     predicted: float | None
     rank: int  # position in the cost model's order, 0 = best predicted
     samples: list[float] = field(default_factory=list)
@@ -149,15 +151,15 @@ class SearchResult:
     """The outcome of :func:`search`.
 
     ``measured`` counts calls of ``measure`` (failed ones included); ``dropped`` lists the
-    configurations early-stopped, in the order they were dropped; ``failures`` pairs each
-    failed configuration with its error; ``per_arm`` maps :func:`config_key` of every
-    candidate to its :class:`ArmStats`; ``stop_reason`` says why the search ended."""
+    schedules early-stopped, in the order they were dropped; ``failures`` pairs each failed
+    schedule with its error; ``per_arm`` maps :func:`schedule_key` of every candidate to its
+    :class:`ArmStats`; ``stop_reason`` says why the search ended."""
 
-    best: dict
+    best: Schedule
     best_time: float
     measured: int
-    dropped: list[dict]
-    failures: list[tuple[dict, str]]
+    dropped: list[Schedule]
+    failures: list[tuple[Schedule, str]]
     per_arm: dict[tuple, ArmStats]
     elapsed_s: float = 0.0
     stop_reason: str = ""
@@ -166,7 +168,7 @@ class SearchResult:
         """A small text table of the arms, fastest first, for logs and ``explain``."""
         lines = [
             (
-                f"best {_fmt_cfg(self.best)}: {self.best_time * 1e6:.2f} us "
+                f"best {_fmt(self.best)}: {self.best_time * 1e6:.2f} us "
                 f"({self.measured} measurements, {self.elapsed_s:.2f} s, stopped: {self.stop_reason})"
             )
         ]
@@ -176,17 +178,17 @@ class SearchResult:
             pred = f"{a.predicted * 1e6:10.2f} us" if a.predicted is not None else f"{'-':>13}"
             extra = f"  {a.error}" if a.error else ""
             lines.append(
-                f"  {a.status:8} n={a.n:<3} mean={mean} predicted={pred}  {_fmt_cfg(a.config)}{extra}"
+                f"  {a.status:8} n={a.n:<3} mean={mean} predicted={pred}  {_fmt(a.schedule)}{extra}"
             )
         return "\n".join(lines)
 
 
-def _fmt_cfg(config: Mapping[str, Any]) -> str:
-    return ",".join(f"{k}={v}" for k, v in config.items())
+def _fmt(schedule: Mapping[str, Any]) -> str:
+    return ",".join(f"{k}={v}" for k, v in schedule.items())
 
 
 def _arms(candidates: Iterable[Candidate | Mapping[str, Any]]) -> list[ArmStats]:
-    """Candidates as arms in the cost model's order, duplicates (same config) removed."""
+    """Candidates as arms in the cost model's order, duplicates (same schedule) removed."""
     cands = [c if isinstance(c, Candidate) else Candidate(c) for c in candidates]
     order = sorted(
         range(len(cands)),
@@ -199,7 +201,7 @@ def _arms(candidates: Iterable[Candidate | Mapping[str, Any]]) -> list[ArmStats]
         if c.key in seen:
             continue
         seen.add(c.key)
-        arms.append(ArmStats(config=dict(c.config), predicted=c.predicted, rank=len(arms)))
+        arms.append(ArmStats(schedule=c.schedule, predicted=c.predicted, rank=len(arms)))
     return arms
 
 
@@ -238,7 +240,7 @@ class _Bounds:
 
 def search(
     candidates: Iterable[Candidate | Mapping[str, Any]],
-    measure: Callable[[dict], float],
+    measure: Callable[[Schedule], float],
     *,
     budget_s: float,
     max_measurements: int | None = None,
@@ -253,8 +255,8 @@ def search(
     """Measure ``candidates`` with ``measure`` and return the fastest (see the module
     docstring for the algorithm).
 
-    ``candidates`` are :class:`Candidate` objects or plain configuration dicts (unranked).
-    ``measure(config)`` returns one timing sample in seconds; it gets a copy of the config.
+    ``candidates`` are :class:`Candidate` objects or plain schedules (unranked).
+    ``measure(schedule)`` returns one timing sample in seconds.
     ``budget_s`` is wall time as told by ``clock``; ``max_measurements`` caps calls of
     ``measure``. ``progress(done, total, best_time)`` is called after each measurement with
     the number of measurements made, an estimate of how many the search will make at most
@@ -276,8 +278,8 @@ def search(
 
     start = clock()
     measured = 0
-    dropped: list[dict] = []
-    failures: list[tuple[dict, str]] = []
+    dropped: list[Schedule] = []
+    failures: list[tuple[Schedule, str]] = []
 
     while True:
         bounds = _Bounds(arms, confidence, noise_prior)
@@ -292,14 +294,14 @@ def search(
             break
         arm = warming[0] if warming else _next_arm(arms, bounds)
         try:
-            value = float(measure(dict(arm.config)))
+            value = float(measure(arm.schedule))
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"measure returned {value!r}, expected a positive number of seconds")
         except Exception as e:  # noqa: BLE001 - a configuration that fails never stops the search
             arm.status = "failed"
             arm.error = f"{type(e).__name__}: {e}"
-            failures.append((dict(arm.config), arm.error))
-            logs.log("tune", "failed %s: %s", _fmt_cfg(arm.config), arm.error)
+            failures.append((arm.schedule, arm.error))
+            logs.log("tune", "failed %s: %s", _fmt(arm.schedule), arm.error)
         else:
             arm.samples.append(value)
             arm.status = "alive"
@@ -307,10 +309,10 @@ def search(
         bounds = _Bounds(arms, confidence, noise_prior)
         for loser in _losers(arms, bounds, margin):
             loser.status = "dropped"
-            dropped.append(dict(loser.config))
+            dropped.append(loser.schedule)
             logs.log(
                 "tune", "dropped %s after %d samples (mean %.3g s, best %.3g s)",
-                _fmt_cfg(loser.config), loser.n, loser.mean, bounds.scale,
+                _fmt(loser.schedule), loser.n, loser.mean, bounds.scale,
             )
         if progress is not None:
             best_time = bounds.best.mean if bounds.best is not None else math.inf
@@ -322,7 +324,7 @@ def search(
     if not valid:
         n_failed = sum(a.status == "failed" for a in arms)
         n_pending = sum(a.status == "pending" for a in arms)
-        detail = "; ".join(f"{_fmt_cfg(c)}: {err}" for c, err in failures[:3])
+        detail = "; ".join(f"{_fmt(s)}: {err}" for s, err in failures[:3])
         if n_pending:
             raise TuningError(
                 f"no candidate was measured successfully within the budget "
@@ -332,14 +334,14 @@ def search(
         raise TuningError(f"all {n_failed} candidates failed to compile or run; first errors: {detail}")
     best = min(valid, key=lambda a: (a.mean, a.rank))
     logs.log("tune", "best %s: %.3g s after %d measurements (%s)",
-             _fmt_cfg(best.config), best.mean, measured, reason)
+             _fmt(best.schedule), best.mean, measured, reason)
     return SearchResult(
-        best=dict(best.config),
+        best=best.schedule,
         best_time=best.mean,
         measured=measured,
         dropped=dropped,
         failures=failures,
-        per_arm={config_key(a.config): a for a in arms},
+        per_arm={schedule_key(a.schedule): a for a in arms},
         elapsed_s=elapsed,
         stop_reason=reason,
     )

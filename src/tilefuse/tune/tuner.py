@@ -1,4 +1,4 @@
-"""Autotuning of one kernel plan: find its configuration in the tuning cache, or rank the
+"""Autotuning of one kernel plan: find its schedule in the tuning cache, or rank the
 plan's schedule space with the cost model, measure the best candidates with the bandit search
 within a time budget, and store the winner.
 
@@ -16,9 +16,10 @@ graph before it measures the first. The machinery is backend-neutral: the same s
 search and cache tune the C++ kernels of the CPU backend (host-timed), at `max` only — each
 candidate is a C++ compile, and the CPU backend's default keeps a new kernel under a second.
 
-No configuration over the target's limits (`tile.limits`) is compiled: candidates are lowered
-and checked before the search measures any, and a tuning-cache record that is not one of the
-space's configurations, or does not fit, is discarded and tuned again.
+No schedule over the target's limits (`tile.limits`) is compiled: candidates are lowered and
+checked before the search measures any, and a tuning-cache record that is not one of the
+space's schedules, or does not fit, is discarded and tuned again. The chosen schedule (a
+`tile.schedule.Schedule`) is what the compiler lowers the plan with.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from .. import logs
 from ..backends.triton import generate, load_kernel
 from ..tile.lower import LoweringOptions, lower_plan_kernels, schedule_space
 from ..tile.registry import family
+from ..tile.schedule import Schedule
 from ..tile.space import describe
 from .cache import TuningCache, tuning_key
 from .cost import NOMINAL, Ceilings, choose_without_measuring, measure_ceilings, rank
@@ -53,7 +55,7 @@ SAMPLES_PER_CANDIDATE = {"1": 6, "max": 16}
 
 @dataclass
 class TuneOutcome:
-    config: dict | None  # None: the plan has nothing to tune
+    schedule: Schedule | None  # None: the plan has nothing to tune (the lowering's rules choose)
     source: str  # "rules" | "model" | "cache" | "measured"
     seconds: float = 0.0  # time spent tuning (lookups and measurements)
     measured: int = 0  # measurements taken
@@ -61,13 +63,13 @@ class TuneOutcome:
     note: str = ""
 
     def describe(self) -> str:
-        if self.config is None:
+        if self.schedule is None:
             return f"schedule by the lowering's rules ({self.note})" if self.note else ""
         what = {"model": "cost model (not measured)", "cache": "tuning cache hit (not re-measured)",
                 "measured": f"measured {self.measured} runs in {self.seconds:.1f} s"}.get(self.source, self.source)
         best = f", {self.best_time * 1e6:.1f} us" if self.best_time else ""
         why = f" ({self.note})" if self.note else ""
-        return f"schedule {describe(self.config)} — {what}{best}{why}"
+        return f"schedule {describe(self.schedule)} — {what}{best}{why}"
 
 
 _ceilings: dict = {}
@@ -182,7 +184,7 @@ def _prepare(graph, plan, options: LoweringOptions, level: str, device, backend:
         return TuneOutcome(choose_without_measuring(space, ceilings), "model", note=str(err)[:200])
     if isinstance(found, TuneOutcome):
         return found
-    bench.precompile([cfg for _, cfg in found])
+    bench.precompile([schedule for _, schedule in found])
     return PreparedTuning(plan.name, key, space.kind, level, levels, found, bench, ceilings, space)
 
 
@@ -207,10 +209,10 @@ def real_tensors():
     return unset_fake_temporarily()
 
 
-def select_config(space, key: str, level: str, ceilings: Ceilings, measure, cache, name: str,
-                  levels: dict | None = None, misfit=None) -> TuneOutcome:
+def select_schedule(space, key: str, level: str, ceilings: Ceilings, measure, cache, name: str,
+                    levels: dict | None = None, misfit=None) -> TuneOutcome:
     """A cache hit, else the search over the model's best candidates (stored for next time).
-    `misfit(cfg)`: why a configuration does not fit the target (None: it does); a cached one
+    `misfit(schedule)`: why a schedule does not fit the target (None: it does); a cached one
     that does not is discarded, and candidates that do not are never measured."""
     t0 = time.perf_counter()
     found = candidates(space, key, level, ceilings, cache, name, levels, misfit)
@@ -224,18 +226,18 @@ def select_config(space, key: str, level: str, ceilings: Ceilings, measure, cach
 def candidates(space, key: str, level: str, ceilings: Ceilings, cache, name: str, levels: dict | None = None,
                misfit=None) -> "list | TuneOutcome":
     """The tuning cache's record for `key` (a `TuneOutcome`), else the model's best candidates
-    that fit, as [(predicted seconds, config)]."""
+    that fit, as [(predicted seconds, schedule)]."""
     t0 = time.perf_counter()
-    configs = space.configs()
+    schedules = space.schedules()
 
-    def accept(cfg: dict) -> str | None:
-        if cfg not in configs:
+    def accept(schedule: Schedule) -> str | None:
+        if schedule not in schedules:
             return "not a configuration of the kernel's schedule space"
-        return misfit(cfg) if misfit is not None else None
+        return misfit(schedule) if misfit is not None else None
 
     hit = cache.lookup(key, accept=accept)
     if hit is not None:
-        return TuneOutcome(dict(hit["config"]), "cache", time.perf_counter() - t0, best_time=hit.get("time_s"))
+        return TuneOutcome(hit["schedule"], "cache", time.perf_counter() - t0, best_time=hit.get("time_s"))
     keep, _ = _level(levels, space.kind, level)
     ranked = rank(space, ceilings, keep=keep)
     if misfit is not None:
@@ -260,7 +262,7 @@ def search_candidates(ranked: list, measure, cache, key: str, level: str, kind: 
              ", ".join(f"{describe(c)}: {e}" for c, e in failures[:3]))
     failed = (f"{len(failures)} candidate(s) failed, first: {describe(failures[0][0])}: "
               f"{failures[0][1]}"[:200] if failures else "")
-    return TuneOutcome(dict(result.best), "measured", time.perf_counter() - t0, measured=result.measured,
+    return TuneOutcome(result.best, "measured", time.perf_counter() - t0, measured=result.measured,
                        best_time=result.best_time, note=failed)
 
 
@@ -268,18 +270,18 @@ def _fitting(ranked: list, everything: list, keep: int, misfit, name: str) -> li
     """The ranked candidates that fit the target, topped up to `keep` from the rest of the
     space in the model's order; a space with none that fits is a `TuningError`."""
     out, dropped = [], []
-    chosen = [cfg for _, cfg in ranked]
-    rest = [x for x in everything if x[1] not in chosen]
-    for k, (predicted, cfg) in enumerate(ranked + rest):
+    ranked_schedules = {schedule for _, schedule in ranked}
+    rest = [x for x in everything if x[1] not in ranked_schedules]
+    for k, (predicted, schedule) in enumerate(ranked + rest):
         if k >= len(ranked) and len(out) >= keep:
             break
-        why = misfit(cfg)
+        why = misfit(schedule)
         if why:
-            dropped.append((cfg, why))
+            dropped.append((schedule, why))
         else:
-            out.append((predicted, cfg))
-    for cfg, why in dropped:
-        logs.log("tune", "%s: candidate %s dropped: %s", name, describe(cfg), why)
+            out.append((predicted, schedule))
+    for schedule, why in dropped:
+        logs.log("tune", "%s: candidate %s dropped: %s", name, describe(schedule), why)
     if not out:
         raise TuningError(f"no candidate fits the target: {describe(dropped[0][0])}: {dropped[0][1]}"
                           if dropped else "no candidate")
@@ -287,7 +289,7 @@ def _fitting(ranked: list, everything: list, keep: int, misfit, name: str) -> li
 
 
 def _search(ranked, measure, budget, name, max_measurements=None, progress=None):
-    arms = [Candidate(cfg, predicted) for predicted, cfg in ranked]
+    arms = [Candidate(schedule, predicted) for predicted, schedule in ranked]
     return search(arms, measure, budget_s=budget, max_measurements=max_measurements, progress=progress)
 
 
@@ -327,7 +329,7 @@ def precompile_kernel(graph, tk, launcher) -> bool:
 
 
 class _Bench:
-    """Builds the plan's kernels for a configuration (once) and times one launch of all of
+    """Builds the plan's kernels for a schedule (once) and times one launch of all of
     them on synthetic buffers of the plan's shapes (random floats; zeros for integer and
     boolean inputs, so that any index they hold is in range)."""
 
@@ -345,18 +347,18 @@ class _Bench:
 
             self.check = kernel_check(backend, options.limits)
 
-    def lowered(self, cfg) -> list:
-        """The plan's tile kernels under `cfg` (lowered once)."""
-        key = tuple(sorted(cfg.items()))
-        if key not in self.lowerings:
-            self.lowerings[key] = lower_plan_kernels(self.graph, self.plan, replace(self.options, schedule=cfg))
-        return self.lowerings[key]
+    def lowered(self, schedule: Schedule) -> list:
+        """The plan's tile kernels under `schedule` (lowered once)."""
+        if schedule not in self.lowerings:
+            self.lowerings[schedule] = lower_plan_kernels(self.graph, self.plan,
+                                                          replace(self.options, schedule=schedule))
+        return self.lowerings[schedule]
 
-    def misfit(self, cfg) -> str | None:
-        """Why `cfg` does not fit the target (None: it does, or a library call is measured)."""
-        if self.check is None or cfg.get("impl") == "aten":
+    def misfit(self, schedule: Schedule) -> str | None:
+        """Why `schedule` does not fit the target (None: it does, or a library call is measured)."""
+        if self.check is None or schedule.get("impl") == "aten":
             return None
-        for tk in self.lowered(cfg):
+        for tk in self.lowered(schedule):
             found = self.check(tk)
             if found is not None:
                 return str(found)
@@ -372,37 +374,37 @@ class _Bench:
             self.flush = torch.empty(2 * l2 // 4, dtype=torch.int32, device=self.device)
         return self.flush
 
-    def precompile(self, configs) -> None:
-        """Load the kernels of `configs` and start compiling them (a C++ kernel starts building
+    def precompile(self, schedules) -> None:
+        """Load the kernels of `schedules` and start compiling them (a C++ kernel starts building
         when loaded; a Triton kernel compiles in a worker process where there are any)."""
-        for cfg in configs:
-            if cfg.get("impl") == "aten":
+        for schedule in schedules:
+            if schedule.get("impl") == "aten":
                 continue
             try:
-                for tk, launcher in zip(self.lowered(cfg), self._launchers(cfg)):
+                for tk, launcher in zip(self.lowered(schedule), self._launchers(schedule)):
                     precompile_kernel(self.graph, tk, launcher)
             except Exception as err:  # noqa: BLE001 — `ready` meets the error again and drops the candidate
-                logs.log("tune", "%s: candidate %s did not load: %s", self.plan.name, describe(cfg), err)
+                logs.log("tune", "%s: candidate %s did not load: %s", self.plan.name, describe(schedule), err)
 
     def ready(self, ranked: list, budget_s: float = math.inf) -> tuple[list, list]:
         """Each candidate built and run once, in rank order, outside the measuring budget, until
         `budget_s` is spent (compiles in workers overlap, so this is the wait for the slowest; in
         this process they add up, and the best-ranked that were built are measured): (the ranked
-        candidates that ran, [(config, error)] for those that did not)."""
+        candidates that ran, [(schedule, error)] for those that did not)."""
         ok, failed = [], []
         t0 = time.perf_counter()
-        for k, (predicted, cfg) in enumerate(ranked):
+        for k, (predicted, schedule) in enumerate(ranked):
             if ok and time.perf_counter() - t0 > budget_s:
                 logs.log("tune", "%s: %d candidate(s) not built within %.0f s", self.plan.name, len(ranked) - k,
                          budget_s)
                 break
             try:
-                self._kernels(cfg)
+                self._kernels(schedule)
             except Exception as err:  # noqa: BLE001 — a candidate that fails is dropped, not fatal
-                failed.append((cfg, f"{type(err).__name__}: {err}"[:500]))
-                logs.log("tune", "%s: candidate %s failed: %s", self.plan.name, describe(cfg), failed[-1][1])
+                failed.append((schedule, f"{type(err).__name__}: {err}"[:500]))
+                logs.log("tune", "%s: candidate %s failed: %s", self.plan.name, describe(schedule), failed[-1][1])
             else:
-                ok.append((predicted, cfg))
+                ok.append((predicted, schedule))
         return ok, failed
 
     def _buffer(self, name, spec):
@@ -416,37 +418,35 @@ class _Bench:
         self.buffers[name] = t
         return t
 
-    def _launchers(self, cfg) -> list:
-        key = tuple(sorted(cfg.items()))
-        if key not in self.loaded:
-            self.loaded[key] = [_load(tk, self.backend, getattr(self.check, "source", None))
-                                for tk in self.lowered(cfg)]
-        return self.loaded[key]
+    def _launchers(self, schedule: Schedule) -> list:
+        if schedule not in self.loaded:
+            self.loaded[schedule] = [_load(tk, self.backend, getattr(self.check, "source", None))
+                                     for tk in self.lowered(schedule)]
+        return self.loaded[schedule]
 
-    def _kernels(self, cfg):
-        key = tuple(sorted(cfg.items()))
-        if key not in self.built and cfg.get("impl") == "aten":
+    def _kernels(self, schedule: Schedule):
+        if schedule not in self.built and schedule.get("impl") == "aten":
             step = self.aten()
             for name in step.reads + step.writes:
                 self._buffer(name, self.graph[name])
-            self.built[key] = [step.launch]
+            self.built[schedule] = [step.launch]
             for _ in range(3):  # the library's first calls choose its algorithm and workspace
-                self._run(self.built[key])
-        if key not in self.built:
-            launchers = self._launchers(cfg)
-            for tk in self.lowered(cfg):
+                self._run(self.built[schedule])
+        if schedule not in self.built:
+            launchers = self._launchers(schedule)
+            for tk in self.lowered(schedule):
                 for name in list(tk.reads) + list(tk.writes):
                     spec = tk.scratch.get(name) or self.graph[name]
                     self._buffer(name, spec)
             self._run(launchers)  # compiles (or waits for the worker's compile): not timed
-            self.built[key] = launchers
-        return self.built[key]
+            self.built[schedule] = launchers
+        return self.built[schedule]
 
     def _run(self, launchers):
         for launch in launchers:
             launch(self.buffers, {})
 
-    def measure(self, cfg) -> float:
+    def measure(self, schedule: Schedule) -> float:
         """One sample: the median of 5 launches, each timed by its own events (a clock or
         cache hiccup in one launch does not make a good configuration look bad). On a GPU the
         L2 cache is flushed before each launch, as the kernel benchmark does (and Triton's and
@@ -455,7 +455,7 @@ class _Bench:
         memory at full rate must not look fast because 5 launches read them from L2."""
         import torch
 
-        launchers = self._kernels(cfg)
+        launchers = self._kernels(schedule)
         if self.backend == "cpu":  # host time; the kernels run synchronously
             times = []
             for _ in range(5):
@@ -509,5 +509,5 @@ def _load(tk, backend: str, printed=None):
     return load_kernel(tk, generate(tk, interpret=False), False)
 
 
-__all__ = ["tune_plan", "prepare_tuning", "PreparedTuning", "select_config", "candidates", "search_candidates",
+__all__ = ["tune_plan", "prepare_tuning", "PreparedTuning", "select_schedule", "candidates", "search_candidates",
            "TuneOutcome", "device_ceilings", "precompile_kernel", "synthetic_buffer", "LEVELS"]
