@@ -13,13 +13,12 @@ from irgraphs import GraphBuilder
 from tilefuse import compiler
 from tilefuse.backends.cpu import generate
 from tilefuse.backends.cpu.stack import STACK_CEILING, stack_budget, stack_bytes, thread_stacks
-from tilefuse.backends.limits import kernel_check, target_limits
+from tilefuse.backends.limits import H200_SHARED_MEMORY, TRITON_MAX_NUMEL, kernel_check, target_limits
 from tilefuse.fusion import plan_graph
 from tilefuse.ir import dtypes as dt
 from tilefuse.ir.expr import cast
 from tilefuse.tile.fit import LimitError, current_schedule, fit_kernels
-from tilefuse.tile.limits import (H200_SHARED_MEMORY, TRITON_MAX_NUMEL, Limits, largest_tile, shared_memory_bytes,
-                                  violation)
+from tilefuse.tile.limits import Limits, largest_tile, shared_memory_bytes, violation
 from tilefuse.tile.lower import LoweringOptions, lower_plan_kernels
 from tilefuse.tile.target import Target
 
