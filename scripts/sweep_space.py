@@ -29,9 +29,9 @@ def main():
     captured = []
     real = tuner._prepare
 
-    def capture(graph, plan, options, level, device, backend, aten):
+    def capture(graph, plan, options, level, device, aten):
         captured.append((graph, plan, options, device))
-        return real(graph, plan, options, level, device, backend, aten)
+        return real(graph, plan, options, level, device, aten)
 
     tuner._prepare = capture
     tilefuse.compile(w.fn, autotune="0")(*inputs)
@@ -41,7 +41,7 @@ def main():
     rows = []
     with tuner.real_tensors():
         bench = tuner._Bench(graph, plan, options, device)
-        for cfg in space.configs():
+        for cfg in space.schedules():
             row = {"config": cfg, "predicted_us": predict(space, cfg, ceilings) * 1e6}
             try:
                 launchers = bench._kernels(cfg)

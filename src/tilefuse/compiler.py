@@ -16,9 +16,7 @@ import sympy
 import torch
 
 from . import dedupe, graph_cache, logs
-from .backends import cpu as cpu_backend
-from .backends.limits import kernel_check, target_limits
-from .backends.triton import TritonKernel, generate, load_kernel
+from .backends.targets import sm_count, target_for
 from .config import KNOBS, ConfigError, ConfigWarning, Options, config
 from .frontend.to_ir import lower_fx
 from .fusion import ExternStep, plan_graph
@@ -108,7 +106,7 @@ def compile_fx(gm: torch.fx.GraphModule, device: torch.device, name: str = "grap
         raise ConfigError("target='triton' needs CUDA tensors; use 'cpu' or 'interpret' for CPU tensors")
     if backend == "cpu" and device.type != "cpu":
         raise ConfigError(f"target={backend!r} needs CPU tensors, not {device.type}; use 'triton'")
-    key = graph_cache.graph_key(gm, device, re.sub(r"\d+$", "", name), _sm_count(device), options) \
+    key = graph_cache.graph_key(gm, device, re.sub(r"\d+$", "", name), sm_count(device), options) \
         if options.graph_cache else None
     if key is not None:
         loaded = graph_cache.load(key, device, name)
@@ -129,15 +127,12 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None,
     options = options if options is not None else config.options()
     report = report or CompileReport(graph.name)
     stage = _Stages(report)
-    backend = choose_backend(device, options)
-    report.backend = backend
-    interpret = backend == "interpret"
-    if backend == "cpu":
-        cpu_backend.require_compiler()  # no compiler: a clear error, and the graph runs eagerly
-    elif interpret:
-        from .backends.triton import interpreter
-
-        interpreter.require()  # asked for the interpreter and none is usable: the user's error
+    target = target_for(choose_backend(device, options), device)
+    report.backend = target.name
+    if target.require is not None:
+        # no C++ compiler: a clear error, and the graph runs eagerly; asked for the interpreter
+        # and none is usable: the user's error
+        target.require()
     with stage("passes"):
         graph = run_passes(graph)
         verify(graph)
@@ -148,27 +143,26 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None,
     report.decisions = list(schedule.decisions)
     report.plans = schedule.describe()
     with stage("fusion"):
-        choose_library_calls(graph, schedule, options.matmul, cpu=backend == "cpu")
-    limits = target_limits(backend, device)
-    lowering = LoweringOptions(interpret=interpret, persistent_reduction_limit=options.persistent_reduction_limit,
+        choose_library_calls(graph, schedule, options.matmul, cpu=target.on_cpu)
+    lowering = LoweringOptions(target=target, persistent_reduction_limit=options.persistent_reduction_limit,
                                flash_config=options.flash_config, flash_split=options.flash_split,
-                               sm_count=_sm_count(device), matmul=options.matmul, tma=_tma_capable(device, backend),
-                               target="cpu" if backend == "cpu" else "gpu", limits=limits,
+                               matmul=options.matmul,
                                # eager CUDA does not raise on an integer division by zero: only CPU tensors check
                                divisor_checks=device.type == "cpu" and options.index_checks,
                                index_checks=options.index_checks)
-    fits = _checking_variants(kernel_check(backend, limits))
+    fits = _checking_variants(target.check)
     progress = CompileProgress(graph.name, sum(not isinstance(s, ExternStep) for s in schedule.steps))
     try:
-        return _compile_steps(graph, schedule, lowering, options, device, backend, report, stage, fits, progress)
+        return _compile_steps(graph, schedule, lowering, options, device, report, stage, fits, progress)
     finally:
         progress.close()
 
 
-def _compile_steps(graph, schedule, lowering, options: Options, device, backend: str, report, stage, fits, progress):
+def _compile_steps(graph, schedule, lowering, options: Options, device, report, stage, fits, progress):
     """The plans' kernels (lowered under `lowering`, the tile layer's options), tuned, built
     and loaded, as the compiled graph's steps."""
-    prepared = _prepare_tuning(graph, schedule.steps, lowering, options, device, backend, stage, progress)
+    target = lowering.target
+    prepared = _prepare_tuning(graph, schedule.steps, lowering, options, device, stage, progress)
     misfits: dict = {}  # knob -> kernels whose configuration from that knob was replaced
     published: list = []  # (key, dedupe.Shared) this compile built
     steps = []
@@ -199,12 +193,12 @@ def _compile_steps(graph, schedule, lowering, options: Options, device, backend:
         key = base = None
         if choice.how != LIBRARY:
             base, added = _base_lowering(graph, step, lowering, stage)
-            key = dedupe.plan_key(graph, base, backend, lowering, options)
+            key = dedupe.plan_key(graph, base, target.name, lowering, options)
             shared = dedupe.lookup(key)
             if shared is not None and _reuse(shared, step, base, views, steps, report):
                 continue
         with stage("tune"):
-            tuned = tune_plan(graph, step, lowering, level=options.autotune, device=device, backend=backend,
+            tuned = tune_plan(graph, step, lowering, level=options.autotune, device=device,
                               aten=(lambda: _aten_step(step, views)) if views is not None else None,
                               prepared=prepared.pop(step.name, None), progress=progress.tuning(step.name))
         report.tuning[tuned.source] = report.tuning.get(tuned.source, 0) + 1
@@ -243,7 +237,7 @@ def _compile_steps(graph, schedule, lowering, options: Options, device, backend:
         built, reports = [], []
         for tk in tks:
             logs.log("tile", "%s", tk)
-            source, launcher = _generate_and_load(tk, backend, step, stage, getattr(fits, "source", None))
+            source, launcher = _generate_and_load(tk, target, step, stage, getattr(fits, "source", None))
             precompile_kernel(graph, tk, launcher)  # Triton: compiling in a worker while the next plans lower
             kind = step.kind if tk.kind != KernelKind.FLASH_MERGE else tk.kind
             reports.append(KernelReport(tk.name, kind, step.members, source, str(tk), step.notes,
@@ -362,14 +356,15 @@ def _checking_variants(check):
     return run
 
 
-def _prepare_tuning(graph, steps, lowering, options: Options, device, backend: str, stage, progress) -> dict:
+def _prepare_tuning(graph, steps, lowering, options: Options, device, stage, progress) -> dict:
     """{plan name: its prepared tuning} for the plans a GPU graph measures: every plan's
     candidates start compiling (in `compile_pool`'s workers) before the first is measured, so
     the graph's compiles run side by side instead of one after another. Empty where there are
     no workers to compile in."""
     from .backends.triton import compile_pool
 
-    if backend != "triton" or options.autotune not in ("1", "max") or not compile_pool.start():
+    target = lowering.target
+    if target.on_cpu or target.interpret or options.autotune not in ("1", "max") or not compile_pool.start():
         return {}
     out, keys = {}, set()
     with stage("tune"):
@@ -381,7 +376,7 @@ def _prepare_tuning(graph, steps, lowering, options: Options, device, backend: s
             views = step.library.views
             progress.now(f"ranking the schedules of {step.name}")
             aten = (lambda step=step, views=views: _aten_step(step, views)) if views is not None else None
-            p = prepare_tuning(graph, step, lowering, level=options.autotune, device=device, backend=backend, aten=aten)
+            p = prepare_tuning(graph, step, lowering, level=options.autotune, device=device, aten=aten)
             if isinstance(p, PreparedTuning) and p.key in keys:
                 continue  # the same kernel as an earlier plan: shared, or a tuning-cache hit by its turn
             if isinstance(p, PreparedTuning):
@@ -418,29 +413,22 @@ def _record_origins(report: CompileReport, graph, schedule) -> None:
         k.ops, k.source_lines = list(origin.ops), list(origin.lines)
 
 
-def _generate_and_load(tk, backend: str, step, stage, printed=None):
-    """(source, launcher) of one tile kernel (and its size variants: one source, a launcher
-    that chooses per call). The CPU backend hands a kernel it cannot print to the Triton
-    interpreter, with the reason in the plan's notes. `printed(tk)`: its C++ source if the
-    limits check printed it already."""
-    if backend == "cpu":
-        try:
-            with stage("codegen"):
-                source = (printed and printed(tk)) or cpu_backend.generate(tk)
-        except cpu_backend.CppUnsupported as err:
-            step.notes.append(f"{tk.name}: not printable as C++ ({err}): runs in the Triton interpreter")
-            logs.log("code", "%s: not printable as C++ (%s): Triton interpreter", tk.name, err)
-            backend = "interpret"
-        else:
-            with stage("load"):
-                return source, _with_variants(tk, cpu_backend.load_kernel(tk, source),
-                                              lambda k: cpu_backend.CppKernel(k, source))
-    interpret = backend == "interpret"
-    with stage("codegen"):
-        source = generate(tk, interpret=interpret)
+def _generate_and_load(tk, target, step, stage, printed=None):
+    """(source, launcher) of one tile kernel on `target` (and its size variants: one source, a
+    launcher that chooses per call). A kernel the target cannot print runs on its fallback (C++:
+    the Triton interpreter), with the reason in the plan's notes. `printed(tk)`: its source if
+    the limits check printed it already."""
+    try:
+        with stage("codegen"):
+            source = (printed and printed(tk)) or target.generate(tk)
+    except Exception as err:
+        if target.unsupported is None or not isinstance(err, target.unsupported) or target.fallback is None:
+            raise
+        step.notes.append(f"{tk.name}: not printable as {target.title} ({err}): runs in {target.fallback.title}")
+        logs.log("code", "%s: not printable as %s (%s): %s", tk.name, target.title, err, target.fallback.title)
+        return _generate_and_load(tk, target.fallback, step, stage)
     with stage("load"):
-        return source, _with_variants(tk, load_kernel(tk, source, interpret),
-                                      lambda k: TritonKernel(k, source, interpret))
+        return source, _with_variants(tk, target.load(tk, source), lambda k: target.load_variant(k, source))
 
 
 def _with_variants(tk, launcher, load):
@@ -464,16 +452,3 @@ def _nothing(buffers, env) -> None:
     return None
 
 
-def _tma_capable(device: torch.device, backend: str) -> bool:
-    """Hopper or newer, and a Triton that builds tensor descriptors in kernels."""
-    if backend != "triton" or device.type != "cuda" or not torch.cuda.is_available():
-        return False
-    import triton.language as tl
-
-    return torch.cuda.get_device_capability(device)[0] >= 9 and hasattr(tl, "make_tensor_descriptor")
-
-
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda" or not torch.cuda.is_available():
-        return 0
-    return torch.cuda.get_device_properties(device).multi_processor_count

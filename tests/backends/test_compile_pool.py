@@ -22,10 +22,11 @@ from tilefuse.fusion import plan_graph  # noqa: E402
 from tilefuse.ir import dtypes as dt  # noqa: E402
 from tilefuse.ir.expr import cast  # noqa: E402
 from tilefuse.tile.lower import LoweringOptions, lower_plan_kernels  # noqa: E402
+from tilefuse.tile.target import Target
 from tilefuse.tune.tuner import precompile_kernel  # noqa: E402
 
 TARGET = ("cuda", 90, 32)  # an H100/H200: compiling for it needs Triton's ptxas, not a GPU
-GPU = LoweringOptions(interpret=False, sm_count=132)
+GPU = LoweringOptions(target=Target.gpu(sm_count=132))
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from tilefuse.ir import dtypes as dt
 from tilefuse.ir.expr import binary, cast, const
 from tilefuse.ir.monoid import monoid
 from tilefuse.tile.lower import LoweringOptions, lower_plan
+from tilefuse.tile.target import Target
 from tilefuse.tile.printer import format_tile_kernel
 
 
@@ -27,8 +28,8 @@ def _sources(name: str, dtype, cols: int) -> dict:
     graph = g.output(g.ctx.reduce((3,), (cols,), monoid(name), body, out))
     (plan,) = plan_graph(graph).kernels
     gpu = lower_plan(graph, plan, LoweringOptions())
-    interp = lower_plan(graph, plan, LoweringOptions(interpret=True))
-    cpu = lower_plan(graph, plan, LoweringOptions(target="cpu"))
+    interp = lower_plan(graph, plan, LoweringOptions(target=Target.interpreter()))
+    cpu = lower_plan(graph, plan, LoweringOptions(target=Target.cpu()))
     return {"ir": str(graph), "tile": format_tile_kernel(gpu), "triton": triton_source(gpu),
             "interpret": triton_source(interp, True), "cpp": cpp_source(cpu)}
 

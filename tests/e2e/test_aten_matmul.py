@@ -13,6 +13,7 @@ from tilefuse.fusion import plan_graph
 from tilefuse.ir import dtypes as dt
 from tilefuse.ir.expr import cast
 from tilefuse.tile.lower import LoweringOptions, schedule_space
+from tilefuse.tile.target import Target
 
 DEVICE = os.environ.get("TILEFUSE_TEST_DEVICE", "cpu")
 
@@ -84,9 +85,9 @@ def test_contraction_space_offers_aten_once_for_plain_products():
                       dt.bfloat16)
     graph = g.output(mm)
     (plan,) = plan_graph(graph).kernels
-    space = schedule_space(graph, plan, LoweringOptions(interpret=False, sm_count=132))
+    space = schedule_space(graph, plan, LoweringOptions(target=Target.gpu(sm_count=132)))
     configs = space.schedules()
     assert space.default["impl"] == "generated"
     assert sum(c["impl"] == "aten" for c in configs) == 1
-    none = schedule_space(graph, plan, LoweringOptions(interpret=False, sm_count=132, matmul="generated"))
+    none = schedule_space(graph, plan, LoweringOptions(target=Target.gpu(sm_count=132), matmul="generated"))
     assert "impl" not in none.knobs

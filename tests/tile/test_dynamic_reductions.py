@@ -24,6 +24,7 @@ from tilefuse.ir.expr import unary
 from tilefuse.runtime.dispatch import SizeDispatch
 from tilefuse.tile.ir import For
 from tilefuse.tile.lower import LoweringOptions, lower_plan_kernels
+from tilefuse.tile.target import Target
 from tilefuse.tile.reduction import SIZE_LADDER
 from tilefuse.tile.variants import SizeVariants
 
@@ -96,9 +97,12 @@ def _row_softmax(rows, cols):
     return g.output(g.ctx.pointwise((rows, cols), dt.float32, lambda i: e.load(i) / s.load((i[0],))))
 
 
-def _kernel(graph, **options):
+_TARGETS = {"cpu": Target.cpu(), "interpret": Target.interpreter()}
+
+
+def _kernel(graph, target: str, **options):
     (plan,) = plan_graph(graph).kernels
-    (tk,) = lower_plan_kernels(graph, plan, LoweringOptions(**options))
+    (tk,) = lower_plan_kernels(graph, plan, LoweringOptions(target=_TARGETS[target], **options))
     return tk
 
 
@@ -109,7 +113,7 @@ def _lanes_per_pass(tk, r: int) -> int:
     return rblock * math.ceil(r / rblock) if looped else rblock
 
 
-@pytest.mark.parametrize("options", [{"target": "cpu"}, {"interpret": True}], ids=["cpu", "interpret"])
+@pytest.mark.parametrize("options", [{"target": "cpu"}, {"target": "interpret"}], ids=["cpu", "interpret"])
 @pytest.mark.parametrize("build", [_column_sum, _row_softmax], ids=["column sum", "row softmax"])
 def test_the_kernel_chosen_walks_the_actual_extent(build, options):
     """The work per output follows the reduced extent: never fewer lanes than the row (the
@@ -137,7 +141,7 @@ def test_one_source_holds_every_variant():
         source = cpu.generate(tk)
         assert source.count("#include <stdint.h>") == 1  # the prelude once
         assert all(f'extern "C" void {n}(' in source for n in names)
-    source = triton_source(_kernel(_row_softmax(S0, S1), interpret=True), interpret=True)
+    source = triton_source(_kernel(_row_softmax(S0, S1), target="interpret"), interpret=True)
     assert source.count("@triton.jit") == len(names) and source.count("import triton\n") == 1
 
 

@@ -14,6 +14,7 @@ from tilefuse.tile import contraction, flash, pointwise, reduction
 from tilefuse.tile.family import KernelFamily
 from tilefuse.tile.fit import current_schedule
 from tilefuse.tile.lower import LoweringOptions, lower_plan_kernels, schedule_space
+from tilefuse.tile.target import Target
 from tilefuse.tile.registry import FAMILIES, UnknownKind, family
 from tilefuse.tune.cost import NOMINAL, predict
 
@@ -48,7 +49,7 @@ def test_spaces_are_declared_and_priced_by_the_plans_family():
     kinds = set()
     for plan in plans:
         kinds.add(plan.kind)
-        options = LoweringOptions(sm_count=132)
+        options = LoweringOptions(target=Target.gpu(sm_count=132))
         space = schedule_space(graph, plan, options)
         assert space.plan_kind == plan.kind
         assert predict(space, space.default) == family(plan.kind).cost(space, space.default, NOMINAL)

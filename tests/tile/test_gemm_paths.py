@@ -17,9 +17,10 @@ from tilefuse.tile.descriptors import describe_operands
 from tilefuse.tile.ir import DescriptorLoad, For, MakeDescriptor
 from tilefuse.tile.common import dot_operand
 from tilefuse.tile.lower import LoweringOptions, lower_plan_kernels, schedule_space
+from tilefuse.tile.target import Target
 from tilefuse.tile.verify import verify_tile_kernel
 
-HOPPER = LoweringOptions(sm_count=132, tma=True)
+HOPPER = LoweringOptions(target=Target.gpu(sm_count=132, tma=True))
 DEVICE = os.environ.get("TILEFUSE_TEST_DEVICE", "cpu")
 ON_GPU = DEVICE == "cuda"
 
@@ -87,11 +88,11 @@ def test_space_offers_tma_and_persistence_only_with_descriptors():
     configs = space.schedules()
     assert any(c["persistent"] for c in configs)
     assert all(c["tma"] for c in configs if c["persistent"])
-    assert "tma" not in schedule_space(graph, plan, LoweringOptions(sm_count=132)).knobs  # not Hopper
+    assert "tma" not in schedule_space(graph, plan, LoweringOptions(target=Target.gpu(sm_count=132))).knobs  # not Hopper
 
 
 def _run(graph, plan, schedule, args):
-    options = LoweringOptions(interpret=not ON_GPU, sm_count=3, tma=True, schedule=schedule)
+    options = LoweringOptions(target=Target(interpret=not ON_GPU, sm_count=3, tma=True), schedule=schedule)
     (tk,) = lower_plan_kernels(graph, plan, options)
     verify_tile_kernel(tk)
     source = generate(tk, interpret=not ON_GPU)

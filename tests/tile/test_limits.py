@@ -13,16 +13,16 @@ from irgraphs import GraphBuilder
 from tilefuse import compiler
 from tilefuse.backends.cpu import generate
 from tilefuse.backends.cpu.stack import STACK_CEILING, stack_budget, stack_bytes, thread_stacks
-from tilefuse.backends.limits import kernel_check, target_limits
+from tilefuse.backends.limits import H200_SHARED_MEMORY, TRITON_MAX_NUMEL, kernel_check, target_limits
 from tilefuse.fusion import plan_graph
 from tilefuse.ir import dtypes as dt
 from tilefuse.ir.expr import cast
 from tilefuse.tile.fit import LimitError, current_schedule, fit_kernels
-from tilefuse.tile.limits import (H200_SHARED_MEMORY, TRITON_MAX_NUMEL, Limits, largest_tile, shared_memory_bytes,
-                                  violation)
+from tilefuse.tile.limits import Limits, largest_tile, shared_memory_bytes, violation
 from tilefuse.tile.lower import LoweringOptions, lower_plan_kernels
+from tilefuse.tile.target import Target
 
-GPU = LoweringOptions(interpret=False, sm_count=132)
+GPU = LoweringOptions(target=Target.gpu(sm_count=132))
 H200 = target_limits("triton")
 
 
@@ -93,7 +93,7 @@ def test_shared_memory_of_a_matmul_is_its_pipelined_operand_tiles():
 
 def test_shared_memory_of_attention_counts_q_once_and_not_the_probabilities():
     graph, plan, options = _flash_plan(d=128)
-    gpu = replace(options, target="gpu", schedule={"BLOCK_M": 64, "BLOCK_N": 32, "warps": 4, "stages": 3, "split": 1})
+    gpu = replace(options, target=Target.gpu(), schedule={"BLOCK_M": 64, "BLOCK_N": 32, "warps": 4, "stages": 3, "split": 1})
     (tk,) = lower_plan_kernels(graph, plan, gpu)
     # K and V tiles pipelined over 3 stages, the Q tile once (fp32): flash_space's own formula
     assert shared_memory_bytes(tk) == 3 * 32 * (128 + 128) * 4 + 64 * 128 * 4
@@ -102,7 +102,7 @@ def test_shared_memory_of_attention_counts_q_once_and_not_the_probabilities():
 def test_fit_lowers_stages_then_halves_the_largest_block():
     graph, plan = _matmul(1024, 1024, 1024)
     big = {"BLOCK_M": 256, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "warps": 8, "stages": 5}
-    options = replace(GPU, schedule=big, limits=H200)
+    options = replace(GPU, schedule=big, target=replace(GPU.target, limits=H200))
     fitted = fit_kernels(graph, plan, options, lambda tk: violation(tk, H200), lower_plan_kernels)
     assert fitted.replaced == big and fitted.violation.resource == "shared memory"
     assert fitted.schedule == {**big, "BLOCK_M": 128, "stages": 2}
@@ -140,7 +140,7 @@ def test_nothing_fits_is_a_limit_error():
     graph, plan = _rowsum(4, 4096)
     hopeless = Limits("cpu", stack_bytes=8)
     with pytest.raises(LimitError, match="no configuration fits"):
-        fit_kernels(graph, plan, LoweringOptions(target="cpu"), kernel_check("cpu", hopeless), lower_plan_kernels)
+        fit_kernels(graph, plan, LoweringOptions(target=Target.cpu()), kernel_check("cpu", hopeless), lower_plan_kernels)
 
 
 def test_stack_bytes_counts_the_kernels_arrays():

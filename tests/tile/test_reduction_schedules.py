@@ -12,6 +12,7 @@ from tilefuse.ir import dtypes as dt
 from tilefuse.ir.expr import cast, unary
 from tilefuse.tile.ir import For, LoadTile
 from tilefuse.tile.lower import LoweringOptions, lower_plan_kernels
+from tilefuse.tile.target import Target
 
 
 DEVICE = os.environ.get("TILEFUSE_TEST_DEVICE", "cpu")
@@ -45,7 +46,7 @@ def test_looped_schedule_of_a_fitting_row_matches_and_hints_the_cache():
     m, n = 37, 300  # a 512-lane row held whole by the rules; looped here in 64-wide tiles
     graph, plan = _rmsnorm(m, n)
     looped = {"persistent": False, "XBLOCK": 1, "RBLOCK": 64, "warps": 4}
-    (tk,) = lower_plan_kernels(graph, plan, LoweringOptions(interpret=not ON_GPU, schedule=looped))
+    (tk,) = lower_plan_kernels(graph, plan, LoweringOptions(target=Target.gpu() if ON_GPU else Target.interpreter(), schedule=looped))
     assert sum(isinstance(s, For) for s in tk.body) == 2  # the sum, then the output pass
     hints = {(t.buffer, t.eviction) for t in _loads(tk.body)}
     assert hints == {("x", "last"), ("x", "first"), ("w", "last")}
@@ -60,6 +61,6 @@ def test_looped_schedule_of_a_fitting_row_matches_and_hints_the_cache():
 
 def test_the_rules_keep_the_row_whole():
     graph, plan = _rmsnorm(37, 300)
-    (tk,) = lower_plan_kernels(graph, plan, LoweringOptions(interpret=True))
+    (tk,) = lower_plan_kernels(graph, plan, LoweringOptions(target=Target.interpreter()))
     assert not any(isinstance(s, For) for s in tk.body)
     assert all(t.eviction == "" for t in _loads(tk.body))

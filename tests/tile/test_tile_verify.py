@@ -7,6 +7,7 @@ from tilefuse.ir import dtypes as dt
 from tilefuse.ir.expr import Var
 from tilefuse.tile.ir import Assign, Let, StoreTile
 from tilefuse.tile.lower import LoweringOptions, lower_plan
+from tilefuse.tile.target import Target
 from tilefuse.tile.printer import format_tile_kernel
 from tilefuse.tile.verify import TileVerificationError, verify_tile_kernel
 
@@ -17,7 +18,7 @@ def _kernel():
     s = g.ctx.reduce((6,), (10,), "sum", lambda i, r: x.load((i[0], r[0])), dt.float32)
     graph = g.output(s)
     (plan,) = plan_graph(graph).kernels
-    return lower_plan(graph, plan, LoweringOptions(interpret=True, persistent_reduction_limit=4))
+    return lower_plan(graph, plan, LoweringOptions(target=Target.interpreter(), persistent_reduction_limit=4))
 
 
 def test_lowered_kernels_verify_and_print():

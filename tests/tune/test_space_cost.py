@@ -9,10 +9,11 @@ from tilefuse.fusion import plan_graph
 from tilefuse.ir import dtypes as dt
 from tilefuse.ir.expr import cast
 from tilefuse.tile.lower import LoweringOptions, lower_plan_kernels, schedule_space
+from tilefuse.tile.target import Target
 from tilefuse.tile.space import SMEM_PER_BLOCK
 from tilefuse.tune.cost import NOMINAL, choose_without_measuring, predict, rank
 
-GPU = LoweringOptions(interpret=False, sm_count=132)
+GPU = LoweringOptions(target=Target.gpu(sm_count=132))
 
 
 def _matmul(m, n, k, dtype=dt.bfloat16, out_dtype=dt.float32):
@@ -46,7 +47,7 @@ def test_contraction_space_is_valid_and_starts_from_the_rules():
 def test_a_tuned_schedule_reaches_the_generated_kernel():
     graph, plan = _matmul(256, 512, 128)
     chosen = {"BLOCK_M": 64, "BLOCK_N": 256, "BLOCK_K": 32, "GROUP_M": 8, "warps": 4, "stages": 4}
-    (tk,) = lower_plan_kernels(graph, plan, LoweringOptions(interpret=False, schedule=chosen))
+    (tk,) = lower_plan_kernels(graph, plan, LoweringOptions(schedule=chosen))
     assert tk.constexprs["BLOCK_M"] == 64 and tk.constexprs["BLOCK_N"] == 256 and tk.constexprs["BLOCK_K"] == 32
     assert (tk.num_warps, tk.num_stages) == (4, 4)
 
@@ -143,7 +144,7 @@ def test_reduction_space_and_memory_model(width, persistent):
     assert all(t >= space.sizes["bytes"] / NOMINAL.bandwidth for t, _ in ranked)
     # a tuned schedule reaches the kernel
     (_, cfg), = [x for x in ranked if x[1] != space.default][:1] or [ranked[0]]
-    (tk,) = lower_plan_kernels(graph, plan, LoweringOptions(interpret=False, schedule=cfg))
+    (tk,) = lower_plan_kernels(graph, plan, LoweringOptions(schedule=cfg))
     assert tk.num_warps == cfg["warps"]
     for knob in ("XBLOCK", "RBLOCK"):
         if knob in cfg:

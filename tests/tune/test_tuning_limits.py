@@ -9,12 +9,13 @@ from tilefuse.fusion import plan_graph
 from tilefuse.ir import dtypes as dt
 from tilefuse.ir.expr import cast
 from tilefuse.tile.lower import LoweringOptions, schedule_space
+from tilefuse.tile.target import Target
 from tilefuse.tune.cache import TuningCache, tuning_key
 from tilefuse.tune.cost import NOMINAL
 from tilefuse.tune.search import TuningError
 from tilefuse.tune.tuner import select_schedule
 
-GPU = LoweringOptions(interpret=False, sm_count=132)
+GPU = LoweringOptions(target=Target.gpu(sm_count=132))
 KEY = tuning_key("kernel source", {"M": 2048}, ["bfloat16"], {"name": "test"})
 
 

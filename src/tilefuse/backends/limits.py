@@ -12,9 +12,17 @@ from __future__ import annotations
 from typing import Callable
 
 from ..tile.ir import TileKernel
-from ..tile.limits import (H200_SHARED_MEMORY, TRITON_MAX_NUMEL, TRITON_MAX_PER_THREAD, TRITON_MAX_WARPS, Limits,
-                           Violation, violation)
+from ..tile.limits import Limits, Violation, violation
 
+#: Triton's largest tensor (elements; `triton._utils.TRITON_MAX_TENSOR_NUMEL`)
+TRITON_MAX_NUMEL = 1 << 20
+#: Triton's largest block: 1024 threads
+TRITON_MAX_WARPS = 32
+#: elements of one tile per thread beyond which a Triton kernel is nothing but register
+#: spills (255 registers a thread; the largest tile a knob allows, 256×256 on one warp, is 2048)
+TRITON_MAX_PER_THREAD = 2048
+#: shared memory per block of an H200 (Hopper, opt-in), the target the GPU constants are for
+H200_SHARED_MEMORY = 227 * 1024
 #: shared memory per block (opt-in) by compute capability, for a device that cannot be asked
 SHARED_MEMORY = {(7, 0): 96 * 1024, (7, 5): 64 * 1024, (8, 0): 163 * 1024, (8, 6): 99 * 1024, (8, 7): 163 * 1024,
                  (8, 9): 99 * 1024, (9, 0): 227 * 1024, (10, 0): 227 * 1024, (12, 0): 99 * 1024}
@@ -79,4 +87,5 @@ class _CppCheck:
         return kept[1] if kept is not None and kept[0] is kernel else None
 
 
-__all__ = ["target_limits", "kernel_check", "SHARED_MEMORY"]
+__all__ = ["target_limits", "kernel_check", "SHARED_MEMORY", "TRITON_MAX_NUMEL", "TRITON_MAX_WARPS",
+           "TRITON_MAX_PER_THREAD", "H200_SHARED_MEMORY"]

@@ -17,20 +17,20 @@ from ..ir.symbolic import simplify_index
 from .builder import KernelBuilder, land
 from .ir import BroadcastTile
 from .schedule import Schedule
+from .target import Target
 
 
 @dataclass
 class LoweringOptions:
-    interpret: bool = False
+    """What a lowering is asked for: the machine (`target`), the compile's knobs that shape
+    kernels, and a schedule to lay over the family's rules."""
+
+    target: Target = Target()  # the machine the kernels run on (`tile.target`)
     persistent_reduction_limit: int = 8192
     flash_config: str = ""
     flash_split: int = 0  # key ranges per block of rows in attention kernels (0: by occupancy)
     schedule: Schedule | None = None  # a schedule of the plan's space (tuned, fitted): over the rules, knob by knob
     matmul: str = "auto"  # plain matmuls: "auto" (measured), "generated", "aten"
-    sm_count: int = 0  # the device's multiprocessors (0: unknown)
-    tma: bool = False  # the device and Triton read blocks through tensor descriptors (Hopper TMA)
-    target: str = "gpu"  # "gpu" or "cpu": which machine the block-size rules choose for
-    limits: object = None  # the target's tile.limits.Limits (None: not checked)
     divisor_checks: bool = False  # an integer division by zero raises (CPU tensors, as eager does there)
     index_checks: bool = True  # indices read from data are checked against their bounds (TILEFUSE_INDEX_CHECKS)
 

@@ -37,9 +37,9 @@ def contraction_rules(graph: Graph, plan: KernelPlan, options: LoweringOptions) 
     c = plan.contraction
     M, N, K, _ = _contraction_sizes(graph, plan)
     low = all(dot_operand(f)[1].is_low_precision for f in (c.a, c.b))
-    if options.target == "cpu":  # acc, A and B tiles fit the L1 cache together
+    if options.target.on_cpu:  # acc, A and B tiles fit the L1 cache together
         rules = Schedule(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, warps=1, stages=1)
-    elif options.interpret:
+    elif options.target.interpret:
         rules = Schedule(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=8, warps=4, stages=1)
     elif low:
         rules = Schedule(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, warps=8, stages=3)
@@ -61,7 +61,7 @@ def _min_block(key: str, options: LoweringOptions) -> int:
     """The smallest tile of a dot's dim: 16 where Triton's `tl.dot` runs; on CPU rows as few as
     the product has (a product of one row per batch — a MoE's gathered experts, a decode step —
     is a vector-matrix loop, not 16 rows of which 15 are masked)."""
-    return 1 if options.target == "cpu" and key == "BLOCK_M" else 16
+    return 1 if options.target.on_cpu and key == "BLOCK_M" else 16
 
 
 def contraction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
@@ -72,7 +72,7 @@ def contraction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     item = 2 if low else dot_accumulator(c.a, c.b).itemsize
     statics = {n: static_int(v) for n, v in (("M", M), ("N", N), ("K", K))}
     caps = {"BLOCK_M": statics["M"], "BLOCK_N": statics["N"], "BLOCK_K": statics["K"]}
-    if options.target == "cpu":  # register/L1 blocking of the C++ loop nest
+    if options.target.on_cpu:  # register/L1 blocking of the C++ loop nest
         few = statics["M"] is not None and pow2(statics["M"]) < 16  # (rows as few as the product has)
         knobs = {"BLOCK_M": ((pow2(statics["M"]),) if few else ()) + (16, 32, 64), "BLOCK_N": (32, 64, 128),
                  "BLOCK_K": (16, 32, 64), "GROUP_M": (8,), "warps": (1,), "stages": (1,)}
@@ -94,16 +94,16 @@ def contraction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     nbatch = static_int(sympy.Mul(*batch)) if batch else 1
     sizes = {k: v for k, v in statics.items()} | {"batch": nbatch}
     default = contraction_rules(graph, plan, options)
-    if options.tma and not options.interpret and _described(graph, plan) is not None:
+    if options.target.tma and not options.target.interpret and _described(graph, plan) is not None:
         # Hopper: operands through TMA descriptors, optionally one persistent program per SM
         # walking the output tiles (pointer loads gain nothing from persistence: not offered)
-        knobs["tma"], knobs["persistent"] = (0, 1), ((0, 1) if options.sm_count else (0,))
+        knobs["tma"], knobs["persistent"] = (0, 1), ((0, 1) if options.target.sm_count else (0,))
         default = default.replace(tma=0, persistent=0)
         tiles_ok = valid
 
         def valid(s: Schedule) -> bool:
             return tiles_ok(s) and (s["tma"] or not s["persistent"])
-    if options.matmul != "generated" and not options.interpret:
+    if options.matmul != "generated" and not options.target.interpret:
         from ..fusion.matmul_views import matmul_views
 
         if matmul_views(graph, plan) is not None:  # nothing fused: the library's matmul is a candidate
@@ -136,11 +136,11 @@ def lower_contraction(graph: Graph, plan: KernelPlan, options: LoweringOptions) 
     BM, BN, BK, G = (tile_symbol(n) for n in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"))
     wide = any(needs_int64(*sizes) for sizes in ((M, K, *batch_shape), (K, N, *batch_shape), (M, N, *batch_shape)))
     described = _described(graph, plan) if use_tma and not wide else None
-    persistent = persistent and described is not None and options.sm_count > 0
+    persistent = persistent and described is not None and options.target.sm_count > 0
     num_m, num_n = sympy.ceiling(M / BM), sympy.ceiling(N / BN)
     b.tile_symbols |= {"pid_first", "tile", "desc_a", "desc_b"}
     if persistent:  # one program per SM walks the output tiles; its loads overlap the last epilogue
-        constexprs["NUM_SMS"] = options.sm_count
+        constexprs["NUM_SMS"] = options.target.sm_count
         b.emit(ProgramId("pid_first", 0))
     else:
         b.emit(ProgramId("pid", 0, wide=wide))
@@ -208,7 +208,7 @@ def lower_contraction(graph: Graph, plan: KernelPlan, options: LoweringOptions) 
             v = b.let(where(mask, v, Const(0.0, v.dtype)), "op")  # a prologue may map 0 to non-0
         operands.append((v, in_dtype))
     (a_v, a_dt), (b_v, b_dt) = operands
-    dot_dtype = a_dt if a_dt == b_dt and a_dt.is_low_precision and not options.interpret else accd
+    dot_dtype = a_dt if a_dt == b_dt and a_dt.is_low_precision and not options.target.interpret else accd
     b.emit(DotTile(acc, a_v, b_v, Var(acc, accd), dot_dtype))
     b.pop_block()
 

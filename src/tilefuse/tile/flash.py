@@ -132,7 +132,7 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
             k_tile = b.let(where(k_mask, k_tile, Const(0.0, k_tile.dtype)), "k")
         s_acc = b.fresh("s")
         b.emit(Full(s_acc, ("BLOCK_M", "BLOCK_N"), 0.0, accd))
-        dot_dtype = q_dtype if q_dtype == k_dtype and q_dtype.is_low_precision and not options.interpret else accd
+        dot_dtype = q_dtype if q_dtype == k_dtype and q_dtype.is_low_precision and not options.target.interpret else accd
         b.emit(DotTile(s_acc, q_tile, k_tile, Var(s_acc, accd), dot_dtype))
         # the scores stay in fp32 (fp64) registers (never rounded to the graph's dtype: they never reach memory)
         b.bound[s_node.name] = Var(s_acc, accd)
@@ -178,7 +178,7 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
         rebased = rebase(b, graph, acc, o_stage.repair, running)
         pv = b.fresh("pv")
         b.emit(Full(pv, ("BLOCK_M", "BLOCK_DN"), 0.0, accd))
-        pv_dtype = a_dtype if a_dtype == v_dtype and a_dtype.is_low_precision and not options.interpret else accd
+        pv_dtype = a_dtype if a_dtype == v_dtype and a_dtype.is_low_precision and not options.target.interpret else accd
         b.emit(DotTile(pv, p_tile, v_tile, Var(pv, accd), pv_dtype))
         updates.append(Assign(acc.name, binary("add", rebased, Var(pv, accd))))
         for u in updates:
@@ -278,7 +278,7 @@ def flash_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     else:
         knobs = {"BLOCK_M": (32, 64), "BLOCK_N": (32, 64), "warps": (4, 8), "stages": (2, 3)}
 
-    smem_limit = getattr(options.limits, "shared_memory", None) or SMEM_PER_BLOCK
+    smem_limit = getattr(options.target.limits, "shared_memory", None) or SMEM_PER_BLOCK
 
     def valid(s: Schedule) -> bool:
         if rows is not None and s["BLOCK_M"] > max(16, pow2(rows)):
@@ -297,9 +297,9 @@ def flash_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
 def _default_tiles(low_precision: bool, head_block: int, rows, options: LoweringOptions) -> tuple:
     """(BLOCK_M, BLOCK_N, warps, stages) until the autotuner chooses: the best of a sweep on the
     H200 (docs/benchmarks.md) — 128×128 tiles for head dim 128, 128×64 below, 8 warps; 16 rows (the smallest `dot`) when there are at most 16 (decode)."""
-    if options.target == "cpu":  # score tile and operands stay in the L1/L2 caches
+    if options.target.on_cpu:  # score tile and operands stay in the L1/L2 caches
         bm, bn, warps, stages = 64, 64, 1, 1
-    elif options.interpret:
+    elif options.target.interpret:
         bm, bn, warps, stages = 32, 32, 4, 1
     elif not low_precision:
         bm, bn, warps, stages = 64, 32, 4, 3
@@ -308,7 +308,7 @@ def _default_tiles(low_precision: bool, head_block: int, rows, options: Lowering
     else:
         bm, bn, warps, stages = 128, 64, 8, 3
     if rows is not None and rows <= 16:
-        bm, bn, warps = 16, max(bn, 64) if not options.interpret else bn, 4
+        bm, bn, warps = 16, max(bn, 64) if not options.target.interpret else bn, 4
     elif rows is not None:
         bm = min(bm, max(16, pow2(rows)))
     return bm, bn, warps, stages
@@ -369,7 +369,7 @@ def split_factor(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> in
         return int(options.schedule["split"])
     if options.flash_split > 0:
         return options.flash_split
-    if options.interpret or options.sm_count <= 0:
+    if options.target.interpret or options.target.sm_count <= 0:
         return 1
     con = plan.contraction
     o_node = graph[next(st.node for st in plan.stages if st.kind == StageKind.CONTRACTION)]
@@ -377,7 +377,7 @@ def split_factor(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> in
     nbatch = static_int(sympy.Mul(*(o_node.shape[d] for d in con.batch_dims)))
     if None in (M, N, nbatch):
         return 1
-    return choose_splits(-(-M // 64) * nbatch, -(-N // 64), options.sm_count)
+    return choose_splits(-(-M // 64) * nbatch, -(-N // 64), options.target.sm_count)
 
 
 def choose_splits(programs: int, key_tiles: int, sm_count: int) -> int:

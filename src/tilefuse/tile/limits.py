@@ -25,17 +25,6 @@ from ..ir.expr import Cast, Var, Where
 from .ir import (Arange, ArgReduceTile, BroadcastTile, DescriptorLoad, DotTile, For, Full, Let, LoadTile,
                  MakeDescriptor, ReduceTile, TileKernel, expr_names)
 
-#: Triton's largest tensor (elements; `triton._utils.TRITON_MAX_TENSOR_NUMEL`)
-TRITON_MAX_NUMEL = 1 << 20
-#: Triton's largest block: 1024 threads
-TRITON_MAX_WARPS = 32
-#: elements of one tile per thread beyond which a Triton kernel is nothing but register
-#: spills (255 registers a thread; the largest tile a knob allows, 256×256 on one warp, is 2048)
-TRITON_MAX_PER_THREAD = 2048
-#: shared memory per block of an H200 (Hopper, opt-in), the target the GPU constants are for
-H200_SHARED_MEMORY = 227 * 1024
-
-
 @dataclass(frozen=True)
 class Limits:
     """A target's limits; None: not a limit of this target."""
@@ -223,5 +212,4 @@ def violation(kernel: TileKernel, limits: Limits, stack_bytes: int | None = None
     return None
 
 
-__all__ = ["Limits", "Violation", "violation", "tile_shapes", "largest_tile", "shared_memory_bytes",
-           "TRITON_MAX_NUMEL", "TRITON_MAX_WARPS", "TRITON_MAX_PER_THREAD", "H200_SHARED_MEMORY"]
+__all__ = ["Limits", "Violation", "violation", "tile_shapes", "largest_tile", "shared_memory_bytes"]

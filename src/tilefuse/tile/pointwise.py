@@ -22,8 +22,8 @@ from .space import ScheduleSpace, halved, memory_bytes, warps_within
 
 
 def pointwise_rules(plan: KernelPlan, options: LoweringOptions) -> Schedule:
-    block = 1024 if not options.interpret else 256
-    if options.target == "cpu":  # one program is a vectorised loop: amortise its start
+    block = 1024 if not options.target.interpret else 256
+    if options.target.on_cpu:  # one program is a vectorised loop: amortise its start
         block = 2048
     nv = static_int(plan.parallel)
     if nv is not None:
@@ -35,7 +35,7 @@ def pointwise_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     """Elements per program and warps."""
     n = static_int(plan.parallel)
     cap = max(16, pow2(n)) if n is not None else 1 << 30
-    if options.target == "cpu":  # elements per program (one OpenMP task, one vectorised loop)
+    if options.target.on_cpu:  # elements per program (one OpenMP task, one vectorised loop)
         knobs = {"XBLOCK": tuple(x for x in (512, 1024, 2048, 4096, 8192) if x <= cap) or (cap,), "warps": (1,)}
         return ScheduleSpace("memory", knobs, pointwise_rules(plan, options),
                              sizes={"programs": n, "rows": n, "R": 1, "bytes": memory_bytes(graph, plan)},

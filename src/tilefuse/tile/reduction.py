@@ -63,15 +63,15 @@ def reduction_rules(plan: KernelPlan, options: LoweringOptions) -> Schedule:
     rstatic = static_int(Rn)
     if rstatic is not None and rstatic <= options.persistent_reduction_limit:
         return _persistent_rules(pow2(rstatic), P, options)
-    rblock, xblock, warps = (512 if options.interpret else 2048), 1, 8
-    if options.target == "cpu":
+    rblock, xblock, warps = (512 if options.target.interpret else 2048), 1, 8
+    if options.target.on_cpu:
         rblock = 4096
     return Schedule(persistent=False, RBLOCK=rblock, XBLOCK=xblock, warps=warps)
 
 
 def _persistent_rules(rblock: int, P, options: LoweringOptions) -> Schedule:
-    xblock = max(1, min(64 if not options.interpret else 16, 4096 // rblock))
-    if options.target == "cpu":  # one row per program: the row is the vectorised loop
+    xblock = max(1, min(64 if not options.target.interpret else 16, 4096 // rblock))
+    if options.target.on_cpu:  # one row per program: the row is the vectorised loop
         xblock = 1
     pv = static_int(P)
     if pv is not None:
@@ -100,7 +100,7 @@ def reduction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     P, R = static_int(plan.parallel), static_int(sympy.Mul(*plan.reduction))
     rows = pow2(P) if P is not None else 1 << 20
     families = ()
-    if options.target == "cpu":  # rows per program (held whole) or tile width (looped); no warps
+    if options.target.on_cpu:  # rows per program (held whole) or tile width (looped); no warps
         if rules["persistent"]:
             rb = rules["RBLOCK"]
             knobs = {"XBLOCK": tuple(x for x in (1, 2, 4, 8) if x <= rows and x * rb <= 65536) or (1,), "warps": (1,)}
@@ -113,7 +113,7 @@ def reduction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
         rb = rules["RBLOCK"]
         # the row held whole, or (for long rows) walked in tiles with a second pass re-reading
         # it from L2: fewer registers per thread, more rows in flight
-        looped = tuple(t for t in (1024, 2048, 4096) if t < rb) if not options.interpret else ()
+        looped = tuple(t for t in (1024, 2048, 4096) if t < rb) if not options.target.interpret else ()
         knobs = {"persistent": (True, False) if looped else (True,),
                  "XBLOCK": tuple(x for x in (1, 2, 4, 8, 16, 32, 64) if x <= rows and x * rb <= 32768),
                  "RBLOCK": (rb,) + looped, "warps": (1, 2, 4, 8, 16)}

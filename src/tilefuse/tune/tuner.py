@@ -28,7 +28,6 @@ import time
 from dataclasses import dataclass, replace
 
 from .. import logs
-from ..backends.triton import generate, load_kernel
 from ..tile.lower import LoweringOptions, lower_plan_kernels, schedule_space
 from ..tile.registry import family
 from ..tile.schedule import Schedule
@@ -110,14 +109,14 @@ class PreparedTuning:
     seconds: float = 0.0
 
 
-def prepare_tuning(graph, plan, options: LoweringOptions, *, level: str, device, backend: str,
+def prepare_tuning(graph, plan, options: LoweringOptions, *, level: str, device,
                    aten=None) -> "PreparedTuning | TuneOutcome":
     """Rank the plan's candidates and start compiling them; a `TuneOutcome` where nothing is
     left to measure (rules, the model's choice, a tuning-cache hit)."""
     t0 = time.perf_counter()
     notes = list(plan.notes)
     try:
-        out = _prepare(graph, plan, options, level, device, backend, aten)
+        out = _prepare(graph, plan, options, level, device, aten)
     except Exception as err:  # noqa: BLE001 — tuning is an optimisation: never the reason a graph fails
         logs.log("tune", "%s: tuning failed, the rules choose: %s: %s", plan.name, type(err).__name__, err)
         out = TuneOutcome(None, "rules", note=f"tuning failed: {type(err).__name__}: {err}"[:200])
@@ -127,13 +126,13 @@ def prepare_tuning(graph, plan, options: LoweringOptions, *, level: str, device,
     return out
 
 
-def tune_plan(graph, plan, options: LoweringOptions, *, level: str, device, backend: str, aten=None,
+def tune_plan(graph, plan, options: LoweringOptions, *, level: str, device, aten=None,
               prepared: "PreparedTuning | TuneOutcome | None" = None, progress=None) -> TuneOutcome:
     """`aten`: builds the plan's library step (a plain matmul), measured as `impl=aten`.
     `prepared`: this plan's `prepare_tuning` (else it is prepared here). `progress(runs, total,
     best seconds)`: told after each measurement."""
     if prepared is None:
-        prepared = prepare_tuning(graph, plan, options, level=level, device=device, backend=backend, aten=aten)
+        prepared = prepare_tuning(graph, plan, options, level=level, device=device, aten=aten)
     if isinstance(prepared, TuneOutcome):
         return prepared
     t0 = time.perf_counter()
@@ -154,27 +153,28 @@ def tune_plan(graph, plan, options: LoweringOptions, *, level: str, device, back
     return outcome
 
 
-def _prepare(graph, plan, options: LoweringOptions, level: str, device, backend: str, aten):
-    if backend not in ("triton", "cpu") or options.flash_config or options.flash_split:
+def _prepare(graph, plan, options: LoweringOptions, level: str, device, aten):
+    target = options.target
+    if target.interpret or target.generate is None or options.flash_config or options.flash_split:
         return TuneOutcome(None, "rules")  # the interpreter's tiles, or the user's own choice
     space = schedule_space(graph, plan, options)
-    if space is None or (backend == "cpu" and not family(plan.kind).tuned_on_cpu):
+    if space is None or (target.on_cpu and not family(plan.kind).tuned_on_cpu):
         return TuneOutcome(None, "rules")
     static = all(v is not None for v in space.sizes.values())
-    measurable = static and (level in LEVELS and device.type == "cuda" or level in CPU_LEVELS and backend == "cpu")
-    if backend == "cpu" and not measurable:  # the model's terms are the GPU's: the rules choose
+    measurable = static and (level in LEVELS and device.type == "cuda" or level in CPU_LEVELS and target.on_cpu)
+    if target.on_cpu and not measurable:  # the model's terms are the GPU's: the rules choose
         return TuneOutcome(None, "rules")
     with real_tensors():
         ceilings = device_ceilings(device) if measurable else NOMINAL
     if not measurable:
         return TuneOutcome(choose_without_measuring(space, ceilings), "model")
     default_kernels = lower_plan_kernels(graph, plan, replace(options, schedule=space.default))
-    source = canonical_source("\n".join(_source(tk, backend) for tk in default_kernels), default_kernels)
+    source = canonical_source("\n".join(target.generate(tk) for tk in default_kernels), default_kernels)
     dtypes = sorted({str(graph[n].dtype) for tk in default_kernels for n in tk.reads if n in graph.nodes})
     key = tuning_key(source, space.sizes, dtypes, {"name": ceilings.name, "kind": space.kind},
                      extra={k: list(v) for k, v in space.knobs.items()})  # a new knob invalidates old results
-    bench = _Bench(graph, plan, options, device, aten, backend)
-    levels = CPU_LEVELS if backend == "cpu" else None
+    bench = _Bench(graph, plan, options, device, aten)
+    levels = CPU_LEVELS if target.on_cpu else None
     try:
         with real_tensors():
             found = candidates(space, key, level, ceilings, TuningCache(), plan.name, levels=levels,
@@ -333,19 +333,15 @@ class _Bench:
     them on synthetic buffers of the plan's shapes (random floats; zeros for integer and
     boolean inputs, so that any index they hold is in range)."""
 
-    def __init__(self, graph, plan, options, device, aten=None, backend="triton"):
+    def __init__(self, graph, plan, options, device, aten=None):
         self.graph, self.plan, self.options, self.device, self.aten = graph, plan, options, device, aten
-        self.backend = backend
+        self.target = options.target
         self.built: dict = {}
         self.loaded: dict = {}
         self.buffers: dict = {}
-        self.flush = None  # (GPU) the L2 flush buffer, made on the first measurement
+        self.timer = self.target.timer(device)  # (GPU: holds its L2 flush buffer while this plan is measured)
         self.lowerings: dict = {}
-        self.check = None
-        if getattr(options, "limits", None) is not None:
-            from ..backends.limits import kernel_check
-
-            self.check = kernel_check(backend, options.limits)
+        self.check = self.target.check if self.target.limits is not None else None
 
     def lowered(self, schedule: Schedule) -> list:
         """The plan's tile kernels under `schedule` (lowered once)."""
@@ -363,16 +359,6 @@ class _Bench:
             if found is not None:
                 return str(found)
         return None
-
-    def _l2_flush(self):
-        """A buffer twice the GPU's L2 cache (256 MB where the size is not known), kept while
-        this plan is measured: zeroing it evicts what the previous launch left in L2."""
-        import torch
-
-        if self.flush is None:
-            l2 = getattr(torch.cuda.get_device_properties(self.device), "L2_cache_size", 0) or (128 << 20)
-            self.flush = torch.empty(2 * l2 // 4, dtype=torch.int32, device=self.device)
-        return self.flush
 
     def precompile(self, schedules) -> None:
         """Load the kernels of `schedules` and start compiling them (a C++ kernel starts building
@@ -420,8 +406,7 @@ class _Bench:
 
     def _launchers(self, schedule: Schedule) -> list:
         if schedule not in self.loaded:
-            self.loaded[schedule] = [_load(tk, self.backend, getattr(self.check, "source", None))
-                                     for tk in self.lowered(schedule)]
+            self.loaded[schedule] = [self._load(tk) for tk in self.lowered(schedule)]
         return self.loaded[schedule]
 
     def _kernels(self, schedule: Schedule):
@@ -446,33 +431,15 @@ class _Bench:
         for launch in launchers:
             launch(self.buffers, {})
 
-    def measure(self, schedule: Schedule) -> float:
-        """One sample: the median of 5 launches, each timed by its own events (a clock or
-        cache hiccup in one launch does not make a good configuration look bad). On a GPU the
-        L2 cache is flushed before each launch, as the kernel benchmark does (and Triton's and
-        Inductor's benchmarkers): in a model a layer's weights come from memory, not from the
-        L2 the previous launch filled, and a schedule with too few programs to pull them from
-        memory at full rate must not look fast because 5 launches read them from L2."""
-        import torch
+    def _load(self, tk):
+        printed = getattr(self.check, "source", None)  # the limits check printed it already (C++)
+        return self.target.load(tk, (printed and printed(tk)) or self.target.generate(tk))
 
+    def measure(self, schedule: Schedule) -> float:
+        """One sample: the target's timing of one launch of the schedule's kernels (`Target.timer`:
+        on a GPU the median of 5 launches after an L2 flush each, on a CPU host time)."""
         launchers = self._kernels(schedule)
-        if self.backend == "cpu":  # host time; the kernels run synchronously
-            times = []
-            for _ in range(5):
-                t0 = time.perf_counter()
-                self._run(launchers)
-                times.append(time.perf_counter() - t0)
-            return sorted(times)[2]
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(5)]
-        flush = self._l2_flush()
-        for start, end in events:
-            flush.zero_()
-            start.record()
-            self._run(launchers)
-            end.record()
-        events[-1][1].synchronize()
-        times = sorted(start.elapsed_time(end) for start, end in events)
-        return times[len(times) // 2] / 1e3
+        return self.timer(lambda: self._run(launchers))
 
 
 def canonical_source(source: str, kernels) -> str:
@@ -491,22 +458,6 @@ def canonical_source(source: str, kernels) -> str:
     # a buffer appears as itself, as `ptr_<name>` and in its run-time stride parameters
     pattern = re.compile(rf"\b(ptr_)?({names})(?=\b|_)")
     return pattern.sub(lambda m: (m.group(1) or "") + mapping[m.group(2)], source)
-
-
-def _source(tk, backend: str) -> str:
-    if backend == "cpu":
-        from ..backends import cpu
-
-        return cpu.generate(tk)
-    return generate(tk, interpret=False)
-
-
-def _load(tk, backend: str, printed=None):
-    if backend == "cpu":
-        from ..backends import cpu
-
-        return cpu.load_kernel(tk, (printed and printed(tk)) or cpu.generate(tk))
-    return load_kernel(tk, generate(tk, interpret=False), False)
 
 
 __all__ = ["tune_plan", "prepare_tuning", "PreparedTuning", "select_schedule", "candidates", "search_candidates",

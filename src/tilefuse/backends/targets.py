@@ -1,0 +1,114 @@
+"""Each backend's `Target` (`tile.target`): the machine facts the tile layer asks for, and the
+operations the compiler and the tuner use — generate, load, check against the limits, time.
+
+* `triton`: a CUDA GPU; Triton source, compiled by Triton (in worker processes where there
+  are any), timed with CUDA events after an L2 flush.
+* `interpret`: the Triton interpreter on CPU tensors (tests); GPU block rules, small tiles.
+* `cpu`: C++ kernels built by the system compiler, timed on the host; a kernel the C++ printer
+  cannot print runs on the interpreter target instead (`fallback`).
+"""
+from __future__ import annotations
+
+import time
+
+from ..tile.target import Machine, Target
+from .limits import kernel_check, target_limits
+
+
+def target_for(backend: str, device) -> Target:
+    """The target of `backend` ("triton", "cpu", "interpret") for tensors on `device`."""
+    limits = target_limits(backend, device)
+    if backend == "cpu":
+        from . import cpu
+
+        return Target("cpu", Machine.CPU, limits=limits, title="C++", require=cpu.require_compiler,
+                      generate=cpu.generate, load=cpu.load_kernel, load_variant=cpu.CppKernel,
+                      check=kernel_check("cpu", limits), timer=_HostTimer,
+                      unsupported=cpu.CppUnsupported, fallback=target_for("interpret", device))
+    from . import triton
+
+    interpret = backend == "interpret"
+    return Target(backend, Machine.GPU, interpret=interpret, sm_count=sm_count(device),
+                  tma=_tma_capable(device, backend), limits=limits, title="the Triton interpreter" if interpret else "Triton",
+                  generate=lambda kernel: triton.generate(kernel, interpret=interpret),
+                  load=lambda kernel, source: triton.load_kernel(kernel, source, interpret),
+                  load_variant=lambda kernel, source: triton.TritonKernel(kernel, source, interpret),
+                  check=kernel_check(backend, limits), timer=_HostTimer if interpret else _CudaTimer,
+                  require=_require_interpreter if interpret else None)
+
+
+def _require_interpreter() -> None:
+    from .triton import interpreter
+
+    interpreter.require()
+
+
+def sm_count(device) -> int:
+    """The GPU's multiprocessors (0 for a CPU device or none to ask)."""
+    if device is None or getattr(device, "type", None) != "cuda":
+        return 0
+    import torch
+
+    if not torch.cuda.is_available():
+        return 0
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _tma_capable(device, backend: str) -> bool:
+    """Hopper or newer, and a Triton that builds tensor descriptors in kernels."""
+    if backend != "triton" or getattr(device, "type", None) != "cuda":
+        return False
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    import triton.language as tl
+
+    return torch.cuda.get_device_capability(device)[0] >= 9 and hasattr(tl, "make_tensor_descriptor")
+
+
+class _HostTimer:
+    """Host time of one call (the median of 5): C++ kernels and the interpreter run synchronously."""
+
+    def __init__(self, device=None):
+        self.device = device
+
+    def __call__(self, run) -> float:
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - t0)
+        return sorted(times)[2]
+
+
+class _CudaTimer:
+    """GPU time of one call: the median of 5 launches, each timed by its own events (a clock or
+    cache hiccup in one launch does not make a good configuration look bad), with the L2 cache
+    flushed before each, as the kernel benchmark does (and Triton's and Inductor's
+    benchmarkers): in a model a layer's weights come from memory, not from the L2 the previous
+    launch filled, and a schedule with too few programs to pull them from memory at full rate
+    must not look fast because 5 launches read them from L2."""
+
+    def __init__(self, device):
+        self.device = device
+        self.flush = None  # a buffer twice the L2 size, made on the first call, kept while this timer lives
+
+    def __call__(self, run) -> float:
+        import torch
+
+        if self.flush is None:
+            l2 = getattr(torch.cuda.get_device_properties(self.device), "L2_cache_size", 0) or (128 << 20)
+            self.flush = torch.empty(2 * l2 // 4, dtype=torch.int32, device=self.device)
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(5)]
+        for start, end in events:
+            self.flush.zero_()
+            start.record()
+            run()
+            end.record()
+        events[-1][1].synchronize()
+        times = sorted(start.elapsed_time(end) for start, end in events)
+        return times[len(times) // 2] / 1e3
+
+
+__all__ = ["target_for", "sm_count"]
