@@ -65,7 +65,7 @@ class CompileReport:
     externs: list = field(default_factory=list)  # (node, target, reason)
     decisions: list = field(default_factory=list)
     stage_seconds: dict = field(default_factory=dict)
-    plans: str = ""  # the kernel plans as text (Schedule.describe)
+    plans: str = ""  # the kernel plans as text (GraphPlan.describe)
     failure: str = ""  # why compilation failed (the graph then ran as the fallback knob says)
     settings: dict = field(default_factory=dict)  # the options it was compiled with
     tuning: dict = field(default_factory=dict)  # how plans got their schedule: source -> count

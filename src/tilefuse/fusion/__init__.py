@@ -1,5 +1,5 @@
 """Kernel planning: which graph nodes share a kernel, and how each kernel is structured."""
-from .plan import ExternStep, KernelPlan, PlanKind, Schedule, StageKind
+from .plan import ExternStep, KernelPlan, PlanKind, GraphPlan, StageKind
 from .planner import plan_graph
 
-__all__ = ["ExternStep", "KernelPlan", "PlanKind", "Schedule", "StageKind", "plan_graph"]
+__all__ = ["ExternStep", "KernelPlan", "PlanKind", "GraphPlan", "StageKind", "plan_graph"]

@@ -21,7 +21,7 @@ import sympy
 from ..ir.expr import Index, Load, out_index, red_index, walk
 from ..ir.graph import Extern, ExternResult, Graph, Pointwise, Reduce, Scatter
 from ..ir.symbolic import simplify_index
-from .plan import Schedule
+from .plan import GraphPlan
 
 MAX_RANK = 5  # at most 4! candidate orders of the outer dims
 
@@ -40,7 +40,7 @@ def _divisions(expr) -> int:
     return sum(1 for a in sympy.preorder_traversal(expr) if isinstance(a, (sympy.floor, sympy.Mod)))
 
 
-def _consumer_loads(graph: Graph, schedule: Schedule) -> dict:
+def _consumer_loads(graph: Graph, schedule: GraphPlan) -> dict:
     """buffer -> [(load, ranges of the reading stage's index symbols)] over every kernel that
     reads it (not the kernel that writes it)."""
     found: dict = {}
@@ -59,7 +59,7 @@ def _consumer_loads(graph: Graph, schedule: Schedule) -> dict:
     return found
 
 
-def _candidates(graph: Graph, schedule: Schedule) -> set:
+def _candidates(graph: Graph, schedule: GraphPlan) -> set:
     """Buffers whose layout is ours to choose: computed by a generated kernel, not a graph
     output, not handed to an ATen call, no layout fixed yet."""
     stored = {name for plan in schedule.kernels for name in plan.stores}
@@ -81,7 +81,7 @@ def _cost(loads, strides) -> int:
     return total
 
 
-def assign_layouts(graph: Graph, schedule: Schedule) -> None:
+def assign_layouts(graph: Graph, schedule: GraphPlan) -> None:
     """Choose the storage order of every intermediate buffer whose consumers divide indices."""
     loads = _consumer_loads(graph, schedule)
     for name in sorted(_candidates(graph, schedule)):

@@ -22,7 +22,7 @@ import sympy
 
 from ..ir.expr import Load, walk
 from .matmul_views import MatmulViews, describe, matmul_views, product_views
-from .plan import KernelPlan, PlanKind, Schedule, Stage, StageKind
+from .plan import KernelPlan, PlanKind, GraphPlan, Stage, StageKind
 
 #: plain matmuls (nothing fused) at least this many multiply-adds run in ATen's matmul on CPU
 #: (MKL/OpenBLAS beats a generated kernel there); smaller ones, and any with a fused prologue or
@@ -89,7 +89,7 @@ def epilogue_split(graph, plan: KernelPlan, matmul: str) -> tuple | None:
                              notes=[f"epilogue of {plan.name} after its product {product.name} (ATen)"])
 
 
-def choose_library_calls(graph, schedule: Schedule, matmul: str, cpu: bool) -> None:
+def choose_library_calls(graph, schedule: GraphPlan, matmul: str, cpu: bool) -> None:
     """Decide, for every plan of `schedule`, whether a library runs its product: each plan gets
     its `ProductChoice` (`plan.library`), and on a CPU a plan whose product goes to ATen with
     its epilogue kept generated is replaced by a `LibraryCall` and the epilogue's plan."""

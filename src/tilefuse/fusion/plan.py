@@ -133,7 +133,10 @@ class ExternStep:
 
 
 @dataclass
-class Schedule:
+class GraphPlan:
+    """The planner's output for one graph: its steps in order, the nodes inlined into them, and
+    the decisions made (for `explain`). Not to be confused with a kernel's `tile.schedule.Schedule`."""
+
     steps: list  # KernelPlan | ExternStep | fusion.library.LibraryCall, in execution order
     inlined: set = field(default_factory=set)
     decisions: list[str] = field(default_factory=list)

@@ -30,7 +30,7 @@ from ..ir.monoid import SUM
 from ..ir.rewrite import substitute_index
 from ..ir.symbolic import simplify_index
 from .inline import Inliner
-from .plan import Contraction, ExternStep, KernelPlan, PlanKind, Schedule, Stage, StageKind
+from .plan import Contraction, ExternStep, KernelPlan, PlanKind, GraphPlan, Stage, StageKind
 from .flash import fuse_flash
 from .moments import derive_moments
 from .naming import name_kernels, rename_text
@@ -160,7 +160,7 @@ class Planner:
         return True
 
     # ------------------------------------------------------------------ main loop
-    def run(self) -> Schedule:
+    def run(self) -> GraphPlan:
         for node in self.graph.nodes.values():
             if isinstance(node, (Extern, ExternResult)):
                 if isinstance(node, Extern):
@@ -180,7 +180,7 @@ class Planner:
         for name, why in self.inliner.reasons.items():
             if why != "unused":
                 self.decisions.append(f"{name}: not inlined — {why}")
-        sched = Schedule(self.steps, self.inliner.inlined, self.decisions)
+        sched = GraphPlan(self.steps, self.inliner.inlined, self.decisions)
         logs.log("fusion", "schedule:\n%s", sched.describe())
         return sched
 
@@ -365,7 +365,7 @@ class Planner:
                     st.store = True  # realised for a reason the inliner recorded
 
 
-def plan_graph(graph: Graph, persistent_reduction_limit: int = KNOBS["persistent_reduction_limit"].default) -> Schedule:
+def plan_graph(graph: Graph, persistent_reduction_limit: int = KNOBS["persistent_reduction_limit"].default) -> GraphPlan:
     """The graph's kernel plans; rows up to `persistent_reduction_limit` elements are held whole
     in a tile (the knob's value: longer ones are walked tile by tile, with carried repairs)."""
     return Planner(graph, persistent_reduction_limit).run()
