@@ -20,7 +20,7 @@ class GraphBuilder:
         graph has it; None reads the strides at run time."""
         shape = tuple(sympy.sympify(d) for d in shape)
         if strides == "contiguous":
-            from tilefuse.tile.builder import contiguous_strides
+            from tilefuse.ir.symbolic import contiguous_strides
             strides = contiguous_strides(shape)
         elif strides is not None:
             strides = tuple(sympy.sympify(s) for s in strides)

@@ -19,7 +19,7 @@ from ..ir.bounds import ZERO_DIVISION, check_message, provably_nonzero
 from ..ir.expr import (Binary, Cast, CheckedIndex, Const, Expr, Index, Load, Unary, Var, Where, binary, const, unary,
                        walk)
 from ..ir.graph import Constant, Extern, ExternResult, Graph, Input
-from ..ir.symbolic import contiguous_strides, simplify_index  # noqa: F401 - contiguous_strides: the lowerings import it from here
+from ..ir.symbolic import contiguous_strides, simplify_index
 from .ir import Check, LoadTile, Let, Param, StoreTile
 
 
@@ -260,4 +260,4 @@ def _has_load(e: Expr) -> bool:
     return any(isinstance(n, Load) for n in walk(e))
 
 
-__all__ = ["KernelBuilder", "contiguous_strides", "tile_symbol", "land"]
+__all__ = ["KernelBuilder", "tile_symbol", "land"]

@@ -14,7 +14,8 @@ from ..fusion.plan import KernelPlan, PlanKind
 from ..fusion.planner import unravel_sym
 from ..ir.expr import Cast, Const, Expr, Index, Load, Var, cast, out_index, red_index, where
 from ..ir.graph import Graph
-from .builder import KernelBuilder, contiguous_strides, land
+from ..ir.symbolic import contiguous_strides
+from .builder import KernelBuilder, land
 from .common import (LoweringOptions, bound_check, dot_accumulator, dot_operand, index_values, lane_ranges, mapped,
                      needs_int64, pow2, static_int, tile_symbol)
 from .family import KernelFamily

@@ -23,7 +23,8 @@ from ..fusion.planner import unravel_sym
 from ..ir.expr import Const, Index, Load, Var, binary, cast, out_index, red_index, where
 from ..ir.graph import Graph
 from ..ir.monoid import SUM
-from .builder import KernelBuilder, contiguous_strides, land
+from ..ir.symbolic import contiguous_strides
+from .builder import KernelBuilder, land
 from .ir import Arange, Assign, DotTile, For, Full, KernelKind, ProgramId, ReduceTile, Scratch, TileKernel
 from .family import KernelFamily
 from .common import (LoweringOptions, bound_check, combine, dot_accumulator, dot_operand, full_tile, identity_const,
