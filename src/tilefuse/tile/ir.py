@@ -251,15 +251,17 @@ def stmt_exprs(s: Stmt) -> list:
     return []
 
 
+def statements(stmts):
+    """Every statement of a body, those inside loops included, in order (a loop before its body)."""
+    for s in stmts:
+        yield s
+        if isinstance(s, For):
+            yield from statements(s.body)
+
+
 def checks_of(stmts) -> list:
     """The `Check` statements of a body, loops included, in order."""
-    out = []
-    for s in stmts:
-        if isinstance(s, Check):
-            out.append(s)
-        elif isinstance(s, For):
-            out.extend(checks_of(s.body))
-    return out
+    return [s for s in statements(stmts) if isinstance(s, Check)]
 
 
 def without_checks(stmts) -> list:

@@ -38,7 +38,7 @@ from ..ir.graph import Graph
 from ..ir.monoid import SUM, Monoid
 from .builder import KernelBuilder, land
 from .ir import (Arange, ArgReduceTile, Assign, For, Full, KernelKind, Let, LoadTile, ProgramId, ReduceTile, TileKernel,
-                 expr_names)
+                 expr_names, statements)
 from .common import (LoweringOptions, bound_check, combine, full_tile, identity_const, index_values, mapped, masked,
                      needs_int64, pow2, rebase, static_int, tile_symbol)
 from .family import KernelFamily
@@ -256,7 +256,7 @@ def _eviction_hints(body: list) -> None:
     ("last") until its final pass, which lets it go ("first"); a buffer every row reads (a
     weight: its offset does not depend on the row) stays."""
     passes = [s for s in body if isinstance(s, For)]
-    loads = [[t for t in _walk(p.body) if isinstance(t, LoadTile)] for p in passes]
+    loads = [[t for t in statements(p.body) if isinstance(t, LoadTile)] for p in passes]
     final = {}
     for k, group in enumerate(loads):
         for t in group:
@@ -269,13 +269,6 @@ def _eviction_hints(body: list) -> None:
                 t.eviction = "last"
             elif any(t.buffer in {u.buffer for u in g} for g in loads[:k]):
                 t.eviction = "first"
-
-
-def _walk(stmts):
-    for s in stmts:
-        yield s
-        if isinstance(s, For):
-            yield from _walk(s.body)
 
 
 def _looped_pass(b, graph, in_pass, fulls, repaired, Rn, rblock, xmask, r, body_of, out_index_of, finish,

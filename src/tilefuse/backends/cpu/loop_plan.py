@@ -24,7 +24,7 @@ import sympy
 from ...ir import dtypes as dt
 from ...ir.expr import Index, Var
 from ...tile.ir import (Arange, ArgReduceTile, Assign, BroadcastTile, Check, DotTile, For, Full, Let, LoadTile,
-                        ReduceTile, StoreTile, TileKernel, checks_of, expr_names)
+                        ReduceTile, StoreTile, TileKernel, checks_of, expr_names, statements)
 from .dot import DotPlan, fold_accumulator, inplace_operands, plan_dot, stmt_readers
 from .remat import plan_remat
 from .shapes import SCALAR, Shapes, defines, reads
@@ -350,19 +350,19 @@ class _Planner:
     def declarations(self) -> tuple:
         """(names declared once per program, argmax/argmin results that keep values too)."""
         seen: list[str] = []
-        loop_vars = {s.var for s in _walk(self.kernel.body) if isinstance(s, For)}
+        loop_vars = {s.var for s in statements(self.kernel.body) if isinstance(s, For)}
         for name in self.sh.shape:
             if name in self.local or name in seen or name in loop_vars or name in self.alias \
                     or name in self.inplace or name in self.folded:
                 continue
             seen.append(name)
-        args = tuple(s for s in _walk(self.kernel.body) if isinstance(s, ArgReduceTile))
+        args = tuple(s for s in statements(self.kernel.body) if isinstance(s, ArgReduceTile))
         return tuple(seen), args
 
     def block_aligned(self) -> dict:
         """Aranges whose start is a multiple of their block: name -> (block, dim)."""
         out = {}
-        for s in _walk(self.kernel.body):
+        for s in statements(self.kernel.body):
             if isinstance(s, Arange) and isinstance(s.start, Index) and s.name in self.sh.aranges:
                 block = self.sh.block(s.block)
                 start = sympy.sympify(s.start.expr)
@@ -371,13 +371,6 @@ class _Planner:
                 if block > 1 and sympy.fraction(sympy.cancel(start / block))[1] == 1:
                     out[s.name] = (block, self.sh.aranges[s.name])
         return out
-
-
-def _walk(stmts):
-    for s in stmts:
-        yield s
-        if isinstance(s, For):
-            yield from _walk(s.body)
 
 
 def _groups(items):

@@ -16,7 +16,7 @@ list (not inside a deeper loop, where the recomputation would repeat every itera
 from __future__ import annotations
 
 from ...ir.expr import Binary, Cast, Const, Expr, Index, Unary, Var, Where
-from ...tile.ir import Assign, BroadcastTile, For, Full, Let, LoadTile, StoreTile, expr_names
+from ...tile.ir import Assign, BroadcastTile, Full, Let, LoadTile, StoreTile, expr_names, statements
 from .shapes import reads, written as stmt_written  # (`written` is a local name below)
 
 MAX_OPS = 2
@@ -44,18 +44,11 @@ def _ops(e: Expr) -> int | None:
     return None
 
 
-def _all(stmts):
-    for s in stmts:
-        yield s
-        if isinstance(s, For):
-            yield from _all(s.body)
-
-
 def plan_remat(kernel, items, sh, group_type) -> dict:
     """{id(group): [statements to recompute at the top of its loop body, in order]} for the
     plan `items` (groups, single statements, ("for", stmt, body items))."""
-    assigned = {s.name for s in _all(kernel.body) if isinstance(s, Assign)}
-    stored = {s.buffer for s in _all(kernel.body) if isinstance(s, StoreTile)}
+    assigned = {s.name for s in statements(kernel.body) if isinstance(s, Assign)}
+    stored = {s.buffer for s in statements(kernel.body) if isinstance(s, StoreTile)}
     out: dict = {}
 
     def walk(items):
