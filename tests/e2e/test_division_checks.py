@@ -14,6 +14,7 @@ from tilefuse.compare import compare_outputs, to_fp64
 from tilefuse.ir.bounds import CheckError, DivisionByZeroError
 from tilefuse.tile.ir import checks_of
 from tilefuse.tile.lower import lower_plan_kernels
+from tilefuse.tile.target import Target
 from backends_on_cpu import CPU_BACKENDS
 
 OPS = {
@@ -185,7 +186,7 @@ def test_kernels_for_cuda_tensors_get_no_divisor_check():
     (graph, plan, options), = seen
     assert options.divisor_checks
     assert any(checks_of(tk.body) for tk in lower_plan_kernels(graph, plan, options))
-    gpu = dataclasses.replace(options, interpret=False, divisor_checks=False)
+    gpu = dataclasses.replace(options, target=Target.gpu(), divisor_checks=False)
     assert not any(checks_of(tk.body) for tk in lower_plan_kernels(graph, plan, gpu))
 
 
