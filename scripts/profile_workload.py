@@ -9,6 +9,8 @@ one table per pair (kernel, calls, total µs per call, share) and writes `profil
 tilefuse also `explain_<workload>.txt` (plans, chosen schedules and kernel sources), for an
 Inductor backend (`inductor`, `inductor-max-autotune-no-cudagraphs`, ... as in the benchmark)
 its output code `<backend>_<workload>.py`, so each slow kernel can be read next to its time.
+With `--host`, also the host side: `iters` calls under cProfile, the functions with the most
+time of their own in `host_<workload>_<backend>.txt` (where a host-bound call's time goes).
 """
 from __future__ import annotations
 
@@ -54,6 +56,24 @@ def profile(fn, inputs, iters: int) -> tuple[list, float]:
     return rows, wall_ms
 
 
+def profile_host(fn, inputs, iters: int, path: str) -> None:
+    import cProfile
+    import io
+    import pstats
+
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(iters):
+        fn(*inputs)
+    prof.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(40)
+    with open(path, "w") as f:
+        f.write(f"{iters} calls\n{text.getvalue()}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", default="llama_block")
@@ -62,6 +82,7 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=None, help="models: override the layer count")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--out", default=".")
+    ap.add_argument("--host", action="store_true", help="also profile the host side of a call (cProfile)")
     args = ap.parse_args(argv)
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
     from unittest import mock
@@ -100,6 +121,8 @@ def main(argv=None) -> int:
                     f.write("\n\n".join(sources))
             rows, wall = profile(fn, inputs, args.iters)
             results[f"{wname}/{backend}"] = {"wall_ms": wall, "kernels": rows}
+            if args.host:
+                profile_host(fn, inputs, args.iters, os.path.join(args.out, f"host_{wname}_{backend}.txt"))
             total = sum(r["us"] for r in rows)
             print(f"\n== {wname} / {backend}: {wall * 1e3:.0f} µs per call (events), "
                   f"kernels {total:.0f} µs")

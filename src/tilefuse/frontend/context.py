@@ -92,6 +92,16 @@ def shape_of(t) -> tuple:
     return tuple(sympy.sympify(sym_expr(d)) for d in t.shape)
 
 
+def _strides_of(t) -> tuple | None:
+    """The strides of a traced result, as sympy (None when there is no tensor)."""
+    if not isinstance(t, torch.Tensor):
+        return None
+    try:
+        return tuple(sympy.sympify(sym_expr(st)) for st in t.stride())
+    except (RuntimeError, NotImplementedError):  # a sparse or nested result has no strides
+        return None
+
+
 class LoweringContext:
     def __init__(self, graph: Graph):
         self.graph = graph
@@ -144,6 +154,19 @@ class LoweringContext:
             return value.name
         return self.pointwise(value.shape, value.dtype, value.load).name
 
+    def _pin_traced_layouts(self, args) -> None:
+        """An op that reads its argument's storage sees the storage eager gave the argument: a
+        buffer computed here is stored with the strides it was traced with (the product of a
+        channels-last input is channels-last in eager), whatever layout would be faster."""
+        fx_args = getattr(self.current_node, "args", ())
+        for a, fx in zip(args, fx_args):
+            val = getattr(fx, "meta", {}).get("val") if isinstance(fx, torch.fx.Node) else None
+            node = self.graph.nodes.get(a.name) if isinstance(a, BufferValue) else None
+            if isinstance(node, (Pointwise, Reduce)) and isinstance(val, torch.Tensor) and a.name not in self.graph.output_strides:
+                strides = _strides_of(val)
+                if strides is not None and len(strides) == node.rank:
+                    self.graph.output_strides[a.name] = strides
+
     def extern(self, target, args, kwargs, reason: str, binds=None):
         """Call `target` from ATen at run time. Returns a value or a tuple of values, as the
         op does. `binds`: the unbacked symbol the call's scalar result defines."""
@@ -164,6 +187,8 @@ class LoweringContext:
                 isinstance(a, TensorValue) and not isinstance(a, BufferValue) for a in args):
             # the op reads the view's *storage*, which a materialised copy does not have
             raise StorageAliasError(f"{target} of a view depends on the storage layout of the view's base")
+        if (parts[1] if len(parts) > 1 else parts[0]) in STORAGE_DEPENDENT:
+            self._pin_traced_layouts(args)
         meta = self.current_meta
         multi = isinstance(meta, (tuple, list))
         first = next((m for m in meta if isinstance(m, torch.Tensor)), None) if multi else meta
@@ -177,6 +202,7 @@ class LoweringContext:
             shape_of(first) if first is not None else (), target=target,
             target_name=str(target), args=ext_args, kwargs=ext_kwargs,
             reason=reason, multi_output=multi, binds=binds, mutates=mutates_input(target),
+            strides=_strides_of(first),
         )
         self.graph.add(node)
         if not multi:
@@ -186,6 +212,7 @@ class LoweringContext:
             if not isinstance(m, torch.Tensor):
                 results.append(None)
                 continue
-            r = self.graph.add(ExternResult(f"{name}_{k}", ir_dtype(m.dtype), shape_of(m), extern=name, item=k))
+            r = self.graph.add(ExternResult(f"{name}_{k}", ir_dtype(m.dtype), shape_of(m), extern=name, item=k,
+                                            strides=_strides_of(m)))
             results.append(BufferValue(r.name, r.dtype, r.shape))
         return tuple(results)

@@ -11,6 +11,14 @@ the common case: stored in (b, s, h, d) order, the projection reads one affine r
 Candidates keep the innermost dimension innermost, so the producing kernel still stores
 contiguous runs; the order with the fewest divisions over all consumer loads wins, row-major
 on ties. Chosen layouts go into `graph.output_strides`, which every later layer honours.
+
+Before that, an elementwise result takes the storage order of the tensors it is computed from,
+as eager PyTorch's elementwise ops do (`TensorIterator`): BatchNorm and ReLU over a
+channels-last convolution's output store channels-last, so the next convolution gets the
+layout it wants and no copy is made on either side. The orders come from the graph's inputs'
+strides and from the strides ATen calls returned when traced (`Extern.strides`); the pointwise
+kernel then iterates in its output's storage order (`storage_order`), so it reads and writes
+contiguous runs.
 """
 from __future__ import annotations
 
@@ -19,21 +27,12 @@ import itertools
 import sympy
 
 from ..ir.expr import Index, Load, out_index, red_index, walk
-from ..ir.graph import Extern, ExternResult, Graph, Pointwise, Reduce, Scatter
+from ..ir.graph import Constant, Extern, ExternResult, Graph, Input, Pointwise, Reduce, Scatter
+from ..ir.storage import storage_order, strides_for
 from ..ir.symbolic import simplify_index
-from .plan import GraphPlan
+from .plan import GraphPlan, PlanKind
 
 MAX_RANK = 5  # at most 4! candidate orders of the outer dims
-
-
-def strides_for(shape, order) -> tuple:
-    """Contiguous strides of `shape` stored in `order` (outermost dim first)."""
-    strides = [sympy.Integer(0)] * len(shape)
-    acc = sympy.Integer(1)
-    for d in reversed(order):
-        strides[d] = acc
-        acc = acc * sympy.sympify(shape[d])
-    return tuple(strides)
 
 
 def _divisions(expr) -> int:
@@ -81,8 +80,103 @@ def _cost(loads, strides) -> int:
     return total
 
 
+# ATen calls that read their argument's storage or need a viewable layout: a buffer they read
+# keeps the contiguous layout the graph was traced with
+_LAYOUT_BOUND_EXTERNS = frozenset({"as_strided", "as_strided_scatter", "as_strided_copy", "view", "_unsafe_view",
+                                   "view_as_real", "view_as_complex", "set_", "_reshape_alias"})
+
+
+def _known_order(graph: Graph, name: str) -> tuple | None:
+    """The storage order of a buffer as far as it is known at compile time."""
+    node = graph[name]
+    if name in graph.output_strides:
+        return storage_order(node.shape, graph.output_strides[name])
+    if isinstance(node, (Input, Extern, ExternResult)):
+        return storage_order(node.shape, node.strides)
+    if isinstance(node, Constant) and hasattr(node.value, "stride"):
+        return storage_order(node.shape, node.value.stride())
+    return tuple(range(node.rank))  # generated, not chosen yet: row-major
+
+
+def _elementwise_reads(body, rank: int, graph: Graph):
+    """(buffer, dim map) for each load of `body` that reads a buffer of the output's rank with
+    each of the buffer's dims indexed by one distinct output dim (a plain read, or a
+    permuted/strided view of one): dim map[buffer dim] = output dim, None for dims of extent 1."""
+    symbols = out_index(rank)
+    for e in walk(body):
+        if not isinstance(e, Load) or graph[e.buffer].rank != rank or not all(isinstance(c, Index) for c in e.index):
+            continue
+        dims, ok = [], True
+        for c, n in zip(e.index, graph[e.buffer].shape):
+            used = [k for k, sym in enumerate(symbols) if sym in sympy.sympify(c.expr).free_symbols]
+            if sympy.sympify(n) == 1:
+                dims.append(None)
+            elif len(used) == 1 and used[0] not in dims:
+                dims.append(used[0])
+            else:
+                ok = False
+                break
+        if ok:
+            yield e.buffer, dims
+
+
+def _inherited_order(graph: Graph, body, shape) -> tuple | None:
+    """The storage order an elementwise result takes from what it reads: each read that spans
+    every dim of the output votes for its buffer's order carried over to the output's dims
+    (a broadcast operand, BatchNorm's per-channel scale, has no say); most votes win, the
+    first read's order on ties (eager's `TensorIterator` follows its first operand the same
+    way)."""
+    rank = len(shape)
+    votes: dict = {}
+    for buffer, dims in _elementwise_reads(body, rank, graph):
+        order = _known_order(graph, buffer)
+        if order is None:
+            continue
+        carried = [dims[d] for d in order if dims[d] is not None]
+        missing = [k for k in range(rank) if k not in carried]
+        if any(sympy.sympify(shape[k]) != 1 for k in missing):
+            continue
+        for k in missing:  # dims of extent 1: beside their logical neighbour
+            carried.insert(carried.index(k - 1) + 1 if k else 0, k)
+        votes[tuple(carried)] = votes.get(tuple(carried), 0) + 1
+    if not votes:
+        return None
+    return max(votes, key=votes.get)  # (dicts keep insertion order: the first read wins ties)
+
+
+def follow_input_layouts(graph: Graph, schedule: GraphPlan) -> None:
+    """Store each elementwise intermediate in the storage order of the tensors it is computed
+    from, in graph order so that orders carry along chains of kernels."""
+    extern_readers: dict = {}
+    for n in graph.nodes.values():
+        if isinstance(n, Extern):
+            op = str(n.target_name).split(".")
+            for name in n.inputs():
+                extern_readers.setdefault(name, set()).add(op[1] if len(op) > 1 else op[0])
+    outputs = set(graph.output_names())
+    for plan in schedule.kernels:
+        if plan.kind != PlanKind.POINTWISE:
+            continue
+        for st in plan.stages:
+            name = st.node
+            node = graph[name]
+            if (not st.store or not isinstance(node, Pointwise) or name in outputs or name in graph.output_strides
+                    or not 2 <= node.rank or extern_readers.get(name, set()) & _LAYOUT_BOUND_EXTERNS):
+                continue
+            order = _inherited_order(graph, st.body, node.shape)
+            if order is None or order == tuple(range(node.rank)):
+                continue
+            graph.output_strides[name] = strides_for(node.shape, order)
+            dims = ", ".join(f"d{d}" for d in order)
+            schedule.decisions.append(f"{name}: stored in ({dims}) order, the order of the tensors it is "
+                                      f"computed from (as eager does)")
+
+
 def assign_layouts(graph: Graph, schedule: GraphPlan) -> None:
-    """Choose the storage order of every intermediate buffer whose consumers divide indices."""
+    """Choose the storage order of every intermediate buffer: elementwise results follow their
+    inputs' order; buffers whose consumers divide indices take the order that removes the
+    divisions."""
+    follow_input_layouts(graph, schedule)
     loads = _consumer_loads(graph, schedule)
     for name in sorted(_candidates(graph, schedule)):
         reads = loads.get(name)
@@ -107,4 +201,4 @@ def assign_layouts(graph: Graph, schedule: GraphPlan) -> None:
                                       f"{_cost(reads, strides_for(shape, row_major))}")
 
 
-__all__ = ["assign_layouts", "strides_for"]
+__all__ = ["assign_layouts", "follow_input_layouts", "strides_for"]

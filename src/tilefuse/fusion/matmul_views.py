@@ -119,11 +119,14 @@ def _operand(load: Load, symbols: dict, allowed: set, graph=None, ranges=None):
 
 
 def _compile_time_strides(graph, name):
-    from ..ir.graph import Input
+    from ..ir.graph import Extern, ExternResult, Input
+    from ..ir.storage import promised_strides
 
     node = graph.nodes.get(name)
     if isinstance(node, Input):
         return node.strides  # None: known only at run time
+    if isinstance(node, (Extern, ExternResult)):
+        return promised_strides(node)
     if node is None or not hasattr(node, "shape"):
         return None
     return graph.output_strides.get(name) or contiguous_strides(node.shape)

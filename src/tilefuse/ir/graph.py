@@ -139,6 +139,9 @@ class Extern(Node):
     #: the call writes into one of its arguments (a graph input): it runs after every other
     #: step, when nothing can still read the input's old value
     mutates: bool = False
+    #: the strides the traced call returned (sympy; None: unknown). A hint for choosing the
+    #: layout of what reads the result (`fusion.layout`); kernels read the actual strides.
+    strides: tuple | None = None
 
     def inputs(self):
         found: set[str] = set()
@@ -162,6 +165,7 @@ class Extern(Node):
 class ExternResult(Node):
     extern: str = ""
     item: int = 0
+    strides: tuple | None = None  # as `Extern.strides`, for this result
 
     def inputs(self):
         return {self.extern}

@@ -22,7 +22,8 @@ import torch
 
 from ..ir import symbolic
 from ..ir.graph import Constant, Extern, ExternResult, Graph, Input, ScalarInput, Scatter
-from ..ir.interpret import bind_result_sizes, bind_symbols, output_value, run_extern, torch_dtype
+from ..ir.storage import promised_strides
+from ..ir.interpret import PreparedExtern, bind_from, bind_result_sizes, output_value, symbol_sources, torch_dtype
 from .profiling import profiled, profiler_enabled, step_label
 from ..backends.size_cache import SizeCache, size_key
 
@@ -74,6 +75,14 @@ class CompiledGraph:
         for n in graph.nodes.values():
             if isinstance(n, ExternResult):
                 self.extern_results.setdefault(n.extern, []).append((n.name, n.item))
+        self.promised = {n.name: tuple(int(st) for st in promised_strides(n))
+                         for n in graph.nodes.values()
+                         if isinstance(n, (Extern, ExternResult)) and promised_strides(n) is not None}
+        self.externs: dict = {}  # node name -> PreparedExtern
+        self.symbol_sources = symbol_sources(graph)
+        # (name, position, 0-dim): only a 0-dim tensor may come on the CPU to a GPU graph
+        self.input_slots = [(n.name, n.position, n.rank == 0 and device.type != "cpu")
+                            for n in graph.inputs if isinstance(n, Input)]
         self.label = f"tilefuse {graph.name}"
         self.step_labels = [step_label(graph, step) for step in steps]
 
@@ -120,11 +129,10 @@ class CompiledGraph:
 
     def _run(self, args, on_step, labels):
         graph = self.graph
-        env = bind_symbols(graph, args)
+        env = bind_from(self.symbol_sources, args)
         buffers = dict(self.constants)
-        for node in graph.inputs:
-            if isinstance(node, Input):
-                buffers[node.name] = self._on_device(args[node.position])
+        for name, position, scalar in self.input_slots:
+            buffers[name] = self._on_device(args[position]) if scalar else args[position]
         for name, target in self.in_place.items():
             buffers[name] = buffers[target]
         for k, step in enumerate(self.steps):
@@ -154,12 +162,26 @@ class CompiledGraph:
             self._extern(step, buffers, env)
 
     def _extern(self, step, buffers: dict, env: dict) -> None:
-        node = self.graph[step.name]
-        result = run_extern(node, buffers, env)
-        buffers[node.name] = result
+        call = self.externs.get(step.name)
+        if call is None:  # (prepared once; a concurrent call may prepare the same)
+            call = self.externs.setdefault(step.name, PreparedExtern(self.graph[step.name]))
+        node = call.node
+        result = call(buffers, env)
+        buffers[node.name] = self._conform(node.name, result)
         for name, item in self.extern_results.get(node.name, ()):
-            buffers[name] = result[item]
+            buffers[name] = self._conform(name, result[item])
             bind_result_sizes(self.graph[name].shape, result[item], env)
+
+    def _conform(self, name: str, value):
+        """An ATen result in the layout the kernels that read it were compiled for
+        (`ir.storage.promised_strides`): the traced layout, which the call nearly always
+        returns; a copy into it when it does not."""
+        promised = self.promised.get(name)
+        if promised is None or not isinstance(value, torch.Tensor):
+            return value
+        if all(n == 1 or st == want for n, st, want in zip(value.shape, value.stride(), promised)):
+            return value
+        return torch.empty_strided(value.shape, promised, dtype=value.dtype, device=value.device).copy_(value)
 
 
 __all__ = ["CompiledGraph", "KernelStep", "ExternCall", "Extern"]

@@ -19,6 +19,7 @@ from ..ir.bounds import ZERO_DIVISION, check_message, provably_nonzero
 from ..ir.expr import (Binary, Cast, CheckedIndex, Const, Expr, Index, Load, Unary, Var, Where, binary, const, unary,
                        walk)
 from ..ir.graph import Constant, Extern, ExternResult, Graph, Input
+from ..ir.storage import promised_strides
 from ..ir.symbolic import contiguous_strides, simplify_index
 from .ir import Check, LoadTile, Let, Param, StoreTile
 
@@ -107,6 +108,8 @@ class KernelBuilder:
             return strides
         if isinstance(node, Constant):
             return tuple(sympy.Integer(0) if d == 1 else sympy.Integer(st) for d, st in zip(node.shape, node.value.stride()))
+        if isinstance(node, (Extern, ExternResult)) and promised_strides(node) is not None:
+            return promised_strides(node)
         if isinstance(node, (Input, Extern, ExternResult)):
             strides = []
             for k, d in enumerate(node.shape):

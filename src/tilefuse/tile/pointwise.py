@@ -12,6 +12,7 @@ import sympy
 from ..fusion.plan import KernelPlan, PlanKind, StageKind
 from ..ir.expr import Const, Index, binary, out_index
 from ..ir.graph import Graph
+from ..ir.storage import dense_order
 from .builder import KernelBuilder, land
 from .common import LoweringOptions, bound_check, index_values, mapped, needs_int64, pow2, static_int, tile_symbol
 from .family import KernelFamily
@@ -63,12 +64,26 @@ def lower_pointwise(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
         if st.kind == StageKind.SCATTER:
             _store_scattered(b, graph, st, x, n, xmask)
             continue
-        vals = index_values(node.shape, x, {x: n})
+        vals = storage_index_values(graph, node, x, n)
         v = b.value(mapped(st.body, out_index(node.rank), vals), mask=xmask)
         b.store(node.name, tuple(Index(e) for e in vals), v, xmask)
     return TileKernel(plan.name, b.finish_params(), {"XBLOCK": block}, numel=n,
                       grid=(sympy.ceiling(n / tile_symbol("XBLOCK")),), body=b.body, num_warps=warps,
                       reads=b.reads, writes=b.writes, kind=KernelKind.POINTWISE, plan=plan)
+
+
+def storage_index_values(graph: Graph, node, x, n) -> tuple:
+    """The output index of flat position `x`, counted in the output's storage order (a
+    channels-last result is walked channel-fastest), so consecutive lanes store, and read
+    inputs of the same layout, at consecutive addresses."""
+    order = dense_order(node.shape, graph.output_strides.get(node.name))
+    if order is None or order == tuple(range(node.rank)):
+        return index_values(node.shape, x, {x: n})
+    in_order = index_values(tuple(node.shape[d] for d in order), x, {x: n})
+    vals = [None] * node.rank
+    for k, d in enumerate(order):
+        vals[d] = in_order[k]
+    return tuple(vals)
 
 
 def _store_scattered(b: KernelBuilder, graph: Graph, st, x, n, xmask) -> None:

@@ -45,6 +45,7 @@ from ..size_cache import SizeCache, size_key
 from ...ir.bounds import index_error
 from ...tile.ir import TileKernel, check_message, checks_of
 from . import compile_pool, interpreter
+from .direct_launch import DirectLaunch
 
 _import_lock = threading.Lock()
 # module name -> the imported kernel module, while a kernel holds it: a dropped graph (a
@@ -135,6 +136,7 @@ class TritonKernel:
         self.debug = {"debug": True, "sanitize_overflow": False} if self.checks and not interpret else {}
         self._launch_options = dict(kernel.constexprs, num_warps=kernel.num_warps, num_stages=kernel.num_stages,
                                     **self.debug)
+        self._direct = DirectLaunch(self.fn, self._launch_options, kernel.constexprs)
         self.arg_plan = []
         for p in kernel.params:
             if p.kind == "buffer":
@@ -209,9 +211,9 @@ class TritonKernel:
             # another specialisation, which this launch compiles itself
             aligned = all(a.data_ptr() % 16 == 0 for a in args if hasattr(a, "data_ptr"))
             expected = compile_pool.wait(future) if aligned else ""
-            compile_pool.launched(expected, self.fn[grid](*args, **self._launch_options))
+            compile_pool.launched(expected, self._direct(grid, args))
         else:
-            self.fn[grid](*args, **self._launch_options)
+            self._direct(grid, args)
         self.module.__tilefuse_launched__ = True
 
     def _interpret(self, grid, args: list, env: dict) -> None:

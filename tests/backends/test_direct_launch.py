@@ -1,0 +1,83 @@
+"""The lean Triton launch path (`backends.triton.direct_launch`): the first launch of each
+specialisation goes through `JITFunction.run`, later ones through the compiled kernel's own
+launcher with the same arguments and constexprs. Checked with stand-ins for Triton's objects
+(CI has no GPU); the GPU tests launch real kernels this way."""
+from __future__ import annotations
+
+import torch
+
+from tilefuse.backends.triton.direct_launch import DirectLaunch, specialisation
+
+
+class FakeCompiled:
+    def __init__(self, log, key):
+        self.log, self.key = log, key
+
+    def __getitem__(self, grid):
+        assert len(grid) == 3, "the compiled kernel's launcher takes three grid dims"
+
+        def runner(*args):
+            self.log.append(("direct", self.key, grid, args))
+        return runner
+
+
+class FakeJIT:
+    arg_names = ["x_ptr", "out_ptr", "n", "XBLOCK"]
+
+    def __init__(self):
+        self.log, self.compiled = [], {}
+
+    def __getitem__(self, grid):
+        def run(*args, **options):
+            key = specialisation(args)
+            self.log.append(("run", key, grid, args, options))
+            return self.compiled.setdefault(key, FakeCompiled(self.log, key))
+        return run
+
+
+def test_later_launches_of_a_specialisation_skip_the_generic_path():
+    fn = FakeJIT()
+    launch = DirectLaunch(fn, {"XBLOCK": 64, "num_warps": 4}, {"XBLOCK": 64})
+    x, out = torch.randn(37), torch.empty(37)
+    launch((1,), [x, out, 37])
+    launch((1,), [x, out, 37])
+    launch((2,), [x, out, 37])
+    kinds = [entry[0] for entry in fn.log]
+    assert kinds == ["run", "direct", "direct"]
+    assert fn.log[1][2] == (1, 1, 1) and fn.log[2][2] == (2, 1, 1)
+    assert fn.log[1][3] == (x, out, 37, 64)  # the constexpr after the arguments, in signature order
+    assert fn.log[0][4] == {"XBLOCK": 64, "num_warps": 4}
+
+
+def test_a_new_specialisation_goes_through_triton_again():
+    fn = FakeJIT()
+    launch = DirectLaunch(fn, {"XBLOCK": 64}, {"XBLOCK": 64})
+    x, out = torch.randn(64), torch.empty(64)
+    launch((1,), [x, out, 37])
+    launch((1,), [x, out, 48])  # divisible by 16: another binary in Triton
+    launch((1,), [x, out, 1])  # equal to 1: another binary
+    launch((1,), [x[1:], out, 37])  # a base address off the 16-byte alignment
+    launch((1,), [x, out, 3 << 31])  # 64-bit
+    assert [entry[0] for entry in fn.log] == ["run"] * 5
+    launch((1,), [x, out, 53])  # the first specialisation again
+    assert fn.log[-1][0] == "direct"
+
+
+def test_unknown_trailing_parameters_keep_the_generic_path():
+    fn = FakeJIT()
+    fn.arg_names = ["x_ptr", "out_ptr", "n", "XBLOCK", "MYSTERY"]
+    launch = DirectLaunch(fn, {"XBLOCK": 64}, {"XBLOCK": 64})
+    x, out = torch.randn(8), torch.empty(8)
+    for _ in range(3):
+        launch((1,), [x, out, 8])
+    assert [entry[0] for entry in fn.log] == ["run"] * 3
+
+
+def test_specialisation_separates_what_triton_separates():
+    t = torch.randn(40)
+    assert specialisation([t, 1]) != specialisation([t, 2])
+    assert specialisation([t, 16]) != specialisation([t, 17])
+    assert specialisation([t, 17]) == specialisation([t, 19])
+    assert specialisation([t[1:], 17]) != specialisation([t, 17])
+    assert specialisation([t, 2.5]) == specialisation([t, 0.5])
+    assert specialisation([t, (1 << 31) + 1]) != specialisation([t, 3])
