@@ -188,3 +188,19 @@ def test_a_cut_keeps_the_default_and_each_implementation(keep):
     assert len(kept) == keep if keep >= 3 else 2 <= len(kept) <= 3  # default, best generated, the library
     times = [t for t, _ in rank(space, keep=keep)]
     assert times == sorted(times)
+
+
+def test_skinny_products_get_narrow_tiles_that_keep_every_sm_streaming():
+    """A decode step's product (8 rows against a 5632×2048 weight) is bound by reading the
+    weight: the rules' 16×128 tiles give 16 programs for 132 SMs. The space offers narrow column
+    tiles and the cost model prices the idle SMs, so a schedule with a program per SM ranks
+    first; products of many rows keep the usual space."""
+    graph, plan = _matmul(8, 2048, 5632, out_dtype=dt.bfloat16)
+    space = schedule_space(graph, plan, GPU)
+    assert {s["BLOCK_N"] for s in space.schedules()} >= {16, 32, 64, 128}
+    assert all(s["BLOCK_M"] == 16 for s in space.schedules())  # no more rows than the product needs
+    _, best = rank(space)[0]
+    assert math.ceil(2048 / best["BLOCK_N"]) >= 64
+    assert predict(space, best) < predict(space, space.default) / 2
+    graph, plan = _matmul(256, 2048, 2048)
+    assert min(s["BLOCK_M"] for s in schedule_space(graph, plan, GPU).schedules()) >= 64

@@ -53,6 +53,10 @@ def contraction_rules(graph: Graph, plan: KernelPlan, options: LoweringOptions) 
     return rules
 
 
+#: products of at most this many rows (static) get the narrow-tile space of a weight-streaming
+#: kernel on a GPU
+SKINNY_ROWS = 32
+
 #: the knobs that are not block sizes (the kernel's constants): the launch's, and the choices of
 #: kind of kernel
 NOT_BLOCKS = ("impl", "warps", "stages", "tma", "persistent")
@@ -83,6 +87,12 @@ def contraction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     else:
         knobs = {"BLOCK_M": (32, 64, 128), "BLOCK_N": (32, 64, 128), "BLOCK_K": (16, 32),
                  "GROUP_M": (8,), "warps": (4, 8), "stages": (2, 3, 4)}
+    if not options.target.on_cpu and statics["M"] is not None and statics["M"] <= SKINNY_ROWS:
+        # a decode step's product (a few rows against a large weight) is bound by reading the
+        # weight: narrow column tiles give every SM a program, long K tiles and a deep pipeline
+        # keep each one streaming
+        knobs = {"BLOCK_M": (16, 32), "BLOCK_N": (16, 32, 64, 128), "BLOCK_K": (64, 128, 256),
+                 "GROUP_M": (8,), "warps": (2, 4), "stages": (3, 4, 5)}
 
     def valid(s: Schedule) -> bool:
         for key, cap in caps.items():
@@ -294,7 +304,10 @@ def contraction_time(space, schedule: Schedule, c) -> float:
                    / c.bandwidth) + 3e-6
     # operands re-read once per output tile row/column; grouped ordering lets L2 serve most
     reread = (M * K * tn + K * N * tm) * batch * space.itemsize / max(1.0, min(schedule.get("GROUP_M", 1), tm) ** 0.5)
-    t_memory = (reread + M * N * batch * space.itemsize) / c.bandwidth
+    # fewer programs than SMs pull only their share of the bandwidth (a skinny product's 16
+    # column tiles read its weight at an eighth of it)
+    busy = min(1.0, tiles / c.sm_count)
+    t_memory = (reread + M * N * batch * space.itemsize) / (c.bandwidth * busy)
     # prologue/epilogue of the software pipeline, per program; a persistent program overlaps
     # the next tile's loads with this tile's epilogue
     pipeline = 1.0 + (0.05 if persistent else 0.15) / stages
