@@ -198,8 +198,11 @@ def test_generated_products_of_every_register_block(dtype):
     plain loop for the rest); fp64 rule against eager."""
     from tilefuse.backends.cpu.dot import register_block
 
-    assert [register_block(m, n) for m, n in ((64, 64), (4, 64), (4, 32), (8, 16), (4, 16), (2, 16), (64, 8))] == \
-        [(8, 2), (4, 4), (4, 2), (8, 1), (4, 1), None, None]
+    shapes = ((64, 64), (4, 64), (4, 32), (8, 16), (4, 16), (2, 16), (64, 8))
+    assert [register_block(m, n, 32) for m, n in shapes] == [(8, 2), (4, 4), (4, 2), (8, 1), (4, 1), None, None]
+    # AVX2 or NEON: at most 4 accumulators of 16 floats stay in registers
+    assert [register_block(m, n, 8) for m, n in shapes] == [(4, 1), (4, 1), (4, 1), (4, 1), (4, 1), (2, 1), None]
+    assert register_block(2, 32, 8) == (2, 2)
     for m, k, n in ((5, 7, 3), (16, 33, 16), (33, 20, 70), (64, 64, 64), (100, 40, 17)):
         a, b = rand(m, k, dtype=dtype), noncontig(k, n, dtype=dtype, low=-0.5, high=0.5)
         run_cpu(lambda x, y: torch.relu(x @ y), a, b, matmul="generated")

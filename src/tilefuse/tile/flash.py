@@ -272,8 +272,8 @@ def flash_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     if rows is not None and rows <= 16:
         auto = split_factor(graph, plan, options)
         default = default.replace(split=auto)
-        knobs = {"BLOCK_M": (16,), "BLOCK_N": (64, 128, 256), "warps": (4, 8), "stages": (2, 3, 4),
-                 "split": tuple(sorted({1, auto, max(1, auto // 2), 2 * auto}))}
+        knobs = {"BLOCK_M": (pow2(rows) if options.target.on_cpu else 16,), "BLOCK_N": (64, 128, 256),
+                 "warps": (4, 8), "stages": (2, 3, 4), "split": tuple(sorted({1, auto, max(1, auto // 2), 2 * auto}))}
     elif low:
         knobs = {"BLOCK_M": (64, 128), "BLOCK_N": (32, 64, 128), "warps": (4, 8), "stages": (2, 3, 4)}
     else:
@@ -282,7 +282,7 @@ def flash_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     smem_limit = getattr(options.target.limits, "shared_memory", None) or SMEM_PER_BLOCK
 
     def valid(s: Schedule) -> bool:
-        if rows is not None and s["BLOCK_M"] > max(16, pow2(rows)):
+        if rows is not None and s["BLOCK_M"] > max(1 if options.target.on_cpu else 16, pow2(rows)):
             return False
         # K and V tiles pipelined over the stages, the Q tile once (tile.limits measures the same)
         smem = s["stages"] * s["BLOCK_N"] * (dk + dn) * item + s["BLOCK_M"] * dk * item
@@ -308,7 +308,9 @@ def _default_tiles(low_precision: bool, head_block: int, rows, options: Lowering
         bm, bn, warps, stages = 128, 128, 8, 3
     else:
         bm, bn, warps, stages = 128, 64, 8, 3
-    if rows is not None and rows <= 16:
+    if rows is not None and rows <= 16 and options.target.on_cpu:
+        bm = pow2(rows)  # the C++ dots take any rows: no masked row is computed (decode: one)
+    elif rows is not None and rows <= 16:
         bm, bn, warps = 16, max(bn, 64) if not options.target.interpret else bn, 4
     elif rows is not None:
         bm = min(bm, max(16, pow2(rows)))

@@ -26,30 +26,42 @@ from .shapes import reads, written as stmt_written
 
 DOT_SOURCE = r"""
 typedef float tf_v16 __attribute__((vector_size(64), aligned(4)));
-/* acc[R][16V] += a[R][K] @ b[K][16V] (leading dims LDA, LDB, LDC), fp32: R x V vector
-   accumulators stay in registers for the whole K loop; one broadcast of `a` feeds V FMAs */
+/* the host's own vector of floats: a 16-lane vector wider than its registers is split by the
+   compiler into pieces it keeps in memory, between general registers (AVX2: four times slower) */
+#if defined(__AVX512F__)
+#define TF_VL 16
+#elif defined(__AVX__)
+#define TF_VL 8
+#else
+#define TF_VL 4
+#endif
+typedef float tf_vn __attribute__((vector_size(4 * TF_VL), aligned(4)));
+/* acc[R][16V] += a[R][K] @ b[K][16V] (leading dims LDA, LDB, LDC), fp32: the R x 16V block's
+   accumulators, W native vectors per row, stay in registers for the whole K loop; one broadcast
+   of `a` feeds W FMAs */
 template <int R, int V, int K, int LDA, int LDB, int LDC, bool ZERO>
 TF_INLINE void tf_dot_block(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ acc) {
-  tf_v16 c[R][V];
+  constexpr int W = V * (16 / TF_VL);
+  tf_vn c[R][W];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) c[r][v] = ZERO ? (tf_v16){} : *(const tf_v16*)&acc[r * LDC + 16 * v];
+#pragma GCC unroll 16
+    for (int w = 0; w < W; ++w) c[r][w] = ZERO ? (tf_vn){} : *(const tf_vn*)&acc[r * LDC + TF_VL * w];
   for (int k = 0; k < K; ++k) {
-    tf_v16 bv[V];
-#pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) bv[v] = *(const tf_v16*)&b[k * LDB + 16 * v];
+    tf_vn bv[W];
+#pragma GCC unroll 16
+    for (int w = 0; w < W; ++w) bv[w] = *(const tf_vn*)&b[k * LDB + TF_VL * w];
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const float av = a[r * LDA + k];
-#pragma GCC unroll 4
-      for (int v = 0; v < V; ++v) c[r][v] += av * bv[v];
+#pragma GCC unroll 16
+      for (int w = 0; w < W; ++w) c[r][w] += av * bv[w];
     }
   }
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) *(tf_v16*)&acc[r * LDC + 16 * v] = c[r][v];
+#pragma GCC unroll 16
+    for (int w = 0; w < W; ++w) *(tf_vn*)&acc[r * LDC + TF_VL * w] = c[r][w];
 }
 /* acc[M][N] (+)= a[M][K] @ b[K][N], dense row-major: column panels of 16V, R-row blocks;
    ZERO: acc starts at 0 (never read) */
@@ -80,6 +92,7 @@ typedef float tf_v16a __attribute__((vector_size(64)));
 #define TF_T_ROUND(k) _Pragma("GCC unroll 16") for (int i = 0; i < 16; ++i) if (!(i & k)) { \
     const tf_v16a a = v[i], b = v[i | k]; \
     v[i] = __builtin_shufflevector(a, b, TF_T(k, 0)); v[i | k] = __builtin_shufflevector(a, b, TF_T(k, 1)); }
+#if defined(__AVX512F__) || !defined(__x86_64__)
 template <int R, int C> TF_INLINE void tf_load_t(const float* __restrict__ src, int64_t ld, float* __restrict__ dst) {
   for (int j0 = 0; j0 < C; j0 += 16)
     for (int i0 = 0; i0 < R; i0 += 16) {
@@ -91,6 +104,18 @@ template <int R, int C> TF_INLINE void tf_load_t(const float* __restrict__ src, 
       for (int ii = 0; ii < 16; ++ii) *(tf_v16*)&dst[(i0 + ii) * C + j0] = v[ii];
     }
 }
+#else
+/* without AVX-512 the 16-lane shuffles above are split into moves through general registers:
+   a plain transposing copy, 8x8 blocks at a time, vectorises better */
+template <int R, int C> TF_INLINE void tf_load_t(const float* __restrict__ src, int64_t ld, float* __restrict__ dst) {
+  for (int j0 = 0; j0 < C; j0 += 8)
+    for (int i0 = 0; i0 < R; i0 += 8)
+#pragma GCC unroll 8
+      for (int ii = 0; ii < 8; ++ii)
+#pragma omp simd
+        for (int jj = 0; jj < 8; ++jj) dst[(i0 + ii) * C + j0 + jj] = src[(j0 + jj) * ld + i0 + ii];
+}
+#endif
 /* the plain loop, in the accumulator's type T (float, or double for fp64 products) */
 template <int M, int N, int K, typename T> TF_INLINE void tf_dot_ikj(const T* __restrict__ a, const T* __restrict__ b,
                                                                      T* __restrict__ acc) {
@@ -168,10 +193,23 @@ def _operand(e, shape, block, acc_t, sh, local, inplace) -> Operand:
     return Operand("copy", shape, shape[1], expr=e)
 
 
-def register_block(m: int, n: int):
-    """(rows, 16-lane vectors) of the dot's register block: 16 accumulators of 32 zmm (8x2 or
-    4x4), else 8 (4x2, 8x1), else None (the plain i-k-j loop)."""
-    for r, v in ((8, 2), (4, 4), (4, 2), (8, 1), (4, 1)):
+#: register blocks (rows, 16-lane vectors) by the host's vector registers, in 16-float units:
+#: AVX-512's 32 zmm hold 16 accumulators (8x2 or 4x4), else 8 (4x2, 8x1); AVX2's and NEON's
+#: 16-float equivalents are 8 (a 16-lane vector is two ymm or four q registers), so at most 4
+#: accumulators: more spill every FMA's operands to the stack (measured on a Zen 4 without
+#: AVX-512 enabled: 4 GFLOP/s in the flash kernel's 8x2 blocks)
+BLOCKS_BY_REGISTERS = {32: ((8, 2), (4, 4), (4, 2), (8, 1), (4, 1)), 8: ((4, 1), (2, 2), (2, 1))}
+
+
+def register_block(m: int, n: int, registers: int | None = None):
+    """(rows, 16-lane vectors) of the dot's register block for a host with `registers` 16-float
+    vector registers (None: this host's, `toolchain.vector_registers`), else None (the plain
+    i-k-j loop)."""
+    if registers is None:
+        from .toolchain import vector_registers
+
+        registers = vector_registers()
+    for r, v in BLOCKS_BY_REGISTERS[32 if registers >= 32 else 8]:
         if m % r == 0 and n % (16 * v) == 0:
             return r, v
     return None

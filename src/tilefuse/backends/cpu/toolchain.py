@@ -110,6 +110,22 @@ def cpu_id() -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+@functools.lru_cache(maxsize=None)
+def vector_registers() -> int:
+    """How many 16-float vector registers the code `-march=native` builds for has: 32 with
+    AVX-512 (32 zmm), else 8 (16 ymm under AVX2, 32 q registers on Arm: 8 of 16 floats)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return 8
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return 32 if "avx512f" in line.split() else 8
+    except OSError:  # no /proc: assume the smaller register file (correct either way, maybe slower)
+        pass
+    return 8
+
+
 def host_flags(machine: str, family: str, openmp_level: int = 0) -> tuple:
     """The flags for a host (`platform.machine()`) and compiler family; `openmp_level` indexes
     `OPENMP_LEVELS`."""
