@@ -221,7 +221,9 @@ class CppKernel:
                 raise RuntimeError(f"the cpu backend got a {t.device.type} tensor for {name}; use TILEFUSE_TARGET=triton")
             ptrs.append(t.data_ptr())
         for name in self._written:
-            advise_huge_pages(buffers[name])
+            t = buffers[name]
+            if t.nbytes >= HUGE_PAGE_MIN_BYTES:  # (a small output skips the storage lookup)
+                advise_huge_pages(t)
         sizes = self._sizes_array(*[buffers[name].stride(d) if kind == "stride" else values[name]
                                     for kind, name, d in self.sizes])
         err = None
