@@ -22,6 +22,8 @@ LIMIT = 256
 
 def size_key(env: dict) -> tuple:
     """The call's symbol values as a hashable key (names only: each symbol is bound twice)."""
+    if not env:  # a graph of static shapes: every call has the same key
+        return ()
     return tuple(sorted((k, v) for k, v in env.items() if isinstance(k, str)))
 
 

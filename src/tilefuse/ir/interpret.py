@@ -43,6 +43,8 @@ def bind_from(sources: list, args) -> dict:
     """Size-symbol values from the call's tensors and ints (`symbol_sources`); each symbol
     bound by its name too."""
     env: dict = {}
+    if not sources:
+        return env
     for position, dim, symbol in sources:
         value = args[position]
         if dim is None:
