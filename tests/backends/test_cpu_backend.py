@@ -208,6 +208,22 @@ def test_generated_products_of_every_register_block(dtype):
         run_cpu(lambda x, y: torch.relu(x @ y), a, b, matmul="generated")
 
 
+@pytest.mark.parametrize("registers", [8, 32])
+def test_register_blocks_of_either_register_file_compute_the_same(monkeypatch, registers):
+    """The blocks chosen for a host with AVX-512 (32 registers of 16 floats) and for one without
+    (8) are both correct on this host, whichever it is (the micro-kernel computes in the
+    host's own vector width either way): products and the flash kernel against eager."""
+    from tilefuse.backends.cpu import toolchain
+
+    assert toolchain.vector_registers() in (8, 32)
+    monkeypatch.setattr(toolchain, "vector_registers", lambda: registers)
+    for m, k, n in ((64, 48, 64), (16, 32, 32)):
+        a, b = rand(m, k), noncontig(k, n, low=-0.5, high=0.5)
+        run_cpu(lambda x, y: torch.relu(x @ y), a, b, matmul="generated")
+    q, k, v = (rand(1, 2, 96, 32) for _ in range(3))
+    run_cpu(attention, q, k, v)
+
+
 def test_dots_that_start_from_zero_skip_the_fill():
     """`s = full(0); s = dot(a, b) + s` (the flash kernel's scores): the register block starts
     at 0. P·V (`acc = rebased(acc) + dot(p, v)` from a zero tile) re-bases `acc` in place and
