@@ -602,3 +602,21 @@ def test_products_of_few_rows_tile_only_those_rows(rows):
     ex = run_cpu(lambda a, w, e: torch.relu(a @ w[e]), x, w, experts, matmul="generated")
     product = next(k for k in ex.kernels if k.kind == "contraction")
     assert f"constexpr int64_t BLOCK_M = {1 if rows == 1 else 4};" in product.source, product.source[:600]
+
+
+@pytest.mark.parametrize("transposed", [True, False])
+def test_gathered_operands_read_along_their_contiguous_dim(transposed):
+    """A MoE's gathered weight read as `x @ w[e].T` (its rows contiguous along K, strided along
+    N): the operand tile is copied with the rows loop innermost and vectorised (contiguous
+    reads), not gathered one strided element at a time; read untransposed the usual order
+    stays. Against eager, with ragged tiles."""
+    import re
+
+    x, experts = rand(9, 1, 40), torch.randint(0, 4, (9,))
+    w = rand(4, 72, 40) if transposed else rand(4, 40, 72)
+    fn = (lambda a, w, e: torch.relu(a @ w[e].transpose(-1, -2))) if transposed else (lambda a, w, e: torch.relu(a @ w[e]))
+    ex = run_cpu(fn, x, w, experts, matmul="generated")
+    src = next(k for k in ex.kernels if k.kind == "contraction").source.split('extern "C"')[1]
+    rows_inner = re.search(r"for \(int64_t tf_j = 0; tf_j < \d+; \+\+tf_j\) \{\s*#pragma omp simd[^\n]*\s*"
+                           r"for \(int64_t tf_i = 0;", src)
+    assert (rows_inner is not None) == transposed, src[:3000]

@@ -70,6 +70,10 @@ class Nest:
     col_reductions: tuple
     lanes: int  # vector lanes of the row reductions (the row's extent when it is not a multiple of 16)
     simd: bool  # False when lanes store to one address (their order matters)
+    #: the loop over rows is the inner, vectorised one: every load from memory is contiguous
+    #: along the rows and strided along the columns (an operand tile read transposed through a
+    #: gather, a MoE's `w1[experts]`), and nothing in the nest depends on the order
+    rows_inner: bool = False
 
 
 @dataclass(frozen=True)
@@ -310,10 +314,84 @@ class _Planner:
                 steps.append(Step(s, "value", stored=defines(s) not in self.local))
             else:
                 steps.append(Step(s, "effect"))
+        rows_inner = (simd and not reds and not transposed and d0 > 1 and d1 > 1
+                      and self.rows_contiguous([s for s in g.stmts if id(s) not in dead]))
         return Nest(shape=g.shape, steps=tuple(steps), remat=tuple(self.remat.get(id(g), ())),
                     transposed=tuple(transposed), checks=tuple(s for s in g.stmts if isinstance(s, Check)),
                     row_reductions=tuple(row_reds), col_reductions=tuple(col_reds),
-                    lanes=(LANES if d1 % LANES == 0 else d1) if row_reds else d1, simd=simd)
+                    lanes=(LANES if d1 % LANES == 0 else d1) if row_reds else d1, simd=simd,
+                    rows_inner=rows_inner)
+
+    def rows_contiguous(self, stmts) -> bool:
+        """Every load and store of memory in `stmts` either moves one element per tile row and
+        some other amount (or an unknown one: a gathered index) per column, or reads one
+        address for the whole tile (a gathered expert's index); and at least one moves: the
+        nest reads memory contiguously with rows innermost."""
+        lets = {s.name: s.value for s in stmts if isinstance(s, Let)}
+        for s in stmts:  # a load of one address (its mask aside) is the same value on every row
+            if isinstance(s, LoadTile) and self.sh.strides(s.offset) == (0, 0):
+                lets[s.name] = Index(sympy.Integer(0))
+        moving = 0
+        for s in stmts:
+            if not isinstance(s, (LoadTile, StoreTile)):
+                continue
+            strides = self.sh.strides(s.offset)
+            if strides is not None and strides[0] == 0 and strides[1] == 0:
+                continue  # one address: the order does not matter
+            if self.row_stride(s.offset, lets) != 1:
+                return False
+            if strides is not None and strides[1] == 1:
+                return False  # contiguous along the columns as well: keep the usual order
+            moving += 1
+        return moving > 0
+
+    def row_stride(self, e, lets: dict, depth: int = 0):
+        """How far the address `e` moves per tile row: a sympy number, or None when it does not
+        move by a fixed amount (a row-dependent gather, an index division)."""
+        from ...ir.expr import Binary, Cast, Const, Where
+
+        if depth > 32:
+            return None
+        if isinstance(e, Index):
+            expr = sympy.sympify(e.expr)
+            rows = {x for x in expr.free_symbols
+                    if self.sh.aranges.get(x.name) == 0 and self.sh.shape.get(x.name, (1,))[0] > 1}
+            if not rows:
+                return sympy.Integer(0)
+            for a in sympy.preorder_traversal(expr):
+                if isinstance(a, (sympy.floor, sympy.Mod, sympy.ceiling, sympy.Min, sympy.Max)) and a.free_symbols & rows:
+                    return None
+            ti = sympy.Dummy("ti")
+            d = sympy.diff(sympy.expand(expr.subs({r: r + ti for r in rows})), ti)
+            return None if d.free_symbols else d
+        if isinstance(e, Cast):
+            return self.row_stride(e.x, lets, depth + 1)
+        if isinstance(e, Where):  # (only the address matters: a lane masked off reads nothing)
+            a, b = self.row_stride(e.a, lets, depth + 1), self.row_stride(e.b, lets, depth + 1)
+            return a if a is not None and a == b else None
+        if isinstance(e, Const):
+            return sympy.Integer(0)
+        if isinstance(e, Var):
+            if e.name in lets:
+                return self.row_stride(lets[e.name], lets, depth + 1)
+            shape = self.sh.shape.get(e.name)
+            return sympy.Integer(0) if shape is not None and shape[0] == 1 else None
+        if isinstance(e, Binary) and e.op in ("add", "sub", "mul"):
+            a, b = self.row_stride(e.a, lets, depth + 1), self.row_stride(e.b, lets, depth + 1)
+            if a is None or b is None:
+                return None
+            if e.op == "add":
+                return a + b
+            if e.op == "sub":
+                return a - b
+            # a product moves by a fixed amount only when one factor is a row-invariant constant
+            for moving, other, other_stride in ((a, e.b, b), (b, e.a, a)):
+                if other_stride == 0 and isinstance(other, (Const, Index)) and not (
+                        isinstance(other, Index) and sympy.sympify(other.expr).free_symbols):
+                    value = other.value if isinstance(other, Const) else sympy.sympify(other.expr)
+                    return moving * value
+            return sympy.Integer(0) if a == 0 and b == 0 else None
+        return None
 
     def dead(self, g: _Group) -> list:
         """Statements of a group whose value nothing reads (every later reader recomputes it)."""

@@ -42,7 +42,12 @@ class NestPrinter:
             if isinstance(s, ArgReduceTile):
                 self.emit(f"for (int64_t tf_c = 0; tf_c < {d1}; ++tf_c) {_acc_at(s, 'tf_c', d1, True)} = {_vident(s)};",
                           ind)
-        if d0 > 1:
+        if g.rows_inner:  # columns outside, rows inside and vectorised (see `Nest.rows_inner`)
+            self.emit(f"for (int64_t tf_j = 0; tf_j < {d1}; ++tf_j) {{", ind)
+            self.emit(simd, ind + 1)
+            self.emit(f"for (int64_t tf_i = 0; tf_i < {d0}; ++tf_i) {{", ind + 1)
+            ind += 2
+        elif d0 > 1:
             if d1 == 1 and not col_reds:  # accumulating over rows is a dependence along them
                 self.emit(simd, ind)
             self.emit(f"for (int64_t tf_i = 0; tf_i < {d0}; ++tf_i) {{", ind)
@@ -55,7 +60,7 @@ class NestPrinter:
                 vt = ctype(self.plan.shapes.dtype.get(s.name + "__v", s.value.dtype))
                 self.emit(f"{vt} {_lanes(s)}_v[{lanes}];", ind)
                 self.emit(f"for (int64_t tf_l = 0; tf_l < {lanes}; ++tf_l) {_lanes(s)}_v[tf_l] = {_vident(s)};", ind)
-        if d1 > 1:
+        if d1 > 1 and not g.rows_inner:
             if row_reds:
                 self.emit(f"for (int64_t tf_jo = 0; tf_jo < {d1}; tf_jo += {lanes}) {{", ind)
                 self.emit(simd, ind + 1)
@@ -86,7 +91,11 @@ class NestPrinter:
             else:
                 for line in self.body_lines(s, p):
                     self.emit(line, ind)
-        if d1 > 1:
+        if g.rows_inner:
+            for _ in range(2):
+                ind -= 1
+                self.emit("}", ind)
+        elif d1 > 1:
             if row_reds:
                 ind -= 1
                 self.emit("}", ind)
@@ -96,7 +105,7 @@ class NestPrinter:
             self.emit("}", ind)
         for s in row_reds:
             self.finish_lanes(s, lanes, ind, (i, j))
-        if d0 > 1:
+        if d0 > 1 and not g.rows_inner:
             ind -= 1
             self.emit("}", ind)
         for c in g.checks:
