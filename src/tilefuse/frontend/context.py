@@ -92,7 +92,7 @@ def shape_of(t) -> tuple:
     return tuple(sympy.sympify(sym_expr(d)) for d in t.shape)
 
 
-def _strides_of(t) -> tuple | None:
+def strides_of(t) -> tuple | None:
     """The strides of a traced result, as sympy (None when there is no tensor)."""
     if not isinstance(t, torch.Tensor):
         return None
@@ -163,7 +163,7 @@ class LoweringContext:
             val = getattr(fx, "meta", {}).get("val") if isinstance(fx, torch.fx.Node) else None
             node = self.graph.nodes.get(a.name) if isinstance(a, BufferValue) else None
             if isinstance(node, (Pointwise, Reduce)) and isinstance(val, torch.Tensor) and a.name not in self.graph.output_strides:
-                strides = _strides_of(val)
+                strides = strides_of(val)
                 if strides is not None and len(strides) == node.rank:
                     self.graph.output_strides[a.name] = strides
 
@@ -202,7 +202,7 @@ class LoweringContext:
             shape_of(first) if first is not None else (), target=target,
             target_name=str(target), args=ext_args, kwargs=ext_kwargs,
             reason=reason, multi_output=multi, binds=binds, mutates=mutates_input(target),
-            strides=_strides_of(first),
+            strides=strides_of(first),
         )
         self.graph.add(node)
         if not multi:
@@ -213,6 +213,6 @@ class LoweringContext:
                 results.append(None)
                 continue
             r = self.graph.add(ExternResult(f"{name}_{k}", ir_dtype(m.dtype), shape_of(m), extern=name, item=k,
-                                            strides=_strides_of(m)))
+                                            strides=strides_of(m)))
             results.append(BufferValue(r.name, r.dtype, r.shape))
         return tuple(results)

@@ -17,7 +17,7 @@ import torch.fx
 from .. import logs
 from ..ir.graph import Constant, Graph, Input, ScalarInput
 from . import lowerings  # noqa: F401  (registers every lowering)
-from .context import LoweringContext, ir_dtype, shape_of, sym_expr
+from .context import LoweringContext, ir_dtype, shape_of, strides_of, sym_expr
 from .origins import tag_new_nodes
 from .registry import Unsupported, find_lowering
 from .values import BufferValue, TensorValue
@@ -69,7 +69,7 @@ def lower_fx(gm: torch.fx.GraphModule, name: str = "graph") -> Graph:
         meta = node.meta.get("val")
         if node.op == "placeholder":
             if isinstance(meta, torch.Tensor):
-                strides = tuple(sympy.sympify(sym_expr(st)) for st in meta.stride())
+                strides = strides_of(meta)
                 inp = Input(node.name, ir_dtype(meta.dtype), shape_of(meta), position=position, strides=strides)
                 graph.add(inp)
                 graph.inputs.append(inp)
@@ -110,7 +110,7 @@ def lower_fx(gm: torch.fx.GraphModule, name: str = "graph") -> Graph:
                     graph.outputs.append(name)
                     meta_val = o.meta.get("val") if isinstance(o, torch.fx.Node) else None
                     if isinstance(meta_val, torch.Tensor) and name not in graph.output_strides:
-                        graph.output_strides[name] = tuple(sympy.sympify(sym_expr(st)) for st in meta_val.stride())
+                        graph.output_strides[name] = strides_of(meta_val)
                 else:
                     graph.outputs.append(v)
         else:

@@ -108,7 +108,8 @@ def _elementwise_reads(body, rank: int, graph: Graph):
             continue
         dims, ok = [], True
         for c, n in zip(e.index, graph[e.buffer].shape):
-            used = [k for k, sym in enumerate(symbols) if sym in sympy.sympify(c.expr).free_symbols]
+            free = sympy.sympify(c.expr).free_symbols
+            used = [k for k, sym in enumerate(symbols) if sym in free]
             if sympy.sympify(n) == 1:
                 dims.append(None)
             elif len(used) == 1 and used[0] not in dims:

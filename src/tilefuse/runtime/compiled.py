@@ -75,9 +75,9 @@ class CompiledGraph:
         for n in graph.nodes.values():
             if isinstance(n, ExternResult):
                 self.extern_results.setdefault(n.extern, []).append((n.name, n.item))
-        self.promised = {n.name: tuple(int(st) for st in promised_strides(n))
-                         for n in graph.nodes.values()
-                         if isinstance(n, (Extern, ExternResult)) and promised_strides(n) is not None}
+        promised = {n.name: promised_strides(n) for n in graph.nodes.values() if isinstance(n, (Extern, ExternResult))}
+        self.promised = {name: tuple(int(st) for st in strides) for name, strides in promised.items()
+                         if strides is not None}
         self.externs: dict = {}  # node name -> PreparedExtern
         self.symbol_sources = symbol_sources(graph)
         # (name, position, 0-dim): only a 0-dim tensor may come on the CPU to a GPU graph

@@ -108,8 +108,9 @@ class KernelBuilder:
             return strides
         if isinstance(node, Constant):
             return tuple(sympy.Integer(0) if d == 1 else sympy.Integer(st) for d, st in zip(node.shape, node.value.stride()))
-        if isinstance(node, (Extern, ExternResult)) and promised_strides(node) is not None:
-            return promised_strides(node)
+        promised = promised_strides(node) if isinstance(node, (Extern, ExternResult)) else None
+        if promised is not None:
+            return promised
         if isinstance(node, (Input, Extern, ExternResult)):
             strides = []
             for k, d in enumerate(node.shape):

@@ -328,15 +328,13 @@ class _Planner:
         address for the whole tile (a gathered expert's index); and at least one moves: the
         nest reads memory contiguously with rows innermost."""
         lets = {s.name: s.value for s in stmts if isinstance(s, Let)}
-        for s in stmts:  # a load of one address (its mask aside) is the same value on every row
-            if isinstance(s, LoadTile) and self.sh.strides(s.offset) == (0, 0):
+        accesses = [(s, self.sh.strides(s.offset)) for s in stmts if isinstance(s, (LoadTile, StoreTile))]
+        for s, strides in accesses:  # a load of one address (its mask aside) is the same value on every row
+            if isinstance(s, LoadTile) and strides == (0, 0):
                 lets[s.name] = Index(sympy.Integer(0))
         moving = 0
-        for s in stmts:
-            if not isinstance(s, (LoadTile, StoreTile)):
-                continue
-            strides = self.sh.strides(s.offset)
-            if strides is not None and strides[0] == 0 and strides[1] == 0:
+        for s, strides in accesses:
+            if strides == (0, 0):
                 continue  # one address: the order does not matter
             if self.row_stride(s.offset, lets) != 1:
                 return False
@@ -384,13 +382,15 @@ class _Planner:
                 return a + b
             if e.op == "sub":
                 return a - b
-            # a product moves by a fixed amount only when one factor is a row-invariant constant
-            for moving, other, other_stride in ((a, e.b, b), (b, e.a, a)):
-                if other_stride == 0 and isinstance(other, (Const, Index)) and not (
-                        isinstance(other, Index) and sympy.sympify(other.expr).free_symbols):
-                    value = other.value if isinstance(other, Const) else sympy.sympify(other.expr)
+            if a == 0 and b == 0:
+                return sympy.Integer(0)
+            # otherwise it moves by a fixed amount only when the other factor is a number
+            for moving, factor in ((a, e.b), (b, e.a)):
+                value = factor.value if isinstance(factor, Const) else sympy.sympify(factor.expr) \
+                    if isinstance(factor, Index) else None
+                if value is not None and sympy.sympify(value).is_number:
                     return moving * value
-            return sympy.Integer(0) if a == 0 and b == 0 else None
+            return None
         return None
 
     def dead(self, g: _Group) -> list:
