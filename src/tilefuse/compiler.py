@@ -21,7 +21,7 @@ from .config import KNOBS, ConfigError, ConfigWarning, Options, config
 from .frontend.to_ir import lower_fx
 from .fusion import ExternStep, plan_graph
 from .fusion.layout import assign_layouts
-from .fusion.library import LIBRARY, MEASURED, LibraryCall, choose_library_calls
+from .fusion.library import GENERATED, LIBRARY, MEASURED, LibraryCall, ProductChoice, choose_library_calls
 from .fusion.matmul_views import describe as describe_matmul
 from .fusion.naming import kernel_origin
 from .fusion.plan import KernelPlan, PlanKind
@@ -189,23 +189,36 @@ def _compile_steps(graph, schedule, lowering, options: Options, device, report, 
             continue
         choice = step.library
         views = choice.views
+        library_views = _library_views(choice)
+        if choice.how == LIBRARY and choice.split is not None:  # matmul="aten": the product in the library
+            _split(step, choice.split, steps, report, pending, None)
+            continue
         t0 = time.perf_counter()
         key = base = None
         if choice.how != LIBRARY:
             base, added = _base_lowering(graph, step, lowering, stage)
             key = dedupe.plan_key(graph, base, target.name, lowering, options)
             shared = dedupe.lookup(key)
-            if shared is not None and _reuse(shared, step, base, views, steps, report):
+            if shared is not None and shared.split:
+                if choice.split is not None:  # the same plan split before: its product, then its epilogue's plan
+                    _split(step, choice.split, steps, report, pending, shared)
+                    continue
+            elif shared is not None and _reuse(shared, step, base, views, steps, report):
                 continue
         with stage("tune"):
             tuned = tune_plan(graph, step, lowering, level=options.autotune, device=device,
-                              aten=(lambda: _aten_step(step, views)) if views is not None else None,
+                              aten=(lambda: _aten_step(step, library_views)) if library_views is not None else None,
                               prepared=prepared.pop(step.name, None), progress=progress.tuning(step.name))
         report.tuning[tuned.source] = report.tuning.get(tuned.source, 0) + 1
         if tuned.schedule is not None:
             progress.tuned += 1
         if tuned.describe():
             step.notes.append(f"{step.name}: {tuned.describe()}")
+        if choice.how == MEASURED and (tuned.schedule or {}).get("impl") == "split":
+            shared = dedupe.Shared(step.name, dedupe.names_of(base), [], tuned, [], split=True) if key else None
+            _split(step, choice.split, steps, report, pending, dedupe.publish(key, shared) if key else None,
+                   tuned.seconds, time.perf_counter() - t0)
+            continue
         if choice.how == LIBRARY or (choice.how == MEASURED and (tuned.schedule or {}).get("impl") == "aten"):
             aten = _aten_step(step, views)
             step.notes.append(f"{step.name}: nothing fused — {describe_matmul(views)} (ATen)")
@@ -373,7 +386,7 @@ def _prepare_tuning(graph, steps, lowering, options: Options, device, stage, pro
                 continue
             if isinstance(step, LibraryCall) or step.library.how == LIBRARY:
                 continue
-            views = step.library.views
+            views = _library_views(step.library)
             progress.now(f"ranking the schedules of {step.name}")
             aten = (lambda step=step, views=views: _aten_step(step, views)) if views is not None else None
             p = prepare_tuning(graph, step, lowering, level=options.autotune, device=device, aten=aten)
@@ -438,8 +451,35 @@ def _with_variants(tk, launcher, load):
     return SizeDispatch(tk.variants, launcher, [load(k) for k in tk.variants.kernels])
 
 
+def _library_views(choice):
+    """The views the tuner measures the library with: the whole plan's, or its product's when
+    the plan may be split."""
+    if choice.views is not None:
+        return choice.views
+    return choice.split.views if choice.split is not None else None
+
+
+def _split(step, split, steps: list, report, pending: list, shared, tune_s: float = 0.0,
+           compile_s: float = 0.0) -> None:
+    """`step` as the library's product (a step now) and its epilogue's pointwise plan (compiled
+    next, as any plan: tuned, deduplicated, built)."""
+    aten = _aten_step(step, split.views)
+    aten.keep = shared
+    what = describe_matmul(split.views)
+    step.notes.append(f"{step.name}: the product in the library — {what} (ATen) — and the epilogue as "
+                      f"{split.epilogue.name}" + (f" (as {shared.plan})" if shared is not None and shared.plan != step.name
+                                                   else ""))
+    steps.append(aten)
+    report.kernels.append(KernelReport(step.name, "aten-matmul", step.members, what, "", step.notes, tune_s,
+                                       compile_seconds=compile_s))
+    epilogue = replace(split.epilogue, notes=list(split.epilogue.notes))
+    epilogue.library = ProductChoice(GENERATED)
+    pending.insert(0, epilogue)
+
+
 def _aten_step(plan, views) -> KernelStep:
-    return KernelStep(plan.name, AtenMatmul(views), [views.out], [views.a.buffer, views.b.buffer])
+    bias = [views.bias.buffer] if views.bias is not None else []
+    return KernelStep(plan.name, AtenMatmul(views), [views.out], [views.a.buffer, views.b.buffer, *bias])
 
 
 def _statically_empty(graph, plan) -> bool:

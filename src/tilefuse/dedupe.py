@@ -32,6 +32,7 @@ class Shared:
     tuned: object = None
     reports: list = field(default_factory=list)
     aten: bool = False  # the plan runs as ATen's matmul (the tuner chose it): nothing built
+    split: bool = False  # the plan runs as ATen's product and its epilogue's own plan (`impl=split`)
 
 
 _lock = threading.Lock()

@@ -73,7 +73,9 @@ def test_flattened_batch_views_run_through_aten():
 
 def test_products_with_something_fused_keep_the_generated_kernel():
     a, b, bias = torch.randn(37, 20, device=DEVICE), torch.randn(20, 45, device=DEVICE), torch.randn(45, device=DEVICE)
-    assert _kinds(lambda a, b, c: F.gelu(a @ b + c), a, b, bias) == ["contraction"]
+    # (a GPU runs the product in the library and the rest as a pointwise kernel: test_epilogue_split)
+    want = ["aten-matmul", "pointwise"] if DEVICE == "cuda" else ["contraction"]
+    assert _kinds(lambda a, b, c: F.gelu(a @ b + c), a, b, bias) == want
     assert _kinds(lambda a, b: (a * 2) @ b, a, b) != ["aten-matmul"]  # a prologue: not a plain view
 
 
@@ -91,3 +93,42 @@ def test_contraction_space_offers_aten_once_for_plain_products():
     assert sum(c["impl"] == "aten" for c in configs) == 1
     none = schedule_space(graph, plan, LoweringOptions(target=Target.gpu(sm_count=132), matmul="generated"))
     assert "impl" not in none.knobs
+
+
+def _fp64_close(fn, args, out, slack=2.0):
+    """`out` is as close to the fp64 result as eager's own result is, within `slack`."""
+    ref = fn(*[t.double() for t in args])
+    eager_err = (fn(*args).double() - ref).abs().max().item()
+    err = (out.double() - ref).abs().max().item()
+    assert err <= slack * eager_err + 1e-5 * ref.abs().max().item(), (err, eager_err)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name,fn,shapes", [
+    ("addmm", lambda x, w, b: torch.addmm(b, x, w), [(37, 20), (20, 45), (45,)]),
+    ("linear 3-D", lambda x, w, b: F.linear(x, w, b), [(3, 13, 20), (45, 20), (45,)]),
+    ("sliced bias", lambda x, w, b: F.linear(x, w, b[7:52]), [(37, 20), (45, 20), (60,)]),
+    ("transposed input", lambda x, w, b: F.linear(x.T, w, b), [(20, 37), (45, 20), (45,)]),
+])
+def test_a_bias_added_to_every_row_is_folded_into_addmm(dtype, name, fn, shapes):
+    """`addmm`'s decomposition (product, then a bias per column, one rounding) is one library
+    call with the bias in it."""
+    if dtype == torch.bfloat16 and DEVICE == "cpu" and name == "transposed input":
+        pytest.skip("covered in fp32")
+    args = [torch.randn(s, device=DEVICE).to(dtype) for s in shapes]
+    torch._dynamo.reset()
+    ex = tilefuse.explain(fn, *args, options={"matmul": "aten"})
+    assert [k.kind for k in ex.kernels] == ["aten-matmul"], ex
+    assert "torch.addmm(" in ex.kernels[0].notes[-1]
+    torch._dynamo.reset()
+    out = tilefuse.compile(fn, options={"matmul": "aten"})(*args)
+    _fp64_close(fn, args, out)
+
+
+def test_a_bias_per_row_is_not_addmm():
+    a, b, c = torch.randn(37, 20, device=DEVICE), torch.randn(20, 45, device=DEVICE), torch.randn(37, device=DEVICE)
+    fn = lambda a, b, c: a @ b + c[:, None]  # noqa: E731
+    torch._dynamo.reset()
+    ex = tilefuse.explain(fn, a, b, c, options={"matmul": "aten"})
+    assert not any("torch.addmm(" in str(n) for k in ex.kernels for n in k.notes), ex
+    _check(fn, a, b, c)

@@ -194,8 +194,9 @@ def test_prologue_keeps_the_operands_precision(case, dtype):
         assert dots and all(f"in {name}" in ln for _, ln in dots), dots
         torch._dynamo.reset()
         out = torch.compile(fn, backend="tilefuse")(*args)
-    if case == "nanogpt":  # the bias add is stored narrow by the first product, not recomputed per tile
-        assert [k.kind for k in report.kernels][:2] == ["contraction", "flash"], str(report)
+    if case == "nanogpt":  # the bias add is stored narrow by the first product (addmm), not recomputed per tile
+        assert [k.kind for k in report.kernels][:2] in (["contraction", "flash"], ["aten-matmul", "flash"]), \
+            str(report)
     ref = fn(*(a.double() if a.is_floating_point() else a for a in args))
     eager = fn(*args)
     err, eager_err = ((t.double() - ref).abs().max().item() for t in (out, eager))

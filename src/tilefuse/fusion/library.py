@@ -10,9 +10,17 @@ A contraction plan with nothing fused into it is a plain matrix product over str
   on a GPU: the contraction space's `impl` knob);
 * `"generated"` — a generated kernel (`matmul="generated"`, or not a plain product).
 
+A GPU plan that is not a plain product but splits (`split_epilogue`) is measured split and
+fused under `matmul="auto"`, and runs split under `matmul="aten"`.
+
 On a CPU a large product with an epilogue fused after it (a bias, an activation) is split:
 the product runs in ATen and the epilogue becomes a pointwise plan reading its result
-(`LibraryCall` followed by that plan in the schedule).
+(`LibraryCall` followed by that plan in the schedule). On a GPU the same split — the product,
+with a bias folded in where there is one, in cuBLAS; the rest of the epilogue as its own
+pointwise kernel — is measured against the fused kernel (`ProductChoice.split`, the
+contraction space's `impl=split`): a fused epilogue is free only while the product's main
+loop hides it, and with a short K or a costly epilogue (GPT-2's tanh GELU after a K = 768
+product) the library's product plus one pass over its result is faster.
 """
 from __future__ import annotations
 
@@ -20,8 +28,8 @@ from dataclasses import dataclass
 
 import sympy
 
-from ..ir.expr import Load, walk
-from .matmul_views import MatmulViews, describe, matmul_views, product_views
+from ..ir.expr import Binary, Cast, Load, subs_index, transform, walk
+from .matmul_views import MatmulViews, biased_product_views, describe, matmul_views, product_views
 from .plan import KernelPlan, PlanKind, GraphPlan, Stage, StageKind
 
 #: plain matmuls (nothing fused) at least this many multiply-adds run in ATen's matmul on CPU
@@ -39,6 +47,18 @@ class ProductChoice:
 
     how: str
     views: MatmulViews | None = None
+    #: GPU: the product through the library and the rest as a pointwise plan, measured
+    #: against the fused kernel (`impl=split`); None when the plan cannot be split so
+    split: "EpilogueSplit | None" = None
+
+
+@dataclass(frozen=True)
+class EpilogueSplit:
+    """A contraction plan as a library product (`views`, into `views.out`) and a pointwise
+    plan computing the rest of its epilogue from that buffer."""
+
+    views: MatmulViews
+    epilogue: KernelPlan
 
 
 @dataclass
@@ -51,11 +71,15 @@ class LibraryCall:
     notes: list
 
 
-def choose_product(graph, plan: KernelPlan, matmul: str, cpu: bool) -> ProductChoice:
-    """How `plan` runs under the `matmul` option on a CPU (`cpu`) or a GPU."""
+def choose_product(graph, plan: KernelPlan, matmul: str, cpu: bool, users: dict | None = None) -> ProductChoice:
+    """How `plan` runs under the `matmul` option on a CPU (`cpu`) or a GPU (`users`: the
+    graph's readers of each buffer, `Graph.users()`, computed once by the caller)."""
     views = matmul_views(graph, plan) if matmul != "generated" else None
     if views is None:
-        return ProductChoice(GENERATED)
+        split = split_epilogue(graph, plan, users) if matmul in ("auto", "aten") and not cpu else None
+        if split is None:
+            return ProductChoice(GENERATED)
+        return ProductChoice(LIBRARY if matmul == "aten" else MEASURED, split=split)
     if matmul == "aten" or (cpu and matmul == "auto" and cpu_prefers_library(views)):
         return ProductChoice(LIBRARY, views)
     return ProductChoice(MEASURED, views)
@@ -64,6 +88,56 @@ def choose_product(graph, plan: KernelPlan, matmul: str, cpu: bool) -> ProductCh
 def cpu_prefers_library(views: MatmulViews) -> bool:
     macs = sympy.Mul(*views.sizes)
     return not macs.is_Integer or int(macs) >= CPU_LIBRARY_MACS
+
+
+def split_epilogue(graph, plan: KernelPlan, users: dict | None = None) -> EpilogueSplit | None:
+    """The plan as a library product and a pointwise epilogue, or None. The product part is the
+    plain product into its own node's buffer (`product_views`), or the product with the bias
+    that `addmm`'s decomposition adds, into that sum's node (`biased_product_views`): the
+    epilogue's reads of `product + bias` then read that buffer instead, rounded as eager
+    rounds `addmm`'s result (a fused kernel keeps the sum in fp32)."""
+    if plan.kind != PlanKind.CONTRACTION or len(plan.stages) < 2 or plan.flash is not None:
+        return None
+    epilogue = plan.stages[1:]
+    names = {st.node for st in epilogue}
+    if any(st.kind != StageKind.ROW or {e.buffer for e in walk(st.body) if isinstance(e, Load)} & names
+           for st in epilogue):
+        return None
+    product = graph[plan.stages[0].node]
+    views = product_views(graph, plan)
+    bodies = [st.body for st in epilogue]
+    if views is None:
+        found = biased_product_views(graph, plan, users if users is not None else graph.users())
+        if found is None:
+            return None
+        views, summed = found
+        bodies = [_read_sum(body, product, summed) for body in bodies]
+        if any(product.name in {e.buffer for e in walk(body) if isinstance(e, Load)} for body in bodies):
+            return None  # the product is read without the bias too: it has no buffer of its own
+    stages = [Stage(st.node, StageKind.POINTWISE, body, store=True) for st, body in zip(epilogue, bodies)]
+    return EpilogueSplit(views, KernelPlan(f"{plan.name}_epilogue", PlanKind.POINTWISE, sympy.Mul(*product.shape),
+                                           stages=stages,
+                                           notes=[f"epilogue of {plan.name} after its product {views.out} (ATen)"]))
+
+
+def _read_sum(body, product, summed):
+    """`body` with each `product[idx] + bias(idx)` — the sum node `summed` computes at its own
+    index, here at `idx` — replaced by a read of `summed` at `idx`."""
+    inner = summed.body.x if isinstance(summed.body, Cast) else summed.body
+    own = [c.expr for c in next(e for e in walk(inner) if isinstance(e, Load) and e.buffer == product.name).index]
+
+    def fn(e):
+        if not (isinstance(e, Binary) and e.op == "add"):
+            return None
+        for prod, bias in ((e.a, e.b), (e.b, e.a)):
+            if isinstance(prod, Load) and prod.buffer == product.name:
+                mapping = {s: c.expr for s, c in zip(own, prod.index)}
+                expected = subs_index(Binary("add", inner.a, inner.b, inner.dtype), mapping)
+                if expected == e or expected == Binary("add", e.b, e.a, e.dtype):
+                    return Cast(Load(summed.name, prod.index, summed.dtype), e.dtype)
+        return None
+
+    return transform(body, fn)
 
 
 def epilogue_split(graph, plan: KernelPlan, matmul: str) -> tuple | None:
@@ -94,6 +168,7 @@ def choose_library_calls(graph, schedule: GraphPlan, matmul: str, cpu: bool) -> 
     its `ProductChoice` (`plan.library`), and on a CPU a plan whose product goes to ATen with
     its epilogue kept generated is replaced by a `LibraryCall` and the epilogue's plan."""
     steps = []
+    users = None if cpu else graph.users()
     for step in schedule.steps:
         split = epilogue_split(graph, step, matmul) if cpu and isinstance(step, KernelPlan) else None
         if split is not None:
@@ -104,10 +179,10 @@ def choose_library_calls(graph, schedule: GraphPlan, matmul: str, cpu: bool) -> 
             steps += [LibraryCall(step.name, views, step.notes), epilogue]
             continue
         if isinstance(step, KernelPlan):
-            step.library = choose_product(graph, step, matmul, cpu)
+            step.library = choose_product(graph, step, matmul, cpu, users)
         steps.append(step)
     schedule.steps = steps
 
 
-__all__ = ["ProductChoice", "LibraryCall", "choose_product", "choose_library_calls", "epilogue_split",
+__all__ = ["ProductChoice", "EpilogueSplit", "LibraryCall", "choose_product", "split_epilogue", "choose_library_calls", "epilogue_split",
            "cpu_prefers_library", "CPU_LIBRARY_MACS", "LIBRARY", "MEASURED", "GENERATED"]

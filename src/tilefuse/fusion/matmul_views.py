@@ -10,6 +10,11 @@ The tuner measures that against the generated kernel (`impl` knob of the contrac
 The library must multiply the values the graph defines: a conversion that rounds
 (`x.bfloat16()` inlined into the operand, autocast's casts) is kept and applied to the view
 before the call; an exact one (an upcast) is dropped, so the common case copies nothing.
+
+A bias vector added to every row of the product, the whole epilogue (`addmm`, `F.linear` with
+a bias: the product accumulated in fp32, the bias added, one rounding to the operands' dtype),
+is folded into the call: `torch.addmm(bias, a, b)`, which cuBLAS and MKL run with the bias in
+their own epilogue.
 """
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ import sympy
 
 from ..fusion.plan import PlanKind
 from ..ir import dtypes as dt
-from ..ir.expr import Cast, Index, Load, out_index, red_index
+from ..ir.expr import Binary, Cast, Index, Load, out_index, red_index
 from ..ir.symbolic import contiguous_strides
 
 
@@ -55,6 +60,8 @@ class MatmulViews:
     #: the product's own shape when `out` is a reshape of it (F.linear's 3-D result): the
     #: runtime views the contiguous `out` buffer with this shape first
     out_shape: tuple | None = None
+    #: a vector added to every row (over (n,)): `out = addmm(bias, A, B)`, no batch dims
+    bias: OperandView | None = None
 
 
 def _plain_load(e):
@@ -151,22 +158,81 @@ def _flat_operand(load: Load, symbols: dict, allowed: set, graph, ranges):
 def _reshape_of(graph, node, stage) -> bool:
     """`stage` stores `node` reshaped (same elements in the same row-major order) into a
     contiguous buffer."""
+    body = stage.body
+    if not (stage.store and isinstance(body, Load) and body.buffer == node.name and graph[stage.node].dtype == node.dtype):
+        return False
+    return _reshaped_read(graph, node, graph[stage.node], body)
+
+
+def _reshaped_read(graph, node, out, load: Load) -> bool:
+    """`out`, a contiguous buffer, holds at each position the element of `node` that `load`
+    (in `out`'s index symbols) reads, in the same row-major order: a reshape of it."""
     from ..ir.symbolic import simplify_index
 
-    out = graph[stage.node]
-    body = stage.body
-    if not (stage.store and isinstance(body, Load) and body.buffer == node.name and out.dtype == node.dtype):
-        return False
     strides = graph.output_strides.get(out.name)
     if strides is not None and tuple(strides) != tuple(contiguous_strides(out.shape)):
         return False
-    if not all(isinstance(c, Index) for c in body.index):
+    if load.buffer != node.name or not all(isinstance(c, Index) for c in load.index):
         return False
     outs = out_index(out.rank)
     ranges = {s: out.shape[d] for d, s in enumerate(outs)}
-    read = sum((c.expr * st for c, st in zip(body.index, contiguous_strides(node.shape))), sympy.Integer(0))
+    read = sum((c.expr * st for c, st in zip(load.index, contiguous_strides(node.shape))), sympy.Integer(0))
     written = sum((s * st for s, st in zip(outs, contiguous_strides(out.shape))), sympy.Integer(0))
     return sympy.expand(simplify_index(sympy.expand(read), ranges) - written) == 0
+
+
+def _strip_casts(e):
+    while isinstance(e, Cast):
+        e = e.x
+    return e
+
+
+def _bias_add(graph, node, plan, stage) -> MatmulViews | None:
+    """`stage` stores `rounded(product + bias[n])` (or a reshape of it) into a contiguous
+    buffer, where the product accumulates in the compute dtype of operands that hold the
+    output's dtype and the bias holds it too: eager's `addmm`, as one library call."""
+    c = plan.contraction
+    out = graph[stage.node]
+    body = stage.body
+    if not stage.store or c.batch_dims:
+        return None
+    if isinstance(body, Cast):
+        if body.dtype != out.dtype or not dt.float_widens(out.dtype, body.x.dtype):
+            return None
+        body = body.x
+    if not (isinstance(body, Binary) and body.op == "add"):
+        return None
+    fa, fb = _plain_load(c.a), _plain_load(c.b)
+    if fa is None or fb is None or fa[1] or fb[1] or not (fa[2] == fb[2] == out.dtype):
+        return None  # (operands that round first, or of another dtype: not eager's addmm)
+    if node.dtype != dt.compute_dtype(out.dtype) or body.dtype != node.dtype:
+        return None
+    for product, bias in ((body.a, body.b), (body.b, body.a)):
+        if isinstance(product, Load) and product.buffer == node.name:
+            break
+    else:
+        return None
+    fbias = _plain_load(bias)
+    if fbias is None or fbias[1] or fbias[2] != out.dtype or not _reshaped_read(graph, node, out, product):
+        return None
+    n_index = product.index[c.n_dim].expr
+    if not isinstance(n_index, sympy.Symbol):
+        return None
+    views = _views(graph, plan, node, None, compute=out.dtype)
+    if views is None:
+        return None
+    iteration = set(out_index(out.rank)) | set(red_index(1))
+    dims = []
+    for comp in fbias[0].index:
+        if not isinstance(comp, Index) or (comp.expr.free_symbols & iteration) - {n_index}:
+            return None  # (a bias per row, or per anything but the column, is not addmm's)
+        aff = _affine(comp.expr, {views.n: n_index})
+        if aff is None:
+            return None
+        dims.append(aff)
+    reshaped = out.shape != node.shape
+    return replace(views, out=out.name, out_shape=tuple(node.shape) if reshaped else None,
+                   bias=OperandView(fbias[0].buffer, tuple(dims)))
 
 
 def matmul_views(graph, plan) -> MatmulViews | None:
@@ -178,6 +244,8 @@ def matmul_views(graph, plan) -> MatmulViews | None:
     reshaped = None
     if len(plan.stages) == 2 and not plan.stages[0].store and _reshape_of(graph, node, plan.stages[1]):
         reshaped = plan.stages[1].node
+    elif len(plan.stages) == 2 and not plan.stages[0].store:
+        return _bias_add(graph, node, plan, plan.stages[1])
     elif len(plan.stages) != 1 or not plan.stages[0].store:
         return None
     return _views(graph, plan, node, reshaped)
@@ -192,13 +260,34 @@ def product_views(graph, plan) -> MatmulViews | None:
     return _views(graph, plan, graph[plan.stages[0].node], None)
 
 
-def _views(graph, plan, node, reshaped) -> MatmulViews | None:
+def biased_product_views(graph, plan, users: dict):
+    """(views, node) where `node` is a graph node holding `rounded(product + bias[n])` at the
+    product's own positions (`addmm`'s decomposition leaves one behind the inlined epilogue)
+    and the views compute it as one `addmm` into that node's buffer; None when there is none.
+    `users`: the graph's readers of each buffer (`Graph.users()`)."""
+    from ..ir.graph import Pointwise
+    from .plan import Stage, StageKind
+
+    if plan.kind != PlanKind.CONTRACTION or not plan.stages:
+        return None
+    node = graph[plan.stages[0].node]
+    for name in users.get(node.name, ()):
+        summed = graph.nodes.get(name)
+        if not isinstance(summed, Pointwise) or tuple(summed.shape) != tuple(node.shape):
+            continue
+        views = _bias_add(graph, node, plan, Stage(summed.name, StageKind.ROW, summed.body))
+        if views is not None and views.out_shape is None:
+            return views, summed
+    return None
+
+
+def _views(graph, plan, node, reshaped, compute=None) -> MatmulViews | None:
     c = plan.contraction
     fa, fb = _plain_load(c.a), _plain_load(c.b)
     if fa is None or fb is None or not node.dtype.is_float or c.a.dtype != c.b.dtype:
         return None
     (a, casts_a, held_a), (b, casts_b, held_b) = fa, fb
-    compute = _compute_dtype(fa, fb, node, c.a.dtype)
+    compute = compute or _compute_dtype(fa, fb, node, c.a.dtype)
     if compute is None:
         return None
     outs = out_index(node.rank)
@@ -228,7 +317,9 @@ def describe(views: MatmulViews) -> str:
     def operand(v: OperandView) -> str:
         return f"view of {v.buffer}" + "".join(f".to({d})" for d in v.casts)
 
+    if views.bias is not None:
+        return f"{views.out} = torch.addmm(view of {views.bias.buffer}, {operand(views.a)}, {operand(views.b)})"
     return f"{views.out} = torch.matmul({operand(views.a)}, {operand(views.b)})"
 
 
-__all__ = ["MatmulViews", "OperandView", "matmul_views", "product_views", "describe"]
+__all__ = ["MatmulViews", "OperandView", "matmul_views", "product_views", "biased_product_views", "describe"]

@@ -1,4 +1,5 @@
-"""Running a plain matrix product through ATen (cuBLAS on GPUs, MKL/OpenBLAS on CPUs).
+"""Running a plain matrix product through ATen (cuBLAS on GPUs, MKL/OpenBLAS on CPUs), with a
+bias vector folded in (`addmm`) where the graph adds one.
 
 `fusion.matmul_views` describes each operand as affine maps from the iteration symbols to the
 buffer's dims; here they become `as_strided` views using the buffers' actual strides at call
@@ -43,7 +44,14 @@ class AtenMatmul:
         out = out.permute(v.order)
         if out.numel() == 0:
             return
-        if out.is_contiguous() and out.dtype == a.dtype:
+        direct = out.is_contiguous() and out.dtype == a.dtype  # written in place
+        if v.bias is not None:  # (2-D: addmm folds the bias into the library's epilogue)
+            bias = _view(buffers[v.bias.buffer], v.bias, z.bias, z.b_sizes[-1:])
+            if direct:
+                torch.addmm(bias, a, b, out=out)
+            else:
+                out.copy_(torch.addmm(bias, a, b))
+        elif direct:
             torch.matmul(a, b, out=out)
         else:
             out.copy_(torch.matmul(a, b))
@@ -61,6 +69,7 @@ class _Sized:
         self.out_shape = tuple(ev(d) for d in v.out_shape) if v.out_shape is not None else None
         self.a = _operand_ints(v.a, (*v.batch, v.m, v.k), ev)
         self.b = _operand_ints(v.b, (*v.batch, v.k, v.n), ev)
+        self.bias = _operand_ints(v.bias, (v.n,), ev) if v.bias is not None else None
 
 
 def _operand_ints(op, symbols: tuple, ev):

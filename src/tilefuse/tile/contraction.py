@@ -2,7 +2,8 @@
 ordering), a loop over K in BLOCK_K steps with `dot`, then the epilogue stages on the
 accumulator. On Hopper the operands may come through TMA descriptors, optionally from one
 persistent program per SM; a plain matmul (nothing fused) may run in the vendor library
-instead (the `impl` knob, `fusion.matmul_views`).
+instead (the `impl` knob, `fusion.matmul_views`), and a product with an epilogue may run in the
+library with the epilogue as its own kernel (`impl=split`, `fusion.library.split_epilogue`).
 """
 from __future__ import annotations
 
@@ -117,12 +118,17 @@ def contraction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     if options.matmul != "generated" and not options.target.interpret:
         from ..fusion.matmul_views import matmul_views
 
+        library = None
         if matmul_views(graph, plan) is not None:  # nothing fused: the library's matmul is a candidate
-            knobs["impl"], default = ("generated", "aten"), default.replace(impl="generated")
+            library = "aten"
+        elif getattr(plan.library, "split", None) is not None:  # the library's product, the epilogue after it
+            library = "split"
+        if library is not None:
+            knobs["impl"], default = ("generated", library), default.replace(impl="generated")
             tiles = valid
 
-            def valid(s: Schedule) -> bool:  # the library ignores the tile knobs: one "aten" schedule
-                if s["impl"] == "aten":
+            def valid(s: Schedule) -> bool:  # the library ignores the tile knobs: one such schedule
+                if s["impl"] != "generated":
                     return all(s[k] == v for k, v in default.items() if k != "impl")
                 return tiles(s)
     return ScheduleSpace("contraction", knobs, default, sizes=sizes, itemsize=item, valid=valid,
@@ -299,9 +305,12 @@ def contraction_time(space, schedule: Schedule, c) -> float:
     persistent = bool(schedule.get("persistent"))
     if persistent:  # one program per SM, its tiles back to back
         t_compute = math.ceil(tiles / c.sm_count) * flops_per_tile / sm_rate
-    if schedule.get("impl") == "aten":  # the vendor library: the device's measured matrix rate, its own pipelining
-        return max(2.0 * M * N * K * batch / c.matrix_flops, (M * K + K * N + M * N) * batch * space.itemsize
-                   / c.bandwidth) + 3e-6
+    if schedule.get("impl") in ("aten", "split"):  # the vendor library: the device's measured matrix rate
+        library = max(2.0 * M * N * K * batch / c.matrix_flops, (M * K + K * N + M * N) * batch * space.itemsize
+                      / c.bandwidth) + 3e-6
+        if schedule["impl"] == "split":  # the epilogue's kernel reads the product and writes its result
+            library += 2.0 * M * N * batch * space.itemsize / c.bandwidth + 3e-6
+        return library
     # operands re-read once per output tile row/column; grouped ordering lets L2 serve most
     reread = (M * K * tn + K * N * tm) * batch * space.itemsize / max(1.0, min(schedule.get("GROUP_M", 1), tm) ** 0.5)
     # fewer programs than SMs pull only their share of the bandwidth (a skinny product's 16

@@ -36,8 +36,9 @@ from ..tile.schedule import Schedule
 __all__ = ["FORMAT_VERSION", "NAMESPACE", "TuningCache", "shape_bucket", "tuning_key"]
 
 #: bumped whenever the record's schema or the way results are measured changes; entries of another
-#: version are discarded (2: GPU samples taken with the L2 cache flushed before each launch)
-FORMAT_VERSION = 2
+#: version are discarded (2: GPU samples taken with the L2 cache flushed before each launch; 3:
+#: without the host's time to queue the launch)
+FORMAT_VERSION = 3
 NAMESPACE = "tune"
 RECORD = "tuning.json"
 

@@ -311,7 +311,7 @@ def search(
             loser.status = "dropped"
             dropped.append(loser.schedule)
             logs.log(
-                "tune", "dropped %s after %d samples (mean %.3g s, best %.3g s)",
+                "tune", "dropped %s after %d samples (mean %.3g s, the best arm's %.3g s)",
                 _fmt(loser.schedule), loser.n, loser.mean, bounds.scale,
             )
         if progress is not None:
@@ -333,6 +333,9 @@ def search(
             )
         raise TuningError(f"all {n_failed} candidates failed to compile or run; first errors: {detail}")
     best = min(valid, key=lambda a: (a.mean, a.rank))
+    for a in valid:
+        logs.log("tune", "  %s: %d samples, mean %.3g s, fastest %.3g s", _fmt(a.schedule), a.n, a.mean,
+                 min(a.samples))
     logs.log("tune", "best %s: %.3g s after %d measurements (%s)",
              _fmt(best.schedule), best.mean, measured, reason)
     return SearchResult(

@@ -128,7 +128,8 @@ def prepare_tuning(graph, plan, options: LoweringOptions, *, level: str, device,
 
 def tune_plan(graph, plan, options: LoweringOptions, *, level: str, device, aten=None,
               prepared: "PreparedTuning | TuneOutcome | None" = None, progress=None) -> TuneOutcome:
-    """`aten`: builds the plan's library step (a plain matmul), measured as `impl=aten`.
+    """`aten`: builds the plan's library step — the whole plan (a plain matmul), measured as
+    `impl=aten`, or its product, measured with the epilogue's kernels after it as `impl=split`.
     `prepared`: this plan's `prepare_tuning` (else it is prepared here). `progress(runs, total,
     best seconds)`: told after each measurement."""
     if prepared is None:
@@ -344,10 +345,15 @@ class _Bench:
         self.check = self.target.check if self.target.limits is not None else None
 
     def lowered(self, schedule: Schedule) -> list:
-        """The plan's tile kernels under `schedule` (lowered once)."""
+        """The plan's tile kernels under `schedule` (lowered once); under `impl=split` the
+        epilogue's kernels (the library's product runs before them: `aten`)."""
         if schedule not in self.lowerings:
-            self.lowerings[schedule] = lower_plan_kernels(self.graph, self.plan,
-                                                          replace(self.options, schedule=schedule))
+            if schedule.get("impl") == "split":
+                self.lowerings[schedule] = lower_plan_kernels(self.graph, self.plan.library.split.epilogue,
+                                                              self.options)
+            else:
+                self.lowerings[schedule] = lower_plan_kernels(self.graph, self.plan,
+                                                              replace(self.options, schedule=schedule))
         return self.lowerings[schedule]
 
     def misfit(self, schedule: Schedule) -> str | None:
@@ -410,22 +416,28 @@ class _Bench:
         return self.loaded[schedule]
 
     def _kernels(self, schedule: Schedule):
-        if schedule not in self.built and schedule.get("impl") == "aten":
-            step = self.aten()
+        if schedule not in self.built and schedule.get("impl") in ("aten", "split"):
+            step = self.aten()  # the whole plan (aten), or its product (split)
             for name in step.reads + step.writes:
                 self._buffer(name, self.graph[name])
-            self.built[schedule] = [step.launch]
             for _ in range(3):  # the library's first calls choose its algorithm and workspace
-                self._run(self.built[schedule])
+                step.launch(self.buffers, {})
+            if schedule["impl"] == "aten":
+                self.built[schedule] = [step.launch]
+            else:
+                self.built[schedule] = [step.launch] + self._built_launchers(schedule)
         if schedule not in self.built:
-            launchers = self._launchers(schedule)
-            for tk in self.lowered(schedule):
-                for name in list(tk.reads) + list(tk.writes):
-                    spec = tk.scratch.get(name) or self.graph[name]
-                    self._buffer(name, spec)
-            self._run(launchers)  # compiles (or waits for the worker's compile): not timed
-            self.built[schedule] = launchers
+            self.built[schedule] = self._built_launchers(schedule)
         return self.built[schedule]
+
+    def _built_launchers(self, schedule: Schedule) -> list:
+        launchers = self._launchers(schedule)
+        for tk in self.lowered(schedule):
+            for name in list(tk.reads) + list(tk.writes):
+                spec = tk.scratch.get(name) or self.graph[name]
+                self._buffer(name, spec)
+        self._run(launchers)  # compiles (or waits for the worker's compile): not timed
+        return launchers
 
     def _run(self, launchers):
         for launch in launchers:

@@ -1,0 +1,117 @@
+"""A GPU product with an epilogue may run as the library's product (a bias folded in where
+`addmm` adds one) followed by the epilogue as its own pointwise kernel: measured against the
+fused kernel by the tuner (`impl=split`), forced by `matmul="aten"`. Here on the Triton
+interpreter (the GPU code path, with the library's product run by ATen on the CPU), against
+eager and an fp64 reference."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tilefuse
+from irgraphs import GraphBuilder
+from tilefuse.fusion import plan_graph
+from tilefuse.fusion.library import choose_library_calls
+from tilefuse.ir import dtypes as dt
+from tilefuse.ir.expr import cast, unary
+from tilefuse.tile.lower import LoweringOptions, schedule_space
+from tilefuse.tile.target import Target
+from tilefuse.tune.cost import NOMINAL
+
+SPLIT = {"target": "interpret", "matmul": "aten"}
+
+
+def gelu_tanh(x):  # Hugging Face's NewGELUActivation, as GPT-2 writes it
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def _run(fn, args, options=SPLIT):
+    torch._dynamo.reset()
+    ex = tilefuse.explain(fn, *args, options=options)
+    torch._dynamo.reset()
+    out = tilefuse.compile(fn, options=options)(*args)
+    ref = fn(*[t.double() for t in args])
+    eager_err = (fn(*args).double() - ref).abs().max().item()
+    err = (out.double() - ref).abs().max().item()
+    assert err <= 2 * eager_err + 1e-5 * ref.abs().max().item(), (err, eager_err)
+    return ex
+
+
+CASES = [
+    ("addmm + tanh GELU", lambda x, w, b: gelu_tanh(torch.addmm(b, x, w)), [(37, 24), (24, 45), (45,)], "addmm"),
+    ("linear 3-D + GELU", lambda x, w, b: F.gelu(F.linear(x, w, b)), [(3, 11, 24), (45, 24), (45,)], "addmm"),
+    ("soft-capped head", lambda x, w: torch.tanh((x @ w.t()) / 30.0) * 30.0, [(37, 24), (53, 24)], "matmul"),
+    ("residual", lambda x, w, b, r: r + F.linear(x, w, b), [(37, 24), (45, 24), (45,), (37, 45)], "addmm"),
+    ("transposed input", lambda x, w, b: torch.relu(F.linear(x.T, w, b)), [(24, 37), (45, 24), (45,)], "addmm"),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name,fn,shapes,library", CASES, ids=[c[0] for c in CASES])
+def test_split_product_and_epilogue_match_eager(dtype, name, fn, shapes, library):
+    args = [(torch.randn(s) * 0.5).to(dtype) for s in shapes]
+    ex = _run(fn, args)
+    assert [k.kind for k in ex.kernels] == ["aten-matmul", "pointwise"], ex
+    note = next(n for n in ex.kernels[0].notes if "the product in the library" in n)
+    # bf16: addmm rounds product + bias once, as eager does; fp32: the plain product, the bias in the epilogue
+    assert f"torch.{library if dtype == torch.bfloat16 else 'matmul'}(" in note, note
+
+
+def test_the_epilogue_reads_the_rounded_sum_not_the_product():
+    """In bf16 the library's `addmm` result is the epilogue's only read of the product: its
+    kernel reads the sum's buffer, not the bias."""
+    x, w, b = (torch.randn(s).to(torch.bfloat16) for s in [(37, 24), (24, 45), (45,)])
+    ex = _run(lambda x, w, b: gelu_tanh(torch.addmm(b, x, w)), [x, w, b])
+    epilogue = ex.kernels[1]
+    assert "arg0_1" not in epilogue.source and "ptr_buf4" in epilogue.source, epilogue.source
+
+
+def test_symbolic_sizes_split():
+    fn = lambda x, w, b: gelu_tanh(F.linear(x, w, b))  # noqa: E731
+    w, b = torch.randn(45, 24) * 0.3, torch.randn(45)
+    torch._dynamo.reset()
+    with tilefuse.config.patch(**SPLIT):
+        compiled = torch.compile(fn, backend="tilefuse", dynamic=True)
+        for m in (37, 5, 64):
+            x = torch.randn(m, 24)
+            torch.testing.assert_close(compiled(x, w, b), fn(x, w, b), atol=1e-5, rtol=1e-5)
+
+
+def test_generated_keeps_the_fused_kernel():
+    x, w, b = torch.randn(37, 24), torch.randn(24, 45), torch.randn(45)
+    ex = _run(lambda x, w, b: gelu_tanh(torch.addmm(b, x, w)), [x, w, b],
+              options={"target": "interpret", "matmul": "generated"})
+    assert [k.kind for k in ex.kernels] == ["contraction"]
+
+
+def _mm_gelu_graph():
+    g = GraphBuilder("mm_gelu")
+    a, b = g.input("a", (512, 256), dt.bfloat16), g.input("b", (256, 384), dt.bfloat16)
+    mm = g.ctx.reduce((512, 384), (256,), "sum",
+                      lambda i, r: cast(a.load((i[0], r[0])), dt.float32) * cast(b.load((r[0], i[1])), dt.float32),
+                      dt.bfloat16)
+    out = g.ctx.pointwise((512, 384), dt.bfloat16, lambda i: cast(unary("tanh", cast(mm.load(i), dt.float32)), dt.bfloat16))
+    return g.output(out)
+
+
+def test_contraction_space_offers_the_split_once_on_a_gpu():
+    from tilefuse.tile.contraction import contraction_time
+
+    graph = _mm_gelu_graph()
+    schedule = plan_graph(graph)
+    choose_library_calls(graph, schedule, "auto", cpu=False)
+    (plan,) = schedule.kernels
+    assert plan.library.split is not None and plan.library.how == "measured"
+    space = schedule_space(graph, plan, LoweringOptions(target=Target.gpu(sm_count=132)))
+    configs = space.schedules()
+    assert space.default["impl"] == "generated"
+    assert sum(c["impl"] == "split" for c in configs) == 1
+    split = next(c for c in configs if c["impl"] == "split")
+    # the split pays a pass over the product on top of the library's time
+    assert contraction_time(space, split, NOMINAL) > contraction_time(space, split.replace(impl="aten"), NOMINAL)
+    none = schedule_space(graph, plan, LoweringOptions(target=Target.gpu(sm_count=132), matmul="generated"))
+    assert "impl" not in none.knobs
+    cpu = plan_graph(graph)
+    choose_library_calls(graph, cpu, "auto", cpu=True)
+    assert all(getattr(p.library, "split", None) is None for p in cpu.kernels)
