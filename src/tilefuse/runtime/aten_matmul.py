@@ -8,6 +8,8 @@ buffer that the compiled graph allocated.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..backends.size_cache import SizeCache, size_key
@@ -36,17 +38,18 @@ class AtenMatmul:
 
     def __call__(self, buffers: dict, env: dict) -> None:
         v, z = self.views, self._sized_for(env)
-        a = _view(buffers[v.a.buffer], v.a, z.a, z.a_sizes)
-        b = _view(buffers[v.b.buffer], v.b, z.b, z.b_sizes)
+        a = z.a.view(buffers[v.a.buffer])
+        b = z.b.view(buffers[v.b.buffer])
         out = buffers[v.out]
         if z.out_shape is not None:  # the buffer holds a reshape of the product
             out = out.view(z.out_shape)
-        out = out.permute(v.order)
-        if out.numel() == 0:
+        if z.permuted:
+            out = out.permute(v.order)
+        if z.empty:
             return
-        direct = out.is_contiguous() and out.dtype == a.dtype  # written in place
-        if v.bias is not None:  # (2-D: addmm folds the bias into the library's epilogue)
-            bias = _view(buffers[v.bias.buffer], v.bias, z.bias, z.b_sizes[-1:])
+        direct = out.dtype == a.dtype and out.is_contiguous()  # written in place
+        if z.bias is not None:  # (2-D: addmm folds the bias into the library's epilogue)
+            bias = z.bias.view(buffers[v.bias.buffer])
             if direct:
                 torch.addmm(bias, a, b, out=out)
             else:
@@ -56,7 +59,6 @@ class AtenMatmul:
         else:
             out.copy_(torch.matmul(a, b))
 
-
 class _Sized:
     """The views' integers for one set of sizes."""
 
@@ -65,37 +67,52 @@ class _Sized:
             return int(symbolic.evaluate(e, env))
 
         *batch, M, N, K = (ev(s) for s in v.sizes)
-        self.a_sizes, self.b_sizes = (*batch, M, K), (*batch, K, N)
         self.out_shape = tuple(ev(d) for d in v.out_shape) if v.out_shape is not None else None
-        self.a = _operand_ints(v.a, (*v.batch, v.m, v.k), ev)
-        self.b = _operand_ints(v.b, (*v.batch, v.k, v.n), ev)
-        self.bias = _operand_ints(v.bias, (v.n,), ev) if v.bias is not None else None
+        self.permuted = tuple(v.order) != tuple(range(len(v.order)))
+        self.empty = M * N * math.prod(batch) == 0
+        self.a = _Operand(v.a, (*v.batch, v.m, v.k), (*batch, M, K), ev)
+        self.b = _Operand(v.b, (*v.batch, v.k, v.n), (*batch, K, N), ev)
+        self.bias = _Operand(v.bias, (v.n,), (N,), ev) if v.bias is not None else None
 
 
-def _operand_ints(op, symbols: tuple, ev):
-    """("flat", expected strides, strides, offset) for a view with one storage offset, else
-    ("dims", coefficients[symbol][dim], constants[dim]) to combine with the actual strides."""
-    if op.flat is not None:
-        coefs, const = op.flat
-        return ("flat", tuple(ev(st) for st in op.strides), [ev(coefs.get(name, 0)) for name in symbols], ev(const))
-    return ("dims", [[ev(coefs.get(name, 0)) for coefs, _ in op.dims] for name in symbols],
-            [ev(const) for _, const in op.dims])
+class _Operand:
+    """One operand's view for one set of sizes. Its strides and offset follow from the
+    buffer's own strides and offset, so they are worked out once per pair of those (a call
+    with the same layouts as the last makes one `as_strided` view and nothing else)."""
 
+    def __init__(self, op, symbols: tuple, sizes: tuple, ev):
+        self.op, self.sizes = op, sizes
+        self.casts = tuple(torch_dtype(d) for d in op.casts)
+        if op.flat is not None:  # one offset into the storage, valid for the compiled strides
+            coefs, const = op.flat
+            self.expected = tuple(ev(st) for st in op.strides)
+            self.flat = (tuple(ev(coefs.get(name, 0)) for name in symbols), ev(const))
+        else:
+            self.expected = self.flat = None
+            self.coefs = [[ev(coefs.get(name, 0)) for coefs, _ in op.dims] for name in symbols]
+            self.consts = [ev(const) for _, const in op.dims]
+        self._layouts: dict = {}  # (buffer strides, offset) -> (view strides, view offset)
 
-def _view(t: torch.Tensor, op, ints, sizes: tuple) -> torch.Tensor:
-    if ints[0] == "flat":  # one offset into the storage, valid for the compiled strides
-        _, expected, strides, const = ints
-        if any(n != 1 and st != want for n, st, want in zip(t.shape, t.stride(), expected)):
-            raise RuntimeError(f"{op.buffer}: strides {tuple(t.stride())} are not the compiled {expected}")
-        v = torch.as_strided(t, sizes, strides, t.storage_offset() + const)
-    else:
-        _, coefs, consts = ints
-        st = t.stride()
-        strides = [sum(c * s for c, s in zip(row, st)) for row in coefs]
-        v = torch.as_strided(t, sizes, strides, t.storage_offset() + sum(c * s for c, s in zip(consts, st)))
-    for dtype in op.casts:
-        v = v.to(torch_dtype(dtype))
-    return v
+    def view(self, t: torch.Tensor) -> torch.Tensor:
+        key = (t.stride(), t.storage_offset())
+        layout = self._layouts.get(key)
+        if layout is None:
+            layout = self._layout(t, *key)
+            if tuple(t.shape) == self.sizes and tuple(layout[0]) == key[0] and layout[1] == key[1]:
+                layout = None, None  # the buffer as it is: no view to make
+            self._layouts[key] = layout
+        v = t if layout[0] is None else torch.as_strided(t, self.sizes, *layout)
+        for dtype in self.casts:
+            v = v.to(dtype)
+        return v
+
+    def _layout(self, t, st: tuple, offset: int) -> tuple:
+        if self.flat is not None:
+            if any(n != 1 and s != want for n, s, want in zip(t.shape, st, self.expected)):
+                raise RuntimeError(f"{self.op.buffer}: strides {tuple(st)} are not the compiled {self.expected}")
+            return self.flat[0], offset + self.flat[1]
+        strides = tuple(sum(c * s for c, s in zip(row, st)) for row in self.coefs)
+        return strides, offset + sum(c * s for c, s in zip(self.consts, st))
 
 
 __all__ = ["AtenMatmul"]
