@@ -90,11 +90,11 @@ def cpu_prefers_library(views: MatmulViews) -> bool:
     return not macs.is_Integer or int(macs) >= CPU_LIBRARY_MACS
 
 
-def split_epilogue(graph, plan: KernelPlan, users: dict | None = None) -> EpilogueSplit | None:
+def split_epilogue(graph, plan: KernelPlan, users: dict | None = None, biased: bool = True) -> EpilogueSplit | None:
     """The plan as a library product and a pointwise epilogue, or None. The product part is the
-    plain product into its own node's buffer (`product_views`), or the product with the bias
-    that `addmm`'s decomposition adds, into that sum's node (`biased_product_views`): the
-    epilogue's reads of `product + bias` then read that buffer instead, rounded as eager
+    plain product into its own node's buffer (`product_views`), or (`biased`) the product with
+    the bias that `addmm`'s decomposition adds, into that sum's node (`biased_product_views`):
+    the epilogue's reads of `product + bias` then read that buffer instead, rounded as eager
     rounds `addmm`'s result (a fused kernel keeps the sum in fp32)."""
     if plan.kind != PlanKind.CONTRACTION or len(plan.stages) < 2 or plan.flash is not None:
         return None
@@ -107,7 +107,7 @@ def split_epilogue(graph, plan: KernelPlan, users: dict | None = None) -> Epilog
     views = product_views(graph, plan)
     bodies = [st.body for st in epilogue]
     if views is None:
-        found = biased_product_views(graph, plan, users if users is not None else graph.users())
+        found = biased_product_views(graph, plan, users if users is not None else graph.users()) if biased else None
         if found is None:
             return None
         views, summed = found
@@ -131,8 +131,7 @@ def _read_sum(body, product, summed):
             return None
         for prod, bias in ((e.a, e.b), (e.b, e.a)):
             if isinstance(prod, Load) and prod.buffer == product.name:
-                mapping = {s: c.expr for s, c in zip(own, prod.index)}
-                expected = subs_index(Binary("add", inner.a, inner.b, inner.dtype), mapping)
+                expected = subs_index(inner, {s: c.expr for s, c in zip(own, prod.index)})
                 if expected == e or expected == Binary("add", e.b, e.a, e.dtype):
                     return Cast(Load(summed.name, prod.index, summed.dtype), e.dtype)
         return None
@@ -140,27 +139,14 @@ def _read_sum(body, product, summed):
     return transform(body, fn)
 
 
-def epilogue_split(graph, plan: KernelPlan, matmul: str) -> tuple | None:
-    """(product views, epilogue plan) for a CPU contraction whose product part is a plain matmul
-    large enough for ATen (as `cpu_prefers_library` decides) with epilogue stages fused after
-    it, else None. The product goes to its own buffer in the node's dtype (the rounding the
-    generated kernel applies before its epilogue); the epilogue, whose stages read the product
-    at their own position, becomes a pointwise kernel reading that buffer. Epilogue stages that
-    read one another stay in the generated kernel (a pointwise plan reads no member)."""
-    if matmul != "auto" or plan.kind != PlanKind.CONTRACTION or len(plan.stages) < 2 or plan.flash is not None \
-            or matmul_views(graph, plan):
+def epilogue_split(graph, plan: KernelPlan, matmul: str, users: dict | None = None) -> EpilogueSplit | None:
+    """The split (`split_epilogue`) of a CPU contraction whose product part is large enough for
+    ATen (as `cpu_prefers_library` decides), else None. Epilogue stages that read one another
+    stay in the generated kernel (a pointwise plan reads no member)."""
+    if matmul != "auto" or matmul_views(graph, plan):
         return None  # (a plain product, reshaped or not, is one ATen call already)
-    epilogue = plan.stages[1:]
-    names = {st.node for st in epilogue}
-    if any(st.kind != StageKind.ROW or {e.buffer for e in walk(st.body) if isinstance(e, Load)} & names for st in epilogue):
-        return None
-    views = product_views(graph, plan)
-    if views is None or not cpu_prefers_library(views):
-        return None
-    product = graph[plan.stages[0].node]
-    stages = [Stage(st.node, StageKind.POINTWISE, st.body, store=True) for st in epilogue]
-    return views, KernelPlan(f"{plan.name}_epilogue", PlanKind.POINTWISE, sympy.Mul(*product.shape), stages=stages,
-                             notes=[f"epilogue of {plan.name} after its product {product.name} (ATen)"])
+    split = split_epilogue(graph, plan, users, biased=False)  # (a bf16 addmm stays fused on CPUs)
+    return split if split is not None and cpu_prefers_library(split.views) else None
 
 
 def choose_library_calls(graph, schedule: GraphPlan, matmul: str, cpu: bool) -> None:
@@ -168,11 +154,11 @@ def choose_library_calls(graph, schedule: GraphPlan, matmul: str, cpu: bool) -> 
     its `ProductChoice` (`plan.library`), and on a CPU a plan whose product goes to ATen with
     its epilogue kept generated is replaced by a `LibraryCall` and the epilogue's plan."""
     steps = []
-    users = None if cpu else graph.users()
+    users = None if cpu else graph.users()  # (once: finding addmm's sum behind an epilogue reads it)
     for step in schedule.steps:
-        split = epilogue_split(graph, step, matmul) if cpu and isinstance(step, KernelPlan) else None
+        split = epilogue_split(graph, step, matmul, users) if cpu and isinstance(step, KernelPlan) else None
         if split is not None:
-            views, epilogue = split
+            views, epilogue = split.views, split.epilogue
             step.notes.append(f"{step.name}: product through ATen ({describe(views)}), "
                               f"epilogue {epilogue.members} -> {epilogue.name}")
             epilogue.library = choose_product(graph, epilogue, matmul, cpu)
@@ -184,5 +170,5 @@ def choose_library_calls(graph, schedule: GraphPlan, matmul: str, cpu: bool) -> 
     schedule.steps = steps
 
 
-__all__ = ["ProductChoice", "EpilogueSplit", "LibraryCall", "choose_product", "split_epilogue", "choose_library_calls", "epilogue_split",
-           "cpu_prefers_library", "CPU_LIBRARY_MACS", "LIBRARY", "MEASURED", "GENERATED"]
+__all__ = ["ProductChoice", "EpilogueSplit", "LibraryCall", "choose_product", "split_epilogue", "choose_library_calls",
+           "epilogue_split", "cpu_prefers_library", "CPU_LIBRARY_MACS", "LIBRARY", "MEASURED", "GENERATED"]
