@@ -29,6 +29,16 @@ class GraphBuilder:
         self.graph.inputs.append(node)
         return BufferValue(name, dtype, shape)
 
+    def bf16_product(self, m, k, n):
+        """`a @ b` of two bf16 inputs `a` (m, k) and `b` (k, n), accumulated in fp32, rounded to
+        bf16: a plain product as the frontend lowers `torch.mm`."""
+        from tilefuse.ir.expr import cast
+
+        a, b = self.input("a", (m, k), dt.bfloat16), self.input("b", (k, n), dt.bfloat16)
+        return self.ctx.reduce((m, n), (k,), "sum",
+                               lambda i, r: cast(a.load((i[0], r[0])), dt.float32) * cast(b.load((r[0], i[1])), dt.float32),
+                               dt.bfloat16)
+
     def output(self, *values):
         self.graph.outputs = [self.ctx.realize(v) for v in values]
         return self.graph

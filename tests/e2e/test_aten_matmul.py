@@ -10,8 +10,6 @@ import torch.nn.functional as F
 import tilefuse
 from irgraphs import GraphBuilder
 from tilefuse.fusion import plan_graph
-from tilefuse.ir import dtypes as dt
-from tilefuse.ir.expr import cast
 from tilefuse.tile.lower import LoweringOptions, schedule_space
 from tilefuse.tile.target import Target
 
@@ -81,11 +79,7 @@ def test_products_with_something_fused_keep_the_generated_kernel():
 
 def test_contraction_space_offers_aten_once_for_plain_products():
     g = GraphBuilder("mm")
-    a, b = g.input("a", (512, 256), dt.bfloat16), g.input("b", (256, 384), dt.bfloat16)
-    mm = g.ctx.reduce((512, 384), (256,), "sum",
-                      lambda i, r: cast(a.load((i[0], r[0])), dt.float32) * cast(b.load((r[0], i[1])), dt.float32),
-                      dt.bfloat16)
-    graph = g.output(mm)
+    graph = g.output(g.bf16_product(512, 256, 384))
     (plan,) = plan_graph(graph).kernels
     space = schedule_space(graph, plan, LoweringOptions(target=Target.gpu(sm_count=132)))
     configs = space.schedules()

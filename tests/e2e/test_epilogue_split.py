@@ -87,10 +87,7 @@ def test_generated_keeps_the_fused_kernel():
 
 def _mm_gelu_graph():
     g = GraphBuilder("mm_gelu")
-    a, b = g.input("a", (512, 256), dt.bfloat16), g.input("b", (256, 384), dt.bfloat16)
-    mm = g.ctx.reduce((512, 384), (256,), "sum",
-                      lambda i, r: cast(a.load((i[0], r[0])), dt.float32) * cast(b.load((r[0], i[1])), dt.float32),
-                      dt.bfloat16)
+    mm = g.bf16_product(512, 256, 384)
     out = g.ctx.pointwise((512, 384), dt.bfloat16, lambda i: cast(unary("tanh", cast(mm.load(i), dt.float32)), dt.bfloat16))
     return g.output(out)
 
