@@ -126,3 +126,17 @@ def test_a_bias_per_row_is_not_addmm():
     ex = tilefuse.explain(fn, a, b, c, options={"matmul": "aten"})
     assert not any("torch.addmm(" in str(n) for k in ex.kernels for n in k.notes), ex
     _check(fn, a, b, c)
+
+
+def test_operands_at_moving_offsets_and_strides():
+    """The library call remembers each buffer layout's view: inputs that are views at another
+    offset, or with other strides, on each call still read their own elements."""
+    big, w, b = torch.randn(200, 20, device=DEVICE), torch.randn(45, 20, device=DEVICE), torch.randn(45, device=DEVICE)
+    fn = lambda x, w, b: F.linear(x, w, b)  # noqa: E731
+    torch._dynamo.reset()
+    compiled = tilefuse.compile(fn, options={"matmul": "aten"})
+    for k in list(range(0, 160, 7)) + [3, 3, 0]:
+        x = big[k:k + 37]
+        torch.testing.assert_close(compiled(x, w, b), fn(x, w, b), atol=1e-5, rtol=1e-5)
+    wt = torch.randn(20, 45, device=DEVICE).T  # the same weight shape, transposed storage
+    torch.testing.assert_close(compiled(big[:37], wt, b), fn(big[:37], wt, b), atol=1e-5, rtol=1e-5)

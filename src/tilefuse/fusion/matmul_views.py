@@ -181,12 +181,6 @@ def _reshaped_read(graph, node, out, load: Load) -> bool:
     return sympy.expand(simplify_index(sympy.expand(read), ranges) - written) == 0
 
 
-def _strip_casts(e):
-    while isinstance(e, Cast):
-        e = e.x
-    return e
-
-
 def _bias_add(graph, node, plan, stage) -> MatmulViews | None:
     """`stage` stores `rounded(product + bias[n])` (or a reshape of it) into a contiguous
     buffer, where the product accumulates in the compute dtype of operands that hold the

@@ -59,6 +59,7 @@ class AtenMatmul:
         else:
             out.copy_(torch.matmul(a, b))
 
+
 class _Sized:
     """The views' integers for one set of sizes."""
 
@@ -73,6 +74,10 @@ class _Sized:
         self.a = _Operand(v.a, (*v.batch, v.m, v.k), (*batch, M, K), ev)
         self.b = _Operand(v.b, (*v.batch, v.k, v.n), (*batch, K, N), ev)
         self.bias = _Operand(v.bias, (v.n,), (N,), ev) if v.bias is not None else None
+
+
+#: buffer layouts remembered per operand and set of sizes
+MAX_LAYOUTS = 16
 
 
 class _Operand:
@@ -100,6 +105,8 @@ class _Operand:
             layout = self._layout(t, *key)
             if tuple(t.shape) == self.sizes and tuple(layout[0]) == key[0] and layout[1] == key[1]:
                 layout = None, None  # the buffer as it is: no view to make
+            if len(self._layouts) >= MAX_LAYOUTS:  # (offsets that move every call: keep it bounded)
+                self._layouts.clear()
             self._layouts[key] = layout
         v = t if layout[0] is None else torch.as_strided(t, self.sizes, *layout)
         for dtype in self.casts:
