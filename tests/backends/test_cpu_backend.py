@@ -622,3 +622,28 @@ def test_gathered_operands_read_along_their_contiguous_dim(transposed):
     rows_inner = re.search(r"for \(int64_t tf_j = 0; tf_j < \d+; \+\+tf_j\) \{\s*#pragma omp simd[^\n]*\s*"
                            r"for \(int64_t tf_i = 0;", src)
     assert (rows_inner is not None) == transposed, src[:3000]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(37, 128), (3, 5, 64), (2, 256)])
+def test_pointwise_with_a_per_column_operand_walks_whole_rows(shape, dtype):
+    """An operand broadcast over the leading dims (a bias per column) makes the pointwise kernel
+    walk [rows, row] tiles: the bias is read at the inner loop's index, not gathered. Row counts
+    that do not fill the last program; a transposed input (walked in its storage order) and rows
+    short or not a multiple of the vector width keep the flat walk."""
+    x, bias = rand(*shape, dtype=dtype), rand(shape[-1], dtype=dtype)
+    ex = run_cpu(lambda x, b: F.gelu(x + b) * 2, x, bias)
+    (k,) = ex.kernels
+    assert "constexpr int64_t CBLOCK = %d;" % shape[-1] in k.source, k.source
+    assert f"% {shape[-1]})" not in k.source, k.source  # no modulo by the row length per lane
+    # a transposed input: its result is stored in the input's order, walked flat
+    run_cpu(lambda x, b: F.gelu(x + b) * 2, noncontig(*shape, dtype=dtype), bias)
+    for short in ((37, 100), (37, 48)):  # not a multiple of 16, too short: the flat walk
+        ex = run_cpu(lambda x, b: F.gelu(x + b) * 2, rand(*short, dtype=dtype), rand(short[-1], dtype=dtype))
+        assert "CBLOCK" not in ex.kernels[0].source
+
+
+def test_rows_of_a_symbolic_count():
+    bias = rand(64)
+    for n in (37, 5, 64):
+        run_cpu(lambda x, b: torch.relu(x - b), rand(n, 64), bias, dynamic=True)

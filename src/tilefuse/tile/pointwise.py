@@ -1,4 +1,5 @@
-"""The pointwise kernel family: a 1-D tile of XBLOCK elements per program.
+"""The pointwise kernel family: a 1-D tile of XBLOCK elements per program (on a CPU, when an
+operand is broadcast over the leading dims, a tile of whole rows: `_row_length`).
 
 Each stage's value is computed at the program's elements and stored; a scatter stage (an
 in-place indexed write, `index_put_`/`index_copy_` after re-inplacing) stores its values at the
@@ -10,7 +11,7 @@ from __future__ import annotations
 import sympy
 
 from ..fusion.plan import KernelPlan, PlanKind, StageKind
-from ..ir.expr import Const, Index, binary, out_index
+from ..ir.expr import Const, Index, Load, binary, out_index, walk
 from ..ir.graph import Graph
 from ..ir.storage import dense_order
 from .builder import KernelBuilder, land
@@ -48,7 +49,64 @@ def pointwise_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
                          plan_kind=PlanKind.POINTWISE)
 
 
+#: a CPU kernel walks whole rows (`_row_length`) of at least this many elements, a multiple of
+#: the widest vector of floats
+ROW_MIN, ROW_MULTIPLE = 64, 16
+
+
+def _row_length(graph: Graph, plan: KernelPlan, block: int) -> int | None:
+    """The row length when a CPU pointwise kernel should walk its output as whole rows — a
+    [rows, row] tile, the row the vectorised inner loop — instead of flat runs, else None. So
+    an operand broadcast over the leading dims (a bias per column) is read at the loop's own
+    index, contiguously, not gathered at `(x + j) % row` lane by lane."""
+    if any(st.kind != StageKind.POINTWISE or not st.store for st in plan.stages):
+        return None
+    shapes = {tuple(graph[st.node].shape) for st in plan.stages}
+    if len(shapes) != 1:
+        return None
+    (shape,) = shapes
+    row = static_int(shape[-1]) if len(shape) >= 2 else None
+    if row is None or row < ROW_MIN or row % ROW_MULTIPLE or row > block \
+            or sympy.sympify(sympy.Mul(*shape)) != sympy.sympify(plan.parallel):
+        return None
+    for st in plan.stages:
+        order = dense_order(shape, graph.output_strides.get(st.node))
+        if order is not None and order != tuple(range(len(shape))):
+            return None  # (stored in another order: the flat walk follows it)
+    broadcast = any(isinstance(e, Load) and e.buffer in graph.nodes and 0 < graph[e.buffer].rank < len(shape)
+                    for st in plan.stages for e in walk(st.body))
+    return row if broadcast else None
+
+
+def _lower_rows(graph: Graph, plan: KernelPlan, options: LoweringOptions, row: int, block: int) -> TileKernel:
+    """`lower_pointwise` over [YBLOCK rows, a whole row] tiles (CPU, `_row_length`)."""
+    b = KernelBuilder(graph, plan.name, options.divisor_checks)
+    b.tile_symbols |= {"pid", "yindex", "cindex"}
+    n = plan.parallel
+    rows = sympy.sympify(n) / row
+    b.size_params(n)
+    b.emit(ProgramId("pid", 0, wide=needs_int64(n)))
+    y, c = tile_symbol("yindex"), tile_symbol("cindex")
+    b.emit(Arange("yindex", Index(tile_symbol("pid") * tile_symbol("YBLOCK")), "YBLOCK", 0, 2))
+    b.emit(Arange("cindex", Index(sympy.Integer(0)), "CBLOCK", 1, 2))
+    per_program = max(1, block // row)
+    ymask = bound_check(b, y, rows, per_program, "ymask")
+    for st in plan.stages:
+        node = graph[st.node]
+        vals = (*index_values(node.shape[:-1], y, {y: rows}), c)
+        v = b.value(mapped(st.body, out_index(node.rank), vals), mask=ymask)
+        b.store(node.name, tuple(Index(e) for e in vals), v, ymask)
+    return TileKernel(plan.name, b.finish_params(), {"YBLOCK": per_program, "CBLOCK": row}, numel=n,
+                      grid=(sympy.ceiling(rows / tile_symbol("YBLOCK")),), body=b.body, num_warps=1,
+                      reads=b.reads, writes=b.writes, kind=KernelKind.POINTWISE, plan=plan)
+
+
 def lower_pointwise(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> TileKernel:
+    if options.target.on_cpu:
+        block = current_pointwise_schedule(graph, plan, options)["XBLOCK"]
+        row = _row_length(graph, plan, block)
+        if row is not None:
+            return _lower_rows(graph, plan, options, row, block)
     b = KernelBuilder(graph, plan.name, options.divisor_checks)
     b.tile_symbols |= {"pid", "xindex"}
     n = plan.parallel
