@@ -630,7 +630,7 @@ def test_pointwise_with_a_per_column_operand_walks_whole_rows(shape, dtype):
     """An operand broadcast over the leading dims (a bias per column) makes the pointwise kernel
     walk [rows, row] tiles: the bias is read at the inner loop's index, not gathered. Row counts
     that do not fill the last program; a transposed input (walked in its storage order) and rows
-    short or not a multiple of the vector width keep the flat walk."""
+    short or not a power of two (tile extents are) keep the flat walk."""
     x, bias = rand(*shape, dtype=dtype), rand(shape[-1], dtype=dtype)
     ex = run_cpu(lambda x, b: F.gelu(x + b) * 2, x, bias)
     (k,) = ex.kernels
@@ -638,9 +638,18 @@ def test_pointwise_with_a_per_column_operand_walks_whole_rows(shape, dtype):
     assert f"% {shape[-1]})" not in k.source, k.source  # no modulo by the row length per lane
     # a transposed input: its result is stored in the input's order, walked flat
     run_cpu(lambda x, b: F.gelu(x + b) * 2, noncontig(*shape, dtype=dtype), bias)
-    for short in ((37, 100), (37, 48)):  # not a multiple of 16, too short: the flat walk
+    for short in ((37, 96), (37, 48)):  # not a power of two, too short: the flat walk
         ex = run_cpu(lambda x, b: F.gelu(x + b) * 2, rand(*short, dtype=dtype), rand(short[-1], dtype=dtype))
         assert "CBLOCK" not in ex.kernels[0].source
+
+
+@pytest.mark.parametrize("fn,operand", [
+    (lambda x, b: (x - b) * 3, (1, 128)),  # a [1, row] bias
+    (lambda x, s: torch.sigmoid(x * s), (37, 1)),  # a value per row
+])
+def test_other_broadcasts_walk_whole_rows(fn, operand):
+    ex = run_cpu(fn, rand(37, 128), rand(*operand))
+    assert "constexpr int64_t CBLOCK = 128;" in ex.kernels[0].source
 
 
 def test_rows_of_a_symbolic_count():

@@ -49,16 +49,16 @@ def pointwise_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
                          plan_kind=PlanKind.POINTWISE)
 
 
-#: a CPU kernel walks whole rows (`_row_length`) of at least this many elements, a multiple of
-#: the widest vector of floats
-ROW_MIN, ROW_MULTIPLE = 64, 16
+#: a CPU kernel walks whole rows (`_row_length`) of at least this many elements
+ROW_MIN = 64
 
 
 def _row_length(graph: Graph, plan: KernelPlan, block: int) -> int | None:
     """The row length when a CPU pointwise kernel should walk its output as whole rows — a
     [rows, row] tile, the row the vectorised inner loop — instead of flat runs, else None. So
     an operand broadcast over the leading dims (a bias per column) is read at the loop's own
-    index, contiguously, not gathered at `(x + j) % row` lane by lane."""
+    index, contiguously, not gathered at `(x + j) % row` lane by lane, and one broadcast along
+    the row (a value per row) is read once per row."""
     if any(st.kind != StageKind.POINTWISE or not st.store for st in plan.stages):
         return None
     shapes = {tuple(graph[st.node].shape) for st in plan.stages}
@@ -66,16 +66,25 @@ def _row_length(graph: Graph, plan: KernelPlan, block: int) -> int | None:
         return None
     (shape,) = shapes
     row = static_int(shape[-1]) if len(shape) >= 2 else None
-    if row is None or row < ROW_MIN or row % ROW_MULTIPLE or row > block \
+    # (tile extents are powers of two: a row of 768 keeps the flat walk)
+    if row is None or row < ROW_MIN or row & (row - 1) or row > block \
             or sympy.sympify(sympy.Mul(*shape)) != sympy.sympify(plan.parallel):
         return None
     for st in plan.stages:
         order = dense_order(shape, graph.output_strides.get(st.node))
         if order is not None and order != tuple(range(len(shape))):
             return None  # (stored in another order: the flat walk follows it)
-    broadcast = any(isinstance(e, Load) and e.buffer in graph.nodes and 0 < graph[e.buffer].rank < len(shape)
-                    for st in plan.stages for e in walk(st.body))
+    broadcast = any(isinstance(e, Load) and e.buffer in graph.nodes and graph[e.buffer].rank > 0
+                    and _broadcast_to(graph[e.buffer].shape, shape) for st in plan.stages for e in walk(st.body))
     return row if broadcast else None
+
+
+def _broadcast_to(operand, shape) -> bool:
+    """`operand` has fewer elements per output than one each: a bias per column ([row] or
+    [1, row]), a value per row ([rows, 1]); read through index division in a flat walk."""
+    operand = tuple(sympy.sympify(d) for d in operand)
+    padded = (sympy.Integer(1),) * (len(shape) - len(operand)) + operand
+    return len(operand) <= len(shape) and any(o == 1 and sympy.sympify(d) != 1 for o, d in zip(padded, shape))
 
 
 def _lower_rows(graph: Graph, plan: KernelPlan, options: LoweringOptions, row: int, block: int) -> TileKernel:
@@ -89,7 +98,7 @@ def _lower_rows(graph: Graph, plan: KernelPlan, options: LoweringOptions, row: i
     y, c = tile_symbol("yindex"), tile_symbol("cindex")
     b.emit(Arange("yindex", Index(tile_symbol("pid") * tile_symbol("YBLOCK")), "YBLOCK", 0, 2))
     b.emit(Arange("cindex", Index(sympy.Integer(0)), "CBLOCK", 1, 2))
-    per_program = max(1, block // row)
+    per_program = 1 << ((block // row).bit_length() - 1)  # (block and row are powers of two)
     ymask = bound_check(b, y, rows, per_program, "ymask")
     for st in plan.stages:
         node = graph[st.node]
