@@ -88,7 +88,7 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, settings
     options = config.options(settings)
     try:
         with _process_settings(settings):
-            compiled, report = compile_fx(gm, _device_of(gm), name, options)
+            compiled, report = compile_fx(gm, _device_of(gm), name, options, inference=inference)
     except (ConfigError, UnknownOptionError):
         raise  # the user's error, not ours: never an eager fallback
     except Exception as err:  # noqa: BLE001 - every failure falls back or raises clearly

@@ -21,6 +21,7 @@ from .config import KNOBS, ConfigError, ConfigWarning, Options, config
 from .frontend.to_ir import lower_fx
 from .fusion import ExternStep, plan_graph
 from .fusion.layout import assign_layouts
+from .fusion.row_padding import pad_library_rows
 from .fusion.library import GENERATED, LIBRARY, MEASURED, LibraryCall, ProductChoice, choose_library_calls
 from .fusion.matmul_views import describe as describe_matmul
 from .fusion.naming import kernel_origin
@@ -96,8 +97,11 @@ def choose_backend(device: torch.device, options: Options) -> str:
     return "triton" if device.type == "cuda" else "cpu"
 
 
-def compile_fx(gm: torch.fx.GraphModule, device: torch.device, name: str = "graph", options: Options | None = None):
-    """Compile an FX graph under `options` (the API's value; None: the configuration's)."""
+def compile_fx(gm: torch.fx.GraphModule, device: torch.device, name: str = "graph", options: Options | None = None,
+               inference: bool = False):
+    """Compile an FX graph under `options` (the API's value; None: the configuration's).
+    `inference`: nothing but the caller sees the graph's outputs (no backward reads them), so
+    they may take a faster layout than the traced one (`fusion.row_padding`)."""
     options = options if options is not None else config.options()
     report = CompileReport(name)
     stage = _Stages(report)
@@ -106,24 +110,25 @@ def compile_fx(gm: torch.fx.GraphModule, device: torch.device, name: str = "grap
         raise ConfigError("target='triton' needs CUDA tensors; use 'cpu' or 'interpret' for CPU tensors")
     if backend == "cpu" and device.type != "cpu":
         raise ConfigError(f"target={backend!r} needs CPU tensors, not {device.type}; use 'triton'")
-    key = graph_cache.graph_key(gm, device, re.sub(r"\d+$", "", name), sm_count(device), options) \
-        if options.graph_cache else None
+    kind = re.sub(r"\d+$", "", name) + ("-inference" if inference else "")
+    key = graph_cache.graph_key(gm, device, kind, sm_count(device), options) if options.graph_cache else None
     if key is not None:
         loaded = graph_cache.load(key, device, name)
         if loaded is not None:
             return loaded
     with stage("lower"):
         graph = lower_fx(gm, name)
-    compiled, report = compile_ir(graph, device, report, options)
+    compiled, report = compile_ir(graph, device, report, options, inference=inference)
     if key is not None:
         with stage("store"):
             graph_cache.store(key, compiled, report)
     return compiled, report
 
 
-def compile_ir(graph, device: torch.device, report: CompileReport | None = None, options: Options | None = None):
+def compile_ir(graph, device: torch.device, report: CompileReport | None = None, options: Options | None = None,
+               inference: bool = False):
     """Compile a graph-IR graph (the part of the pipeline after the frontend) under `options`
-    (None: the configuration's)."""
+    (None: the configuration's). `inference`: as for `compile_fx`."""
     options = options if options is not None else config.options()
     report = report or CompileReport(graph.name)
     stage = _Stages(report)
@@ -140,6 +145,8 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None,
     with stage("fusion"):
         schedule = plan_graph(graph, options.persistent_reduction_limit)
         assign_layouts(graph, schedule)
+        if not target.on_cpu and options.matmul != "generated":
+            pad_library_rows(graph, schedule, free_outputs=inference)
     report.decisions = list(schedule.decisions)
     report.plans = schedule.describe()
     with stage("fusion"):

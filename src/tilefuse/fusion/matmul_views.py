@@ -165,13 +165,18 @@ def _reshape_of(graph, node, stage) -> bool:
 
 
 def _reshaped_read(graph, node, out, load: Load) -> bool:
-    """`out`, a contiguous buffer, holds at each position the element of `node` that `load`
+    """`out`, a row-major buffer, holds at each position the element of `node` that `load`
     (in `out`'s index symbols) reads, in the same row-major order: a reshape of it."""
     from ..ir.symbolic import simplify_index
 
+    from .row_padding import is_row_padded
+
     strides = graph.output_strides.get(out.name)
     if strides is not None and tuple(strides) != tuple(contiguous_strides(out.shape)):
-        return False
+        # rows padded for the library (`fusion.row_padding`) keep the reshape a view, when
+        # it only merges or splits the dims before the rows
+        if not (is_row_padded(out.shape, strides) and sympy.sympify(out.shape[-1]) == sympy.sympify(node.shape[-1])):
+            return False
     if load.buffer != node.name or not all(isinstance(c, Index) for c in load.index):
         return False
     outs = out_index(out.rank)

@@ -4,7 +4,8 @@ bias vector folded in (`addmm`) where the graph adds one.
 `fusion.matmul_views` describes each operand as affine maps from the iteration symbols to the
 buffer's dims; here they become `as_strided` views using the buffers' actual strides at call
 time (so non-contiguous inputs need no copy), and the product is written into the output
-buffer that the compiled graph allocated.
+buffer that the compiled graph allocated. An output whose rows are padded to 16 bytes
+(`fusion.row_padding`) is written in two calls: the aligned columns, then the few left.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import math
 import torch
 
 from ..backends.size_cache import SizeCache, size_key
+from ..fusion.row_padding import MIN_PADDED_ROW, ROW_ALIGNMENT
 from ..ir import symbolic
 from ..ir.interpret import torch_dtype
 
@@ -47,17 +49,33 @@ class AtenMatmul:
             out = out.permute(v.order)
         if z.empty:
             return
-        direct = out.dtype == a.dtype and out.is_contiguous()  # written in place
-        if z.bias is not None:  # (2-D: addmm folds the bias into the library's epilogue)
-            bias = z.bias.view(buffers[v.bias.buffer])
-            if direct:
-                torch.addmm(bias, a, b, out=out)
-            else:
-                out.copy_(torch.addmm(bias, a, b))
-        elif direct:
-            torch.matmul(a, b, out=out)
-        else:
-            out.copy_(torch.matmul(a, b))
+        bias = z.bias.view(buffers[v.bias.buffer]) if z.bias is not None else None
+        if out.dtype != a.dtype or not _writable_in_place(out):
+            out.copy_(_product(bias, a, b))
+            return
+        split = z.aligned_columns(out)
+        if split is None:
+            _product(bias, a, b, out)
+            return
+        # rows padded to 16 bytes (`fusion.row_padding`): the aligned columns in one call, the
+        # few left in another, so that the library's fast kernels take the bulk
+        head, tail = slice(0, split), slice(split, None)
+        _product(bias[head] if bias is not None else None, a, b[:, head], out[:, head])
+        _product(bias[tail] if bias is not None else None, a, b[:, tail], out[:, tail])
+
+
+def _product(bias, a, b, out=None):
+    if bias is not None:  # (2-D: addmm folds the bias into the library's epilogue)
+        return torch.addmm(bias, a, b) if out is None else torch.addmm(bias, a, b, out=out)
+    return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)
+
+
+def _writable_in_place(out: torch.Tensor) -> bool:
+    """The library writes `out` as it is: contiguous, or a matrix with unit column stride and
+    rows padded (cuBLAS and MKL take a leading dimension)."""
+    if out.is_contiguous():
+        return True
+    return out.dim() == 2 and out.stride(1) == 1 and out.stride(0) >= out.shape[1]
 
 
 class _Sized:
@@ -74,6 +92,18 @@ class _Sized:
         self.a = _Operand(v.a, (*v.batch, v.m, v.k), (*batch, M, K), ev)
         self.b = _Operand(v.b, (*v.batch, v.k, v.n), (*batch, K, N), ev)
         self.bias = _Operand(v.bias, (v.n,), (N,), ev) if v.bias is not None else None
+        self.n = N
+
+    def aligned_columns(self, out: torch.Tensor) -> int | None:
+        """The number of leading columns to compute apart from the rest, so that the library
+        sees a row length and leading dimensions that are multiples of 16 bytes; None when
+        one call serves (rows aligned already, or `out`'s rows are not)."""
+        if out.dim() != 2 or self.n < MIN_PADDED_ROW:
+            return None
+        per = ROW_ALIGNMENT // out.element_size() if ROW_ALIGNMENT % out.element_size() == 0 else 0
+        if not per or self.n % per == 0 or out.stride(0) % per or out.stride(1) != 1:
+            return None
+        return self.n - self.n % per
 
 
 #: buffer layouts remembered per operand and set of sizes
