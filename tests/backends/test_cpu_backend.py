@@ -5,6 +5,8 @@ sizes, non-contiguous inputs; the disk cache; the fallbacks (no compiler, unprin
 import math
 import warnings
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -622,6 +624,21 @@ def test_gathered_operands_read_along_their_contiguous_dim(transposed):
     rows_inner = re.search(r"for \(int64_t tf_j = 0; tf_j < \d+; \+\+tf_j\) \{\s*#pragma omp simd[^\n]*\s*"
                            r"for \(int64_t tf_i = 0;", src)
     assert (rows_inner is not None) == transposed, src[:3000]
+
+
+@pytest.mark.parametrize("rows,k", [(1, 40), (3, 64), (1, 5), (2, 24), (6, 40)])
+def test_gathered_weights_of_few_rows_are_stored_by_columns(rows, k):
+    """The transposed gathered tile of a product with few rows is stored by columns as the
+    nest reads it, and the dot takes one dot product along K per element (`tf_dot_nt`); more
+    rows keep the row-major tile and the register-blocked dot. Ragged and tiny K (tiles mostly
+    masked), several rows per token; against eager."""
+    x, experts = rand(9, rows, k), torch.randint(0, 4, (9,))
+    w = rand(4, 72, k)
+    ex = run_cpu(lambda a, w, e: torch.relu(a @ w[e].transpose(-1, -2)) * 1.5, x, w, experts, matmul="generated")
+    src = next(kern for kern in ex.kernels if kern.kind == "contraction").source.split('extern "C"')[1]
+    assert ("tf_dot_nt<" in src) == (rows <= 4), src[:3000]
+    if rows <= 4:
+        assert re.search(r"ld\d+\[tf_j \* \d+ \+ tf_i\] = ", src), src[:3000]  # stored by columns
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

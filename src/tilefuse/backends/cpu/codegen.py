@@ -48,6 +48,8 @@ class CppPrinter(NestPrinter):
             shape = self.sh.shape.get(name)
             if shape is None or shape == SCALAR:
                 return name
+            if name in self.plan.columns and shape[0] > 1 and shape[1] > 1:  # stored by columns
+                return f"{name}[{loops[1]} * {shape[0]} + {loops[0]}]"
             parts = []
             if shape[0] > 1:
                 parts.append(f"{loops[0]} * {shape[1]}" if shape[1] > 1 else loops[0])
@@ -174,7 +176,9 @@ class CppPrinter(NestPrinter):
                       f"{s.name}[tf_i * {n} + tf_j] = {p.expr(s.acc)};", ind)
         a, b = self.operand(d.a, d.acc_dtype, ind), self.operand(d.b, d.acc_dtype, ind)
         lda, ldb = d.a.ld, d.b.ld
-        if d.block is not None:
+        if d.b.kind == "array_t":  # b stored by columns: a dot product along K per element
+            self.emit(f"tf_dot_nt<{m}, {n}, {k}, {lda}{', true' if d.zero else ''}>({a}, {b}, {d.out});", ind)
+        elif d.block is not None:
             flag = ", true" if d.zero else ""
             if (lda, ldb) == (k, n):
                 self.emit(f"tf_dot_rb<{m}, {n}, {k}, {d.block[0]}, {d.block[1]}{flag}>({a}, {b}, {d.out});", ind)
@@ -192,7 +196,7 @@ class CppPrinter(NestPrinter):
         t = ctype(acc_t)
         if o.kind == "in_place":
             return f"&ptr_{o.load.buffer}[{self.printer().expr(o.load.offset)}]"
-        if o.kind == "array":
+        if o.kind in ("array", "array_t"):
             return o.name
         p = ExprPrinter(self.ref_in(("tf_i", "tf_j"), set()))
         elem = f"ptr_{o.load.buffer}[{p.expr(o.load.offset)}]" if o.kind == "copy_load" else p.expr(o.expr)

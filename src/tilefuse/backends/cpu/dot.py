@@ -9,6 +9,11 @@ statements around a dot that save whole passes over its tiles.
 * **Operands read in place**: an unmasked fp32 tile load used only as a dot operand, whose rows
   are contiguous with a compile-time row stride, is not copied: the micro-kernel reads the
   buffer with that leading dimension (the V tile of P·V).
+* **A `b` operand stored by columns** (`columns_first`): a tile its nest reads from memory
+  along the rows (a MoE's gathered weights, `w1[experts]` read as Wᵀ), used only as the `b`
+  of dots with few rows, is stored column by column as it is read, and the dot takes one
+  dot product along K per element (`tf_dot_nt`) instead of the nest scattering every element
+  into a row-major tile.
 
 `plan_dot` is the dot's part of the loop plan (`loop_plan.py`): its register block and how it
 reads each operand, as a `DotPlan`.
@@ -116,6 +121,46 @@ template <int R, int C> TF_INLINE void tf_load_t(const float* __restrict__ src, 
         for (int jj = 0; jj < 8; ++jj) dst[(i0 + ii) * C + j0 + jj] = src[(j0 + jj) * ld + i0 + ii];
 }
 #endif
+/* acc[M][N] (+)= a[M][K] @ b[K][N] with b's tile stored by columns, bt[N][K] (a gathered
+   weight read contiguously along K, stored as it was read): one dot product along K per
+   element, four columns at a time in native vectors. For few rows M: each element pays a
+   horizontal sum, which a transposing copy of b would save only over many rows */
+template <int M, int N, int K, int LDA, bool ZERO = false>
+TF_INLINE void tf_dot_nt(const float* __restrict__ a, const float* __restrict__ bt, float* __restrict__ acc) {
+  for (int i = 0; i < M; ++i) {
+    const float* __restrict__ ar = a + i * LDA;
+    if constexpr (K % TF_VL == 0 && N % 4 == 0) {
+      for (int j = 0; j < N; j += 4) {
+        tf_vn c0 = {}, c1 = {}, c2 = {}, c3 = {};
+#pragma GCC unroll 8
+        for (int k = 0; k < K; k += TF_VL) {
+          const tf_vn av = *(const tf_vn*)&ar[k];
+          c0 += av * *(const tf_vn*)&bt[(j + 0) * K + k];
+          c1 += av * *(const tf_vn*)&bt[(j + 1) * K + k];
+          c2 += av * *(const tf_vn*)&bt[(j + 2) * K + k];
+          c3 += av * *(const tf_vn*)&bt[(j + 3) * K + k];
+        }
+        float s[4][TF_VL];  /* the four horizontal sums by halving steps (vector adds), not lane by lane */
+        *(tf_vn*)s[0] = c0; *(tf_vn*)s[1] = c1; *(tf_vn*)s[2] = c2; *(tf_vn*)s[3] = c3;
+#pragma GCC unroll 8
+        for (int w = TF_VL / 2; w > 0; w >>= 1)
+#pragma GCC unroll 4
+          for (int q = 0; q < 4; ++q)
+#pragma GCC unroll 8
+            for (int l = 0; l < w; ++l) s[q][l] += s[q][l + w];
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; ++q) acc[i * N + j + q] = ZERO ? s[q][0] : acc[i * N + j + q] + s[q][0];
+      }
+    } else {
+      for (int j = 0; j < N; ++j) {
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int k = 0; k < K; ++k) s += ar[k] * bt[j * K + k];
+        acc[i * N + j] = ZERO ? s : acc[i * N + j] + s;
+      }
+    }
+  }
+}
 /* the plain loop, in the accumulator's type T (float, or double for fp64 products) */
 template <int M, int N, int K, typename T> TF_INLINE void tf_dot_ikj(const T* __restrict__ a, const T* __restrict__ b,
                                                                      T* __restrict__ acc) {
@@ -133,6 +178,7 @@ template <int M, int N, int K, typename T> TF_INLINE void tf_dot_ikj(const T* __
 class Operand:
     """A dot operand as a row-major array of `shape`. `kind`: "in_place" (the buffer read at
     `load`'s offset with leading dimension `ld`), "array" (the tile value `name` itself),
+    "array_t" (the tile value `name` stored by columns: `b` only, see `columns_first`),
     "copy_load" (a dense copy from `load`'s buffer), "copy" (a dense copy of `expr`)."""
 
     kind: str
@@ -213,6 +259,27 @@ def register_block(m: int, n: int, registers: int | None = None):
         if m % r == 0 and n % (16 * v) == 0:
             return r, v
     return None
+
+
+#: dots with at most this many rows take a `b` stored by columns (`tf_dot_nt`)
+NT_MAX_ROWS = 4
+
+
+def columns_first(dots, rows_inner: dict, stmt_readers: dict, sh) -> dict:
+    """{tile name: its row extent} of the tiles to store by columns: written by a nest that
+    walks rows innermost (`rows_inner`: name -> its nest's shape), read by nothing but dots,
+    as their `b` array, each with at most `NT_MAX_ROWS` rows, in fp32."""
+    out = {}
+    for name, shape in rows_inner.items():
+        users = stmt_readers.get(name, [])
+        uses = [d for d in dots if d.b.kind == "array" and d.b.name == name]
+        if not users or len(uses) != len(users) or not all(isinstance(u, DotTile) for u in users):
+            continue
+        if any(d.m > NT_MAX_ROWS or d.acc_dtype != dt.float32 or d.a.kind == "array" and d.a.name == name
+               or d.b.shape != shape for d in uses) or sh.dtype.get(name) != dt.float32:
+            continue
+        out[name] = shape[0]
+    return out
 
 
 def stmt_readers(stmts, out=None) -> dict:

@@ -15,7 +15,7 @@ few per-statement facts kept in maps (error codes of index checks) are keyed by 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Mapping, Union
 
@@ -25,7 +25,7 @@ from ...ir import dtypes as dt
 from ...ir.expr import Index, Var
 from ...tile.ir import (Arange, ArgReduceTile, Assign, BroadcastTile, Check, DotTile, For, Full, Let, LoadTile,
                         ReduceTile, StoreTile, TileKernel, checks_of, expr_names, statements)
-from .dot import DotPlan, fold_accumulator, inplace_operands, plan_dot, stmt_readers
+from .dot import DotPlan, columns_first, fold_accumulator, inplace_operands, plan_dot, stmt_readers
 from .remat import plan_remat
 from .shapes import SCALAR, Shapes, defines, reads
 
@@ -111,6 +111,9 @@ class LoopPlan:
     arg_values: tuple
     check_ids: Mapping
     aligned: Mapping
+    #: tiles stored by columns (element (i, j) at `j * rows + i`), name -> rows: the `b` of
+    #: dots with few rows, written by a nest that reads memory along the rows (`dot.columns_first`)
+    columns: Mapping = field(default_factory=lambda: MappingProxyType({}))
 
 
 def plan_kernel(kernel: TileKernel) -> LoopPlan:
@@ -151,7 +154,8 @@ class _Planner:
         self.remat = plan_remat(k, draft, self.sh, _Group)
         self.find_locals(draft)
         arrays, arg_values = self.declarations()
-        return LoopPlan(kernel=k, shapes=self.sh, items=self.freeze(draft), local=frozenset(self.local),
+        items, columns = self.store_by_columns(self.freeze(draft))
+        return LoopPlan(kernel=k, shapes=self.sh, items=items, local=frozenset(self.local), columns=columns,
                         alias=MappingProxyType(dict(self.alias)), arrays=arrays, arg_values=arg_values,
                         check_ids=MappingProxyType({id(c): n + 1 for n, c in enumerate(checks_of(k.body))}),
                         aligned=MappingProxyType(self.block_aligned()))
@@ -419,6 +423,39 @@ class _Planner:
         if strides is None or strides[0] != 1 or strides[1] == 1:
             return None
         return TransposedLoad(s, strides[1])
+
+    def store_by_columns(self, items: tuple) -> tuple:
+        """(items, columns): the dots whose `b` tile is better stored by columns
+        (`dot.columns_first`) read it so, and the mapping of those tiles to their rows."""
+        rows_inner, dots = {}, []
+
+        def visit(its):
+            for it in its:
+                if isinstance(it, Nest) and it.rows_inner:
+                    for st in it.steps:
+                        if st.role == "value" and st.stored:
+                            rows_inner[defines(st.stmt)] = it.shape
+                elif isinstance(it, Loop):
+                    visit(it.body)
+                elif isinstance(it, DotPlan):
+                    dots.append(it)
+
+        visit(items)
+        columns = columns_first(dots, rows_inner, self.stmt_readers, self.sh)
+        if not columns:
+            return items, MappingProxyType({})
+
+        def swap(its):
+            out = []
+            for it in its:
+                if isinstance(it, Loop):
+                    it = Loop(it.stmt, swap(it.body))
+                elif isinstance(it, DotPlan) and it.b.kind == "array" and it.b.name in columns:
+                    it = replace(it, b=replace(it.b, kind="array_t", ld=it.k))
+                out.append(it)
+            return tuple(out)
+
+        return swap(items), MappingProxyType(columns)
 
     def dot(self, s: DotTile) -> DotPlan:
         zero = id(s) in self.zero_dot and id(s) not in self.dot_into
