@@ -74,7 +74,7 @@ def test_products_with_something_fused_keep_the_generated_kernel():
     # (a GPU runs the product in the library and the rest as a pointwise kernel: test_epilogue_split)
     want = ["aten-matmul", "pointwise"] if DEVICE == "cuda" else ["contraction"]
     assert _kinds(lambda a, b, c: F.gelu(a @ b + c), a, b, bias) == want
-    assert _kinds(lambda a, b: (a * 2) @ b, a, b) != ["aten-matmul"]  # a prologue: not a plain view
+    assert _kinds(lambda a, b: (a + 2) @ b, a, b) != ["aten-matmul"]  # a prologue: not a plain view
 
 
 def test_contraction_space_offers_aten_once_for_plain_products():
@@ -140,3 +140,27 @@ def test_operands_at_moving_offsets_and_strides():
         torch.testing.assert_close(compiled(x, w, b), fn(x, w, b), atol=1e-5, rtol=1e-5)
     wt = torch.randn(20, 45, device=DEVICE).T  # the same weight shape, transposed storage
     torch.testing.assert_close(compiled(big[:37], wt, b), fn(big[:37], wt, b), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name,fn,shapes", [
+    ("scaled input", lambda x, w: F.linear(x * 0.0883883, w), [(3, 13, 20), (45, 20)]),
+    ("scaled product", lambda a, b: (a @ b) / 3.0, [(37, 20), (20, 45)]),
+])
+def test_a_constant_scale_of_the_product_is_the_librarys_alpha(name, fn, shapes):
+    """A product multiplied by a constant before its rounding (a scaled operand whose scale
+    `passes.scales` moves past the sum, as T5's tied head has it) is one library call with that
+    alpha; a batched one stays generated. Against fp64."""
+    args = [torch.randn(s, device=DEVICE) for s in shapes]
+    torch._dynamo.reset()
+    ex = tilefuse.explain(fn, *args, options={"matmul": "aten"})
+    assert [k.kind for k in ex.kernels] == ["aten-matmul"], ex
+    assert "beta=0, alpha=" in ex.kernels[0].notes[-1], ex.kernels[0].notes
+    torch._dynamo.reset()
+    out = tilefuse.compile(fn, options={"matmul": "aten"})(*args)
+    _fp64_close(fn, args, out)
+    a, b = torch.randn(3, 17, 9, device=DEVICE), torch.randn(3, 9, 11, device=DEVICE)
+    bmm = lambda a, b: torch.bmm(a, b) * 0.5  # noqa: E731
+    torch._dynamo.reset()
+    assert not any("alpha=" in n for k in tilefuse.explain(bmm, a, b, options={"matmul": "aten"}).kernels
+                   for n in k.notes)
+    _check(bmm, a, b)

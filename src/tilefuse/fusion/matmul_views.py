@@ -14,7 +14,9 @@ before the call; an exact one (an upcast) is dropped, so the common case copies 
 A bias vector added to every row of the product, the whole epilogue (`addmm`, `F.linear` with
 a bias: the product accumulated in fp32, the bias added, one rounding to the operands' dtype),
 is folded into the call: `torch.addmm(bias, a, b)`, which cuBLAS and MKL run with the bias in
-their own epilogue.
+their own epilogue. So is a constant the product is multiplied by before its rounding (T5's
+tied head scales its input, and `passes.scales` moves the scale past the sum): the library's
+alpha, `torch.addmm(out, a, b, beta=0, alpha=c)`.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ import sympy
 
 from ..fusion.plan import PlanKind
 from ..ir import dtypes as dt
-from ..ir.expr import Binary, Cast, Index, Load, out_index, red_index
+from ..ir.expr import Binary, Cast, Const, Index, Load, out_index, red_index
 from ..ir.symbolic import contiguous_strides
 
 
@@ -62,6 +64,9 @@ class MatmulViews:
     out_shape: tuple | None = None
     #: a vector added to every row (over (n,)): `out = addmm(bias, A, B)`, no batch dims
     bias: OperandView | None = None
+    #: a constant the product is multiplied by before its one rounding (`(x · c) @ W` with the
+    #: scale moved past the sum, `passes.scales`): cuBLAS's and MKL's alpha; no batch dims
+    alpha: float = 1.0
 
 
 def _plain_load(e):
@@ -234,6 +239,48 @@ def _bias_add(graph, node, plan, stage) -> MatmulViews | None:
                    bias=OperandView(fbias[0].buffer, tuple(dims)))
 
 
+def _scaled(graph, node, plan, stage) -> MatmulViews | None:
+    """`stage` stores `rounded(product · c)` or `rounded(product / c)` (or a reshape of it) for a
+    finite, non-zero float constant c, with
+    the product accumulated as the library accumulates operands of the output's dtype: one
+    library call with alpha = c."""
+    c = plan.contraction
+    out = graph[stage.node]
+    body = stage.body
+    if not stage.store or c.batch_dims:
+        return None
+    if isinstance(body, Cast):
+        if body.dtype != out.dtype or not dt.float_widens(out.dtype, body.x.dtype):
+            return None
+        body = body.x
+    if not (isinstance(body, Binary) and body.op in ("mul", "truediv") and body.dtype == node.dtype):
+        return None
+    pairs = ((body.a, body.b), (body.b, body.a)) if body.op == "mul" else ((body.a, body.b),)
+    for product, scale in pairs:
+        if isinstance(product, Load) and product.buffer == node.name and isinstance(scale, Const):
+            break
+    else:
+        return None
+    try:
+        alpha = float(scale.value)
+    except (TypeError, ValueError):
+        return None
+    if alpha != alpha or alpha in (0.0, float("inf"), float("-inf")):
+        return None
+    if body.op == "truediv":
+        alpha = 1.0 / alpha
+    fa, fb = _plain_load(c.a), _plain_load(c.b)
+    if fa is None or fb is None or fa[1] or fb[1] or not (fa[2] == fb[2] == out.dtype):
+        return None
+    if node.dtype != dt.compute_dtype(out.dtype) or not _reshaped_read(graph, node, out, product):
+        return None
+    views = _views(graph, plan, node, None, compute=out.dtype)
+    if views is None:
+        return None
+    reshaped = out.shape != node.shape
+    return replace(views, out=out.name, out_shape=tuple(node.shape) if reshaped else None, alpha=alpha)
+
+
 def matmul_views(graph, plan) -> MatmulViews | None:
     """The plan as views for a library matmul, or None when anything is fused into it (a
     reshape of the result is not: it is a view of the output buffer)."""
@@ -244,7 +291,7 @@ def matmul_views(graph, plan) -> MatmulViews | None:
     if len(plan.stages) == 2 and not plan.stages[0].store and _reshape_of(graph, node, plan.stages[1]):
         reshaped = plan.stages[1].node
     elif len(plan.stages) == 2 and not plan.stages[0].store:
-        return _bias_add(graph, node, plan, plan.stages[1])
+        return _bias_add(graph, node, plan, plan.stages[1]) or _scaled(graph, node, plan, plan.stages[1])
     elif len(plan.stages) != 1 or not plan.stages[0].store:
         return None
     return _views(graph, plan, node, reshaped)
@@ -318,6 +365,8 @@ def describe(views: MatmulViews) -> str:
 
     if views.bias is not None:
         return f"{views.out} = torch.addmm(view of {views.bias.buffer}, {operand(views.a)}, {operand(views.b)})"
+    if views.alpha != 1.0:
+        return f"{views.out} = torch.addmm({views.out}, {operand(views.a)}, {operand(views.b)}, beta=0, alpha={views.alpha!r})"
     return f"{views.out} = torch.matmul({operand(views.a)}, {operand(views.b)})"
 
 

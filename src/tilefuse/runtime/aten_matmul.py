@@ -50,23 +50,28 @@ class AtenMatmul:
         if z.empty:
             return
         bias = z.bias.view(buffers[v.bias.buffer]) if z.bias is not None else None
+        alpha = v.alpha
         if out.dtype != a.dtype or not _writable_in_place(out):
-            out.copy_(_product(bias, a, b))
+            out.copy_(_product(bias, a, b, alpha))
             return
         split = z.aligned_columns(out)
         if split is None:
-            _product(bias, a, b, out)
+            _product(bias, a, b, alpha, out)
             return
         # rows padded to 16 bytes (`fusion.row_padding`): the aligned columns in one call, the
         # few left in another, so that the library's fast kernels take the bulk
         head, tail = slice(0, split), slice(split, None)
-        _product(bias[head] if bias is not None else None, a, b[:, head], out[:, head])
-        _product(bias[tail] if bias is not None else None, a, b[:, tail], out[:, tail])
+        _product(bias[head] if bias is not None else None, a, b[:, head], alpha, out[:, head])
+        _product(bias[tail] if bias is not None else None, a, b[:, tail], alpha, out[:, tail])
 
 
-def _product(bias, a, b, out=None):
+def _product(bias, a, b, alpha: float, out=None):
     if bias is not None:  # (2-D: addmm folds the bias into the library's epilogue)
         return torch.addmm(bias, a, b) if out is None else torch.addmm(bias, a, b, out=out)
+    if alpha != 1.0:  # (2-D: the library's alpha, nothing added: beta = 0 ignores the input)
+        if out is None:
+            return torch.addmm(a.new_zeros(()), a, b, beta=0, alpha=alpha)
+        return torch.addmm(out, a, b, beta=0, alpha=alpha, out=out)
     return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)
 
 
