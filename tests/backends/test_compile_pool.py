@@ -47,10 +47,11 @@ def _reset():
     compile_pool._pool, compile_pool._unavailable, compile_pool._stopped_counts = None, "", {}
 
 
-def _row_softmax_kernel(rows=37, cols=100):
-    """A generated kernel of odd sizes (not multiples of any block)."""
+def _row_softmax_kernel(rows=37, cols=100, strides="contiguous"):
+    """A generated kernel of odd sizes (not multiples of any block); `strides=None`: the
+    input's strides are arguments."""
     g = GraphBuilder("sm")
-    x = g.input("x", (rows, cols), dt.bfloat16, strides="contiguous")
+    x = g.input("x", (rows, cols), dt.bfloat16, strides=strides)
     mx = g.ctx.reduce((rows,), (cols,), "max", lambda i, r: cast(x.load((i[0], r[0])), dt.float32), dt.float32)
     graph = g.output(mx)
     (plan,) = plan_graph(graph).kernels
@@ -87,7 +88,7 @@ def test_the_launching_process_finds_the_workers_binary(pool):
     before = {d for d in os.listdir(pool)}
     buffers = {n: torch.empty(graph[n].shape, dtype=torch.bfloat16 if graph[n].dtype == dt.bfloat16
                               else torch.float32, device="meta") for n in list(tk.reads) + list(tk.writes)}
-    values, _, _ = launcher._shape({})
+    values = launcher._shape({}).values
     args = [a.dtype if hasattr(a, "dtype") else a for a in launcher._args(buffers, values, launch=False)]
     saved = driver._active
     driver.set_active(compile_worker._TargetOnlyDriver(GPUTarget(*TARGET)))
@@ -233,3 +234,23 @@ def test_the_worker_keys_its_binary_with_this_processs_backend_hash(pool, monkey
     monkeypatch.setattr(compile_pool, "_backend_hash", lambda target: "another-ptxas-90")
     other = compile_pool.wait(compile_pool.submit("other", *task))
     assert own and other and own != other
+
+
+def test_launch_arguments_and_their_key():
+    """A launch's arguments are the set of sizes' template with the buffers and strides filled
+    in; its key tells apart what Triton specialises on (a base address off 16 bytes, other
+    strides) and nothing is evaluated from sympy again."""
+    graph, tk = _row_softmax_kernel(strides=None)
+    launcher = TritonKernel(tk, generate(tk, interpret=False), interpret=False)
+    sized = launcher._shape({})
+    names = [name for kind, name, _ in launcher.arg_plan if kind == "buffer"]
+    x = torch.randn(37, 100).to(torch.bfloat16)
+    out = torch.empty(37, dtype=torch.float32)
+    buffers = {names[0]: x, names[1]: out} if names[0] == "x" else {names[0]: out, names[1]: x}
+    args, key = launcher._launch_args(buffers, sized)
+    assert args == launcher._args(buffers, sized.values)
+    assert launcher._launch_args(buffers, sized)[1] == key
+    shifted = dict(buffers, x=torch.randn(37 * 100 + 1).to(torch.bfloat16)[1:].view(37, 100))
+    assert launcher._launch_args(shifted, sized)[1] != key  # (an odd base address)
+    wide = dict(buffers, x=torch.randn(37, 128).to(torch.bfloat16)[:, :100])
+    assert launcher._launch_args(wide, sized)[1] != key  # (other strides)

@@ -81,3 +81,66 @@ def test_specialisation_separates_what_triton_separates():
     assert specialisation([t[1:], 17]) != specialisation([t, 17])
     assert specialisation([t, 2.5]) == specialisation([t, 0.5])
     assert specialisation([t, (1 << 31) + 1]) != specialisation([t, 3])
+
+
+class FakeLaunchedKernel(FakeCompiled):
+    """A compiled kernel after its first launch: its launcher and handles are loaded."""
+
+    function, packed_metadata = "function-handle", "packed"
+
+    def run(self, *args):
+        self.log.append(("launcher", self.key, args))
+
+
+class FakeJITWithLaunchers(FakeJIT):
+    def __getitem__(self, grid):
+        def run(*args, **options):
+            key = specialisation(args)
+            self.log.append(("run", key, grid, args, options))
+            return self.compiled.setdefault(key, FakeLaunchedKernel(self.log, key))
+        return run
+
+
+def test_later_launches_call_the_launcher_with_the_current_stream(monkeypatch):
+    from tilefuse.backends.triton import direct_launch
+
+    monkeypatch.setattr(direct_launch, "_current_stream", lambda: "stream-7")
+    fn = FakeJITWithLaunchers()
+    launch = DirectLaunch(fn, {"XBLOCK": 64}, {"XBLOCK": 64})
+    x, out = torch.randn(37), torch.empty(37)
+    launch((1,), [x, out, 37])
+    launch((2, 3), [x, out, 37])
+    assert [e[0] for e in fn.log] == ["run", "launcher"]
+    assert fn.log[1][2] == (2, 3, 1, "stream-7", "function-handle", "packed", None, None, None, x, out, 37, 64)
+    # a launch hook (a profiler) is called by the runner: those launches take it
+    from triton import knobs
+
+    hook = knobs.runtime.launch_enter_hook
+    if hasattr(hook, "add"):  # a chain of hooks (later Tritons): one added to it
+        hook.add(_a_hook)
+    else:
+        monkeypatch.setattr(knobs.runtime, "launch_enter_hook", _a_hook)
+    try:
+        launch((1,), [x, out, 37])
+    finally:
+        if hasattr(hook, "remove"):
+            hook.remove(_a_hook)
+    assert fn.log[-1][0] == "direct"
+    launch((1,), [x, out, 37])
+    assert fn.log[-1][0] == "launcher"
+
+
+def _a_hook(*args):
+    pass
+
+
+def test_a_callers_key_replaces_the_specialisation():
+    """The kernel's launcher passes its own key (sizes, alignments, strides): launches with the
+    same key share the kept kernel, another key goes through Triton."""
+    fn = FakeJIT()
+    launch = DirectLaunch(fn, {"XBLOCK": 64}, {"XBLOCK": 64})
+    x, out = torch.randn(37), torch.empty(37)
+    launch((1,), [x, out, 37], key=("a",))
+    launch((1,), [x, out, 37], key=("a",))
+    launch((1,), [x, out, 37], key=("b",))
+    assert [e[0] for e in fn.log] == ["run", "direct", "run"]

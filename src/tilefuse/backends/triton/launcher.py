@@ -118,6 +118,16 @@ def _import_source(source: str, key: str, interpret: bool):
     return module
 
 
+class _Sized:
+    """A kernel's launch for one set of sizes: size arguments, grid, emptiness, the argument
+    list with the sizes in place (`template`), and the sizes' key."""
+
+    __slots__ = ("values", "grid", "empty", "template", "key")
+
+    def __init__(self, values: dict, grid: tuple, empty: bool, template: list, key: tuple):
+        self.values, self.grid, self.empty, self.template, self.key = values, grid, empty, template, key
+
+
 class TritonKernel:
     """A launchable kernel: binds buffers and sizes to the kernel's parameters."""
 
@@ -129,7 +139,7 @@ class TritonKernel:
         self.module = _import_source(source, key, interpret)  # (held: `_modules` holds it weakly)
         fn = getattr(self.module, kernel.name)
         self.fn = interpreter.launchable(fn) if interpret else fn
-        self._shapes = SizeCache()  # size_key(env) -> (size arguments, grid, empty)
+        self._shapes = SizeCache()  # size_key(env) -> _Sized
         self._warming = None  # the worker's compile of this kernel, until the first launch
         self.described = _described_buffers(kernel.body)  # read through tensor descriptors (TMA)
         self.checks = checks_of(kernel.body)
@@ -146,18 +156,23 @@ class TritonKernel:
                 self.arg_plan.append(("stride", buf, int(k)))
             else:
                 self.arg_plan.append(("size", p.name, None))
+        # what a launch fills into a set of sizes' template: (position, 0 buffer | 1 stride, name, dim)
+        self._fills = [(pos, 0 if kind == "buffer" else 1, name, k)
+                       for pos, (kind, name, k) in enumerate(self.arg_plan) if kind != "size"]
 
     def __tilefuse_reduce__(self):  # a stored graph rebuilds it (`runtime.artifact`)
         return self.kernel, self.source, self.interpret
 
-    def _shape(self, env: dict) -> tuple:
+    def _shape(self, env: dict) -> "_Sized":
         sizes = size_key(env)
         shape = self._shapes.get(sizes)
         if shape is None:  # sizes, grid and emptiness once per set of sizes: sympy stays off the hot path
             values = {name: int(symbolic.evaluate(_symbol(name), env)) for kind, name, _ in self.arg_plan
                       if kind == "size"}
             empty = int(symbolic.evaluate(self.kernel.numel, env)) == 0
-            shape = self._shapes.put(sizes, (values, self.kernel.grid_size(env), empty))
+            grid = tuple(self.kernel.grid_size(env))
+            template = [values[name] if kind == "size" else None for kind, name, _ in self.arg_plan]
+            shape = self._shapes.put(sizes, _Sized(values, grid, empty, template, sizes))
         return shape
 
     def _args(self, buffers: dict, values: dict, launch: bool = True) -> list:
@@ -174,6 +189,27 @@ class TritonKernel:
                 args.append(values[name])
         return args
 
+    def _launch_args(self, buffers: dict, sized: "_Sized") -> tuple:
+        """(arguments, specialisation key) of a launch: the sizes from `sized`'s template, the
+        buffers and their strides from `buffers`. The key — the set of sizes, each tensor's
+        16-byte alignment, the strides — is at least as fine as Triton's own."""
+        args = list(sized.template)
+        aligned, strides = [], []
+        for pos, kind, name, k in self._fills:
+            if kind == 0:
+                t = buffers[name]
+                ptr = t.data_ptr()
+                if ptr % 16 and name in self.described:
+                    t = _aligned_copy(t)  # TMA needs a 16-byte aligned base (a view at an odd offset)
+                    ptr = t.data_ptr()
+                args[pos] = t
+                aligned.append(ptr % 16 == 0)
+            else:
+                st = buffers[name].stride(k)
+                args[pos] = st
+                strides.append(st)
+        return args, (sized.key, tuple(aligned), tuple(strides))
+
     def precompile(self, buffers: dict, env: dict) -> bool:
         """Compile the kernel in a worker process (`compile_pool`) for a launch on `buffers`
         (tensors, meta tensors will do) with sizes `env`; its first launch waits for it. False
@@ -182,11 +218,11 @@ class TritonKernel:
         if self.interpret or self.module.__tilefuse_launched__ or self._warming is not None:
             return False
         try:
-            values, _, empty = self._shape(env)
-            args = [a.dtype if hasattr(a, "dtype") else a for a in self._args(buffers, values, launch=False)]
+            sized = self._shape(env)
+            args = [a.dtype if hasattr(a, "dtype") else a for a in self._args(buffers, sized.values, launch=False)]
         except (KeyError, TypeError, ValueError):  # a size or buffer only known at run time
             return False
-        if empty:
+        if sized.empty:
             return False
         options = self._launch_options
         key = cache_key("triton-precompile", self.module.__name__, repr(args), sorted(options.items()))
@@ -195,25 +231,25 @@ class TritonKernel:
         return self._warming is not None
 
     def __call__(self, buffers: dict, env: dict) -> None:
-        values, grid, empty = self._shape(env)
-        if empty:
+        sized = self._shape(env)
+        if sized.empty:
             return  # empty output: nothing to compute
         if self.described:
             _ensure_allocator()
-        args = self._args(buffers, values)
         if self.interpret:
+            args = self._args(buffers, sized.values)
             with interpreter.running():
-                self._interpret(grid, args, env)
+                self._interpret(sized.grid, args, env)
             return
+        args, key = self._launch_args(buffers, sized)
         if self._warming is not None:  # compiling in a worker: Triton finds the binary on disk after it
             future, self._warming = self._warming, None
             # the worker compiled for 16-byte aligned tensors; a view at another offset is
             # another specialisation, which this launch compiles itself
-            aligned = all(a.data_ptr() % 16 == 0 for a in args if hasattr(a, "data_ptr"))
-            expected = compile_pool.wait(future) if aligned else ""
-            compile_pool.launched(expected, self._direct(grid, args))
+            expected = compile_pool.wait(future) if all(key[1]) else ""
+            compile_pool.launched(expected, self._direct(sized.grid, args, key))
         else:
-            self._direct(grid, args)
+            self._direct(sized.grid, args, key)
         self.module.__tilefuse_launched__ = True
 
     def _interpret(self, grid, args: list, env: dict) -> None:
@@ -285,9 +321,21 @@ def _scratch_for_descriptors(size: int, alignment: int, stream):
     return torch.empty(size, dtype=torch.int8, device="cuda" if torch.cuda.is_available() else "cpu")
 
 
+# per thread: Triton keeps its allocator in a context variable, which a new thread starts without
+_allocator_ready = threading.local()
+
+
 def _ensure_allocator() -> None:
     """Kernels that build tensor descriptors on the device need global scratch from an
-    allocator; install one backed by PyTorch's caching allocator unless the program set its own."""
+    allocator; install one backed by PyTorch's caching allocator unless the program set its own
+    (checked once per thread: later launches read a flag)."""
+    if getattr(_allocator_ready, "ok", False):
+        return
+    _install_allocator()
+    _allocator_ready.ok = True
+
+
+def _install_allocator() -> None:
     import triton
 
     try:
