@@ -38,7 +38,7 @@ from .tile.ir import KernelKind, without_checks
 from .tile.variants import all_kernels
 from .tile.verify import verify_tile_kernel
 from .progress import CompileProgress
-from .tune.tuner import PreparedTuning, precompile_kernel, prepare_tuning, share_budget, tune_plan
+from .tune.tuner import PreparedTuning, precompile_kernel, prepare_tuning, tune_plan
 
 
 @dataclass
@@ -379,10 +379,8 @@ def _checking_variants(check):
 def _prepare_tuning(graph, steps, lowering, options: Options, device, stage, progress) -> dict:
     """{plan name: its prepared tuning} for the plans a GPU graph measures: every plan's
     candidates start compiling (in `compile_pool`'s workers) before the first is measured, so
-    the graph's compiles run side by side instead of one after another. The graph's measuring
-    budget is shared among them by their predicted times first (`share_budget`): the kernels
-    that take the time get the candidates and the measurements. Empty where there are no
-    workers to compile in."""
+    the graph's compiles run side by side instead of one after another. Empty where there are
+    no workers to compile in."""
     from .backends.triton import compile_pool
 
     target = lowering.target
@@ -398,16 +396,12 @@ def _prepare_tuning(graph, steps, lowering, options: Options, device, stage, pro
             views = _library_views(step.library)
             progress.now(f"ranking the schedules of {step.name}")
             aten = (lambda step=step, views=views: _aten_step(step, views)) if views is not None else None
-            p = prepare_tuning(graph, step, lowering, level=options.autotune, device=device, aten=aten, start=False)
+            p = prepare_tuning(graph, step, lowering, level=options.autotune, device=device, aten=aten)
             if isinstance(p, PreparedTuning) and p.key in keys:
                 continue  # the same kernel as an earlier plan: shared, or a tuning-cache hit by its turn
             if isinstance(p, PreparedTuning):
                 keys.add(p.key)
             out[step.name] = p
-        share_budget(list(out.values()), options.autotune)  # (the graph's seconds, by predicted time)
-        for p in out.values():
-            if isinstance(p, PreparedTuning):
-                p.start()
     return out
 
 

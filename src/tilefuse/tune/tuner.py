@@ -50,13 +50,6 @@ BUILD_S = {"1": 8.0, "max": 60.0}
 #: at most this many samples per candidate (the bandit's bookkeeping grows with the samples, and a
 #: fast kernel would otherwise take thousands within the budget)
 SAMPLES_PER_CANDIDATE = {"1": 6, "max": 16}
-#: level -> seconds of measurement for all of a graph's kernels on a cold tuning cache, shared
-#: out by their predicted times (`share_budget`): a 2-layer model's fifty kernels tune in about
-#: this, its few products and attentions taking most of it; no kernel gets more than its
-#: level's own budget, nor fewer than `MIN_CANDIDATES` candidates and `MIN_KERNEL_S` seconds
-GRAPH_BUDGET_S = {"1": 2.0}
-MIN_KERNEL_S = 0.03
-MIN_CANDIDATES = 2
 
 
 @dataclass
@@ -114,65 +107,16 @@ class PreparedTuning:
     ceilings: Ceilings
     space: object
     seconds: float = 0.0
-    #: seconds of measurement (None: the level's); `share_budget` sets it
-    budget: float | None = None
-    started: bool = False
-
-    def start(self) -> None:
-        """Start compiling the candidates (once)."""
-        if not self.started:
-            self.started = True
-            self.bench.precompile([schedule for _, schedule in self.ranked])
-
-
-def share_budget(prepared: list, level: str) -> None:
-    """Share the level's graph budget (`GRAPH_BUDGET_S`) among a graph's prepared tunings by
-    the best time the cost model predicts for each: each gets that share of the seconds
-    (between `MIN_KERNEL_S` and its level's own budget) and as large a share of its candidates
-    (at least `MIN_CANDIDATES`, the model's best first). Call before they start compiling."""
-    graph_s = GRAPH_BUDGET_S.get(level)
-    prepared = [p for p in prepared if isinstance(p, PreparedTuning) and not p.started]
-    if graph_s is None or not prepared:
-        return
-    weights = [max(0.0, min(predicted for predicted, _ in p.ranked)) for p in prepared]
-    total = sum(weights)
-    for p, w in zip(prepared, weights):
-        keep, own_s = _level(p.levels, p.kind, p.level)
-        share = graph_s * (w / total if total > 0 else 1.0 / len(prepared))
-        p.budget = min(own_s, max(MIN_KERNEL_S, share))
-        p.ranked = _trimmed(p.ranked, max(MIN_CANDIDATES, math.ceil(keep * p.budget / own_s)), p.space)
-        logs.log("tune", "%s: %.3f s of measurement for %d candidate(s) (predicted %.1f µs, %.0f%% of the graph's)",
-                 p.name, p.budget, len(p.ranked), w * 1e6, 100 * w / total if total > 0 else 0)
-
-
-def _trimmed(ranked: list, n: int, space) -> list:
-    """The `n` best of `ranked` (best first), keeping as `cost.rank` does the rules' default and
-    the best of each kind of kernel (`space.families`: the library's call among them), which
-    the model's terms cannot rank against each other."""
-    if len(ranked) <= n:
-        return ranked
-    families = tuple(getattr(space, "families", ()) or ())
-    must, kinds = [], set()
-    for x in ranked:
-        kind = tuple(x[1].get(k) for k in families)
-        if x[1] == space.default or kind not in kinds:
-            must.append(x)
-            kinds.add(kind)
-    rest = [x for x in ranked if not any(x is m for m in must)]
-    return sorted(must + rest[:max(0, n - len(must))], key=lambda x: x[0])
 
 
 def prepare_tuning(graph, plan, options: LoweringOptions, *, level: str, device,
-                   aten=None, start: bool = True) -> "PreparedTuning | TuneOutcome":
-    """Rank the plan's candidates and (`start`) start compiling them; a `TuneOutcome` where
-    nothing is left to measure (rules, the model's choice, a tuning-cache hit). A caller that
-    shares a graph's budget first (`share_budget`) starts them itself (`PreparedTuning.start`)."""
+                   aten=None) -> "PreparedTuning | TuneOutcome":
+    """Rank the plan's candidates and start compiling them; a `TuneOutcome` where nothing is
+    left to measure (rules, the model's choice, a tuning-cache hit)."""
     t0 = time.perf_counter()
     notes = list(plan.notes)
     try:
         out = _prepare(graph, plan, options, level, device, aten)
-        if start and isinstance(out, PreparedTuning):
-            out.start()
     except Exception as err:  # noqa: BLE001 — tuning is an optimisation: never the reason a graph fails
         logs.log("tune", "%s: tuning failed, the rules choose: %s: %s", plan.name, type(err).__name__, err)
         out = TuneOutcome(None, "rules", note=f"tuning failed: {type(err).__name__}: {err}"[:200])
@@ -241,17 +185,17 @@ def _prepare(graph, plan, options: LoweringOptions, level: str, device, aten):
         return TuneOutcome(choose_without_measuring(space, ceilings), "model", note=str(err)[:200])
     if isinstance(found, TuneOutcome):
         return found
+    bench.precompile([schedule for _, schedule in found])
     return PreparedTuning(plan.name, key, space.kind, level, levels, found, bench, ceilings, space)
 
 
 def _measure(p: PreparedTuning, progress=None) -> TuneOutcome:
-    p.start()
     ranked, failures = p.bench.ready(p.ranked, BUILD_S.get(p.level, 8.0))
     if not ranked:
         raise TuningError(f"all {len(failures)} candidates failed to compile or run; first: "
                           f"{describe(failures[0][0])}: {failures[0][1]}")
     return search_candidates(ranked, p.bench.measure, TuningCache(), p.key, p.level, p.kind, p.name,
-                             levels=p.levels, failures=failures, progress=progress, budget=p.budget)
+                             levels=p.levels, failures=failures, progress=progress)
 
 
 def real_tensors():
@@ -307,13 +251,11 @@ def _level(levels: dict | None, kind: str, level: str) -> tuple:
 
 
 def search_candidates(ranked: list, measure, cache, key: str, level: str, kind: str, name: str,
-                      levels: dict | None = None, failures: list | None = None, progress=None,
-                      budget: float | None = None) -> TuneOutcome:
-    """Measure the ranked candidates within `budget` seconds (None: the level's) and store the
-    winner under `key`. `progress(runs, total, best seconds)` is told after each measurement."""
+                      levels: dict | None = None, failures: list | None = None, progress=None) -> TuneOutcome:
+    """Measure the ranked candidates within the level's budget and store the winner under `key`.
+    `progress(runs, total, best seconds)` is told after each measurement."""
     t0 = time.perf_counter()
-    if budget is None:
-        _, budget = _level(levels, kind, level)
+    _, budget = _level(levels, kind, level)
     result = _search(ranked, measure, budget, name, SAMPLES_PER_CANDIDATE.get(level, 8) * len(ranked), progress)
     failures = list(failures or []) + list(result.failures)
     cache.store(key, result.best, result.best_time, {"kind": kind, "candidates": len(ranked) + len(failures)})
