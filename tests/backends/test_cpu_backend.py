@@ -606,6 +606,16 @@ def test_products_of_few_rows_tile_only_those_rows(rows):
     ex = run_cpu(lambda a, w, e: torch.relu(a @ w[e]), x, w, experts, matmul="generated")
     product = next(k for k in ex.kernels if k.kind == "contraction")
     assert f"constexpr int64_t BLOCK_M = {1 if rows == 1 else 4};" in product.source, product.source[:600]
+    assert "constexpr int64_t BLOCK_K = 64;" in product.source  # (K = 40: as long as K allows)
+
+
+def test_products_of_few_rows_take_long_k_steps():
+    """A vector-matrix product walks K in steps of 128 (a 32-column B tile that stays in L1),
+    with K not a multiple of the step; the schedule space holds that rule."""
+    x, experts, w = rand(7, 1, 200), torch.randint(0, 4, (7,)), rand(4, 90, 200)
+    ex = run_cpu(lambda a, w, e: a @ w[e].transpose(-1, -2), x, w, experts, matmul="generated")
+    src = next(k for k in ex.kernels if k.kind == "contraction").source
+    assert "constexpr int64_t BLOCK_K = 128;" in src and "constexpr int64_t BLOCK_N = 32;" in src, src[:600]
 
 
 @pytest.mark.parametrize("transposed", [True, False])
