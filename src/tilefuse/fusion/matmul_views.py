@@ -191,10 +191,10 @@ def _reshaped_read(graph, node, out, load: Load) -> bool:
     return sympy.expand(simplify_index(sympy.expand(read), ranges) - written) == 0
 
 
-def _bias_add(graph, node, plan, stage) -> MatmulViews | None:
-    """`stage` stores `rounded(product + bias[n])` (or a reshape of it) into a contiguous
-    buffer, where the product accumulates in the compute dtype of operands that hold the
-    output's dtype and the bias holds it too: eager's `addmm`, as one library call."""
+def _library_epilogue(graph, node, plan, stage, ops: tuple):
+    """The body of `stage` without its final rounding when it is one of `ops` applied to the
+    product (node) as a library runs it: stored, no batch dims, operands that hold the output's
+    dtype unrounded, accumulated in that dtype's compute dtype (eager's call); else None."""
     c = plan.contraction
     out = graph[stage.node]
     body = stage.body
@@ -204,12 +204,24 @@ def _bias_add(graph, node, plan, stage) -> MatmulViews | None:
         if body.dtype != out.dtype or not dt.float_widens(out.dtype, body.x.dtype):
             return None
         body = body.x
-    if not (isinstance(body, Binary) and body.op == "add"):
+    if not (isinstance(body, Binary) and body.op in ops and body.dtype == node.dtype):
         return None
     fa, fb = _plain_load(c.a), _plain_load(c.b)
     if fa is None or fb is None or fa[1] or fb[1] or not (fa[2] == fb[2] == out.dtype):
-        return None  # (operands that round first, or of another dtype: not eager's addmm)
-    if node.dtype != dt.compute_dtype(out.dtype) or body.dtype != node.dtype:
+        return None  # (operands that round first, or of another dtype: not eager's call)
+    if node.dtype != dt.compute_dtype(out.dtype):
+        return None
+    return body
+
+
+def _bias_add(graph, node, plan, stage) -> MatmulViews | None:
+    """`stage` stores `rounded(product + bias[n])` (or a reshape of it) into a row-major
+    buffer, where the product accumulates in the compute dtype of operands that hold the
+    output's dtype and the bias holds it too: eager's `addmm`, as one library call."""
+    c = plan.contraction
+    out = graph[stage.node]
+    body = _library_epilogue(graph, node, plan, stage, ("add",))
+    if body is None:
         return None
     for product, bias in ((body.a, body.b), (body.b, body.a)):
         if isinstance(product, Load) and product.buffer == node.name:
@@ -241,19 +253,10 @@ def _bias_add(graph, node, plan, stage) -> MatmulViews | None:
 
 def _scaled(graph, node, plan, stage) -> MatmulViews | None:
     """`stage` stores `rounded(product · c)` or `rounded(product / c)` (or a reshape of it) for a
-    finite, non-zero float constant c, with
-    the product accumulated as the library accumulates operands of the output's dtype: one
-    library call with alpha = c."""
-    c = plan.contraction
+    finite, non-zero float constant c (`_library_epilogue`): one library call with alpha = c."""
     out = graph[stage.node]
-    body = stage.body
-    if not stage.store or c.batch_dims:
-        return None
-    if isinstance(body, Cast):
-        if body.dtype != out.dtype or not dt.float_widens(out.dtype, body.x.dtype):
-            return None
-        body = body.x
-    if not (isinstance(body, Binary) and body.op in ("mul", "truediv") and body.dtype == node.dtype):
+    body = _library_epilogue(graph, node, plan, stage, ("mul", "truediv"))
+    if body is None:
         return None
     pairs = ((body.a, body.b), (body.b, body.a)) if body.op == "mul" else ((body.a, body.b),)
     for product, scale in pairs:
@@ -269,10 +272,7 @@ def _scaled(graph, node, plan, stage) -> MatmulViews | None:
         return None
     if body.op == "truediv":
         alpha = 1.0 / alpha
-    fa, fb = _plain_load(c.a), _plain_load(c.b)
-    if fa is None or fb is None or fa[1] or fb[1] or not (fa[2] == fb[2] == out.dtype):
-        return None
-    if node.dtype != dt.compute_dtype(out.dtype) or not _reshaped_read(graph, node, out, product):
+    if not _reshaped_read(graph, node, out, product):
         return None
     views = _views(graph, plan, node, None, compute=out.dtype)
     if views is None:
