@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 import tilefuse
-from tilefuse.fusion.row_padding import MIN_PADDED_ROW, is_row_padded, padded_row, row_padded_strides
-import sympy
+from tilefuse.ir.storage import MIN_PADDED_ROW, is_row_padded, padded_row, row_padded_strides
+from tilefuse.ir.expr import size_symbol
 
 GPU_RULES = {"matmul": "aten", "target": "interpret"}
 
@@ -31,12 +31,12 @@ def test_padded_row_lengths():
     assert padded_row(301, 4) == 304
     assert padded_row(50264, 2) is None  # aligned already
     assert padded_row(MIN_PADDED_ROW - 1, 2) is None  # short rows stay
-    assert padded_row(sympy.Symbol("s0", positive=True, integer=True), 2) is None  # symbolic: not known to be unaligned
+    assert padded_row(size_symbol(0), 2) is None  # symbolic: not known to be unaligned
     assert padded_row(1001, 8) == 1002
 
 
 def test_row_padded_strides_are_recognised():
-    s0 = sympy.Symbol("s0", positive=True, integer=True)
+    s0 = size_symbol(0)
     assert row_padded_strides((3, 5, 301), 304) == (5 * 304, 304, 1)
     assert is_row_padded((3, 5, 301), (5 * 304, 304, 1))
     assert is_row_padded((3, 5, 301), (5 * 301, 301, 1))  # contiguous is the unpadded case

@@ -174,7 +174,7 @@ def _reshaped_read(graph, node, out, load: Load) -> bool:
     (in `out`'s index symbols) reads, in the same row-major order: a reshape of it."""
     from ..ir.symbolic import simplify_index
 
-    from .row_padding import is_row_padded
+    from ..ir.storage import is_row_padded
 
     strides = graph.output_strides.get(out.name)
     if strides is not None and tuple(strides) != tuple(contiguous_strides(out.shape)):

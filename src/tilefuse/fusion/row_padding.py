@@ -21,45 +21,10 @@ from __future__ import annotations
 import sympy
 
 from ..ir.graph import Extern, ExternResult, Graph, Input
+from ..ir.storage import padded_row, row_padded_strides
 from ..ir.symbolic import contiguous_strides
 from .matmul_views import matmul_views
 from .plan import GraphPlan, PlanKind
-
-#: the alignment cuBLAS wants of every leading dimension, in bytes
-ROW_ALIGNMENT = 16
-#: rows shorter than this are not padded (the padding would be a large share of the buffer,
-#: and such products are not where the library's kernel choice matters)
-MIN_PADDED_ROW = 256
-
-
-def padded_row(n, itemsize: int):
-    """The row length (in elements) a row of `n` elements is padded to, or None when it
-    needs no padding (aligned already, symbolic, or short)."""
-    n = sympy.sympify(n)
-    if not n.is_Integer or int(n) < MIN_PADDED_ROW or (int(n) * itemsize) % ROW_ALIGNMENT == 0:
-        return None
-    per = ROW_ALIGNMENT // itemsize if ROW_ALIGNMENT % itemsize == 0 else None
-    if per is None:
-        return None
-    return -(-int(n) // per) * per
-
-
-def row_padded_strides(shape, row) -> tuple:
-    """Strides of `shape` stored row-major with its last dim in rows of `row` elements."""
-    return tuple(contiguous_strides((*shape[:-1], row))[:-1]) + (sympy.Integer(1),)
-
-
-def is_row_padded(shape, strides) -> bool:
-    """`strides` store `shape` row-major, its rows possibly padded (contiguous is a case)."""
-    if strides is None or len(strides) != len(shape) or not shape:
-        return False
-    if len(shape) == 1:
-        return sympy.sympify(strides[0]) == 1 or sympy.sympify(shape[0]) == 1
-    row = sympy.sympify(strides[-2])
-    want = row_padded_strides(shape, row)
-    return all(sympy.sympify(n) == 1 or sympy.expand(sympy.sympify(st) - w) == 0
-               for n, st, w in zip(shape, strides, want)) and sympy.Ge(row, shape[-1]) is sympy.true
-
 
 def pad_library_rows(graph: Graph, schedule: GraphPlan, free_outputs: bool) -> None:
     """Pad the rows of every product output a GPU library may write (a plain product of a
@@ -98,5 +63,4 @@ def pad_library_rows(graph: Graph, schedule: GraphPlan, free_outputs: bool) -> N
                                   f"library product writes 16-byte aligned rows")
 
 
-__all__ = ["pad_library_rows", "padded_row", "row_padded_strides", "is_row_padded", "ROW_ALIGNMENT",
-           "MIN_PADDED_ROW"]
+__all__ = ["pad_library_rows"]

@@ -1,9 +1,12 @@
 """Storage orders of strided tensors: the strides of a shape stored with its dims in a given
 order, and the order read back off a tensor's strides. `fusion.layout` chooses orders; the
-kernel families iterate in them."""
+kernel families iterate in them. Also rows padded to 16 bytes (`fusion.row_padding` pads a
+library product's output so; `runtime.aten_matmul` writes such rows)."""
 from __future__ import annotations
 
 import sympy
+
+from .symbolic import contiguous_strides
 
 
 def strides_for(shape, order) -> tuple:
@@ -75,4 +78,41 @@ def promised_strides(node) -> tuple | None:
                  for n, st in zip(node.shape, strides))
 
 
-__all__ = ["strides_for", "storage_order", "dense_order", "promised_strides"]
+#: the alignment cuBLAS wants of every leading dimension, in bytes
+ROW_ALIGNMENT = 16
+#: rows shorter than this are not padded (the padding would be a large share of the buffer,
+#: and such products are not where the library's kernel choice matters)
+MIN_PADDED_ROW = 256
+
+
+def padded_row(n, itemsize: int):
+    """The row length (in elements) a row of `n` elements is padded to, or None when it
+    needs no padding (aligned already, symbolic, or short)."""
+    n = sympy.sympify(n)
+    if not n.is_Integer or int(n) < MIN_PADDED_ROW or (int(n) * itemsize) % ROW_ALIGNMENT == 0:
+        return None
+    per = ROW_ALIGNMENT // itemsize if ROW_ALIGNMENT % itemsize == 0 else None
+    if per is None:
+        return None
+    return -(-int(n) // per) * per
+
+
+def row_padded_strides(shape, row) -> tuple:
+    """Strides of `shape` stored row-major with its last dim in rows of `row` elements."""
+    return tuple(contiguous_strides((*shape[:-1], row))[:-1]) + (sympy.Integer(1),)
+
+
+def is_row_padded(shape, strides) -> bool:
+    """`strides` store `shape` row-major, its rows possibly padded (contiguous is a case)."""
+    if strides is None or len(strides) != len(shape) or not shape:
+        return False
+    if len(shape) == 1:
+        return sympy.sympify(strides[0]) == 1 or sympy.sympify(shape[0]) == 1
+    row = sympy.sympify(strides[-2])
+    want = row_padded_strides(shape, row)
+    return all(sympy.sympify(n) == 1 or sympy.expand(sympy.sympify(st) - w) == 0
+               for n, st, w in zip(shape, strides, want)) and sympy.Ge(row, shape[-1]) is sympy.true
+
+
+__all__ = ["strides_for", "storage_order", "dense_order", "promised_strides", "padded_row", "row_padded_strides",
+           "is_row_padded", "ROW_ALIGNMENT", "MIN_PADDED_ROW"]

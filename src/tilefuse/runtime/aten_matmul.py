@@ -14,7 +14,7 @@ import math
 import torch
 
 from ..backends.size_cache import SizeCache, size_key
-from ..fusion.row_padding import MIN_PADDED_ROW, ROW_ALIGNMENT
+from ..ir.storage import MIN_PADDED_ROW, ROW_ALIGNMENT
 from ..ir import symbolic
 from ..ir.interpret import torch_dtype
 
