@@ -683,3 +683,19 @@ def test_rows_of_a_symbolic_count():
     bias = rand(64)
     for n in (37, 5, 64):
         run_cpu(lambda x, b: torch.relu(x - b), rand(n, 64), bias, dynamic=True)
+
+
+@pytest.mark.parametrize("keys,tile", [(20, 32), (100, 64)])
+def test_flash_key_tiles_are_no_wider_than_the_keys(keys, tile):
+    """The flash kernel's key tile on a CPU is no wider than a static key count needs (20 keys:
+    32, not 64 of which 44 are masked); causal, against eager."""
+    q, k, v = rand(2, 3, keys, 16), rand(2, 3, keys, 16), rand(2, 3, keys, 16)
+    mask = torch.tril(torch.ones(keys, keys, dtype=torch.bool))
+
+    def attention(q, k, v):
+        s = (q @ k.transpose(-1, -2)) * 0.25
+        return torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1) @ v
+
+    ex = run_cpu(attention, q, k, v)
+    flash = next(kern for kern in ex.kernels if kern.kind == "flash")
+    assert f"constexpr int64_t BLOCK_N = {tile};" in flash.source, flash.source[:800]

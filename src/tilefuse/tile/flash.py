@@ -249,7 +249,7 @@ def _tiles_schedule(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
     M, N, DN, DK, _ = _flash_sizes(graph, plan)
     head = max(16, pow2(static_int(DN)), pow2(static_int(DK)))
     low = dot_operand(plan.flash.q)[1].is_low_precision
-    bm, bn, warps, stages = _default_tiles(low, head, static_int(M), options)
+    bm, bn, warps, stages = _default_tiles(low, head, static_int(M), options, static_int(N))
     if options.flash_config:
         from ..config import knob
 
@@ -295,11 +295,15 @@ def flash_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
                          plan_kind=PlanKind.FLASH)
 
 
-def _default_tiles(low_precision: bool, head_block: int, rows, options: LoweringOptions) -> tuple:
+def _default_tiles(low_precision: bool, head_block: int, rows, options: LoweringOptions, keys=None) -> tuple:
     """(BLOCK_M, BLOCK_N, warps, stages) until the autotuner chooses: the best of a sweep on the
-    H200 (docs/benchmarks.md) — 128×128 tiles for head dim 128, 128×64 below, 8 warps; 16 rows (the smallest `dot`) when there are at most 16 (decode)."""
+    H200 (docs/benchmarks.md) — 128×128 tiles for head dim 128, 128×64 below, 8 warps; 16 rows (the smallest `dot`) when there are at most 16 (decode).
+    On a CPU the key tile is no wider than the keys (`keys`, when static): a 64-wide tile over
+    32 keys computes and masks as many scores again."""
     if options.target.on_cpu:  # score tile and operands stay in the L1/L2 caches
         bm, bn, warps, stages = 64, 64, 1, 1
+        if keys is not None:
+            bn = min(bn, max(32, pow2(keys)))  # (32: the smallest of the space's key tiles)
     elif options.target.interpret:
         bm, bn, warps, stages = 32, 32, 4, 1
     elif not low_precision:
