@@ -23,6 +23,7 @@ class FakeCompiled:
 
 class FakeJIT:
     arg_names = ["x_ptr", "out_ptr", "n", "XBLOCK"]
+    compiled_kind = FakeCompiled  # what a first launch returns
 
     def __init__(self):
         self.log, self.compiled = [], {}
@@ -31,7 +32,7 @@ class FakeJIT:
         def run(*args, **options):
             key = specialisation(args)
             self.log.append(("run", key, grid, args, options))
-            return self.compiled.setdefault(key, FakeCompiled(self.log, key))
+            return self.compiled.setdefault(key, self.compiled_kind(self.log, key))
         return run
 
 
@@ -93,12 +94,7 @@ class FakeLaunchedKernel(FakeCompiled):
 
 
 class FakeJITWithLaunchers(FakeJIT):
-    def __getitem__(self, grid):
-        def run(*args, **options):
-            key = specialisation(args)
-            self.log.append(("run", key, grid, args, options))
-            return self.compiled.setdefault(key, FakeLaunchedKernel(self.log, key))
-        return run
+    compiled_kind = FakeLaunchedKernel
 
 
 def test_later_launches_call_the_launcher_with_the_current_stream(monkeypatch):
