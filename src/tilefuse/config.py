@@ -190,6 +190,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "replay each compiled inference graph on a GPU as CUDA graphs, one per input layout "
          "(mode='reduce-overhead' and 'max-autotune' turn it on): one launch per call instead of one "
          "per kernel"),
+    Knob("generated_wrapper", bool, True,
+         "after a compiled graph's first call with a set of sizes, later calls with those sizes run a "
+         "generated straight-line function (allocations, launches with their arguments in place); off: "
+         "every call walks the graph's steps (TILEFUSE_LOGS=runtime prints each function)"),
     Knob("graph_cache", bool, True,
          "a graph compiled before (same FX graph, input layouts, knobs, versions, device) is loaded from "
          "the disk cache instead of compiled again"),

@@ -12,10 +12,13 @@ An entry lives while a compiled graph holds a kernel of it (a dropped graph leav
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import threading
 import weakref
 from dataclasses import dataclass, field
+
+from .backends.inline_call import Buf, InlineCall
 
 from .tile.variants import all_kernels
 from .tune.tuner import canonical_source
@@ -119,6 +122,19 @@ class Renamed:
 
     def __call__(self, buffers: dict, env: dict) -> None:
         self.launch({r: buffers[d] for r, d in self.pairs}, env)
+
+    def inline(self, buffers: dict, env: dict):
+        """The shared launcher's inline call (`backends.inline_call`) over this duplicate's
+        buffers."""
+        inline = getattr(self.launch, "inline", None)
+        if inline is None:
+            return None
+        call = inline({r: buffers[d] for r, d in self.pairs}, env)
+        if not isinstance(call, InlineCall):
+            return call
+        names = dict(self.pairs)
+        args = tuple(Buf(names[a.name]) if isinstance(a, Buf) else a for a in call.args)
+        return dataclasses.replace(call, args=args, expects={names[n]: e for n, e in call.expects.items()})
 
     def wait(self):
         wait = getattr(self.launch, "wait", None)

@@ -38,7 +38,8 @@ FORMAT = 1
 #: knobs that change nothing in a compiled graph (where it goes, what is printed, how a
 #: failure is reported, how many threads build it)
 _NOT_IN_KEY = frozenset({"logs", "debug_dir", "cache_dir", "cache_lock_timeout", "cache_max_bytes",
-                         "compile_threads", "fallback", "verify", "graph_cache", "cuda_graphs"})
+                         "compile_threads", "fallback", "verify", "graph_cache", "cuda_graphs",
+                         "generated_wrapper"})
 
 _caches: dict[str, DiskCache] = {}
 

@@ -9,10 +9,12 @@ buffer that the compiled graph allocated. An output whose rows are padded to 16 
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
+from ..backends.inline_call import SKIP, Buf, InlineCall
 from ..backends.size_cache import SizeCache, size_key
 from ..ir.storage import MIN_PADDED_ROW, ROW_ALIGNMENT
 from ..ir import symbolic
@@ -39,17 +41,31 @@ class AtenMatmul:
         return sized
 
     def __call__(self, buffers: dict, env: dict) -> None:
-        v, z = self.views, self._sized_for(env)
-        a = z.a.view(buffers[v.a.buffer])
-        b = z.b.view(buffers[v.b.buffer])
-        out = buffers[v.out]
+        v = self.views
+        bias = buffers[v.bias.buffer] if v.bias is not None else None
+        self._run(self._sized_for(env), buffers[v.a.buffer], buffers[v.b.buffer], buffers[v.out], bias)
+
+    def inline(self, buffers: dict, env: dict):
+        """This product for the compiled graph's generated call (`backends.inline_call`): the
+        integers for these sizes bound, the views made from the buffers' strides per call."""
+        z = self._sized_for(env)
+        if z.empty:
+            return SKIP
+        v = self.views
+        names = (v.a.buffer, v.b.buffer, v.out) + ((v.bias.buffer,) if v.bias is not None else ())
+        return InlineCall(functools.partial(self._run, z), tuple(Buf(n) for n in names), label="library product")
+
+    def _run(self, z: "_Sized", a, b, out, bias=None) -> None:
+        v = self.views
+        a = z.a.view(a)
+        b = z.b.view(b)
         if z.out_shape is not None:  # the buffer holds a reshape of the product
             out = out.view(z.out_shape)
         if z.permuted:
             out = out.permute(v.order)
         if z.empty:
             return
-        bias = z.bias.view(buffers[v.bias.buffer]) if z.bias is not None else None
+        bias = z.bias.view(bias) if z.bias is not None else None
         alpha = v.alpha
         if out.dtype != a.dtype or not _writable_in_place(out):
             out.copy_(_product(bias, a, b, alpha))

@@ -25,7 +25,13 @@ from ..ir.graph import Constant, Extern, ExternResult, Graph, Input, ScalarInput
 from ..ir.storage import promised_strides
 from ..ir.interpret import PreparedExtern, bind_from, bind_result_sizes, output_value, symbol_sources, torch_dtype
 from .profiling import profiled, profiler_enabled, step_label
+from . import straight_line
+from .. import logs
 from ..backends.size_cache import SizeCache, size_key
+from ..config import config
+
+#: a set of sizes whose call is not generated (`straight_line`): it runs the general way
+_GENERAL = object()
 
 
 @dataclass
@@ -85,6 +91,8 @@ class CompiledGraph:
                             for n in graph.inputs if isinstance(n, Input)]
         self.label = f"tilefuse {graph.name}"
         self.step_labels = [step_label(graph, step) for step in steps]
+        self._calls = SizeCache()  # size_key(env) -> generated call (`straight_line`) or _GENERAL
+        self._plannable = straight_line.plannable(graph)
 
     def _alloc(self, name: str, env: dict) -> torch.Tensor:
         # (keyed by the sizes at this step: an extern call earlier in the graph may bind more)
@@ -110,6 +118,13 @@ class CompiledGraph:
     def __call__(self, *args):
         return self.run(args)
 
+    def generated_call(self, env: dict | None = None):
+        """The generated call for the sizes `env` (`straight_line`; its source in
+        `__tilefuse_source__`), None where calls with those sizes run the general way or none
+        has run yet."""
+        call = self._calls.get(size_key(env or {}))
+        return None if call is None or call is _GENERAL else call
+
     def _on_device(self, value):
         """A 0-dim CPU tensor input of a GPU graph (Dynamo passes a float computed from a
         symbolic size, e.g. `1 / sqrt(d)`, as one) is moved to where the kernels run; eager
@@ -128,8 +143,45 @@ class CompiledGraph:
         return self._run(args, on_step, None)
 
     def _run(self, args, on_step, labels):
-        graph = self.graph
         env = bind_from(self.symbol_sources, args)
+        if labels is None and on_step is None and self._plannable:
+            key = size_key(env)
+            call = self._calls.get(key)
+            if call is None:
+                return self._generate(args, env, key)
+            if call is not _GENERAL:
+                outputs = call(args, env)
+                if outputs is not None:
+                    return outputs
+        return self._general(args, env, on_step, labels)
+
+    def _generate(self, args, env: dict, key: tuple) -> list:
+        """Run the general way, asking each launcher after its launch what a generated call
+        would call (`straight_line`); then generate the call for these sizes."""
+        records = []
+
+        def record(k, step, buffers):
+            inline = getattr(step.launch, "inline", None) if isinstance(step, KernelStep) else None
+            answer = None
+            if inline is not None:
+                try:
+                    answer = inline(buffers, env)
+                except Exception as err:  # noqa: BLE001 - that launch goes the general way
+                    logs.log("runtime", "%s: %s launches the general way (%s)", self.graph.name, step.name, err)
+            records.append(answer)
+
+        outputs = self._general(args, env, record if config.generated_wrapper else None, None)
+        call = _GENERAL
+        if config.generated_wrapper and size_key(env) == key and len(records) == len(self.steps):
+            try:
+                call = straight_line.generate(self, env, records)
+            except Exception as err:  # noqa: BLE001 - a call that cannot be generated runs the general way
+                logs.log("runtime", "%s: no generated call (%s)", self.graph.name, err)
+        self._calls.put(key, call)
+        return outputs
+
+    def _general(self, args, env: dict, on_step, labels):
+        graph = self.graph
         buffers = dict(self.constants)
         for name, position, scalar in self.input_slots:
             buffers[name] = self._on_device(args[position]) if scalar else args[position]

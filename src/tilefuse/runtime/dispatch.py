@@ -29,6 +29,13 @@ class SizeDispatch:
         k = self.variants.index(self.value(env))
         (self.launcher if k is None else self.alternatives[k])(buffers, env)
 
+    def inline(self, buffers: dict, env: dict):
+        """The variant these sizes choose, for the compiled graph's generated call."""
+        k = self.variants.index(self.value(env))
+        launch = self.launcher if k is None else self.alternatives[k]
+        inline = getattr(launch, "inline", None)
+        return inline(buffers, env) if inline is not None else None
+
     def wait(self) -> "SizeDispatch":
         """Wait for every variant's build (the compiler does before it returns the graph)."""
         for launch in (self.launcher, *self.alternatives):

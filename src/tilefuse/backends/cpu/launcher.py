@@ -38,6 +38,7 @@ from ...config import config
 from ...ir import symbolic
 from ...cache import scratch
 from ...cache.disk import DiskCache
+from ..inline_call import SKIP, Buf, Expect, InlineCall
 from ..size_cache import SizeCache, size_key
 from ...ir.bounds import index_error
 from ...tile.ir import TileKernel, check_message, checks_of
@@ -204,6 +205,28 @@ class CppKernel:
         programs = grid[0] * (grid[1] if len(grid) > 1 else 1) * (grid[2] if len(grid) > 2 else 1)
         return values, (ctypes.c_int64 * 3)(*(grid + (1, 1))[:3]), empty, programs
 
+    def inline(self, buffers: dict, env: dict):
+        """This launch for the compiled graph's generated call (`backends.inline_call`): the
+        kernel's function with its sizes and strides packed once; None for a kernel with index
+        checks (those report through the general launch)."""
+        if self.checks:
+            return None
+        key = size_key(env)
+        shape = self._shapes.get(key)
+        if shape is None:
+            shape = self._shapes.put(key, self._shape(env))
+        values, grid, empty, programs = shape
+        if empty:
+            return SKIP
+        sizes = self._sizes_array(*[buffers[name].stride(d) if kind == "stride" else values[name]
+                                    for kind, name, d in self.sizes])
+        strided = {name for kind, name, _ in self.sizes if kind == "stride"}
+        expects = {name: Expect(tuple(buffers[name].stride())) for name in strided}
+        advised = tuple(k for k, name in enumerate(self.buffers)
+                        if name in self._written and buffers[name].nbytes >= HUGE_PAGE_MIN_BYTES)
+        call = _InlineLaunch(self.fn, self._ptrs_array, sizes, grid, programs, advised)
+        return InlineCall(call, tuple(Buf(name) for name in self.buffers), expects, label=self.kernel.name)
+
     def __call__(self, buffers: dict, env: dict) -> None:
         # everything a launch fills is its own (ctypes releases the GIL during the call: another
         # thread may launch this kernel meanwhile); what is shared (the cached grid) is only read
@@ -237,6 +260,22 @@ class CppKernel:
         if err is not None and err[0]:
             check = self.checks[err[0] - 1]
             raise index_error(check.error, f"{check_message(check, env)} (kernel {self.kernel.name})")
+
+
+class _InlineLaunch:
+    """A kernel's launch with its sizes, strides and grid packed: called with the buffers."""
+
+    __slots__ = ("fn", "ptrs", "sizes", "grid", "programs", "advised")
+
+    def __init__(self, fn, ptrs, sizes, grid, programs: int, advised: tuple):
+        self.fn, self.ptrs, self.sizes, self.grid = fn, ptrs, sizes, grid
+        self.programs, self.advised = programs, advised
+
+    def __call__(self, *tensors) -> None:
+        for k in self.advised:
+            advise_huge_pages(tensors[k])
+        threads = max(1, min(torch.get_num_threads(), self.programs))
+        self.fn(self.ptrs(*[t.data_ptr() for t in tensors]), self.sizes, self.grid, threads)
 
 
 def _symbol(name: str):

@@ -77,6 +77,15 @@ class DirectLaunch:
             self._keep(key, compiled, len(args))
         return compiled
 
+    def kept(self, key):
+        """(launcher, function handle, packed metadata, constexpr values) of the binary kept for
+        specialisation `key`; None where there is none, or its launches take the runner."""
+        kept = self._compiled.get(key) if self.enabled else None
+        if kept is None or kept[2] is None:
+            return None
+        _, tail, (run, function, packed) = kept
+        return run, function, packed, tail
+
     def _keep(self, key, compiled, n_args: int) -> None:
         tail = self._tail(n_args)
         if tail is None or compiled is None or not callable(getattr(compiled, "__getitem__", None)):
@@ -108,6 +117,16 @@ def _triton_runtime() -> list:
     return _RUNTIME
 
 
+def no_launch_hooks() -> bool:
+    """Whether launches may skip the runner (no launch hook installed)."""
+    return not _RUNTIME or _no_launch_hooks()
+
+
+def current_stream():
+    """The stream a launch goes to now (the current CUDA stream's handle)."""
+    return _current_stream()
+
+
 def _no_launch_hooks() -> bool:
     runtime = _RUNTIME[0]
     return _unset(runtime.launch_enter_hook) and _unset(runtime.launch_exit_hook)
@@ -126,4 +145,4 @@ def _current_stream():
     return active.get_current_stream(active.get_current_device())
 
 
-__all__ = ["DirectLaunch", "specialisation"]
+__all__ = ["DirectLaunch", "specialisation", "no_launch_hooks", "current_stream"]

@@ -45,7 +45,8 @@ from ..size_cache import SizeCache, size_key
 from ...ir.bounds import index_error
 from ...tile.ir import TileKernel, check_message, checks_of
 from . import compile_pool, interpreter
-from .direct_launch import DirectLaunch
+from .direct_launch import DirectLaunch, current_stream, no_launch_hooks
+from ..inline_call import SKIP, STREAM, Buf, Expect, InlineCall
 
 _import_lock = threading.Lock()
 # module name -> the imported kernel module, while a kernel holds it: a dropped graph (a
@@ -251,6 +252,35 @@ class TritonKernel:
         else:
             self._direct(sized.grid, args, key)
         self.module.__tilefuse_launched__ = True
+
+    def inline(self, buffers: dict, env: dict):
+        """This launch for the compiled graph's generated call (`backends.inline_call`): the
+        binary's own launcher with the sizes, grid and strides of `buffers` in place; None where
+        launches take the general way (interpreted, no binary kept, a descriptor's buffer not
+        16-byte aligned)."""
+        if self.interpret:
+            return None
+        sized = self._shape(env)
+        if sized.empty:
+            return SKIP
+        if any(buffers[name].data_ptr() % 16 for name in self.described):
+            return None
+        _, key = self._launch_args(buffers, sized)
+        kept = self._direct.kept(key)
+        if kept is None:
+            return None
+        run, function, packed, tail = kept
+        values = list(sized.template)
+        strided = {name for _, kind, name, _ in self._fills if kind == 1}
+        expects = {}
+        for pos, kind, name, k in self._fills:
+            t = buffers[name]
+            values[pos] = Buf(name) if kind == 0 else t.stride(k)
+            expects[name] = Expect(tuple(t.stride()) if name in strided else None, t.data_ptr() % 16 == 0)
+        grid = tuple(sized.grid) + (1,) * (3 - len(sized.grid))
+        return InlineCall(run, (*grid, STREAM, function, packed, None, None, None, *values, *tail), expects,
+                          label=self.kernel.name, guard=no_launch_hooks,
+                          setup=_ensure_allocator if self.described else None, stream=current_stream)
 
     def _interpret(self, grid, args: list, env: dict) -> None:
         launch = self.fn[grid]

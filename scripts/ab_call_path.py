@@ -1,9 +1,12 @@
-"""A/B of the Triton launch path on one model, in one process (GPU): the compiled kernel's
-launcher called directly (`direct_launch`) against its `[grid]` runner, alternating rounds;
-host time per call (`time.perf_counter` over a round, synchronised at its end) and the call's
+"""A/B/C of a compiled model's call path, in one process (GPU), alternating rounds:
+- `generated`: the graph's generated call per set of sizes (`runtime.straight_line`, default);
+- `steps`: the general call walking the graph's steps, launches through the compiled kernel's
+  own launcher (`direct_launch`);
+- `runner`: the general call, launches through Triton's `[grid]` runner.
+Host time per call (`time.perf_counter` over a round, synchronised at its end) and the call's
 time with the GPU (CUDA events).
 
-    PYTHONPATH=src python scripts/ab_launch_path.py --workloads hf_t5,hf_bert --layers 2
+    PYTHONPATH=src python scripts/ab_call_path.py --workloads hf_t5,hf_bert --layers 2
 """
 from __future__ import annotations
 
@@ -23,8 +26,17 @@ def main(argv=None) -> int:
     import tilefuse
     from tilefuse.backends.triton import direct_launch as dl
     from tilefuse.bench.workloads import WORKLOADS
+    from tilefuse.ir.interpret import bind_from
+    from tilefuse.runtime.compiled import CompiledGraph
+
+    generated_run = CompiledGraph._run
+
+    def steps_run(self, call_args, on_step, labels):
+        return self._general(call_args, bind_from(self.symbol_sources, call_args), on_step, labels)
 
     direct = dl._no_launch_hooks
+    ways = {"generated": (generated_run, direct), "steps": (steps_run, direct),
+            "runner": (steps_run, lambda: False)}
     for name in args.workloads.split(","):
         w = WORKLOADS[name]
         size = list(w.sizes["full"])
@@ -36,10 +48,10 @@ def main(argv=None) -> int:
             for _ in range(5):
                 run(*inputs)
             torch.cuda.synchronize()
-            rows = {"launcher": ([], []), "runner": ([], [])}
+            rows = {way: ([], []) for way in ways}
             for _ in range(6):
-                for way, hooks in (("launcher", direct), ("runner", lambda: False)):
-                    dl._no_launch_hooks = hooks
+                for way, (call_path, hooks) in ways.items():
+                    CompiledGraph._run, dl._no_launch_hooks = call_path, hooks
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     t0 = time.perf_counter()
                     start.record()
@@ -50,9 +62,9 @@ def main(argv=None) -> int:
                     torch.cuda.synchronize()
                     rows[way][0].append(host * 1e3)
                     rows[way][1].append(start.elapsed_time(end) / args.iters)
-            dl._no_launch_hooks = direct
+            CompiledGraph._run, dl._no_launch_hooks = generated_run, direct
         for way, (host, gpu) in rows.items():
-            print(f"{name:10s} {way:9s} host {statistics.median(host):.3f} ms per call (enqueue), "
+            print(f"{name:15s} {way:9s} host {statistics.median(host):.3f} ms per call (enqueue), "
                   f"wall {statistics.median(gpu):.3f} ms per call")
         torch._dynamo.reset()
     return 0

@@ -1,0 +1,207 @@
+"""A compiled graph's call for one set of sizes, generated as straight-line Python.
+
+The general call (`CompiledGraph._run`) looks up, for every step, what it worked out for these
+sizes (layouts, size arguments, grid), and each launcher builds its argument list and finds its
+binary: about 15 µs of host time per kernel on an H200's host, more than most kernels of a
+small model take on the GPU. So after one call of a set of sizes has run the general way, the
+graph generates a function for those sizes, as Inductor's generated wrapper is one: every
+allocation with its shape and strides written out, every launch a direct call of what its
+launcher answered (`backends.inline_call`: a Triton binary's own launcher with the sizes,
+strides and grid in place, a C++ kernel's function with its sizes packed, the library product
+with its views' integers bound), every buffer dropped after its last use, the outputs
+returned. `TILEFUSE_LOGS=runtime` prints each function; `generated_wrapper=False` turns them off.
+
+What a function cannot know in advance, it checks as it goes:
+- a buffer it did not allocate (an input, an ATen call's result) must have the strides and
+  16-byte alignment its launch was built for; where it has not, that launch goes the general
+  way;
+- a launch hook (a profiler such as Proton) sends the whole call the general way, as does a
+  profiled call or one that records its steps (verify mode): those never reach the function.
+A graph whose ATen calls bind sizes (`nonzero`, `.item()`) is not generated: its later
+allocations depend on values known only as it runs.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import sympy
+import torch
+
+from .. import logs
+from ..backends.inline_call import SKIP, STREAM, Buf, InlineCall
+from ..ir import symbolic
+from ..ir.graph import Constant, Extern, ExternResult
+from ..ir.interpret import output_value
+
+
+def plannable(graph) -> bool:
+    """Whether every allocation's sizes are known from the inputs' sizes (no ATen call binds a
+    size as the graph runs)."""
+    from ..ir.interpret import symbol_sources
+
+    bound = {symbol for _, _, symbol in symbol_sources(graph)}
+    for node in graph.nodes.values():
+        if isinstance(node, Extern) and node.binds is not None:
+            return False
+        if isinstance(node, (Extern, ExternResult)):
+            for d in node.shape:
+                if not sympy.sympify(d).free_symbols <= bound:
+                    return False
+    return True
+
+
+class _Source:
+    """The function's lines and the values its names refer to."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+        self.names: dict = {}
+        self._ids: dict = {}
+
+    def emit(self, line: str, depth: int = 1) -> None:
+        self.lines.append("    " * depth + line)
+
+    def name_of(self, value, prefix: str) -> str:
+        """A name in the function's namespace for `value` (one per distinct object)."""
+        key = id(value)
+        name = self._ids.get(key)
+        if name is None:
+            name = self._ids[key] = f"{prefix}{len(self.names)}"
+            self.names[name] = value
+        return name
+
+    def literal(self, value) -> str:
+        if value is None or isinstance(value, (bool, int)) or (isinstance(value, float) and math.isfinite(value)):
+            return repr(value)
+        return self.name_of(value, "v")
+
+
+def _strides_of(shape: tuple, stride) -> tuple:
+    if stride is not None:
+        return tuple(stride)
+    out, step = [], 1
+    for n in reversed(shape):
+        out.append(step)
+        step *= max(int(n), 1)
+    return tuple(reversed(out))
+
+
+def generate(cg, env: dict, records: list):
+    """The call of compiled graph `cg` for the sizes `env`, from `records` (per step: what its
+    launcher's `inline` answered, None for the general launch or an ATen call). Returns
+    `function(args, env) -> outputs | None`, its source in `__tilefuse_source__`; a None
+    from it means: run the general way (a check at entry failed, before anything ran)."""
+    src = _Source()
+    inlined = [r for r in records if isinstance(r, InlineCall)]
+    guards = _unique(r.guard for r in inlined)
+    setups = _unique(r.setup for r in inlined)
+    streams = _unique(r.stream for r in inlined)
+    if guards:
+        src.emit("if not (" + " and ".join(f"{src.name_of(g, 'g')}()" for g in guards) + "):")
+        src.emit("return None", 2)
+    for s in setups:
+        src.emit(f"{src.name_of(s, 'g')}()")
+    stream_names = {}
+    for k, s in enumerate(streams):
+        stream_names[id(s)] = f"stream{k}"
+        src.emit(f"stream{k} = {src.name_of(s, 'g')}()")
+    src.emit("b = dict(constants)")
+    src.names["constants"] = cg.constants
+    for name, position, scalar in cg.input_slots:
+        value = f"on_device(args[{position}])" if scalar else f"args[{position}]"
+        src.emit(f"b[{name!r}] = {value}")
+    if any(scalar for _, _, scalar in cg.input_slots):
+        src.names["on_device"] = cg._on_device
+    for name, target in cg.in_place.items():
+        src.emit(f"b[{name!r}] = b[{target!r}]")
+    src.names.update(empty_strided=torch.empty_strided, device=cg.device)
+    layouts: dict = {}  # name -> strides, of what this function allocates
+    for k, step in enumerate(cg.steps):
+        record = records[k]
+        if hasattr(step, "launch"):
+            for name in step.writes:
+                if name not in cg.inputs:
+                    shape, stride, dtype = cg._layout(name, env)
+                    strides = _strides_of(shape, stride)
+                    layouts[name] = strides
+                    src.emit(f"b[{name!r}] = empty_strided({shape!r}, {strides!r}, "
+                             f"dtype={src.name_of(dtype, 'd')}, device=device)  # {step.name}")
+            general = f"{src.name_of(step.launch, 'launch')}(b, env)"
+            if record is SKIP:
+                src.emit(f"# {step.name}: nothing to compute for these sizes")
+            elif isinstance(record, InlineCall):
+                checks = _checks(record, layouts, cg.constants)
+                args = ", ".join(_argument(a, src, stream_names, record) for a in record.args)
+                call = f"{src.name_of(record.call, 'f')}({args})"
+                if checks:
+                    src.emit(f"if {' and '.join(checks)}:")
+                    src.emit(f"{call}  # {record.label or step.name}", 2)
+                    src.emit("else:")
+                    src.emit(general, 2)
+                else:
+                    src.emit(f"{call}  # {record.label or step.name}")
+            else:
+                src.emit(f"{general}  # {step.name}")
+        else:
+            extern = functools.partial(cg._extern, step)
+            src.emit(f"{src.name_of(extern, 'extern')}(b, env)  # {step.name}")
+        for name in cg.free_after[k]:
+            src.emit(f"b.pop({name!r}, None)")
+    outputs = []
+    for out in cg.graph.outputs:
+        if isinstance(out, str):
+            outputs.append(f"b[{out!r}]")
+        elif isinstance(out, sympy.Basic):
+            outputs.append(f"{src.name_of(functools.partial(output_value, out, {}), 'out')}(env)")
+        else:
+            outputs.append(src.literal(out))
+    src.emit(f"return [{', '.join(outputs)}]")
+    text = "def call(args, env):\n" + "\n".join(src.lines) + "\n"
+    namespace = dict(src.names)
+    exec(compile(text, f"<tilefuse call {cg.graph.name}>", "exec"), namespace)  # noqa: S102 - our own source
+    logs.log("runtime", "%s: generated call for sizes %s:\n%s", cg.graph.name, dict(_named(env)), text)
+    call = namespace["call"]
+    call.__tilefuse_source__ = text
+    return call
+
+
+def _named(env: dict):
+    return ((k, v) for k, v in env.items() if isinstance(k, str))
+
+
+def _unique(values) -> list:
+    seen, out = set(), []
+    for v in values:
+        if v is not None and id(v) not in seen:
+            seen.add(id(v))
+            out.append(v)
+    return out
+
+
+def _argument(a, src: _Source, stream_names: dict, record: InlineCall) -> str:
+    if isinstance(a, Buf):
+        return f"b[{a.name!r}]"
+    if a is STREAM:
+        return stream_names[id(record.stream)]
+    return src.literal(a)
+
+
+def _checks(record: InlineCall, layouts: dict, constants: dict) -> list:
+    """The conditions under which `record`'s call is valid, for the buffers this function
+    cannot vouch for."""
+    checks = []
+    for name, expect in record.expects.items():
+        if name in layouts:  # allocated here: its strides are written out, its base aligned
+            if expect.strides is None or tuple(expect.strides) == layouts[name]:
+                continue
+        elif name in constants:  # the same tensor every call
+            continue
+        if expect.strides is not None:
+            checks.append(f"b[{name!r}].stride() == {tuple(expect.strides)!r}")
+        if expect.aligned:
+            checks.append(f"b[{name!r}].data_ptr() % 16 == 0")
+    return checks
+
+
+__all__ = ["generate", "plannable"]

@@ -1,0 +1,225 @@
+"""A compiled graph's generated call (`runtime.straight_line`): after the first call of a set of
+sizes, later calls run a generated function that gives what the general call gives; a buffer
+whose layout differs from the one a launch was built for sends that launch the general way; a
+launch guard that fails sends the whole call the general way; every set of sizes gets its own
+function; the knob turns it off."""
+import re
+
+import pytest
+import sympy
+import torch
+
+from irgraphs import GraphBuilder
+from tilefuse.backends.cpu import find_compiler
+from tilefuse.backends.inline_call import SKIP, STREAM, Buf, Expect, InlineCall
+from tilefuse.compiler import compile_ir
+from tilefuse.config import config
+from tilefuse.ir import dtypes as dt
+from tilefuse.ir.expr import size_symbol, unary
+
+needs_cxx = pytest.mark.skipif(find_compiler() is None, reason="no C++ compiler")
+
+
+def _graph(rows, cols):
+    """y = exp(x - rowmax(x)) * w + 1, x's strides read at run time."""
+    g = GraphBuilder("sl")
+    x = g.input("x", (rows, cols))
+    w = g.input("w", (cols,), strides="contiguous")
+    m = g.ctx.reduce((rows,), (cols,), "max", lambda i, r: x.load((i[0], r[0])), dt.float32)
+    y = g.ctx.pointwise((rows, cols), dt.float32,
+                        lambda i: unary("exp", x.load(i) - m.load((i[0],))) * w.load((i[1],)) + 1.0)
+    return g.output(y)
+
+
+def _reference(x, w):
+    x, w = x.double(), w.double()
+    return (torch.exp(x - x.amax(-1, keepdim=True)) * w + 1).float()
+
+
+def _compile(graph, target="cpu", **knobs):
+    with config.patch(target=target, **knobs):
+        compiled, _ = compile_ir(graph, torch.device("cpu"))
+    return compiled
+
+
+def _targets():
+    return [pytest.param("cpu", marks=needs_cxx), "interpret"]
+
+
+@pytest.mark.parametrize("target", _targets())
+def test_generated_call_gives_the_general_calls_results(target):
+    compiled = _compile(_graph(7, 33), target)
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(33, generator=gen)
+    assert compiled.generated_call() is None
+    for k in range(4):
+        x = torch.randn(7, 33, generator=gen)
+        (out,) = compiled(x, w)
+        torch.testing.assert_close(out, _reference(x, w), rtol=1e-5, atol=1e-5)
+        assert compiled.generated_call() is not None  # made by the first call, used by the rest
+    source = compiled.generated_call().__tilefuse_source__
+    assert source.startswith("def call(args, env):") and "empty_strided((7, 33)" in source
+
+
+@needs_cxx
+def test_a_buffer_with_other_strides_takes_the_general_launch():
+    compiled = _compile(_graph(7, 33))
+    gen = torch.Generator().manual_seed(4)
+    w = torch.randn(33, generator=gen)
+    x = torch.randn(7, 33, generator=gen)
+    compiled(x, w)
+    source = compiled.generated_call().__tilefuse_source__
+    assert "b['x'].stride() == (33, 1)" in source  # the kernel was built for x's strides
+    transposed = torch.randn(33, 7, generator=gen).T  # same sizes, other strides: no recompile
+    for x in (transposed, torch.randn(7, 33, generator=gen), torch.randn(7, 66, generator=gen)[:, ::2]):
+        (out,) = compiled(x, w)
+        torch.testing.assert_close(out, _reference(x, w), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("target", _targets())
+def test_each_set_of_sizes_gets_its_own_call(target):
+    rows, cols = size_symbol(0), size_symbol(1)
+    compiled = _compile(_graph(rows, cols), target)
+    gen = torch.Generator().manual_seed(5)
+    for r, c in [(5, 12), (9, 40), (5, 12), (1, 3), (9, 40)]:
+        x, w = torch.randn(r, c, generator=gen), torch.randn(c, generator=gen)
+        (out,) = compiled(x, w)
+        torch.testing.assert_close(out, _reference(x, w), rtol=1e-5, atol=1e-5)
+    env = {rows: 9, rows.name: 9, cols: 40, cols.name: 40}
+    assert compiled.generated_call(env) is not None
+    assert "(9, 40)" in compiled.generated_call(env).__tilefuse_source__
+
+
+@pytest.mark.parametrize("target", _targets())
+def test_the_knob_turns_it_off(target):
+    compiled = _compile(_graph(6, 10), target)
+    gen = torch.Generator().manual_seed(6)
+    w = torch.randn(10, generator=gen)
+    with config.patch(generated_wrapper=False):
+        for _ in range(2):
+            x = torch.randn(6, 10, generator=gen)
+            torch.testing.assert_close(compiled(x, w)[0], _reference(x, w), rtol=1e-5, atol=1e-5)
+    assert compiled.generated_call() is None
+
+
+class _Inlined:
+    """A stand-in launcher that answers `inline` with a call of its own, recording what the
+    generated function passes, and launches the real kernel."""
+
+    def __init__(self, launch, expect: Expect | None = None):
+        self.launch = launch
+        self.expect = expect
+        self.allowed = True
+        self.calls, self.general, self.setups, self.streams = [], 0, 0, []
+
+    def __call__(self, buffers, env):
+        self.general += 1
+        self.launch(buffers, env)
+
+    def inline(self, buffers, env):
+        expects = {"x": self.expect} if self.expect is not None else {}
+        launch, seen = self.launch, list(buffers)
+
+        def call(stream, *tensors):
+            self.streams.append(stream)
+            self.calls.append(tuple(t.shape for t in tensors))
+            launch(dict(zip(seen, tensors)), env)
+
+        return InlineCall(call, (STREAM, *(Buf(n) for n in seen)), expects, label="stand-in",
+                          guard=lambda: self.allowed, setup=self._setup, stream=lambda: 1234)
+
+    def _setup(self):
+        self.setups += 1
+
+
+@needs_cxx
+def test_checks_guards_setup_and_stream_reach_the_generated_call():
+    compiled = _compile(_graph(4, 9))
+    kernel_steps = [s for s in compiled.steps if hasattr(s, "launch")]
+    first = kernel_steps[0]
+    stand_in = _Inlined(first.launch, Expect((9, 1), aligned=True))
+    first.launch = stand_in
+    gen = torch.Generator().manual_seed(7)
+    w = torch.randn(9, generator=gen)
+
+    def check(x):
+        torch.testing.assert_close(compiled(x, w)[0], _reference(x, w), rtol=1e-5, atol=1e-5)
+
+    check(torch.randn(4, 9, generator=gen))  # the general call, which records
+    assert stand_in.general == 1 and not stand_in.calls
+    check(torch.randn(4, 9, generator=gen))  # the generated call
+    assert stand_in.general == 1 and len(stand_in.calls) == 1 and stand_in.setups == 1
+    assert stand_in.streams == [1234]
+    check(torch.randn(9, 4, generator=gen).T)  # x's strides differ: that launch goes the general way
+    assert stand_in.general == 2 and len(stand_in.calls) == 1
+    storage = torch.randn(40, generator=gen)
+    check(storage[1:37].view(4, 9))  # 4 bytes past an aligned base: the promised alignment fails
+    assert stand_in.general == 3 and len(stand_in.calls) == 1 and stand_in.setups == 3  # (once per call)
+    stand_in.allowed = False  # a launch hook: the whole call goes the general way, set up nothing
+    check(torch.randn(4, 9, generator=gen))
+    assert stand_in.general == 4 and stand_in.setups == 3
+
+
+@needs_cxx
+def test_a_skipped_launch_is_left_out():
+    compiled = _compile(_graph(3, 5))
+    first = [s for s in compiled.steps if hasattr(s, "launch")][0]
+
+    class Skipped:
+        def __call__(self, buffers, env):
+            pass
+
+        def inline(self, buffers, env):
+            return SKIP
+
+    real = first.launch
+    first.launch = Skipped()
+    gen = torch.Generator().manual_seed(8)
+    x, w = torch.randn(3, 5, generator=gen), torch.randn(5, generator=gen)
+    compiled(x, w)
+    assert f"# {first.name}: nothing to compute" in compiled.generated_call().__tilefuse_source__
+    first.launch = real
+
+
+def test_a_graph_whose_calls_bind_sizes_is_not_generated():
+    from tilefuse.ir.graph import Extern
+    from tilefuse.runtime.straight_line import plannable
+
+    g = GraphBuilder("binds")
+    n = size_symbol(3)
+    x = g.input("x", (5,), strides="contiguous")
+    graph = g.output(x)
+    assert plannable(graph)
+    graph.add(Extern("nz", dt.int64, (n, sympy.Integer(1)), target=torch.ops.aten.nonzero.default))
+    assert not plannable(graph)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_launches_call_the_binarys_own_launcher():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from tilefuse.compiler import compile_fx
+
+    def fn(x, w, cache, pos):
+        cache.index_copy_(0, pos, x[:1])  # an in-place write into an input
+        return torch.softmax(x @ w, -1) * 2 + cache.sum(0)
+
+    gen = torch.Generator(device="cuda").manual_seed(9)
+
+    def inputs():
+        return (torch.randn(37, 24, device="cuda", generator=gen), torch.randn(24, 24, device="cuda", generator=gen),
+                torch.randn(5, 24, device="cuda", generator=gen), torch.tensor([3], device="cuda"))
+
+    gm = make_fx(fn, tracing_mode="fake")(*inputs())
+    with config.patch(target="triton"):
+        compiled, _ = compile_fx(gm, torch.device("cuda"), "forward")
+    for _ in range(3):
+        args = inputs()
+        expected_cache = args[2].clone()
+        expected = fn(args[0].double(), args[1].double(), expected_cache.double(), args[3])
+        (out,) = compiled(*args)
+        torch.testing.assert_close(out.double(), expected, rtol=2e-3, atol=2e-3)
+        torch.testing.assert_close(args[2].double(), expected_cache.double().index_copy_(0, args[3], args[0][:1].double()))
+    source = compiled.generated_call().__tilefuse_source__
+    assert "stream0" in source
+    assert re.search(r"^    launch\d+\(b, env\)", source, re.M) is None, source  # every kernel launched directly
