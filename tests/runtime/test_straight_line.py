@@ -3,6 +3,7 @@ sizes, later calls run a generated function that gives what the general call giv
 whose layout differs from the one a launch was built for sends that launch the general way; a
 launch guard that fails sends the whole call the general way; every set of sizes gets its own
 function; the knob turns it off."""
+import copy
 import re
 
 import pytest
@@ -100,6 +101,35 @@ def test_the_knob_turns_it_off(target):
             x = torch.randn(6, 10, generator=gen)
             torch.testing.assert_close(compiled(x, w)[0], _reference(x, w), rtol=1e-5, atol=1e-5)
     assert compiled.generated_call() is None
+
+
+@needs_cxx
+def test_dead_buffers_of_the_same_layout_are_reused():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from tilefuse.compiler import compile_fx
+
+    torch.manual_seed(10)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 40), torch.nn.GELU(), torch.nn.LayerNorm(40),
+                                torch.nn.Linear(40, 40), torch.nn.Tanh(), torch.nn.LayerNorm(40),
+                                torch.nn.Linear(40, 7)).eval()
+    params = [p.detach() for p in model.parameters()]
+
+    def fn(x, *weights):
+        return torch.func.functional_call(model, dict(zip(dict(model.named_parameters()), weights)), (x,))
+
+    reference = copy.deepcopy(model).double()
+    x = torch.randn(9, 16)
+    with torch.no_grad():
+        gm = make_fx(fn, tracing_mode="fake")(x, *params)
+        with config.patch(target="cpu"):
+            compiled, _ = compile_fx(gm, torch.device("cpu"), "forward")
+        for _ in range(3):
+            x = torch.randn(9, 16)
+            (out,) = compiled(x, *params)
+            expected = reference(x.double())
+            torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+    assert "'s memory" in compiled.generated_call().__tilefuse_source__
 
 
 class _Inlined:

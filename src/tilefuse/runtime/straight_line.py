@@ -116,15 +116,20 @@ def generate(cg, env: dict, records: list):
     for name, target in cg.in_place.items():
         src.emit(f"b[{name!r}] = b[{target!r}]")
     src.names.update(empty_strided=torch.empty_strided, device=cg.device)
+    allocations = _allocations(cg, env)
+    reuse = _reuse(cg, allocations)
+    reused = set(reuse.values())  # popped where their memory is taken, not where they die
     layouts: dict = {}  # name -> strides, of what this function allocates
     for k, step in enumerate(cg.steps):
         record = records[k]
         if hasattr(step, "launch"):
             for name in step.writes:
                 if name not in cg.inputs:
-                    shape, stride, dtype = cg._layout(name, env)
-                    strides = _strides_of(shape, stride)
+                    shape, strides, dtype = allocations[name]
                     layouts[name] = strides
+                    if name in reuse:
+                        src.emit(f"b[{name!r}] = b.pop({reuse[name]!r})  # {step.name}: {reuse[name]}'s memory")
+                        continue
                     src.emit(f"b[{name!r}] = empty_strided({shape!r}, {strides!r}, "
                              f"dtype={src.name_of(dtype, 'd')}, device=device)  # {step.name}")
             general = f"{src.name_of(step.launch, 'launch')}(b, env)"
@@ -147,7 +152,8 @@ def generate(cg, env: dict, records: list):
             extern = functools.partial(cg._extern, step)
             src.emit(f"{src.name_of(extern, 'extern')}(b, env)  # {step.name}")
         for name in cg.free_after[k]:
-            src.emit(f"b.pop({name!r}, None)")
+            if name not in reused:
+                src.emit(f"b.pop({name!r}, None)")
     outputs = []
     for out in cg.graph.outputs:
         if isinstance(out, str):
@@ -164,6 +170,38 @@ def generate(cg, env: dict, records: list):
     call = namespace["call"]
     call.__tilefuse_source__ = text
     return call
+
+
+def _allocations(cg, env: dict) -> dict:
+    """name -> (shape, strides, torch dtype) of every buffer the call allocates."""
+    out = {}
+    for step in cg.steps:
+        if hasattr(step, "launch"):
+            for name in step.writes:
+                if name not in cg.inputs:
+                    shape, stride, dtype = cg._layout(name, env)
+                    out[name] = (shape, _strides_of(shape, stride), dtype)
+    return out
+
+
+def _reuse(cg, allocations: dict) -> dict:
+    """new buffer -> a dead buffer of the same shape, strides and dtype whose memory it takes,
+    as Inductor's wrapper reuses buffers: an allocation saved per pair. Only buffers this call
+    allocated and no ATen call read (its result may be a view of them) are reused."""
+    seen_by_aten = {name for step in cg.steps if not hasattr(step, "launch") for name in step.reads}
+    dead: dict = {}  # layout -> buffers dead and not yet taken
+    reuse = {}
+    for k, step in enumerate(cg.steps):
+        if hasattr(step, "launch"):
+            for name in step.writes:
+                if name in allocations:
+                    spare = dead.get(allocations[name])
+                    if spare:
+                        reuse[name] = spare.pop()
+        for name in cg.free_after[k]:
+            if name in allocations and name not in seen_by_aten:
+                dead.setdefault(allocations[name], []).append(name)
+    return reuse
 
 
 def _named(env: dict):
