@@ -134,6 +134,80 @@ def test_fully_masked_key_tiles_are_skipped(fn, bounds):
     torch.testing.assert_close(out, fn(q, k, v), atol=1e-5, rtol=1e-5)
 
 
+def _hf_style(fill, window, keys_keep=None):
+    """Hugging Face's eager attention: a keep-mask (causal, a window, `ids[i] == ids[j]` of
+    packed sequences, or a padding mask over keys) turned into a bias of 0 and `fill`, added
+    to the scores."""
+    def fn(q, k, v, ids):
+        s = q @ k.transpose(-1, -2) * 0.25
+        i = torch.arange(s.shape[-2], device=q.device)[:, None]
+        j = torch.arange(s.shape[-1], device=q.device)[None, :]
+        keep = (j <= i) & (j > i - window)
+        keep = keep & (ids[:, None] == ids[None, :]) if keys_keep is None else keep & keys_keep[None, :]
+        bias = torch.where(keep, torch.zeros((), dtype=s.dtype, device=q.device), fill)
+        return torch.softmax(s + bias, -1) @ v
+    return fn
+
+
+@pytest.mark.parametrize("fill", [float("-inf"), torch.finfo(torch.float32).min, -65504.0])
+def test_masks_with_a_data_part_and_finite_fills_skip_by_their_index_part(fill):
+    """A mask that is an index formula AND a condition on data (packed sequences' ids) skips
+    the tiles its index part kills; a finite fill (`finfo.min`) skips too, because every row
+    keeps its diagonal (`ids[i] == ids[i]`) whatever the data."""
+    q, k, v = (torch.randn(1, 2, 100, 16, device=DEVICE) for _ in range(3))
+    ids = torch.randint(0, 3, (100,), device=DEVICE).sort().values
+    fn = _hf_style(fill, window=30)
+    torch._dynamo.reset()
+    report = tilefuse.explain(fn, q, k, v, ids)
+    assert [k_.kind for k_ in report.kernels] == ["flash"], str(report)
+    assert any("skipped" in n for n in report.kernels[0].notes)
+    assert "Max(0" in report.kernels[0].tile_ir and "Min(100" in report.kernels[0].tile_ir
+    torch._dynamo.reset()
+    out = torch.compile(fn, backend="tilefuse")(q, k, v, ids)
+    ref = fn(q.double(), k.double(), v.double(), ids)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fill", [torch.finfo(torch.float32).min, -1e4])
+def test_finite_fills_that_may_mask_a_whole_row_skip_nothing(fill):
+    """Left padding masks whole rows: eager then averages every key (a finite fill is not
+    -inf), so nothing may be skipped; a fill that is not far below every score skips nothing
+    either. Both match eager, the fully masked rows included."""
+    q, k, v = (torch.randn(1, 2, 100, 16, device=DEVICE) for _ in range(3))
+    keys_keep = torch.ones(100, dtype=torch.bool, device=DEVICE)
+    keys_keep[:7] = False  # rows 0..6 see only padding
+    fn = _hf_style(fill, window=30, keys_keep=keys_keep)
+    ids = torch.zeros(100, dtype=torch.long, device=DEVICE)
+    torch._dynamo.reset()
+    report = tilefuse.explain(fn, q, k, v, ids)
+    assert [k_.kind for k_ in report.kernels] == ["flash"], str(report)
+    assert not any("skipped" in n for n in report.kernels[0].notes)
+    torch._dynamo.reset()
+    out = torch.compile(fn, backend="tilefuse")(q, k, v, ids)
+    ref = fn(q.double(), k.double(), v.double(), ids)
+    eager_err = (fn(q, k, v, ids).double() - ref).abs().max().item()  # (s + fill rounds in fp32)
+    assert (out.double() - ref).abs().max().item() <= 2 * eager_err + 1e-5
+
+
+def test_finite_fills_with_more_queries_than_keys_skip_nothing():
+    """Row i's diagonal key exists only while i < the key count."""
+    q = torch.randn(1, 2, 90, 16, device=DEVICE)
+    k, v = (torch.randn(1, 2, 60, 16, device=DEVICE) for _ in range(2))
+
+    def fn(q, k, v):
+        s = q @ k.transpose(-1, -2) * 0.25
+        i = torch.arange(90, device=q.device)[:, None]
+        j = torch.arange(60, device=q.device)[None, :]
+        return torch.softmax(s.masked_fill(j > i, torch.finfo(s.dtype).min), -1) @ v
+
+    torch._dynamo.reset()
+    report = tilefuse.explain(fn, q, k, v)
+    assert not any("skipped" in n for n in report.kernels[0].notes)
+    torch._dynamo.reset()
+    out = torch.compile(fn, backend="tilefuse")(q, k, v)
+    torch.testing.assert_close(out.double(), fn(q.double(), k.double(), v.double()), atol=1e-5, rtol=1e-5)
+
+
 def test_scaled_dot_product_attention_calls_get_the_same_kernel():
     """F.scaled_dot_product_attention reaches tilefuse through PyTorch's math definition (on
     CPU) or its fused attention ops (CUDA), lowered through the same math; it becomes one flash kernel — with block skipping for is_causal, and PyTorch's rule

@@ -4,7 +4,8 @@ mask makes every score in them -inf — the analysis, done once when attention i
 the kernel's loop range.
 
 The score reduction's body (the running max's input) is inspected for the form
-`where(cond(i, j), -inf, score)`; each disjunct of `cond` that is linear in the query row `i`
+`where(cond(i, j), -inf, score)` (or a finite fill such as `finfo.min`, added or selected;
+see `live_key_range` for when that may skip); each disjunct of `cond` that is linear in the query row `i`
 and key position `j` with unit coefficients (`j > i + c`, `i − j > w`, ...) bounds the live
 key range of a row block: causal masks end the loop at the diagonal, sliding windows also
 start it late. Skipped tiles would contribute the reductions' identities, so the result is
@@ -16,7 +17,7 @@ import random
 
 import sympy
 
-from ..ir.expr import Binary, Cast, Const, Expr, Index, Load, Var, Where, transform, walk
+from ..ir.expr import Binary, Cast, Const, Expr, Index, Load, Unary, Var, Where, transform, walk
 from ..ir.monoid import ANY, MAX, MIN, SUM, Monoid
 
 _REL = {"gt": sympy.StrictGreaterThan, "ge": sympy.GreaterThan, "lt": sympy.StrictLessThan, "le": sympy.LessThan}
@@ -28,9 +29,18 @@ def _strip(e: Expr) -> Expr:
     return e
 
 
-def _is_neg_inf(e: Expr) -> bool:
+#: a finite fill at or below this masks as -inf does for a row with a live score: exp(fill +
+#: s − max) is 0 in fp32 unless a masked score exceeds the row's largest live score by more
+#: than 60000 (fp16 scores span at most 131008; HF fills with the dtype's `finfo.min`)
+FILL_LIMIT = -6.0e4
+
+
+def _fill(e: Expr):
+    """The fill value of a masked branch (-inf, or a finite value at or below FILL_LIMIT), or None."""
     e = _strip(e)
-    return isinstance(e, Const) and e.dtype.is_float and e.value == float("-inf")
+    if isinstance(e, Const) and e.dtype.is_float and e.value <= FILL_LIMIT:
+        return float(e.value)
+    return None
 
 
 def _condition(e: Expr) -> Expr:
@@ -92,33 +102,88 @@ def _negate(c: Expr):
         return Binary("logical_or" if c.op == "logical_and" else "logical_and", a, b, c.dtype)
     if isinstance(c, Const):
         return Const(not c.value, c.dtype)
+    if c.dtype.is_bool:  # (a comparison of loaded data, ...): no bound reads it, but it stays a disjunct
+        return Unary("logical_not", c, c.dtype)
     return None
+
+
+def _masking(body: Expr):
+    """(condition, fill): where the body is masked and the value it takes there at most (-inf,
+    or a finite fill at or below FILL_LIMIT plus the score), or (None, None)."""
+    e = _strip(body)
+    if isinstance(e, Where) and _fill(e.a) is not None:
+        return _condition(e.cond), _fill(e.a)
+    if isinstance(e, Where) and _fill(e.b) is not None:
+        cond = _negate(e.cond)
+        return (cond, _fill(e.b)) if cond is not None else (None, None)
+    if isinstance(e, Binary) and e.op == "add":  # score + mask bias (where(keep, 0, fill))
+        parts = [m for m in (_masking(e.a), _masking(e.b)) if m[0] is not None]
+        if len(parts) == 2:
+            return Binary("logical_or", parts[0][0], parts[1][0], parts[0][0].dtype), max(parts[0][1], parts[1][1])
+        return parts[0] if parts else (None, None)
+    if isinstance(e, Binary) and e.op == "mul" and isinstance(e.b, Const) and e.b.dtype.is_float and e.b.value > 0:
+        cond, fill = _masking(e.a)
+        fill = fill * e.b.value if fill is not None else None
+        return (cond, fill) if fill is not None and fill <= FILL_LIMIT else (None, None)
+    return None, None
 
 
 def masked_condition(body: Expr):
-    """The condition under which the body is -inf, or None: `where(c, -inf, s)` masks where
-    c holds, `where(c, s, -inf)` (keep-masks, as PyTorch's SDPA builds) where it does not."""
-    e = _strip(body)
-    if isinstance(e, Where) and _is_neg_inf(e.a):
-        return _condition(e.cond)
-    if isinstance(e, Where) and _is_neg_inf(e.b):
-        return _negate(e.cond)
-    if isinstance(e, Binary) and e.op == "add":  # score + mask bias (where(keep, 0, -inf))
-        parts = [c for c in (masked_condition(e.a), masked_condition(e.b)) if c is not None]
-        if len(parts) == 2:
-            return Binary("logical_or", parts[0], parts[1], parts[0].dtype)
-        return parts[0] if parts else None
-    if isinstance(e, Binary) and e.op == "mul" and isinstance(e.b, Const) and e.b.dtype.is_float and e.b.value > 0:
-        return masked_condition(e.a)
+    """The condition under which the body is masked (-inf, or a fill below any score), or
+    None: `where(c, -inf, s)` masks where c holds, `where(c, s, -inf)` (keep-masks, as
+    PyTorch's SDPA builds) where it does not, `s + where(keep, 0, finfo.min)` (Hugging Face's
+    masks) where `keep` does not."""
+    return _masking(body)[0]
+
+
+def _diagonal_is_live(cond: Expr, row: sympy.Symbol, key: sympy.Symbol) -> bool:
+    """Whether `cond` (the masked condition) is false for key j = i on every row i: then every
+    row keeps a live score on its diagonal whatever the data, e.g. `i >= j` with `ids[i] ==
+    ids[j]` for Hugging Face's packed-sequence masks."""
+    def at_diagonal(e):
+        if isinstance(e, Index):
+            return Index(sympy.sympify(e.expr).subs(key, row), e.dtype)
+        return None
+
+    return _truth(transform(cond, at_diagonal)) is False
+
+
+def _truth(c: Expr):
+    """True / False where `c` is decided whatever the data, else None."""
+    c = _condition(c)
+    if isinstance(c, Const):
+        return bool(c.value)
+    if isinstance(c, Unary) and c.op == "logical_not":
+        inner = _truth(c.x)
+        return None if inner is None else not inner
+    if isinstance(c, Binary) and c.op in ("logical_and", "logical_or"):
+        a, b = _truth(c.a), _truth(c.b)
+        if c.op == "logical_and":
+            return False if False in (a, b) else (True if a is True and b is True else None)
+        return True if True in (a, b) else (False if a is False and b is False else None)
+    if isinstance(c, Binary) and c.op in ("eq", "ne", "lt", "le", "gt", "ge"):
+        if c.a == c.b and not c.a.dtype.is_float:  # the same value (no NaN) on both sides
+            return c.op in ("eq", "le", "ge")
+        lhs, rhs = _int_expr(c.a), _int_expr(c.b)
+        if lhs is not None and rhs is not None:
+            rel = {"eq": sympy.Eq, "ne": sympy.Ne, **_REL}[c.op](sympy.expand(lhs - rhs), 0)
+            return bool(rel) if rel in (sympy.true, sympy.false) else None
     return None
 
 
-def live_key_range(body: Expr, row: sympy.Symbol, key: sympy.Symbol):
+def live_key_range(body: Expr, row: sympy.Symbol, key: sympy.Symbol, diagonal_exists: bool = False):
     """(lower, upper) bounds of the live keys for rows [lo, hi] as functions
     `lower(lo)` / `upper(hi)` — sympy expressions over the symbols LO and HI — or None for no
-    bound. A key j is dead for the whole block when j < lower or j > upper."""
-    cond = masked_condition(body)
+    bound. A key j is dead for the whole block when j < lower or j > upper.
+
+    A finite fill (`finfo.min`) is not -inf: a row masked everywhere averages every key in
+    eager, so its keys may be skipped only when each row provably keeps a live score — its
+    diagonal, where the mask is false whatever the data and key j = i exists
+    (`diagonal_exists`: as many keys as rows at least)."""
+    cond, fill = _masking(body)
     if cond is None:
+        return None, None
+    if fill != float("-inf") and not (diagonal_exists and _diagonal_is_live(cond, row, key)):
         return None, None
     lower = upper = None
     for d in _disjuncts(cond):
@@ -206,9 +271,9 @@ def unmasked(body: Expr) -> Expr:
     """`body` with the mask that `masked_condition` reads removed (its live branch kept): the
     score expression of tiles where the mask holds nowhere."""
     e = _strip(body)
-    if isinstance(e, Where) and _is_neg_inf(e.a):
+    if isinstance(e, Where) and _fill(e.a) is not None:
         return _cast(e.b, body.dtype)
-    if isinstance(e, Where) and _is_neg_inf(e.b):
+    if isinstance(e, Where) and _fill(e.b) is not None:
         return _cast(e.a, body.dtype)
     if isinstance(e, Binary) and e.op == "add":
         a = unmasked(e.a) if masked_condition(e.a) is not None else e.a

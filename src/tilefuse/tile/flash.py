@@ -104,7 +104,7 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
     acc = Var(b.fresh("acc"), accd)
     b.emit(Full(acc.name, ("BLOCK_M", "BLOCK_DN"), 0.0, accd))
 
-    start, stop = _live_keys(info, outs[con.m_dim], r0, N)
+    start, stop = _live_keys(info, outs[con.m_dim], r0, M, N)
     if (start != 0 or stop != N) and splits == 1:
         plan.notes.append(f"{o_node.name}: key tiles outside [{start}, {stop}) are fully masked for the "
                           f"row block and skipped")
@@ -508,7 +508,7 @@ def _finished(value, node):
     return cast(value, node.dtype)
 
 
-def _live_keys(info, row, key, N):
+def _live_keys(info, row, key, M, N):
     """The key range a block of query rows must visit (block skipping of masked tiles)."""
     from ..fusion.masking import HI, LO, live_key_range
 
@@ -516,7 +516,7 @@ def _live_keys(info, row, key, N):
     masked = info.masked
     if masked is None or not info.skippable:
         return start, stop  # no mask, or some reduction still needs the masked keys: skip nothing
-    lower, upper = live_key_range(masked, row, key)
+    lower, upper = live_key_range(masked, row, key, diagonal_exists=sympy.sympify(N - M).is_nonnegative is True)
     lo = tile_symbol("pid") * tile_symbol("BLOCK_M")
     if lower is not None:
         first = sympy.Max(0, lower.subs(LO, lo))
