@@ -68,3 +68,22 @@ def test_copy_into_fresh_tensor():
 def test_runtime_asserts_are_dropped():
     i = torch.randint(0, 5, (7,))
     check(lambda i: torch.nn.functional.one_hot(i, 5) * 2, i)
+
+
+def test_captured_zero_dim_constants_become_literals():
+    """`torch.tensor(c)` in a traced function is a captured constant; a 0-dim one is read as
+    its value (as Hugging Face's `where(mask, tensor(0.), finfo.min)`), never loaded per element."""
+    import tilefuse
+
+    def f(x, keep):
+        bias = torch.where(keep, torch.tensor(0.0), torch.tensor(-1e30))
+        return torch.softmax(x + bias, -1) * torch.tensor(3) + torch.tensor(True)
+
+    gen = torch.Generator().manual_seed(11)
+    x, keep = torch.randn(6, 29, generator=gen), torch.rand(6, 29, generator=gen) > 0.3
+    torch._dynamo.reset()
+    report = tilefuse.explain(f, x, keep)
+    assert report.kernels and not any("ptr_const" in k.source for k in report.kernels), str(report)
+    torch._dynamo.reset()
+    out = torch.compile(f, backend="tilefuse")(x, keep)
+    torch.testing.assert_close(out, f(x, keep), rtol=1e-5, atol=1e-5)

@@ -20,6 +20,7 @@ from . import lowerings  # noqa: F401  (registers every lowering)
 from .context import LoweringContext, ir_dtype, shape_of, strides_of, sym_expr
 from .origins import tag_new_nodes
 from .registry import Unsupported, find_lowering
+from .lowerings.common import pointwise, scalar
 from .values import BufferValue, TensorValue
 
 _SYM_OPS = {
@@ -91,6 +92,11 @@ def lower_fx(gm: torch.fx.GraphModule, name: str = "graph") -> Graph:
                 continue
             if not isinstance(value, torch.Tensor):
                 raise LoweringError(f"unsupported attribute {node.target} of type {type(value).__name__}")
+            number = _scalar_constant(value)
+            if number is not None:  # a 0-dim constant (`torch.zeros(())` in a mask): its value, no load
+                dtype = ir_dtype(value.dtype)
+                env[node] = pointwise(ctx, (), dtype, lambda idx, number=number, dtype=dtype: scalar(number, dtype))
+                continue
             c = graph.add(Constant(graph.fresh_name("const"), ir_dtype(value.dtype), shape_of(value), value=value))
             env[node] = BufferValue(c.name, c.dtype, c.shape)
         elif node.op == "call_function":
@@ -215,3 +221,23 @@ def _describe(out) -> str:
     if isinstance(out, TensorValue):
         return "view"
     return type(out).__name__
+
+
+def _scalar_constant(value: torch.Tensor):
+    """The number a captured 0-dim constant holds (a real tensor of a real or integer dtype,
+    not a parameter), else None."""
+    plain = value.dtype.is_floating_point or value.dtype in _PLAIN_INTEGERS
+    if value.dim() != 0 or not plain or value.requires_grad:
+        return None
+    try:
+        # (lowering runs in AOTAutograd's fake mode; the constant itself is real)
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():
+            number = value.item()
+    except Exception:  # noqa: BLE001 - a fake or meta tensor: its value is unknown, it stays a buffer
+        return None
+    return number if type(number) in (bool, int, float) else None
+
+
+_PLAIN_INTEGERS = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
