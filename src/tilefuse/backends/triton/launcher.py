@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib.util
 import os
 import sys
@@ -348,7 +349,16 @@ def _aligned_copy(t):
 def _scratch_for_descriptors(size: int, alignment: int, stream):
     import torch
 
-    return torch.empty(size, dtype=torch.int8, device="cuda" if torch.cuda.is_available() else "cpu")
+    return torch.empty(size, dtype=torch.int8, device=_scratch_device())
+
+
+@functools.cache
+def _scratch_device() -> str:
+    """Where descriptor scratch lives (asked once: `torch.cuda.is_available()` costs about 5 µs,
+    and Triton asks for scratch at every launch of a kernel that builds descriptors)."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 # per thread: Triton keeps its allocator in a context variable, which a new thread starts without
