@@ -80,6 +80,60 @@ def test_attention_variant_is_one_flash_kernel(fn, dtype):
     assert (out.double() - ref).abs().max().item() <= 2 * eager_err + tol
 
 
+def normalised_after_the_product(q, k, v):
+    s = q @ k.transpose(-1, -2) * 0.25
+    e = torch.exp(s - s.amax(-1, keepdim=True))
+    return (e @ v) / e.sum(-1, keepdim=True)
+
+
+def normalised_after_without_keepdim(q, k, v):
+    s = q @ k.transpose(-1, -2) * 0.25
+    e = torch.exp(s - s.amax(-1, keepdim=True))
+    return (e @ v) / e.sum(-1)[..., None]
+
+
+def explicit_exp_and_division(q, k, v):
+    s = q @ k.transpose(-1, -2) * 0.25
+    e = torch.exp(s - s.max(-1, keepdim=True).values)
+    return (e / e.sum(-1, keepdim=True)) @ v
+
+
+def scale_before_the_product(q, k, v):
+    return torch.softmax((q * 0.5) @ (k.transpose(-1, -2) * 0.5), -1) @ v
+
+
+def log_softmax_exp(q, k, v):
+    return torch.log_softmax(q @ k.transpose(-1, -2) * 0.25, -1).exp() @ v
+
+
+def bmm_with_reshapes(q, k, v):
+    b, h, t, d = q.shape
+    s = torch.bmm(q.reshape(b * h, t, d), k.reshape(b * h, -1, d).transpose(1, 2)) * 0.25
+    return torch.bmm(torch.softmax(s, -1), v.reshape(b * h, -1, d)).reshape(b, h, t, d)
+
+
+SPELLINGS = [normalised_after_the_product, normalised_after_without_keepdim, explicit_exp_and_division,
+             scale_before_the_product, log_softmax_exp, bmm_with_reshapes]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("fn", SPELLINGS, ids=lambda f: f.__name__)
+def test_equivalent_spellings_reach_one_flash_kernel(fn, dtype):
+    """Attention written other ways — normalised after the product, exp and max by hand, the
+    scale split over the operands, through bmm — is derived into the same single kernel."""
+    q = torch.randn(1, 2, 37, 16, dtype=dtype, device=DEVICE)
+    k, v = (torch.randn(1, 2, 45, 16, dtype=dtype, device=DEVICE) for _ in range(2))
+    torch._dynamo.reset()
+    report = tilefuse.explain(fn, q, k, v)
+    assert [k_.kind for k_ in report.kernels] == ["flash"] and not report.externs, str(report)
+    torch._dynamo.reset()
+    out = torch.compile(fn, backend="tilefuse")(q, k, v)
+    ref = fn(q.double(), k.double(), v.double())
+    eager_err = (fn(q, k, v).double() - ref).abs().max().item()
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert (out.double() - ref).abs().max().item() <= 2 * eager_err + tol
+
+
 def test_fully_masked_rows_follow_eager():
     q = torch.randn(1, 1, 9, 16, device=DEVICE)
     k, v = (torch.randn(1, 1, 40, 16, device=DEVICE) for _ in range(2))

@@ -127,7 +127,8 @@ def _check(out_k, red_k, f_name, side, by_node, graph, outputs, steps, note):
     s_name = score_names[0]
     score_k = by_node[s_name]
     readers = _readers(steps, graph)
-    internal = {st.node for st in red_k.stages} | {s_name, out_k.stages[0].node}
+    # (the output's epilogue may read the finished reductions: `(e @ v) / e.sum(-1)`)
+    internal = {st.node for st in red_k.stages} | {s_name} | {st.node for st in out_k.stages}
     for name in [s_name, f_name] + [s.node for s in reduces]:
         if name in outputs or not readers.get(name, set()) <= internal:
             note(f"{out_k.stages[0].node}: no attention fusion: {name} is needed outside the chain")
@@ -224,8 +225,12 @@ def _coordinates(graph, out_k, score_k, reduces, term, f_name, f_body, s_name):
     if any(n_sym in c.expr.free_symbols for c in s_idx):
         return "the scores depend on the held output dimension"
     bodies = {}
+    read = {st.node: _loads_of(term, st.node) for st in reduces}
+    template = next((st.node for st in reduces if len(read[st.node]) == 1), None)
     for st in reduces:
-        loads = _loads_of(term, st.node)
+        loads = read[st.node]
+        if not loads and template is not None:  # read after the loop only (`(e @ v) / e.sum(-1)`)
+            loads = _same_row(graph, template, next(iter(read[template])), st.node)
         if len(loads) != 1:
             return f"{st.node} is read at several positions"
         (idx,) = loads
@@ -248,6 +253,22 @@ def _coordinates(graph, out_k, score_k, reduces, term, f_name, f_body, s_name):
     a_reads_key = key_sym in free_symbols(sc.a)
     q, k = (fb, fa) if a_reads_key else (fa, fb)
     return FlashInfo(q=q, k=k, score_extent=s_node.ranges[0], a=a_inl, b=con.b, reduce_bodies=bodies)
+
+
+def _same_row(graph, template: str, idx: tuple, name: str) -> set:
+    """{index of `name` at the row where `template` is read at `idx`}, for reductions of one
+    kernel whose shapes differ only in dims of size 1 (`keepdim`); empty otherwise."""
+    def real(shape):
+        return [d for d, n in enumerate(shape) if sympy.sympify(n) != 1]
+
+    t_shape, shape = graph[template].shape, graph[name].shape
+    t_dims, dims = real(t_shape), real(shape)
+    if len(t_dims) != len(dims) or any(sympy.sympify(t_shape[a] - shape[b]) != 0 for a, b in zip(t_dims, dims)):
+        return set()
+    out = [Index(sympy.Integer(0))] * len(shape)
+    for a, b in zip(t_dims, dims):
+        out[b] = idx[a]
+    return {tuple(out)}
 
 
 def _defer(info: FlashInfo, term: Expr, producers: tuple, o_node, con):

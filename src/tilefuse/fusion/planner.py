@@ -24,7 +24,7 @@ import sympy
 
 from .. import logs
 from ..config import KNOBS
-from ..ir.expr import Binary, Expr, Index, Load, free_symbols, out_index, red_index, walk
+from ..ir.expr import Binary, Expr, Index, Load, free_symbols, out_index, red_index, transform, walk
 from ..ir.graph import Extern, ExternResult, Graph, Pointwise, Reduce, Scatter
 from ..ir.monoid import SUM
 from ..ir.rewrite import substitute_index
@@ -201,13 +201,17 @@ class Planner:
             self.add(k, Stage(node.name, StageKind.CONTRACTION, body))
             self.note(f"{node.name}: contraction (m=dim {contraction.m_dim}, n=dim {contraction.n_dim}) -> {k.name}", k)
             return
-        deps = self.deps(body)
         index_map = dict(zip(out_index(node.rank), (Index(e) for e in unravel_sym(X, node.shape))))
+        own_body = body
         for k in reversed(self.kernels()):
             if k.kind != PlanKind.REDUCTION or k.reduction != tuple(node.ranges):
                 continue
             if sympy.simplify(k.parallel - parallel) != 0:
                 continue
+            # a full-row output of k read here is recomputed from k's own values (`exp(s − m)`
+            # summed after it was also multiplied by V: softmax normalised after the product)
+            body = self.through_full_rows(own_body, k)
+            deps = self.deps(body)
             kidx = self.steps.index(k)
             members = {s.node for s in k.stages if s.kind in (StageKind.REDUCE, StageKind.ROW)}
             ranges = {X: k.parallel}
@@ -222,8 +226,27 @@ class Planner:
             self.note(f"{node.name}: joins {k.name} as a reduction over the same axis (pass {level})", k)
             return
         k = self.new_kernel(PlanKind.REDUCTION, parallel, tuple(node.ranges))
-        self.add(k, Stage(node.name, StageKind.REDUCE, body, level=0))
+        self.add(k, Stage(node.name, StageKind.REDUCE, own_body, level=0))
         self.note(f"{node.name}: reduction over {list(node.ranges)} -> {k.name}", k)
+
+    def through_full_rows(self, body: Expr, k: KernelPlan) -> Expr:
+        """`body` with the loads of k's full-row outputs replaced by their bodies (so that it
+        reads what k computes, not what k stores)."""
+        full = {s.node: s.body for s in k.stages if s.kind == StageKind.FULL}
+        if not full:
+            return body
+
+        def inline(e):
+            if isinstance(e, Load) and e.buffer in full:
+                node = self.graph[e.buffer]
+                return substitute_index(full[e.buffer], dict(zip(out_index(node.rank), e.index)))
+            return None
+
+        for _ in range(len(full)):  # (a full row may read another)
+            if not any(isinstance(e, Load) and e.buffer in full for e in walk(body)):
+                break
+            body = transform(body, inline)
+        return body
 
     def try_repair(self, k: KernelPlan, node: Reduce, body: Expr, deps: set):
         """A rolling update over the latest reduction this one reads, if one can be derived;
