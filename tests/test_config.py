@@ -29,6 +29,7 @@ BAD_AND_GOOD = {
     "compile_threads": ("two", (" 3 ", 3)),
     "graph_cache": ("sometimes", ("off", False)),
     "cuda_graphs": ("2", ("on", True)),
+    "generated_wrapper": ("maybe", ("0", False)),
     "persistent_reduction_limit": ("4194304", ("1024", 1024)),
     "flash_config": ("64,64,4", ("64,32,4,2", "64,32,4,2")),
     "flash_split": ("-1", ("4", 4)),

@@ -115,6 +115,7 @@ def compile_fx(gm: torch.fx.GraphModule, device: torch.device, name: str = "grap
     if key is not None:
         loaded = graph_cache.load(key, device, name)
         if loaded is not None:
+            loaded[0].generates_calls = options.generated_wrapper  # (not in the key: a run-time choice)
             return loaded
     with stage("lower"):
         graph = lower_fx(gm, name)
@@ -294,7 +295,9 @@ def _compile_steps(graph, schedule, lowering, options: Options, device, report, 
     writes = [s for s in steps if isinstance(s, ExternCall) and getattr(graph[s.name], "mutates", False)
               and s.name not in read]
     steps = [s for s in steps if not any(s is w for w in writes)] + writes
-    return CompiledGraph(graph, steps, device), report
+    compiled = CompiledGraph(graph, steps, device)
+    compiled.generates_calls = options.generated_wrapper
+    return compiled, report
 
 
 def _base_lowering(graph, step, options, stage):

@@ -28,7 +28,6 @@ from .profiling import profiled, profiler_enabled, step_label
 from . import straight_line
 from .. import logs
 from ..backends.size_cache import SizeCache, size_key
-from ..config import config
 
 #: a set of sizes whose call is not generated (`straight_line`): it runs the general way
 _GENERAL = object()
@@ -93,6 +92,9 @@ class CompiledGraph:
         self.step_labels = [step_label(graph, step) for step in steps]
         self._calls = SizeCache()  # size_key(env) -> generated call (`straight_line`) or _GENERAL
         self._plannable = straight_line.plannable(graph)
+        #: later calls of a set of sizes run a generated function (the `generated_wrapper` knob
+        #: of the compile, set by the compiler)
+        self.generates_calls = True
 
     def _alloc(self, name: str, env: dict) -> torch.Tensor:
         # (keyed by the sizes at this step: an extern call earlier in the graph may bind more)
@@ -144,7 +146,7 @@ class CompiledGraph:
 
     def _run(self, args, on_step, labels):
         env = bind_from(self.symbol_sources, args)
-        if labels is None and on_step is None and self._plannable:
+        if labels is None and on_step is None and self._plannable and self.generates_calls:
             key = size_key(env)
             call = self._calls.get(key)
             if call is None:
@@ -170,9 +172,9 @@ class CompiledGraph:
                     logs.log("runtime", "%s: %s launches the general way (%s)", self.graph.name, step.name, err)
             records.append(answer)
 
-        outputs = self._general(args, env, record if config.generated_wrapper else None, None)
+        outputs = self._general(args, env, record, None)
         call = _GENERAL
-        if config.generated_wrapper and size_key(env) == key and len(records) == len(self.steps):
+        if size_key(env) == key and len(records) == len(self.steps):
             try:
                 call = straight_line.generate(self, env, records)
             except Exception as err:  # noqa: BLE001 - a call that cannot be generated runs the general way
