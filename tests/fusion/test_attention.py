@@ -250,6 +250,39 @@ def test_finite_fills_with_more_queries_than_keys_skip_nothing():
     torch.testing.assert_close(out.double(), fn(q.double(), k.double(), v.double()), atol=1e-5, rtol=1e-5)
 
 
+def _normalised_after(epilogue):
+    def fn(q, k, v):
+        s = q @ k.transpose(-1, -2) * 0.25
+        m = s.amax(-1, keepdim=True)
+        e = torch.exp(s - m)
+        return epilogue(e @ v, e.sum(-1, keepdim=True), s, m, e)
+    return fn
+
+
+OTHER_ROWS = {
+    "sum_flipped": lambda o, l, s, m, e: o / l.flip(-2),
+    "sum_of_row_0": lambda o, l, s, m, e: o / l[..., :1, :],
+    "sum_rolled": lambda o, l, s, m, e: o / torch.roll(l, 1, -2),
+    "max_flipped": lambda o, l, s, m, e: o / l + m.flip(-2),
+    "weights_read": lambda o, l, s, m, e: o / l + e[..., :16],
+    "scores_read": lambda o, l, s, m, e: o / l + s[..., :16],
+}
+
+
+@pytest.mark.parametrize("name", sorted(OTHER_ROWS))
+def test_epilogues_reading_other_rows_or_the_scores_stay_exact(name):
+    """A flash kernel holds each row's own reductions and never stores the scores or weights:
+    an epilogue reading a reduction at another row, or reading the scores, keeps its kernels
+    apart, and compiles (no eager fallback)."""
+    fn = _normalised_after(OTHER_ROWS[name])
+    q = torch.randn(1, 2, 37, 16, device=DEVICE)
+    k, v = (torch.randn(1, 2, 45, 16, device=DEVICE) for _ in range(2))
+    torch._dynamo.reset()
+    with tilefuse.config.patch(fallback="error"):
+        out = torch.compile(fn, backend="tilefuse")(q, k, v)
+    torch.testing.assert_close(out.double(), fn(q.double(), k.double(), v.double()), atol=1e-5, rtol=1e-5)
+
+
 def test_scaled_dot_product_attention_calls_get_the_same_kernel():
     """F.scaled_dot_product_attention reaches tilefuse through PyTorch's math definition (on
     CPU) or its fused attention ops (CUDA), lowered through the same math; it becomes one flash kernel — with block skipping for is_causal, and PyTorch's rule

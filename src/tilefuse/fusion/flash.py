@@ -127,10 +127,11 @@ def _check(out_k, red_k, f_name, side, by_node, graph, outputs, steps, note):
     s_name = score_names[0]
     score_k = by_node[s_name]
     readers = _readers(steps, graph)
-    # (the output's epilogue may read the finished reductions: `(e @ v) / e.sum(-1)`)
-    internal = {st.node for st in red_k.stages} | {s_name} | {st.node for st in out_k.stages}
+    internal = {st.node for st in red_k.stages} | {s_name, out_k.stages[0].node}
+    epilogue = {st.node for st in out_k.stages[1:]}  # may read the finished reductions (`(e @ v) / e.sum(-1)`)
     for name in [s_name, f_name] + [s.node for s in reduces]:
-        if name in outputs or not readers.get(name, set()) <= internal:
+        allowed = internal | epilogue if name not in (s_name, f_name) else internal
+        if name in outputs or not readers.get(name, set()) <= allowed:
             note(f"{out_k.stages[0].node}: no attention fusion: {name} is needed outside the chain")
             return None
     held_n = o_node.shape[con.n_dim if side == "a" else con.m_dim]
@@ -150,6 +151,9 @@ def _check(out_k, red_k, f_name, side, by_node, graph, outputs, steps, note):
     info = _coordinates(graph, out_k, score_k, reduces, term, f_name, f_body, s_name)
     if isinstance(info, str):
         note(f"{out_k.stages[0].node}: no attention fusion: {info}")
+        return None
+    if not _epilogue_reads_own_rows(graph, out_k, info, reduces, term):
+        note(f"{out_k.stages[0].node}: no attention fusion: the epilogue reads a reduction at another row")
         return None
     deferred = _defer(info, term, producers, o_node, con)
     extra = []
@@ -269,6 +273,48 @@ def _same_row(graph, template: str, idx: tuple, name: str) -> set:
     for a, b in zip(t_dims, dims):
         out[b] = idx[a]
     return {tuple(out)}
+
+
+def _epilogue_reads_own_rows(graph, out_k, info: "FlashInfo", reduces, term) -> bool:
+    """Whether the output's epilogue reads each reduction at the row of the output element it
+    computes (the flash kernel holds only that row's value): each is read where the output's
+    own read, mapped through the reductions' row (`_same_row`), says."""
+    o_name = out_k.stages[0].node
+    names = {st.node for st in reduces}
+    template = next((n for n in names if len(_loads_of(term, n)) == 1), None)
+    for st in out_k.stages[1:]:
+        reads = {n: _loads_of(st.body, n) for n in names}
+        if not any(reads.values()):
+            continue
+        o_reads = _loads_of(st.body, o_name)
+        if template is None or len(o_reads) != 1:
+            return False
+        (o_idx,) = o_reads
+        at = dict(zip(out_index(graph[o_name].rank), o_idx))
+        (t_idx,) = _loads_of(term, template)
+        t_at = tuple(substitute_index(c, at) for c in t_idx)
+        ranges = dict(zip(out_index(graph[st.node].rank), graph[st.node].shape))
+        for n, loads in reads.items():
+            for idx in loads:
+                want = _same_row(graph, template, t_at, n)
+                if len(want) != 1 or not _same_position(idx, next(iter(want)), graph[n].shape, ranges):
+                    return False
+    return True
+
+
+def _same_position(a: tuple, b: tuple, shape, ranges: dict) -> bool:
+    from ..ir.symbolic import simplify_index
+
+    if any(not isinstance(c, Index) for c in (*a, *b)):
+        return False
+    flat = [sympy.Integer(0), sympy.Integer(0)]
+    for k, (x, y) in enumerate(zip(a, b)):
+        stride = sympy.Mul(*shape[k + 1:]) if k + 1 < len(shape) else sympy.Integer(1)
+        flat[0] += x.expr * stride
+        flat[1] += y.expr * stride
+    ones = {sym: 0 for sym, n in ranges.items() if sympy.sympify(n) == 1}  # (a dim of size 1 is index 0)
+    diff = simplify_index(flat[0].subs(ones), ranges) - simplify_index(flat[1].subs(ones), ranges)
+    return sympy.expand(diff) == 0
 
 
 def _defer(info: FlashInfo, term: Expr, producers: tuple, o_node, con):
