@@ -192,11 +192,11 @@ def _hf_style(fill, window, keys_keep=None):
     return fn
 
 
-@pytest.mark.parametrize("fill", [float("-inf"), torch.finfo(torch.float32).min, -65504.0])
+@pytest.mark.parametrize("fill", [float("-inf"), torch.finfo(torch.float32).min, torch.finfo(torch.bfloat16).min])
 def test_masks_with_a_data_part_and_finite_fills_skip_by_their_index_part(fill):
     """A mask that is an index formula AND a condition on data (packed sequences' ids) skips
-    the tiles its index part kills; a finite fill (`finfo.min`) skips too, because every row
-    keeps its diagonal (`ids[i] == ids[i]`) whatever the data."""
+    the tiles its index part kills; a fill of fp32's or bf16's `finfo.min` skips too, because
+    every row keeps its diagonal (`ids[i] == ids[i]`) whatever the data."""
     q, k, v = (torch.randn(1, 2, 100, 16, device=DEVICE) for _ in range(3))
     ids = torch.randint(0, 3, (100,), device=DEVICE).sort().values
     fn = _hf_style(fill, window=30)
@@ -229,6 +229,29 @@ def test_finite_fills_that_may_mask_a_whole_row_skip_nothing(fill):
     out = torch.compile(fn, backend="tilefuse")(q, k, v, ids)
     ref = fn(q.double(), k.double(), v.double(), ids)
     eager_err = (fn(q, k, v, ids).double() - ref).abs().max().item()  # (s + fill rounds in fp32)
+    assert (out.double() - ref).abs().max().item() <= 2 * eager_err + 1e-5
+
+
+@pytest.mark.parametrize("fill", [-1e5, torch.finfo(torch.float16).min])
+def test_a_fill_that_live_scores_may_lie_below_skips_nothing(fill):
+    """A fill is skipped like -inf only when no live score can lie below it: here every live
+    score is about -1.6e5, so eager's weights sit on the masked keys."""
+    q = torch.full((1, 1, 100, 16), 100.0, device=DEVICE)
+    k = torch.full((1, 1, 100, 16), -100.0, device=DEVICE) + torch.randn(1, 1, 100, 16, device=DEVICE)
+    v = torch.randn(1, 1, 100, 16, device=DEVICE)
+
+    def fn(q, k, v):
+        s = q @ k.transpose(-1, -2)
+        i, j = _rows_and_keys(s)
+        return torch.softmax(torch.where(j > i, fill, s), -1) @ v
+
+    torch._dynamo.reset()
+    report = tilefuse.explain(fn, q, k, v)
+    assert not any("skipped" in n for n in report.kernels[0].notes)
+    torch._dynamo.reset()
+    out = torch.compile(fn, backend="tilefuse")(q, k, v)
+    ref = fn(q.double(), k.double(), v.double())
+    eager_err = (fn(q, k, v).double() - ref).abs().max().item()
     assert (out.double() - ref).abs().max().item() <= 2 * eager_err + 1e-5
 
 

@@ -30,9 +30,10 @@ def _strip(e: Expr) -> Expr:
 
 
 #: a finite fill at or below this masks as -inf does for a row with a live score: exp(fill +
-#: s − max) is 0 in fp32 unless a masked score exceeds the row's largest live score by more
-#: than 60000 (fp16 scores span at most 131008; HF fills with the dtype's `finfo.min`)
-FILL_LIMIT = -6.0e4
+#: s − max) is 0 in fp32 unless the row's live scores are themselves below -1e30 (Hugging Face
+#: fills with the dtype's `finfo.min`, -3.4e38 for fp32 and bf16; fp16's -65504 is not enough:
+#: live scores may lie below it)
+FILL_LIMIT = -1.0e30
 
 
 def _fill(e: Expr):
@@ -295,12 +296,9 @@ HI = sympy.Symbol("HI", integer=True)
 
 def vanishes_when_masked(body: Expr, masked: Expr, m: Monoid) -> bool:
     """A skipped key tile must contribute the combiner's identity to `body`: the body reads the
-    scores only through the masked score expression, and where that is -inf it evaluates to
-    the identity (checked on random values of everything else, e.g. exp(-inf - m) == 0)."""
-    import torch
-
-    from ..ir.interpret import Evaluator
-
+    scores only through the masked score expression, and where that is masked — -inf, and the
+    mask's finite fill when it has one — it evaluates to the identity (checked on random values
+    of everything else, e.g. exp(-inf - m) == 0)."""
     scores = {e.buffer for e in walk(masked) if isinstance(e, Load)}
     placeholder = Var("__masked__", masked.dtype)
     hidden = transform(body, lambda e: placeholder if e == masked else None)
@@ -310,10 +308,22 @@ def vanishes_when_masked(body: Expr, masked: Expr, m: Monoid) -> bool:
         return False
     ident = float(m.identity(body.dtype))
     rng = random.Random(0)
+    fill = _masking(masked)[1]
+    for value_masked in (float("-inf"), fill) if fill not in (None, float("-inf")) else (float("-inf"),):
+        if not _vanishes_at(hidden, placeholder, value_masked, ident, rng):
+            return False
+    return True
+
+
+def _vanishes_at(hidden: Expr, placeholder: Var, value_masked: float, ident: float, rng) -> bool:
+    import torch
+
+    from ..ir.interpret import Evaluator
+
     for _ in range(3):
         def leaf(e):
             if e is placeholder or e == placeholder:
-                return Const(float("-inf"), e.dtype)
+                return Const(value_masked, e.dtype)
             if isinstance(e, (Load, Index)) and not isinstance(e, Var):
                 v = rng.uniform(-4, 4)
                 return Const(v if e.dtype.is_float else int(v), e.dtype) if not e.dtype.is_bool else Const(v > 0, e.dtype)
