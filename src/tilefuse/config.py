@@ -191,7 +191,7 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "(mode='reduce-overhead' and 'max-autotune' turn it on): one launch per call instead of one "
          "per kernel"),
     Knob("generated_wrapper", bool, True,
-         "after a compiled graph's first call with a set of sizes, later calls with those sizes run a "
+         "from a compiled graph's second call with a set of sizes, calls with those sizes run a "
          "generated straight-line function (allocations, launches with their arguments in place); off: "
          "every call walks the graph's steps (TILEFUSE_LOGS=runtime prints each function)"),
     Knob("graph_cache", bool, True,

@@ -1,5 +1,5 @@
-"""A compiled graph's generated call (`runtime.straight_line`): after the first call of a set of
-sizes, later calls run a generated function that gives what the general call gives; a buffer
+"""A compiled graph's generated call (`runtime.straight_line`): from the second call of a set
+of sizes, calls run a generated function that gives what the general call gives; a buffer
 whose layout differs from the one a launch was built for sends that launch the general way; a
 launch guard that fails sends the whole call the general way; every set of sizes gets its own
 function; the knob turns it off."""
@@ -52,14 +52,36 @@ def test_generated_call_gives_the_general_calls_results(target):
     compiled = _compile(_graph(7, 33), target)
     gen = torch.Generator().manual_seed(3)
     w = torch.randn(33, generator=gen)
-    assert compiled.generated_call() is None
     for k in range(4):
         x = torch.randn(7, 33, generator=gen)
         (out,) = compiled(x, w)
         torch.testing.assert_close(out, _reference(x, w), rtol=1e-5, atol=1e-5)
-        assert compiled.generated_call() is not None  # made by the first call, used by the rest
+        # made by the second call (sizes seen once may never come again), used by the rest
+        assert (compiled.generated_call() is not None) == (k >= 1)
     source = compiled.generated_call().__tilefuse_source__
-    assert source.startswith("def call(args, env):") and "empty_strided((7, 33)" in source
+    assert source.startswith("def call(args, env, cg):") and "empty_strided((7, 33)" in source
+
+
+@needs_cxx
+def test_a_graph_holding_its_calls_is_freed_at_once():
+    """The generated functions take the graph as an argument: no reference cycle keeps a
+    dropped graph (its constants, its kernels) alive until the cyclic collector runs."""
+    import gc
+    import weakref
+
+    compiled = _compile(_graph(5, 8))
+    gen = torch.Generator().manual_seed(12)
+    w = torch.randn(8, generator=gen)
+    for _ in range(3):
+        compiled(torch.randn(5, 8, generator=gen), w)
+    assert compiled.generated_call() is not None
+    ref = weakref.ref(compiled)
+    gc.disable()
+    try:
+        del compiled
+        assert ref() is None
+    finally:
+        gc.enable()
 
 
 @needs_cxx
@@ -67,8 +89,8 @@ def test_a_buffer_with_other_strides_takes_the_general_launch():
     compiled = _compile(_graph(7, 33))
     gen = torch.Generator().manual_seed(4)
     w = torch.randn(33, generator=gen)
-    x = torch.randn(7, 33, generator=gen)
-    compiled(x, w)
+    for _ in range(2):
+        compiled(torch.randn(7, 33, generator=gen), w)
     source = compiled.generated_call().__tilefuse_source__
     assert "b['x'].stride() == (33, 1)" in source  # the kernel was built for x's strides
     transposed = torch.randn(33, 7, generator=gen).T  # same sizes, other strides: no recompile
@@ -174,19 +196,20 @@ def test_checks_guards_setup_and_stream_reach_the_generated_call():
     def check(x):
         torch.testing.assert_close(compiled(x, w)[0], _reference(x, w), rtol=1e-5, atol=1e-5)
 
+    check(torch.randn(4, 9, generator=gen))  # the general call
     check(torch.randn(4, 9, generator=gen))  # the general call, which records
-    assert stand_in.general == 1 and not stand_in.calls
+    assert stand_in.general == 2 and not stand_in.calls
     check(torch.randn(4, 9, generator=gen))  # the generated call
-    assert stand_in.general == 1 and len(stand_in.calls) == 1 and stand_in.setups == 1
+    assert stand_in.general == 2 and len(stand_in.calls) == 1 and stand_in.setups == 1
     assert stand_in.streams == [1234]
     check(torch.randn(9, 4, generator=gen).T)  # x's strides differ: that launch goes the general way
-    assert stand_in.general == 2 and len(stand_in.calls) == 1
+    assert stand_in.general == 3 and len(stand_in.calls) == 1
     storage = torch.randn(40, generator=gen)
     check(storage[1:37].view(4, 9))  # 4 bytes past an aligned base: the promised alignment fails
-    assert stand_in.general == 3 and len(stand_in.calls) == 1 and stand_in.setups == 3  # (once per call)
+    assert stand_in.general == 4 and len(stand_in.calls) == 1 and stand_in.setups == 3  # (once per call)
     stand_in.allowed = False  # a launch hook: the whole call goes the general way, set up nothing
     check(torch.randn(4, 9, generator=gen))
-    assert stand_in.general == 4 and stand_in.setups == 3
+    assert stand_in.general == 5 and stand_in.setups == 3
 
 
 @needs_cxx
@@ -205,6 +228,7 @@ def test_a_skipped_launch_is_left_out():
     first.launch = Skipped()
     gen = torch.Generator().manual_seed(8)
     x, w = torch.randn(3, 5, generator=gen), torch.randn(5, generator=gen)
+    compiled(x, w)
     compiled(x, w)
     assert f"# {first.name}: nothing to compute" in compiled.generated_call().__tilefuse_source__
     first.launch = real

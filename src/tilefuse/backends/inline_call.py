@@ -57,8 +57,5 @@ class InlineCall:
     setup: object = None  # () -> None, once per call before the first launch
     stream: object = None  # () -> the current stream, once per call (for `STREAM`)
 
-    def buffers(self) -> list:
-        return [a.name for a in self.args if isinstance(a, Buf)]
-
 
 __all__ = ["Buf", "STREAM", "SKIP", "Expect", "InlineCall"]

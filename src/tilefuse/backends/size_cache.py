@@ -55,6 +55,15 @@ class SizeCache:
                 self._entries.popitem(last=False)
         return value
 
+    def replace(self, key, value) -> None:
+        """Set `key` to `value`, whatever it held (a value that is refined once: a compiled
+        graph's sizes seen once, then their generated call)."""
+        with self._lock:
+            self._entries[key] = value
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.limit:
+                self._entries.popitem(last=False)
+
     def __len__(self) -> int:
         return len(self._entries)
 

@@ -31,6 +31,8 @@ from ..backends.size_cache import SizeCache, size_key
 
 #: a set of sizes whose call is not generated (`straight_line`): it runs the general way
 _GENERAL = object()
+#: a set of sizes called once: the next call generates its function
+_SEEN = object()
 
 
 @dataclass
@@ -125,7 +127,7 @@ class CompiledGraph:
         `__tilefuse_source__`), None where calls with those sizes run the general way or none
         has run yet."""
         call = self._calls.get(size_key(env or {}))
-        return None if call is None or call is _GENERAL else call
+        return None if call is None or call is _GENERAL or call is _SEEN else call
 
     def _on_device(self, value):
         """A 0-dim CPU tensor input of a GPU graph (Dynamo passes a float computed from a
@@ -149,17 +151,20 @@ class CompiledGraph:
         if labels is None and on_step is None and self._plannable and self.generates_calls:
             key = size_key(env)
             call = self._calls.get(key)
-            if call is None:
+            if call is None:  # a first call: sizes that may never come again generate nothing
+                self._calls.put(key, _SEEN)
+            elif call is _SEEN:
                 return self._generate(args, env, key)
-            if call is not _GENERAL:
-                outputs = call(args, env)
+            elif call is not _GENERAL:
+                outputs = call(args, env, self)
                 if outputs is not None:
                     return outputs
         return self._general(args, env, on_step, labels)
 
     def _generate(self, args, env: dict, key: tuple) -> list:
-        """Run the general way, asking each launcher after its launch what a generated call
-        would call (`straight_line`); then generate the call for these sizes."""
+        """The second call of a set of sizes: run the general way, asking each launcher after
+        its launch what a generated call would call (`straight_line`); then generate the call
+        for these sizes."""
         records = []
 
         def record(k, step, buffers):
@@ -179,7 +184,7 @@ class CompiledGraph:
                 call = straight_line.generate(self, env, records)
             except Exception as err:  # noqa: BLE001 - a call that cannot be generated runs the general way
                 logs.log("runtime", "%s: no generated call (%s)", self.graph.name, err)
-        self._calls.put(key, call)
+        self._calls.replace(key, call)
         return outputs
 
     def _general(self, args, env: dict, on_step, labels):

@@ -3,13 +3,15 @@
 The general call (`CompiledGraph._run`) looks up, for every step, what it worked out for these
 sizes (layouts, size arguments, grid), and each launcher builds its argument list and finds its
 binary: about 15 µs of host time per kernel on an H200's host, more than most kernels of a
-small model take on the GPU. So after one call of a set of sizes has run the general way, the
-graph generates a function for those sizes, as Inductor's generated wrapper is one: every
+small model take on the GPU. So the second call of a set of sizes (a first one may never come
+again) runs the general way and generates a function for those sizes, as Inductor's
+generated wrapper is one: every
 allocation with its shape and strides written out, every launch a direct call of what its
 launcher answered (`backends.inline_call`: a Triton binary's own launcher with the sizes,
 strides and grid in place, a C++ kernel's function with its sizes packed, the library product
 with its views' integers bound), every buffer dropped after its last use, the outputs
-returned. `TILEFUSE_LOGS=runtime` prints each function; `generated_wrapper=False` turns them off.
+returned; dead buffers' memory goes to later buffers of the same layout.
+`TILEFUSE_LOGS=runtime` prints each function; `generated_wrapper=False` turns them off.
 
 What a function cannot know in advance, it checks as it goes:
 - a buffer it did not allocate (an input, an ATen call's result) must have the strides and
@@ -30,8 +32,7 @@ import torch
 
 from .. import logs
 from ..backends.inline_call import SKIP, STREAM, Buf, InlineCall
-from ..ir import symbolic
-from ..ir.graph import Constant, Extern, ExternResult
+from ..ir.graph import Extern, ExternResult
 from ..ir.interpret import output_value
 
 
@@ -72,7 +73,7 @@ class _Source:
         return name
 
     def literal(self, value) -> str:
-        if value is None or isinstance(value, (bool, int)) or (isinstance(value, float) and math.isfinite(value)):
+        if value is None or type(value) in (bool, int) or (type(value) is float and math.isfinite(value)):
             return repr(value)
         return self.name_of(value, "v")
 
@@ -90,8 +91,10 @@ def _strides_of(shape: tuple, stride) -> tuple:
 def generate(cg, env: dict, records: list):
     """The call of compiled graph `cg` for the sizes `env`, from `records` (per step: what its
     launcher's `inline` answered, None for the general launch or an ATen call). Returns
-    `function(args, env) -> outputs | None`, its source in `__tilefuse_source__`; a None
-    from it means: run the general way (a check at entry failed, before anything ran)."""
+    `function(args, env, cg) -> outputs | None`, its source in `__tilefuse_source__`; a None
+    from it means: run the general way (a check at entry failed, before anything ran). The
+    graph is an argument, not part of the function's namespace, so that the graph holding its
+    functions is no reference cycle."""
     src = _Source()
     inlined = [r for r in records if isinstance(r, InlineCall)]
     guards = _unique(r.guard for r in inlined)
@@ -109,10 +112,8 @@ def generate(cg, env: dict, records: list):
     src.emit("b = dict(constants)")
     src.names["constants"] = cg.constants
     for name, position, scalar in cg.input_slots:
-        value = f"on_device(args[{position}])" if scalar else f"args[{position}]"
+        value = f"cg._on_device(args[{position}])" if scalar else f"args[{position}]"
         src.emit(f"b[{name!r}] = {value}")
-    if any(scalar for _, _, scalar in cg.input_slots):
-        src.names["on_device"] = cg._on_device
     for name, target in cg.in_place.items():
         src.emit(f"b[{name!r}] = b[{target!r}]")
     src.names.update(empty_strided=torch.empty_strided, device=cg.device)
@@ -149,8 +150,7 @@ def generate(cg, env: dict, records: list):
             else:
                 src.emit(f"{general}  # {step.name}")
         else:
-            extern = functools.partial(cg._extern, step)
-            src.emit(f"{src.name_of(extern, 'extern')}(b, env)  # {step.name}")
+            src.emit(f"cg._extern({src.name_of(step, 'step')}, b, env)  # {step.name}")
         for name in cg.free_after[k]:
             if name not in reused:
                 src.emit(f"b.pop({name!r}, None)")
@@ -163,7 +163,7 @@ def generate(cg, env: dict, records: list):
         else:
             outputs.append(src.literal(out))
     src.emit(f"return [{', '.join(outputs)}]")
-    text = "def call(args, env):\n" + "\n".join(src.lines) + "\n"
+    text = "def call(args, env, cg):\n" + "\n".join(src.lines) + "\n"
     namespace = dict(src.names)
     exec(compile(text, f"<tilefuse call {cg.graph.name}>", "exec"), namespace)  # noqa: S102 - our own source
     logs.log("runtime", "%s: generated call for sizes %s:\n%s", cg.graph.name, dict(_named(env)), text)
