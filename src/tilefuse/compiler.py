@@ -154,6 +154,7 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None,
         choose_library_calls(graph, schedule, options.matmul, cpu=target.on_cpu)
     lowering = LoweringOptions(target=target, persistent_reduction_limit=options.persistent_reduction_limit,
                                flash_config=options.flash_config, flash_split=options.flash_split,
+                               block_summary=options.block_summary,
                                matmul=options.matmul,
                                # eager CUDA does not raise on an integer division by zero: only CPU tensors check
                                divisor_checks=device.type == "cpu" and options.index_checks,
@@ -260,7 +261,7 @@ def _compile_steps(graph, schedule, lowering, options: Options, device, report, 
             logs.log("tile", "%s", tk)
             source, launcher = _generate_and_load(tk, target, step, stage, getattr(fits, "source", None))
             precompile_kernel(graph, tk, launcher)  # Triton: compiling in a worker while the next plans lower
-            kind = step.kind if tk.kind != KernelKind.FLASH_MERGE else tk.kind
+            kind = tk.kind if tk.kind in (KernelKind.FLASH_MERGE, KernelKind.BLOCK_SUMMARY) else step.kind
             reports.append(KernelReport(tk.name, kind, step.members, source, str(tk), step.notes,
                                         tuned.seconds if tk is tks[0] else 0.0))
             built.append((tk, source, launcher))

@@ -211,6 +211,11 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("flash_split", int, 0,
          "key ranges per block of query rows in attention kernels (split and merge): 0 chooses by "
          "occupancy, 1 never splits, k > 1 forces k", minimum=0, maximum=1024),
+    Knob("block_summary", bool, True,
+         "attention whose mask is read from tensor data (a tril buffer, a padding mask): a small "
+         "pre-kernel lists, per block of query rows, the key tiles that are partly or wholly live; the "
+         "attention kernel visits only those and reads no mask on the wholly live ones; off: every key "
+         "tile is visited and masked"),
 )}
 _BY_NAME: dict[str, Knob] = {**KNOBS, **{alias: k for k in KNOBS.values() for alias in k.aliases}}
 _BY_ENV: dict[str, Knob] = {**{k.env: k for k in KNOBS.values()},

@@ -194,17 +194,19 @@ def _hf_style(fill, window, keys_keep=None):
 
 @pytest.mark.parametrize("fill", [float("-inf"), torch.finfo(torch.float32).min, torch.finfo(torch.bfloat16).min])
 def test_masks_with_a_data_part_and_finite_fills_skip_by_their_index_part(fill):
-    """A mask that is an index formula AND a condition on data (packed sequences' ids) skips
-    the tiles its index part kills; a fill of fp32's or bf16's `finfo.min` skips too, because
-    every row keeps its diagonal (`ids[i] == ids[i]`) whatever the data."""
+    """A mask that is an index formula AND a condition on data (packed sequences' ids) gets a
+    block summary computed at run time, whose pre-kernel visits only the tiles the index part
+    leaves; a fill of fp32's or bf16's `finfo.min` skips too, because every row keeps its
+    diagonal (`ids[i] == ids[i]`) whatever the data: no block walks every key."""
     q, k, v = (torch.randn(1, 2, 100, 16, device=DEVICE) for _ in range(3))
     ids = torch.randint(0, 3, (100,), device=DEVICE).sort().values
     fn = _hf_style(fill, window=30)
     torch._dynamo.reset()
     report = tilefuse.explain(fn, q, k, v, ids)
-    assert [k_.kind for k_ in report.kernels] == ["flash"], str(report)
-    assert any("skipped" in n for n in report.kernels[0].notes)
-    assert "Max(0" in report.kernels[0].tile_ir and "Min(100" in report.kernels[0].tile_ir
+    assert [k_.kind for k_ in report.kernels] == ["block-summary", "flash"], str(report)
+    assert any("the rest are skipped" in n for n in report.kernels[1].notes)
+    summary = report.kernels[0].tile_ir
+    assert "Max(0" in summary and "Min(100" in summary and "every" not in summary
     torch._dynamo.reset()
     out = torch.compile(fn, backend="tilefuse")(q, k, v, ids)
     ref = fn(q.double(), k.double(), v.double(), ids)
@@ -214,8 +216,9 @@ def test_masks_with_a_data_part_and_finite_fills_skip_by_their_index_part(fill):
 @pytest.mark.parametrize("fill", [torch.finfo(torch.float32).min, -1e4])
 def test_finite_fills_that_may_mask_a_whole_row_skip_nothing(fill):
     """Left padding masks whole rows: eager then averages every key (a finite fill is not
-    -inf), so nothing may be skipped; a fill that is not far below every score skips nothing
-    either. Both match eager, the fully masked rows included."""
+    -inf), so a block of rows with such a row walks every key (the summary says which blocks);
+    a fill that is not far below every score skips nothing either. Both match eager, the
+    fully masked rows included."""
     q, k, v = (torch.randn(1, 2, 100, 16, device=DEVICE) for _ in range(3))
     keys_keep = torch.ones(100, dtype=torch.bool, device=DEVICE)
     keys_keep[:7] = False  # rows 0..6 see only padding
@@ -223,8 +226,12 @@ def test_finite_fills_that_may_mask_a_whole_row_skip_nothing(fill):
     ids = torch.zeros(100, dtype=torch.long, device=DEVICE)
     torch._dynamo.reset()
     report = tilefuse.explain(fn, q, k, v, ids)
-    assert [k_.kind for k_ in report.kernels] == ["flash"], str(report)
-    assert not any("skipped" in n for n in report.kernels[0].notes)
+    if fill == -1e4:  # not a mask at all: added like any bias
+        assert [k_.kind for k_ in report.kernels] == ["flash"], str(report)
+        assert not any("skipped" in n for n in report.kernels[0].notes)
+    else:
+        assert [k_.kind for k_ in report.kernels] == ["block-summary", "flash"], str(report)
+        assert "every" in report.kernels[0].tile_ir
     torch._dynamo.reset()
     out = torch.compile(fn, backend="tilefuse")(q, k, v, ids)
     ref = fn(q.double(), k.double(), v.double(), ids)
@@ -308,8 +315,9 @@ def test_epilogues_reading_other_rows_or_the_scores_stay_exact(name):
 
 def test_scaled_dot_product_attention_calls_get_the_same_kernel():
     """F.scaled_dot_product_attention reaches tilefuse through PyTorch's math definition (on
-    CPU) or its fused attention ops (CUDA), lowered through the same math; it becomes one flash kernel — with block skipping for is_causal, and PyTorch's rule
-    that rows masked entirely give 0."""
+    CPU) or its fused attention ops (CUDA), lowered through the same math; it becomes one flash
+    kernel — with block skipping for is_causal, a block summary for a mask tensor, and
+    PyTorch's rule that rows masked entirely give 0."""
     import torch.nn.functional as F
 
     q, k, v = (torch.randn(1, 2, 100, 16, device=DEVICE) for _ in range(3))
@@ -317,12 +325,13 @@ def test_scaled_dot_product_attention_calls_get_the_same_kernel():
     keep[:5] = False
     cases = [(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), False),
              (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), True),
-             (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=keep), False)]
+             (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=keep), None)]
     for fn, skips in cases:
         torch._dynamo.reset()
         report = tilefuse.explain(fn, q, k, v)
-        assert [k_.kind for k_ in report.kernels] == ["flash"] and not report.externs, str(report)
-        assert any("skipped" in n for n in report.kernels[0].notes) == skips
+        kinds = ["flash"] if skips is not None else ["block-summary", "flash"]  # (a mask from data)
+        assert [k_.kind for k_ in report.kernels] == kinds and not report.externs, str(report)
+        assert any("skipped" in n for n in report.kernels[-1].notes) == (skips is not False)
         torch._dynamo.reset()
         out = torch.compile(fn, backend="tilefuse")(q, k, v)
         torch.testing.assert_close(out, fn(q, k, v), atol=1e-5, rtol=1e-5)

@@ -137,6 +137,12 @@ def masked_condition(body: Expr):
     return _masking(body)[0]
 
 
+def mask_and_fill(body: Expr):
+    """(condition, fill) of a masked score expression — where it is masked, and the value
+    (-inf, or a finite fill at or below FILL_LIMIT) it takes there — or (None, None)."""
+    return _masking(body)
+
+
 def _diagonal_is_live(cond: Expr, row: sympy.Symbol, key: sympy.Symbol) -> bool:
     """Whether `cond` (the masked condition) is false for key j = i on every row i: then every
     row keeps a live score on its diagonal whatever the data, e.g. `i >= j` with `ids[i] ==
@@ -349,4 +355,13 @@ def mask_facts(reduce_bodies: dict, weights: Expr, graph) -> tuple[Expr | None, 
     return masked, all(vanishes_when_masked(body, masked, m) for body, m in others + [(weights, SUM)])
 
 
-__all__ = ["mask_facts", "vanishes_when_masked", "live_key_range", "full_key_range", "unmasked", "masked_condition", "LO", "HI"]
+def diagonal_keeps_rows_live(body: Expr, row: sympy.Symbol, key: sympy.Symbol, diagonal_exists: bool) -> bool:
+    """Every row keeps a live score whatever the data: the mask is -inf-filled (a row masked
+    everywhere is NaN in eager either way), or its diagonal key exists and is never masked."""
+    cond, fill = _masking(body)
+    if cond is None or fill == float("-inf"):
+        return True
+    return diagonal_exists and _diagonal_is_live(cond, row, key)
+
+
+__all__ = ["mask_facts", "mask_and_fill", "diagonal_keeps_rows_live", "vanishes_when_masked", "live_key_range", "full_key_range", "unmasked", "masked_condition", "LO", "HI"]

@@ -29,6 +29,7 @@ class LoweringOptions:
     persistent_reduction_limit: int = 8192
     flash_config: str = ""
     flash_split: int = 0  # key ranges per block of rows in attention kernels (0: by occupancy)
+    block_summary: bool = True  # masks read from data: a pre-kernel lists the key tiles to visit
     schedule: Schedule | None = None  # a schedule of the plan's space (tuned, fitted): over the rules, knob by knob
     matmul: str = "auto"  # plain matmuls: "auto" (measured), "generated", "aten"
     divisor_checks: bool = False  # an integer division by zero raises (CPU tensors, as eager does there)

@@ -18,14 +18,16 @@ import math
 import sympy
 
 from ..fusion.flash import K0
+from ..fusion.masking import diagonal_keeps_rows_live, unmasked
 from ..fusion.plan import KernelPlan, PlanKind, StageKind
 from ..fusion.planner import unravel_sym
-from ..ir.expr import Const, Index, Load, Var, binary, cast, out_index, red_index, where
+from ..ir.expr import Const, Index, Load, Var, binary, cast, out_index, red_index, transform, where
 from ..ir.graph import Graph
 from ..ir.monoid import SUM
 from ..ir.symbolic import contiguous_strides
 from .builder import KernelBuilder, land
-from .ir import Arange, Assign, DotTile, For, Full, KernelKind, ProgramId, ReduceTile, Scratch, TileKernel
+from .block_summary import EVERY, FULL, PARTIAL, listed_count, listed_tile_offset, lower_summary, summary_for
+from .ir import Arange, Assign, DotTile, For, Full, KernelKind, Let, ProgramId, ReduceTile, Scratch, TileKernel
 from .family import KernelFamily
 from .common import (LoweringOptions, bound_check, combine, dot_accumulator, dot_operand, full_tile, identity_const,
                      index_values, lane_ranges, mapped, needs_int64, pow2, rebase, static_int, tile_symbol)
@@ -41,12 +43,28 @@ def lower_flash_kernels(graph: Graph, plan: KernelPlan, options: LoweringOptions
     rolling updates (FlashDecoding's log-sum-exp merge, derived rather than written)."""
     splits = split_factor(graph, plan, options)
     if splits <= 1:
-        return [lower_flash(graph, plan, options)]
+        summary = _block_summary(graph, plan, options)
+        flash = lower_flash(graph, plan, options, summary=summary)
+        return [lower_summary(graph, plan, options, summary), flash] if summary is not None else [flash]
     partial = lower_flash(graph, plan, options, splits=splits)
     return [partial, lower_flash_merge(graph, plan, options, splits, partial)]
 
 
-def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits: int = 1) -> TileKernel:
+def _block_summary(graph: Graph, plan: KernelPlan, options: LoweringOptions):
+    """The run-time block summary of an unsplit flash kernel whose mask reads data, or None."""
+    info = plan.flash
+    if info.masked is None:
+        return None
+    schedule = _tiles_schedule(graph, plan, options)
+    M, N, _, _, _ = _flash_sizes(graph, plan)
+    o_node = graph[next(st.node for st in plan.stages if st.kind == StageKind.CONTRACTION)]
+    row, (key,) = out_index(o_node.rank)[plan.contraction.m_dim], red_index(1)
+    rows_live = diagonal_keeps_rows_live(info.masked, row, key, sympy.sympify(N - M).is_nonnegative is True)
+    return summary_for(graph, plan, options, 1, schedule["BLOCK_M"], schedule["BLOCK_N"], rows_live)
+
+
+def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits: int = 1,
+                summary=None) -> TileKernel:
     info = plan.flash
     con = plan.contraction
     stages = {st.kind: st for st in plan.stages if st.kind in (StageKind.SCORE, StageKind.CONTRACTION)}
@@ -105,7 +123,8 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
     b.emit(Full(acc.name, ("BLOCK_M", "BLOCK_DN"), 0.0, accd))
 
     start, stop = _live_keys(info, outs[con.m_dim], r0, M, N)
-    if (start != 0 or stop != N) and splits == 1:
+    b.tile_symbols |= {"tpos", "BLOCK_N"}
+    if (start != 0 or stop != N) and splits == 1 and summary is None:
         plan.notes.append(f"{o_node.name}: key tiles outside [{start}, {stop}) are fully masked for the "
                           f"row block and skipped")
     if splits > 1:
@@ -117,11 +136,21 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
     low_inputs = q_dtype.is_low_precision and dot_operand(info.k)[1].is_low_precision
     relax = relax_for_low_precision if low_inputs else (lambda e: e)
 
-    def key_loop(lo, hi, edit):
-        """One loop over key tiles [lo, hi); `edit` rewrites the bodies (removes the mask)."""
-        loop = For("joffset", Index(lo), Index(hi), "BLOCK_N")
+    def key_loop(lo, hi, edit, listed=None):
+        """One loop over key tiles [lo, hi); `edit` rewrites the bodies (removes the mask). With
+        `listed` (a list of the block summary), over the tiles it lists: positions [0, hi)."""
+        if listed is None and summary is None:
+            loop = For("joffset", Index(lo), Index(hi), "BLOCK_N")
+        elif listed is None:  # (the summary's loops bind `joffset` in their bodies: so does this one)
+            loop = For("tpos", Index(lo), hi, "BLOCK_N")
+        else:
+            loop = For("tpos", Index(sympy.Integer(0)), hi, "1")
         b.emit(loop)
         b.push_block(loop.body)
+        if listed is not None:
+            b.emit(Let("joffset", listed_tile_offset(b, summary, listed, summary_row, tile_symbol("tpos"))))
+        elif summary is not None:
+            b.emit(Let("joffset", Index(tile_symbol("tpos"))))
         b.emit(Arange("rj", Index(tile_symbol("joffset")), "BLOCK_N", 1, 2))
         b.emit(Arange("rjb", Index(tile_symbol("joffset")), "BLOCK_N", 0, 2))
         j_ok = bound_check(b, rj, N, bn, "jmask")
@@ -187,7 +216,20 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
         b.pop_block()
 
     interior = _interior_keys(info, outs[con.m_dim], r0, start, stop, bn)
-    if interior is None:
+    if summary is not None:
+        b.scratch.update(summary.scratch())
+        summary_row = summary.batch_index(batch_vals)
+        partial, full, _ = summary.names
+        live = unmasked(info.masked)
+        drop_mask = lambda e: transform(e, lambda n: live if n == info.masked else None)  # noqa: E731
+        key_loop(0, listed_count(b, summary, summary_row, PARTIAL), lambda e: e, listed=partial)
+        key_loop(0, listed_count(b, summary, summary_row, FULL), drop_mask, listed=full)
+        if summary.fallback:
+            every = listed_count(b, summary, summary_row, EVERY)
+            key_loop(0, binary("mul", every, Index(N)), lambda e: e)
+        plan.notes.append(f"{o_node.name}: the mask reads tensor data: {plan.name}_summary lists, per block of "
+                          f"rows, the key tiles partly live (masked) and wholly live (no mask); the rest are skipped")
+    elif interior is None:
         key_loop(start, stop, lambda e: e)
     else:
         first, last, edit = interior

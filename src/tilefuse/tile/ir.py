@@ -296,13 +296,15 @@ def check_message(check: Check, env: dict | None = None) -> str:
 
 class KernelKind(Vocabulary):
     """What a tile kernel is: its plan's kind (`fusion.plan.PlanKind`), or the merge kernel a
-    split flash plan adds after its split kernel."""
+    split flash plan adds after its split kernel, or the pre-kernel that lists the key tiles a
+    flash kernel with a mask read from data visits (`tile.block_summary`)."""
 
     POINTWISE = "pointwise"
     REDUCTION = "reduction"
     CONTRACTION = "contraction"
     FLASH = "flash"
     FLASH_MERGE = "flash-merge"
+    BLOCK_SUMMARY = "block-summary"
 
 
 @dataclass

@@ -1,0 +1,138 @@
+"""Masks read from tensor data (a tril buffer, a padding mask, a causal mask gathered by
+positions) get a block summary computed at run time: the attention kernel visits only the key
+tiles the summary lists, and the result matches eager against an fp64 reference."""
+import os
+
+import pytest
+import torch
+
+import tilefuse
+from backends_on_cpu import CPU_BACKENDS
+
+DEVICE = os.environ.get("TILEFUSE_TEST_DEVICE", "cpu")
+TARGETS = CPU_BACKENDS if DEVICE == "cpu" else ["auto"]
+
+
+def _compiled(fn, target, **knobs):
+    torch._dynamo.reset()
+    return torch.compile(fn, backend="tilefuse", options={"target": target, **knobs})
+
+
+def nanogpt_attention(q, k, v, bias):
+    """nanoGPT's attention: a `tril` buffer sliced to the length, `masked_fill` with -inf."""
+    t = q.shape[-2]
+    s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    s = s.masked_fill(bias[:, :, :t, :t] == 0, float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+def hf_padded_attention(q, k, v, keep):
+    """Hugging Face's eager attention: causal AND a padding mask per batch row, as a bias of
+    0 and `finfo.min` added to the scores."""
+    s = q @ k.transpose(-1, -2) * 0.25
+    t = s.shape[-1]
+    causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    allowed = causal[None, None] & keep[:, None, None, :].bool()
+    bias = torch.zeros(allowed.shape, dtype=s.dtype, device=q.device).masked_fill(~allowed, torch.finfo(s.dtype).min)
+    return torch.softmax(s + bias, -1) @ v
+
+
+def gathered_causal(q, k, v, causal_mask, input_pos):
+    """gpt-fast's prefill: the cache's causal mask gathered by the input positions; the keys
+    are the whole cache."""
+    mask = causal_mask[None, None, input_pos]
+    s = q @ k.transpose(-1, -2) * 0.25
+    s = torch.where(mask, s, float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_tril_buffer_skips_the_tiles_above_the_diagonal(target):
+    """Key tiles masked for a whole block of rows are never read: a NaN in the last value row
+    reaches only the rows whose blocks visit its tile (eager's 0 · NaN reaches all of them)."""
+    t = 150
+    bias = torch.tril(torch.ones(t, t, device=DEVICE)).view(1, 1, t, t)
+    q, k, v = (torch.randn(2, 3, t, 16, device=DEVICE) for _ in range(3))
+    torch._dynamo.reset()
+    report = tilefuse.explain(nanogpt_attention, q, k, v, bias, options={"target": target})
+    assert [k_.kind for k_ in report.kernels] == ["block-summary", "flash"], str(report)
+    header = report.kernels[0].tile_ir.splitlines()[0]
+    assert "grid=('ceiling(150/BLOCK_M)', '1')" in header  # one mask for every batch row and head
+    out = _compiled(nanogpt_attention, target)(q, k, v, bias)
+    ref = nanogpt_attention(q.double(), k.double(), v.double(), bias.double())
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+
+    poisoned = v.clone()
+    poisoned[..., -1, :] = float("nan")
+    out = _compiled(nanogpt_attention, target)(q, k, poisoned, bias)
+    assert torch.isnan(nanogpt_attention(q, k, poisoned, bias)[..., :32, :]).all()  # eager reads it
+    assert torch.isfinite(out[..., :32, :]).all()  # the first block of rows skips the last tile
+    torch.testing.assert_close(out[..., :32, :].double(), ref[..., :32, :], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_padding_masks_per_batch_row_and_wholly_masked_rows_follow_eager(target, dtype):
+    """A padding mask differs per batch row: the summary has one per row. Left padding masks
+    whole query rows under a `finfo.min` fill; eager averages every key there, and so does a
+    block holding such a row (it walks every key)."""
+    if dtype == torch.bfloat16 and target == "interpret":
+        pytest.skip("bf16 attention through the interpreter is covered by the C++ backend and the GPU")
+    b, t = 3, 97
+    q, k, v = (torch.randn(b, 2, t, 16, device=DEVICE, dtype=dtype) for _ in range(3))
+    keep = torch.ones(b, t, dtype=torch.long, device=DEVICE)
+    keep[0, :41] = 0  # left padding: rows 0..40 of sequence 0 see no key
+    keep[1, 70:] = 0  # right padding
+    torch._dynamo.reset()
+    report = tilefuse.explain(hf_padded_attention, q, k, v, keep, options={"target": target})
+    assert [k_.kind for k_ in report.kernels] == ["block-summary", "flash"], str(report)
+    assert "every" in report.kernels[0].tile_ir  # a finite fill: blocks with a masked row walk every key
+    out = _compiled(hf_padded_attention, target)(q, k, v, keep)
+    ref = hf_padded_attention(q.double(), k.double(), v.double(), keep)
+    eager_err = (hf_padded_attention(q, k, v, keep).double() - ref).abs().max().item()
+    assert (out.double() - ref).abs().max().item() <= 2 * eager_err + 1e-5
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_causal_mask_gathered_by_positions(target):
+    """gpt-fast's prefill into a longer cache: keys past the prompt are masked for every row
+    and never visited; the summary is recomputed when the positions change."""
+    max_len, t = 160, 70
+    causal_mask = torch.tril(torch.ones(max_len, max_len, dtype=torch.bool, device=DEVICE))
+    q = torch.randn(1, 2, t, 16, device=DEVICE)
+    k, v = (torch.randn(1, 2, max_len, 16, device=DEVICE) for _ in range(2))
+    fn = _compiled(gathered_causal, target)
+    for start in (0, 45):  # a second chunk of the prompt: other positions, other tiles
+        input_pos = torch.arange(start, start + t, device=DEVICE)
+        out = fn(q, k, v, causal_mask, input_pos)
+        ref = gathered_causal(q.double(), k.double(), v.double(), causal_mask, input_pos)
+        torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+    poisoned = v.clone()
+    poisoned[..., -1, :] = float("nan")  # a cache row no position reaches
+    assert torch.isfinite(fn(q, k, poisoned, causal_mask, input_pos)).all()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_the_mask_may_change_between_calls(target):
+    """The summary is computed from the mask on every call: never a stale one."""
+    t = 90
+    q, k, v = (torch.randn(1, 2, t, 16, device=DEVICE) for _ in range(3))
+    fn = _compiled(nanogpt_attention, target)
+    for diagonal in (0, -40, 30):
+        bias = torch.ones(t, t, device=DEVICE).tril(diagonal).view(1, 1, t, t)
+        bias[..., :, 0] = 1  # every row keeps a key
+        out = fn(q, k, v, bias)
+        ref = nanogpt_attention(q.double(), k.double(), v.double(), bias.double())
+        torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_the_knob_turns_the_summary_off():
+    t = 70
+    bias = torch.tril(torch.ones(t, t, device=DEVICE)).view(1, 1, t, t)
+    q, k, v = (torch.randn(1, 2, t, 16, device=DEVICE) for _ in range(3))
+    torch._dynamo.reset()
+    report = tilefuse.explain(nanogpt_attention, q, k, v, bias, options={"block_summary": False})
+    assert [k_.kind for k_ in report.kernels] == ["flash"], str(report)
+    out = _compiled(nanogpt_attention, "auto", block_summary=False)(q, k, v, bias)
+    torch.testing.assert_close(out.double(), nanogpt_attention(q.double(), k.double(), v.double(), bias.double()),
+                               atol=1e-5, rtol=1e-5)
