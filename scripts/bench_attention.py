@@ -4,7 +4,8 @@
     PYTHONPATH=src python scripts/bench_attention.py --out DIR
 
 Prints a table and writes attention.json / attention.md into DIR. TFLOP/s counts 4·B·H·Sq·Sk·D
-(halved for causal); decode reports TB/s of K and V read.
+(halved for causal; the sliding window counts dense-equivalent work, as FlexAttention reports it);
+decode reports TB/s of K and V read. `--cases causal_tril,window_tensor` picks kinds.
 """
 from __future__ import annotations
 
@@ -34,18 +35,44 @@ def naive(kind, cap=20.0):
         s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
         return torch.softmax(torch.tanh(s / cap) * cap, dim=-1) @ v
 
-    return {"plain": plain, "causal": causal, "softcap": softcap, "decode": plain}[kind]
+    def masked_by(mask_of):
+        """The mask read from a tensor (`mask_of(sq, sk, device)`: True where masked), as
+        nanoGPT's `masked_fill` writes it."""
+        cache = {}
+
+        def fn(q, k, v):
+            key = (q.shape[-2], k.shape[-2], q.device)
+            if key not in cache:
+                cache[key] = mask_of(q.shape[-2], k.shape[-2], q.device)
+            s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+            return torch.softmax(s.masked_fill(cache[key], float("-inf")), dim=-1) @ v
+        return fn
+
+    def tril(sq, sk, device):
+        return torch.tril(torch.ones(sq, sk, device=device)).view(1, 1, sq, sk) == 0
+
+    def window(sq, sk, device):
+        i = torch.arange(sq, device=device)[:, None]
+        j = torch.arange(sk, device=device)[None, :]
+        return ((j > i) | (i - j >= WINDOW)).view(1, 1, sq, sk)
+
+    return {"plain": plain, "causal": causal, "softcap": softcap, "decode": plain,
+            "causal_tril": masked_by(tril), "window_tensor": masked_by(window)}[kind]
+
+
+#: the sliding window of `window_tensor` (keys i-255 .. i)
+WINDOW = 256
 
 
 def peers(kind, shape):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     out = {}
-    if kind != "softcap":
+    if kind not in ("softcap", "window_tensor"):
         def sdpa(backend):
             def run(q, k, v):
                 with sdpa_kernel(backend):
-                    return F.scaled_dot_product_attention(q, k, v, is_causal=kind == "causal")
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=kind in ("causal", "causal_tril"))
             return run
         out["sdpa-flash"] = sdpa(SDPBackend.FLASH_ATTENTION)
         out["sdpa-cudnn"] = sdpa(SDPBackend.CUDNN_ATTENTION)
@@ -55,8 +82,11 @@ def peers(kind, shape):
         flex = torch.compile(flex_attention)
         b, h, sq, d = shape[0], shape[1], shape[2], shape[3]
         sk = shape[4] if len(shape) > 4 else sq
-        if kind == "causal":
+        if kind in ("causal", "causal_tril"):
             mask = create_block_mask(lambda b_, h_, qi, ki: qi >= ki, None, None, sq, sk)
+            out["flex"] = lambda q, k, v: flex(q, k, v, block_mask=mask)
+        elif kind == "window_tensor":
+            mask = create_block_mask(lambda b_, h_, qi, ki: (qi >= ki) & (qi - ki < WINDOW), None, None, sq, sk)
             out["flex"] = lambda q, k, v: flex(q, k, v, block_mask=mask)
         elif kind == "softcap":
             out["flex"] = lambda q, k, v: flex(q, k, v, score_mod=lambda s, b_, h_, qi, ki: torch.tanh(s / 20.0) * 20.0)
@@ -66,11 +96,16 @@ def peers(kind, shape):
         print("flex unavailable:", err)
     out["inductor"] = torch.compile(naive(kind))
     out["tilefuse"] = torch.compile(naive(kind), backend="tilefuse")
+    if kind in ("causal_tril", "window_tensor"):  # the same program without the run-time block summary
+        out["tilefuse-no-summary"] = torch.compile(naive(kind), backend="tilefuse", options={"block_summary": False})
     return out
 
 
 CASES = [("plain", (4, 32, 4096, 128)), ("causal", (4, 32, 4096, 128)), ("softcap", (4, 32, 4096, 128)),
-         ("plain", (8, 16, 4096, 64)), ("causal", (8, 16, 4096, 64)), ("decode", (32, 32, 1, 128, 8192))]
+         ("plain", (8, 16, 4096, 64)), ("causal", (8, 16, 4096, 64)), ("decode", (32, 32, 1, 128, 8192)),
+         ("causal_tril", (4, 32, 4096, 128)), ("window_tensor", (4, 32, 4096, 128))]
+#: dense-equivalent work: the fraction of scores a masked variant computes
+WORK = {"causal": 0.5, "causal_tril": 0.5}
 
 
 def main():
@@ -79,16 +114,19 @@ def main():
     p.add_argument("--cases", default="all")
     args = p.parse_args()
     rows = []
+    wanted = None if args.cases == "all" else set(args.cases.split(","))
     for kind, shape in CASES:
+        if wanted is not None and kind not in wanted:
+            continue
         b, h, sq, d = shape[:4]
         sk = shape[4] if len(shape) > 4 else sq
         q = torch.randn(b, h, sq, d, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(b, h, sk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         ref = naive(kind)(q.double(), k.double(), v.double()) if sq * sk * b * h <= 2**28 else None
-        flops = 4 * b * h * sq * sk * d / (2 if kind == "causal" else 1)
+        flops = 4 * b * h * sq * sk * d * WORK.get(kind, 1.0)  # (window: dense-equivalent, as FlexAttention's)
         kv_bytes = 2 * b * h * sk * d * 2
         for name, fn in peers(kind, shape).items():
-            torch._dynamo.reset() if name in ("tilefuse",) else None
+            torch._dynamo.reset() if name.startswith("tilefuse") else None
             try:
                 t0 = time.perf_counter()
                 out = fn(q, k, v)

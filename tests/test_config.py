@@ -33,6 +33,7 @@ BAD_AND_GOOD = {
     "persistent_reduction_limit": ("4194304", ("1024", 1024)),
     "flash_config": ("64,64,4", ("64,32,4,2", "64,32,4,2")),
     "flash_split": ("-1", ("4", 4)),
+    "block_summary": ("half", ("off", False)),
 }
 
 
