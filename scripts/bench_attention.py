@@ -35,29 +35,33 @@ def naive(kind, cap=20.0):
         s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
         return torch.softmax(torch.tanh(s / cap) * cap, dim=-1) @ v
 
-    def masked_by(mask_of):
-        """The mask read from a tensor (`mask_of(sq, sk, device)`: True where masked), as
-        nanoGPT's `masked_fill` writes it."""
-        cache = {}
-
+    def masked_by(mask):
+        """The mask read from a tensor made before compiling (True where masked), applied as
+        nanoGPT's `masked_fill` does."""
         def fn(q, k, v):
-            key = (q.shape[-2], k.shape[-2], q.device)
-            if key not in cache:
-                cache[key] = mask_of(q.shape[-2], k.shape[-2], q.device)
             s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-            return torch.softmax(s.masked_fill(cache[key], float("-inf")), dim=-1) @ v
+            return torch.softmax(s.masked_fill(mask, float("-inf")), dim=-1) @ v
         return fn
 
-    def tril(sq, sk, device):
-        return torch.tril(torch.ones(sq, sk, device=device)).view(1, 1, sq, sk) == 0
+    if kind in MASKS:
+        return masked_by(MASKS[kind](*MASK_SHAPE))
+    return {"plain": plain, "causal": causal, "softcap": softcap, "decode": plain}[kind]
 
-    def window(sq, sk, device):
-        i = torch.arange(sq, device=device)[:, None]
-        j = torch.arange(sk, device=device)[None, :]
-        return ((j > i) | (i - j >= WINDOW)).view(1, 1, sq, sk)
 
-    return {"plain": plain, "causal": causal, "softcap": softcap, "decode": plain,
-            "causal_tril": masked_by(tril), "window_tensor": masked_by(window)}[kind]
+def _tril(sq, sk, device):
+    return torch.tril(torch.ones(sq, sk, device=device)).view(1, 1, sq, sk) == 0
+
+
+def _window(sq, sk, device):
+    i = torch.arange(sq, device=device)[:, None]
+    j = torch.arange(sk, device=device)[None, :]
+    return ((j > i) | (i - j >= WINDOW)).view(1, 1, sq, sk)
+
+
+#: masks read from tensors (nanoGPT's tril buffer, a precomputed window), by case
+MASKS = {"causal_tril": _tril, "window_tensor": _window}
+#: (queries, keys, device) of the masks `naive` builds: set per case
+MASK_SHAPE = [0, 0, "cuda"]
 
 
 #: the sliding window of `window_tensor` (keys i-255 .. i)
@@ -120,6 +124,7 @@ def main():
             continue
         b, h, sq, d = shape[:4]
         sk = shape[4] if len(shape) > 4 else sq
+        MASK_SHAPE[:] = [sq, sk, "cuda"]
         q = torch.randn(b, h, sq, d, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(b, h, sk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         ref = naive(kind)(q.double(), k.double(), v.double()) if sq * sk * b * h <= 2**28 else None

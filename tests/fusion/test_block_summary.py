@@ -136,3 +136,28 @@ def test_the_knob_turns_the_summary_off():
     out = _compiled(nanogpt_attention, "auto", block_summary=False)(q, k, v, bias)
     torch.testing.assert_close(out.double(), nanogpt_attention(q.double(), k.double(), v.double(), bias.double()),
                                atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_padded_mask_bias_is_still_a_mask(target):
+    """PyTorch's CUDA attention turns a bool mask into a bias of 0 and -inf padded to a
+    multiple of 16 keys and sliced back: `where(j < n, bias, 0)` still masks where the bias
+    does."""
+    import torch.nn.functional as F
+
+    t = 100
+    keep = torch.rand(t, t, device=DEVICE) > 0.3
+    keep[:, :40] = True
+    keep[:50, 60:] = False  # whole tiles masked for the first rows
+
+    def fn(q, k, v):
+        bias = torch.where(keep, 0.0, float("-inf"))
+        bias = F.pad(bias, (0, 12))[:, :t]
+        return torch.softmax(q @ k.transpose(-1, -2) * 0.25 + bias, -1) @ v
+
+    q, k, v = (torch.randn(1, 2, t, 16, device=DEVICE) for _ in range(3))
+    torch._dynamo.reset()
+    report = tilefuse.explain(fn, q, k, v, options={"target": target})
+    assert [k_.kind for k_ in report.kernels] == ["block-summary", "flash"], str(report)
+    out = _compiled(fn, target)(q, k, v)
+    torch.testing.assert_close(out.double(), fn(q.double(), k.double(), v.double()), atol=1e-5, rtol=1e-5)

@@ -117,6 +117,15 @@ def _masking(body: Expr):
     if isinstance(e, Where) and _fill(e.b) is not None:
         cond = _negate(e.cond)
         return (cond, _fill(e.b)) if cond is not None else (None, None)
+    if isinstance(e, Where) and (_is_zero(e.a) or _is_zero(e.b)):
+        # a mask bias selected in places, 0 elsewhere (padding: where(j < n, bias, 0)): masked
+        # where it is selected and masked itself
+        inner = e.b if _is_zero(e.a) else e.a
+        cond, fill = _masking(inner)
+        guard = _condition(e.cond) if inner is e.a else _negate(e.cond)
+        if cond is None or guard is None:
+            return None, None
+        return Binary("logical_and", guard, cond, cond.dtype), fill
     if isinstance(e, Binary) and e.op == "add":  # score + mask bias (where(keep, 0, fill))
         parts = [m for m in (_masking(e.a), _masking(e.b)) if m[0] is not None]
         if len(parts) == 2:
@@ -127,6 +136,11 @@ def _masking(body: Expr):
         fill = fill * e.b.value if fill is not None else None
         return (cond, fill) if fill is not None and fill <= FILL_LIMIT else (None, None)
     return None, None
+
+
+def _is_zero(e: Expr) -> bool:
+    e = _strip(e)
+    return isinstance(e, Const) and e.dtype.is_float and e.value == 0
 
 
 def masked_condition(body: Expr):
@@ -282,6 +296,8 @@ def unmasked(body: Expr) -> Expr:
         return _cast(e.b, body.dtype)
     if isinstance(e, Where) and _fill(e.b) is not None:
         return _cast(e.a, body.dtype)
+    if isinstance(e, Where) and (_is_zero(e.a) or _is_zero(e.b)) and masked_condition(e) is not None:
+        return _cast(Where(e.cond, *(x if _is_zero(x) else unmasked(x) for x in (e.a, e.b)), e.dtype), body.dtype)
     if isinstance(e, Binary) and e.op == "add":
         a = unmasked(e.a) if masked_condition(e.a) is not None else e.a
         b = unmasked(e.b) if masked_condition(e.b) is not None else e.b

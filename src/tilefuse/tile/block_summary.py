@@ -62,8 +62,9 @@ class BlockSummary:
         key_tiles = sympy.ceiling(sympy.sympify(self.keys) / self.bn)
         partial, full, counts = self.names
         first_key = dt.int64 if needs_int64(self.keys) else dt.int32
-        return {partial: Scratch(partial, (nbatch, row_blocks, key_tiles), first_key),
-                full: Scratch(full, (nbatch, row_blocks, key_tiles), first_key),
+        # (one slot more than the tiles: a loop that reads its next entry ahead stays inside)
+        return {partial: Scratch(partial, (nbatch, row_blocks, key_tiles + 1), first_key),
+                full: Scratch(full, (nbatch, row_blocks, key_tiles + 1), first_key),
                 counts: Scratch(counts, (nbatch, row_blocks, sympy.Integer(3)), dt.int32)}
 
     def batch_index(self, batch_vals) -> sympy.Expr:

@@ -136,6 +136,8 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
     low_inputs = q_dtype.is_low_precision and dot_operand(info.k)[1].is_low_precision
     relax = relax_for_low_precision if low_inputs else (lambda e: e)
 
+    prefetch = not options.target.on_cpu  # (the C++ loops do not pipeline: they read each entry in place)
+
     def key_loop(lo, hi, edit, listed=None):
         """One loop over key tiles [lo, hi); `edit` rewrites the bodies (removes the mask). With
         `listed` (a list of the block summary), over the tiles it lists: positions [0, hi)."""
@@ -145,9 +147,16 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
             loop = For("tpos", Index(lo), hi, "BLOCK_N")
         else:
             loop = For("tpos", Index(sympy.Integer(0)), hi, "1")
+            if prefetch:
+                nxt = b.let(listed_tile_offset(b, summary, listed, summary_row, sympy.Integer(0)), "jnext")
         b.emit(loop)
         b.push_block(loop.body)
-        if listed is not None:
+        if listed is not None and prefetch:
+            # the next entry is read one iteration ahead (FlashAttention-style kernels do the
+            # same): the tiles' addresses are loop-carried, so the K and V loads pipeline
+            b.emit(Let("joffset", nxt))
+            b.emit(Assign(nxt.name, listed_tile_offset(b, summary, listed, summary_row, tile_symbol("tpos") + 1)))
+        elif listed is not None:
             b.emit(Let("joffset", listed_tile_offset(b, summary, listed, summary_row, tile_symbol("tpos"))))
         elif summary is not None:
             b.emit(Let("joffset", Index(tile_symbol("tpos"))))
