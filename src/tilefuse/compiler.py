@@ -16,6 +16,7 @@ import sympy
 import torch
 
 from . import dedupe, graph_cache, logs
+from .summary_sharing import share_summaries
 from .backends.targets import sm_count, target_for
 from .config import KNOBS, ConfigError, ConfigWarning, Options, config
 from .frontend.to_ir import lower_fx
@@ -289,6 +290,9 @@ def _compile_steps(graph, schedule, lowering, options: Options, device, report, 
         except BaseException:  # a failed build is not shared: the next compile builds again
             dedupe.forget(published)
             raise
+    summaries = {k.name for k in report.kernels if k.kind == KernelKind.BLOCK_SUMMARY}
+    if summaries:
+        steps = share_summaries(graph, steps, summaries, report)
     # writes into inputs run last: every step that reads an input's old value runs before them
     # (a write whose result later steps read — a re-inplaced scatter, whose input's old value
     # nothing reads — stays where it is)

@@ -161,3 +161,31 @@ def test_a_padded_mask_bias_is_still_a_mask(target):
     assert [k_.kind for k_ in report.kernels] == ["block-summary", "flash"], str(report)
     out = _compiled(fn, target)(q, k, v)
     torch.testing.assert_close(out.double(), fn(q.double(), k.double(), v.double()), atol=1e-5, rtol=1e-5)
+
+
+def two_layers_one_mask(x, keep, w1, w2):
+    a = hf_padded_attention(x @ w1, x @ w2, x, keep)
+    return hf_padded_attention(a @ w1, a @ w2, a, keep)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_layers_sharing_a_mask_share_its_summary(target):
+    """Two attention layers over one padding mask: the second layer's summary is not computed
+    again; its kernel reads the first layer's lists (on every call, not only the first)."""
+    b, t = 2, 75
+    x = torch.randn(b, 2, t, 16, device=DEVICE)
+    w1, w2 = (torch.randn(16, 16, device=DEVICE) * 0.3 for _ in range(2))
+    keep = torch.ones(b, t, dtype=torch.long, device=DEVICE)
+    keep[0, :20] = 0
+    keep[1, 60:] = 0
+    torch._dynamo.reset()
+    report = tilefuse.explain(two_layers_one_mask, x, keep, w1, w2, options={"target": target})
+    assert [str(k_.kind) for k_ in report.kernels].count("block-summary") == 2, str(report)
+    assert sum("not run — the same mask" in n for k_ in report.kernels for n in k_.notes) == 1
+    fn = _compiled(two_layers_one_mask, target)
+    for call in range(3):  # (the third runs the generated call)
+        keep[1, 60 - 10 * call:] = 0
+        out = fn(x, keep, w1, w2)
+        ref = two_layers_one_mask(x.double(), keep, w1.double(), w2.double())
+        eager_err = (two_layers_one_mask(x, keep, w1, w2).double() - ref).abs().max().item()
+        assert (out.double() - ref).abs().max().item() <= 2 * eager_err + 1e-5

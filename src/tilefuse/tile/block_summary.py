@@ -186,7 +186,8 @@ def lower_summary(graph: Graph, plan: KernelPlan, options: LoweringOptions, summ
     nbatch = sympy.Mul(*summary.batch) if summary.batch else sympy.Integer(1)
     return TileKernel(name, b.finish_params(), {"BLOCK_M": bm, "BLOCK_N": bn}, numel=M * N * nbatch,
                       grid=(sympy.ceiling(M / tile_symbol("BLOCK_M")), nbatch), body=b.body, num_warps=4,
-                      num_stages=1, reads=b.reads, writes=b.writes, kind=KernelKind.BLOCK_SUMMARY, plan=plan,
+                      num_stages=1 if options.target.on_cpu else 3, reads=b.reads, writes=b.writes,
+                      kind=KernelKind.BLOCK_SUMMARY, plan=plan,
                       scratch=summary.scratch())
 
 
