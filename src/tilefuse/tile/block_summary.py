@@ -7,7 +7,7 @@ bounds its live keys at compile time. A small generated pre-kernel (`lower_summa
 program per block of query rows (and per batch element the mask depends on), evaluates the
 mask once over every tile and writes two lists of key tiles: *partial* tiles (masked in
 places: the flash kernel evaluates the mask there) and *full* tiles (masked nowhere: the flash
-kernel drops the mask). Tiles masked throughout are in neither list and are never visited.
+kernel drops the mask), as tile indices. Tiles masked throughout are in neither list and are never visited.
 The flash kernel walks the lists, so it neither branches per tile nor reads
 the mask on full tiles; the summary is recomputed on every call, from the same data the flash
 kernel reads, so it is never stale.
@@ -26,9 +26,9 @@ import sympy
 from ..fusion.plan import KernelPlan, StageKind
 from ..fusion.planner import unravel_sym
 from ..ir import dtypes as dt
-from ..ir.expr import Const, Expr, Index, Load, Var, binary, cast, out_index, red_index, unary, walk, where
+from ..ir.expr import Const, Expr, Index, Load, Var, binary, cast, out_index, red_index, walk, where
 from ..ir.graph import Graph
-from ..ir.monoid import MAX, MIN
+from ..ir.monoid import MIN, SUM
 from .builder import KernelBuilder, land, tile_symbol
 from .common import LoweringOptions, bound_check, needs_int64
 from .ir import Assign, Arange, For, Full, KernelKind, ProgramId, ReduceTile, Scratch, TileKernel
@@ -61,10 +61,9 @@ class BlockSummary:
         row_blocks = sympy.ceiling(sympy.sympify(self.rows) / self.bm)
         key_tiles = sympy.ceiling(sympy.sympify(self.keys) / self.bn)
         partial, full, counts = self.names
-        first_key = dt.int64 if needs_int64(self.keys) else dt.int32
         # (one slot more than the tiles: a loop that reads its next entry ahead stays inside)
-        return {partial: Scratch(partial, (nbatch, row_blocks, key_tiles + 1), first_key),
-                full: Scratch(full, (nbatch, row_blocks, key_tiles + 1), first_key),
+        return {partial: Scratch(partial, (nbatch, row_blocks, key_tiles + 1), dt.int32),
+                full: Scratch(full, (nbatch, row_blocks, key_tiles + 1), dt.int32),
                 counts: Scratch(counts, (nbatch, row_blocks, sympy.Integer(3)), dt.int32)}
 
     def batch_index(self, batch_vals) -> sympy.Expr:
@@ -150,21 +149,28 @@ def lower_summary(graph: Graph, plan: KernelPlan, options: LoweringOptions, summ
     masked = b.value(at(summary.cond, rm, 0, rj), mask=inside)
     if not masked.dtype.is_bool:
         masked = b.let(binary("ne", masked, Const(0, masked.dtype)), "masked")
-    live = unary("logical_not", masked)
 
-    def anywhere(cond: Expr, label: str, keep_rows: bool = False):
-        flag = b.let(where(land(inside, cond) if inside is not None else cond, one, zero), label)
-        per_row = b.fresh(label + "_row")
-        b.emit(ReduceTile(per_row, flag, MAX.tile, 1, i32))
-        whole = b.fresh(label + "_any")
-        b.emit(ReduceTile(whole, Var(per_row, i32), MAX.tile, 0, i32))
-        return Var(whole, i32), Var(per_row, i32)
-
-    dead_any, _ = anywhere(masked, "dead")
-    live_any, live_rows = anywhere(live, "live")
+    # one sum tells both facts: a tile's masked scores count in units of 1, its live ones in
+    # units of `per_live`, more than the masked ones can add up to (two reductions, not four)
+    per_live = bm * bn + 1
+    acc = dt.int32 if per_live * per_live < 2**31 else dt.int64
+    unit = b.let(where(masked, Const(1, acc), Const(per_live, acc)), "unit")
+    if inside is not None:
+        unit = b.let(where(inside, unit, Const(0, acc)), "unit")
+    per_row, total = b.fresh("per_row"), b.fresh("total")
+    b.emit(ReduceTile(per_row, unit, SUM.tile, 1, acc))
+    b.emit(ReduceTile(total, Var(per_row, acc), SUM.tile, 0, acc))
+    total = Var(total, acc)
+    live_any = b.let(where(binary("ge", total, Const(per_live, acc)), one, zero), "live_any")
+    dead_any = b.let(where(binary("gt", binary("mod", total, Const(per_live, acc)), Const(0, acc)), one, zero),
+                     "dead_any")
     if row_live is not None:
+        live_rows = where(binary("ge", Var(per_row, acc), Const(per_live, acc)), one, zero)
         b.emit(Assign(row_live.name, binary("maximum", row_live, live_rows)))
-    tile = Index(tile_symbol("joffset"))  # the list holds each tile's first key
+    # the lists hold tile indices: the kernel that reads one multiplies it by BLOCK_N, so the
+    # compiler knows each tile's first key is a multiple of the block (aligned, vector loads)
+    positive_block = sympy.Symbol("BLOCK_N", integer=True, positive=True)
+    tile = Index(sympy.floor(tile_symbol("joffset") / positive_block))
     kinds = {PARTIAL: b.let(binary("mul", live_any, dead_any), "partial"),
              FULL: b.let(binary("mul", live_any, binary("sub", one, dead_any)), "full")}
     for k, listed in zip((PARTIAL, FULL), summary.names[:2]):
@@ -191,11 +197,11 @@ def lower_summary(graph: Graph, plan: KernelPlan, options: LoweringOptions, summ
                       scratch=summary.scratch())
 
 
-def listed_tile_offset(b: KernelBuilder, summary: BlockSummary, listed: str, batch_row, position) -> Expr:
-    """`joffset` of the key tile at `position` of a list (its first key), as int64."""
+def listed_tile(b: KernelBuilder, summary: BlockSummary, listed: str, batch_row, position) -> Expr:
+    """The index of the key tile at `position` of a list, as int64 (its first key is the index
+    times BLOCK_N)."""
     pid = tile_symbol("pid")
-    dtype = summary.scratch()[listed].dtype
-    return cast(b.value(Load(listed, (Index(batch_row), Index(pid), Index(position)), dtype)), dt.int64)
+    return cast(b.value(Load(listed, (Index(batch_row), Index(pid), Index(position)), dt.int32)), dt.int64)
 
 
 def listed_count(b: KernelBuilder, summary: BlockSummary, batch_row, k: int) -> Expr:
@@ -203,5 +209,5 @@ def listed_count(b: KernelBuilder, summary: BlockSummary, batch_row, k: int) -> 
     return b.value(Load(summary.names[2], (Index(batch_row), Index(pid), Index(sympy.Integer(k))), dt.int32))
 
 
-__all__ = ["BlockSummary", "summary_for", "lower_summary", "listed_tile_offset", "listed_count",
+__all__ = ["BlockSummary", "summary_for", "lower_summary", "listed_tile", "listed_count",
            "PARTIAL", "FULL", "EVERY"]

@@ -26,7 +26,7 @@ from ..ir.graph import Graph
 from ..ir.monoid import SUM
 from ..ir.symbolic import contiguous_strides
 from .builder import KernelBuilder, land
-from .block_summary import EVERY, FULL, PARTIAL, listed_count, listed_tile_offset, lower_summary, summary_for
+from .block_summary import EVERY, FULL, PARTIAL, listed_count, listed_tile, lower_summary, summary_for
 from .ir import Arange, Assign, DotTile, For, Full, KernelKind, Let, ProgramId, ReduceTile, Scratch, TileKernel
 from .family import KernelFamily
 from .common import (LoweringOptions, bound_check, combine, dot_accumulator, dot_operand, full_tile, identity_const,
@@ -136,6 +136,7 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
     low_inputs = q_dtype.is_low_precision and dot_operand(info.k)[1].is_low_precision
     relax = relax_for_low_precision if low_inputs else (lambda e: e)
 
+    block_n = Index(tile_symbol("BLOCK_N"))
     prefetch = not options.target.on_cpu  # (the C++ loops do not pipeline: they read each entry in place)
 
     def key_loop(lo, hi, edit, listed=None):
@@ -148,16 +149,17 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
         else:
             loop = For("tpos", Index(sympy.Integer(0)), hi, "1")
             if prefetch:
-                nxt = b.let(listed_tile_offset(b, summary, listed, summary_row, sympy.Integer(0)), "jnext")
+                nxt = b.let(listed_tile(b, summary, listed, summary_row, sympy.Integer(0)), "jnext")
         b.emit(loop)
         b.push_block(loop.body)
         if listed is not None and prefetch:
             # the next entry is read one iteration ahead (FlashAttention-style kernels do the
             # same): the tiles' addresses are loop-carried, so the K and V loads pipeline
-            b.emit(Let("joffset", nxt))
-            b.emit(Assign(nxt.name, listed_tile_offset(b, summary, listed, summary_row, tile_symbol("tpos") + 1)))
+            b.emit(Let("joffset", binary("mul", nxt, block_n)))
+            b.emit(Assign(nxt.name, listed_tile(b, summary, listed, summary_row, tile_symbol("tpos") + 1)))
         elif listed is not None:
-            b.emit(Let("joffset", listed_tile_offset(b, summary, listed, summary_row, tile_symbol("tpos"))))
+            b.emit(Let("joffset", binary("mul", listed_tile(b, summary, listed, summary_row, tile_symbol("tpos")),
+                                         block_n)))
         elif summary is not None:
             b.emit(Let("joffset", Index(tile_symbol("tpos"))))
         b.emit(Arange("rj", Index(tile_symbol("joffset")), "BLOCK_N", 1, 2))
