@@ -3,19 +3,25 @@ must visit, computed at run time.
 
 When an attention kernel's mask (`fusion.masking`) reads data — nanoGPT's `tril` buffer,
 gpt-fast's causal mask gathered by `input_pos`, Hugging Face's padding masks — no formula
-bounds its live keys at compile time. A small generated pre-kernel (`lower_summary`), one
-program per block of query rows (and per batch element the mask depends on), evaluates the
-mask once over every tile and writes two lists of key tiles: *partial* tiles (masked in
-places: the flash kernel evaluates the mask there) and *full* tiles (masked nowhere: the flash
-kernel drops the mask), as tile indices. Tiles masked throughout are in neither list and are never visited.
-The flash kernel walks the lists, so it neither branches per tile nor reads
-the mask on full tiles; the summary is recomputed on every call, from the same data the flash
-kernel reads, so it is never stale.
+bounds its live keys at compile time. Two small generated kernels run before the flash kernel:
+
+- `<plan>_summary` (`lower_classify`), one program per (block of query rows, key tile, batch
+  element the mask depends on), evaluates the mask over its tile once and writes the tile's
+  class: dead (masked throughout), partial, or full (masked nowhere);
+- `<plan>_ranges` (`lower_ranges`), one program per block of rows, reduces its row of classes
+  to four tile indices `lo <= flo <= fhi <= hi`: tiles outside [lo, hi) are dead, tiles in
+  [flo, fhi) are full.
+
+The flash kernel then walks [lo, flo) and [fhi, hi) with the mask and [flo, fhi) without it,
+with the same loops as a mask that is a formula (aligned tile offsets, pipelined loads, no
+branch per tile). For the masks models use (causal, sliding windows, padding) the live and the
+full tiles are contiguous, and nothing dead is visited; otherwise (packed sequences) dead tiles
+inside [lo, hi) are visited with the mask, still exact. The summary is recomputed from the
+same data on every call, so it is never stale.
 
 A finite fill (`finfo.min`) is not -inf: a query row masked everywhere averages every key in
-eager. Unless every row provably keeps a live key, the pre-kernel also records, per block of
-rows, whether one of its rows has none; that block then walks every key with the mask
-(`counts[..., 2]`), exactly as it would without a summary.
+eager. Unless every row provably keeps a live key, the classify kernel also records which rows
+of its tile are live, and a block with a row live nowhere walks every key with the mask.
 """
 from __future__ import annotations
 
@@ -28,15 +34,10 @@ from ..fusion.planner import unravel_sym
 from ..ir import dtypes as dt
 from ..ir.expr import Const, Expr, Index, Load, Var, binary, cast, out_index, red_index, walk, where
 from ..ir.graph import Graph
-from ..ir.monoid import MIN, SUM
+from ..ir.monoid import MAX, MIN, SUM
 from .builder import KernelBuilder, land, tile_symbol
-from .common import LoweringOptions, bound_check, needs_int64
+from .common import LoweringOptions, bound_check, needs_int64, pow2, static_int
 from .ir import Assign, Arange, For, Full, KernelKind, ProgramId, ReduceTile, Scratch, TileKernel
-
-#: counts[..., k]: k = 0 partial tiles listed, 1 full tiles listed, 2 walk every key (a row of
-#: the block may have no live key under a finite fill)
-PARTIAL, FULL, EVERY = 0, 1, 2
-
 
 @dataclass(frozen=True)
 class BlockSummary:
@@ -54,17 +55,22 @@ class BlockSummary:
 
     @property
     def names(self) -> tuple:
-        return (f"{self.plan_name}_tiles_partial", f"{self.plan_name}_tiles_full", f"{self.plan_name}_tile_counts")
+        """(tile classes, ranges per block of rows, per-row liveness per tile)."""
+        return (f"{self.plan_name}_tile_class", f"{self.plan_name}_tile_ranges", f"{self.plan_name}_row_live")
 
     def scratch(self) -> dict:
         nbatch = sympy.Mul(*self.batch) if self.batch else sympy.Integer(1)
         row_blocks = sympy.ceiling(sympy.sympify(self.rows) / self.bm)
-        key_tiles = sympy.ceiling(sympy.sympify(self.keys) / self.bn)
-        partial, full, counts = self.names
-        # (one slot more than the tiles: a loop that reads its next entry ahead stays inside)
-        return {partial: Scratch(partial, (nbatch, row_blocks, key_tiles + 1), dt.int32),
-                full: Scratch(full, (nbatch, row_blocks, key_tiles + 1), dt.int32),
-                counts: Scratch(counts, (nbatch, row_blocks, sympy.Integer(3)), dt.int32)}
+        classes, ranges, rows = self.names
+        out = {classes: Scratch(classes, (nbatch, row_blocks, self.key_tiles), dt.int8),
+               ranges: Scratch(ranges, (nbatch, row_blocks, sympy.Integer(4)), dt.int32)}
+        if self.fallback:
+            out[rows] = Scratch(rows, (nbatch, sympy.sympify(self.rows), self.key_tiles), dt.int8)
+        return out
+
+    @property
+    def key_tiles(self):
+        return sympy.ceiling(sympy.sympify(self.keys) / self.bn)
 
     def batch_index(self, batch_vals) -> sympy.Expr:
         """The summary's batch row for a flash program whose batch coordinates are
@@ -102,26 +108,35 @@ def summary_for(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
                         o_node.shape[con.m_dim], o_node.ranges[0], bm, bn, plan.name)
 
 
-def lower_summary(graph: Graph, plan: KernelPlan, options: LoweringOptions, summary: BlockSummary) -> TileKernel:
-    """The pre-kernel: for each block of query rows (axis 0) and batch element of the mask
-    (axis 1), walk the key tiles the static bounds leave, classify each (dead, partial, full)
-    by reducing the mask over the tile, and append it to its list."""
+def _builder(graph, plan, options, summary: BlockSummary, name: str, symbols: set):
+    b = KernelBuilder(graph, name, options.divisor_checks)
+    b.scratch.update(summary.scratch())
+    b.tile_symbols |= symbols | {"BLOCK_M", "BLOCK_N", "BLOCK_T"}
+    for e in (summary.rows, summary.keys, *summary.batch):
+        b.size_params(e)
+    return b
+
+
+#: tile classes
+DEAD, PARTIAL, FULL = 0, 1, 2
+
+
+def lower_classify(graph: Graph, plan: KernelPlan, options: LoweringOptions, summary: BlockSummary) -> TileKernel:
+    """One program per (block of rows, key tile, batch element of the mask): the mask over the
+    tile, reduced to the tile's class (tiles outside the static bounds are dead), and with a
+    finite fill each row's liveness in the tile."""
     from .flash import _coordinates, _live_keys
 
     info, con = plan.flash, plan.contraction
     o_node = graph[next(st.node for st in plan.stages if st.kind == StageKind.CONTRACTION)]
     M, N, bm, bn = summary.rows, summary.keys, summary.bm, summary.bn
-    name = f"{plan.name}_summary"
-    b = KernelBuilder(graph, name, options.divisor_checks)
-    b.scratch.update(summary.scratch())
-    b.tile_symbols |= {"pid", "pid_b", "rm", "rj", "joffset", "BLOCK_M", "BLOCK_N"}
-    for e in (M, N, *summary.batch):
-        b.size_params(e)
+    b = _builder(graph, plan, options, summary, f"{plan.name}_summary", {"pid", "pid_k", "pid_b", "rm", "rj"})
     wide = needs_int64(M, N, *summary.batch)
-    b.emit(ProgramId("pid", 0, wide=wide))
-    b.emit(ProgramId("pid_b", 1, wide=wide))
-    pid, pid_b, rm, rj = (tile_symbol(n) for n in ("pid", "pid_b", "rm", "rj"))
+    for name, axis in (("pid", 0), ("pid_k", 1), ("pid_b", 2)):
+        b.emit(ProgramId(name, axis, wide=wide))
+    pid, pid_k, pid_b, rm, rj = (tile_symbol(n) for n in ("pid", "pid_k", "pid_b", "rm", "rj"))
     b.emit(Arange("rm", Index(pid * tile_symbol("BLOCK_M")), "BLOCK_M", 0, 2))
+    b.emit(Arange("rj", Index(pid_k * tile_symbol("BLOCK_N")), "BLOCK_N", 1, 2))
     batch_vals = [sympy.Integer(0)] * len(con.batch_dims)
     for p, v in zip(summary.positions, unravel_sym(pid_b, summary.batch) if summary.batch else ()):
         batch_vals[p] = v
@@ -129,29 +144,20 @@ def lower_summary(graph: Graph, plan: KernelPlan, options: LoweringOptions, summ
     outs = out_index(o_node.rank)
     (r0,) = red_index(1)
     m_ok = bound_check(b, rm, M, bm, "mmask")
-
-    i32 = dt.int32
-    one, zero = Const(1, i32), Const(0, i32)
-    counts = {k: Var(b.fresh(label), i32) for k, label in ((PARTIAL, "npartial"), (FULL, "nfull"))}
-    for v in counts.values():
-        b.emit(Full(v.name, (1, 1), 0, i32))
-    row_live = Var(b.fresh("rowlive"), i32) if summary.fallback else None
-    if row_live is not None:
-        b.emit(Full(row_live.name, ("BLOCK_M", 1), 0, i32))
-
-    start, stop = _live_keys(info, outs[con.m_dim], r0, M, N)
-    loop = For("joffset", Index(start), Index(stop), "BLOCK_N")
-    b.emit(loop)
-    b.push_block(loop.body)
-    b.emit(Arange("rj", Index(tile_symbol("joffset")), "BLOCK_N", 1, 2))
     j_ok = bound_check(b, rj, N, bn, "jmask")
-    inside = land(m_ok, j_ok)
+    start, stop = _live_keys(info, outs[con.m_dim], r0, M, N)  # the static bounds
+    first = pid_k * tile_symbol("BLOCK_N")
+    static = None
+    if start != 0 or stop != N:
+        static = b.let(binary("logical_and", binary("ge", Index(first), Index(start)),
+                              binary("lt", Index(first), Index(stop))), "bounds")
+    inside = land(land(m_ok, j_ok), static)
     masked = b.value(at(summary.cond, rm, 0, rj), mask=inside)
     if not masked.dtype.is_bool:
         masked = b.let(binary("ne", masked, Const(0, masked.dtype)), "masked")
 
-    # one sum tells both facts: a tile's masked scores count in units of 1, its live ones in
-    # units of `per_live`, more than the masked ones can add up to (two reductions, not four)
+    # one sum tells both facts: masked scores count in units of 1, live ones in units of
+    # `per_live`, more than the masked ones can add up to
     per_live = bm * bn + 1
     acc = dt.int32 if per_live * per_live < 2**31 else dt.int64
     unit = b.let(where(masked, Const(1, acc), Const(per_live, acc)), "unit")
@@ -161,53 +167,121 @@ def lower_summary(graph: Graph, plan: KernelPlan, options: LoweringOptions, summ
     b.emit(ReduceTile(per_row, unit, SUM.tile, 1, acc))
     b.emit(ReduceTile(total, Var(per_row, acc), SUM.tile, 0, acc))
     total = Var(total, acc)
-    live_any = b.let(where(binary("ge", total, Const(per_live, acc)), one, zero), "live_any")
-    dead_any = b.let(where(binary("gt", binary("mod", total, Const(per_live, acc)), Const(0, acc)), one, zero),
-                     "dead_any")
-    if row_live is not None:
-        live_rows = where(binary("ge", Var(per_row, acc), Const(per_live, acc)), one, zero)
-        b.emit(Assign(row_live.name, binary("maximum", row_live, live_rows)))
-    # the lists hold tile indices: the kernel that reads one multiplies it by BLOCK_N, so the
-    # compiler knows each tile's first key is a multiple of the block (aligned, vector loads)
-    positive_block = sympy.Symbol("BLOCK_N", integer=True, positive=True)
-    tile = Index(sympy.floor(tile_symbol("joffset") / positive_block))
-    kinds = {PARTIAL: b.let(binary("mul", live_any, dead_any), "partial"),
-             FULL: b.let(binary("mul", live_any, binary("sub", one, dead_any)), "full")}
-    for k, listed in zip((PARTIAL, FULL), summary.names[:2]):
-        b.store(listed, (Index(pid_b), Index(pid), counts[k]), tile, binary("gt", kinds[k], zero))
-        b.emit(Assign(counts[k].name, binary("add", counts[k], kinds[k])))
+    live_any = binary("ge", total, Const(per_live, acc))
+    dead_any = binary("gt", binary("mod", total, Const(per_live, acc)), Const(0, acc))
+    i8 = dt.int8
+    kind = where(live_any, where(dead_any, Const(PARTIAL, i8), Const(FULL, i8)), Const(DEAD, i8))
+    classes, _, rows = summary.names
+    b.store(classes, (Index(pid_b), Index(pid), Index(pid_k)), b.let(kind, "kind"), None)
+    if summary.fallback:
+        live = b.let(where(binary("ge", Var(per_row, acc), Const(per_live, acc)), Const(1, i8), Const(0, i8)), "live")
+        b.store(rows, (Index(pid_b), Index(rm), Index(pid_k)), live, m_ok)
+    nbatch = sympy.Mul(*summary.batch) if summary.batch else sympy.Integer(1)
+    return TileKernel(b.name, b.finish_params(), {"BLOCK_M": bm, "BLOCK_N": bn}, numel=M * N * nbatch,
+                      grid=(sympy.ceiling(M / tile_symbol("BLOCK_M")), summary.key_tiles, nbatch), body=b.body,
+                      num_warps=4, num_stages=1, reads=b.reads, writes=b.writes, kind=KernelKind.BLOCK_SUMMARY,
+                      plan=plan, scratch=summary.scratch())
+
+
+def lower_ranges(graph: Graph, plan: KernelPlan, options: LoweringOptions, summary: BlockSummary) -> TileKernel:
+    """One program per (block of rows, batch element of the mask): its row of tile classes
+    reduced to `lo <= flo <= fhi <= hi` (live tiles within [lo, hi), full ones in [flo, fhi)
+    when they are contiguous, else flo = fhi = lo); a block with a row live nowhere (finite
+    fill) gets [0, tiles) with no full range."""
+    M, bm = summary.rows, summary.bm
+    b = _builder(graph, plan, options, summary, f"{plan.name}_ranges", {"pid", "pid_b", "rm", "rt", "toff"})
+    b.emit(ProgramId("pid", 0))
+    b.emit(ProgramId("pid_b", 1))
+    pid, pid_b, rm, rt = (tile_symbol(n) for n in ("pid", "pid_b", "rm", "rt"))
+    tiles = summary.key_tiles
+    static_tiles = static_int(tiles)
+    bt = min(pow2(static_tiles), 256) if static_tiles is not None else 64
+    i32 = dt.int32
+    big = Const(2**30, i32)
+    state = {}
+    for label, value in (("lo", 2**30), ("hi", 0), ("flo", 2**30), ("fhi", 0), ("nfull", 0)):
+        state[label] = Var(b.fresh(label), i32)
+        b.emit(Full(state[label].name, (1, 1), value, i32))
+    if summary.fallback:
+        b.emit(Arange("rm", Index(pid * tile_symbol("BLOCK_M")), "BLOCK_M", 0, 2))
+        row_live = Var(b.fresh("rowlive"), i32)
+        b.emit(Full(row_live.name, ("BLOCK_M", 1), 0, i32))
+    loop = For("toff", Index(sympy.Integer(0)), Index(tiles), "BLOCK_T")
+    b.emit(loop)
+    b.push_block(loop.body)
+    b.emit(Arange("rt", Index(tile_symbol("toff")), "BLOCK_T", 1, 2))
+    t_ok = bound_check(b, rt, tiles, bt, "tmask")
+    classes, ranges, rows = summary.names
+    kind = b.value(Load(classes, (Index(pid_b), Index(pid), Index(rt)), dt.int8), mask=t_ok)
+    if t_ok is not None:
+        kind = b.let(where(t_ok, kind, Const(DEAD, dt.int8)), "kind")
+    live = b.let(binary("ne", kind, Const(DEAD, dt.int8)), "live")
+    full = b.let(binary("eq", kind, Const(FULL, dt.int8)), "full")
+    index = cast(Index(rt), i32)
+
+    def fold(label, combiner, value, identity):
+        red = b.fresh(label + "_tile")
+        b.emit(ReduceTile(red, b.let(value, label), combiner.tile, 1, i32))
+        op = "minimum" if combiner is MIN else "maximum" if combiner is MAX else "add"
+        b.emit(Assign(state[label].name, binary(op, state[label], Var(red, i32))))
+
+    fold("lo", MIN, where(live, index, big), big)
+    fold("hi", MAX, where(live, binary("add", index, Const(1, i32)), Const(0, i32)), None)
+    fold("flo", MIN, where(full, index, big), big)
+    fold("fhi", MAX, where(full, binary("add", index, Const(1, i32)), Const(0, i32)), None)
+    fold("nfull", SUM, where(full, Const(1, i32), Const(0, i32)), None)
+    if summary.fallback:
+        m_ok = bound_check(b, rm, M, bm, "mmask")
+        seen = b.value(Load(rows, (Index(pid_b), Index(rm), Index(rt)), dt.int8), mask=land(m_ok, t_ok))
+        seen = b.let(cast(seen, i32), "seen")
+        if t_ok is not None:
+            seen = b.let(where(t_ok, seen, Const(0, i32)), "seen")
+        red = b.fresh("rowlive_tile")
+        b.emit(ReduceTile(red, seen, MAX.tile, 1, i32))
+        b.emit(Assign(row_live.name, binary("maximum", row_live, Var(red, i32))))
     b.pop_block()
 
-    every = zero
-    if row_live is not None:  # a row of the block (inside the rows) without a live key
-        held = b.let(where(m_ok, row_live, one) if m_ok is not None else row_live, "held")
+    lo, hi, flo, fhi, nfull = (state[k] for k in ("lo", "hi", "flo", "fhi", "nfull"))
+    none_live = b.let(binary("ge", lo, big), "none_live")
+    lo = b.let(where(none_live, Const(0, i32), lo), "lo_tile")
+    hi = b.let(where(none_live, Const(0, i32), hi), "hi_tile")
+    contiguous = b.let(binary("logical_and", binary("lt", flo, big),
+                              binary("eq", binary("sub", fhi, flo), nfull)), "contiguous")
+    flo = b.let(where(contiguous, flo, lo), "flo_tile")
+    fhi = b.let(where(contiguous, fhi, lo), "fhi_tile")
+    if summary.fallback:
+        m_ok = bound_check(b, rm, M, bm, "mmask")
+        dark = where(m_ok, row_live, Const(1, i32)) if m_ok is not None else row_live
         fewest = b.fresh("fewest")
-        b.emit(ReduceTile(fewest, held, MIN.tile, 0, i32))
-        every = b.let(binary("sub", one, Var(fewest, i32)), "every")
-    counts_name = summary.names[2]
-    for k in (PARTIAL, FULL):
-        value = counts[k] if every is zero else binary("mul", counts[k], binary("sub", one, every))
-        b.store(counts_name, (Index(pid_b), Index(pid), Index(sympy.Integer(k))), value, None)
-    b.store(counts_name, (Index(pid_b), Index(pid), Index(sympy.Integer(EVERY))), every, None)
+        b.emit(ReduceTile(fewest, b.let(dark, "dark"), MIN.tile, 0, i32))
+        every = b.let(binary("eq", Var(fewest, i32), Const(0, i32)), "every")
+        count = cast(Index(tiles), i32)
+        lo, hi = b.let(where(every, Const(0, i32), lo), "lo_tile"), b.let(where(every, count, hi), "hi_tile")
+        flo, fhi = b.let(where(every, Const(0, i32), flo), "flo_tile"), b.let(where(every, Const(0, i32), fhi), "fhi_tile")
+    for k, value in enumerate((lo, flo, fhi, hi)):
+        b.store(ranges, (Index(pid_b), Index(pid), Index(sympy.Integer(k))), value, None)
     nbatch = sympy.Mul(*summary.batch) if summary.batch else sympy.Integer(1)
-    return TileKernel(name, b.finish_params(), {"BLOCK_M": bm, "BLOCK_N": bn}, numel=M * N * nbatch,
-                      grid=(sympy.ceiling(M / tile_symbol("BLOCK_M")), nbatch), body=b.body, num_warps=4,
-                      num_stages=1 if options.target.on_cpu else 3, reads=b.reads, writes=b.writes,
-                      kind=KernelKind.BLOCK_SUMMARY, plan=plan,
-                      scratch=summary.scratch())
+    return TileKernel(b.name, b.finish_params(), {"BLOCK_M": bm, "BLOCK_T": bt}, numel=M * nbatch,
+                      grid=(sympy.ceiling(M / tile_symbol("BLOCK_M")), nbatch), body=b.body,
+                      num_warps=4 if summary.fallback else 1, num_stages=1, reads=b.reads, writes=b.writes,
+                      kind=KernelKind.BLOCK_SUMMARY, plan=plan, scratch=summary.scratch())
 
 
-def listed_tile(b: KernelBuilder, summary: BlockSummary, listed: str, batch_row, position) -> Expr:
-    """The index of the key tile at `position` of a list, as int64 (its first key is the index
-    times BLOCK_N)."""
+def lower_summary(graph: Graph, plan: KernelPlan, options: LoweringOptions, summary: BlockSummary) -> list:
+    """The kernels that compute the summary, in order."""
+    return [lower_classify(graph, plan, options, summary), lower_ranges(graph, plan, options, summary)]
+
+
+def key_ranges(b: KernelBuilder, summary: BlockSummary, batch_row) -> tuple:
+    """(lo, flo, fhi, hi) of the flash program's block of rows, as first keys (int64)."""
     pid = tile_symbol("pid")
-    return cast(b.value(Load(listed, (Index(batch_row), Index(pid), Index(position)), dt.int32)), dt.int64)
+    ranges = summary.names[1]
+    out = []
+    for k in range(4):
+        tile = b.value(Load(ranges, (Index(batch_row), Index(pid), Index(sympy.Integer(k))), dt.int32))
+        out.append(binary("mul", cast(tile, dt.int64), Index(tile_symbol("BLOCK_N"))))
+    return tuple(out)
 
 
-def listed_count(b: KernelBuilder, summary: BlockSummary, batch_row, k: int) -> Expr:
-    pid = tile_symbol("pid")
-    return b.value(Load(summary.names[2], (Index(batch_row), Index(pid), Index(sympy.Integer(k))), dt.int32))
-
-
-__all__ = ["BlockSummary", "summary_for", "lower_summary", "listed_tile", "listed_count",
-           "PARTIAL", "FULL", "EVERY"]
+__all__ = ["BlockSummary", "summary_for", "lower_summary", "lower_classify", "lower_ranges", "key_ranges",
+           "DEAD", "PARTIAL", "FULL"]

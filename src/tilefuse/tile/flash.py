@@ -21,12 +21,12 @@ from ..fusion.flash import K0
 from ..fusion.masking import diagonal_keeps_rows_live, unmasked
 from ..fusion.plan import KernelPlan, PlanKind, StageKind
 from ..fusion.planner import unravel_sym
-from ..ir.expr import Const, Index, Load, Var, binary, cast, out_index, red_index, transform, where
+from ..ir.expr import Const, Expr, Index, Load, Var, binary, cast, out_index, red_index, transform, where
 from ..ir.graph import Graph
 from ..ir.monoid import SUM
 from ..ir.symbolic import contiguous_strides
 from .builder import KernelBuilder, land
-from .block_summary import EVERY, FULL, PARTIAL, listed_count, listed_tile, lower_summary, summary_for
+from .block_summary import key_ranges, lower_summary, summary_for
 from .ir import Arange, Assign, DotTile, For, Full, KernelKind, Let, ProgramId, ReduceTile, Scratch, TileKernel
 from .family import KernelFamily
 from .common import (LoweringOptions, bound_check, combine, dot_accumulator, dot_operand, full_tile, identity_const,
@@ -45,7 +45,7 @@ def lower_flash_kernels(graph: Graph, plan: KernelPlan, options: LoweringOptions
     if splits <= 1:
         summary = _block_summary(graph, plan, options)
         flash = lower_flash(graph, plan, options, summary=summary)
-        return [lower_summary(graph, plan, options, summary), flash] if summary is not None else [flash]
+        return [*lower_summary(graph, plan, options, summary), flash] if summary is not None else [flash]
     partial = lower_flash(graph, plan, options, splits=splits)
     return [partial, lower_flash_merge(graph, plan, options, splits, partial)]
 
@@ -123,7 +123,7 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
     b.emit(Full(acc.name, ("BLOCK_M", "BLOCK_DN"), 0.0, accd))
 
     start, stop = _live_keys(info, outs[con.m_dim], r0, M, N)
-    b.tile_symbols |= {"tpos", "BLOCK_N"}
+    b.tile_symbols |= {"BLOCK_N"}
     if (start != 0 or stop != N) and splits == 1 and summary is None:
         plan.notes.append(f"{o_node.name}: key tiles outside [{start}, {stop}) are fully masked for the "
                           f"row block and skipped")
@@ -136,32 +136,12 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
     low_inputs = q_dtype.is_low_precision and dot_operand(info.k)[1].is_low_precision
     relax = relax_for_low_precision if low_inputs else (lambda e: e)
 
-    block_n = Index(tile_symbol("BLOCK_N"))
-    prefetch = not options.target.on_cpu  # (the C++ loops do not pipeline: they read each entry in place)
-
-    def key_loop(lo, hi, edit, listed=None):
-        """One loop over key tiles [lo, hi); `edit` rewrites the bodies (removes the mask). With
-        `listed` (a list of the block summary), over the tiles it lists: positions [0, hi)."""
-        if listed is None and summary is None:
-            loop = For("joffset", Index(lo), Index(hi), "BLOCK_N")
-        elif listed is None:  # (the summary's loops bind `joffset` in their bodies: so does this one)
-            loop = For("tpos", Index(lo), hi, "BLOCK_N")
-        else:
-            loop = For("tpos", Index(sympy.Integer(0)), hi, "1")
-            if prefetch:
-                nxt = b.let(listed_tile(b, summary, listed, summary_row, sympy.Integer(0)), "jnext")
+    def key_loop(lo, hi, edit):
+        """One loop over key tiles [lo, hi) (index bounds, or first keys loaded from the block
+        summary); `edit` rewrites the bodies (removes the mask)."""
+        loop = For("joffset", *(x if isinstance(x, Expr) else Index(x) for x in (lo, hi)), "BLOCK_N")
         b.emit(loop)
         b.push_block(loop.body)
-        if listed is not None and prefetch:
-            # the next entry is read one iteration ahead (FlashAttention-style kernels do the
-            # same): the tiles' addresses are loop-carried, so the K and V loads pipeline
-            b.emit(Let("joffset", binary("mul", nxt, block_n)))
-            b.emit(Assign(nxt.name, listed_tile(b, summary, listed, summary_row, tile_symbol("tpos") + 1)))
-        elif listed is not None:
-            b.emit(Let("joffset", binary("mul", listed_tile(b, summary, listed, summary_row, tile_symbol("tpos")),
-                                         block_n)))
-        elif summary is not None:
-            b.emit(Let("joffset", Index(tile_symbol("tpos"))))
         b.emit(Arange("rj", Index(tile_symbol("joffset")), "BLOCK_N", 1, 2))
         b.emit(Arange("rjb", Index(tile_symbol("joffset")), "BLOCK_N", 0, 2))
         j_ok = bound_check(b, rj, N, bn, "jmask")
@@ -229,17 +209,14 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
     interior = _interior_keys(info, outs[con.m_dim], r0, start, stop, bn)
     if summary is not None:
         b.scratch.update(summary.scratch())
-        summary_row = summary.batch_index(batch_vals)
-        partial, full, _ = summary.names
+        lo, flo, fhi, hi = key_ranges(b, summary, summary.batch_index(batch_vals))
         live = unmasked(info.masked)
-        drop_mask = lambda e: transform(e, lambda n: live if n == info.masked else None)  # noqa: E731
-        key_loop(0, listed_count(b, summary, summary_row, PARTIAL), lambda e: e, listed=partial)
-        key_loop(0, listed_count(b, summary, summary_row, FULL), drop_mask, listed=full)
-        if summary.fallback:
-            every = listed_count(b, summary, summary_row, EVERY)
-            key_loop(0, binary("mul", every, Index(N)), lambda e: e)
-        plan.notes.append(f"{o_node.name}: the mask reads tensor data: {plan.name}_summary lists, per block of "
-                          f"rows, the key tiles partly live (masked) and wholly live (no mask); the rest are skipped")
+        key_loop(lo, flo, lambda e: e)
+        key_loop(flo, fhi, lambda e: transform(e, lambda n: live if n == info.masked else None))
+        key_loop(fhi, hi, lambda e: e)
+        plan.notes.append(f"{o_node.name}: the mask reads tensor data: {plan.name}_summary classifies each tile "
+                          f"once per call, {plan.name}_ranges gives each block of rows its live keys (masked) and "
+                          f"wholly live keys (no mask); the rest are skipped")
     elif interior is None:
         key_loop(start, stop, lambda e: e)
     else:
