@@ -16,6 +16,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=".")
     p.add_argument("--shape", default="4,32,4096,128")
+    p.add_argument("--report", action="store_true", help="also write explain reports with tile IR")
     args = p.parse_args()
     b, h, t, d = (int(x) for x in args.shape.split(","))
     q, k, v = (torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -25,11 +26,12 @@ def main():
         s = q @ k.transpose(-1, -2) / math.sqrt(d)
         return torch.softmax(s.masked_fill(tril, float("-inf")), dim=-1) @ v
 
+    outs = {}
     for summary in (True, False):
         torch._dynamo.reset()
         c = torch.compile(fn, backend="tilefuse", options={"block_summary": summary})
         for _ in range(3):
-            c(q, k, v)
+            outs[summary] = c(q, k, v)
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(10):
@@ -41,7 +43,10 @@ def main():
         rep = tilefuse.explain(fn, q, k, v, options={"block_summary": summary})
         with open(f"{args.out}/sources_{summary}.txt", "w") as f:
             for kern in rep.kernels:
-                f.write(f"# ---- {kern.name} ({kern.kind})\n{kern.source}\n")
+                f.write(f"# ---- {kern.name} ({kern.kind})\n{kern.tile_ir}\n{kern.source}\n")
+
+
+    print("max difference with and without the summary:", (outs[True].float() - outs[False].float()).abs().max().item())
 
 
 if __name__ == "__main__":

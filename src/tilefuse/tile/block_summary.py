@@ -125,7 +125,7 @@ def lower_classify(graph: Graph, plan: KernelPlan, options: LoweringOptions, sum
     """One program per (block of rows, key tile, batch element of the mask): the mask over the
     tile, reduced to the tile's class (tiles outside the static bounds are dead), and with a
     finite fill each row's liveness in the tile."""
-    from .flash import _coordinates, _live_keys
+    from .flash import coordinates, live_keys
 
     info, con = plan.flash, plan.contraction
     o_node = graph[next(st.node for st in plan.stages if st.kind == StageKind.CONTRACTION)]
@@ -140,12 +140,12 @@ def lower_classify(graph: Graph, plan: KernelPlan, options: LoweringOptions, sum
     batch_vals = [sympy.Integer(0)] * len(con.batch_dims)
     for p, v in zip(summary.positions, unravel_sym(pid_b, summary.batch) if summary.batch else ()):
         batch_vals[p] = v
-    _, at = _coordinates(con, o_node, tuple(batch_vals))
+    _, at = coordinates(con, o_node, tuple(batch_vals))
     outs = out_index(o_node.rank)
     (r0,) = red_index(1)
     m_ok = bound_check(b, rm, M, bm, "mmask")
     j_ok = bound_check(b, rj, N, bn, "jmask")
-    start, stop = _live_keys(info, outs[con.m_dim], r0, M, N)  # the static bounds
+    start, stop = live_keys(info, outs[con.m_dim], r0, M, N)  # the static bounds
     first = pid_k * tile_symbol("BLOCK_N")
     static = None
     if start != 0 or stop != N:

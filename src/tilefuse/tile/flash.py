@@ -99,7 +99,7 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
     outs = out_index(o_node.rank)
     (r0,) = red_index(1)
 
-    coords, at = _coordinates(con, o_node, batch_vals)
+    coords, at = coordinates(con, o_node, batch_vals)
 
     m_ok = bound_check(b, rm, M, bm, "mmask")
     n_ok = bound_check(b, rn, DN, dn, "nmask")
@@ -122,7 +122,7 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
     acc = Var(b.fresh("acc"), accd)
     b.emit(Full(acc.name, ("BLOCK_M", "BLOCK_DN"), 0.0, accd))
 
-    start, stop = _live_keys(info, outs[con.m_dim], r0, M, N)
+    start, stop = live_keys(info, outs[con.m_dim], r0, M, N)
     b.tile_symbols |= {"BLOCK_N"}
     if (start != 0 or stop != N) and splits == 1 and summary is None:
         plan.notes.append(f"{o_node.name}: key tiles outside [{start}, {stop}) are fully masked for the "
@@ -351,7 +351,7 @@ def _default_tiles(low_precision: bool, head_block: int, rows, options: Lowering
     return bm, bn, warps, stages
 
 
-def _coordinates(con, o_node, batch_vals):
+def coordinates(con, o_node, batch_vals):
     """`coords(m, n, key, k0)`: the output contraction's symbols and the tile values bound to
     them (batch dims from the program id); `at(expr, ...)`: an expression with them bound."""
     outs = out_index(o_node.rank)
@@ -498,7 +498,7 @@ def lower_flash_merge(graph: Graph, plan: KernelPlan, options: LoweringOptions, 
     red = b.fresh("out")
     b.emit(ReduceTile(red, acc, SUM, 0, accd))
     acc = Var(red, accd)
-    coords, at = _coordinates(con, o_node, unravel_sym(pid_b, batch_shape) if batch_shape else ())
+    coords, at = coordinates(con, o_node, unravel_sym(pid_b, batch_shape) if batch_shape else ())
     _finish(b, graph, plan, acc, rm, rn, None, n_ok, coords, at)
     return TileKernel(f"{plan.name}_merge", b.finish_params(), {"BLOCK_S": bs, "BLOCK_DN": dn}, numel=M * DN * nbatch,
                       grid=(M, nbatch), body=b.body, num_warps=4 if dn >= 128 else 2, num_stages=1,
@@ -538,7 +538,7 @@ def _finished(value, node):
     return cast(value, node.dtype)
 
 
-def _live_keys(info, row, key, M, N):
+def live_keys(info, row, key, M, N):
     """The key range a block of query rows must visit (block skipping of masked tiles)."""
     from ..fusion.masking import HI, LO, live_key_range
 

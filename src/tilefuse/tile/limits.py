@@ -13,7 +13,9 @@ What is measured, from the tile IR alone:
 * Triton's shared memory for `dot` operands: an operand loaded inside a loop is pipelined
   over `num_stages` buffers, one loaded before the loop is staged once, and one computed in
   registers (a flash kernel's probabilities) takes none — (BM·BK + BK·BN)·bytes·stages for a
-  matmul, stages·BN·(DK + DN)·bytes + BM·DK·bytes for attention;
+  matmul, stages·BN·(DK + DN)·bytes + BM·DK·bytes for attention; sequential loops (an
+  attention kernel's masked and unmasked key ranges) reuse the same memory, so the largest
+  loop counts, not their sum;
 * the C++ stack bytes are the backend's to count (its printer decides which tiles become
   arrays); they arrive here as a number.
 """
@@ -140,7 +142,6 @@ def shared_memory_bytes(kernel: TileKernel) -> int:
     """Triton's shared memory for the kernel's `dot` operands (see the module docstring)."""
     shapes = tile_shapes(kernel)
     defs: dict[str, tuple] = {}  # name -> (its Let or load, its loop depth)
-    total = 0
 
     def index(stmts, depth: int) -> None:
         for s in stmts:
@@ -167,22 +168,32 @@ def shared_memory_bytes(kernel: TileKernel) -> int:
                 return None
         return None
 
-    def visit(stmts, depth: int) -> None:
-        nonlocal total
+    outer: dict[str, int] = {}  # operands loaded before the loops that use them: staged once
+
+    def visit(stmts, depth: int) -> int:
+        """The staged bytes of this block's loop: its own operands, plus the largest of the
+        loops inside it (sequential loops reuse the same shared memory: Triton allocates by
+        liveness)."""
+        own, inner, counted = 0, 0, set()
         for s in stmts:
             if isinstance(s, For):
-                visit(s.body, depth + 1)
+                inner = max(inner, visit(s.body, depth + 1))
             elif isinstance(s, DotTile):
                 for operand in (s.a, s.b):
                     load = loaded(operand)
                     if load is None:
                         continue
-                    elems = _numel(shapes.get(load.name, (1,)))
-                    stages = kernel.num_stages if defs[load.name][1] >= depth and depth > 0 else 1
-                    total += elems * load.dtype.itemsize * max(1, stages)
+                    size = _numel(shapes.get(load.name, (1,))) * load.dtype.itemsize
+                    if defs[load.name][1] >= depth and depth > 0:
+                        if load.name not in counted:
+                            counted.add(load.name)
+                            own += size * max(1, kernel.num_stages)
+                    else:
+                        outer[load.name] = size
+        return own + inner
 
-    visit(kernel.body, 0)
-    return total
+    staged = visit(kernel.body, 0)
+    return staged + sum(outer.values())
 
 
 def violation(kernel: TileKernel, limits: Limits, stack_bytes: int | None = None) -> Violation | None:

@@ -85,8 +85,9 @@ class TritonPrinter:
             if self.interpret and e.dtype == dt.bfloat16:
                 return self.cast(f"tl.full([], {x}, tl.float32)", e.dtype, dt.float32)
             return f"tl.full([], {x}, {TL_DTYPE[e.dtype.name]})"
-        if isinstance(e.x, Index) and self.interpret and e.dtype.is_int:
-            return f"tl.cast({x}, {TL_DTYPE[e.dtype.name]})"  # the interpreter's loop variables are ints
+        if isinstance(e.x, Index) and e.dtype.is_int:
+            # an index may be a Python int (a constant; the interpreter's loop variables): no .to()
+            return f"tl.cast({x}, {TL_DTYPE[e.dtype.name]})"
         return self.cast(x, e.dtype, e.x.dtype)
 
     def _where(self, e: Where) -> str:
