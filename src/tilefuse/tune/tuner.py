@@ -169,6 +169,10 @@ def _prepare(graph, plan, options: LoweringOptions, level: str, device, aten):
         ceilings = device_ceilings(device) if measurable else NOMINAL
     if not measurable:
         return TuneOutcome(choose_without_measuring(space, ceilings), "model")
+    # a mask read from data is measured as visited everywhere (its block summary off): the
+    # synthetic inputs (zeros for booleans) say nothing of which tiles the real mask kills, and
+    # the per-tile cost is what the schedule decides
+    options = replace(options, block_summary=False)
     default_kernels = lower_plan_kernels(graph, plan, replace(options, schedule=space.default))
     source = canonical_source("\n".join(target.generate(tk) for tk in default_kernels), default_kernels)
     dtypes = sorted({str(graph[n].dtype) for tk in default_kernels for n in tk.reads if n in graph.nodes})
