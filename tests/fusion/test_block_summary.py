@@ -191,3 +191,38 @@ def test_layers_sharing_a_mask_share_its_summary(target):
         ref = two_layers_one_mask(x.double(), keep, w1.double(), w2.double())
         eager_err = (two_layers_one_mask(x, keep, w1, w2).double() - ref).abs().max().item()
         assert (out.double() - ref).abs().max().item() <= 2 * eager_err + 1e-5
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_nan_in_a_float_mask_keeps_its_key_masked(target):
+    """`where(x > 0, s, -inf)` masks where x is NaN (the comparison is false): the summary
+    negates it as `not`, never as `x <= 0` (review regression)."""
+    t = 128
+    q, k, v = (torch.randn(1, 2, t, 16, device=DEVICE) for _ in range(3))
+    x = torch.rand(t, t, device=DEVICE) + 0.1
+    x[:, 64:] = float("nan")
+
+    def fn(q, k, v, x):
+        s = q @ k.transpose(-1, -2) * 0.25
+        return torch.softmax(torch.where(x > 0, s, float("-inf")), -1) @ v
+
+    out = _compiled(fn, target)(q, k, v, x)
+    torch.testing.assert_close(out.double(), fn(q.double(), k.double(), v.double(), x.double()), atol=1e-5, rtol=1e-5)
+
+
+def test_pytorchs_boolean_mask_bias_is_not_a_mask_for_extreme_scores():
+    """A bias of -65504 is not far enough below every score: with scores of ±1e5 eager weights
+    masked keys, and so must the compiled program (review regression)."""
+    t = 128
+    q = torch.randn(1, 2, t, 16, device=DEVICE) * 3e4
+    k, v = (torch.randn(1, 2, t, 16, device=DEVICE) for _ in range(2))
+    keep = torch.ones(t, t, dtype=torch.bool, device=DEVICE)
+    keep[:, 64:] = False
+
+    def fn(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2) + torch.where(keep, 0.0, -65504.0), -1) @ v
+
+    out = _compiled(fn, "auto")(q, k, v)
+    ref = fn(q.double(), k.double(), v.double())
+    eager_err = (fn(q, k, v).double() - ref).abs().max().item()
+    assert (out.double() - ref).abs().max().item() <= 2 * eager_err + 1e-3

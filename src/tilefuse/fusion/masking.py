@@ -36,20 +36,13 @@ def _strip(e: Expr) -> Expr:
 FILL_LIMIT = -1.0e30
 
 
-#: the bias PyTorch's CUDA attention makes of a boolean mask for cuDNN (where(~keep, -65504,
-#: 0)): the program's mask is -inf on CPU; masked scores count as masked whenever a row's live
-#: scores lie less than ~65 000 below its masked ones (then exp rounds them to 0 in fp32)
-BOOLEAN_MASK_BIAS = -65504.0
-
-
 def _fill(e: Expr, other: Expr | None = None):
-    """The fill value of a masked branch (-inf, or a finite value at or below FILL_LIMIT, or
-    PyTorch's boolean-mask bias beside a 0 in `other`), or None."""
+    """The fill value of a masked branch (-inf, or a finite value at or below FILL_LIMIT), or
+    None. (`other`, the unmasked branch, is not consulted: PyTorch's CUDA attention turns a
+    boolean mask into where(~keep, -65504, 0), which is not a mask by this rule — live scores
+    may lie 65 000 below masked ones.)"""
     e = _strip(e)
     if isinstance(e, Const) and e.dtype.is_float and e.value <= FILL_LIMIT:
-        return float(e.value)
-    if isinstance(e, Const) and e.dtype.is_float and e.value == BOOLEAN_MASK_BIAS and other is not None \
-            and _is_zero(other):
         return float(e.value)
     return None
 
@@ -104,7 +97,8 @@ _FLIP = {"gt": "le", "ge": "lt", "lt": "ge", "le": "gt"}
 
 def _negate(c: Expr):
     c = _condition(c)
-    if isinstance(c, Binary) and c.op in _FLIP:
+    if isinstance(c, Binary) and c.op in _FLIP and not (c.a.dtype.is_float or c.b.dtype.is_float):
+        # (a float comparison is false both ways on NaN: its negation is `not`, never the flip)
         return Binary(_FLIP[c.op], c.a, c.b, c.dtype)
     if isinstance(c, Binary) and c.op in ("logical_and", "logical_or"):
         a, b = _negate(c.a), _negate(c.b)

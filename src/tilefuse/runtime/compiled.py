@@ -41,7 +41,7 @@ class KernelStep:
     launch: object  # callable(buffers, env)
     writes: list
     reads: list
-    scratch: dict = field(default_factory=dict)  # name -> tile.ir.Scratch among `writes`
+    scratch: dict = field(default_factory=dict)  # name -> tile.ir.Scratch it writes or reads (layouts)
     keep: object = None  # what its launcher shares with identical kernels (`dedupe.Shared`), kept alive
 
     __tilefuse_transient__ = ("keep",)  # (a stored graph shares nothing: `runtime.artifact`)

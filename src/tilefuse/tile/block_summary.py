@@ -104,8 +104,17 @@ def summary_for(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
             used |= sympy.sympify(e.expr).free_symbols
     positions = tuple(p for p, d in enumerate(con.batch_dims) if outs[d] in used)
     batch = tuple(o_node.shape[con.batch_dims[p]] for p in positions)
-    return BlockSummary(cond, fill != float("-inf") and not diagonal_live, positions, batch,
-                        o_node.shape[con.m_dim], o_node.ranges[0], bm, bn, plan.name)
+    summary = BlockSummary(cond, fill != float("-inf") and not diagonal_live, positions, batch,
+                           o_node.shape[con.m_dim], o_node.ranges[0], bm, bn, plan.name)
+    if summary.fallback:  # a byte per (row, key tile): bounded, else the mask is read per tile
+        rows = sympy.Mul(*batch) * sympy.sympify(summary.rows) * summary.key_tiles
+        if static_int(rows) is None or static_int(rows) > ROW_LIVENESS_LIMIT:
+            return None
+    return summary
+
+
+#: the largest per-row liveness scratch (bytes) a summary under a finite fill may take
+ROW_LIVENESS_LIMIT = 64 << 20
 
 
 def _builder(graph, plan, options, summary: BlockSummary, name: str, symbols: set):
@@ -190,8 +199,9 @@ def lower_ranges(graph: Graph, plan: KernelPlan, options: LoweringOptions, summa
     fill) gets [0, tiles) with no full range."""
     M, bm = summary.rows, summary.bm
     b = _builder(graph, plan, options, summary, f"{plan.name}_ranges", {"pid", "pid_b", "rm", "rt", "toff"})
-    b.emit(ProgramId("pid", 0))
-    b.emit(ProgramId("pid_b", 1))
+    wide = needs_int64(M, summary.key_tiles, *summary.batch)
+    b.emit(ProgramId("pid", 0, wide=wide))
+    b.emit(ProgramId("pid_b", 1, wide=wide))
     pid, pid_b, rm, rt = (tile_symbol(n) for n in ("pid", "pid_b", "rm", "rt"))
     tiles = summary.key_tiles
     static_tiles = static_int(tiles)

@@ -251,7 +251,7 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
     return TileKernel(plan.name, b.finish_params(), constexprs, numel=M * DN * nbatch,
                       grid=(sympy.ceiling(M / tile_symbol("BLOCK_M")), nbatch), body=b.body, num_warps=warps,
                       num_stages=stages, reads=b.reads, writes=b.writes, kind=KernelKind.FLASH,
-                      plan=plan)
+                      plan=plan, scratch=summary.scratch() if summary is not None else {})
 
 
 def _accumulator(plan: KernelPlan):

@@ -321,7 +321,7 @@ class TileKernel:
     writes: list = field(default_factory=list)
     kind: KernelKind = KernelKind.POINTWISE
     plan: object = None  # the KernelPlan it implements (for reports)
-    scratch: dict = field(default_factory=dict)  # name -> Scratch it writes for a later kernel
+    scratch: dict = field(default_factory=dict)  # name -> Scratch it writes for a later kernel, or reads
     #: alternatives tiled for small values of a symbolic extent, chosen at launch (`tile.variants`)
     variants: object = None
 
