@@ -258,18 +258,20 @@ def _compile_steps(graph, schedule, lowering, options: Options, device, report, 
         if fitted.replaced is not None:
             _replaced(step, fitted, lowering, tuned, misfits)
         built, reports = [], []
+        # the plan's own kernel carries its tuning and compile time (not a block summary before it)
+        main = next((tk for tk in tks if tk.kind != KernelKind.BLOCK_SUMMARY), tks[0] if tks else None)
         for tk in tks:
             logs.log("tile", "%s", tk)
             source, launcher = _generate_and_load(tk, target, step, stage, getattr(fits, "source", None))
             precompile_kernel(graph, tk, launcher)  # Triton: compiling in a worker while the next plans lower
             kind = tk.kind if tk.kind in (KernelKind.FLASH_MERGE, KernelKind.BLOCK_SUMMARY) else step.kind
             reports.append(KernelReport(tk.name, kind, step.members, source, str(tk), step.notes,
-                                        tuned.seconds if tk is tks[0] else 0.0))
+                                        tuned.seconds if tk is main else 0.0))
             built.append((tk, source, launcher))
             progress.built += 1
             steps.append(KernelStep(tk.name, launcher, list(tk.writes), list(tk.reads), dict(tk.scratch)))
         if reports:
-            reports[0].compile_seconds = time.perf_counter() - t0
+            reports[tks.index(main)].compile_seconds = time.perf_counter() - t0
         report.kernels.extend(reports)
         if key is not None:
             shared = dedupe.publish(key, dedupe.Shared(step.name, dedupe.names_of(base), built, tuned, reports))

@@ -226,3 +226,38 @@ def test_pytorchs_boolean_mask_bias_is_not_a_mask_for_extreme_scores():
     ref = fn(q.double(), k.double(), v.double())
     eager_err = (fn(q, k, v).double() - ref).abs().max().item()
     assert (out.double() - ref).abs().max().item() <= 2 * eager_err + 1e-3
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("rows,keys", [(17, 17), (100, 30), (5, 2)])
+def test_masks_over_a_single_key_tile(target, rows, keys):
+    """All keys in one tile: the ranges kernel still folds a row of classes (review
+    regression: a one-lane row folded away to a 0-d value)."""
+    q = torch.randn(1, 2, rows, 16, device=DEVICE)
+    k, v = (torch.randn(1, 2, keys, 16, device=DEVICE) for _ in range(2))
+    keep = torch.rand(rows, keys, device=DEVICE) > 0.4
+    keep[:, 0] = True
+
+    def fn(q, k, v, keep):
+        s = q @ k.transpose(-1, -2) * 0.25
+        return torch.softmax(s.masked_fill(~keep, float("-inf")), -1) @ v
+
+    out = _compiled(fn, target)(q, k, v, keep)
+    torch.testing.assert_close(out.double(), fn(q.double(), k.double(), v.double(), keep), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_mask_computed_from_the_scores_reads_them_per_tile(target):
+    """`s.masked_fill(s < t, -inf)` masks by the scores themselves, which never reach memory:
+    no summary can read them (review regression)."""
+    q, k, v = (torch.randn(1, 2, 70, 16, device=DEVICE) for _ in range(3))
+
+    def fn(q, k, v):
+        s = q @ k.transpose(-1, -2) * 0.25
+        return torch.softmax(s.masked_fill(s < -0.5, float("-inf")), -1) @ v
+
+    torch._dynamo.reset()
+    report = tilefuse.explain(fn, q, k, v, options={"target": target})
+    assert [k_.kind for k_ in report.kernels] == ["flash"], str(report)
+    out = _compiled(fn, target)(q, k, v)
+    torch.testing.assert_close(out.double(), fn(q.double(), k.double(), v.double()), atol=1e-5, rtol=1e-5)

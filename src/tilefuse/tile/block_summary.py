@@ -95,6 +95,9 @@ def summary_for(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
     cond, fill = mask_and_fill(info.masked)
     if cond is None or not any(isinstance(e, Load) for e in walk(cond)):
         return None
+    members = {st.node for st in plan.stages}
+    if any(isinstance(e, Load) and e.buffer in members for e in walk(cond)):
+        return None  # a mask computed from the scores (kept in registers, never in memory)
     con = plan.contraction
     o_node = graph[next(st.node for st in plan.stages if st.kind == StageKind.CONTRACTION)]
     outs = out_index(o_node.rank)
@@ -205,7 +208,8 @@ def lower_ranges(graph: Graph, plan: KernelPlan, options: LoweringOptions, summa
     pid, pid_b, rm, rt = (tile_symbol(n) for n in ("pid", "pid_b", "rm", "rt"))
     tiles = summary.key_tiles
     static_tiles = static_int(tiles)
-    bt = min(pow2(static_tiles), 256) if static_tiles is not None else 64
+    # (at least 16 lanes: with one key tile a 1-lane range would fold away, leaving 0-d values)
+    bt = max(16, min(pow2(static_tiles), 256)) if static_tiles is not None else 64
     i32 = dt.int32
     big = Const(2**30, i32)
     state = {}
