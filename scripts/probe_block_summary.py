@@ -16,7 +16,6 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=".")
     p.add_argument("--shape", default="4,32,4096,128")
-    p.add_argument("--report", action="store_true", help="also write explain reports with tile IR")
     args = p.parse_args()
     b, h, t, d = (int(x) for x in args.shape.split(","))
     q, k, v = (torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))

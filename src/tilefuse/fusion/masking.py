@@ -36,11 +36,8 @@ def _strip(e: Expr) -> Expr:
 FILL_LIMIT = -1.0e30
 
 
-def _fill(e: Expr, other: Expr | None = None):
-    """The fill value of a masked branch (-inf, or a finite value at or below FILL_LIMIT), or
-    None. (`other`, the unmasked branch, is not consulted: PyTorch's CUDA attention turns a
-    boolean mask into where(~keep, -65504, 0), which is not a mask by this rule — live scores
-    may lie 65 000 below masked ones.)"""
+def _fill(e: Expr):
+    """The fill value of a masked branch (-inf, or a finite value at or below FILL_LIMIT), or None."""
     e = _strip(e)
     if isinstance(e, Const) and e.dtype.is_float and e.value <= FILL_LIMIT:
         return float(e.value)
@@ -116,11 +113,11 @@ def _masking(body: Expr):
     """(condition, fill): where the body is masked and the value it takes there at most (-inf,
     or a finite fill at or below FILL_LIMIT plus the score), or (None, None)."""
     e = _strip(body)
-    if isinstance(e, Where) and _fill(e.a, e.b) is not None:
-        return _condition(e.cond), _fill(e.a, e.b)
-    if isinstance(e, Where) and _fill(e.b, e.a) is not None:
+    if isinstance(e, Where) and _fill(e.a) is not None:
+        return _condition(e.cond), _fill(e.a)
+    if isinstance(e, Where) and _fill(e.b) is not None:
         cond = _negate(e.cond)
-        return (cond, _fill(e.b, e.a)) if cond is not None else (None, None)
+        return (cond, _fill(e.b)) if cond is not None else (None, None)
     if isinstance(e, Where) and (_is_zero(e.a) or _is_zero(e.b)):
         # a mask bias selected in places, 0 elsewhere (padding: where(j < n, bias, 0)): masked
         # where it is selected and masked itself
@@ -296,9 +293,9 @@ def unmasked(body: Expr) -> Expr:
     """`body` with the mask that `masked_condition` reads removed (its live branch kept): the
     score expression of tiles where the mask holds nowhere."""
     e = _strip(body)
-    if isinstance(e, Where) and _fill(e.a, e.b) is not None:
+    if isinstance(e, Where) and _fill(e.a) is not None:
         return _cast(e.b, body.dtype)
-    if isinstance(e, Where) and _fill(e.b, e.a) is not None:
+    if isinstance(e, Where) and _fill(e.b) is not None:
         return _cast(e.a, body.dtype)
     if isinstance(e, Where) and (_is_zero(e.a) or _is_zero(e.b)) and masked_condition(e) is not None:
         return _cast(Where(e.cond, *(x if _is_zero(x) else unmasked(x) for x in (e.a, e.b)), e.dtype), body.dtype)

@@ -58,8 +58,12 @@ class BlockSummary:
         """(tile classes, ranges per block of rows, per-row liveness per tile)."""
         return (f"{self.plan_name}_tile_class", f"{self.plan_name}_tile_ranges", f"{self.plan_name}_row_live")
 
+    @property
+    def nbatch(self):
+        return sympy.Mul(*self.batch) if self.batch else sympy.Integer(1)
+
     def scratch(self) -> dict:
-        nbatch = sympy.Mul(*self.batch) if self.batch else sympy.Integer(1)
+        nbatch = self.nbatch
         row_blocks = sympy.ceiling(sympy.sympify(self.rows) / self.bm)
         classes, ranges, rows = self.names
         out = {classes: Scratch(classes, (nbatch, row_blocks, self.key_tiles), dt.int8),
@@ -81,16 +85,16 @@ class BlockSummary:
         return flat
 
 
-def summary_for(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits: int, bm: int, bn: int,
+def summary_for(graph: Graph, plan: KernelPlan, options: LoweringOptions, bm: int, bn: int,
                 diagonal_live: bool) -> BlockSummary | None:
     """The block summary a flash kernel walks, or None: no mask, a mask that is an index
     formula only (its bounds are static: `fusion.masking.live_key_range`), some reduction
-    that needs the masked keys (`FlashInfo.skippable`), a split kernel (decode), or the
-    `block_summary` knob off. `diagonal_live`: every row provably keeps a live key."""
+    that needs the masked keys (`FlashInfo.skippable`), or the `block_summary` knob off (a
+    split kernel, decode, asks for none). `diagonal_live`: every row provably keeps a live key."""
     from ..fusion.masking import mask_and_fill
 
     info = plan.flash
-    if not options.block_summary or splits > 1 or info.masked is None or not info.skippable:
+    if not options.block_summary or info.masked is None or not info.skippable:
         return None
     cond, fill = mask_and_fill(info.masked)
     if cond is None or not any(isinstance(e, Load) for e in walk(cond)):
@@ -110,7 +114,7 @@ def summary_for(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
     summary = BlockSummary(cond, fill != float("-inf") and not diagonal_live, positions, batch,
                            o_node.shape[con.m_dim], o_node.ranges[0], bm, bn, plan.name)
     if summary.fallback:  # a byte per (row, key tile): bounded, else the mask is read per tile
-        rows = sympy.Mul(*batch) * sympy.sympify(summary.rows) * summary.key_tiles
+        rows = summary.nbatch * sympy.sympify(summary.rows) * summary.key_tiles
         if static_int(rows) is None or static_int(rows) > ROW_LIVENESS_LIMIT:
             return None
     return summary
@@ -188,7 +192,7 @@ def lower_classify(graph: Graph, plan: KernelPlan, options: LoweringOptions, sum
     if summary.fallback:
         live = b.let(where(binary("ge", Var(per_row, acc), Const(per_live, acc)), Const(1, i8), Const(0, i8)), "live")
         b.store(rows, (Index(pid_b), Index(rm), Index(pid_k)), live, m_ok)
-    nbatch = sympy.Mul(*summary.batch) if summary.batch else sympy.Integer(1)
+    nbatch = summary.nbatch
     return TileKernel(b.name, b.finish_params(), {"BLOCK_M": bm, "BLOCK_N": bn}, numel=M * N * nbatch,
                       grid=(sympy.ceiling(M / tile_symbol("BLOCK_M")), summary.key_tiles, nbatch), body=b.body,
                       num_warps=4, num_stages=1, reads=b.reads, writes=b.writes, kind=KernelKind.BLOCK_SUMMARY,
@@ -233,17 +237,17 @@ def lower_ranges(graph: Graph, plan: KernelPlan, options: LoweringOptions, summa
     full = b.let(binary("eq", kind, Const(FULL, dt.int8)), "full")
     index = cast(Index(rt), i32)
 
-    def fold(label, combiner, value, identity):
+    def fold(label, combiner, value):
         red = b.fresh(label + "_tile")
         b.emit(ReduceTile(red, b.let(value, label), combiner.tile, 1, i32))
         op = "minimum" if combiner is MIN else "maximum" if combiner is MAX else "add"
         b.emit(Assign(state[label].name, binary(op, state[label], Var(red, i32))))
 
-    fold("lo", MIN, where(live, index, big), big)
-    fold("hi", MAX, where(live, binary("add", index, Const(1, i32)), Const(0, i32)), None)
-    fold("flo", MIN, where(full, index, big), big)
-    fold("fhi", MAX, where(full, binary("add", index, Const(1, i32)), Const(0, i32)), None)
-    fold("nfull", SUM, where(full, Const(1, i32), Const(0, i32)), None)
+    fold("lo", MIN, where(live, index, big))
+    fold("hi", MAX, where(live, binary("add", index, Const(1, i32)), Const(0, i32)))
+    fold("flo", MIN, where(full, index, big))
+    fold("fhi", MAX, where(full, binary("add", index, Const(1, i32)), Const(0, i32)))
+    fold("nfull", SUM, where(full, Const(1, i32), Const(0, i32)))
     if summary.fallback:
         m_ok = bound_check(b, rm, M, bm, "mmask")
         seen = b.value(Load(rows, (Index(pid_b), Index(rm), Index(rt)), dt.int8), mask=land(m_ok, t_ok))
@@ -274,7 +278,7 @@ def lower_ranges(graph: Graph, plan: KernelPlan, options: LoweringOptions, summa
         flo, fhi = b.let(where(every, Const(0, i32), flo), "flo_tile"), b.let(where(every, Const(0, i32), fhi), "fhi_tile")
     for k, value in enumerate((lo, flo, fhi, hi)):
         b.store(ranges, (Index(pid_b), Index(pid), Index(sympy.Integer(k))), value, None)
-    nbatch = sympy.Mul(*summary.batch) if summary.batch else sympy.Integer(1)
+    nbatch = summary.nbatch
     return TileKernel(b.name, b.finish_params(), {"BLOCK_M": bm, "BLOCK_T": bt}, numel=M * nbatch,
                       grid=(sympy.ceiling(M / tile_symbol("BLOCK_M")), nbatch), body=b.body,
                       num_warps=4 if summary.fallback else 1, num_stages=1, reads=b.reads, writes=b.writes,

@@ -27,7 +27,7 @@ from ..ir.monoid import SUM
 from ..ir.symbolic import contiguous_strides
 from .builder import KernelBuilder, land
 from .block_summary import key_ranges, lower_summary, summary_for
-from .ir import Arange, Assign, DotTile, For, Full, KernelKind, Let, ProgramId, ReduceTile, Scratch, TileKernel
+from .ir import Arange, Assign, DotTile, For, Full, KernelKind, ProgramId, ReduceTile, Scratch, TileKernel
 from .family import KernelFamily
 from .common import (LoweringOptions, bound_check, combine, dot_accumulator, dot_operand, full_tile, identity_const,
                      index_values, lane_ranges, mapped, needs_int64, pow2, rebase, static_int, tile_symbol)
@@ -60,7 +60,7 @@ def _block_summary(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     o_node = graph[next(st.node for st in plan.stages if st.kind == StageKind.CONTRACTION)]
     row, (key,) = out_index(o_node.rank)[plan.contraction.m_dim], red_index(1)
     rows_live = diagonal_keeps_rows_live(info.masked, row, key, sympy.sympify(N - M).is_nonnegative is True)
-    return summary_for(graph, plan, options, 1, schedule["BLOCK_M"], schedule["BLOCK_N"], rows_live)
+    return summary_for(graph, plan, options, schedule["BLOCK_M"], schedule["BLOCK_N"], rows_live)
 
 
 def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits: int = 1,
@@ -210,9 +210,8 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
     if summary is not None:
         b.scratch.update(summary.scratch())
         lo, flo, fhi, hi = key_ranges(b, summary, summary.batch_index(batch_vals))
-        live = unmasked(info.masked)
         key_loop(lo, flo, lambda e: e)
-        key_loop(flo, fhi, lambda e: transform(e, lambda n: live if n == info.masked else None))
+        key_loop(flo, fhi, _without_mask(info.masked))
         key_loop(fhi, hi, lambda e: e)
         plan.notes.append(f"{o_node.name}: the mask reads tensor data: {plan.name}_summary classifies each tile "
                           f"once per call, {plan.name}_ranges gives each block of rows its live keys (masked) and "
@@ -509,8 +508,7 @@ def _interior_keys(info, row, key, start, stop, bn):
     """(first, last, edit): the tile-aligned key range [first, last) inside [start, stop) where
     the program's mask holds for no row of the block, and the rewrite that drops the mask from
     the bodies there — or None when the mask is not exactly a set of unit-linear bounds."""
-    from ..fusion.masking import HI, LO, full_key_range, unmasked
-    from ..ir.expr import transform
+    from ..fusion.masking import HI, LO, full_key_range
 
     masked = info.masked
     if masked is None:
@@ -527,8 +525,14 @@ def _interior_keys(info, row, key, start, stop, bn):
     if upper is not None:
         floor_tile = sympy.floor((upper.subs(LO, lo) + 1) / bn) * bn
         last = sympy.Max(first, sympy.Min(stop, floor_tile))
+    return first, last, _without_mask(masked)
+
+
+def _without_mask(masked):
+    """The rewrite of a body that drops the mask from the masked score expression (the body
+    of tiles where the mask holds nowhere)."""
     live = unmasked(masked)
-    return first, last, lambda e: transform(e, lambda n: live if n == masked else None)
+    return lambda e: transform(e, lambda n: live if n == masked else None)
 
 
 def _finished(value, node):
