@@ -43,6 +43,7 @@ LAYERS = {
     "tilefuse.explanation": 8,
     "tilefuse.debug_dump": 8,
     "tilefuse.dedupe": 8,  # the driver's sharing of identical kernels across plans and graphs
+    "tilefuse.summary_sharing": 8,  # the driver's sharing of one mask's block summary across layers
     "tilefuse.compile_profile": 8,  # the driver's compile-time report
     "tilefuse.progress": 8,  # the driver's progress line
     "tilefuse.graph_cache": 8,  # the driver's store of whole compiled graphs

@@ -32,7 +32,7 @@ import sympy
 from ..fusion.plan import KernelPlan, StageKind
 from ..fusion.planner import unravel_sym
 from ..ir import dtypes as dt
-from ..ir.expr import Const, Expr, Index, Load, Var, binary, cast, out_index, red_index, walk, where
+from ..ir.expr import Const, Expr, Index, Load, Var, binary, cast, out_index, walk, where
 from ..ir.graph import Graph
 from ..ir.monoid import MAX, MIN, SUM
 from .builder import KernelBuilder, land, tile_symbol
@@ -137,13 +137,13 @@ def _builder(graph, plan, options, summary: BlockSummary, name: str, symbols: se
 DEAD, PARTIAL, FULL = 0, 1, 2
 
 
-def lower_classify(graph: Graph, plan: KernelPlan, options: LoweringOptions, summary: BlockSummary) -> TileKernel:
+def lower_classify(graph: Graph, plan: KernelPlan, options: LoweringOptions, summary: BlockSummary,
+                   coordinates, bounds: tuple) -> TileKernel:
     """One program per (block of rows, key tile, batch element of the mask): the mask over the
-    tile, reduced to the tile's class (tiles outside the static bounds are dead), and with a
-    finite fill each row's liveness in the tile."""
-    from .flash import coordinates, live_keys
-
-    info, con = plan.flash, plan.contraction
+    tile, reduced to the tile's class (tiles outside the static `bounds` — the flash kernel's
+    key range of the block, over `pid` — are dead), and with a finite fill each row's liveness
+    in the tile. `coordinates(con, o_node, batch_vals)` binds the flash plan's coordinates."""
+    con = plan.contraction
     o_node = graph[next(st.node for st in plan.stages if st.kind == StageKind.CONTRACTION)]
     M, N, bm, bn = summary.rows, summary.keys, summary.bm, summary.bn
     b = _builder(graph, plan, options, summary, f"{plan.name}_summary", {"pid", "pid_k", "pid_b", "rm", "rj"})
@@ -157,11 +157,9 @@ def lower_classify(graph: Graph, plan: KernelPlan, options: LoweringOptions, sum
     for p, v in zip(summary.positions, unravel_sym(pid_b, summary.batch) if summary.batch else ()):
         batch_vals[p] = v
     _, at = coordinates(con, o_node, tuple(batch_vals))
-    outs = out_index(o_node.rank)
-    (r0,) = red_index(1)
     m_ok = bound_check(b, rm, M, bm, "mmask")
     j_ok = bound_check(b, rj, N, bn, "jmask")
-    start, stop = live_keys(info, outs[con.m_dim], r0, M, N)  # the static bounds
+    start, stop = bounds
     first = pid_k * tile_symbol("BLOCK_N")
     static = None
     if start != 0 or stop != N:
@@ -285,9 +283,11 @@ def lower_ranges(graph: Graph, plan: KernelPlan, options: LoweringOptions, summa
                       kind=KernelKind.BLOCK_SUMMARY, plan=plan, scratch=summary.scratch())
 
 
-def lower_summary(graph: Graph, plan: KernelPlan, options: LoweringOptions, summary: BlockSummary) -> list:
-    """The kernels that compute the summary, in order."""
-    return [lower_classify(graph, plan, options, summary), lower_ranges(graph, plan, options, summary)]
+def lower_summary(graph: Graph, plan: KernelPlan, options: LoweringOptions, summary: BlockSummary,
+                  coordinates, bounds: tuple) -> list:
+    """The kernels that compute the summary, in order (`lower_classify` for the arguments)."""
+    return [lower_classify(graph, plan, options, summary, coordinates, bounds),
+            lower_ranges(graph, plan, options, summary)]
 
 
 def key_ranges(b: KernelBuilder, summary: BlockSummary, batch_row) -> tuple:

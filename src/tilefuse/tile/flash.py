@@ -45,7 +45,12 @@ def lower_flash_kernels(graph: Graph, plan: KernelPlan, options: LoweringOptions
     if splits <= 1:
         summary = _block_summary(graph, plan, options)
         flash = lower_flash(graph, plan, options, summary=summary)
-        return [*lower_summary(graph, plan, options, summary), flash] if summary is not None else [flash]
+        if summary is None:
+            return [flash]
+        o_node = graph[next(st.node for st in plan.stages if st.kind == StageKind.CONTRACTION)]
+        row, (key,) = out_index(o_node.rank)[plan.contraction.m_dim], red_index(1)
+        bounds = live_keys(plan.flash, row, key, summary.rows, summary.keys)
+        return [*lower_summary(graph, plan, options, summary, coordinates, bounds), flash]
     partial = lower_flash(graph, plan, options, splits=splits)
     return [partial, lower_flash_merge(graph, plan, options, splits, partial)]
 
