@@ -130,7 +130,10 @@ def main(argv=None) -> int:
                 print(f"  {r['us']:9.1f} µs  {r['calls']:4.1f}×  {100 * r['us'] / total:5.1f}%  {r['kernel'][:90]}")
             if backend == "tilefuse":
                 torch._dynamo.reset()
-                report = tilefuse.explain(w.fn, *inputs, verbose=True)
+                # a training step autocasts around the compiled function: so does its explanation
+                autocast = getattr(inputs[0], "_bench_autocast", None)
+                with torch.autocast("cuda", dtype=autocast or torch.float32, enabled=autocast is not None):
+                    report = tilefuse.explain(w.fn, *inputs, verbose=True)
                 with open(os.path.join(args.out, f"explain_{wname}.txt"), "w") as f:
                     f.write(str(report))
     with open(os.path.join(args.out, "profile.json"), "w") as f:

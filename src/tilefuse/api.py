@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 
-from . import logs
+from . import logs, output_views
 from .compiler import CompileReport, compile_fx
 from .config import KNOBS, Options, config, resolve_options
 from .errors import CheckError, ConfigError, TilefuseError, TilefuseFallbackWarning, UnknownOptionError
@@ -36,16 +36,24 @@ _report_sinks: list = []  # explain() collects reports here while it runs
 _history: collections.deque = collections.deque(maxlen=64)  # last_compilations()
 
 
-def _decompositions():
+def _decompositions(training: bool = False):
     """Core-ATen decompositions, less the CPU flash attention one (as Inductor drops it): it
     returns the attention probabilities where the op returns the logsumexp, which the
     backward op (`_scaled_dot_product_flash_attention_for_cpu_backward`) reads — a training
     step through `F.scaled_dot_product_attention` on CPU got wrong gradients. The op is
-    lowered instead (`frontend/lowerings/attention.py`), logsumexp included."""
-    from torch._decomp import core_aten_decompositions
+    lowered instead (`frontend/lowerings/attention.py`), logsumexp included.
+
+    `training` (with the `recompute` knob): `softmax` and `log_softmax` are spelt out (max,
+    sum, exp, log) so that the partition may save their input and two numbers per row, and the
+    backward recompute the output, rather than saving the output: under autocast the output is
+    fp32 and the input bf16 (the attention scores, a language model's logits), half the bytes;
+    a loss reads `log_softmax`'s output only at the targets."""
+    from torch._decomp import core_aten_decompositions, get_decompositions
 
     table = core_aten_decompositions()
     table.pop(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, None)
+    if training:
+        table.update(get_decompositions([torch.ops.aten._softmax, torch.ops.aten._log_softmax]))
     return table
 
 
@@ -86,9 +94,11 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, settings
     # the compile's options: the configuration as it is now (a backward graph compiles later,
     # under the configuration of that moment) with the compile's own settings over it
     options = config.options(settings)
+    views = output_views.find(gm)
     try:
         with _process_settings(settings):
-            compiled, report = compile_fx(gm, _device_of(gm), name, options, inference=inference)
+            compiled, report = compile_fx(output_views.compiled_as_bases(gm, views), _device_of(gm), name, options,
+                                          inference=inference)
     except (ConfigError, UnknownOptionError):
         raise  # the user's error, not ours: never an eager fallback
     except Exception as err:  # noqa: BLE001 - every failure falls back or raises clearly
@@ -104,7 +114,6 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, settings
         compiled = _with_cuda_graphs(compiled, report, inference, mutated)
     _record(report, gm, settings, options)
     state = {"first": True, "runner": compiled}
-    aliases = _output_aliases(gm)
 
     def run(*args):
         runner = state["runner"]
@@ -115,8 +124,8 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, settings
             before = {k: args[k].clone() for k in mutated}
         try:
             out = compiled(*args)
-            if aliases:
-                out = _apply_aliases(aliases, compiled, args, out)
+            if views:
+                out = output_views.rebuild(views, compiled, args, out)
         except CheckError:  # an index out of range, a division by zero: the program's own error, as in eager
             raise
         except Exception as err:  # noqa: BLE001 - the first launch also compiles the kernels
@@ -175,100 +184,6 @@ def _record(report: CompileReport, gm: torch.fx.GraphModule, settings: dict, opt
 
         dump_graph(debug_dir, report, gm)
         logs.info("runtime", "%s written under %s", report.graph_name, debug_dir)
-
-
-def _output_aliases(gm: torch.fx.GraphModule) -> list:
-    """Outputs that are views of an input or of another output, as (output index, "input" or
-    "output", base index, sizes, strides, storage offset) with sympy sizes.
-
-    AOTAutograd rebuilds such outputs from their base after the call, replaying the view — or,
-    when the view has symbolic arguments (`x.narrow(-1, 1, x.shape[-1] - 1)` under
-    `dynamic=True`), by `base.as_strided(out.size(), out.stride(), out.storage_offset())` of the
-    compiled output. The compiled graph returns fresh buffers, so these outputs must be given
-    back as the views they are."""
-    from torch.fx.experimental.symbolic_shapes import guard_or_false
-    from torch.multiprocessing.reductions import StorageWeakRef
-
-    from .frontend.context import sym_expr
-
-    def storage(val):
-        try:
-            return StorageWeakRef(val.untyped_storage()) if isinstance(val, torch.Tensor) else None
-        except Exception:  # noqa: BLE001 - tensors without storage (sparse, ...) alias nothing
-            return None
-
-    inputs: dict = {}
-    for k, node in enumerate(n for n in gm.graph.nodes if n.op == "placeholder"):
-        ref = storage(node.meta.get("val"))
-        if ref is not None:
-            inputs.setdefault(ref, k)
-    out_node = next(n for n in gm.graph.nodes if n.op == "output")
-    outs = out_node.args[0] if isinstance(out_node.args[0], (list, tuple)) else (out_node.args[0],)
-    vals: list[Any] = [o.meta.get("val") if isinstance(o, torch.fx.Node) else None for o in outs]
-    owners: dict = {}  # storage -> index of the first output that is not a view
-    for k, val in enumerate(vals):
-        ref = storage(val)
-        # a data-dependent offset (a column of `nonzero`'s result: u0) may be nonzero
-        if ref is not None and ref not in inputs and guard_or_false(val.storage_offset() == 0) \
-                and not val._is_view() and _covers_storage(val):
-            owners.setdefault(ref, k)
-    plan = []
-    for k, val in enumerate(vals):
-        ref = storage(val)
-        if ref is None:
-            continue
-        if ref in inputs:
-            base = ("input", inputs[ref])
-        elif ref in owners and owners[ref] != k:
-            base = ("output", owners[ref])
-        else:
-            continue
-        plan.append((k, *base, tuple(sym_expr(d) for d in val.shape), tuple(sym_expr(st) for st in val.stride()),
-                     sym_expr(val.storage_offset())))
-    return plan
-
-
-def _covers_storage(val) -> bool:
-    """Whether a tensor spans its whole storage (a strided slice of an intermediate, as
-    `unbind` gives, does not: it cannot be the base that other outputs are views of)."""
-    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, statically_known_true
-
-    sizes = (*val.shape, *val.stride(), val.untyped_storage().nbytes())
-    if any(isinstance(x, torch.SymInt) for x in sizes):
-        # symbolic: decided without guards (reading the sizes would specialise them); with
-        # input-shape symbols only, assumed; a data-dependent size (a column of `nonzero`'s
-        # (u0, 2) result) covers its storage only if that is provable
-        extent = 1 + sum((d - 1) * st for d, st in zip(val.shape, val.stride()))
-        covers = statically_known_true(extent * val.element_size() >= val.untyped_storage().nbytes())
-        return covers or not any(free_unbacked_symbols(x) for x in sizes if isinstance(x, torch.SymInt))
-    if any(int(d) == 0 for d in val.shape):
-        return True
-    extent = 1 + sum((int(d) - 1) * int(st) for d, st in zip(val.shape, val.stride()))
-    return extent * val.element_size() >= int(val.untyped_storage().nbytes())
-
-
-def _apply_aliases(plan, compiled, args, out):
-    from .ir.interpret import bind_symbols
-    from .ir.symbolic import evaluate
-
-    env = bind_symbols(compiled.graph, args)
-    out = list(out)
-    for k, kind, base, sizes, strides, offset in plan:
-        src = args[base] if kind == "input" else out[base]
-        try:
-            view = ([int(evaluate(d, env)) for d in sizes], [int(evaluate(st, env)) for st in strides],
-                    int(evaluate(offset, env)))
-        except KeyError:  # a data-dependent view (`narrow` at a tensor start): made by an ATen call
-            if _same_storage(out[k], src):
-                continue  # ... which returned the view itself
-            raise
-        out[k] = src.as_strided(*view)
-    return out
-
-
-def _same_storage(a, b) -> bool:
-    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
-            and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr())
 
 
 def _mutated_inputs(gm: torch.fx.GraphModule) -> list:
@@ -333,14 +248,32 @@ def _aot(gm: torch.fx.GraphModule, example_inputs, settings: dict):
 
     return aot_module_simplified(
         gm, example_inputs,
+        partition_fn=_partitioner(settings),
         fw_compiler=functools.partial(_compile_graph, kind="forward", settings=settings),
         bw_compiler=functools.partial(_compile_graph, kind="backward", settings=settings),
         inference_compiler=functools.partial(_compile_graph, kind="forward", settings=settings, inference=True),
-        decompositions=_decompositions(),
+        decompositions=_decompositions(_training(example_inputs) and settings.get("recompute", config.recompute)),
         # in-place updates of inputs (a KV-cache write) stay in the graph: the frontend writes
         # them in place instead of AOTAutograd copying a whole new tensor back after the call
         keep_inference_input_mutations=True,
     )
+
+
+def _training(example_inputs) -> bool:
+    """Whether AOTAutograd will trace a joint forward-backward graph (its own test)."""
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs)
+
+
+def _partitioner(settings: dict):
+    """How a training graph is cut into forward and backward: with `recompute`, AOTAutograd's
+    min-cut partition (the forward saves products' and reductions' results, the backward
+    recomputes the elementwise work between them: fewer bytes saved, written and read back);
+    without, every intermediate the backward reads is saved."""
+    from torch._functorch import partitioners
+
+    if settings.get("recompute", config.recompute):
+        return partitioners.min_cut_rematerialization_partition
+    return partitioners.default_partition
 
 
 def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None = None,

@@ -216,6 +216,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "pre-kernel lists, per block of query rows, the key tiles that are partly or wholly live; the "
          "attention kernel visits only those and reads no mask on the wholly live ones; off: every key "
          "tile is visited and masked"),
+    Knob("recompute", bool, True,
+         "training: the forward saves for the backward what is costly to recompute (products, "
+         "reductions) and the backward recomputes cheap elementwise work from it, as Inductor does "
+         "(AOTAutograd's min-cut partition); off: every intermediate the backward reads is saved"),
 )}
 _BY_NAME: dict[str, Knob] = {**KNOBS, **{alias: k for k in KNOBS.values() for alias in k.aliases}}
 _BY_ENV: dict[str, Knob] = {**{k.env: k for k in KNOBS.values()},

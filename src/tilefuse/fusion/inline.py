@@ -79,6 +79,30 @@ class Inliner:
                 self.reasons[node.name] = "unused"
             else:
                 self.inlined.add(node.name)
+        self._store_narrow_prologues()
+
+    def _store_narrow_prologues(self) -> None:
+        """A costly prologue whose one consumer rounds it to bf16/fp16 (autocast's gradient of
+        a language model's logits, before its two products): the rounded value is realised
+        instead, by the same kernel — half the bytes written, and read by each product —
+        and the wide one is inlined into it. The products read what they read before."""
+        moved = False
+        for name, reason in list(self.reasons.items()):
+            users = self.users[name]
+            if not reason.startswith("costly prologue") or len(users) != 1:
+                continue
+            conversion = self.graph[next(iter(users))]
+            if not (_narrowing_conversion(conversion) and conversion.body.x.buffer == name
+                    and conversion.name in self.inlined and _reads_in_order(conversion, self.graph)):
+                continue
+            del self.reasons[name]
+            self.inlined.add(name)
+            self.inlined.discard(conversion.name)
+            self.reasons[conversion.name] = "narrowing conversion of a costly prologue: stored narrow by its producer"
+            moved = True
+        if moved:
+            self._bodies.clear()
+            self._rounded.clear()
 
     def _feeds_contraction(self, name: str) -> bool:
         """A contraction reads the node, directly or through conversions of it (`float32(x)` of a

@@ -1,11 +1,12 @@
-"""Graph-IR passes, run in order by the driver: constant folding, constant scales out of sums
-of products, CSE, dead-code elimination."""
+"""Graph-IR passes, run in order by the driver: constant folding, sums of one-hot rows
+collapsed, constant scales out of sums of products, CSE, dead-code elimination."""
 from .cse import eliminate_common_subexpressions
 from .dce import eliminate_dead_code
 from .fold import fold_constants
+from .one_hot import collapse_one_hot_sums
 from .scales import hoist_scales
 
-PIPELINE = (("fold", fold_constants), ("scales", hoist_scales), ("cse", eliminate_common_subexpressions), ("dce", eliminate_dead_code))
+PIPELINE = (("fold", fold_constants), ("one_hot", collapse_one_hot_sums), ("scales", hoist_scales), ("cse", eliminate_common_subexpressions), ("dce", eliminate_dead_code))
 
 
 def run_passes(graph):
@@ -14,4 +15,4 @@ def run_passes(graph):
     return graph
 
 
-__all__ = ["run_passes", "fold_constants", "hoist_scales", "eliminate_common_subexpressions", "eliminate_dead_code"]
+__all__ = ["run_passes", "fold_constants", "collapse_one_hot_sums", "hoist_scales", "eliminate_common_subexpressions", "eliminate_dead_code"]

@@ -1,0 +1,249 @@
+"""Outputs that are views: found in the graph, compiled as their bases, rebuilt after the call.
+
+A graph may return views: of an input, of another output, or of an intermediate value (a
+training forward returns the transposed weights and activations its backward multiplies by).
+AOTAutograd rebuilds views of inputs and outputs from their base after the call, replaying the
+view — or, when the view has symbolic arguments (`x.narrow(-1, 1, x.shape[-1] - 1)` under
+`dynamic=True`), by `base.as_strided(out.size(), out.stride(), out.storage_offset())` of the
+compiled output. The compiled graph returns fresh buffers, so these outputs must be given back
+as the views they are; and a kernel that copies what a view gives for free is wasted work.
+
+`find` lists them, `compiled_as_bases` is the graph to compile (each such output returns its
+base), `rebuild` makes the views after the call.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any, NamedTuple
+
+import torch
+
+aten = torch.ops.aten
+
+#: ops whose result is a view of their first argument, with strides derived from its strides
+VIEW_OPS = frozenset({
+    aten.view.default, aten._unsafe_view.default, aten.alias.default, aten.permute.default, aten.t.default,
+    aten.transpose.int, aten.expand.default, aten.unsqueeze.default, aten.squeeze.default, aten.squeeze.dim,
+    aten.squeeze.dims, aten.slice.Tensor, aten.select.int,
+})
+
+
+#: ops whose pieces (`operator.getitem` of the result) are views of their first argument
+SPLIT_OPS = frozenset({aten.split.Tensor, aten.split_with_sizes.default})
+
+
+class OutputView(NamedTuple):
+    """Output `index` is `base`'s storage viewed with `sizes`, `strides`, `offset` (sympy). `kind`:
+    "input" (base: a placeholder's position) or "output" (base: an output's position — the
+    output itself when the graph returns an intermediate value's view: then `base_node` is
+    that value, which the compiled graph returns in the view's place)."""
+    index: int
+    kind: str
+    base: int
+    sizes: tuple
+    strides: tuple
+    offset: Any
+    base_node: str | None = None
+    #: the view ops to replay on the base, when the view was found as a chain of them (the
+    #: base's layout at run time may differ from the traced one: padded rows), else ()
+    replay: tuple = ()
+    #: the compiled graph returns the base in the view's place (not when the view's sizes depend
+    #: on data: then the graph computes the view itself, an ATen call returning it)
+    as_base: bool = True
+
+
+def _storage(val):
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    try:
+        return StorageWeakRef(val.untyped_storage()) if isinstance(val, torch.Tensor) else None
+    except Exception:  # noqa: BLE001 - tensors without storage (sparse, ...) alias nothing
+        return None
+
+
+def _view_chain(node):
+    """(base, ops) when `node` is a chain of view ops with constant arguments from `base`
+    (`ops`: (op, arguments after the first) in the order they apply), else (None, ())."""
+    ops = []
+    base = node
+    while isinstance(base, torch.fx.Node) and base.op == "call_function":
+        if base.target in VIEW_OPS:
+            rest = tuple(base.args[1:])
+        elif base.target is operator.getitem and isinstance(base.args[0], torch.fx.Node) \
+                and base.args[0].op == "call_function" and base.args[0].target in SPLIT_OPS:
+            ops.append((operator.getitem, tuple(base.args[1:])))  # a piece of `split`: a slice
+            base = base.args[0]
+            rest = tuple(base.args[1:])
+        else:
+            break
+        if base.kwargs or not _constant(rest):
+            return None, ()
+        ops.append((base.target, rest))
+        base = base.args[0]
+    if base is node or not isinstance(base, torch.fx.Node):
+        return None, ()
+    return base, tuple(reversed(ops))
+
+
+def _constant(args) -> bool:
+    if isinstance(args, (list, tuple)):
+        return all(_constant(a) for a in args)
+    return args is None or (isinstance(args, (int, float, bool)) and not isinstance(args, torch.SymInt))
+
+
+def _is_base(val) -> bool:
+    """Whether a tensor can be the base others view: its own storage, from offset 0, all of it."""
+    from torch.fx.experimental.symbolic_shapes import guard_or_false
+
+    # a data-dependent offset (a column of `nonzero`'s result: u0) may be nonzero
+    return isinstance(val, torch.Tensor) and guard_or_false(val.storage_offset() == 0) \
+        and not val._is_view() and _covers_storage(val)
+
+
+def _not_larger(base, views) -> bool:
+    """Whether materialising `base` writes no more than materialising its `views` (a slice of
+    a large intermediate is better copied than the intermediate kept whole; `split`'s pieces
+    together are the whole)."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return statically_known_true(base.numel() <= sum(v.numel() for v in views))
+
+
+def _data_dependent(val) -> bool:
+    """Whether a view's sizes, strides or offset depend on data (`nonzero`'s count): they are
+    not known from the call's arguments, so the view could not be made after the call."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    return any(isinstance(x, torch.SymInt) and free_unbacked_symbols(x)
+               for x in (*val.shape, *val.stride(), val.storage_offset()))
+
+
+def find(gm: torch.fx.GraphModule) -> list[OutputView]:
+    """The outputs of `gm` that are views, with their bases. Two ways to know: the meta values
+    share storage (views AOTAutograd recorded), or the output is a chain of view ops
+    (`VIEW_OPS`) from a placeholder, an output, or an intermediate value no larger than it."""
+    from .frontend.context import sym_expr
+
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    inputs: dict = {}
+    for k, node in enumerate(placeholders):
+        ref = _storage(node.meta.get("val"))
+        if ref is not None:
+            inputs.setdefault(ref, k)
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    outs = out_node.args[0] if isinstance(out_node.args[0], (list, tuple)) else (out_node.args[0],)
+    vals: list[Any] = [o.meta.get("val") if isinstance(o, torch.fx.Node) else None for o in outs]
+    owners: dict = {}  # storage -> index of the first output that is not a view
+    first_output: dict = {}  # node -> index of the first output that returns it
+    for k, (node, val) in enumerate(zip(outs, vals)):
+        ref = _storage(val)
+        if ref is not None and ref not in inputs and _is_base(val):
+            owners.setdefault(ref, k)
+        if isinstance(node, torch.fx.Node):
+            first_output.setdefault(node, k)
+    found, of_values = [], {}  # of_values: intermediate value -> [(k, val, replay)] viewing it
+    for k, (node, val) in enumerate(zip(outs, vals)):
+        ref = _storage(val)
+        if ref is None:
+            continue
+        base_node, replay = None, ()
+        if ref in inputs:
+            kind, base = "input", inputs[ref]
+        elif ref in owners and owners[ref] != k:
+            kind, base = "output", owners[ref]
+        else:
+            start, replay = _view_chain(node)
+            start_val = start.meta.get("val") if start is not None else None
+            if start is None or not _is_base(start_val) or _data_dependent(val):
+                continue
+            if start.op == "placeholder":
+                kind, base = "input", placeholders.index(start)
+            elif start in first_output and first_output[start] != k:
+                kind, base = "output", first_output[start]
+            elif start.op == "call_function":
+                of_values.setdefault(start, []).append((k, val, replay))
+                continue
+            else:
+                continue
+        found.append(OutputView(k, kind, base, tuple(sym_expr(d) for d in val.shape),
+                                tuple(sym_expr(st) for st in val.stride()), sym_expr(val.storage_offset()),
+                                base_node, replay, as_base=not _data_dependent(val)))
+    for start, views in of_values.items():
+        if _not_larger(start.meta["val"], [val for _, val, _ in views]):
+            found += [OutputView(k, "output", k, (), (), 0, start.name, replay) for k, val, replay in views]
+    # made in this order: views replayed on their bases first (another output may view one)
+    return sorted(found, key=lambda v: (not v.replay, v.index))
+
+
+def compiled_as_bases(gm: torch.fx.GraphModule, views: list[OutputView]) -> torch.fx.GraphModule:
+    """The graph to compile: each output that is a view returns its base instead (an input,
+    another output, or the intermediate value it views), which `rebuild` then views, so that
+    no kernel copies what a view gives for free."""
+    views = [v for v in views if v.as_base]
+    if not views:
+        return gm
+    graph = torch.fx.Graph()
+    val_map: dict = {}
+    copied = graph.graph_copy(gm.graph, val_map)
+    single = not isinstance(copied, (list, tuple))
+    outs = [copied] if single else list(copied)
+    placeholders = [val_map[n] for n in gm.graph.nodes if n.op == "placeholder"]
+    by_name = {n.name: val_map[n] for n in gm.graph.nodes if n in val_map}
+    for v in views:
+        if v.base_node is not None:
+            outs[v.index] = by_name[v.base_node]
+        elif v.kind == "input":
+            outs[v.index] = placeholders[v.base]
+        else:
+            outs[v.index] = outs[v.base]
+    graph.output(outs[0] if single else tuple(outs) if isinstance(copied, tuple) else outs)
+    return torch.fx.GraphModule(gm, graph)
+
+
+def _covers_storage(val) -> bool:
+    """Whether a tensor spans its whole storage (a strided slice of an intermediate, as
+    `unbind` gives, does not: it cannot be the base that other outputs are views of)."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, statically_known_true
+
+    sizes = (*val.shape, *val.stride(), val.untyped_storage().nbytes())
+    if any(isinstance(x, torch.SymInt) for x in sizes):
+        # symbolic: decided without guards (reading the sizes would specialise them); with
+        # input-shape symbols only, assumed; a data-dependent size (a column of `nonzero`'s
+        # (u0, 2) result) covers its storage only if that is provable
+        extent = 1 + sum((d - 1) * st for d, st in zip(val.shape, val.stride()))
+        covers = statically_known_true(extent * val.element_size() >= val.untyped_storage().nbytes())
+        return covers or not any(free_unbacked_symbols(x) for x in sizes if isinstance(x, torch.SymInt))
+    if any(int(d) == 0 for d in val.shape):
+        return True
+    extent = 1 + sum((int(d) - 1) * int(st) for d, st in zip(val.shape, val.stride()))
+    return extent * val.element_size() >= int(val.untyped_storage().nbytes())
+
+
+def rebuild(views: list[OutputView], compiled, args, out) -> list:
+    """The call's outputs with each view made from its base (after the call)."""
+    from .ir.interpret import bind_symbols
+    from .ir.symbolic import evaluate
+
+    env = bind_symbols(compiled.graph, args)
+    out = list(out)
+    for v in views:
+        src = args[v.base] if v.kind == "input" else out[v.base]
+        if v.replay:
+            for op, rest in v.replay:
+                src = op(src, *rest)
+            out[v.index] = src
+            continue
+        try:
+            view = ([int(evaluate(d, env)) for d in v.sizes], [int(evaluate(st, env)) for st in v.strides],
+                    int(evaluate(v.offset, env)))
+        except KeyError:  # a data-dependent view (`narrow` at a tensor start): made by an ATen call
+            if _same_storage(out[v.index], src):
+                continue  # ... which returned the view itself
+            raise
+        out[v.index] = src.as_strided(*view)
+    return out
+
+
+def _same_storage(a, b) -> bool:
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+            and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr())

@@ -1,0 +1,87 @@
+"""Outputs that are views are compiled as their bases and made after the call: no kernel copies
+what a view gives for free (a training forward returns the transposed activations and weights
+its backward multiplies by), and the views follow the base's layout at run time."""
+import torch
+import torch.nn as nn
+
+import tilefuse
+from tilefuse import output_views
+
+VIEW_ONLY_OPS = {"t", "transpose", "permute", "view", "unsafe_view", "alias", "expand", "unsqueeze", "squeeze"}
+
+
+def _traced(fn, *args):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    return make_fx(fn, tracing_mode="fake")(*args)
+
+
+def test_a_view_of_an_intermediate_is_made_from_it():
+    def fn(x):
+        y = x * 2
+        return y.permute(1, 0).unsqueeze(0), y.sum()
+
+    x = torch.randn(5, 7)
+    gm = _traced(fn, x)
+    (view,) = output_views.find(gm)
+    assert view.index == 0 and view.kind == "output" and view.base_node is not None
+    assert [op.__name__.split(".")[0] for op, _ in view.replay] == ["permute", "unsqueeze"]
+    compiled = output_views.compiled_as_bases(gm, [view])
+    base, total = compiled(x)
+    assert base.shape == (5, 7)  # the intermediate itself, not a copy of its view
+    # the base as the compiled graph may lay it out (rows padded to 8): the view follows it
+    padded = torch.empty(5, 8)[:, :7]
+    padded.copy_(base)
+
+    out = output_views.rebuild([view], _Compiled(), [x], [padded, total])
+    torch.testing.assert_close(out[0], (x * 2).permute(1, 0).unsqueeze(0))
+    assert out[0].data_ptr() == padded.data_ptr()
+    assert out[0].stride() == padded.permute(1, 0).unsqueeze(0).stride()
+
+
+class _Compiled:
+    """The compiled graph as `rebuild` reads it: its symbols (none here)."""
+
+    def __init__(self):
+        from tilefuse.ir.graph import Graph
+
+        self.graph = Graph(name="g")
+
+
+def test_a_larger_base_is_not_kept_for_a_small_view():
+    def fn(x):
+        y = x * 2
+        return (y[:, :2],)
+
+    gm = _traced(fn, torch.randn(5, 7))
+    assert output_views.find(gm) == []
+
+
+def test_training_forward_copies_no_views():
+    """A linear layer and an attention product in a training step: the forward saves transposed
+    operands for the backward without a copy kernel for any of them; gradients are eager's."""
+    torch.manual_seed(0)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(24, 72)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).split(24, dim=-1)
+            att = (q @ k.transpose(-2, -1) * 0.2).softmax(-1)
+            return (att @ v).sum()
+
+    model = Block()
+    x = torch.randn(3, 11, 24)
+    torch._dynamo.reset()
+    compiled = tilefuse.compile(model, target="cpu")
+    compiled(x).backward()
+    got = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(x).backward()
+    for g, want in zip(got, (p.grad for p in model.parameters())):
+        torch.testing.assert_close(g, want, rtol=1e-4, atol=1e-5)
+    forward = [r for r in tilefuse.last_compilations().reports if r.graph_name.startswith("forward")][-1]
+    copies = [k.name for k in forward.kernels if k.ops and set(k.ops) <= VIEW_ONLY_OPS]
+    assert not copies, copies
