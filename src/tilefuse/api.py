@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from .explanation import Explanation
 
 _graph_ids = itertools.count()
+SAVED_FROM = "tilefuse_saved_from"  # a forward graph's meta: the position of its first saved tensor
 _report_sinks: list = []  # explain() collects reports here while it runs
 _history: collections.deque = collections.deque(maxlen=64)  # last_compilations()
 
@@ -94,7 +95,10 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, settings
     # the compile's options: the configuration as it is now (a backward graph compiles later,
     # under the configuration of that moment) with the compile's own settings over it
     options = config.options(settings)
-    views = output_views.find(gm)
+    # views found by their ops are made only where tilefuse alone reads them: an inference
+    # graph's outputs, and the tensors a training forward saves (from the partition's count
+    # of the forward's own outputs on)
+    views = output_views.find(gm, 0 if inference else gm.meta.get(SAVED_FROM) if kind == "forward" else None)
     try:
         with _process_settings(settings):
             compiled, report = compile_fx(output_views.compiled_as_bases(gm, views), _device_of(gm), name, options,
@@ -271,9 +275,15 @@ def _partitioner(settings: dict):
     without, every intermediate the backward reads is saved."""
     from torch._functorch import partitioners
 
-    if settings.get("recompute", config.recompute):
-        return partitioners.min_cut_rematerialization_partition
-    return partitioners.default_partition
+    cut = partitioners.min_cut_rematerialization_partition if settings.get("recompute", config.recompute) \
+        else partitioners.default_partition
+
+    def partition(joint, inputs, **kwargs):
+        forward, backward = cut(joint, inputs, **kwargs)
+        forward.meta[SAVED_FROM] = kwargs.get("num_fwd_outputs")  # what follows is saved for the backward
+        return forward, backward
+
+    return partition
 
 
 def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None = None,

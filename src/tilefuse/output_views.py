@@ -50,6 +50,8 @@ class OutputView(NamedTuple):
     #: the compiled graph returns the base in the view's place (not when the view's sizes depend
     #: on data: then the graph computes the view itself, an ATen call returning it)
     as_base: bool = True
+    #: the base's strides as traced (sympy): `sizes`/`strides`/`offset` are relative to them
+    base_strides: tuple = ()
 
 
 def _storage(val):
@@ -118,11 +120,20 @@ def _data_dependent(val) -> bool:
                for x in (*val.shape, *val.stride(), val.storage_offset()))
 
 
-def find(gm: torch.fx.GraphModule) -> list[OutputView]:
+def find(gm: torch.fx.GraphModule, structural_from: int | None = None) -> list[OutputView]:
     """The outputs of `gm` that are views, with their bases. Two ways to know: the meta values
-    share storage (views AOTAutograd recorded), or the output is a chain of view ops
-    (`VIEW_OPS`) from a placeholder, an output, or an intermediate value no larger than it."""
+    share storage (views AOTAutograd recorded), or — for outputs from position
+    `structural_from` on (None: none) — the output is a chain of view ops (`VIEW_OPS`) from a
+    placeholder, an output, or intermediate values no larger than their views together.
+
+    The second kind is not a view to AOTAutograd, so it is made only where nothing but
+    tilefuse reads it: the tensors a training forward saves for its backward (a user's output
+    made a view would refuse in-place ops, or share memory with a saved tensor), and the
+    outputs of an inference graph."""
     from .frontend.context import sym_expr
+
+    def strides_of(val):
+        return tuple(sym_expr(st) for st in val.stride())
 
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     inputs: dict = {}
@@ -147,15 +158,21 @@ def find(gm: torch.fx.GraphModule) -> list[OutputView]:
         if ref is None:
             continue
         base_node, replay = None, ()
-        if ref in inputs:
+        if ref in inputs and placeholders[inputs[ref]].meta["val"].dtype == val.dtype:
             kind, base = "input", inputs[ref]
-        elif ref in owners and owners[ref] != k:
+            base_strides = strides_of(placeholders[base].meta["val"])
+        elif ref in owners and owners[ref] != k and vals[owners[ref]].dtype == val.dtype:
             kind, base = "output", owners[ref]
+            base_strides = strides_of(vals[base])
+        elif ref in inputs or (ref in owners and owners[ref] != k) or structural_from is None \
+                or k < structural_from:
+            continue  # (a view that reinterprets the dtype is computed by the graph)
         else:
             start, replay = _view_chain(node)
             start_val = start.meta.get("val") if start is not None else None
             if start is None or not _is_base(start_val) or _data_dependent(val):
                 continue
+            base_strides = strides_of(start_val)
             if start.op == "placeholder":
                 kind, base = "input", placeholders.index(start)
             elif start in first_output and first_output[start] != k:
@@ -165,12 +182,13 @@ def find(gm: torch.fx.GraphModule) -> list[OutputView]:
                 continue
             else:
                 continue
-        found.append(OutputView(k, kind, base, tuple(sym_expr(d) for d in val.shape),
-                                tuple(sym_expr(st) for st in val.stride()), sym_expr(val.storage_offset()),
-                                base_node, replay, as_base=not _data_dependent(val)))
+        found.append(OutputView(k, kind, base, tuple(sym_expr(d) for d in val.shape), strides_of(val),
+                                sym_expr(val.storage_offset()), base_node, replay,
+                                as_base=not _data_dependent(val), base_strides=base_strides))
     for start, views in of_values.items():
         if _not_larger(start.meta["val"], [val for _, val, _ in views]):
-            found += [OutputView(k, "output", k, (), (), 0, start.name, replay) for k, val, replay in views]
+            found += [OutputView(k, "output", k, (), (), 0, start.name, replay,
+                                 base_strides=strides_of(start.meta["val"])) for k, val, replay in views]
     # made in this order: views replayed on their bases first (another output may view one)
     return sorted(found, key=lambda v: (not v.replay, v.index))
 
@@ -220,7 +238,10 @@ def _covers_storage(val) -> bool:
 
 
 def rebuild(views: list[OutputView], compiled, args, out) -> list:
-    """The call's outputs with each view made from its base (after the call)."""
+    """The call's outputs with each view made from its base (after the call). A base laid out
+    otherwise than traced (rows padded for the library) is read through its values: views
+    replayed on it (on a contiguous copy where `view` refuses its strides), and a view made by
+    strides from a copy laid out as traced."""
     from .ir.interpret import bind_symbols
     from .ir.symbolic import evaluate
 
@@ -229,19 +250,36 @@ def rebuild(views: list[OutputView], compiled, args, out) -> list:
     for v in views:
         src = args[v.base] if v.kind == "input" else out[v.base]
         if v.replay:
-            for op, rest in v.replay:
-                src = op(src, *rest)
-            out[v.index] = src
+            out[v.index] = _replayed(src, v.replay)
             continue
         try:
             view = ([int(evaluate(d, env)) for d in v.sizes], [int(evaluate(st, env)) for st in v.strides],
                     int(evaluate(v.offset, env)))
+            traced = [int(evaluate(st, env)) for st in v.base_strides]
         except KeyError:  # a data-dependent view (`narrow` at a tensor start): made by an ATen call
             if _same_storage(out[v.index], src):
                 continue  # ... which returned the view itself
             raise
+        if traced and _strides_differ(src, traced):
+            src = torch.empty_strided(src.shape, traced, dtype=src.dtype, device=src.device).copy_(src)
         out[v.index] = src.as_strided(*view)
     return out
+
+
+def _replayed(base, ops):
+    try:
+        t = base
+        for op, rest in ops:
+            t = op(t, *rest)
+        return t
+    except RuntimeError:  # `view` of a base whose layout it cannot express (padded rows)
+        if base.is_contiguous():
+            raise
+        return _replayed(base.contiguous(), ops)
+
+
+def _strides_differ(t, traced) -> bool:
+    return any(n != 1 and st != want for n, st, want in zip(t.shape, t.stride(), traced))
 
 
 def _same_storage(a, b) -> bool:

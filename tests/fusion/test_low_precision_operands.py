@@ -115,10 +115,12 @@ def test_a_narrowing_conversion_is_stored_by_its_producer_only_when_read_in_orde
     assert (reasons.get(narrow.name, "").startswith("narrowing conversion")) == (not transposed), reasons
 
 
-def test_a_costly_prologue_read_rounded_is_stored_rounded():
+@pytest.mark.parametrize("saved", [False, True])
+def test_a_costly_prologue_read_rounded_is_stored_rounded(saved):
     """A costly fp32 value (exp) whose one reader rounds it to bf16 for two products (autocast's
     gradient of the logits): the rounded value is what the producer's kernel stores — half the
-    bytes — and the wide one is inlined into it; values follow the reference interpreter."""
+    bytes — and the wide one is inlined into it; also when the rounded value is a graph output
+    (the probabilities a training forward saves). Values follow the reference interpreter."""
     from irgraphs import GraphBuilder, run_compiled
     from tilefuse.fusion.inline import Inliner
     from tilefuse.ir import dtypes as dt
@@ -135,18 +137,18 @@ def test_a_costly_prologue_read_rounded_is_stored_rounded():
                          * cast(w.load((r[0], i[1])), dt.float32), dt.float32)
     second = g.ctx.reduce((13, 4), (9,), "sum", lambda i, r: cast(narrow.load((r[0], i[0])), dt.float32)
                           * cast(v.load((r[0], i[1])), dt.float32), dt.float32)
-    graph = g.output(first, second)
+    graph = g.output(first, second, *([narrow] if saved else []))
     inliner = Inliner(graph)
     assert wide.name in inliner.inlined and narrow.name not in inliner.inlined, inliner.reasons
-    assert inliner.reasons[narrow.name].startswith("narrowing conversion of a costly prologue")
+    assert inliner.reasons[narrow.name].startswith("graph output" if saved else "narrowing conversion of a costly")
     args = [torch.randn(9, 13).bfloat16(), torch.randn(13, 5).bfloat16(), torch.randn(9, 4).bfloat16()]
     rounded = ((args[0].float().exp() * 0.5).bfloat16().float())
-    want = [rounded @ args[1].float(), rounded.t() @ args[2].float()]
+    want = [rounded @ args[1].float(), rounded.t() @ args[2].float()] + ([rounded] if saved else [])
     for got, ref in zip(interpret(graph, args), want):
-        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got.float(), ref, rtol=1e-5, atol=1e-5)
     compiled, _ = run_compiled(graph, args)  # the kernels (Triton's interpreter) agree
     for got, ref in zip(compiled, want):
-        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(got.float(), ref, rtol=1e-4, atol=1e-4)
 
 
 def nanogpt_attention(x, w, b, mask):

@@ -95,3 +95,17 @@ def test_cross_entropy_backward_has_no_pass_over_the_classes():
     backward = [r for r in tilefuse.last_compilations().reports if r.graph_name.startswith("backward")][-1]
     kinds = {str(k.kind) for k in backward.kernels if "nll_loss_backward" in k.ops}
     assert kinds and "reduction" not in kinds, [(k.name, k.kind, k.ops) for k in backward.kernels]
+
+
+def test_a_selected_negative_zero_sums_to_positive_zero():
+    """A sum starts from +0: eager's sum of a row whose selected term is −0 is +0."""
+    rows, classes = 5, 9
+    graph, name = _one_hot_sum(rows, classes)
+    t = torch.randint(0, classes, (rows,))
+    s = torch.randn(rows)
+    s[2] = 0.0  # selected term −1·(+0) = −0
+    collapse_one_hot_sums(graph)
+    assert isinstance(graph[name], Pointwise)
+    got = interpret(graph, [t, s, torch.randn(rows, classes)])[0]
+    eager = torch.where(torch.arange(classes) == t[:, None], -1.0, 0.0).mul(s[:, None]).sum(1, keepdim=True)
+    assert torch.equal(torch.signbit(got), torch.signbit(eager)) and torch.equal(got, eager)

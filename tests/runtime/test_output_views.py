@@ -1,8 +1,10 @@
 """Outputs that are views are compiled as their bases and made after the call: no kernel copies
 what a view gives for free (a training forward returns the transposed activations and weights
 its backward multiplies by), and the views follow the base's layout at run time."""
+import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import tilefuse
 from tilefuse import output_views
@@ -23,7 +25,7 @@ def test_a_view_of_an_intermediate_is_made_from_it():
 
     x = torch.randn(5, 7)
     gm = _traced(fn, x)
-    (view,) = output_views.find(gm)
+    (view,) = output_views.find(gm, 0)
     assert view.index == 0 and view.kind == "output" and view.base_node is not None
     assert [op.__name__.split(".")[0] for op, _ in view.replay] == ["permute", "unsqueeze"]
     compiled = output_views.compiled_as_bases(gm, [view])
@@ -54,7 +56,7 @@ def test_a_larger_base_is_not_kept_for_a_small_view():
         return (y[:, :2],)
 
     gm = _traced(fn, torch.randn(5, 7))
-    assert output_views.find(gm) == []
+    assert output_views.find(gm, 0) == []
 
 
 def test_training_forward_copies_no_views():
@@ -85,3 +87,43 @@ def test_training_forward_copies_no_views():
     forward = [r for r in tilefuse.last_compilations().reports if r.graph_name.startswith("forward")][-1]
     copies = [k.name for k in forward.kernels if k.ops and set(k.ops) <= VIEW_ONLY_OPS]
     assert not copies, copies
+
+
+GPU_RULES = {"matmul": "aten", "target": "interpret", "fallback": "error"}
+
+
+@pytest.mark.parametrize("case", ["slice of a padded product", "flat view of a padded product", "transposed and flat"])
+def test_views_of_a_base_laid_out_otherwise_than_traced(case):
+    """A product the library writes with padded rows (257 columns) is the base of the views
+    returned beside it: they read its values, not its padding, and nothing falls back."""
+    h, w = torch.randn(2, 3, 64), torch.randn(257, 64)
+    fns = {
+        "slice of a padded product": lambda h, w: (lambda l: (l, l[:, -1, :]))(F.linear(h, w)),
+        "flat view of a padded product": lambda h, w: ((h[0] @ w.t()).view(-1),),
+        "transposed and flat": lambda h, w: (lambda y: (y.t(), y.view(-1)))(h[0] @ w.t()),
+    }
+    fn = fns[case]
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = tilefuse.compile(fn, options=GPU_RULES)(h, w)
+        want = fn(h, w)
+    for g, e in zip(got, want):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)
+
+
+def test_a_training_output_stays_writable():
+    """A product's output (a view of the product's buffer in the graph) takes in-place ops in
+    a training graph, as eager's does."""
+    x, w = torch.randn(2, 3, 8, requires_grad=True), torch.randn(8, 5, requires_grad=True)
+    torch._dynamo.reset()
+    out = tilefuse.compile(lambda x, w: x @ w, target="cpu")(x, w)
+    out.mul_(2)
+    out.sum().backward()
+    torch.testing.assert_close(w.grad, (x.detach().reshape(-1, 8).t() @ torch.full((6, 5), 2.0)))
+
+
+def test_a_view_that_reinterprets_the_dtype_keeps_it():
+    x = torch.randn(4, 6)
+    torch._dynamo.reset()
+    y, bits = tilefuse.compile(lambda x: (lambda y: (y, y.view(torch.int32)))(x * 2), target="cpu")(x)
+    assert bits.dtype == torch.int32 and torch.equal(bits, (x * 2).view(torch.int32))

@@ -83,9 +83,11 @@ class Inliner:
 
     def _store_narrow_prologues(self) -> None:
         """A costly prologue whose one consumer rounds it to bf16/fp16 (autocast's gradient of
-        a language model's logits, before its two products): the rounded value is realised
-        instead, by the same kernel — half the bytes written, and read by each product —
-        and the wide one is inlined into it. The products read what they read before."""
+        a language model's logits, before its two products; the attention probabilities a
+        training forward saves in bf16): the rounded value is realised instead, by the same
+        kernel — half the bytes written, and read by each product — and the wide one is
+        inlined into it (when the rounded value is realised anyway, as a graph output, the
+        wide one is simply not stored). The products read what they read before."""
         moved = False
         for name, reason in list(self.reasons.items()):
             users = self.users[name]
@@ -93,12 +95,13 @@ class Inliner:
                 continue
             conversion = self.graph[next(iter(users))]
             if not (_narrowing_conversion(conversion) and conversion.body.x.buffer == name
-                    and conversion.name in self.inlined and _reads_in_order(conversion, self.graph)):
+                    and _reads_in_order(conversion, self.graph)):
                 continue
             del self.reasons[name]
             self.inlined.add(name)
-            self.inlined.discard(conversion.name)
-            self.reasons[conversion.name] = "narrowing conversion of a costly prologue: stored narrow by its producer"
+            if conversion.name in self.inlined:
+                self.inlined.discard(conversion.name)
+                self.reasons[conversion.name] = "narrowing conversion of a costly prologue: stored narrow by its producer"
             moved = True
         if moved:
             self._bodies.clear()

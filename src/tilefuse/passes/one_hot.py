@@ -97,7 +97,7 @@ def _collapsed(node: Reduce, expanded: Expr) -> Expr | None:
         for f in factors:
             nan_or_zero = binary("mul", nan_or_zero, cast(f, acc))
         body = binary("add", body, nan_or_zero)
-    return body
+    return binary("add", body, const(0.0, acc))  # a sum starts from +0: a selected −0 gives +0
 
 
 def collapse_one_hot_sums(graph: Graph) -> Graph:
