@@ -221,16 +221,14 @@ def compiled_as_bases(gm: torch.fx.GraphModule, views: list[OutputView]) -> torc
 def _covers_storage(val) -> bool:
     """Whether a tensor spans its whole storage (a strided slice of an intermediate, as
     `unbind` gives, does not: it cannot be the base that other outputs are views of)."""
-    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, statically_known_true
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
 
     sizes = (*val.shape, *val.stride(), val.untyped_storage().nbytes())
     if any(isinstance(x, torch.SymInt) for x in sizes):
-        # symbolic: decided without guards (reading the sizes would specialise them); with
-        # input-shape symbols only, assumed; a data-dependent size (a column of `nonzero`'s
-        # (u0, 2) result) covers its storage only if that is provable
+        # symbolic: decided without guards (reading the sizes would specialise them), and only
+        # when provable — a piece of `split` under `dynamic=True` is a slice of its storage
         extent = 1 + sum((d - 1) * st for d, st in zip(val.shape, val.stride()))
-        covers = statically_known_true(extent * val.element_size() >= val.untyped_storage().nbytes())
-        return covers or not any(free_unbacked_symbols(x) for x in sizes if isinstance(x, torch.SymInt))
+        return statically_known_true(extent * val.element_size() >= val.untyped_storage().nbytes())
     if any(int(d) == 0 for d in val.shape):
         return True
     extent = 1 + sum((int(d) - 1) * int(st) for d, st in zip(val.shape, val.stride()))

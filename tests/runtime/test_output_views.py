@@ -127,3 +127,17 @@ def test_a_view_that_reinterprets_the_dtype_keeps_it():
     torch._dynamo.reset()
     y, bits = tilefuse.compile(lambda x: (lambda y: (y, y.view(torch.int32)))(x * 2), target="cpu")(x)
     assert bits.dtype == torch.int32 and torch.equal(bits, (x * 2).view(torch.int32))
+
+
+@pytest.mark.parametrize("shape,fn", [((4, 6), lambda x: x.cos().split(2, 0)),
+                                      ((5, 7), lambda x: x.cos().chunk(2, 1)),
+                                      ((3, 5), lambda x: (lambda y: (y, y.t()))(x.cos()))])
+def test_pieces_and_views_under_dynamic_shapes(shape, fn):
+    """With symbolic sizes a piece of `split` is not taken for the base of the others (it is a
+    slice of their storage); a whole value still is. Two sizes, no eager fallback."""
+    torch._dynamo.reset()
+    compiled = tilefuse.compile(fn, target="cpu", dynamic=True, fallback="error")
+    for extra in (0, 2):
+        x = torch.randn(shape[0] + extra, shape[1] + extra)
+        for got, want in zip(compiled(x), fn(x)):
+            torch.testing.assert_close(got, want)
