@@ -51,6 +51,7 @@ LAYERS = {
     "tilefuse.failure": 8,  # a failed compile's stage, op and reproducer (TILEFUSE_FALLBACK)
     "tilefuse.verify_mode": 8,  # TILEFUSE_VERIFY: the graph against eager, the first wrong kernel
     "tilefuse.compare": 8,  # the fp64 rule, by which verify mode and check/ judge results
+    "tilefuse.output_views": 8,  # a compiled graph's outputs that are views, made after the call
     # "the public API sits on top of the driver"; the package itself re-exports the API
     "tilefuse.api": 9,
     "tilefuse": 9,

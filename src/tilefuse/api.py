@@ -95,10 +95,7 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, settings
     # the compile's options: the configuration as it is now (a backward graph compiles later,
     # under the configuration of that moment) with the compile's own settings over it
     options = config.options(settings)
-    # views found by their ops are made only where tilefuse alone reads them: an inference
-    # graph's outputs, and the tensors a training forward saves (from the partition's count
-    # of the forward's own outputs on)
-    views = output_views.find(gm, 0 if inference else gm.meta.get(SAVED_FROM) if kind == "forward" else None)
+    views = output_views.find(gm, _read_by_tilefuse_from(gm, kind, inference))
     try:
         with _process_settings(settings):
             compiled, report = compile_fx(output_views.compiled_as_bases(gm, views), _device_of(gm), name, options,
@@ -145,6 +142,15 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, settings
         return out
 
     return _boxed(run)
+
+
+def _read_by_tilefuse_from(gm: torch.fx.GraphModule, kind: str, inference: bool) -> int | None:
+    """The first output that only tilefuse reads (views found by their ops are made there): every
+    output of an inference graph, the tensors a training forward saves for its backward (the
+    partition records where they start), none of a backward's."""
+    if inference:
+        return 0
+    return gm.meta.get(SAVED_FROM) if kind == "forward" else None
 
 
 def _process_settings(settings: dict):

@@ -51,6 +51,7 @@ class OutputView(NamedTuple):
     #: on data: then the graph computes the view itself, an ATen call returning it)
     as_base: bool = True
     #: the base's strides as traced (sympy): `sizes`/`strides`/`offset` are relative to them
+    #: (views made by strides; replayed ones need none)
     base_strides: tuple = ()
 
 
@@ -144,20 +145,19 @@ def find(gm: torch.fx.GraphModule, structural_from: int | None = None) -> list[O
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     outs = out_node.args[0] if isinstance(out_node.args[0], (list, tuple)) else (out_node.args[0],)
     vals: list[Any] = [o.meta.get("val") if isinstance(o, torch.fx.Node) else None for o in outs]
+    refs = [_storage(val) for val in vals]
     owners: dict = {}  # storage -> index of the first output that is not a view
     first_output: dict = {}  # node -> index of the first output that returns it
-    for k, (node, val) in enumerate(zip(outs, vals)):
-        ref = _storage(val)
+    for k, (node, val, ref) in enumerate(zip(outs, vals, refs)):
         if ref is not None and ref not in inputs and _is_base(val):
             owners.setdefault(ref, k)
         if isinstance(node, torch.fx.Node):
             first_output.setdefault(node, k)
     found, of_values = [], {}  # of_values: intermediate value -> [(k, val, replay)] viewing it
-    for k, (node, val) in enumerate(zip(outs, vals)):
-        ref = _storage(val)
+    for k, (node, val, ref) in enumerate(zip(outs, vals, refs)):
         if ref is None:
             continue
-        base_node, replay = None, ()
+        replay, base_strides = (), ()
         if ref in inputs and placeholders[inputs[ref]].meta["val"].dtype == val.dtype:
             kind, base = "input", inputs[ref]
             base_strides = strides_of(placeholders[base].meta["val"])
@@ -167,28 +167,24 @@ def find(gm: torch.fx.GraphModule, structural_from: int | None = None) -> list[O
         elif ref in inputs or (ref in owners and owners[ref] != k) or structural_from is None \
                 or k < structural_from:
             continue  # (a view that reinterprets the dtype is computed by the graph)
-        else:
+        else:  # replayed on the base: no strides needed
             start, replay = _view_chain(node)
-            start_val = start.meta.get("val") if start is not None else None
-            if start is None or not _is_base(start_val) or _data_dependent(val):
+            if start is None or not _is_base(start.meta.get("val")) or _data_dependent(val):
                 continue
-            base_strides = strides_of(start_val)
             if start.op == "placeholder":
                 kind, base = "input", placeholders.index(start)
             elif start in first_output and first_output[start] != k:
                 kind, base = "output", first_output[start]
-            elif start.op == "call_function":
-                of_values.setdefault(start, []).append((k, val, replay))
-                continue
             else:
+                if start.op == "call_function":
+                    of_values.setdefault(start, []).append((k, val, replay))
                 continue
         found.append(OutputView(k, kind, base, tuple(sym_expr(d) for d in val.shape), strides_of(val),
-                                sym_expr(val.storage_offset()), base_node, replay,
+                                sym_expr(val.storage_offset()), None, replay,
                                 as_base=not _data_dependent(val), base_strides=base_strides))
     for start, views in of_values.items():
         if _not_larger(start.meta["val"], [val for _, val, _ in views]):
-            found += [OutputView(k, "output", k, (), (), 0, start.name, replay,
-                                 base_strides=strides_of(start.meta["val"])) for k, val, replay in views]
+            found += [OutputView(k, "output", k, (), (), 0, start.name, replay) for k, val, replay in views]
     # made in this order: views replayed on their bases first (another output may view one)
     return sorted(found, key=lambda v: (not v.replay, v.index))
 
@@ -243,13 +239,15 @@ def rebuild(views: list[OutputView], compiled, args, out) -> list:
     from .ir.interpret import bind_symbols
     from .ir.symbolic import evaluate
 
-    env = bind_symbols(compiled.graph, args)
+    env = None  # the call's symbols, bound only for views made by strides
     out = list(out)
     for v in views:
         src = args[v.base] if v.kind == "input" else out[v.base]
         if v.replay:
             out[v.index] = _replayed(src, v.replay)
             continue
+        if env is None:
+            env = bind_symbols(compiled.graph, args)
         try:
             view = ([int(evaluate(d, env)) for d in v.sizes], [int(evaluate(st, env)) for st in v.strides],
                     int(evaluate(v.offset, env)))

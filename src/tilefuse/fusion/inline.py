@@ -50,6 +50,7 @@ class Inliner:
         self._bodies: dict[str, Expr] = {}
         self._rounded: dict[str, Expr] = {}  # bodies whose explicit narrowing conversions are still loads
         outputs = set(graph.output_names())
+        costly_prologues: list[str] = []
         extern_read = set()
         for n in graph.nodes.values():
             if isinstance(n, (Extern, ExternResult)):
@@ -70,6 +71,7 @@ class Inliner:
                 self.reasons[node.name] = "narrowing conversion of a kernel result: stored by its producer"
             elif self._feeds_contraction(node.name) and (count_ops(body) > MAX_PROLOGUE_OPS or _costly(body)):
                 self.reasons[node.name] = "costly prologue of a contraction: computed once, in its producer's kernel"
+                costly_prologues.append(node.name)
             elif self._feeds_contraction(node.name) and self._epilogue_of_contraction(node):
                 self.reasons[node.name] = ("epilogue of a contraction and operand of another: stored once by its "
                                            "producer, not recomputed per tile of the second product")
@@ -79,9 +81,9 @@ class Inliner:
                 self.reasons[node.name] = "unused"
             else:
                 self.inlined.add(node.name)
-        self._store_narrow_prologues()
+        self._store_narrow_prologues(costly_prologues)
 
-    def _store_narrow_prologues(self) -> None:
+    def _store_narrow_prologues(self, costly_prologues: list[str]) -> None:
         """A costly prologue whose one consumer rounds it to bf16/fp16 (autocast's gradient of
         a language model's logits, before its two products; the attention probabilities a
         training forward saves in bf16): the rounded value is realised instead, by the same
@@ -89,9 +91,9 @@ class Inliner:
         inlined into it (when the rounded value is realised anyway, as a graph output, the
         wide one is simply not stored). The products read what they read before."""
         moved = False
-        for name, reason in list(self.reasons.items()):
+        for name in costly_prologues:
             users = self.users[name]
-            if not reason.startswith("costly prologue") or len(users) != 1:
+            if len(users) != 1:
                 continue
             conversion = self.graph[next(iter(users))]
             if not (_narrowing_conversion(conversion) and conversion.body.x.buffer == name

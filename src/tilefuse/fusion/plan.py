@@ -124,6 +124,11 @@ class KernelPlan:
     def stage(self, name: str) -> Stage:
         return next(s for s in self.stages if s.node == name)
 
+    @property
+    def contraction_stage(self) -> Stage:
+        """The stage of the plan's product (a flash plan's second product, `P·V`)."""
+        return next(s for s in self.stages if s.kind == StageKind.CONTRACTION)
+
 
 @dataclass
 class ExternStep:

@@ -79,11 +79,10 @@ def _collapsed(node: Reduce, expanded: Expr) -> Expr | None:
     extent = sympy.sympify(extent)
     if not (extent.is_Integer and int(extent) >= 2):
         return None
-    selectors = {n for n in walk(expanded) if _selection(n, r)}
-    if len(selectors) != 1:
+    selections = {n: s for n in walk(expanded) if (s := _selection(n, r)) is not None}
+    if len(selections) != 1:
         return None
-    (selector,) = selectors
-    e, chosen, other = _selection(selector, r)
+    ((selector, (e, chosen, other)),) = selections.items()
     picked = transform(expanded, lambda n: chosen if n == selector else None)
     unpicked = transform(expanded, lambda n: other if n == selector else None)
     factors = _zero_times(unpicked)

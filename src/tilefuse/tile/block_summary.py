@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from ..fusion.plan import KernelPlan, StageKind
+from ..fusion.plan import KernelPlan
 from ..fusion.planner import unravel_sym
 from ..ir import dtypes as dt
 from ..ir.expr import Const, Expr, Index, Load, Var, binary, cast, out_index, walk, where
@@ -103,7 +103,7 @@ def summary_for(graph: Graph, plan: KernelPlan, options: LoweringOptions, bm: in
     if any(isinstance(e, Load) and e.buffer in members for e in walk(cond)):
         return None  # a mask computed from the scores (kept in registers, never in memory)
     con = plan.contraction
-    o_node = graph[next(st.node for st in plan.stages if st.kind == StageKind.CONTRACTION)]
+    o_node = graph[plan.contraction_stage.node]
     outs = out_index(o_node.rank)
     used = set()
     for e in walk(cond):
@@ -144,7 +144,7 @@ def lower_classify(graph: Graph, plan: KernelPlan, options: LoweringOptions, sum
     key range of the block, over `pid` — are dead), and with a finite fill each row's liveness
     in the tile. `coordinates(con, o_node, batch_vals)` binds the flash plan's coordinates."""
     con = plan.contraction
-    o_node = graph[next(st.node for st in plan.stages if st.kind == StageKind.CONTRACTION)]
+    o_node = graph[plan.contraction_stage.node]
     M, N, bm, bn = summary.rows, summary.keys, summary.bm, summary.bn
     b = _builder(graph, plan, options, summary, f"{plan.name}_summary", {"pid", "pid_k", "pid_b", "rm", "rj"})
     wide = needs_int64(M, N, *summary.batch)

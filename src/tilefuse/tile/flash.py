@@ -47,7 +47,7 @@ def lower_flash_kernels(graph: Graph, plan: KernelPlan, options: LoweringOptions
         flash = lower_flash(graph, plan, options, summary=summary)
         if summary is None:
             return [flash]
-        o_node = graph[next(st.node for st in plan.stages if st.kind == StageKind.CONTRACTION)]
+        o_node = graph[plan.contraction_stage.node]
         row, (key,) = out_index(o_node.rank)[plan.contraction.m_dim], red_index(1)
         bounds = live_keys(plan.flash, row, key, summary.rows, summary.keys)
         return [*lower_summary(graph, plan, options, summary, coordinates, bounds), flash]
@@ -62,7 +62,7 @@ def _block_summary(graph: Graph, plan: KernelPlan, options: LoweringOptions):
         return None
     schedule = _tiles_schedule(graph, plan, options)
     M, N, _, _, _ = _flash_sizes(graph, plan)
-    o_node = graph[next(st.node for st in plan.stages if st.kind == StageKind.CONTRACTION)]
+    o_node = graph[plan.contraction_stage.node]
     row, (key,) = out_index(o_node.rank)[plan.contraction.m_dim], red_index(1)
     rows_live = diagonal_keeps_rows_live(info.masked, row, key, sympy.sympify(N - M).is_nonnegative is True)
     return summary_for(graph, plan, options, schedule["BLOCK_M"], schedule["BLOCK_N"], rows_live)
@@ -266,7 +266,7 @@ def _accumulator(plan: KernelPlan):
 
 def _flash_sizes(graph: Graph, plan: KernelPlan) -> tuple:
     con = plan.contraction
-    o_node = graph[next(st.node for st in plan.stages if st.kind == StageKind.CONTRACTION)]
+    o_node = graph[plan.contraction_stage.node]
     M, DN, N = o_node.shape[con.m_dim], o_node.shape[con.n_dim], o_node.ranges[0]
     DK = plan.flash.score_extent
     batch = tuple(o_node.shape[d] for d in con.batch_dims)
@@ -377,7 +377,7 @@ def coordinates(con, o_node, batch_vals):
 def _finish(b: KernelBuilder, graph: Graph, plan: KernelPlan, acc, rm, rn, m_ok, omask, coords, at) -> None:
     """After the key loop: the deferred row factor and guards, the output store, epilogues."""
     info = plan.flash
-    o_stage = next(st for st in plan.stages if st.kind == StageKind.CONTRACTION)
+    o_stage = plan.contraction_stage
     o_node = graph[o_stage.node]
     epilogues = [st for st in plan.stages if st.kind == StageKind.ROW]
     outs = out_index(o_node.rank)
@@ -413,7 +413,7 @@ def split_factor(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> in
     if options.target.interpret or options.target.sm_count <= 0:
         return 1
     con = plan.contraction
-    o_node = graph[next(st.node for st in plan.stages if st.kind == StageKind.CONTRACTION)]
+    o_node = graph[plan.contraction_stage.node]
     M, N = static_int(o_node.shape[con.m_dim]), static_int(o_node.ranges[0])
     nbatch = static_int(sympy.Mul(*(o_node.shape[d] for d in con.batch_dims)))
     if None in (M, N, nbatch):
@@ -455,7 +455,7 @@ def lower_flash_merge(graph: Graph, plan: KernelPlan, options: LoweringOptions, 
     values with its derived h, sum over the splits, then finish as the flash kernel does."""
     con = plan.contraction
     reduces = [st for st in plan.stages if st.kind == StageKind.REDUCE]
-    o_stage = next(st for st in plan.stages if st.kind == StageKind.CONTRACTION)
+    o_stage = plan.contraction_stage
     o_node = graph[o_stage.node]
     M, DN = o_node.shape[con.m_dim], o_node.shape[con.n_dim]
     batch_shape = tuple(o_node.shape[d] for d in con.batch_dims)
