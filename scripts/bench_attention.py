@@ -43,6 +43,13 @@ def naive(kind, cap=20.0):
             return torch.softmax(s.masked_fill(mask, float("-inf")), dim=-1) @ v
         return fn
 
+    def sdpa_with(keep):
+        """A boolean mask handed to SDPA (gpt-fast's spelling): on CUDA PyTorch makes it a
+        bias of 0 and -65504, a finite fill."""
+        return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+
+    if kind == "causal_sdpa_mask":
+        return sdpa_with(~_tril(*MASK_SHAPE))
     if kind in MASKS:
         return masked_by(MASKS[kind](*MASK_SHAPE))
     return {"plain": plain, "causal": causal, "softcap": softcap, "decode": plain}[kind]
@@ -72,11 +79,13 @@ def peers(kind, shape):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     out = {}
+    if kind == "causal_sdpa_mask":
+        out["sdpa-eager-mask"] = naive(kind)
     if kind not in ("softcap", "window_tensor"):
         def sdpa(backend):
             def run(q, k, v):
                 with sdpa_kernel(backend):
-                    return F.scaled_dot_product_attention(q, k, v, is_causal=kind in ("causal", "causal_tril"))
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=kind in CAUSAL)
             return run
         out["sdpa-flash"] = sdpa(SDPBackend.FLASH_ATTENTION)
         out["sdpa-cudnn"] = sdpa(SDPBackend.CUDNN_ATTENTION)
@@ -86,7 +95,7 @@ def peers(kind, shape):
         flex = torch.compile(flex_attention)
         b, h, sq, d = shape[0], shape[1], shape[2], shape[3]
         sk = shape[4] if len(shape) > 4 else sq
-        if kind in ("causal", "causal_tril"):
+        if kind in CAUSAL:
             mask = create_block_mask(lambda b_, h_, qi, ki: qi >= ki, None, None, sq, sk)
             out["flex"] = lambda q, k, v: flex(q, k, v, block_mask=mask)
         elif kind == "window_tensor":
@@ -100,16 +109,19 @@ def peers(kind, shape):
         print("flex unavailable:", err)
     out["inductor"] = torch.compile(naive(kind))
     out["tilefuse"] = torch.compile(naive(kind), backend="tilefuse")
-    if kind in ("causal_tril", "window_tensor"):  # the same program without the run-time block summary
+    if kind in ("causal_tril", "window_tensor", "causal_sdpa_mask"):  # the same program without the run-time block summary
         out["tilefuse-no-summary"] = torch.compile(naive(kind), backend="tilefuse", options={"block_summary": False})
     return out
 
 
 CASES = [("plain", (4, 32, 4096, 128)), ("causal", (4, 32, 4096, 128)), ("softcap", (4, 32, 4096, 128)),
          ("plain", (8, 16, 4096, 64)), ("causal", (8, 16, 4096, 64)), ("decode", (32, 32, 1, 128, 8192)),
-         ("causal_tril", (4, 32, 4096, 128)), ("window_tensor", (4, 32, 4096, 128))]
+         ("causal_tril", (4, 32, 4096, 128)), ("window_tensor", (4, 32, 4096, 128)),
+         ("causal_sdpa_mask", (4, 32, 4096, 128))]
+#: the causal kinds (SDPA and FlexAttention peers run them as causal)
+CAUSAL = ("causal", "causal_tril", "causal_sdpa_mask")
 #: dense-equivalent work: the fraction of scores a masked variant computes
-WORK = {"causal": 0.5, "causal_tril": 0.5}
+WORK = {"causal": 0.5, "causal_tril": 0.5, "causal_sdpa_mask": 0.5}
 
 
 def main():

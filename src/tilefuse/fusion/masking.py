@@ -35,11 +35,17 @@ def _strip(e: Expr) -> Expr:
 #: live scores may lie below it)
 FILL_LIMIT = -1.0e30
 
+#: a finite fill above FILL_LIMIT but at or below this one (-65504, which PyTorch's CUDA
+#: attention makes of a boolean mask; -1e4 and -1e9, common in older code) masks only while the
+#: scores stay far enough above it: a block summary may skip such tiles under a run-time bound
+#: on the scores (`tile.score_guard`), and the mask may be dropped wherever it holds nowhere
+SOFT_FILL_LIMIT = -1024.0
 
-def _fill(e: Expr):
-    """The fill value of a masked branch (-inf, or a finite value at or below FILL_LIMIT), or None."""
+
+def _fill(e: Expr, limit: float = FILL_LIMIT):
+    """The fill value of a masked branch (-inf, or a finite value at or below `limit`), or None."""
     e = _strip(e)
-    if isinstance(e, Const) and e.dtype.is_float and e.value <= FILL_LIMIT:
+    if isinstance(e, Const) and e.dtype.is_float and e.value != "nan" and e.value <= limit:
         return float(e.value)
     return None
 
@@ -109,33 +115,33 @@ def _negate(c: Expr):
     return None
 
 
-def _masking(body: Expr):
+def _masking(body: Expr, limit: float = FILL_LIMIT):
     """(condition, fill): where the body is masked and the value it takes there at most (-inf,
-    or a finite fill at or below FILL_LIMIT plus the score), or (None, None)."""
+    or a finite fill at or below `limit` plus the score), or (None, None)."""
     e = _strip(body)
-    if isinstance(e, Where) and _fill(e.a) is not None:
-        return _condition(e.cond), _fill(e.a)
-    if isinstance(e, Where) and _fill(e.b) is not None:
+    if isinstance(e, Where) and _fill(e.a, limit) is not None:
+        return _condition(e.cond), _fill(e.a, limit)
+    if isinstance(e, Where) and _fill(e.b, limit) is not None:
         cond = _negate(e.cond)
-        return (cond, _fill(e.b)) if cond is not None else (None, None)
+        return (cond, _fill(e.b, limit)) if cond is not None else (None, None)
     if isinstance(e, Where) and (_is_zero(e.a) or _is_zero(e.b)):
         # a mask bias selected in places, 0 elsewhere (padding: where(j < n, bias, 0)): masked
         # where it is selected and masked itself
         inner = e.b if _is_zero(e.a) else e.a
-        cond, fill = _masking(inner)
+        cond, fill = _masking(inner, limit)
         guard = _condition(e.cond) if inner is e.a else _negate(e.cond)
         if cond is None or guard is None:
             return None, None
         return Binary("logical_and", guard, cond, cond.dtype), fill
     if isinstance(e, Binary) and e.op == "add":  # score + mask bias (where(keep, 0, fill))
-        parts = [m for m in (_masking(e.a), _masking(e.b)) if m[0] is not None]
+        parts = [m for m in (_masking(e.a, limit), _masking(e.b, limit)) if m[0] is not None]
         if len(parts) == 2:
             return Binary("logical_or", parts[0][0], parts[1][0], parts[0][0].dtype), max(parts[0][1], parts[1][1])
         return parts[0] if parts else (None, None)
     if isinstance(e, Binary) and e.op == "mul" and isinstance(e.b, Const) and e.b.dtype.is_float and e.b.value > 0:
-        cond, fill = _masking(e.a)
+        cond, fill = _masking(e.a, limit)
         fill = fill * e.b.value if fill is not None else None
-        return (cond, fill) if fill is not None and fill <= FILL_LIMIT else (None, None)
+        return (cond, fill) if fill is not None and fill <= limit else (None, None)
     return None, None
 
 
@@ -145,17 +151,52 @@ def _is_zero(e: Expr) -> bool:
 
 
 def masked_condition(body: Expr):
-    """The condition under which the body is masked (-inf, or a fill below any score), or
-    None: `where(c, -inf, s)` masks where c holds, `where(c, s, -inf)` (keep-masks, as
-    PyTorch's SDPA builds) where it does not, `s + where(keep, 0, finfo.min)` (Hugging Face's
-    masks) where `keep` does not."""
-    return _masking(body)[0]
+    """The condition under which the body is masked (-inf, or a fill at or below
+    SOFT_FILL_LIMIT), or None: `where(c, -inf, s)` masks where c holds, `where(c, s, -inf)`
+    (keep-masks, as PyTorch's SDPA builds) where it does not, `s + where(keep, 0, finfo.min)`
+    (Hugging Face's masks) where `keep` does not. Where the condition holds for no element the
+    mask may be dropped whatever its fill; only skipping needs the fill to be low enough."""
+    return _masking(body, SOFT_FILL_LIMIT)[0]
 
 
-def mask_and_fill(body: Expr):
+def mask_and_fill(body: Expr, soft: bool = False):
     """(condition, fill) of a masked score expression — where it is masked, and the value
-    (-inf, or a finite fill at or below FILL_LIMIT) it takes there — or (None, None)."""
-    return _masking(body)
+    (-inf, or a finite fill at or below FILL_LIMIT; with `soft`, at or below SOFT_FILL_LIMIT)
+    it takes there — or (None, None)."""
+    return _masking(body, SOFT_FILL_LIMIT if soft else FILL_LIMIT)
+
+
+def score_scale(body: Expr, scores: str):
+    """c where `body` without its mask is c·S for the score buffer `S` (up to casts between
+    float types and additions of 0, which is what `unmasked` leaves of an additive mask), else
+    None: a bound on |S| is then a bound on every live score."""
+    e, c = _strip(unmasked(body)), 1.0
+    while True:
+        if isinstance(e, Load) and e.buffer == scores:
+            return c
+        if isinstance(e, Binary) and e.op == "add" and (_is_zeros(e.a) or _is_zeros(e.b)):
+            e = _strip(e.b if _is_zeros(e.a) else e.a)
+        elif isinstance(e, Binary) and e.op in ("mul", "truediv") and _finite_const(e.b) is not None \
+                and _finite_const(e.b) != 0:
+            c = c * _finite_const(e.b) if e.op == "mul" else c / _finite_const(e.b)
+            e = _strip(e.a)
+        elif isinstance(e, Binary) and e.op == "mul" and _finite_const(e.a) is not None:
+            c, e = c * _finite_const(e.a), _strip(e.b)
+        else:
+            return None
+
+
+def _finite_const(e: Expr):
+    e = _strip(e)
+    if isinstance(e, Const) and e.dtype.is_float and e.value != "nan" and abs(float(e.value)) < float("inf"):
+        return float(e.value)
+    return None
+
+
+def _is_zeros(e: Expr) -> bool:
+    """0, or a selection between zeros (what `unmasked` leaves of a padded mask bias)."""
+    e = _strip(e)
+    return _is_zero(e) or (isinstance(e, Where) and _is_zeros(e.a) and _is_zeros(e.b))
 
 
 def _diagonal_is_live(cond: Expr, row: sympy.Symbol, key: sympy.Symbol) -> bool:
@@ -293,9 +334,9 @@ def unmasked(body: Expr) -> Expr:
     """`body` with the mask that `masked_condition` reads removed (its live branch kept): the
     score expression of tiles where the mask holds nowhere."""
     e = _strip(body)
-    if isinstance(e, Where) and _fill(e.a) is not None:
+    if isinstance(e, Where) and _fill(e.a, SOFT_FILL_LIMIT) is not None:
         return _cast(e.b, body.dtype)
-    if isinstance(e, Where) and _fill(e.b) is not None:
+    if isinstance(e, Where) and _fill(e.b, SOFT_FILL_LIMIT) is not None:
         return _cast(e.a, body.dtype)
     if isinstance(e, Where) and (_is_zero(e.a) or _is_zero(e.b)) and masked_condition(e) is not None:
         return _cast(Where(e.cond, *(x if _is_zero(x) else unmasked(x) for x in (e.a, e.b)), e.dtype), body.dtype)
@@ -331,7 +372,7 @@ def vanishes_when_masked(body: Expr, masked: Expr, m: Monoid) -> bool:
         return False
     ident = float(m.identity(body.dtype))
     rng = random.Random(0)
-    fill = _masking(masked)[1]
+    fill = _masking(masked, SOFT_FILL_LIMIT)[1]
     for value_masked in (float("-inf"), fill) if fill not in (None, float("-inf")) else (float("-inf"),):
         if not _vanishes_at(hidden, placeholder, value_masked, ident, rng):
             return False
@@ -375,10 +416,10 @@ def mask_facts(reduce_bodies: dict, weights: Expr, graph) -> tuple[Expr | None, 
 def diagonal_keeps_rows_live(body: Expr, row: sympy.Symbol, key: sympy.Symbol, diagonal_exists: bool) -> bool:
     """Every row keeps a live score whatever the data: the mask is -inf-filled (a row masked
     everywhere is NaN in eager either way), or its diagonal key exists and is never masked."""
-    cond, fill = _masking(body)
+    cond, fill = _masking(body, SOFT_FILL_LIMIT)
     if cond is None or fill == float("-inf"):
         return True
     return diagonal_exists and _diagonal_is_live(cond, row, key)
 
 
-__all__ = ["mask_facts", "mask_and_fill", "diagonal_keeps_rows_live", "vanishes_when_masked", "live_key_range", "full_key_range", "unmasked", "masked_condition", "LO", "HI"]
+__all__ = ["mask_facts", "mask_and_fill", "score_scale", "SOFT_FILL_LIMIT", "diagonal_keeps_rows_live", "vanishes_when_masked", "live_key_range", "full_key_range", "unmasked", "masked_condition", "LO", "HI"]

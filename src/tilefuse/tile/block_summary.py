@@ -21,7 +21,10 @@ same data on every call, so it is never stale.
 
 A finite fill (`finfo.min`) is not -inf: a query row masked everywhere averages every key in
 eager. Unless every row provably keeps a live key, the classify kernel also records which rows
-of its tile are live, and a block with a row live nowhere walks every key with the mask.
+of its tile are live, and a block with a row live nowhere walks every key with the mask. A fill
+that is finite and not extreme (PyTorch's -65504) masks only while the scores stay far above
+it: the summary then carries a `ScoreGuard` (`tile.score_guard`), a run-time bound on the
+scores that the flash kernel checks before it skips anything.
 """
 from __future__ import annotations
 
@@ -52,6 +55,10 @@ class BlockSummary:
     bm: int
     bn: int
     plan_name: str
+    #: with a fill that masks only under a bound on the scores: the bound, and the extents of
+    #: every batch dim of the contraction (the norms are kept per flash program)
+    guard: object = None
+    all_batch: tuple = ()
 
     @property
     def names(self) -> tuple:
@@ -70,6 +77,8 @@ class BlockSummary:
                ranges: Scratch(ranges, (nbatch, row_blocks, sympy.Integer(4)), dt.int32)}
         if self.fallback:
             out[rows] = Scratch(rows, (nbatch, sympy.sympify(self.rows), self.key_tiles), dt.int8)
+        if self.guard is not None:
+            out.update(self.guard.scratch(self))
         return out
 
     @property
@@ -92,11 +101,18 @@ def summary_for(graph: Graph, plan: KernelPlan, options: LoweringOptions, bm: in
     that needs the masked keys (`FlashInfo.skippable`), or the `block_summary` knob off (a
     split kernel, decode, asks for none). `diagonal_live`: every row provably keeps a live key."""
     from ..fusion.masking import mask_and_fill
+    from .score_guard import guard_for
 
     info = plan.flash
     if not options.block_summary or info.masked is None or not info.skippable:
         return None
     cond, fill = mask_and_fill(info.masked)
+    guard = None
+    if cond is None:  # a fill that masks only while the scores stay above it
+        cond, fill = mask_and_fill(info.masked, soft=True)
+        guard = guard_for(graph, plan, fill) if cond is not None else None
+        if guard is None:
+            return None
     if cond is None or not any(isinstance(e, Load) for e in walk(cond)):
         return None
     members = {st.node for st in plan.stages}
@@ -112,7 +128,8 @@ def summary_for(graph: Graph, plan: KernelPlan, options: LoweringOptions, bm: in
     positions = tuple(p for p, d in enumerate(con.batch_dims) if outs[d] in used)
     batch = tuple(o_node.shape[con.batch_dims[p]] for p in positions)
     summary = BlockSummary(cond, fill != float("-inf") and not diagonal_live, positions, batch,
-                           o_node.shape[con.m_dim], o_node.ranges[0], bm, bn, plan.name)
+                           o_node.shape[con.m_dim], o_node.ranges[0], bm, bn, plan.name, guard,
+                           tuple(o_node.shape[d] for d in con.batch_dims))
     if summary.fallback:  # a byte per (row, key tile): bounded, else the mask is read per tile
         rows = summary.nbatch * sympy.sympify(summary.rows) * summary.key_tiles
         if static_int(rows) is None or static_int(rows) > ROW_LIVENESS_LIMIT:

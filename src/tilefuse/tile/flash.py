@@ -27,6 +27,7 @@ from ..ir.monoid import SUM
 from ..ir.symbolic import contiguous_strides
 from .builder import KernelBuilder, land
 from .block_summary import key_ranges, lower_summary, summary_for
+from .score_guard import guarded_ranges, lower_guard
 from .ir import Arange, Assign, DotTile, For, Full, KernelKind, ProgramId, ReduceTile, Scratch, TileKernel
 from .family import KernelFamily
 from .common import (LoweringOptions, bound_check, combine, dot_accumulator, dot_operand, full_tile, identity_const,
@@ -50,7 +51,8 @@ def lower_flash_kernels(graph: Graph, plan: KernelPlan, options: LoweringOptions
         o_node = graph[plan.contraction_stage.node]
         row, (key,) = out_index(o_node.rank)[plan.contraction.m_dim], red_index(1)
         bounds = live_keys(plan.flash, row, key, summary.rows, summary.keys)
-        return [*lower_summary(graph, plan, options, summary, coordinates, bounds), flash]
+        guard = lower_guard(graph, plan, options, summary, coordinates) if summary.guard is not None else []
+        return [*lower_summary(graph, plan, options, summary, coordinates, bounds), *guard, flash]
     partial = lower_flash(graph, plan, options, splits=splits)
     return [partial, lower_flash_merge(graph, plan, options, splits, partial)]
 
@@ -215,12 +217,17 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
     if summary is not None:
         b.scratch.update(summary.scratch())
         lo, flo, fhi, hi = key_ranges(b, summary, summary.batch_index(batch_vals))
+        if summary.guard is not None:
+            lo, flo, fhi, hi = guarded_ranges(b, summary, (lo, flo, fhi, hi), N)
         key_loop(lo, flo, lambda e: e)
         key_loop(flo, fhi, _without_mask(info.masked))
         key_loop(fhi, hi, lambda e: e)
         plan.notes.append(f"{o_node.name}: the mask reads tensor data: {plan.name}_summary classifies each tile "
                           f"once per call, {plan.name}_ranges gives each block of rows its live keys (masked) and "
-                          f"wholly live keys (no mask); the rest are skipped")
+                          f"wholly live keys (no mask); the rest are skipped"
+                          + (f" — where {plan.name}_row_norms and {plan.name}_key_norms bound every score "
+                             f"within |fill|/4 = {abs(summary.guard.fill) / 4:g} (the fill is finite), else "
+                             f"every key is visited" if summary.guard is not None else ""))
     elif interior is None:
         key_loop(start, stop, lambda e: e)
     else:

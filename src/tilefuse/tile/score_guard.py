@@ -1,0 +1,195 @@
+"""A run-time bound on attention scores, so that a mask with a finite fill skips what it masks.
+
+A fill that is finite and not extreme — PyTorch's CUDA attention adds -65504 where a boolean
+mask is false, older code fills with -1e4 or -1e9 — masks a key only while the scores stay
+far above it: a live score 65 000 below a masked one leaves eager weighting the masked key. A
+block summary (`tile.block_summary`) may still skip the key tiles such a mask kills when, at
+run time, every score of the flash program's rows provably lies within |fill| / 4 of zero:
+
+    |c · q_i · k_j|  ≤  |c| · ‖q_i‖ · ‖k_j‖  ≤  |fill| / 4          (c: the scores' scale)
+
+Then a masked score lies at least |fill| / 2 below every live score of its row (rounding to
+bf16 included), its `exp` is 0 in fp32, and the running max never comes from it: the skipped
+keys contribute exactly what the unskipped kernel adds for them, nothing. A row with no live
+key is the summary's own case (the block walks every key). Two small kernels compute the norms
+as the flash kernel's products see the operands (prologues included, rounded as they are):
+
+- `<plan>_row_norms`: one program per flash program (block of query rows, batch element), the
+  largest ‖q_i‖² of its rows;
+- `<plan>_key_norms`: one program per batch element, the largest ‖k_j‖² of its keys.
+
+The flash program compares the product of the two with the bound; where it fails, or a norm is
+NaN or infinite, the program walks every key with the mask, as without a summary.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+
+from ..fusion.masking import score_scale
+from ..fusion.plan import KernelPlan, StageKind
+from ..fusion.planner import unravel_sym
+from ..ir import dtypes as dt
+from ..ir.expr import Const, Index, Load, Var, binary, cast, where
+from ..ir.graph import Graph
+from ..ir.monoid import MAX, SUM
+from .builder import KernelBuilder, land, tile_symbol
+from .common import LoweringOptions, bound_check, dot_operand, needs_int64, pow2, static_int
+from .ir import Assign, Arange, For, Full, KernelKind, ProgramId, ReduceTile, Scratch, TileKernel
+
+#: operands may reach the product rounded (bf16, tf32) and the product accumulates in fp32:
+#: the norms are taken this much larger
+ROUNDING = 1.0 + 1.0 / 16
+#: a bound on the product of the squared norms beyond this is no bound (fp32 overflow)
+_FP32_LIMIT = 1.0e38
+
+
+@dataclass(frozen=True)
+class ScoreGuard:
+    """Skipping is exact where `max‖q‖² · max‖k‖² · factor <= limit`."""
+
+    fill: float
+    scale: float
+
+    @property
+    def factor(self) -> float:
+        return 16.0 * self.scale * self.scale * ROUNDING * ROUNDING
+
+    @property
+    def limit(self) -> float:
+        return min(self.fill * self.fill, _FP32_LIMIT)
+
+    @staticmethod
+    def names(plan_name: str) -> tuple:
+        """(largest squared query norm per flash program, largest squared key norm per batch element)."""
+        return f"{plan_name}_row_norm", f"{plan_name}_key_norm"
+
+    def scratch(self, summary) -> dict:
+        rows, keys = self.names(summary.plan_name)
+        nbatch = sympy.Mul(*summary.all_batch) if summary.all_batch else sympy.Integer(1)
+        row_blocks = sympy.ceiling(sympy.sympify(summary.rows) / summary.bm)
+        return {rows: Scratch(rows, (nbatch, row_blocks), dt.float32),
+                keys: Scratch(keys, (nbatch,), dt.float32)}
+
+
+def guard_for(graph: Graph, plan: KernelPlan, fill: float) -> ScoreGuard | None:
+    """The guard of a flash plan whose mask fills with `fill`, or None when no bound on the
+    operands bounds the scores (the masked body is not the mask applied to c · q·kᵀ)."""
+    scores = next((st.node for st in plan.stages if st.kind == StageKind.SCORE), None)
+    if scores is None or plan.flash.masked is None:
+        return None
+    c = score_scale(plan.flash.masked, scores)
+    if c is None or fill >= 0:
+        return None
+    guard = ScoreGuard(fill, abs(c))
+    if not guard.factor < _FP32_LIMIT:
+        return None
+    return guard
+
+
+def _squared_norms(b: KernelBuilder, value, mask, rows_ok, name: str) -> Var:
+    """The largest squared norm over the rows of a [rows, depth] tile (NaN counts as inf)."""
+    x = cast(value, dt.float32)
+    sq = b.let(binary("mul", x, x), "sq")
+    if mask is not None:
+        sq = b.let(where(mask, sq, Const(0.0, dt.float32)), "sq")
+    per_row = b.fresh("ss")
+    b.emit(ReduceTile(per_row, sq, SUM.tile, 1, dt.float32))
+    ss = Var(per_row, dt.float32)
+    ss = b.let(where(binary("eq", ss, ss), ss, Const(float("inf"), dt.float32)), "ss")
+    if rows_ok is not None:
+        ss = b.let(where(rows_ok, ss, Const(0.0, dt.float32)), "ss")
+    out = b.fresh(name)
+    b.emit(ReduceTile(out, ss, MAX.tile, 0, dt.float32))
+    return Var(out, dt.float32)
+
+
+def _builder(graph, plan, summary, options, name: str, symbols: set, sizes) -> KernelBuilder:
+    b = KernelBuilder(graph, name, options.divisor_checks)
+    b.scratch.update(summary.scratch())
+    b.tile_symbols |= symbols | {"BLOCK_M", "BLOCK_N", "BLOCK_DK"}
+    for e in sizes:
+        b.size_params(e)
+    return b
+
+
+def lower_guard(graph: Graph, plan: KernelPlan, options: LoweringOptions, summary, coordinates) -> list:
+    """The two norm kernels of a summary with a guard (`coordinates` as in `tile.flash`)."""
+    info, con = plan.flash, plan.contraction
+    o_node = graph[plan.contraction_stage.node]
+    M, N, bm, bn = summary.rows, summary.keys, summary.bm, summary.bn
+    DK = info.score_extent
+    dk = max(16, pow2(static_int(DK)))
+    batch = summary.all_batch
+    nbatch = sympy.Mul(*batch) if batch else sympy.Integer(1)
+    row_norms, key_norms = ScoreGuard.names(plan.name)
+    wide = needs_int64(M, N, DK, *batch)
+    kq_name, kk_name = "kq", "kk"
+
+    # the largest ‖q_i‖² of each flash program's rows
+    b = _builder(graph, plan, summary, options, f"{plan.name}_row_norms", {"pid", "pid_b", "rm", kq_name},
+                 (M, N, DK, *batch))
+    b.emit(ProgramId("pid", 0, wide=wide))
+    b.emit(ProgramId("pid_b", 1, wide=wide))
+    pid, pid_b, rm, kq = (tile_symbol(n) for n in ("pid", "pid_b", "rm", kq_name))
+    b.emit(Arange("rm", Index(pid * tile_symbol("BLOCK_M")), "BLOCK_M", 0, 2))
+    b.emit(Arange(kq_name, Index(sympy.Integer(0)), "BLOCK_DK", 1, 2))
+    _, at = coordinates(con, o_node, unravel_sym(pid_b, batch) if batch else ())
+    m_ok = bound_check(b, rm, M, bm, "mmask")
+    kq_ok = bound_check(b, kq, DK, dk, "kqmask")
+    q_expr, _ = dot_operand(info.q)
+    mask = land(m_ok, kq_ok)
+    q = b.value(at(q_expr, rm, 0, 0, kq), mask=mask)
+    largest = _squared_norms(b, q, mask, m_ok, "qmax")
+    b.store(row_norms, (Index(pid_b), Index(pid)), largest, None)
+    rows_kernel = TileKernel(b.name, b.finish_params(), {"BLOCK_M": bm, "BLOCK_DK": dk}, numel=M * DK * nbatch,
+                             grid=(sympy.ceiling(M / tile_symbol("BLOCK_M")), nbatch), body=b.body, num_warps=4,
+                             num_stages=1, reads=b.reads, writes=b.writes, kind=KernelKind.BLOCK_SUMMARY,
+                             plan=plan, scratch=summary.scratch())
+
+    # the largest ‖k_j‖² of each batch element's keys
+    b = _builder(graph, plan, summary, options, f"{plan.name}_key_norms", {"pid_b", "rj", kk_name, "joffset"},
+                 (M, N, DK, *batch))
+    b.emit(ProgramId("pid_b", 0, wide=wide))
+    pid_b, rj, kk = (tile_symbol(n) for n in ("pid_b", "rj", kk_name))
+    _, at = coordinates(con, o_node, unravel_sym(pid_b, batch) if batch else ())
+    b.emit(Arange(kk_name, Index(sympy.Integer(0)), "BLOCK_DK", 1, 2))
+    kk_ok = bound_check(b, kk, DK, dk, "kkmask")
+    running = Var(b.fresh("kmax"), dt.float32)
+    b.emit(Full(running.name, (1, 1), 0.0, dt.float32))
+    loop = For("joffset", Index(sympy.Integer(0)), Index(N), "BLOCK_N")
+    b.emit(loop)
+    b.push_block(loop.body)
+    b.emit(Arange("rj", Index(tile_symbol("joffset")), "BLOCK_N", 0, 2))
+    j_ok = bound_check(b, rj, N, bn, "jmask")
+    k_expr, _ = dot_operand(info.k)
+    mask = land(j_ok, kk_ok)
+    k = b.value(at(k_expr, 0, 0, rj, kk), mask=mask)
+    tile_max = _squared_norms(b, k, mask, j_ok, "ktile")
+    b.emit(Assign(running.name, binary("maximum", running, tile_max)))
+    b.pop_block()
+    b.store(key_norms, (Index(pid_b),), running, None)
+    keys_kernel = TileKernel(b.name, b.finish_params(), {"BLOCK_N": bn, "BLOCK_DK": dk}, numel=N * DK * nbatch,
+                             grid=(nbatch,), body=b.body, num_warps=4, num_stages=1, reads=b.reads,
+                             writes=b.writes, kind=KernelKind.BLOCK_SUMMARY, plan=plan, scratch=summary.scratch())
+    return [rows_kernel, keys_kernel]
+
+
+def guarded_ranges(b: KernelBuilder, summary, ranges: tuple, keys) -> tuple:
+    """The flash program's (lo, flo, fhi, hi) where its scores are bounded, else every key
+    with the mask: (0, 0, 0, keys)."""
+    guard = summary.guard
+    row_norms, key_norms = ScoreGuard.names(summary.plan_name)
+    pid, pid_b = tile_symbol("pid"), tile_symbol("pid_b")
+    q = b.value(Load(row_norms, (Index(pid_b), Index(pid)), dt.float32))
+    k = b.value(Load(key_norms, (Index(pid_b),), dt.float32))
+    bound = binary("mul", binary("mul", q, k), Const(guard.factor, dt.float32))
+    ok = b.let(binary("le", bound, Const(guard.limit, dt.float32)), "bounded")
+    lo, flo, fhi, hi = ranges
+    zero = Const(0, dt.int64)
+    return (b.let(where(ok, lo, zero), "lo"), b.let(where(ok, flo, zero), "flo"),
+            b.let(where(ok, fhi, zero), "fhi"), b.let(where(ok, hi, cast(Index(keys), dt.int64)), "hi"))
+
+
+__all__ = ["ScoreGuard", "guard_for", "lower_guard", "guarded_ranges", "ROUNDING"]
