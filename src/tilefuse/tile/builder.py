@@ -55,6 +55,35 @@ class KernelBuilder:
         self.tile_symbols: set[str] = set()
         self.index_ranges: dict = {}  # tile symbol -> extent, for index simplification
         self.scratch: dict = {}  # name -> tile.ir.Scratch: temporaries outside the graph
+        #: a 2-D tile's whole mask and the mask of each of its axes (`restrict_masks`)
+        self.tile_mask: Expr | None = None
+        self.axis_masks: dict[str, Expr | None] = {}
+
+    def restrict_masks(self, tile_mask: Expr | None, axis_masks: dict) -> None:
+        """Loads and checks under `tile_mask` are masked only by the axes their value depends on
+        (`axis_masks`: tile symbol name -> that axis's bound mask or None): a value per row of a
+        [rows, columns] tile is then loaded and checked once per row, as a [rows, 1] tile."""
+        self.tile_mask, self.axis_masks = tile_mask, dict(axis_masks)
+
+    def _mask_for(self, mask: Expr | None, e: Expr) -> Expr | None:
+        if mask is None or mask is not self.tile_mask or not self.axis_masks:
+            return mask
+        used = set()
+        for n in walk(e):
+            if isinstance(n, Index):
+                used |= {str(x) for x in sympy.sympify(n.expr).free_symbols}
+            elif isinstance(n, Load):
+                used |= {str(x) for c in n.index if isinstance(c, Index) for x in sympy.sympify(c.expr).free_symbols}
+        if not used <= set(self.axis_masks) | self._size_names(used):
+            return mask  # (an index over some other tile symbol: keep the whole mask)
+        restricted = None
+        for name, axis_mask in self.axis_masks.items():
+            if name in used:
+                restricted = land(restricted, axis_mask)
+        return restricted
+
+    def _size_names(self, names: set) -> set:
+        return {n for n in names if not self._is_tile_symbol(n)}
 
     # ------------------------------------------------------------------ statements
     @property
@@ -177,7 +206,7 @@ class KernelBuilder:
         if isinstance(e, Load):
             if e.buffer in self.bound:
                 return self.bound[e.buffer]
-            m = land(mask, guard)
+            m = land(self._mask_for(mask, e), guard)
             off = self.offset(e.buffer, e.index, mask=mask, guard=guard)
             for ok in self._in_range(e.index, mask, guard):  # an index outside its bound reads nothing
                 m = land(m, ok)
@@ -229,7 +258,7 @@ class KernelBuilder:
         if e.wrap:
             v = self.let(Where(binary("lt", v, const(0)), binary("add", v, n), v, dt.int64), "idx")
         ok = self.let(binary("logical_and", binary("ge", v, const(0)), binary("lt", v, n)), "inb")
-        live = land(mask, guard)
+        live = land(self._mask_for(mask, e.x), guard)
         cond = ok if live is None else self.let(binary("logical_or", ok, unary("logical_not", live)), "chk")
         self.emit(Check(cond, check_message(e, "{size}"), e.error, n))
         self.memo[-1][("in-range", e, mask, guard)] = ok

@@ -1,5 +1,6 @@
-"""The pointwise kernel family: a 1-D tile of XBLOCK elements per program (on a CPU, when an
-operand is broadcast over the leading dims, a tile of whole rows: `_row_length`).
+"""The pointwise kernel family: a 1-D tile of XBLOCK elements per program, or, when an operand
+is broadcast along the rows or the columns of the output, a 2-D tile of rows × columns
+(`_row_tiles`): whole rows on a CPU, a block of columns per program on a GPU.
 
 Each stage's value is computed at the program's elements and stored; a scatter stage (an
 in-place indexed write, `index_put_`/`index_copy_` after re-inplacing) stores its values at the
@@ -11,7 +12,7 @@ from __future__ import annotations
 import sympy
 
 from ..fusion.plan import KernelPlan, PlanKind, StageKind
-from ..ir.expr import Const, Index, Load, binary, out_index, walk
+from ..ir.expr import Const, Index, Load, Var, binary, out_index, walk
 from ..ir.graph import Graph
 from ..ir.storage import dense_order
 from .builder import KernelBuilder, land
@@ -49,16 +50,23 @@ def pointwise_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
                          plan_kind=PlanKind.POINTWISE)
 
 
-#: a CPU kernel walks whole rows (`_row_length`) of at least this many elements
+#: a CPU kernel walks whole rows (`_row_tiles`) of at least this many elements
 ROW_MIN = 64
+#: a GPU kernel walks rows × columns tiles only for rows of at least this many elements (shorter
+#: rows would leave most of a tile's columns masked; the flat walk packs them)
+GPU_ROW_MIN = 256
+#: the most column blocks of a row (a CUDA grid's second axis)
+_MAX_COLUMN_BLOCKS = 65535
 
 
-def _row_length(graph: Graph, plan: KernelPlan, block: int) -> int | None:
-    """The row length when a CPU pointwise kernel should walk its output as whole rows — a
-    [rows, row] tile, the row the vectorised inner loop — instead of flat runs, else None. So
-    an operand broadcast over the leading dims (a bias per column) is read at the loop's own
-    index, contiguously, not gathered at `(x + j) % row` lane by lane, and one broadcast along
-    the row (a value per row) is read once per row."""
+def _row_tiles(graph: Graph, plan: KernelPlan, options: LoweringOptions, block: int):
+    """(rows, columns) per program when a pointwise kernel should walk its output as 2-D tiles
+    instead of flat runs, else None. So an operand broadcast over the leading dims (a bias per
+    column) is read at the column index, contiguously, not gathered at `x % row` lane by lane,
+    and one broadcast along the row (a value per row: a row's log-sum-exp, a target class) is
+    read once per row of the tile, with no index division per element. On a CPU a tile holds
+    whole rows (the row is the vectorised inner loop, a power of two up to `block`); on a GPU a
+    program takes a block of columns of a few rows, any row length from GPU_ROW_MIN up."""
     if any(st.kind != StageKind.POINTWISE or not st.store for st in plan.stages):
         return None
     shapes = {tuple(graph[st.node].shape) for st in plan.stages}
@@ -66,17 +74,41 @@ def _row_length(graph: Graph, plan: KernelPlan, block: int) -> int | None:
         return None
     (shape,) = shapes
     row = static_int(shape[-1]) if len(shape) >= 2 else None
-    # (tile extents are powers of two: a row of 768 keeps the flat walk)
-    if row is None or row < ROW_MIN or row & (row - 1) or row > block \
-            or sympy.sympify(sympy.Mul(*shape)) != sympy.sympify(plan.parallel):
+    if row is None or sympy.sympify(sympy.Mul(*shape)) != sympy.sympify(plan.parallel):
         return None
+    if options.target.on_cpu:
+        # (tile extents are powers of two: a row of 768 keeps the flat walk)
+        if row < ROW_MIN or row & (row - 1) or row > block:
+            return None
+        tile = (1 << ((block // row).bit_length() - 1), row)
+    else:
+        columns = _column_block(row, block)
+        if row < GPU_ROW_MIN or columns is None:
+            return None
+        tile = (max(1, block // columns), columns)
     for st in plan.stages:
         order = dense_order(shape, graph.output_strides.get(st.node))
         if order is not None and order != tuple(range(len(shape))):
             return None  # (stored in another order: the flat walk follows it)
     broadcast = any(isinstance(e, Load) and e.buffer in graph.nodes and graph[e.buffer].rank > 0
                     and _broadcast_to(graph[e.buffer].shape, shape) for st in plan.stages for e in walk(st.body))
-    return row if broadcast else None
+    return tile if broadcast else None
+
+
+def _column_block(row: int, block: int) -> int | None:
+    """The columns of a GPU tile: the power of two up to `block` that wastes the fewest masked
+    lanes at the row's end (the widest of those), or None when a row needs too many blocks."""
+    best = None
+    width = max(16, min(block, pow2(row)))
+    while width >= 64 or best is None:
+        blocks = -(-row // width)
+        waste = blocks * width - row
+        if blocks <= _MAX_COLUMN_BLOCKS and (best is None or waste < best[0]):
+            best = (waste, width)
+        if width <= 16:
+            break
+        width //= 2
+    return best[1] if best is not None else None
 
 
 def _broadcast_to(operand, shape) -> bool:
@@ -87,35 +119,47 @@ def _broadcast_to(operand, shape) -> bool:
     return len(operand) <= len(shape) and any(o == 1 and sympy.sympify(d) != 1 for o, d in zip(padded, shape))
 
 
-def _lower_rows(graph: Graph, plan: KernelPlan, options: LoweringOptions, row: int, block: int) -> TileKernel:
-    """`lower_pointwise` over [YBLOCK rows, a whole row] tiles (CPU, `_row_length`)."""
+def _lower_rows(graph: Graph, plan: KernelPlan, options: LoweringOptions, tile: tuple, warps: int) -> TileKernel:
+    """`lower_pointwise` over [YBLOCK rows, CBLOCK columns] tiles (`_row_tiles`): one program
+    per block of rows, and on a GPU per block of columns too (the grid's second axis)."""
     b = KernelBuilder(graph, plan.name, options.divisor_checks)
-    b.tile_symbols |= {"pid", "yindex", "cindex"}
+    b.tile_symbols |= {"pid", "pid_c", "yindex", "cindex"}
     n = plan.parallel
+    shape = graph[plan.stages[0].node].shape
+    row = static_int(shape[-1])
     rows = sympy.sympify(n) / row
     b.size_params(n)
     b.emit(ProgramId("pid", 0, wide=needs_int64(n)))
+    per_program, columns = tile
     y, c = tile_symbol("yindex"), tile_symbol("cindex")
     b.emit(Arange("yindex", Index(tile_symbol("pid") * tile_symbol("YBLOCK")), "YBLOCK", 0, 2))
-    b.emit(Arange("cindex", Index(sympy.Integer(0)), "CBLOCK", 1, 2))
-    per_program = 1 << ((block // row).bit_length() - 1)  # (block and row are powers of two)
-    ymask = bound_check(b, y, rows, per_program, "ymask")
+    first_column = sympy.Integer(0)
+    if columns < row:
+        b.emit(ProgramId("pid_c", 1))
+        first_column = tile_symbol("pid_c") * tile_symbol("CBLOCK")
+    b.emit(Arange("cindex", Index(first_column), "CBLOCK", 1, 2))
+    ymask, cmask = bound_check(b, y, rows, per_program, "ymask"), bound_check(b, c, row, columns, "cmask")
+    mask = land(ymask, cmask)
+    mask = b.let(mask, "tmask") if mask is not None and not isinstance(mask, Var) else mask
+    b.restrict_masks(mask, {"yindex": ymask, "cindex": cmask})  # a value per row: loaded once per row
     for st in plan.stages:
         node = graph[st.node]
         vals = (*index_values(node.shape[:-1], y, {y: rows}), c)
-        v = b.value(mapped(st.body, out_index(node.rank), vals), mask=ymask)
-        b.store(node.name, tuple(Index(e) for e in vals), v, ymask)
-    return TileKernel(plan.name, b.finish_params(), {"YBLOCK": per_program, "CBLOCK": row}, numel=n,
-                      grid=(sympy.ceiling(rows / tile_symbol("YBLOCK")),), body=b.body, num_warps=1,
-                      reads=b.reads, writes=b.writes, kind=KernelKind.POINTWISE, plan=plan)
+        v = b.value(mapped(st.body, out_index(node.rank), vals), mask=mask)
+        b.store(node.name, tuple(Index(e) for e in vals), v, mask)
+    grid = (sympy.ceiling(rows / tile_symbol("YBLOCK")),)
+    if columns < row:
+        grid += (sympy.ceiling(sympy.Integer(row) / tile_symbol("CBLOCK")),)
+    return TileKernel(plan.name, b.finish_params(), {"YBLOCK": per_program, "CBLOCK": columns}, numel=n,
+                      grid=grid, body=b.body, num_warps=warps, reads=b.reads, writes=b.writes,
+                      kind=KernelKind.POINTWISE, plan=plan)
 
 
 def lower_pointwise(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> TileKernel:
-    if options.target.on_cpu:
-        block = current_pointwise_schedule(graph, plan, options)["XBLOCK"]
-        row = _row_length(graph, plan, block)
-        if row is not None:
-            return _lower_rows(graph, plan, options, row, block)
+    schedule = current_pointwise_schedule(graph, plan, options)
+    tile = _row_tiles(graph, plan, options, schedule["XBLOCK"])
+    if tile is not None:
+        return _lower_rows(graph, plan, options, tile, 1 if options.target.on_cpu else schedule.warps)
     b = KernelBuilder(graph, plan.name, options.divisor_checks)
     b.tile_symbols |= {"pid", "xindex"}
     n = plan.parallel

@@ -1,0 +1,110 @@
+"""GPU pointwise kernels with an operand broadcast along the rows or the columns walk 2-D tiles
+(`tile.pointwise._row_tiles`): a block of rows × a block of columns per program, a value per
+row loaded (and index-checked) once per row, a bias per column read at the column index; run
+through the Triton interpreter against eager with an fp64 reference."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tilefuse
+from tilefuse.tile.pointwise import _column_block
+
+pytest.importorskip("triton")
+
+
+def _run(fn, *args, dynamic=False):
+    torch._dynamo.reset()
+    report = tilefuse.explain(fn, *args, options={"target": "interpret"})
+    torch._dynamo.reset()
+    out = torch.compile(fn, backend="tilefuse", dynamic=dynamic, options={"target": "interpret"})(*args)
+    return report, out
+
+
+def _pointwise_source(report) -> str:
+    (kernel,) = [k for k in report.kernels if k.kind == "pointwise"]
+    return kernel.source
+
+
+def cross_entropy_grad(x, lse, target, g):
+    """Cross-entropy's backward as the one-hot collapse leaves it: softmax minus the target's
+    one-hot, times the upstream gradient, rounded to the logits' dtype."""
+    classes = torch.arange(x.shape[-1], device=x.device)
+    onehot = (classes[None] == target[:, None]).float()
+    return ((torch.exp(x.float() - lse[:, None]) - onehot) * g).to(x.dtype)
+
+
+@pytest.mark.parametrize("rows,classes", [(37, 1000), (5, 4099), (64, 256)])
+def test_a_value_per_row_is_read_once_per_row(rows, classes):
+    """Rows of any length from 256 (1000, a prime-ish 4099): the row's log-sum-exp and target
+    are loaded as [rows, 1] tiles (no division of the flat index by the row length), the
+    columns of the last block are masked."""
+    x = torch.randn(rows, classes, dtype=torch.bfloat16)
+    lse = torch.randn(rows) + 5
+    target = torch.randint(0, classes, (rows,))
+    report, out = _run(cross_entropy_grad, x, lse, target, torch.tensor(0.7))
+    src = _pointwise_source(report)
+    assert "CBLOCK" in src, src
+    assert f"// {classes})" not in src and f"% {classes})" not in src, src  # no index division per lane
+    ref = cross_entropy_grad(x.double(), lse.double(), target, torch.tensor(0.7, dtype=torch.float64))
+    eager_err = (cross_entropy_grad(x, lse, target, torch.tensor(0.7)).double() - ref).abs().max().item()
+    assert (out.double() - ref).abs().max().item() <= 2 * eager_err + 1e-6
+
+
+def test_an_out_of_range_target_is_still_an_error():
+    """A gathered index read once per row is still checked (the check runs per row)."""
+    x = torch.randn(9, 300)
+    idx = torch.randint(0, 300, (9,))
+
+    def fn(x, idx):
+        return x - x.gather(1, idx[:, None])
+
+    report, out = _run(fn, x, idx)
+    assert "CBLOCK" in _pointwise_source(report)
+    torch.testing.assert_close(out, fn(x, idx))
+    bad = idx.clone()
+    bad[4] = 300
+    torch._dynamo.reset()
+    with pytest.raises((RuntimeError, IndexError)):
+        torch.compile(fn, backend="tilefuse", options={"target": "interpret"})(x, bad)
+
+
+@pytest.mark.parametrize("shape", [(3, 7, 384), (2, 1536)])
+def test_a_bias_per_column_and_leading_dims(shape):
+    """A bias per column over rank-3 rows (the leading dims unravelled per row only), and a
+    row wider than one program's columns."""
+    x, bias = torch.randn(*shape), torch.randn(shape[-1])
+    report, out = _run(lambda x, b: F.gelu(x + b) * 2, x, bias)
+    assert "CBLOCK" in _pointwise_source(report)
+    ref = F.gelu(x.double() + bias.double()) * 2
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_short_rows_and_transposed_inputs_keep_the_flat_walk():
+    """Rows shorter than 256 pack better flat; a result stored in another order (a transposed
+    input's) is walked in that order."""
+    x, b = torch.randn(40, 100), torch.randn(100)
+    report, out = _run(lambda x, b: x * b, x, b)
+    assert "CBLOCK" not in _pointwise_source(report)
+    torch.testing.assert_close(out, x * b)
+    xt, b = torch.randn(512, 33).t(), torch.randn(512)
+    report, out = _run(lambda x, b: torch.relu(x - b), xt, b)
+    assert "CBLOCK" not in _pointwise_source(report)
+    torch.testing.assert_close(out, torch.relu(xt - b))
+
+
+def test_rows_of_a_symbolic_count():
+    """The row count is a size symbol: the row mask bounds the last block of rows."""
+    bias = torch.randn(300)
+    for n in (37, 5, 64):
+        torch._dynamo.reset()
+        x = torch.randn(n, 300)
+        out = torch.compile(lambda x, b: torch.sigmoid(x) * b, backend="tilefuse", dynamic=True,
+                            options={"target": "interpret"})(x, bias)
+        torch.testing.assert_close(out, torch.sigmoid(x) * bias)
+
+
+@pytest.mark.parametrize("row,block,expected", [(50304, 1024, 128), (1000, 1024, 1024), (768, 1024, 256),
+                                                (4096, 1024, 1024), (300, 256, 64)])
+def test_the_column_block_wastes_the_fewest_lanes(row, block, expected):
+    """50304 = 393 · 128: no masked lane with 128 columns (1024 would mask 448 of each row)."""
+    assert _column_block(row, block) == expected
