@@ -272,6 +272,37 @@ def test_a_finite_fill_skips_where_the_scores_are_bounded(target):
     assert (out.double() - ref).abs().max().item() <= 2 * eager_err + 1e-5
 
 
+def cuda_sdpa_with_a_boolean_mask(q, k, v, keep):
+    """What `F.scaled_dot_product_attention(q, k, v, attn_mask=keep)` traces to on CUDA: the
+    mask made a -65504 bias, handed to the memory-efficient kernel (whose lowering adds
+    PyTorch's safe-softmax test, `any(s != -inf)`, per row)."""
+    bias = torch.where(keep.logical_not(), -65504.0, 0.0).to(q.dtype)
+    return torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias, False)[0]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_pytorchs_cuda_attention_op_with_a_boolean_mask_skips(target):
+    """The fused op's safe-softmax test is true at a masked key as at a live one under a
+    finite fill: skipping is still exact. Left-padded rows (no live key) weight every key."""
+    b, t = 2, 150
+    pad = torch.ones(b, t, dtype=torch.bool, device=DEVICE)
+    pad[1, :40] = False
+    keep = (torch.tril(torch.ones(t, t, dtype=torch.bool, device=DEVICE))[None] & pad[:, None, :])[:, None]
+    q, k, v = (torch.randn(b, 3, t, 16, device=DEVICE) for _ in range(3))
+    torch._dynamo.reset()
+    report = tilefuse.explain(cuda_sdpa_with_a_boolean_mask, q, k, v, keep, options={"target": target})
+    assert [k_.kind for k_ in report.kernels] == SUMMARY + GUARD + ["flash"], str(report)
+    poisoned = v.clone()
+    poisoned[0, :, -1, :] = float("nan")  # the last key of sequence 0: masked for its first rows
+    out = _compiled(cuda_sdpa_with_a_boolean_mask, target)(q, k, poisoned, keep)
+    assert torch.isfinite(out[0, :, :32]).all()
+    ref = cudnn_bias_attention(q.double(), k.double(), v.double(), keep)  # the op's math
+    torch.testing.assert_close(out[0, :, :32].double(), ref[0, :, :32], atol=1e-5, rtol=1e-5)
+    out = _compiled(cuda_sdpa_with_a_boolean_mask, target)(q, k, v, keep)
+    eager_err = (cudnn_bias_attention(q, k, v, keep).double() - ref).abs().max().item()  # (s - 65504 in fp32)
+    assert (out.double() - ref).abs().max().item() <= 2 * eager_err + 1e-5
+
+
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("spelling", ["masked_fill_1e9", "scaled_after_1e4"])
 def test_other_finite_fills_skip_too(target, spelling):

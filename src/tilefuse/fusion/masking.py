@@ -362,7 +362,13 @@ def vanishes_when_masked(body: Expr, masked: Expr, m: Monoid) -> bool:
     """A skipped key tile must contribute the combiner's identity to `body`: the body reads the
     scores only through the masked score expression, and where that is masked — -inf, and the
     mask's finite fill when it has one — it evaluates to the identity (checked on random values
-    of everything else, e.g. exp(-inf - m) == 0)."""
+    of everything else, e.g. exp(-inf - m) == 0).
+
+    Under a finite fill an idempotent combiner (any, max, min) may instead take the same value
+    at a masked key as at any live one: `any(s != -inf)`, PyTorch's safe-softmax test, is true
+    at both. Skipping such keys changes nothing for a row that keeps a live key, and a row
+    without one is visited whole wherever a finite fill skips (`diagonal_keeps_rows_live`, the
+    block summary's per-row liveness)."""
     scores = {e.buffer for e in walk(masked) if isinstance(e, Load)}
     placeholder = Var("__masked__", masked.dtype)
     hidden = transform(body, lambda e: placeholder if e == masked else None)
@@ -374,7 +380,38 @@ def vanishes_when_masked(body: Expr, masked: Expr, m: Monoid) -> bool:
     rng = random.Random(0)
     fill = _masking(masked, SOFT_FILL_LIMIT)[1]
     for value_masked in (float("-inf"), fill) if fill not in (None, float("-inf")) else (float("-inf"),):
-        if not _vanishes_at(hidden, placeholder, value_masked, ident, rng):
+        if _vanishes_at(hidden, placeholder, value_masked, ident, rng):
+            continue
+        if value_masked == float("-inf") or m not in (ANY, MAX, MIN) \
+                or not _same_as_live(hidden, placeholder, value_masked, rng):
+            return False
+    return True
+
+
+def _same_as_live(hidden: Expr, placeholder: Var, value_masked: float, rng) -> bool:
+    """`hidden` takes the same value with the score at `value_masked` as at live (finite)
+    scores, on random values of everything else."""
+    import torch
+
+    from ..ir.interpret import Evaluator
+
+    for _ in range(3):
+        leaves = {}
+
+        def leaf(e, score):
+            if e is placeholder or e == placeholder:
+                return Const(score, e.dtype)
+            if isinstance(e, (Load, Index)) and not isinstance(e, Var):
+                if e not in leaves:
+                    v = rng.uniform(-4, 4)
+                    leaves[e] = Const(v if e.dtype.is_float else int(v), e.dtype) if not e.dtype.is_bool \
+                        else Const(v > 0, e.dtype)
+                return leaves[e]
+            return None
+
+        masked = Evaluator({}, {})(transform(hidden, lambda e: leaf(e, value_masked)))
+        live = Evaluator({}, {})(transform(hidden, lambda e: leaf(e, rng.uniform(-30, 30))))
+        if float(torch.as_tensor(masked).double()) != float(torch.as_tensor(live).double()):
             return False
     return True
 
