@@ -313,6 +313,42 @@ def test_large_outputs_get_the_huge_page_advice_and_keep_their_values(monkeypatc
     assert 1030 * 1100 in advised
 
 
+@pytest.mark.parametrize("rows,cols,serial", [(7, 33, True), (64, 64, True), (600, 257, False)])
+def test_kernels_with_little_work_run_on_one_thread(monkeypatch, rows, cols, serial):
+    """A kernel without a dot whose buffers hold at most `SERIAL_MAX_BYTES` runs its programs on
+    one thread (the general launch and the generated call's alike); larger ones keep them all.
+    Fresh inputs on every call, against eager by the fp64 rule."""
+    from tilefuse.backends.cpu import launcher
+
+    spread = []
+    real = launcher.CppKernel._threads_for
+    monkeypatch.setattr(launcher.CppKernel, "_threads_for",
+                        lambda self, b, p: (lambda n: (spread.append((p, n)), n)[1])(real(self, b, p)))
+    fn = lambda x, w: F.layer_norm(x, (x.shape[-1],), w) * 2  # noqa: E731
+    torch._dynamo.reset()
+    with tilefuse.config.patch(target="cpu", fallback="error"):
+        compiled = torch.compile(fn, backend="tilefuse")
+        for k in range(4):  # the general call, then the generated one
+            x, w = rand(rows, cols), rand(cols)
+            assert_close_fp64(compiled(x, w), fn(x, w), fn(*to_fp64([x, w])), name=f"call {k}")
+    assert spread and all(p > 1 for p, _ in spread), spread  # (a program per row)
+    assert all((n == 1) == serial for _, n in spread), spread
+
+
+def test_kernels_with_a_dot_keep_their_threads(monkeypatch):
+    """A dot's work grows faster than its operands' bytes: a small generated product (130 rows,
+    three programs, 25 KB of buffers) still spreads its programs over the threads."""
+    from tilefuse.backends.cpu import launcher
+
+    spread = []
+    real = launcher.CppKernel._threads_for
+    monkeypatch.setattr(launcher.CppKernel, "_threads_for",
+                        lambda self, b, p: (lambda n: (spread.append((self.kernel.name, p, n)), n)[1])(real(self, b, p)))
+    run_cpu(lambda a, b: torch.relu(a @ b) + 1, rand(130, 20), rand(20, 24), matmul="generated")
+    products = [(p, n) for name, p, n in spread if "mm" in name]
+    assert products and all(p == n > 1 for p, n in products), spread
+
+
 def test_large_row_kernels_and_pointwise_kernels():
     """Rows of 4096 in over a thousand programs (outputs large enough for the huge-page
     advice), against eager by the fp64 rule."""

@@ -164,3 +164,35 @@ def test_a_constant_scale_of_the_product_is_the_librarys_alpha(name, fn, shapes)
     assert not any("alpha=" in n for k in tilefuse.explain(bmm, a, b, options={"matmul": "aten"}).kernels
                    for n in k.notes)
     _check(bmm, a, b)
+
+
+@pytest.mark.parametrize("name,fn,shapes", [
+    ("mm", lambda a, b: a @ b, [(37, 20), (20, 45)]),
+    ("transposed", lambda a, b: a @ b.T, [(37, 20), (45, 20)]),
+    ("linear 3-D", lambda x, w: F.linear(x, w), [(3, 13, 20), (45, 20)]),
+    ("bmm", lambda a, b: torch.bmm(a, b), [(3, 17, 9), (3, 9, 11)]),
+    ("sliced operands", lambda a, b: a[:, 3:30:2] @ b[1:], [(37, 60), (15, 45)]),
+    ("addmm 3-D", lambda x, w, b: F.linear(x, w, b[7:52]), [(3, 13, 20), (45, 20), (60,)]),
+    ("transposed input", lambda x, w, b: F.linear(x.T, w, b), [(20, 37), (45, 20), (45,)]),
+    ("alpha", lambda a, b: (a @ b) / 3.0, [(37, 20), (20, 45)]),
+    ("permuted output", lambda a, b: (a @ b).T + 0, [(37, 20), (20, 45)]),
+])
+def test_the_generated_call_runs_products_on_views_made_once(name, fn, shapes, monkeypatch):
+    """From the third call of a set of sizes the generated call runs each product with its
+    views' layouts worked out once (`_Direct`): fresh random inputs every call, against fp64;
+    inputs at another offset (a slice of a larger tensor) still read their own elements."""
+    from tilefuse.runtime import aten_matmul
+
+    direct = []
+    call = aten_matmul._Direct.__call__
+    monkeypatch.setattr(aten_matmul._Direct, "__call__", lambda self, *t: (direct.append(1), call(self, *t))[1])
+    torch._dynamo.reset()
+    compiled = tilefuse.compile(fn, options={"matmul": "aten"})
+    gen = torch.Generator().manual_seed(len(name))
+    for k in range(5):
+        args = [torch.randn(s, generator=gen).to(DEVICE) for s in shapes]
+        if k == 4:  # the same strides at another storage offset
+            args = [torch.randn(t.numel() + 5, generator=gen).to(DEVICE)[5:].view(t.shape).copy_(t) for t in args]
+        _fp64_close(fn, args, compiled(*args))
+    if DEVICE == "cpu":
+        assert direct, "the generated call made its views per call"

@@ -126,6 +126,41 @@ def test_out_of_range_indices_raise_like_eager(case, backend):
         assert f"with size {size}" in str(ours.value)
 
 
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="the C++ backend's launches")
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_generated_call_checks_indices_in_its_own_launches(case, monkeypatch):
+    """From the third call of a set of sizes the graph runs its generated call, where a kernel
+    with index checks is launched directly (an error word per call): in-range indices stay
+    exact, an out-of-range one raises eager's error, and the next call is right again."""
+    from tilefuse.backends.cpu import launcher
+
+    checked = []
+    launch = launcher._CheckedLaunch.__call__
+    monkeypatch.setattr(launcher._CheckedLaunch, "__call__", lambda self, *t: (checked.append(1), launch(self, *t))[1])
+    fn, make, op, slot, size_of, _ = CASES[case]
+    gen = torch.Generator().manual_seed(hash(case) % 991)
+    n, m = 9, 11
+    compiled = _compiled(fn, "cpu")
+    with tilefuse.config.patch(target="cpu", fallback="error"):
+        for _ in range(4):
+            args = make(gen, n, m)
+            bad = compare_outputs(compiled(*args), fn(*args), fn(*to_fp64(args)))
+            assert bad is None, str(bad)
+        assert checked, "the generated call launched no checked kernel directly"
+        args = list(make(gen, n, m))
+        idx = args[slot].clone()
+        idx.view(-1)[-1] = size_of(n, m) + 2
+        args[slot] = idx
+        with pytest.raises(Exception) as eager:
+            fn(*args)
+        with pytest.raises(type(eager.value)) as ours:
+            compiled(*args)
+        assert isinstance(ours.value, IndexCheckError), repr(ours.value)
+        assert f"{op}: index out of range" in str(ours.value) and f"with size {size_of(n, m)}" in str(ours.value)
+        args = make(gen, n, m)
+        assert compare_outputs(compiled(*args), fn(*args), fn(*to_fp64(args))) is None
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_negative_indices_in_range_are_wrapped(backend):
     gen = torch.Generator().manual_seed(3)

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from ..backends.inline_call import SKIP, Buf, InlineCall
+from ..backends.inline_call import SKIP, Buf, Expect, InlineCall
 from ..backends.size_cache import SizeCache, size_key
 from ..ir.storage import MIN_PADDED_ROW, ROW_ALIGNMENT
 from ..ir import symbolic
@@ -53,6 +53,11 @@ class AtenMatmul:
             return SKIP
         v = self.views
         names = (v.a.buffer, v.b.buffer, v.out) + ((v.bias.buffer,) if v.bias is not None else ())
+        tensors = [buffers[n] for n in names]
+        fast = _Direct.make(z, *tensors)
+        if fast is not None:  # the views' layouts worked out once, checked at the call's entry
+            expects = {n: Expect(tuple(t.stride())) for n, t in zip(names, tensors)}
+            return InlineCall(fast, tuple(Buf(n) for n in names), expects, label="library product")
         return InlineCall(functools.partial(self._run, z), tuple(Buf(n) for n in names), label="library product")
 
     def _run(self, z: "_Sized", a, b, out, bias=None) -> None:
@@ -109,6 +114,7 @@ class _Sized:
         *batch, M, N, K = (ev(s) for s in v.sizes)
         self.out_shape = tuple(ev(d) for d in v.out_shape) if v.out_shape is not None else None
         self.permuted = tuple(v.order) != tuple(range(len(v.order)))
+        self.order, self.alpha = tuple(v.order), v.alpha
         self.empty = M * N * math.prod(batch) == 0
         self.a = _Operand(v.a, (*v.batch, v.m, v.k), (*batch, M, K), ev)
         self.b = _Operand(v.b, (*v.batch, v.k, v.n), (*batch, K, N), ev)
@@ -125,6 +131,59 @@ class _Sized:
         if not per or self.n % per == 0 or out.stride(0) % per or out.stride(1) != 1:
             return None
         return self.n - self.n % per
+
+
+try:  # a view by sizes, strides and an offset from the tensor's own, without the dispatcher
+    from torch._C._dynamo.guards import _reinterpret_tensor as _reinterpret  # (Inductor's `reinterpret_tensor`)
+except ImportError:  # pragma: no cover - older PyTorch
+    def _reinterpret(t, sizes, strides, delta):
+        return torch.as_strided(t, sizes, strides, t.storage_offset() + delta)
+
+
+class _Direct:
+    """A product for the generated call, for buffers with the strides it was made for (the call
+    checks them at its entry): each view's sizes, strides and offset from its buffer's own
+    offset are worked out once, so a call makes at most one view per operand and calls the
+    library. Only for what needs no conversion and writes its output in place in one call."""
+
+    __slots__ = ("a", "b", "out", "bias", "alpha", "mm")
+
+    @staticmethod
+    def make(z: "_Sized", a, b, out, bias=None) -> "_Direct | None":
+        if z.a.casts or z.b.casts or (z.bias is not None and z.bias.casts):
+            return None
+        av, bv = z.a.view(a), z.b.view(b)
+        o = out.view(z.out_shape) if z.out_shape is not None else out
+        if z.permuted:
+            o = o.permute(z.order)
+        if o.dtype != av.dtype or not _writable_in_place(o) or z.aligned_columns(o) is not None:
+            return None
+        d = _Direct()
+        d.a, d.b, d.out = _relayout(a, av), _relayout(b, bv), _relayout(out, o)
+        d.bias = _relayout(bias, z.bias.view(bias)) if z.bias is not None else None
+        d.alpha = z.alpha
+        d.mm = av.dim() == 2 and bias is None and z.alpha == 1.0  # (matmul's dispatch skipped)
+        return d
+
+    def __call__(self, a, b, out, bias=None) -> None:
+        a, b, out = _apply(self.a, a), _apply(self.b, b), _apply(self.out, out)
+        if self.mm:
+            torch.mm(a, b, out=out)
+        else:
+            _product(_apply(self.bias, bias) if bias is not None else None, a, b, self.alpha, out)
+
+
+def _relayout(t: torch.Tensor, view: torch.Tensor):
+    """None when `view` is `t` as it is, else (sizes, strides, offset from t's own)."""
+    if view.shape == t.shape and view.stride() == t.stride() and view.storage_offset() == t.storage_offset():
+        return None
+    return tuple(view.shape), tuple(view.stride()), view.storage_offset() - t.storage_offset()
+
+
+def _apply(layout, t: torch.Tensor) -> torch.Tensor:
+    if layout is None:
+        return t
+    return _reinterpret(t, *layout)
 
 
 #: buffer layouts remembered per operand and set of sizes

@@ -16,6 +16,13 @@ One kernel may run in several threads at once (ctypes releases the GIL during th
 launch's pointer, size and error arrays are built for that launch; what launches share (the
 grid and size arguments per set of sizes, a bounded `SizeCache`) is only read.
 
+A kernel with little work runs on one thread: one without a `dot` whose buffers hold at most
+`SERIAL_MAX_BYTES` (a LayerNorm over 64 rows of 64, a decode step's RoPE) costs less than
+waking a second thread and waiting for it at the end — on a loaded machine, where that thread
+may not be running, several times less (as Inductor leaves loops of fewer than
+`cpp.min_chunk_size` elements per thread serial). A grid smaller than the thread pool wakes
+only as many threads as it has programs.
+
 Large buffers a kernel writes are advised to use transparent huge pages first (Linux, when
 THP is in `madvise` mode): a freshly allocated output is faulted in by the kernel's own
 stores, and 2 MiB pages make that first touch several times cheaper than 4 KiB ones (on a
@@ -41,7 +48,7 @@ from ...cache.disk import DiskCache
 from ..inline_call import SKIP, Buf, Expect, InlineCall
 from ..size_cache import SizeCache, size_key
 from ...ir.bounds import index_error
-from ...tile.ir import TileKernel, check_message, checks_of
+from ...tile.ir import DotTile, TileKernel, check_message, checks_of, statements
 from . import toolchain
 
 _lock = threading.Lock()
@@ -51,6 +58,9 @@ _libraries: "weakref.WeakValueDictionary[str, Future]" = weakref.WeakValueDictio
 _caches: dict[str, DiskCache] = {}
 _pools: dict[int, ThreadPoolExecutor] = {}
 
+
+#: a kernel without a dot whose buffers hold at most this many bytes in all runs on one thread
+SERIAL_MAX_BYTES = 64 << 10
 
 #: buffers at least this large that a kernel writes get the huge-page advice
 HUGE_PAGE_MIN_BYTES = 4 << 20
@@ -176,6 +186,15 @@ class CppKernel:
         self._ptrs_array = ctypes.c_void_p * max(1, len(self.buffers) + bool(self.checks))
         self._sizes_array = ctypes.c_int64 * max(1, len(self.sizes))
         self._written = [name for name in self.buffers if name in set(kernel.writes)]
+        # (a dot's work grows faster than its operands' bytes: those kernels keep their threads)
+        self._may_serialise = not any(isinstance(st, DotTile) for st in statements(kernel.body))
+
+    def _threads_for(self, buffers: dict, programs: int) -> int:
+        """The programs a launch spreads over threads: all of them, or 1 for little work."""
+        if programs > 1 and self._may_serialise:
+            if sum(buffers[name].nbytes for name in self.buffers) <= SERIAL_MAX_BYTES:
+                return 1
+        return programs
 
     def __tilefuse_reduce__(self):  # a stored graph rebuilds it (`runtime.artifact`)
         return self.kernel, self.source
@@ -207,10 +226,8 @@ class CppKernel:
 
     def inline(self, buffers: dict, env: dict):
         """This launch for the compiled graph's generated call (`backends.inline_call`): the
-        kernel's function with its sizes and strides packed once; None for a kernel with index
-        checks (those report through the general launch)."""
-        if self.checks:
-            return None
+        kernel's function with its sizes and strides packed once. A kernel with index checks
+        gets an error word of its own per call and raises as the general launch does."""
         key = size_key(env)
         shape = self._shapes.get(key)
         if shape is None:
@@ -218,13 +235,18 @@ class CppKernel:
         values, grid, empty, programs = shape
         if empty:
             return SKIP
+        programs = self._threads_for(buffers, programs)
         sizes = self._sizes_array(*[buffers[name].stride(d) if kind == "stride" else values[name]
                                     for kind, name, d in self.sizes])
         strided = {name for kind, name, _ in self.sizes if kind == "stride"}
         expects = {name: Expect(tuple(buffers[name].stride())) for name in strided}
         advised = tuple(k for k, name in enumerate(self.buffers)
                         if name in self._written and buffers[name].nbytes >= HUGE_PAGE_MIN_BYTES)
-        call = _InlineLaunch(self.fn, self._ptrs_array, sizes, grid, programs, advised)
+        if self.checks:
+            call = _CheckedLaunch(self.fn, self._ptrs_array, sizes, grid, programs, advised)
+            call.checks, call.env, call.kernel_name = self.checks, dict(env), self.kernel.name
+        else:
+            call = _InlineLaunch(self.fn, self._ptrs_array, sizes, grid, programs, advised)
         return InlineCall(call, tuple(Buf(name) for name in self.buffers), expects, label=self.kernel.name)
 
     def __call__(self, buffers: dict, env: dict) -> None:
@@ -256,7 +278,8 @@ class CppKernel:
         fn = self._fn or self.wait()._fn  # (not the property: this is the launch path)
         # a grid smaller than the thread pool wakes only as many threads as it has programs
         # (waking the rest costs more than a small kernel, most of all on a busy machine)
-        fn(self._ptrs_array(*ptrs), sizes, grid, max(1, min(torch.get_num_threads(), programs)))
+        threads = max(1, min(torch.get_num_threads(), self._threads_for(buffers, programs)))
+        fn(self._ptrs_array(*ptrs), sizes, grid, threads)
         if err is not None and err[0]:
             check = self.checks[err[0] - 1]
             raise index_error(check.error, f"{check_message(check, env)} (kernel {self.kernel.name})")
@@ -276,6 +299,24 @@ class _InlineLaunch:
             advise_huge_pages(tensors[k])
         threads = max(1, min(torch.get_num_threads(), self.programs))
         self.fn(self.ptrs(*[t.data_ptr() for t in tensors]), self.sizes, self.grid, threads)
+
+
+class _CheckedLaunch(_InlineLaunch):
+    """An inline launch of a kernel with index checks: the error word is the call's own (a
+    kernel may run in several threads at once), passed after the buffers' pointers; a failed
+    check raises the error eager raises once the kernel has returned."""
+
+    __slots__ = ("checks", "env", "kernel_name")
+
+    def __call__(self, *tensors) -> None:
+        for k in self.advised:
+            advise_huge_pages(tensors[k])
+        err = (ctypes.c_int64 * 1)()
+        threads = max(1, min(torch.get_num_threads(), self.programs))
+        self.fn(self.ptrs(*[t.data_ptr() for t in tensors], ctypes.addressof(err)), self.sizes, self.grid, threads)
+        if err[0]:
+            check = self.checks[err[0] - 1]
+            raise index_error(check.error, f"{check_message(check, self.env)} (kernel {self.kernel_name})")
 
 
 def _symbol(name: str):
