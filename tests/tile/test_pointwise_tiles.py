@@ -1,7 +1,8 @@
-"""GPU pointwise kernels with an operand broadcast along the rows or the columns walk 2-D tiles
+"""Pointwise kernels with an operand broadcast along the rows or the columns walk 2-D tiles
 (`tile.pointwise._row_tiles`): a block of rows × a block of columns per program, a value per
-row loaded (and index-checked) once per row, a bias per column read at the column index; run
-through the Triton interpreter against eager with an fp64 reference."""
+row loaded (and index-checked) once per row, a bias per column read at the column index; a
+row may span several innermost dims (a batch norm's H·W). Run through the Triton interpreter
+(GPU tiles) and the C++ backend against eager with an fp64 reference."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -108,3 +109,40 @@ def test_rows_of_a_symbolic_count():
 def test_the_column_block_wastes_the_fewest_lanes(row, block, expected):
     """50304 = 393 · 128: no masked lane with 128 columns (1024 would mask 448 of each row)."""
     assert _column_block(row, block) == expected
+
+
+def batch_norm_relu(x, mean, var, w, b):
+    return torch.relu(F.batch_norm(x, mean, var, w, b, training=False))
+
+
+@pytest.mark.parametrize("target", ["interpret", "cpu"])
+@pytest.mark.parametrize("shape", [(2, 8, 32, 32), (3, 5, 16, 20), (2, 3, 7, 7)])
+def test_a_value_per_channel_over_nchw_makes_rows_of_h_times_w(target, shape):
+    """Inference batch norm over NCHW: the per-channel statistics are uniform over H and W, so
+    a row is H·W long (the GPU tiles take any length from 256, the CPU's powers of two from 64;
+    7×7 stays flat) and the statistics are read once per row."""
+    c = shape[1]
+    x = torch.randn(shape)
+    stats = (torch.randn(c), torch.rand(c) + 0.5, torch.randn(c), torch.randn(c))
+    torch._dynamo.reset()
+    report = tilefuse.explain(batch_norm_relu, x, *stats, options={"target": target})
+    src = _pointwise_source(report)
+    row = shape[2] * shape[3]
+    tiled = row >= 256 if target == "interpret" else (row >= 64 and row & (row - 1) == 0)
+    assert ("CBLOCK" in src) == tiled, src
+    torch._dynamo.reset()
+    out = torch.compile(batch_norm_relu, backend="tilefuse", options={"target": target})(x, *stats)
+    ref = batch_norm_relu(x.double(), *(t.double() for t in stats))
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_an_operand_reading_part_of_the_trailing_dims_bounds_the_row():
+    """`x * s[:, :, :, None]` (a value per (n, c, h)) makes rows of W only; `x * t[None, :, None, :]`
+    reads W and C but not H: its row is W too — never H·W, which would split its reads."""
+    x = torch.randn(2, 3, 5, 300)
+    s, t = torch.randn(2, 3, 5), torch.randn(3, 300)
+    for fn, arg in ((lambda x, s: x * s[..., None], s), (lambda x, t: x * t[None, :, None, :], t)):
+        report, out = _run(fn, x, arg)
+        src = _pointwise_source(report)
+        assert "(cindex + (300 * yindex))" in src, src  # x read at row·W + column
+        torch.testing.assert_close(out, fn(x, arg))

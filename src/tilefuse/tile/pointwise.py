@@ -60,39 +60,79 @@ _MAX_COLUMN_BLOCKS = 65535
 
 
 def _row_tiles(graph: Graph, plan: KernelPlan, options: LoweringOptions, block: int):
-    """(rows, columns) per program when a pointwise kernel should walk its output as 2-D tiles
-    instead of flat runs, else None. So an operand broadcast over the leading dims (a bias per
-    column) is read at the column index, contiguously, not gathered at `x % row` lane by lane,
-    and one broadcast along the row (a value per row: a row's log-sum-exp, a target class) is
-    read once per row of the tile, with no index division per element. On a CPU a tile holds
-    whole rows (the row is the vectorised inner loop, a power of two up to `block`); on a GPU a
-    program takes a block of columns of a few rows, any row length from GPU_ROW_MIN up."""
+    """(tile, order, k) when a pointwise kernel should walk its output as 2-D tiles instead of
+    flat runs, else None: `tile` the (rows, columns) per program, `order` the output's dims in
+    storage order, `order[k:]` the dims that make one row.
+
+    The row is the innermost storage dims over which every operand is uniform: each one reads
+    all of them or none. So a bias per column is read at the column index, contiguously, not
+    gathered at `x % row` lane by lane; a value per row — a row's log-sum-exp, a target class,
+    a batch norm's per-channel scale over NCHW's H·W — is read once per row of the tile, with
+    no index division per element. On a CPU a tile holds whole rows (the row is the vectorised
+    inner loop, a power of two up to `block`); on a GPU a program takes a block of columns of a
+    few rows, any row length from GPU_ROW_MIN up."""
     if any(st.kind != StageKind.POINTWISE or not st.store for st in plan.stages):
         return None
     shapes = {tuple(graph[st.node].shape) for st in plan.stages}
     if len(shapes) != 1:
         return None
     (shape,) = shapes
-    row = static_int(shape[-1]) if len(shape) >= 2 else None
-    if row is None or sympy.sympify(sympy.Mul(*shape)) != sympy.sympify(plan.parallel):
+    if len(shape) < 2 or sympy.sympify(sympy.Mul(*shape)) != sympy.sympify(plan.parallel):
         return None
+    identity = tuple(range(len(shape)))
+    orders = {dense_order(shape, graph.output_strides.get(st.node)) or identity for st in plan.stages}
+    if len(orders) != 1:
+        return None
+    (order,) = orders
+    uses = _dims_read(graph, plan, shape)
+    if not any(len(u) < len(shape) for u in uses):
+        return None  # nothing broadcast: the flat walk
+    best = None
+    for k in range(len(order) - 1, 0, -1):
+        group = set(order[k:])
+        if any(u & group and not group <= u for u in uses):
+            break  # an operand reads part of the row: no wider row either
+        rest = set(order[:k])
+        if not any(not u & group or not rest <= u for u in uses):
+            continue  # (no operand is a value per row or per column of this split)
+        row = static_int(sympy.Mul(*(shape[d] for d in order[k:])))
+        if row is None:
+            break
+        tile = _tile_for(row, block, options)
+        if tile is not None:
+            best = (tile, order, k)
+    return best
+
+
+def _dims_read(graph: Graph, plan: KernelPlan, shape) -> list:
+    """For each load of a buffer with elements in the stages' bodies, the output dims (of
+    `shape`, with extent > 1) its index reads."""
+    symbols = {str(s): d for d, s in enumerate(out_index(len(shape))) if sympy.sympify(shape[d]) != 1}
+    out = []
+    for st in plan.stages:
+        for e in walk(st.body):
+            if isinstance(e, Load) and e.buffer in graph.nodes and graph[e.buffer].rank > 0:
+                used = set()
+                for c in e.index:
+                    for n in walk(c):
+                        if isinstance(n, Index):
+                            used |= {symbols[str(x)] for x in sympy.sympify(n.expr).free_symbols if str(x) in symbols}
+                out.append(used | {d for d, ext in enumerate(shape) if sympy.sympify(ext) == 1})
+    return out
+
+
+def _tile_for(row: int, block: int, options: LoweringOptions):
+    """(rows, columns) per program for rows of `row` elements, or None where the target walks
+    such rows flat."""
     if options.target.on_cpu:
         # (tile extents are powers of two: a row of 768 keeps the flat walk)
         if row < ROW_MIN or row & (row - 1) or row > block:
             return None
-        tile = (1 << ((block // row).bit_length() - 1), row)
-    else:
-        columns = _column_block(row, block)
-        if row < GPU_ROW_MIN or columns is None:
-            return None
-        tile = (max(1, block // columns), columns)
-    for st in plan.stages:
-        order = dense_order(shape, graph.output_strides.get(st.node))
-        if order is not None and order != tuple(range(len(shape))):
-            return None  # (stored in another order: the flat walk follows it)
-    broadcast = any(isinstance(e, Load) and e.buffer in graph.nodes and graph[e.buffer].rank > 0
-                    and _broadcast_to(graph[e.buffer].shape, shape) for st in plan.stages for e in walk(st.body))
-    return tile if broadcast else None
+        return 1 << ((block // row).bit_length() - 1), row
+    columns = _column_block(row, block)
+    if row < GPU_ROW_MIN or columns is None:
+        return None
+    return max(1, block // columns), columns
 
 
 def _column_block(row: int, block: int) -> int | None:
@@ -111,26 +151,18 @@ def _column_block(row: int, block: int) -> int | None:
     return best[1] if best is not None else None
 
 
-def _broadcast_to(operand, shape) -> bool:
-    """`operand` has fewer elements per output than one each: a bias per column ([row] or
-    [1, row]), a value per row ([rows, 1]); read through index division in a flat walk."""
-    operand = tuple(sympy.sympify(d) for d in operand)
-    padded = (sympy.Integer(1),) * (len(shape) - len(operand)) + operand
-    return len(operand) <= len(shape) and any(o == 1 and sympy.sympify(d) != 1 for o, d in zip(padded, shape))
-
-
-def _lower_rows(graph: Graph, plan: KernelPlan, options: LoweringOptions, tile: tuple, warps: int) -> TileKernel:
+def _lower_rows(graph: Graph, plan: KernelPlan, options: LoweringOptions, tiling: tuple, warps: int) -> TileKernel:
     """`lower_pointwise` over [YBLOCK rows, CBLOCK columns] tiles (`_row_tiles`): one program
     per block of rows, and on a GPU per block of columns too (the grid's second axis)."""
+    (per_program, columns), order, k = tiling
     b = KernelBuilder(graph, plan.name, options.divisor_checks)
     b.tile_symbols |= {"pid", "pid_c", "yindex", "cindex"}
     n = plan.parallel
     shape = graph[plan.stages[0].node].shape
-    row = static_int(shape[-1])
+    row = static_int(sympy.Mul(*(shape[d] for d in order[k:])))
     rows = sympy.sympify(n) / row
     b.size_params(n)
     b.emit(ProgramId("pid", 0, wide=needs_int64(n)))
-    per_program, columns = tile
     y, c = tile_symbol("yindex"), tile_symbol("cindex")
     b.emit(Arange("yindex", Index(tile_symbol("pid") * tile_symbol("YBLOCK")), "YBLOCK", 0, 2))
     first_column = sympy.Integer(0)
@@ -142,9 +174,13 @@ def _lower_rows(graph: Graph, plan: KernelPlan, options: LoweringOptions, tile: 
     mask = land(ymask, cmask)
     mask = b.let(mask, "tmask") if mask is not None and not isinstance(mask, Var) else mask
     b.restrict_masks(mask, {"yindex": ymask, "cindex": cmask})  # a value per row: loaded once per row
+    outer = index_values(tuple(shape[d] for d in order[:k]), y, {y: rows})
+    inner = index_values(tuple(shape[d] for d in order[k:]), c, {c: row})
+    vals = [None] * len(shape)
+    for d, v in zip(order, (*outer, *inner)):
+        vals[d] = v
     for st in plan.stages:
         node = graph[st.node]
-        vals = (*index_values(node.shape[:-1], y, {y: rows}), c)
         v = b.value(mapped(st.body, out_index(node.rank), vals), mask=mask)
         b.store(node.name, tuple(Index(e) for e in vals), v, mask)
     grid = (sympy.ceiling(rows / tile_symbol("YBLOCK")),)
@@ -157,9 +193,9 @@ def _lower_rows(graph: Graph, plan: KernelPlan, options: LoweringOptions, tile: 
 
 def lower_pointwise(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> TileKernel:
     schedule = current_pointwise_schedule(graph, plan, options)
-    tile = _row_tiles(graph, plan, options, schedule["XBLOCK"])
-    if tile is not None:
-        return _lower_rows(graph, plan, options, tile, 1 if options.target.on_cpu else schedule.warps)
+    tiling = _row_tiles(graph, plan, options, schedule["XBLOCK"])
+    if tiling is not None:
+        return _lower_rows(graph, plan, options, tiling, 1 if options.target.on_cpu else schedule.warps)
     b = KernelBuilder(graph, plan.name, options.divisor_checks)
     b.tile_symbols |= {"pid", "xindex"}
     n = plan.parallel
