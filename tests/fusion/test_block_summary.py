@@ -422,3 +422,50 @@ def test_a_mask_computed_from_the_scores_reads_them_per_tile(target):
     assert [k_.kind for k_ in report.kernels] == ["flash"], str(report)
     out = _compiled(fn, target)(q, k, v)
     torch.testing.assert_close(out.double(), fn(q.double(), k.double(), v.double()), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_minus_inf_mask_and_a_finite_fill_mask_classify_together(target):
+    """A `tril` buffer added as -inf and a random keep-mask added as -1e4: the tiles the
+    summary finds wholly live drop both masks, so both decide the classes (review regression:
+    the -1e4 mask was dropped on tiles classified by the -inf mask alone)."""
+    t = 128
+    keep = torch.tril(torch.ones(t, t, dtype=torch.bool, device=DEVICE))
+    pad = torch.rand(t, t, device=DEVICE) > 0.5
+
+    def fn(q, k, v, keep, pad):
+        s = q @ k.transpose(-1, -2) * 0.25
+        s = s + torch.where(keep, 0.0, float("-inf")) + torch.where(pad, 0.0, -1e4)
+        return torch.softmax(s, -1) @ v
+
+    q, k, v = (torch.randn(1, 2, t, 16, device=DEVICE) for _ in range(3))
+    torch._dynamo.reset()
+    report = tilefuse.explain(fn, q, k, v, keep, pad, options={"target": target})
+    assert [k_.kind for k_ in report.kernels] == SUMMARY + GUARD + ["flash"], str(report)
+    out = _compiled(fn, target)(q, k, v, keep, pad)
+    ref = fn(q.double(), k.double(), v.double(), keep, pad)
+    eager_err = (fn(q, k, v, keep, pad).double() - ref).abs().max().item()  # (s - 1e4 rounds in fp32)
+    assert (out.double() - ref).abs().max().item() <= 2 * eager_err + 1e-5
+
+
+def test_fp64_attention_keeps_only_fills_its_exp_underflows_under():
+    """In fp64 exp(-543) is not 0: a fill of -1024 gets no bound there (its bound would leave
+    a gap of 512), and a masked key weighted 1e-236 times a value of 1e230 still counts."""
+    t, d = 256, 16
+    keep = torch.zeros(t, t, dtype=torch.bool, device=DEVICE)
+    keep[:, :128] = True
+
+    def fn(q, k, v, keep):
+        return torch.softmax(q @ k.transpose(-1, -2) + torch.where(keep, 0.0, -1024.0), -1) @ v
+
+    q = torch.zeros(1, 1, t, d, dtype=torch.float64, device=DEVICE)
+    q[..., 0] = 15.5
+    k = torch.zeros(1, 1, t, d, dtype=torch.float64, device=DEVICE)
+    k[..., :128, 0], k[..., 128:, 0] = -15.5, 15.5
+    v = torch.zeros(1, 1, t, d, dtype=torch.float64, device=DEVICE)
+    v[..., 128:, :] = 1e230
+    torch._dynamo.reset()
+    assert [k_.kind for k_ in tilefuse.explain(fn, q, k, v, keep).kernels] == ["flash"]
+    out = _compiled(fn, "auto")(q, k, v, keep)
+    torch.testing.assert_close(out, fn(q, k, v, keep), rtol=1e-9, atol=0)
+    assert out[0, 0, 0, 0].item() > 0  # the masked keys' weight survives

@@ -410,10 +410,15 @@ def _same_as_live(hidden: Expr, placeholder: Var, value_masked: float, rng) -> b
             return None
 
         masked = Evaluator({}, {})(transform(hidden, lambda e: leaf(e, value_masked)))
-        live = Evaluator({}, {})(transform(hidden, lambda e: leaf(e, rng.uniform(-30, 30))))
-        if float(torch.as_tensor(masked).double()) != float(torch.as_tensor(live).double()):
-            return False
+        for score in (rng.uniform(-30, 30), *_EXTREME_SCORES):  # (live scores may be any finite value)
+            live = Evaluator({}, {})(transform(hidden, lambda e: leaf(e, score)))
+            if float(torch.as_tensor(masked).double()) != float(torch.as_tensor(live).double()):
+                return False
     return True
+
+
+#: live scores a finite fill allows: up to |fill| / 4 under a bound, any finite value beyond
+_EXTREME_SCORES = (-3.0e38, -1.0e9, -16000.0, -256.0, 256.0, 16000.0, 1.0e9, 3.0e38)
 
 
 def _vanishes_at(hidden: Expr, placeholder: Var, value_masked: float, ident: float, rng) -> bool:

@@ -100,21 +100,22 @@ def summary_for(graph: Graph, plan: KernelPlan, options: LoweringOptions, bm: in
     formula only (its bounds are static: `fusion.masking.live_key_range`), some reduction
     that needs the masked keys (`FlashInfo.skippable`), or the `block_summary` knob off (a
     split kernel, decode, asks for none). `diagonal_live`: every row provably keeps a live key."""
-    from ..fusion.masking import mask_and_fill
+    from ..fusion.masking import FILL_LIMIT, mask_and_fill
     from .score_guard import guard_for
 
     info = plan.flash
     if not options.block_summary or info.masked is None or not info.skippable:
         return None
-    cond, fill = mask_and_fill(info.masked)
-    guard = None
-    if cond is None:  # a fill that masks only while the scores stay above it
-        cond, fill = mask_and_fill(info.masked, soft=True)
-        guard = guard_for(graph, plan, fill) if cond is not None else None
-        if guard is None:
-            return None
+    # every mask with a fill at or below SOFT_FILL_LIMIT: the wholly live tiles drop them all
+    # (`fusion.masking.unmasked`), so all of them decide the classes
+    cond, fill = mask_and_fill(info.masked, soft=True)
     if cond is None or not any(isinstance(e, Load) for e in walk(cond)):
         return None
+    guard = None
+    if fill > FILL_LIMIT:  # a fill that masks only while the scores stay far above it
+        guard = guard_for(graph, plan, fill)
+        if guard is None:
+            return None
     members = {st.node for st in plan.stages}
     if any(isinstance(e, Load) and e.buffer in members for e in walk(cond)):
         return None  # a mask computed from the scores (kept in registers, never in memory)

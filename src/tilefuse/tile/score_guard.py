@@ -9,8 +9,10 @@ run time, every score of the flash program's rows provably lies within |fill| / 
     |c · q_i · k_j|  ≤  |c| · ‖q_i‖ · ‖k_j‖  ≤  |fill| / 4          (c: the scores' scale)
 
 Then a masked score lies at least |fill| / 2 below every live score of its row (rounding to
-bf16 included), its `exp` is 0 in fp32, and the running max never comes from it: the skipped
-keys contribute exactly what the unskipped kernel adds for them, nothing. A row with no live
+bf16 included), its `exp` is 0 in fp32 (and in fp64, for fills at or below -2048), and the
+running max never comes from it: the skipped keys contribute exactly what the unskipped
+kernel adds for them, nothing — unless V holds NaN or inf there (0 · NaN), which a skip
+leaves out, as it does under a -inf mask. A row with no live
 key is the summary's own case (the block walks every key). Two small kernels compute the norms
 as the flash kernel's products see the operands (prologues included, rounded as they are):
 
@@ -35,12 +37,15 @@ from ..ir.expr import Const, Index, Load, Var, binary, cast, where
 from ..ir.graph import Graph
 from ..ir.monoid import MAX, SUM
 from .builder import KernelBuilder, land, tile_symbol
-from .common import LoweringOptions, bound_check, dot_operand, needs_int64, pow2, static_int
+from .common import LoweringOptions, bound_check, dot_accumulator, dot_operand, needs_int64, pow2, static_int
 from .ir import Assign, Arange, For, Full, KernelKind, ProgramId, ReduceTile, Scratch, TileKernel
 
 #: operands may reach the product rounded (bf16, tf32) and the product accumulates in fp32:
-#: the norms are taken this much larger
+#: the bound is taken with the norms this much larger
 ROUNDING = 1.0 + 1.0 / 16
+#: attention in fp64 keeps skipping for fills at or below this (a masked score's exp is 0 in
+#: fp64 only below -745)
+FP64_FILL_LIMIT = -2048.0
 #: a bound on the product of the squared norms beyond this is no bound (fp32 overflow)
 _FP32_LIMIT = 1.0e38
 
@@ -82,6 +87,8 @@ def guard_for(graph: Graph, plan: KernelPlan, fill: float) -> ScoreGuard | None:
     c = score_scale(plan.flash.masked, scores)
     if c is None or fill >= 0:
         return None
+    if dot_accumulator(plan.flash.q, plan.flash.k) == dt.float64 and fill > FP64_FILL_LIMIT:
+        return None  # (fp64's exp underflows only below -745: the gap of |fill|/2 must exceed it)
     guard = ScoreGuard(fill, abs(c))
     if not guard.factor < _FP32_LIMIT:
         return None
