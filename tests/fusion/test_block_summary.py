@@ -469,3 +469,21 @@ def test_fp64_attention_keeps_only_fills_its_exp_underflows_under():
     out = _compiled(fn, "auto")(q, k, v, keep)
     torch.testing.assert_close(out, fn(q, k, v, keep), rtol=1e-9, atol=0)
     assert out[0, 0, 0, 0].item() > 0  # the masked keys' weight survives
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_the_key_norms_cover_every_chunk_of_keys(target):
+    """Keys past the first chunk of 1024 count in the bound: one extreme key there (masked)
+    makes the programs of its batch element visit every key, and read a NaN value row as eager
+    does; without it the dead tiles are skipped."""
+    rows, keys = 40, 1100
+    keep = torch.zeros(rows, keys, dtype=torch.bool, device=DEVICE)
+    keep[:, :500] = True
+    q, k, v = torch.randn(2, 1, rows, 16, device=DEVICE), torch.randn(2, 1, keys, 16, device=DEVICE), \
+        torch.randn(2, 1, keys, 16, device=DEVICE)
+    v[:, :, 1080] = float("nan")
+    fn = _compiled(cudnn_bias_attention, target)
+    assert torch.isfinite(fn(q, k, v, keep)).all()  # bounded: the tiles past key 500 are skipped
+    k[1, :, 1050] *= 3e4
+    out = fn(q, k, v, keep)
+    assert torch.isfinite(out[0]).all() and torch.isnan(out[1]).all()

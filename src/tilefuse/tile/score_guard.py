@@ -16,12 +16,13 @@ leaves out, as it does under a -inf mask. A row with no live
 key is the summary's own case (the block walks every key). Two small kernels compute the norms
 as the flash kernel's products see the operands (prologues included, rounded as they are):
 
+- `<plan>_key_norms`: one program per chunk of KEY_CHUNK keys and batch element, the largest
+  ‖k_j‖² of its keys;
 - `<plan>_row_norms`: one program per flash program (block of query rows, batch element), the
-  largest ‖q_i‖² of its rows;
-- `<plan>_key_norms`: one program per batch element, the largest ‖k_j‖² of its keys.
+  largest ‖q_i‖² of its rows times the largest ‖k_j‖² of its batch element's chunks.
 
-The flash program compares the product of the two with the bound; where it fails, or a norm is
-NaN or infinite, the program walks every key with the mask, as without a summary.
+The flash program compares that product with the bound; where it fails, or a norm is NaN or
+infinite, the program walks every key with the mask, as without a summary.
 """
 from __future__ import annotations
 
@@ -48,6 +49,10 @@ ROUNDING = 1.0 + 1.0 / 16
 FP64_FILL_LIMIT = -2048.0
 #: a bound on the product of the squared norms beyond this is no bound (fp32 overflow)
 _FP32_LIMIT = 1.0e38
+#: keys per program of `<plan>_key_norms` (long sequences over few heads still fill the GPU)
+KEY_CHUNK = 1024
+#: chunks of keys the row norms kernel reduces per step
+_CHUNKS_PER_STEP = 64
 
 
 @dataclass(frozen=True)
@@ -67,7 +72,8 @@ class ScoreGuard:
 
     @staticmethod
     def names(plan_name: str) -> tuple:
-        """(largest squared query norm per flash program, largest squared key norm per batch element)."""
+        """(per flash program: its largest squared query norm times the largest squared key
+        norm of its batch element; largest squared key norm per batch element and chunk)."""
         return f"{plan_name}_row_norm", f"{plan_name}_key_norm"
 
     def scratch(self, summary) -> dict:
@@ -75,7 +81,11 @@ class ScoreGuard:
         nbatch = sympy.Mul(*summary.all_batch) if summary.all_batch else sympy.Integer(1)
         row_blocks = sympy.ceiling(sympy.sympify(summary.rows) / summary.bm)
         return {rows: Scratch(rows, (nbatch, row_blocks), dt.float32),
-                keys: Scratch(keys, (nbatch,), dt.float32)}
+                keys: Scratch(keys, (nbatch, key_chunks(summary)), dt.float32)}
+
+
+def key_chunks(summary):
+    return sympy.ceiling(sympy.sympify(summary.keys) / KEY_CHUNK)
 
 
 def guard_for(graph: Graph, plan: KernelPlan, fill: float) -> ScoreGuard | None:
@@ -115,14 +125,15 @@ def _squared_norms(b: KernelBuilder, value, mask, rows_ok, name: str) -> Var:
 def _builder(graph, plan, summary, options, name: str, symbols: set, sizes) -> KernelBuilder:
     b = KernelBuilder(graph, name, options.divisor_checks)
     b.scratch.update(summary.scratch())
-    b.tile_symbols |= symbols | {"BLOCK_M", "BLOCK_N", "BLOCK_DK"}
+    b.tile_symbols |= symbols | {"BLOCK_M", "BLOCK_N", "BLOCK_DK", "BLOCK_T"}
     for e in sizes:
         b.size_params(e)
     return b
 
 
 def lower_guard(graph: Graph, plan: KernelPlan, options: LoweringOptions, summary, coordinates) -> list:
-    """The two norm kernels of a summary with a guard (`coordinates` as in `tile.flash`)."""
+    """The two norm kernels of a summary with a guard, in launch order (`coordinates` as in
+    `tile.flash`)."""
     info, con = plan.flash, plan.contraction
     o_node = graph[plan.contraction_stage.node]
     M, N, bm, bn = summary.rows, summary.keys, summary.bm, summary.bn
@@ -131,41 +142,22 @@ def lower_guard(graph: Graph, plan: KernelPlan, options: LoweringOptions, summar
     batch = summary.all_batch
     nbatch = sympy.Mul(*batch) if batch else sympy.Integer(1)
     row_norms, key_norms = ScoreGuard.names(plan.name)
+    chunks = key_chunks(summary)
     wide = needs_int64(M, N, DK, *batch)
-    kq_name, kk_name = "kq", "kk"
 
-    # the largest ‖q_i‖² of each flash program's rows
-    b = _builder(graph, plan, summary, options, f"{plan.name}_row_norms", {"pid", "pid_b", "rm", kq_name},
+    # the largest ‖k_j‖² of each chunk of each batch element's keys
+    b = _builder(graph, plan, summary, options, f"{plan.name}_key_norms", {"pid_k", "pid_b", "rj", "kk", "joffset"},
                  (M, N, DK, *batch))
-    b.emit(ProgramId("pid", 0, wide=wide))
+    b.emit(ProgramId("pid_k", 0, wide=wide))
     b.emit(ProgramId("pid_b", 1, wide=wide))
-    pid, pid_b, rm, kq = (tile_symbol(n) for n in ("pid", "pid_b", "rm", kq_name))
-    b.emit(Arange("rm", Index(pid * tile_symbol("BLOCK_M")), "BLOCK_M", 0, 2))
-    b.emit(Arange(kq_name, Index(sympy.Integer(0)), "BLOCK_DK", 1, 2))
+    pid_k, pid_b, rj, kk = (tile_symbol(n) for n in ("pid_k", "pid_b", "rj", "kk"))
     _, at = coordinates(con, o_node, unravel_sym(pid_b, batch) if batch else ())
-    m_ok = bound_check(b, rm, M, bm, "mmask")
-    kq_ok = bound_check(b, kq, DK, dk, "kqmask")
-    q_expr, _ = dot_operand(info.q)
-    mask = land(m_ok, kq_ok)
-    q = b.value(at(q_expr, rm, 0, 0, kq), mask=mask)
-    largest = _squared_norms(b, q, mask, m_ok, "qmax")
-    b.store(row_norms, (Index(pid_b), Index(pid)), largest, None)
-    rows_kernel = TileKernel(b.name, b.finish_params(), {"BLOCK_M": bm, "BLOCK_DK": dk}, numel=M * DK * nbatch,
-                             grid=(sympy.ceiling(M / tile_symbol("BLOCK_M")), nbatch), body=b.body, num_warps=4,
-                             num_stages=1, reads=b.reads, writes=b.writes, kind=KernelKind.BLOCK_SUMMARY,
-                             plan=plan, scratch=summary.scratch())
-
-    # the largest ‖k_j‖² of each batch element's keys
-    b = _builder(graph, plan, summary, options, f"{plan.name}_key_norms", {"pid_b", "rj", kk_name, "joffset"},
-                 (M, N, DK, *batch))
-    b.emit(ProgramId("pid_b", 0, wide=wide))
-    pid_b, rj, kk = (tile_symbol(n) for n in ("pid_b", "rj", kk_name))
-    _, at = coordinates(con, o_node, unravel_sym(pid_b, batch) if batch else ())
-    b.emit(Arange(kk_name, Index(sympy.Integer(0)), "BLOCK_DK", 1, 2))
+    b.emit(Arange("kk", Index(sympy.Integer(0)), "BLOCK_DK", 1, 2))
     kk_ok = bound_check(b, kk, DK, dk, "kkmask")
     running = Var(b.fresh("kmax"), dt.float32)
     b.emit(Full(running.name, (1, 1), 0.0, dt.float32))
-    loop = For("joffset", Index(sympy.Integer(0)), Index(N), "BLOCK_N")
+    loop = For("joffset", Index(pid_k * KEY_CHUNK), Index(sympy.Min(sympy.sympify(N), (pid_k + 1) * KEY_CHUNK)),
+               "BLOCK_N")
     b.emit(loop)
     b.push_block(loop.body)
     b.emit(Arange("rj", Index(tile_symbol("joffset")), "BLOCK_N", 0, 2))
@@ -176,22 +168,58 @@ def lower_guard(graph: Graph, plan: KernelPlan, options: LoweringOptions, summar
     tile_max = _squared_norms(b, k, mask, j_ok, "ktile")
     b.emit(Assign(running.name, binary("maximum", running, tile_max)))
     b.pop_block()
-    b.store(key_norms, (Index(pid_b),), running, None)
+    b.store(key_norms, (Index(pid_b), Index(pid_k)), running, None)
     keys_kernel = TileKernel(b.name, b.finish_params(), {"BLOCK_N": bn, "BLOCK_DK": dk}, numel=N * DK * nbatch,
-                             grid=(nbatch,), body=b.body, num_warps=4, num_stages=1, reads=b.reads,
+                             grid=(chunks, nbatch), body=b.body, num_warps=4, num_stages=1, reads=b.reads,
                              writes=b.writes, kind=KernelKind.BLOCK_SUMMARY, plan=plan, scratch=summary.scratch())
-    return [rows_kernel, keys_kernel]
+
+    # the largest ‖q_i‖² of each flash program's rows, times its batch element's largest ‖k_j‖²
+    b = _builder(graph, plan, summary, options, f"{plan.name}_row_norms", {"pid", "pid_b", "rm", "kq", "rt", "toff"},
+                 (M, N, DK, *batch))
+    b.emit(ProgramId("pid", 0, wide=wide))
+    b.emit(ProgramId("pid_b", 1, wide=wide))
+    pid, pid_b, rm, kq, rt = (tile_symbol(n) for n in ("pid", "pid_b", "rm", "kq", "rt"))
+    b.emit(Arange("rm", Index(pid * tile_symbol("BLOCK_M")), "BLOCK_M", 0, 2))
+    b.emit(Arange("kq", Index(sympy.Integer(0)), "BLOCK_DK", 1, 2))
+    _, at = coordinates(con, o_node, unravel_sym(pid_b, batch) if batch else ())
+    m_ok = bound_check(b, rm, M, bm, "mmask")
+    kq_ok = bound_check(b, kq, DK, dk, "kqmask")
+    q_expr, _ = dot_operand(info.q)
+    mask = land(m_ok, kq_ok)
+    q = b.value(at(q_expr, rm, 0, 0, kq), mask=mask)
+    largest = _squared_norms(b, q, mask, m_ok, "qmax")
+    kmax = Var(b.fresh("kmax"), dt.float32)
+    b.emit(Full(kmax.name, (1, 1), 0.0, dt.float32))
+    static_chunks = static_int(chunks)
+    bt = max(16, min(pow2(static_chunks), _CHUNKS_PER_STEP)) if static_chunks is not None else _CHUNKS_PER_STEP
+    loop = For("toff", Index(sympy.Integer(0)), Index(chunks), "BLOCK_T")
+    b.emit(loop)
+    b.push_block(loop.body)
+    b.emit(Arange("rt", Index(tile_symbol("toff")), "BLOCK_T", 1, 2))
+    t_ok = bound_check(b, rt, chunks, bt, "tmask")
+    part = b.value(Load(key_norms, (Index(pid_b), Index(rt)), dt.float32), mask=t_ok)
+    if t_ok is not None:
+        part = b.let(where(t_ok, part, Const(0.0, dt.float32)), "part")
+    red = b.fresh("kpart")
+    b.emit(ReduceTile(red, part, MAX.tile, 1, dt.float32))
+    b.emit(Assign(kmax.name, binary("maximum", kmax, Var(red, dt.float32))))
+    b.pop_block()
+    b.store(row_norms, (Index(pid_b), Index(pid)), b.let(binary("mul", largest, kmax), "bound"), None)
+    rows_kernel = TileKernel(b.name, b.finish_params(), {"BLOCK_M": bm, "BLOCK_DK": dk, "BLOCK_T": bt},
+                             numel=M * DK * nbatch, grid=(sympy.ceiling(M / tile_symbol("BLOCK_M")), nbatch),
+                             body=b.body, num_warps=4, num_stages=1, reads=b.reads, writes=b.writes,
+                             kind=KernelKind.BLOCK_SUMMARY, plan=plan, scratch=summary.scratch())
+    return [keys_kernel, rows_kernel]
 
 
 def guarded_ranges(b: KernelBuilder, summary, ranges: tuple, keys) -> tuple:
     """The flash program's (lo, flo, fhi, hi) where its scores are bounded, else every key
     with the mask: (0, 0, 0, keys)."""
     guard = summary.guard
-    row_norms, key_norms = ScoreGuard.names(summary.plan_name)
+    row_norms, _ = ScoreGuard.names(summary.plan_name)
     pid, pid_b = tile_symbol("pid"), tile_symbol("pid_b")
-    q = b.value(Load(row_norms, (Index(pid_b), Index(pid)), dt.float32))
-    k = b.value(Load(key_norms, (Index(pid_b),), dt.float32))
-    bound = binary("mul", binary("mul", q, k), Const(guard.factor, dt.float32))
+    norms = b.value(Load(row_norms, (Index(pid_b), Index(pid)), dt.float32))
+    bound = binary("mul", norms, Const(guard.factor, dt.float32))
     ok = b.let(binary("le", bound, Const(guard.limit, dt.float32)), "bounded")
     lo, flo, fhi, hi = ranges
     zero = Const(0, dt.int64)
@@ -199,4 +227,4 @@ def guarded_ranges(b: KernelBuilder, summary, ranges: tuple, keys) -> tuple:
             b.let(where(ok, fhi, zero), "fhi"), b.let(where(ok, hi, cast(Index(keys), dt.int64)), "hi"))
 
 
-__all__ = ["ScoreGuard", "guard_for", "lower_guard", "guarded_ranges", "ROUNDING"]
+__all__ = ["ScoreGuard", "guard_for", "lower_guard", "guarded_ranges", "key_chunks", "ROUNDING", "KEY_CHUNK"]
