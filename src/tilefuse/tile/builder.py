@@ -74,8 +74,8 @@ class KernelBuilder:
                 used |= {str(x) for x in sympy.sympify(n.expr).free_symbols}
             elif isinstance(n, Load):
                 used |= {str(x) for c in n.index if isinstance(c, Index) for x in sympy.sympify(c.expr).free_symbols}
-        if not used <= set(self.axis_masks) | self._size_names(used):
-            return mask  # (an index over some other tile symbol: keep the whole mask)
+        if not used <= set(self.axis_masks) | self._size_names(used) or set(self.axis_masks) <= used:
+            return mask  # (an index over some other tile symbol, or over every axis: the whole mask)
         restricted = None
         for name, axis_mask in self.axis_masks.items():
             if name in used:
