@@ -343,6 +343,9 @@ def unmasked(body: Expr) -> Expr:
     if isinstance(e, Binary) and e.op == "add":
         a = unmasked(e.a) if masked_condition(e.a) is not None else e.a
         b = unmasked(e.b) if masked_condition(e.b) is not None else e.b
+        if _is_zeros(b) or _is_zeros(a):  # (what is left of an additive mask: s + 0 is s, and
+            # a bare scaled score keeps its scale foldable into exp2)
+            return _cast(a if _is_zeros(b) else b, body.dtype)
         return _cast(Binary("add", a, b, e.dtype), body.dtype)
     if isinstance(e, Binary) and e.op == "mul" and isinstance(e.b, Const):
         return _cast(Binary("mul", unmasked(e.a), e.b, e.dtype), body.dtype)
