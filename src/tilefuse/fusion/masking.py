@@ -168,8 +168,8 @@ def mask_and_fill(body: Expr, soft: bool = False):
 
 def score_scale(body: Expr, scores: str):
     """c where `body` without its mask is c·S for the score buffer `S` (up to casts between
-    float types and additions of 0, which is what `unmasked` leaves of an additive mask), else
-    None: a bound on |S| is then a bound on every live score."""
+    float types and additions of 0), else None: a bound on |S| is then a bound on every live
+    score."""
     e, c = _strip(unmasked(body)), 1.0
     while True:
         if isinstance(e, Load) and e.buffer == scores:
@@ -394,30 +394,34 @@ def vanishes_when_masked(body: Expr, masked: Expr, m: Monoid) -> bool:
 def _same_as_live(hidden: Expr, placeholder: Var, value_masked: float, rng) -> bool:
     """`hidden` takes the same value with the score at `value_masked` as at live (finite)
     scores, on random values of everything else."""
+    for _ in range(3):
+        leaves = {}
+        masked = _evaluated(hidden, placeholder, value_masked, leaves, rng)
+        for score in (rng.uniform(-30, 30), *_EXTREME_SCORES):  # (live scores may be any finite value)
+            if _evaluated(hidden, placeholder, score, leaves, rng) != masked:
+                return False
+    return True
+
+
+def _evaluated(hidden: Expr, placeholder: Var, score: float, leaves: dict, rng) -> float:
+    """`hidden` with the score at `score` and every other load or index at a random value
+    (drawn once per leaf into `leaves`)."""
     import torch
 
     from ..ir.interpret import Evaluator
 
-    for _ in range(3):
-        leaves = {}
+    def leaf(e):
+        if e is placeholder or e == placeholder:
+            return Const(score, e.dtype)
+        if isinstance(e, (Load, Index)) and not isinstance(e, Var):
+            if e not in leaves:
+                v = rng.uniform(-4, 4)
+                leaves[e] = Const(v if e.dtype.is_float else int(v), e.dtype) if not e.dtype.is_bool \
+                    else Const(v > 0, e.dtype)
+            return leaves[e]
+        return None
 
-        def leaf(e, score):
-            if e is placeholder or e == placeholder:
-                return Const(score, e.dtype)
-            if isinstance(e, (Load, Index)) and not isinstance(e, Var):
-                if e not in leaves:
-                    v = rng.uniform(-4, 4)
-                    leaves[e] = Const(v if e.dtype.is_float else int(v), e.dtype) if not e.dtype.is_bool \
-                        else Const(v > 0, e.dtype)
-                return leaves[e]
-            return None
-
-        masked = Evaluator({}, {})(transform(hidden, lambda e: leaf(e, value_masked)))
-        for score in (rng.uniform(-30, 30), *_EXTREME_SCORES):  # (live scores may be any finite value)
-            live = Evaluator({}, {})(transform(hidden, lambda e: leaf(e, score)))
-            if float(torch.as_tensor(masked).double()) != float(torch.as_tensor(live).double()):
-                return False
-    return True
+    return float(torch.as_tensor(Evaluator({}, {})(transform(hidden, leaf))).double())
 
 
 #: live scores a finite fill allows: up to |fill| / 4 under a bound, any finite value beyond
@@ -425,23 +429,7 @@ _EXTREME_SCORES = (-3.0e38, -1.0e9, -16000.0, -256.0, 256.0, 16000.0, 1.0e9, 3.0
 
 
 def _vanishes_at(hidden: Expr, placeholder: Var, value_masked: float, ident: float, rng) -> bool:
-    import torch
-
-    from ..ir.interpret import Evaluator
-
-    for _ in range(3):
-        def leaf(e):
-            if e is placeholder or e == placeholder:
-                return Const(value_masked, e.dtype)
-            if isinstance(e, (Load, Index)) and not isinstance(e, Var):
-                v = rng.uniform(-4, 4)
-                return Const(v if e.dtype.is_float else int(v), e.dtype) if not e.dtype.is_bool else Const(v > 0, e.dtype)
-            return None
-
-        value = Evaluator({}, {})(transform(hidden, leaf))
-        if float(torch.as_tensor(value).double()) != ident:
-            return False
-    return True
+    return all(_evaluated(hidden, placeholder, value_masked, {}, rng) == ident for _ in range(3))
 
 
 def mask_facts(reduce_bodies: dict, weights: Expr, graph) -> tuple[Expr | None, bool]:
