@@ -256,6 +256,10 @@ def _aot(gm: torch.fx.GraphModule, example_inputs, settings: dict):
             compile_pool.start()  # the workers start (import Triton) while AOTAutograd traces
         launcher.prefetch_triton_key()
 
+    if _training(example_inputs) and settings.get("attention_backward", config.attention_backward):
+        from .frontend.attention_chains import rewrite
+
+        rewrite(gm)
     return aot_module_simplified(
         gm, example_inputs,
         partition_fn=_partitioner(settings),

@@ -216,6 +216,11 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "pre-kernel lists, per block of query rows, the key tiles that are partly or wholly live; the "
          "attention kernel visits only those and reads no mask on the wholly live ones; off: every key "
          "tile is visited and masked"),
+    Knob("attention_backward", bool, True,
+         "training: each attention chain (softmax of a score function of q·kᵀ, times v) becomes one "
+         "autograd function: the forward saves the logsumexp of the scores, never the probabilities, "
+         "and the backward recomputes them (FlashAttention-2's derivation, the score function's "
+         "derivative by autograd); off: the chain is differentiated as traced"),
     Knob("recompute", bool, True,
          "training: the forward saves for the backward what is costly to recompute (products, "
          "reductions) and the backward recomputes cheap elementwise work from it, as Inductor does "

@@ -369,3 +369,77 @@ def test_sdpa_with_symbolic_sizes_serves_several_lengths():
     for n in (40, 23):
         q, k, v = (torch.randn(1, 2, n, 16, device=DEVICE) for _ in range(3))
         torch.testing.assert_close(compiled(q, k, v), fn(q, k, v), atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------- row statistics (a logsumexp)
+
+
+def with_logsumexp_by_hand(q, k, v):
+    """The output and the logsumexp of the scores per row (what a training step's backward
+    reads), both from the same max and sum."""
+    s = q @ k.transpose(-1, -2) * 0.25
+    m = s.amax(-1, keepdim=True)
+    e = torch.exp(s - m)
+    total = e.sum(-1, keepdim=True)
+    return (e / total) @ v, (m + torch.log(total)).squeeze(-1)
+
+
+def with_logsumexp_causal(q, k, v):
+    s = q @ k.transpose(-1, -2) * 0.25
+    i, j = _rows_and_keys(s)
+    s = s.masked_fill(j > i, float("-inf"))
+    m = s.amax(-1)
+    e = torch.exp(s - m[..., None])
+    total = e.sum(-1)
+    return (e @ v) / total[..., None], m + torch.log(total)
+
+
+def with_logsumexp_of_a_tril_buffer(q, k, v):
+    """The mask read from data (nanoGPT's buffer): the block summary path."""
+    s = q @ k.transpose(-1, -2) * 0.25
+    tril = torch.tril(torch.ones(s.shape[-2], s.shape[-1], device=q.device))
+    s = s.masked_fill(tril == 0, float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    e = torch.exp(s - m)
+    total = e.sum(-1, keepdim=True)
+    return (e / total) @ v, (m + torch.log(total))[..., 0] * 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("fn", [with_logsumexp_by_hand, with_logsumexp_causal, with_logsumexp_of_a_tril_buffer],
+                         ids=lambda f: f.__name__)
+def test_row_statistics_are_stored_by_the_flash_kernel(fn, dtype):
+    """A value computed from the row reductions alone (the logsumexp) does not stop the
+    fusion: the flash kernel stores it once per query row, after its loop over the keys."""
+    q = torch.randn(2, 3, 70, 16, dtype=dtype, device=DEVICE)
+    k, v = (torch.randn(2, 3, 70, 16, dtype=dtype, device=DEVICE) for _ in range(2))
+    torch._dynamo.reset()
+    report = tilefuse.explain(fn, q, k, v)
+    assert [k_.kind for k_ in report.kernels if k_.kind != "block-summary"] == ["flash"], str(report)
+    torch._dynamo.reset()
+    got = torch.compile(fn, backend="tilefuse")(q, k, v)
+    ref = fn(q.double(), k.double(), v.double())
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    for g, r, e in zip(got, ref, fn(q, k, v)):
+        assert g.shape == r.shape and g.dtype == e.dtype
+        eager_err = (e.double() - r).abs().max().item()
+        assert (g.double() - r).abs().max().item() <= 2 * eager_err + tol
+
+
+def test_a_statistic_read_at_another_row_keeps_the_kernels_apart():
+    """A value of the reductions at a neighbouring row is not the flash kernel's to store."""
+    q, k, v = (torch.randn(1, 2, 20, 16, device=DEVICE) for _ in range(3))
+
+    def fn(q, k, v):
+        s = q @ k.transpose(-1, -2) * 0.25
+        m = s.amax(-1, keepdim=True)
+        e = torch.exp(s - m)
+        total = e.sum(-1, keepdim=True)
+        return (e / total) @ v, m.flip(-2) + total
+
+    torch._dynamo.reset()
+    report = tilefuse.explain(fn, q, k, v)
+    assert "flash" not in [k_.kind for k_ in report.kernels]
+    torch._dynamo.reset()
+    for g, r in zip(torch.compile(fn, backend="tilefuse")(q, k, v), fn(q, k, v)):
+        torch.testing.assert_close(g, r, atol=1e-5, rtol=1e-5)

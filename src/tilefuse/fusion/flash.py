@@ -18,7 +18,7 @@ derive is merged; anything else keeps its three kernels.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import sympy
 
@@ -109,8 +109,9 @@ def _check(out_k, red_k, f_name, side, by_node, graph, outputs, steps, note):
     o_node = graph[out_k.stages[0].node]
     reduces = [s for s in red_k.stages if s.kind == StageKind.REDUCE]
     others = [s for s in red_k.stages if s.kind != StageKind.REDUCE and s.node != f_name]
-    if others:
-        return None
+    names = {s.node for s in reduces}
+    if any(s.kind != StageKind.ROW or not _reads_only(s.body, names) for s in others):
+        return None  # (row statistics of the reductions alone — a logsumexp — are kept: `_row_stats`)
     # one loop carries every reduction: each must run in the first pass, reading earlier
     # reductions only through a rolling update
     level, repaired = schedule_passes(red_k, use_repairs=True)
@@ -128,7 +129,8 @@ def _check(out_k, red_k, f_name, side, by_node, graph, outputs, steps, note):
     score_k = by_node[s_name]
     readers = _readers(steps, graph)
     internal = {st.node for st in red_k.stages} | {s_name, out_k.stages[0].node}
-    epilogue = {st.node for st in out_k.stages[1:]}  # may read the finished reductions (`(e @ v) / e.sum(-1)`)
+    # may read the finished reductions (`(e @ v) / e.sum(-1)`), as may the row statistics (`others`)
+    epilogue = {st.node for st in out_k.stages[1:]}
     for name in [s_name, f_name] + [s.node for s in reduces]:
         allowed = internal | epilogue if name not in (s_name, f_name) else internal
         if name in outputs or not readers.get(name, set()) <= allowed:
@@ -155,6 +157,10 @@ def _check(out_k, red_k, f_name, side, by_node, graph, outputs, steps, note):
     if not _epilogue_reads_own_rows(graph, out_k, info, reduces, term):
         note(f"{out_k.stages[0].node}: no attention fusion: the epilogue reads a reduction at another row")
         return None
+    stats = _row_stats(graph, others, reduces, term, o_node)
+    if stats is None:
+        note(f"{out_k.stages[0].node}: no attention fusion: a statistic of the rows reads a reduction at another row")
+        return None
     deferred = _defer(info, term, producers, o_node, con)
     extra = []
     if deferred is not None:
@@ -171,13 +177,15 @@ def _check(out_k, red_k, f_name, side, by_node, graph, outputs, steps, note):
     flash = KernelPlan(name=out_k.name, kind=PlanKind.FLASH, parallel=out_k.parallel, reduction=(o_node.ranges[0],))
     flash.contraction = con
     masked, skippable = mask_facts({s.node: info.reduce_bodies[s.node] for s in reduces}, info.a, graph)
-    flash.flash = info = replace(info, masked=masked, skippable=skippable)
+    flash.flash = info = replace(info, masked=masked, skippable=skippable,
+                                 row_stats={name: index for name, (_, index) in stats.items()})
     flash.stages.append(Stage(s_name, StageKind.SCORE, score_k.stages[0].body, store=False))
     flash.stages.extend(Stage(s.node, StageKind.REDUCE, info.reduce_bodies[s.node], level=0, store=False,
                               repair=s.repair) for s in reduces)
     flash.stages.append(Stage(out_k.stages[0].node, StageKind.CONTRACTION, term, store=out_k.stages[0].store,
                               repair=repair))
     flash.stages.extend(out_k.stages[1:])
+    flash.stages.extend(Stage(name, StageKind.ROW, body) for name, (body, _) in stats.items())
     fused = (f"{out_k.stages[0].node}: attention fusion of the scores {s_name}, their reductions "
              f"{', '.join(s.node for s in reduces)} and the output product (the scores never reach memory)")
     repaired = f"{out_k.stages[0].node}: {repair.describe()}"
@@ -207,6 +215,14 @@ class FlashInfo:
     #: and whether key tiles masked throughout may be skipped (`fusion.masking.mask_facts`)
     masked: Expr | None = None
     skippable: bool = False
+    #: outputs computed from the finished reductions alone, one value per query row (the
+    #: logsumexp a training step's backward reads): name -> its index in these coordinates;
+    #: their stages (kind `row`) hold the bodies, also in these coordinates
+    row_stats: dict = field(default_factory=dict)
+    #: products whose weights are recomputed from score products (`fusion.recompute`): each
+    #: score as (name, row factor, key factor, extent of k0); empty for attention plans, whose
+    #: one score is (`q`, `k`, `score_extent`)
+    scores: tuple = ()
 
 
 def _coordinates(graph, out_k, score_k, reduces, term, f_name, f_body, s_name):
@@ -257,6 +273,37 @@ def _coordinates(graph, out_k, score_k, reduces, term, f_name, f_body, s_name):
     a_reads_key = key_sym in free_symbols(sc.a)
     q, k = (fb, fa) if a_reads_key else (fa, fb)
     return FlashInfo(q=q, k=k, score_extent=s_node.ranges[0], a=a_inl, b=con.b, reduce_bodies=bodies)
+
+
+def _reads_only(body: Expr, names: set) -> bool:
+    return all(e.buffer in names for e in walk(body) if isinstance(e, Load))
+
+
+def _row_stats(graph, stages, reduces, term, o_node) -> dict | None:
+    """{name: (body, index)} of row statistics — outputs that read nothing but the finished
+    reductions, each at its own row (`where(m == -inf, 0, m + log(l))`) — in the output
+    contraction's coordinates; None when one reads a reduction at another row."""
+    names = {st.node for st in reduces}
+    template = next((n for n in names if len(_loads_of(term, n)) == 1), None)
+    stats = {}
+    for st in stages:
+        if template is None:
+            return None
+        (t_idx,) = _loads_of(term, template)
+        at = _same_row(graph, template, t_idx, st.node)
+        if len(at) != 1:
+            return None
+        (index,) = at
+        node = graph[st.node]
+        body = substitute_index(st.body, dict(zip(out_index(node.rank), index)))
+        ranges = dict(zip(out_index(o_node.rank), o_node.shape))
+        for n in names:
+            for idx in _loads_of(body, n):
+                want = _same_row(graph, template, t_idx, n)
+                if len(want) != 1 or not _same_position(idx, next(iter(want)), graph[n].shape, ranges):
+                    return None
+        stats[st.node] = (body, index)
+    return stats
 
 
 def _same_row(graph, template: str, idx: tuple, name: str) -> set:

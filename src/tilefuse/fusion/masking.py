@@ -65,6 +65,10 @@ def _condition(e: Expr) -> Expr:
 
 
 def _disjuncts(c: Expr) -> list:
+    if isinstance(c, Unary) and c.op == "logical_not":  # `~(i >= j)`: the flipped relation, when it is one
+        flipped = _negate(c.x)
+        if flipped is not None and not (isinstance(flipped, Unary) and flipped.op == "logical_not"):
+            return _disjuncts(flipped)
     if isinstance(c, Binary) and c.op == "logical_or":
         return _disjuncts(c.a) + _disjuncts(c.b)
     if isinstance(c, Binary) and c.op == "logical_and":
@@ -372,7 +376,11 @@ def vanishes_when_masked(body: Expr, masked: Expr, m: Monoid) -> bool:
     at both. Skipping such keys changes nothing for a row that keeps a live key, and a row
     without one is visited whole wherever a finite fill skips (`diagonal_keeps_rows_live`, the
     block summary's per-row liveness)."""
-    scores = {e.buffer for e in walk(masked) if isinstance(e, Load)}
+    # the scores: what the masked expression reads outside its condition (the mask's own
+    # buffers may be read elsewhere too: `where(keep, ds, 0)` in a backward's weights)
+    cond = _masking(masked, SOFT_FILL_LIMIT)[0]
+    in_cond = {e.buffer for e in walk(cond) if isinstance(e, Load)} if cond is not None else set()
+    scores = {e.buffer for e in walk(masked) if isinstance(e, Load)} - in_cond
     placeholder = Var("__masked__", masked.dtype)
     hidden = transform(body, lambda e: placeholder if e == masked else None)
     if any(isinstance(e, Load) and e.buffer in scores for e in walk(hidden)):

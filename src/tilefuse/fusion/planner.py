@@ -32,6 +32,7 @@ from ..ir.symbolic import simplify_index
 from .inline import Inliner
 from .plan import Contraction, ExternStep, KernelPlan, PlanKind, GraphPlan, Stage, StageKind
 from .flash import fuse_flash
+from .recompute import fuse_recomputed_scores
 from .moments import derive_moments
 from .naming import name_kernels, rename_text
 from .repair import NoRepair, derive_rolling_update
@@ -176,6 +177,7 @@ class Planner:
         self.mark_stores()
         planned = {k.name: k.members for k in self.kernels()}
         self.steps = fuse_flash(self.steps, self.graph, set(self.graph.output_names()), self.note)
+        self.steps = fuse_recomputed_scores(self.steps, self.graph, set(self.graph.output_names()), self.note)
         self.name_kernels(planned)
         for name, why in self.inliner.reasons.items():
             if why != "unused":

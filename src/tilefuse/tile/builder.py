@@ -217,8 +217,8 @@ class KernelBuilder:
         if isinstance(e, Where):
             c = self.value(e.cond, mask, guard)
             not_c = self.let(unary("logical_not", c), "tmp")
-            a = self.value(e.a, mask, land(guard, c) if _has_load(e.a) else guard)
-            b = self.value(e.b, mask, land(guard, not_c) if _has_load(e.b) else guard)
+            a = self.value(e.a, mask, land(guard, c) if _needs_guard(e.a, e.cond) else guard)
+            b = self.value(e.b, mask, land(guard, not_c) if _needs_guard(e.b, e.cond) else guard)
             return self.let(Where(c, a, b, e.dtype))
         if isinstance(e, (Unary, Binary, Cast)):
             kids = tuple(self.value(k, mask, guard) for k in e.children())
@@ -291,6 +291,31 @@ def _has_load(e: Expr) -> bool:
     from ..ir.expr import walk
 
     return any(isinstance(n, Load) for n in walk(e))
+
+
+def _needs_guard(branch: Expr, cond: Expr) -> bool:
+    """Whether a branch's loads must be masked by the selection's condition: they may be out
+    of range where the branch is not taken. A condition on positions can guard index
+    arithmetic (`cat`: `where(i < 48, a[i], b[i - 48])`); one on data alone cannot, so an
+    affine load under it reads in range everywhere its tile's bounds do — it is then loaded
+    unmasked by the data (a value per row stays a [rows, 1] load, and one mask tile is read
+    once, not once per branch). Gathers keep the guard (their positions are data)."""
+    from ..ir.expr import walk
+
+    loads = [n for n in walk(branch) if isinstance(n, Load)]
+    if not loads:
+        return False
+    if any(not isinstance(c, Index) for n in loads for c in n.index):
+        return True
+
+    def on_positions(x) -> bool:
+        if isinstance(x, Index):
+            return True
+        if isinstance(x, Load):
+            return False  # (a load's own index picks the datum: the datum is what is tested)
+        return any(on_positions(k) for k in x.children())
+
+    return on_positions(cond)
 
 
 __all__ = ["KernelBuilder", "tile_symbol", "land"]

@@ -14,6 +14,7 @@ coordinates (`fusion.flash.FlashInfo`), so this lowering only binds those coordi
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import sympy
 
@@ -74,34 +75,35 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
                 summary=None) -> TileKernel:
     info = plan.flash
     con = plan.contraction
-    stages = {st.kind: st for st in plan.stages if st.kind in (StageKind.SCORE, StageKind.CONTRACTION)}
     reduces = [st for st in plan.stages if st.kind == StageKind.REDUCE]
-    o_stage = stages[StageKind.CONTRACTION]
+    o_stage = plan.contraction_stage
     o_node = graph[o_stage.node]
-    s_node = graph[stages[StageKind.SCORE].node]
     M, DN, N = o_node.shape[con.m_dim], o_node.shape[con.n_dim], o_node.ranges[0]
-    DK = info.score_extent
+    scores = score_products(plan)
     batch_shape = tuple(o_node.shape[d] for d in con.batch_dims)
-    dn, dk = max(16, pow2(static_int(DN))), max(16, pow2(static_int(DK)))
+    dn = max(16, pow2(static_int(DN)))
     schedule = _tiles_schedule(graph, plan, options)
     bm, bn, warps, stages = schedule["BLOCK_M"], schedule["BLOCK_N"], schedule.warps, schedule.stages
-    constexprs = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_DN": dn, "BLOCK_DK": dk}
+    constexprs = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_DN": dn}
+    constexprs.update({sc.block: sc.width for sc in scores})
 
     kname = plan.name if splits == 1 else f"{plan.name}_partial"
     b = KernelBuilder(graph, kname, options.divisor_checks)
-    b.tile_symbols |= {"pid", "pid_b", "pid_s", "rm", "rn", "rj", "rjb", "kq", "kk", "joffset"}
-    for e in (M, DN, N, DK, *batch_shape):
+    b.tile_symbols |= {"pid", "pid_b", "pid_s", "rm", "rn", "rj", "rjb", "joffset"}
+    b.tile_symbols |= {x for sc in scores for x in (sc.kq, sc.kk)}
+    for e in (M, DN, N, *(sc.extent for sc in scores), *batch_shape):
         b.size_params(e)
-    wide = needs_int64(M, N, DN, *batch_shape) or needs_int64(M, DK, *batch_shape)
+    wide = needs_int64(M, N, DN, *batch_shape) or any(needs_int64(M, sc.extent, *batch_shape) for sc in scores)
     b.emit(ProgramId("pid", 0, wide=wide))
     b.emit(ProgramId("pid_b", 1, wide=wide))
     if splits > 1:
         b.emit(ProgramId("pid_s", 2))
     b.emit(Arange("rm", Index(tile_symbol("pid") * tile_symbol("BLOCK_M")), "BLOCK_M", 0, 2))
     b.emit(Arange("rn", Index(sympy.Integer(0)), "BLOCK_DN", 1, 2))
-    b.emit(Arange("kq", Index(sympy.Integer(0)), "BLOCK_DK", 1, 2))
-    b.emit(Arange("kk", Index(sympy.Integer(0)), "BLOCK_DK", 0, 2))
-    rm, rn, kq, kk, rj, rjb = (tile_symbol(n) for n in ("rm", "rn", "kq", "kk", "rj", "rjb"))
+    for sc in scores:
+        b.emit(Arange(sc.kq, Index(sympy.Integer(0)), sc.block, 1, 2))
+        b.emit(Arange(sc.kk, Index(sympy.Integer(0)), sc.block, 0, 2))
+    rm, rn, rj, rjb = (tile_symbol(n) for n in ("rm", "rn", "rj", "rjb"))
     batch_vals = unravel_sym(tile_symbol("pid_b"), batch_shape) if batch_shape else ()
     outs = out_index(o_node.rank)
     (r0,) = red_index(1)
@@ -110,13 +112,18 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
 
     m_ok = bound_check(b, rm, M, bm, "mmask")
     n_ok = bound_check(b, rn, DN, dn, "nmask")
-    kq_ok = bound_check(b, kq, DK, dk, "kqmask")
-    kk_ok = bound_check(b, kk, DK, dk, "kkmask")
-    q_expr, q_dtype = dot_operand(info.q)
-    q_mask = land(m_ok, kq_ok)
-    q_tile = b.value(at(q_expr, rm, 0, 0, kq), mask=q_mask)  # loop-invariant: loaded once
-    if q_mask is not None:
-        q_tile = b.let(where(q_mask, q_tile, Const(0.0, q_tile.dtype)), "q")
+    q_tiles, kk_oks = [], []
+    for sc in scores:
+        kq, kk = tile_symbol(sc.kq), tile_symbol(sc.kk)
+        kq_ok = bound_check(b, kq, sc.extent, sc.width, f"{sc.kq}mask")
+        kk_oks.append(bound_check(b, kk, sc.extent, sc.width, f"{sc.kk}mask"))
+        q_expr, q_dtype = dot_operand(sc.q)
+        q_mask = land(m_ok, kq_ok)
+        q_tile = b.value(at(q_expr, rm, 0, 0, kq), mask=q_mask)  # loop-invariant: loaded once
+        if q_mask is not None:
+            q_tile = b.let(where(q_mask, q_tile, Const(0.0, q_tile.dtype)), "q")
+        q_tiles.append((q_tile, q_dtype))
+    q_dtype = q_tiles[0][1]
 
     state = {}
     for st in reduces:
@@ -140,7 +147,8 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
         start = sympy.Max(start, tile_symbol("pid_s") * chunk)
         stop = sympy.Min(stop, (tile_symbol("pid_s") + 1) * chunk)
     row_values = {st.node for st in reduces}
-    low_inputs = q_dtype.is_low_precision and dot_operand(info.k)[1].is_low_precision
+    low_inputs = all(dot_operand(sc.q)[1].is_low_precision and dot_operand(sc.k)[1].is_low_precision
+                     for sc in scores)
     relax = relax_for_low_precision if low_inputs else (lambda e: e)
 
     def key_loop(lo, hi, edit):
@@ -153,19 +161,22 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
         b.emit(Arange("rjb", Index(tile_symbol("joffset")), "BLOCK_N", 0, 2))
         j_ok = bound_check(b, rj, N, bn, "jmask")
         jb_ok = bound_check(b, rjb, N, bn, "jbmask")
-        k_expr, k_dtype = dot_operand(info.k)
-        k_mask = land(kk_ok, j_ok)
-        k_tile = b.value(at(k_expr, 0, 0, rj, kk), mask=k_mask)
-        if k_mask is not None:
-            k_tile = b.let(where(k_mask, k_tile, Const(0.0, k_tile.dtype)), "k")
-        s_acc = b.fresh("s")
-        b.emit(Full(s_acc, ("BLOCK_M", "BLOCK_N"), 0.0, accd))
-        dot_dtype = q_dtype if q_dtype == k_dtype and q_dtype.is_low_precision and not options.target.interpret else accd
-        b.emit(DotTile(s_acc, q_tile, k_tile, Var(s_acc, accd), dot_dtype))
-        # the scores stay in fp32 (fp64) registers (never rounded to the graph's dtype: they never reach memory)
-        b.bound[s_node.name] = Var(s_acc, accd)
+        for sc, (q_tile, q_dtype), kk_ok in zip(scores, q_tiles, kk_oks):
+            k_expr, k_dtype = dot_operand(sc.k)
+            k_mask = land(kk_ok, j_ok)
+            k_tile = b.value(at(k_expr, 0, 0, rj, tile_symbol(sc.kk)), mask=k_mask)
+            if k_mask is not None:
+                k_tile = b.let(where(k_mask, k_tile, Const(0.0, k_tile.dtype)), "k")
+            s_acc = b.fresh("s")
+            b.emit(Full(s_acc, ("BLOCK_M", "BLOCK_N"), 0.0, accd))
+            low = q_dtype == k_dtype and q_dtype.is_low_precision and not options.target.interpret
+            b.emit(DotTile(s_acc, q_tile, k_tile, Var(s_acc, accd), q_dtype if low else accd))
+            # the scores stay in fp32 (fp64) registers (never rounded to the graph's dtype: they never reach memory)
+            b.bound[sc.name] = Var(s_acc, accd)
         tile_mask = land(m_ok, j_ok)
         tile_mask = b.let(tile_mask, "tmask") if tile_mask is not None else None
+        # a value per row (a logsumexp) or per key (a bias) is loaded as a [rows, 1] or [1, keys] tile
+        b.restrict_masks(tile_mask, {"rm": m_ok, "rj": j_ok, "pid": None, "pid_b": None, "pid_s": None})
 
         running, updates = {}, []
         for st in reduces:
@@ -203,7 +214,7 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
         v_tile = b.value(at(v_expr, 0, rn, rjb), mask=v_mask)
         if v_mask is not None:
             v_tile = b.let(where(v_mask, v_tile, Const(0.0, v_tile.dtype)), "v")
-        rebased = rebase(b, graph, acc, o_stage.repair, running)
+        rebased = rebase(b, graph, acc, o_stage.repair, running) if o_stage.repair is not None else acc
         pv = b.fresh("pv")
         b.emit(Full(pv, ("BLOCK_M", "BLOCK_DN"), 0.0, accd))
         pv_dtype = a_dtype if a_dtype == v_dtype and a_dtype.is_low_precision and not options.target.interpret else accd
@@ -211,6 +222,7 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
         updates.append(Assign(acc.name, binary("add", rebased, Var(pv, accd))))
         for u in updates:
             b.emit(u)
+        b.restrict_masks(None, {})
         b.pop_block()
 
     interior = _interior_keys(info, outs[con.m_dim], r0, start, stop, bn)
@@ -265,6 +277,35 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
                       plan=plan, scratch=summary.scratch() if summary is not None else {})
 
 
+@dataclass(frozen=True)
+class ScoreProduct:
+    """One score product of a flash plan, as the lowering names it: `name` (the node bound to
+    its tile), its row and key factors in the output's coordinates, its axis's extent, and
+    the constexpr and aranges of that axis (the first keeps the attention kernel's names)."""
+
+    name: str
+    q: Expr
+    k: Expr
+    extent: object
+    block: str
+    kq: str
+    kk: str
+
+    @property
+    def width(self) -> int:
+        return max(16, pow2(static_int(self.extent)))
+
+
+def score_products(plan: KernelPlan) -> list[ScoreProduct]:
+    """The plan's score products: an attention plan's one (`q`, `k`), or a recomputing plan's
+    (`FlashInfo.scores`, `fusion.recompute`)."""
+    info = plan.flash
+    found = info.scores or ((next(st.node for st in plan.stages if st.kind == StageKind.SCORE),
+                             info.q, info.k, info.score_extent),)
+    return [ScoreProduct(name, q, k, extent, "BLOCK_DK" + (str(i) if i else ""), "kq" + (str(i) if i else ""),
+                         "kk" + (str(i) if i else "")) for i, (name, q, k, extent) in enumerate(found)]
+
+
 def _accumulator(plan: KernelPlan):
     """The dtype of the score and output accumulators: fp64 for double attention, else fp32."""
     info = plan.flash
@@ -291,6 +332,10 @@ def _tiles_schedule(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
     head = max(16, pow2(static_int(DN)), pow2(static_int(DK)))
     low = dot_operand(plan.flash.q)[1].is_low_precision
     bm, bn, warps, stages = _default_tiles(low, head, static_int(M), options, static_int(N))
+    if plan.flash.scores and low and not options.target.on_cpu and not options.target.interpret:
+        # a product over recomputed scores holds two or three dot operands per key tile: the
+        # best of a sweep on the H200 (docs/benchmarks.md, the attention backward)
+        bm, bn, warps, stages = min(bm, 64), 32, 4, 3
     if options.flash_config:
         from ..config import knob
 
@@ -305,7 +350,8 @@ def _tiles_schedule(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
 def flash_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     """Row and key tiles, warps, pipeline stages and (few rows: decode) the split factor."""
     M, N, DN, DK, batch = _flash_sizes(graph, plan)
-    dn, dk = max(16, pow2(static_int(DN))), max(16, pow2(static_int(DK)))
+    dn = max(16, pow2(static_int(DN)))
+    dk = sum(sc.width for sc in score_products(plan))  # every score product's key tile is pipelined
     low = dot_operand(plan.flash.q)[1].is_low_precision
     item = 2 if low else 4
     rows = static_int(M)
@@ -386,7 +432,7 @@ def _finish(b: KernelBuilder, graph: Graph, plan: KernelPlan, acc, rm, rn, m_ok,
     info = plan.flash
     o_stage = plan.contraction_stage
     o_node = graph[o_stage.node]
-    epilogues = [st for st in plan.stages if st.kind == StageKind.ROW]
+    epilogues = [st for st in plan.stages if st.kind == StageKind.ROW and st.node not in info.row_stats]
     outs = out_index(o_node.rank)
     total = acc
     if info.post is not None:
@@ -397,6 +443,7 @@ def _finish(b: KernelBuilder, graph: Graph, plan: KernelPlan, acc, rm, rn, m_ok,
             total = b.let(where(g, Const(0.0, acc.dtype), total), "guarded")
     b.bound[o_node.name] = b.let(cast(total, o_node.dtype), "out")
     syms, vals = coords(rm, rn, 0)
+    _store_row_stats(b, plan, dict(zip(syms, vals)), at, rm, m_ok)
     o_index = tuple(Index(v) if not isinstance(v, Index) else v for v in (dict(zip(syms, vals))[s] for s in outs))
     if o_stage.store:
         b.store(o_node.name, o_index, b.bound[o_node.name], omask)
@@ -410,9 +457,22 @@ def _finish(b: KernelBuilder, graph: Graph, plan: KernelPlan, acc, rm, rn, m_ok,
         b.store(st.node, tuple(Index(e) for e in vals), v, omask)
 
 
+def _store_row_stats(b: KernelBuilder, plan: KernelPlan, bound: dict, at, rm, m_ok) -> None:
+    """Each row statistic (`FlashInfo.row_stats`, a logsumexp) from the finished reductions,
+    stored once per query row."""
+    for st in plan.stages:
+        if st.node in plan.flash.row_stats:
+            value = b.value(at(st.body, rm, 0, 0), mask=m_ok)
+            b.bound[st.node] = value
+            index = tuple(Index(sympy.sympify(c.expr).subs(bound)) for c in plan.flash.row_stats[st.node])
+            b.store(st.node, index, value, m_ok)
+
+
 def split_factor(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> int:
     """How many ranges of keys each block of rows is split into: `options.flash_split` when
     set, else `choose_splits` on static sizes (symbolic sizes and the interpreter: 1)."""
+    if plan.flash.scores:
+        return 1  # (a product over recomputed scores: its rows are many, its keys few)
     if options.schedule and "split" in options.schedule:
         return int(options.schedule["split"])
     if options.flash_split > 0:

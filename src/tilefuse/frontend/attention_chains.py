@@ -1,0 +1,268 @@
+"""Training graphs: each attention chain becomes one autograd function whose backward
+recomputes the scores instead of reading saved probabilities.
+
+A Dynamo graph of a training step is rewritten before AOTAutograd traces it. A chain
+
+    s = f(q @ kᵀ, extras…)        any differentiable score function: scale, masks, biases,
+                                  soft-capping, ALiBi (`extras` are its other inputs)
+    p = softmax(s, dim=-1)
+    o = cast…(p) @ v              casts and dropout with p = 0 only
+
+whose intermediates nothing else reads becomes `_AttentionChain.apply(q, kᵀ, v, extras…)`:
+
+* **forward** — the user's own ops for `f`, the softmax spelt out (`m = max s`, `l = Σ exp(s − m)`)
+  and the user's ops for the output product, plus the row statistic `lse = m + log l`. The
+  fusion planner makes this one flash kernel that also stores `lse` (`fusion.flash`'s row
+  statistics); the forward saves q, kᵀ, v, o and lse — never the probabilities.
+* **backward** — FlashAttention-2's derivation, with the score function's derivative taken by
+  autograd from the user's own ops (so any `f` works, nothing is tabled):
+
+      s  = f(q @ kᵀ)              recomputed, under the forward's autocast state
+      p  = exp(s − lse)
+      dv, dp = the output product's vjp at dO
+      D  = rowsum(dO ∘ o)         = Σⱼ pᵢⱼ dpᵢⱼ, since o = p @ v
+      ds = p ∘ (dp − D)
+      dq, dkᵀ, dextras = f's vjp at ds
+
+  The fusion of these into flash-backward kernels is the planner's (issue #19); until then the
+  backward is the unfused chain over recomputed scores.
+
+Chains with randomness or in-place updates inside `f` are left alone (a recomputation would
+differ), as are chains whose weights pass through anything but casts between the softmax and
+the product (`D = rowsum(dO ∘ o)` needs `o = p @ v`), and softmaxes over another dim.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+import torch
+import torch.fx
+
+from .. import logs
+
+_MATMULS = {operator.matmul, torch.matmul, torch.bmm}
+_MATMUL_METHODS = {"matmul", "bmm", "__matmul__"}
+_SOFTMAX = {torch.softmax, torch.nn.functional.softmax, torch.Tensor.softmax}
+_CASTS = {"to", "float", "half", "bfloat16", "double", "type_as", "type", "contiguous"}
+_RANDOM = ("dropout", "rand", "bernoulli", "normal", "uniform", "multinomial", "poisson")
+
+
+def _is_matmul(n: torch.fx.Node) -> bool:
+    return (n.op == "call_function" and n.target in _MATMULS) or (n.op == "call_method" and n.target in _MATMUL_METHODS)
+
+
+def _is_softmax(n: torch.fx.Node) -> bool:
+    return (n.op == "call_function" and n.target in _SOFTMAX) or (n.op == "call_method" and n.target == "softmax")
+
+
+def _name(n: torch.fx.Node) -> str:
+    return n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
+
+
+def _deterministic(n: torch.fx.Node) -> bool:
+    """Whether recomputing `n` in the backward gives what the forward got."""
+    if n.op not in ("call_function", "call_method"):
+        return False
+    name = _name(n).lower()
+    inplace = name.endswith("_") and not name.endswith("__")
+    return not inplace and not any(word in name for word in _RANDOM)
+
+
+def _value(n):
+    return n.meta.get("example_value") if isinstance(n, torch.fx.Node) else None
+
+
+def _identity_weights(n: torch.fx.Node) -> bool:
+    """A node between the softmax and the product that passes the weights on unchanged but for
+    their dtype: a cast, or dropout that drops nothing."""
+    if n.op == "call_method" and n.target in _CASTS:
+        return True
+    if n.op == "call_function" and n.target is torch.nn.functional.dropout:
+        args = dict(zip(("input", "p", "training", "inplace"), n.args), **n.kwargs)
+        return args.get("p", 0.5) == 0 or args.get("training", True) is False
+    return False
+
+
+@dataclass
+class Chain:
+    """One attention chain found in a Dynamo graph (nodes of that graph)."""
+
+    score: torch.fx.Node  # q @ kᵀ
+    region: list  # f's nodes, in graph order (the softmax's input last)
+    extras: list  # f's other inputs (nodes or constants), in order of first use
+    softmax: torch.fx.Node
+    weights: list  # casts between the softmax and the product
+    output: torch.fx.Node  # cast…(p) @ v
+
+
+def _users_within(n: torch.fx.Node, allowed: set) -> bool:
+    return all(u in allowed for u in n.users)
+
+
+def find_chain(softmax: torch.fx.Node) -> Chain | str:
+    """The chain around `softmax`, or why there is none."""
+    x = softmax.args[0] if softmax.args else softmax.kwargs.get("input")
+    dim = softmax.args[1] if len(softmax.args) > 1 else softmax.kwargs.get("dim")
+    xv = _value(x)
+    if not isinstance(xv, torch.Tensor) or dim not in (-1, xv.dim() - 1):
+        return "the softmax is not over the last dim"
+    # the weights: casts up to the product that reads them as its left operand
+    weights, at = [], softmax
+    while True:
+        users = list(at.users)
+        if len(users) != 1:
+            return "the probabilities are read outside the chain"
+        (user,) = users
+        if _is_matmul(user) and user.args[0] is at:
+            output = user
+            break
+        if not _identity_weights(user) or user.args[0] is not at:
+            return f"the probabilities pass through {_name(user)} before the product"
+        weights.append(user)
+        at = user
+    # f: the nodes between one matmul and the softmax's input, read by nothing else
+    ancestors, frontier = set(), [x]
+    scores = set()
+    while frontier:
+        n = frontier.pop()
+        if not isinstance(n, torch.fx.Node) or n in ancestors:
+            continue
+        if _is_matmul(n):
+            scores.add(n)
+            continue
+        if n.op != "call_function" and n.op != "call_method":
+            continue
+        ancestors.add(n)
+        frontier.extend(a for a in n.all_input_nodes)
+    if len(scores) != 1:
+        return f"{len(scores)} products reach the softmax's input"
+    (score,) = scores
+    below = set()  # descendants of the score product among the ancestors
+    order = list(x.graph.nodes)
+    for n in order:
+        if n in ancestors and any(a is score or a in below for a in n.all_input_nodes):
+            below.add(n)
+    if x is not score and x not in below:
+        return "the softmax's input does not depend on the product"
+    region = [n for n in order if n in below]
+    inside = set(region) | {softmax}
+    for n in [score, *region]:
+        if not _users_within(n, inside):
+            return f"{n.name} is read outside the chain"
+        if n is not score and not _deterministic(n):
+            return f"{n.name} ({_name(n)}) would differ when recomputed"
+    if len(x.users) != 1:
+        return "the scores are read outside the chain"
+    extras = []
+    for n in region:
+        for a in n.all_input_nodes:
+            if a is not score and a not in below and a not in extras:
+                extras.append(a)
+    ov = _value(output)
+    if not isinstance(ov, torch.Tensor) or tuple(ov.shape[:-1]) != tuple(xv.shape[:-1]):
+        return "the output's rows are not the scores' rows"
+    return Chain(score, region, extras, softmax, weights, output)
+
+
+def _subgraph(gm: torch.fx.GraphModule, inputs: list, nodes: list, result) -> torch.fx.GraphModule:
+    """A graph module computing `result` from `inputs` by copies of `nodes`."""
+    graph = torch.fx.Graph()
+    env = {n: graph.placeholder(f"in{k}") for k, n in enumerate(inputs)}
+    for n in nodes:
+        env[n] = graph.node_copy(n, lambda a: env[a])
+    graph.output(env[result])
+    return torch.fx.GraphModule(gm, graph)
+
+
+@dataclass(frozen=True)
+class ChainFunctions:
+    """A chain's pieces as callables: `scores(q, kᵀ, *extras)`, `output(p, v)` and the dtype
+    the user's softmax returned."""
+
+    scores: torch.fx.GraphModule
+    output: torch.fx.GraphModule
+    softmax_dtype: torch.dtype
+
+
+class _AttentionChain(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, fns: ChainFunctions, q, k, v, *extras):
+        s = fns.scores(q, k, *extras)
+        acc = torch.promote_types(s.dtype, torch.float32)
+        x = s.to(acc)
+        m = x.amax(-1, keepdim=True)
+        total = torch.exp(x - m).sum(-1, keepdim=True)
+        p = (torch.exp(x - m) / total).to(fns.softmax_dtype)
+        o = fns.output(p, v)
+        lse = m + torch.log(total)
+        device = q.device.type
+        ctx.autocast = (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+        ctx.fns = fns
+        tensors = [t if isinstance(t, torch.Tensor) else None for t in extras]
+        ctx.constants = [None if isinstance(t, torch.Tensor) else t for t in extras]
+        ctx.save_for_backward(q, k, v, o, lse, *tensors)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse, *tensors = ctx.saved_tensors
+        extras = [t if c is None else c for t, c in zip(tensors, ctx.constants)]
+        needs = ctx.needs_input_grad[1:]
+        device, enabled, dtype = ctx.autocast
+        fns = ctx.fns
+
+        def leaf(t, need):
+            return t.detach().requires_grad_(need) if isinstance(t, torch.Tensor) and need else t
+
+        inputs = [leaf(t, n) for t, n in zip((q, k, *extras), (needs[0], needs[1], *needs[3:]))]
+        with torch.enable_grad(), torch.autocast(device, dtype=dtype, enabled=enabled):
+            s = fns.scores(*inputs)
+        p = torch.exp(s.detach().to(lse.dtype) - lse)
+        weights = p.to(fns.softmax_dtype).requires_grad_(True)
+        value = leaf(v, needs[2])
+        with torch.enable_grad(), torch.autocast(device, dtype=dtype, enabled=enabled):
+            out = fns.output(weights, value)
+        wrt = [weights] + ([value] if needs[2] else [])
+        grads = torch.autograd.grad(out, wrt, do)
+        dp, dv = grads[0], (grads[1] if needs[2] else None)
+        row = (do.to(lse.dtype) * o.to(lse.dtype)).sum(-1, keepdim=True)
+        ds = (p * (dp.to(lse.dtype) - row)).to(s.dtype)
+        wanted = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+        found = iter(torch.autograd.grad(s, wanted, ds, allow_unused=True) if wanted else ())
+        d_inputs = [next(found) if isinstance(t, torch.Tensor) and t.requires_grad else None for t in inputs]
+        return (None, d_inputs[0], d_inputs[1], dv, *d_inputs[2:])
+
+
+def _call_chain(fns: ChainFunctions, q, k, v, *extras):
+    return _AttentionChain.apply(fns, q, k, v, *extras)
+
+
+def rewrite(gm: torch.fx.GraphModule) -> int:
+    """Rewrite every attention chain of a Dynamo graph in place; returns how many."""
+    done = 0
+    for softmax in [n for n in gm.graph.nodes if _is_softmax(n)]:
+        chain = find_chain(softmax)
+        if isinstance(chain, str):
+            logs.log("graph", "%s: attention chain left as traced: %s", softmax.name, chain)
+            continue
+        q, k = chain.score.args[:2]
+        v = chain.output.args[1]
+        scores = _subgraph(gm, [q, k, *chain.extras], [chain.score, *chain.region],
+                           chain.region[-1] if chain.region else chain.score)
+        p_in = chain.softmax
+        output = _subgraph(gm, [p_in, v], [*chain.weights, chain.output], chain.output)
+        fns = ChainFunctions(scores, output, _value(chain.softmax).dtype)
+        with gm.graph.inserting_before(chain.output):
+            call = gm.graph.call_function(_call_chain, (fns, q, k, v, *chain.extras))
+        call.meta.update(chain.output.meta)
+        chain.output.replace_all_uses_with(call)
+        for n in reversed([chain.score, *chain.region, chain.softmax, *chain.weights, chain.output]):
+            gm.graph.erase_node(n)
+        logs.log("graph", "%s: attention chain over %s becomes one autograd function (backward recomputes "
+                 "the scores from the saved logsumexp)", call.name, chain.score.name)
+        done += 1
+    if done:
+        gm.graph.lint()
+        gm.recompile()
+    return done

@@ -1,0 +1,228 @@
+"""Products whose weights are recomputed from small products, in registers, tile by tile.
+
+A contraction `O[r, n] = Σⱼ W[r, j] · B[j, n]` whose weights `W` are an elementwise function
+of *score products* — `S[r, j] = Σₖ X[r, k] · Y[j, k]` over a small static `k` (a head
+dimension) — and of values read per row or per key, needs neither `S` nor `W` in memory: a
+program holding a block of rows computes each `S` tile with a `dot`, evaluates `W` on it and
+accumulates `dot(W, B)`. This is the structure of FlashAttention-2's backward, where the
+planner meets it in the backward graph of an attention chain (`frontend.attention_chains`):
+
+    dV = Pᵀ · dO          P  = exp(f(Q·Kᵀ) − lse)
+    dQ = dS · K           dS = f′ ∘ P ∘ (dO·Vᵀ − D)       two score products
+    dKᵀ = Qᵀ · dS
+
+Each such product becomes a flash plan with no carried reductions (nothing to repair: the
+row statistics are inputs) and one or more score stages. The kernels that computed `S`,
+`dO·Vᵀ`, `P` and `dS` are dropped once no one reads what they store: the T×T intermediates
+never reach memory. Nothing here is specific to attention: any product whose weights are a
+pointwise function of small products and of materialised values is recomputed this way.
+"""
+from __future__ import annotations
+
+import sympy
+
+from ..ir.expr import Cast, Expr, Index, Load, binary, count_ops, free_symbols, out_index, red_index, \
+    skip_intermediate_rounding, transform, walk
+from ..ir.graph import Graph, Pointwise
+from ..ir.rewrite import substitute_index
+from .flash import K0, MAX_HELD, FlashInfo, _static
+from .inline import is_contraction_like
+from .plan import Contraction, KernelPlan, PlanKind, Stage, StageKind
+
+MAX_WEIGHT_OPS = 160  # the recomputed weights' size (ops per score tile) at most
+MAX_SCORES = 2  # score products per kernel (dS needs two: Q·Kᵀ and dO·Vᵀ)
+
+
+def fuse_recomputed_scores(steps: list, graph: Graph, outputs: set, note) -> list:
+    """Products over recomputed score tiles, as flash plans; kernels left unread dropped."""
+    by_node = {st.node: k for k in steps if isinstance(k, KernelPlan) for st in k.stages}
+    merged = {}  # original kernel -> its flash plan
+    for k in [s for s in steps if isinstance(s, KernelPlan)]:
+        if k.kind == PlanKind.CONTRACTION and k.flash is None:
+            plan = _try(k, graph, by_node, lambda msg: None)
+            if plan is not None:
+                merged[k.name] = (k, plan)
+    # recompute only where it removes the materialisation: a product whose score products
+    # are still stored for another reader would compute them twice
+    while merged:
+        trial = [merged[s.name][1] if isinstance(s, KernelPlan) and s.name in merged else s for s in steps]
+        kept = _unread(trial, graph, outputs)
+        dead = {st.node for k in kept[1] for st in k.stages}
+        undone = [name for name, (_, plan) in merged.items()
+                  if not all(n in dead for n, *_ in plan.flash.scores)]
+        if not undone:
+            _store_what_is_read(kept[0], {name for name, (_, plan) in merged.items()})
+            for _, plan in merged.values():
+                for msg in plan.notes[-1:]:
+                    note(msg)
+            for k in kept[1]:
+                note(f"{k.name}: dropped — what it computed is recomputed where it is read")
+            return kept[0]
+        for name in undone:
+            del merged[name]
+    return steps
+
+
+def _expand(expr: Expr, graph: Graph, depth: int = 0) -> Expr:
+    """`expr` with every pointwise node it reads substituted by its body, recursively."""
+    def fn(e):
+        if isinstance(e, Load) and e.buffer in graph.nodes and isinstance(graph[e.buffer], Pointwise):
+            node = graph[e.buffer]
+            body = substitute_index(node.body, dict(zip(out_index(node.rank), e.index)))
+            return _expand(body, graph, depth + 1) if depth < 64 else None
+        return None
+
+    return transform(expr, fn)
+
+
+def _scores_in(expr: Expr, graph: Graph) -> set:
+    return {e.buffer for e in walk(expr) if isinstance(e, Load) and e.buffer in graph.nodes
+            and is_contraction_like(graph[e.buffer]) and len(graph[e.buffer].ranges) == 1
+            and _static(graph[e.buffer].ranges[0]) is not None and _static(graph[e.buffer].ranges[0]) <= MAX_HELD}
+
+
+def _weights(factor: Expr, graph: Graph) -> Expr:
+    """The factor with its producers substituted; the dot's operand keeps eager's rounding
+    (`float32(bfloat16(p))`: a bf16 product on tensor cores), the values inside it keep their
+    compute precision (the scores never reach memory to be rounded)."""
+    expanded = _expand(factor, graph)
+    if isinstance(expanded, Cast) and isinstance(expanded.x, Cast) and expanded.x.dtype.is_low_precision:
+        inner = expanded.x
+        return Cast(Cast(skip_intermediate_rounding(inner.x), inner.dtype), expanded.dtype)
+    return skip_intermediate_rounding(expanded)
+
+
+def _try(out_k: KernelPlan, graph: Graph, by_node: dict, note) -> KernelPlan | None:
+    con = out_k.contraction
+    o_stage = out_k.stages[0]
+    o_node = graph[o_stage.node]
+    if con is None or len(o_node.ranges) != 1:
+        return None
+    outs = out_index(o_node.rank)
+    (r0,) = red_index(1)
+    for side, other in (("a", "b"), ("b", "a")):
+        factor = getattr(con, side)
+        if not _scores_in(_expand(factor, graph), graph):
+            continue
+        weights = _weights(factor, graph)
+        if _scores_in(_expand(getattr(con, other), graph), graph):
+            return None
+        held = con.n_dim if side == "a" else con.m_dim
+        rows = con.m_dim if side == "a" else con.n_dim
+        n_sym = outs[held]
+        if _static(o_node.shape[held]) is None or _static(o_node.shape[held]) > MAX_HELD:
+            return None
+        names = sorted(_scores_in(weights, graph))
+        if len(names) > MAX_SCORES or count_ops(weights) > MAX_WEIGHT_OPS:
+            note(f"{o_node.name}: weights not recomputed: {len(names)} score products, {count_ops(weights)} ops")
+            return None
+        if n_sym in free_symbols(weights):
+            return None
+        scores = []
+        for name in names:
+            found = _score_coordinates(graph, by_node, weights, name, r0, n_sym)
+            if isinstance(found, str):
+                note(f"{o_node.name}: weights not recomputed: {found}")
+                return None
+            scores.append(found)
+        flash_con = Contraction(a=weights, b=getattr(con, other), m_dim=rows, n_dim=held, batch_dims=con.batch_dims)
+        masked, skippable = _mask_of(weights, names)
+        if masked is not None:  # the masked product first: the mask's machinery reads its factors
+            first = next(n for n in names if any(isinstance(e, Load) and e.buffer == n for e in walk(masked)))
+            scores.sort(key=lambda sc: sc[0] != first)
+        _, q, k, extent = scores[0]
+        info = FlashInfo(q=q, k=k, score_extent=extent, a=weights, b=flash_con.b, reduce_bodies={},
+                         masked=masked, skippable=skippable, scores=tuple(scores))
+        plan = KernelPlan(name=out_k.name, kind=PlanKind.FLASH, parallel=out_k.parallel, reduction=(o_node.ranges[0],))
+        plan.contraction = flash_con
+        plan.flash = info
+        for name, *_ in scores:
+            plan.stages.append(Stage(name, StageKind.SCORE, graph[name].body, store=False))
+        plan.stages.append(Stage(o_stage.node, StageKind.CONTRACTION, binary("mul", weights, flash_con.b),
+                                 store=o_stage.store))
+        plan.stages.extend(out_k.stages[1:])
+        what = (f"{o_node.name}: weights recomputed per tile from the score products {', '.join(names)} "
+                f"(they never reach memory)")
+        plan.notes = out_k.notes + [what]
+        return plan
+    return None
+
+
+def _mask_of(weights: Expr, scores: list) -> tuple:
+    """(masked, skippable) as `fusion.masking.mask_facts` gives an attention plan: the
+    smallest masked score expression in the weights (`where(¬keep, -inf, s·c)`), and whether
+    the weights vanish wherever it is masked (then a key tile masked throughout is skipped)."""
+    from ..ir.monoid import SUM
+    from .masking import masked_condition, vanishes_when_masked
+
+    found = [e for e in walk(weights) if any(isinstance(x, Load) and x.buffer in scores for x in walk(e))
+             and masked_condition(e) is not None]
+    if not found:
+        return None, False
+    masked = min(found, key=count_ops)
+    return masked, vanishes_when_masked(weights, masked, SUM)
+
+
+def _score_coordinates(graph: Graph, by_node: dict, weights: Expr, name: str, r0, n_sym):
+    """(name, row factor, key factor, extent) of a score product read by the weights, its
+    factors in the output's coordinates (`k0` its own axis), or why it cannot be recomputed."""
+    loads = {e.index for e in walk(weights) if isinstance(e, Load) and e.buffer == name}
+    if len(loads) != 1:
+        return f"{name} is read at several positions"
+    (idx,) = loads
+    if any(not isinstance(c, Index) for c in idx):
+        return f"{name} is read through a gather"
+    key_dims = [d for d, c in enumerate(idx) if r0 in c.expr.free_symbols]
+    if len(key_dims) != 1 or idx[key_dims[0]].expr != r0 or any(n_sym in c.expr.free_symbols for c in idx):
+        return f"the loop position does not index {name} directly"
+    kernel = by_node.get(name)
+    if kernel is None or kernel.contraction is None or kernel.kind != PlanKind.CONTRACTION \
+            or kernel.stages[0].node != name:
+        return f"{name} is not a planned product"
+    sc = kernel.contraction
+    node = graph[name]
+    key_sym = out_index(node.rank)[key_dims[0]]
+    mapping = dict(zip(out_index(node.rank), idx))
+    mapping[red_index(1)[0]] = Index(K0)
+    fa, fb = substitute_index(sc.a, mapping), substitute_index(sc.b, mapping)
+    if _scores_in(_expand(fa, graph), graph) or _scores_in(_expand(fb, graph), graph):
+        return f"{name}'s factors are products themselves"
+    q, k = (fb, fa) if key_sym in free_symbols(sc.a) else (fa, fb)
+    return name, q, k, node.ranges[0]
+
+
+def _store_what_is_read(steps: list, merged: set) -> None:
+    """A value the recomputed weights read that its kernel kept in registers (a reduction
+    feeding that kernel's epilogue) is now stored too."""
+    reads = {e.buffer for s in steps if isinstance(s, KernelPlan) and s.name in merged
+             for st in s.stages for e in walk(st.body) if isinstance(e, Load)}
+    for s in steps:
+        if isinstance(s, KernelPlan) and s.name not in merged:
+            for st in s.stages:
+                if st.node in reads and not st.store:
+                    st.store = True
+
+
+def _unread(steps: list, graph: Graph, outputs: set) -> tuple[list, list]:
+    """(steps kept, kernels dropped): kernels none of whose values anyone reads (a value kept
+    in registers and now read elsewhere is stored: `_store_what_is_read`), removed repeatedly (a dropped kernel may have been the last reader of another)."""
+    from .plan import ExternStep
+
+    dropped = []
+    while True:
+        read = set(outputs)
+        for s in steps:
+            if isinstance(s, KernelPlan):  # (a plan's own members are read in registers)
+                own = set(s.members)
+                read |= {e.buffer for st in s.stages for e in walk(st.body) if isinstance(e, Load)} - own
+                read |= {e.buffer for st in s.stages if st.scatter for x in st.scatter[1] for e in walk(x)
+                         if isinstance(e, Load)} - own
+            elif isinstance(s, ExternStep):
+                read |= graph[s.node].inputs()
+        dead = [s for s in steps if isinstance(s, KernelPlan) and s.kind != PlanKind.FLASH
+                and not any(st.node in read for st in s.stages)
+                and not any(st.scatter for st in s.stages)]
+        if not dead:
+            return steps, dropped
+        dropped += dead
+        steps = [s for s in steps if not any(s is d for d in dead)]

@@ -1,0 +1,190 @@
+"""Training: an attention chain becomes one autograd function — the forward is one flash
+kernel that also stores the logsumexp, the backward recomputes the probabilities from it —
+for score functions the compiler was never told about. Gradients are checked against an
+fp64 eager reference; what the forward saves is read from the backward graph's inputs."""
+import math
+import os
+import re
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import tilefuse
+from tilefuse.frontend.attention_chains import find_chain
+
+T, C, H = 37, 48, 3
+DEVICE = os.environ.get("TILEFUSE_TEST_DEVICE", "cpu")
+
+
+class NanoAttention(nn.Module):
+    """nanoGPT's manual attention: a `tril` buffer, masked_fill, softmax, dropout."""
+
+    def __init__(self, dropout=0.0):
+        super().__init__()
+        self.c_attn = nn.Linear(C, 3 * C)
+        self.register_buffer("bias", torch.tril(torch.ones(T, T)).view(1, 1, T, T))
+        self.drop = nn.Dropout(dropout)
+
+    def heads(self, x):
+        b, t, _ = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        return [z.view(b, t, H, C // H).transpose(1, 2) for z in (q, k, v)]
+
+    def forward(self, x):
+        q, k, v = self.heads(x)
+        t = x.shape[1]
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
+        att = self.drop(F.softmax(att, dim=-1))
+        return att @ v
+
+
+class SoftCapped(NanoAttention):
+    """Gemma-2's soft-capping and a learnable per-head bias on the distance (ALiBi-like): the
+    bias's gradient comes out of the chain too."""
+
+    def __init__(self):
+        super().__init__()
+        self.slopes = nn.Parameter(torch.rand(H, 1, 1))
+
+    def forward(self, x):
+        q, k, v = self.heads(x)
+        t = x.shape[1]
+        att = torch.matmul(q, k.transpose(2, 3)) * 0.2
+        att = torch.tanh(att / 5.0) * 5.0
+        i, j = torch.arange(t, device=x.device)[:, None], torch.arange(t, device=x.device)[None, :]
+        att = att - self.slopes * (i - j).abs()
+        return torch.matmul(F.softmax(att, dim=-1, dtype=torch.float32).to(q.dtype), v)
+
+
+class SoftCapOnly(NanoAttention):
+    """Soft-capping (tanh) and a fixed distance bias: no parameter inside the score function."""
+
+    def forward(self, x):
+        q, k, v = self.heads(x)
+        t = x.shape[1]
+        att = torch.tanh(torch.matmul(q, k.transpose(2, 3)) * 0.04) * 5.0
+        i, j = torch.arange(t, device=x.device)[:, None], torch.arange(t, device=x.device)[None, :]
+        return torch.matmul(F.softmax(att - 0.1 * (i - j).abs(), dim=-1), v)
+
+
+class HFStyle(NanoAttention):
+    """Hugging Face's eager attention: an additive mask of finfo.min from a padding mask."""
+
+    def forward(self, x, keep):
+        q, k, v = self.heads(x)
+        att = torch.matmul(q, k.transpose(2, 3)) * C ** -0.5
+        mask = torch.zeros(keep.shape, dtype=att.dtype, device=x.device).masked_fill(~keep, torch.finfo(att.dtype).min)
+        att = att + mask[:, None, None, :]
+        return torch.matmul(nn.functional.softmax(att, dim=-1, dtype=torch.float32).to(q.dtype), v)
+
+
+def _inputs(model):
+    x = torch.randn(2, T, C, device=DEVICE)
+    if isinstance(model, HFStyle):
+        keep = torch.ones(2, T, dtype=torch.bool, device=DEVICE)
+        keep[1, :5] = False  # left padding
+        return (x, keep)
+    return (x,)
+
+
+def _grads(model, inputs, autocast=False):
+    model.zero_grad()
+    with torch.autocast(DEVICE, torch.bfloat16, enabled=autocast):
+        out = model(*inputs)
+    weight = torch.linspace(-1, 1, out.numel(), device=out.device).reshape(out.shape)  # not a plain sum: every row differs
+    (out.float() * weight).sum().backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def _saved_square(report, t) -> list:
+    """The backward graph's inputs whose last two dims are t × t, other than the model's own
+    inputs and buffers (`primals_*`: the `tril` buffer): saved probabilities or scores."""
+    sig = report.graph_ir.splitlines()[0]
+    return [a for a in re.findall(rf"\w+: \w+\[[^\]]*\b{t}, {t}\]", sig) if not a.startswith("primals_")]
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "autocast-bf16"])
+@pytest.mark.parametrize("cls", [NanoAttention, SoftCapOnly, SoftCapped, HFStyle], ids=lambda c: c.__name__)
+def test_chain_trains_through_one_flash_kernel(cls, autocast):
+    """The forward is one flash kernel that saves no T×T tensor; the backward's products
+    (dV = Pᵀ·dO, dQ = dS·K, dKᵀ = Qᵀ·dS) recompute the probabilities tile by tile from Q·Kᵀ
+    and dO·Vᵀ — three flash kernels, nothing T×T in memory — except where a parameter inside
+    the score function needs a sum over the whole T×T gradient (`SoftCapped`'s slopes)."""
+    torch.manual_seed(0)
+    model = cls().to(DEVICE)
+    inputs = _inputs(model)
+    ref = _grads(model.double(), [t.double() if t.is_floating_point() else t for t in inputs])
+    model.float()
+    eager = _grads(model, inputs, autocast)
+    torch._dynamo.reset()
+    with torch.autocast(DEVICE, torch.bfloat16, enabled=autocast):
+        report = tilefuse.explain(model, *inputs)
+    forward, backward = report.reports
+    assert "flash" in [k.kind for k in forward.kernels], str(report)
+    assert _saved_square(backward, T) == [], backward.graph_ir.splitlines()[0]
+    recomputed = [k for k in backward.kernels if k.kind == "flash"]
+    assert len(recomputed) == (0 if cls is SoftCapped else 3), str(report)
+    for k in recomputed:
+        assert any("weights recomputed per tile" in n for n in k.notes)
+    torch._dynamo.reset()
+    got = _grads(torch.compile(model, backend="tilefuse"), inputs, autocast)
+    tol = 1e-4 if not autocast else 2e-2
+    for r, e, g in zip(ref, eager, got):
+        eager_err = (e.double() - r).abs().max().item()
+        assert (g.double() - r).abs().max().item() <= 2 * eager_err + tol * r.abs().max().item()
+
+
+def test_without_the_knob_the_probabilities_are_saved():
+    torch.manual_seed(0)
+    model = NanoAttention()
+    torch._dynamo.reset()
+    report = tilefuse.explain(model, torch.randn(2, T, C), options={"attention_backward": False})
+    assert _saved_square(report.reports[1], T), report.reports[1].graph_ir.splitlines()[0]
+
+
+def _chain_of(fn, *inputs):
+    """find_chain's answer for the softmax of `fn`'s Dynamo graph."""
+    found = []
+
+    def backend(gm, example_inputs):
+        found.extend(find_chain(n) for n in gm.graph.nodes
+                     if n.op in ("call_function", "call_method") and "softmax" in str(n.target))
+        return gm
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=backend)(*inputs)
+    (answer,) = found
+    return answer
+
+
+def test_chains_that_a_recomputation_or_the_row_term_would_break_are_left_alone():
+    q, k, v = (torch.randn(1, 2, 8, 4, requires_grad=True) for _ in range(3))
+    # dropout inside the score function differs when recomputed
+    why = _chain_of(lambda q, k, v: F.softmax(F.dropout(q @ k.transpose(-1, -2), 0.5), -1) @ v, q, k, v)
+    assert "differ when recomputed" in why
+    # dropout of the probabilities: o is not p @ v
+    why = _chain_of(lambda q, k, v: F.dropout(F.softmax(q @ k.transpose(-1, -2), -1), 0.5) @ v, q, k, v)
+    assert "dropout" in why
+    # the probabilities are also returned
+    why = _chain_of(lambda q, k, v: (lambda p: (p @ v, p))(F.softmax(q @ k.transpose(-1, -2), -1)), q, k, v)
+    assert "outside the chain" in why
+    # a softmax over the rows
+    why = _chain_of(lambda q, k, v: F.softmax(q @ k.transpose(-1, -2), -2) @ v, q, k, v)
+    assert "last dim" in why
+
+
+def test_dropout_in_training_keeps_the_traced_backward():
+    """nanoGPT with dropout on: the chain stays as traced and the step still trains (the
+    gradients of eager's and the compiled step agree where the same dropout mask is drawn:
+    here p = 1, which drops everything)."""
+    torch.manual_seed(0)
+    model = NanoAttention(dropout=1.0)
+    x = torch.randn(2, T, C)
+    torch._dynamo.reset()
+    got = _grads(torch.compile(model, backend="tilefuse"), (x,))
+    want = _grads(model, (x,))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)

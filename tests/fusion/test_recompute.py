@@ -1,0 +1,123 @@
+"""Products whose weights are a function of small products are computed with those products
+recomputed tile by tile in registers (`fusion.recompute`): FlashAttention-2's backward from
+its math, a fused two-layer MLP; checked against an fp64 reference on both backends."""
+import math
+import os
+
+import pytest
+import torch
+
+import tilefuse
+
+DEVICE = os.environ.get("TILEFUSE_TEST_DEVICE", "cpu")
+
+
+def attention_backward(q, k, v, o, do, lse, keep):
+    """The backward of softmax(q·kᵀ/√d masked) @ v from the forward's logsumexp, as
+    `frontend.attention_chains` derives it; `keep` may be None (no mask)."""
+    s = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+    if keep is not None:
+        s = s.masked_fill(~keep, float("-inf"))
+    p = torch.exp(s.float() - lse)
+    dv = p.to(q.dtype).transpose(-1, -2) @ do
+    dp = do @ v.transpose(-1, -2)
+    row = (do.float() * o.float()).sum(-1, keepdim=True)
+    ds = (p * (dp.float() - row)).to(q.dtype)
+    if keep is not None:
+        ds = ds.masked_fill(~keep, 0)
+    ds = ds * (1.0 / math.sqrt(q.shape[-1]))
+    return ds @ k, ds.transpose(-1, -2) @ q, dv
+
+
+def _attention_inputs(dtype, t=75, d=16, masked=True):
+    torch.manual_seed(0)
+    q, k, v, do = (torch.randn(2, 3, t, d, dtype=dtype, device=DEVICE) for _ in range(4))
+    keep = torch.tril(torch.ones(t, t, dtype=torch.bool, device=DEVICE)) if masked else None
+    s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(d)
+    if keep is not None:
+        s = s.masked_fill(~keep, float("-inf"))
+    lse = torch.logsumexp(s, -1, keepdim=True).float()
+    o = (torch.softmax(s, -1) @ v.double()).to(dtype)
+    return q, k, v, o, do, lse, keep
+
+
+def _close_to_fp64(fn, inputs, dtype):
+    got = tilefuse.compile(fn)(*inputs)
+    ref = fn(*(x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs))
+    eager = fn(*inputs)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    for g, r, e in zip(got, ref, eager):
+        eager_err = (e.double() - r).abs().max().item()
+        assert (g.double() - r).abs().max().item() <= 2 * eager_err + tol * max(1.0, r.abs().max().item())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("masked", [True, False], ids=["tril-buffer", "no-mask"])
+def test_attention_backward_is_three_products_over_recomputed_scores(dtype, masked):
+    """dV = Pᵀ·dO, dQ = dS·K and dKᵀ = Qᵀ·dS become three flash plans; the kernels that would
+    write S, dO·Vᵀ, P and dS (T×T each) are gone; a mask read from data is summarised per
+    tile and its dead tiles skipped."""
+    inputs = _attention_inputs(dtype, masked=masked)
+    torch._dynamo.reset()
+    report = tilefuse.explain(attention_backward, *inputs)
+    kinds = [k.kind for k in report.kernels if k.kind != "block-summary"]
+    assert sorted(kinds) == ["flash", "flash", "flash", "reduction"], str(report)  # (the reduction: rowsum(dO∘O))
+    flash = [k for k in report.kernels if k.kind == "flash"]
+    assert all(any("weights recomputed per tile" in n for n in k.notes) for k in flash)
+    if masked:
+        assert all(any("the rest are skipped" in n for n in k.notes) for k in flash), str(report)
+    assert "dropped" in "\n".join(report.reports[0].decisions)
+    torch._dynamo.reset()
+    _close_to_fp64(attention_backward, inputs, dtype)
+
+
+def test_an_index_mask_bounds_the_loops():
+    """A causal mask written with positions skips by the loop bounds, with no pre-kernel:
+    dQ's rows visit the keys up to the diagonal, dK's and dV's rows the queries from it."""
+    def fn(q, k, v, o, do, lse):
+        t = q.shape[-2]
+        keep = torch.arange(t, device=q.device)[:, None] >= torch.arange(t, device=q.device)[None, :]
+        return attention_backward(q, k, v, o, do, lse, keep)
+
+    q, k, v, o, do, lse, _ = _attention_inputs(torch.float32, t=130)
+    torch._dynamo.reset()
+    report = tilefuse.explain(fn, q, k, v, o, do, lse)
+    flash = [kern for kern in report.kernels if kern.kind == "flash"]
+    assert len(flash) == 3 and not [kern for kern in report.kernels if kern.kind == "block-summary"]
+    loops = [next(line for line in kern.tile_ir.splitlines() if "for joffset" in line) for kern in flash]
+    assert sorted("range(0, 130," not in line for line in loops) == [True] * 3, loops
+    assert all(any("skipped" in n for n in kern.notes) for kern in flash)
+    torch._dynamo.reset()
+    _close_to_fp64(fn, (q, k, v, o, do, lse), torch.float32)
+
+
+def test_a_two_layer_mlp_with_a_small_input_is_one_kernel():
+    """Not only attention: `gelu(x·W1)·W2` with a narrow x holds no hidden activation."""
+    def mlp(x, w1, w2):
+        return torch.nn.functional.gelu(x @ w1) @ w2
+
+    torch.manual_seed(0)
+    x, w1, w2 = torch.randn(300, 24, device=DEVICE), torch.randn(24, 200, device=DEVICE), torch.randn(200, 40, device=DEVICE)
+    torch._dynamo.reset()
+    report = tilefuse.explain(mlp, x, w1, w2)
+    assert [k.kind for k in report.kernels] == ["flash"], str(report)
+    torch._dynamo.reset()
+    got = tilefuse.compile(mlp)(x, w1, w2)
+    torch.testing.assert_close(got, mlp(x, w1, w2), atol=1e-4, rtol=1e-4)
+
+
+def test_scores_needed_elsewhere_are_not_recomputed():
+    """When the small product is stored anyway (also returned), recomputing it would only
+    add work: the plans stay as they were."""
+    def fn(x, w1, w2):
+        h = x @ w1
+        return torch.relu(h) @ w2, h
+
+    torch.manual_seed(0)
+    x, w1, w2 = torch.randn(64, 16, device=DEVICE), torch.randn(16, 80, device=DEVICE), torch.randn(80, 8, device=DEVICE)
+    torch._dynamo.reset()
+    report = tilefuse.explain(fn, x, w1, w2)
+    assert "flash" not in [k.kind for k in report.kernels], str(report)
+    torch._dynamo.reset()
+    for g, w in zip(tilefuse.compile(fn)(x, w1, w2), fn(x, w1, w2)):
+        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
