@@ -35,6 +35,7 @@ BAD_AND_GOOD = {
     "flash_split": ("-1", ("4", 4)),
     "block_summary": ("half", ("off", False)),
     "recompute": ("some", ("no", False)),
+    "attention_backward": ("sometimes", ("off", False)),
 }
 
 
