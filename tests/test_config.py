@@ -36,6 +36,7 @@ BAD_AND_GOOD = {
     "block_summary": ("half", ("off", False)),
     "recompute": ("some", ("no", False)),
     "attention_backward": ("sometimes", ("off", False)),
+    "split_reductions": ("maybe", ("0", False)),
 }
 
 

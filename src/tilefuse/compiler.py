@@ -29,6 +29,7 @@ from .fusion.naming import kernel_origin
 from .fusion.plan import KernelPlan, PlanKind
 from .ir.verify import verify
 from .passes import run_passes
+from .passes.split_reduction import split_reductions
 from .runtime.artifact import artifact_function
 from .runtime.aten_matmul import AtenMatmul
 from .runtime.compiled import CompiledGraph, ExternCall, KernelStep
@@ -142,6 +143,8 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None,
         target.require()
     with stage("passes"):
         graph = run_passes(graph)
+        if options.split_reductions and not target.on_cpu and not target.interpret:
+            graph = split_reductions(graph, target.sm_count)
         verify(graph)
     report.graph_ir = str(graph)
     with stage("fusion"):

@@ -204,6 +204,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "largest reduction extent held whole in one tile (longer rows loop over tiles, and so does a "
          "row too large for its kernel on the target, with a warning)",
          minimum=1, maximum=65536),
+    Knob("split_reductions", bool, True,
+         "GPU: a reduction of a long axis (4096 or more) into too few values to occupy the device (a "
+         "bias gradient's sum over the tokens) runs as partial reductions over ranges of the axis and "
+         "a short final one; off: one program per block of outputs walks the whole axis"),
     Knob("flash_config", str, "",
          "attention kernels' 'BLOCK_M,BLOCK_N,warps,stages' (empty: the tuner's choice; blocks too large "
          "for a kernel on the target are made smaller, with a warning)",

@@ -1,0 +1,107 @@
+"""Long reductions with few outputs, split into partial reductions and a short final one.
+
+A training step's bias gradients sum a [tokens, features] gradient over its 8192 rows into
+768–3072 values. One program per block of output columns leaves most of a GPU idle (3072
+columns in blocks of 64 are 48 programs for 132 SMs), each walking 8192 rows alone. As
+Inductor's split reductions and ATen's reduce kernels do, the reduction is split:
+
+    out[x] = ⊕_{r < R} f(x, r)   →   part[s, x] = ⊕_{r < R/S} f(x, s·R/S + r)
+                                     out[x]     = ⊕_{s < S} part[s, x]
+
+with S chosen so that the partial kernel has enough programs, R/S whole. The partial results
+keep the accumulation dtype (no rounding in between); the final reduction keeps the node's
+name, dtype and its place for every reader and epilogue. Only sums, maxima and minima of
+floats over one static axis are split (associative, and what the reduction tiles carry);
+contractions go to the product paths, and an axis of a few thousand or less stays whole.
+"""
+from __future__ import annotations
+
+import sympy
+
+from ..ir.expr import Binary, Index, Load, out_index, red_index, walk
+from ..ir.graph import Graph, Reduce
+from ..ir.monoid import MAX, MIN, SUM
+from ..ir.rewrite import substitute_index
+
+MIN_LENGTH = 4096  # shorter axes are walked by one program per output block
+PROGRAMS_PER_SM = 4  # the partial kernel's target occupancy: S·⌈X/COLUMNS⌉ ≥ this × SMs
+COLUMNS = 64  # the output block one program of the partial kernel covers (a coalesced row)
+MIN_CHUNK = 256  # each partial reduction walks at least this many elements
+
+
+def splits_for(outputs: int, length: int, sm_count: int, columns: bool = True) -> int:
+    """S for a reduction of `length` into `outputs` values on `sm_count` SMs: the smallest
+    power of two that gives the partial kernel PROGRAMS_PER_SM programs per SM, keeping
+    chunks of at least MIN_CHUNK that divide `length`; 1 when no split helps. `columns`: the
+    reduced axis is not the innermost one read (a program then covers COLUMNS outputs to
+    read whole rows of memory; otherwise one output per program)."""
+    if sm_count <= 0 or length < MIN_LENGTH:
+        return 1
+    programs = -(-outputs // COLUMNS) if columns else outputs
+    want = -(-PROGRAMS_PER_SM * sm_count // programs)
+    s = 1
+    while s < want and length % (2 * s) == 0 and length // (2 * s) >= MIN_CHUNK:
+        s *= 2
+    return s
+
+
+def _candidate(node, graph: Graph) -> bool:
+    """A float sum/max/min over one axis, not a product (the product paths' own), reading no
+    other reduction and (the caller checks) read by none: a softmax's max and its sum re-based
+    on it run in one pass, which split parts would turn into two passes over the row."""
+    if not (isinstance(node, Reduce) and len(node.ranges) == 1 and node.combiner in (SUM, MAX, MIN)
+            and node.body.dtype.is_float):
+        return False
+    loads = [e for e in walk(node.body) if isinstance(e, Load)]
+    if isinstance(node.body, Binary) and node.body.op == "mul" and len(loads) >= 2:
+        return False
+    return not any(isinstance(graph.nodes.get(e.buffer), Reduce) for e in loads)
+
+
+def _along_columns(node) -> bool:
+    """Whether no load walks the reduced axis in its innermost index (a bias gradient's sum
+    over rows reads each row's features contiguously)."""
+    (r0,) = red_index(1)
+    for e in walk(node.body):
+        if isinstance(e, Load) and e.index and isinstance(e.index[-1], Index) \
+                and r0 in sympy.sympify(e.index[-1].expr).free_symbols:
+            return False
+    return True
+
+
+def split_reductions(graph: Graph, sm_count: int) -> Graph:
+    """Split every long reduction with few outputs (see the module docstring) for a device of
+    `sm_count` SMs; a CPU target passes 0 (its threads walk rows, no split)."""
+    rewritten: dict[str, list] = {}
+    users = graph.users()
+    for node in list(graph.nodes.values()):
+        if not _candidate(node, graph) or any(isinstance(graph[u], Reduce) for u in users[node.name]):
+            continue  # (a reduction another one reads — a softmax's max — stays in their shared pass)
+        length, outputs = sympy.sympify(node.ranges[0]), sympy.Mul(*node.shape) if node.shape else sympy.Integer(1)
+        if not (length.is_Integer and sympy.sympify(outputs).is_Integer):
+            continue
+        s = splits_for(int(outputs), int(length), sm_count, _along_columns(node))
+        if s <= 1:
+            continue
+        chunk = int(length) // s
+        outs, (r0,) = out_index(node.rank + 1), red_index(1)
+        mapping = {old: Index(new) for old, new in zip(out_index(node.rank), outs[1:])}
+        mapping[r0] = Index(outs[0] * chunk + r0)
+        acc = node.body.dtype
+        part = Reduce(graph.fresh_name(f"{node.name}_part"), acc, (sympy.Integer(s), *node.shape), ranges=(chunk,),
+                      combiner=node.combiner, body=substitute_index(node.body, mapping))
+        final = Reduce(node.name, node.dtype, node.shape, ranges=(sympy.Integer(s),), combiner=node.combiner,
+                       body=Load(part.name, (Index(r0), *(Index(i) for i in out_index(node.rank))), acc))
+        rewritten[node.name] = [part, final]
+        if node.name in graph.origins:
+            graph.origins[part.name] = graph.origins[node.name]
+    if rewritten:
+        nodes = {}
+        for name, node in graph.nodes.items():
+            for new in rewritten.get(name, [node]):
+                nodes[new.name] = new
+        graph.nodes = nodes
+    return graph
+
+
+__all__ = ["split_reductions", "splits_for"]
