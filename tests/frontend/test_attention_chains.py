@@ -188,3 +188,46 @@ def test_dropout_in_training_keeps_the_traced_backward():
     want = _grads(model, (x,))
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w)
+
+
+def _input_grads(fn, *inputs):
+    inputs = [x.detach().clone().requires_grad_() for x in inputs]
+    out = fn(*inputs)
+    weight = torch.linspace(-1, 1, out.numel(), device=out.device).reshape(out.shape).to(out.dtype)
+    (out * weight).sum().backward()
+    return [out] + [x.grad for x in inputs]
+
+
+def _like_eager_against_fp64(fn, *inputs):
+    torch._dynamo.reset()
+    ref = _input_grads(fn, *(x.double() for x in inputs))
+    eager = _input_grads(fn, *inputs)
+    torch._dynamo.reset()
+    got = _input_grads(torch.compile(fn, backend="tilefuse"), *inputs)
+    for r, e, g in zip(ref, eager, got):
+        eager_err = (e.double() - r).abs().max().item()
+        assert (g.double() - r).abs().max().item() <= 2 * eager_err + 1e-5
+
+
+def test_rows_masked_throughout_by_a_finite_fill_average_every_key():
+    """A query that sees no key under a finfo.min mask (left padding with a causal mask)
+    averages every value in eager; the backward must recompute that uniform row, which
+    `exp(s − (m + log l))` cannot (m + log l rounds to m at -3.4e38)."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 9, 8, device=DEVICE) for _ in range(3))
+    keep = torch.ones(9, 9, dtype=torch.bool, device=DEVICE).tril()
+    keep[:3] = False
+
+    def attn(q, k, v):
+        bias = torch.zeros(9, 9, dtype=q.dtype, device=q.device).masked_fill(~keep, torch.finfo(q.dtype).min)
+        return F.softmax(q @ k.transpose(-1, -2) * 0.3 + bias, -1) @ v
+
+    _like_eager_against_fp64(attn, q, k, v)
+
+
+def test_casts_that_read_another_tensor_for_its_dtype():
+    """Meta's Llama: `softmax(scores.float()).type_as(xq) @ values`."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 13, 8, device=DEVICE) for _ in range(3))
+    _like_eager_against_fp64(
+        lambda q, k, v: torch.matmul(F.softmax((q @ k.transpose(2, 3) / 8 ** 0.5).float(), -1).type_as(q), v), q, k, v)

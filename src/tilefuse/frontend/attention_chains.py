@@ -11,14 +11,16 @@ A Dynamo graph of a training step is rewritten before AOTAutograd traces it. A c
 whose intermediates nothing else reads becomes `_AttentionChain.apply(q, kᵀ, v, extras…)`:
 
 * **forward** — the user's own ops for `f`, the softmax spelt out (`m = max s`, `l = Σ exp(s − m)`)
-  and the user's ops for the output product, plus the row statistic `lse = m + log l`. The
-  fusion planner makes this one flash kernel that also stores `lse` (`fusion.flash`'s row
-  statistics); the forward saves q, kᵀ, v, o and lse — never the probabilities.
+  on the scores in the dtype the user's softmax computed in, the casts and the product, plus
+  the row statistics `m` and `log l` (apart: in a row masked throughout by a finite fill,
+  `m + log l` rounds to `m`). The fusion planner makes this one flash kernel that also stores
+  them (`fusion.flash`'s row statistics); the forward saves q, kᵀ, v, o, m and log l — never
+  the probabilities.
 * **backward** — FlashAttention-2's derivation, with the score function's derivative taken by
   autograd from the user's own ops (so any `f` works, nothing is tabled):
 
       s  = f(q @ kᵀ)              recomputed, under the forward's autocast state
-      p  = exp(s − lse)
+      p  = exp((s − m) − log l)
       dv, dp = the output product's vjp at dO
       D  = rowsum(dO ∘ o)         = Σⱼ pᵢⱼ dpᵢⱼ, since o = p @ v
       ds = p ∘ (dp − D)
@@ -175,6 +177,23 @@ def _subgraph(gm: torch.fx.GraphModule, inputs: list, nodes: list, result) -> to
     return torch.fx.GraphModule(gm, graph)
 
 
+def _output_graph(gm: torch.fx.GraphModule, chain: Chain) -> torch.fx.GraphModule:
+    """`output(p, v)`: the casts between the softmax and the product, each as the conversion
+    to the dtype it produced (`type_as(xq)` reads another tensor only for its dtype), then a
+    copy of the product."""
+    graph = torch.fx.Graph()
+    p, v = graph.placeholder("p"), graph.placeholder("v")
+    x = p
+    for n in chain.weights:
+        value = _value(n)
+        if n.op == "call_method" and n.target in _CASTS and isinstance(value, torch.Tensor):
+            x = graph.call_method("to", (x, value.dtype))
+    args = (x, v) + tuple(chain.output.args[2:])
+    out = graph.create_node(chain.output.op, chain.output.target, args, dict(chain.output.kwargs))
+    graph.output(out)
+    return torch.fx.GraphModule(gm, graph)
+
+
 @dataclass(frozen=True)
 class ChainFunctions:
     """A chain's pieces as callables: `scores(q, kᵀ, *extras)`, `output(p, v)` and the dtype
@@ -189,24 +208,25 @@ class _AttentionChain(torch.autograd.Function):
     @staticmethod
     def forward(ctx, fns: ChainFunctions, q, k, v, *extras):
         s = fns.scores(q, k, *extras)
-        acc = torch.promote_types(s.dtype, torch.float32)
-        x = s.to(acc)
+        x = _softmax_input(s, fns.softmax_dtype)
         m = x.amax(-1, keepdim=True)
         total = torch.exp(x - m).sum(-1, keepdim=True)
         p = (torch.exp(x - m) / total).to(fns.softmax_dtype)
         o = fns.output(p, v)
-        lse = m + torch.log(total)
+        # m and log l apart, not their sum: in a row masked throughout by a finite fill
+        # (finfo.min) m + log l rounds to m, and exp(s − lse) would give 1, not 1/T
+        log_total = torch.log(total)
         device = q.device.type
         ctx.autocast = (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
         ctx.fns = fns
         tensors = [t if isinstance(t, torch.Tensor) else None for t in extras]
         ctx.constants = [None if isinstance(t, torch.Tensor) else t for t in extras]
-        ctx.save_for_backward(q, k, v, o, lse, *tensors)
+        ctx.save_for_backward(q, k, v, o, m, log_total, *tensors)
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o, lse, *tensors = ctx.saved_tensors
+        q, k, v, o, m, log_total, *tensors = ctx.saved_tensors
         extras = [t if c is None else c for t, c in zip(tensors, ctx.constants)]
         needs = ctx.needs_input_grad[1:]
         device, enabled, dtype = ctx.autocast
@@ -218,7 +238,7 @@ class _AttentionChain(torch.autograd.Function):
         inputs = [leaf(t, n) for t, n in zip((q, k, *extras), (needs[0], needs[1], *needs[3:]))]
         with torch.enable_grad(), torch.autocast(device, dtype=dtype, enabled=enabled):
             s = fns.scores(*inputs)
-        p = torch.exp(s.detach().to(lse.dtype) - lse)
+        p = torch.exp((_softmax_input(s.detach(), fns.softmax_dtype) - m) - log_total)
         weights = p.to(fns.softmax_dtype).requires_grad_(True)
         value = leaf(v, needs[2])
         with torch.enable_grad(), torch.autocast(device, dtype=dtype, enabled=enabled):
@@ -226,12 +246,19 @@ class _AttentionChain(torch.autograd.Function):
         wrt = [weights] + ([value] if needs[2] else [])
         grads = torch.autograd.grad(out, wrt, do)
         dp, dv = grads[0], (grads[1] if needs[2] else None)
-        row = (do.to(lse.dtype) * o.to(lse.dtype)).sum(-1, keepdim=True)
-        ds = (p * (dp.to(lse.dtype) - row)).to(s.dtype)
+        row = (do.to(p.dtype) * o.to(p.dtype)).sum(-1, keepdim=True)
+        ds = (p * (dp.to(p.dtype) - row)).to(s.dtype)
         wanted = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
         found = iter(torch.autograd.grad(s, wanted, ds, allow_unused=True) if wanted else ())
         d_inputs = [next(found) if isinstance(t, torch.Tensor) and t.requires_grad else None for t in inputs]
         return (None, d_inputs[0], d_inputs[1], dv, *d_inputs[2:])
+
+
+def _softmax_input(s: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """What the user's softmax computed on: the scores in the dtype it returned (its `dtype=`
+    argument, or autocast's fp32) — `softmax(x, dtype=bf16)` rounds x first — widened to at
+    least fp32."""
+    return s.to(dtype).to(torch.promote_types(dtype, torch.float32))
 
 
 def _call_chain(fns: ChainFunctions, q, k, v, *extras):
@@ -250,8 +277,7 @@ def rewrite(gm: torch.fx.GraphModule) -> int:
         v = chain.output.args[1]
         scores = _subgraph(gm, [q, k, *chain.extras], [chain.score, *chain.region],
                            chain.region[-1] if chain.region else chain.score)
-        p_in = chain.softmax
-        output = _subgraph(gm, [p_in, v], [*chain.weights, chain.output], chain.output)
+        output = _output_graph(gm, chain)
         fns = ChainFunctions(scores, output, _value(chain.softmax).dtype)
         with gm.graph.inserting_before(chain.output):
             call = gm.graph.call_function(_call_chain, (fns, q, k, v, *chain.extras))

@@ -131,9 +131,14 @@ def _check(out_k, red_k, f_name, side, by_node, graph, outputs, steps, note):
     internal = {st.node for st in red_k.stages} | {s_name, out_k.stages[0].node}
     # may read the finished reductions (`(e @ v) / e.sum(-1)`), as may the row statistics (`others`)
     epilogue = {st.node for st in out_k.stages[1:]}
+    later = _read_after(steps, out_k, graph)
+    stored = []  # reductions read outside the chain (a training forward saves the row max)
     for name in [s_name, f_name] + [s.node for s in reduces]:
         allowed = internal | epilogue if name not in (s_name, f_name) else internal
         if name in outputs or not readers.get(name, set()) <= allowed:
+            if name not in (s_name, f_name) and readers.get(name, set()) - allowed <= later:
+                stored.append(name)  # stored once per row by the flash kernel, after its loop
+                continue
             note(f"{out_k.stages[0].node}: no attention fusion: {name} is needed outside the chain")
             return None
     held_n = o_node.shape[con.n_dim if side == "a" else con.m_dim]
@@ -157,7 +162,7 @@ def _check(out_k, red_k, f_name, side, by_node, graph, outputs, steps, note):
     if not _epilogue_reads_own_rows(graph, out_k, info, reduces, term):
         note(f"{out_k.stages[0].node}: no attention fusion: the epilogue reads a reduction at another row")
         return None
-    stats = _row_stats(graph, others, reduces, term, o_node)
+    stats = _row_stats(graph, others, reduces, term, o_node, stored)
     if stats is None:
         note(f"{out_k.stages[0].node}: no attention fusion: a statistic of the rows reads a reduction at another row")
         return None
@@ -180,12 +185,12 @@ def _check(out_k, red_k, f_name, side, by_node, graph, outputs, steps, note):
     flash.flash = info = replace(info, masked=masked, skippable=skippable,
                                  row_stats={name: index for name, (_, index) in stats.items()})
     flash.stages.append(Stage(s_name, StageKind.SCORE, score_k.stages[0].body, store=False))
-    flash.stages.extend(Stage(s.node, StageKind.REDUCE, info.reduce_bodies[s.node], level=0, store=False,
+    flash.stages.extend(Stage(s.node, StageKind.REDUCE, info.reduce_bodies[s.node], level=0, store=s.node in stored,
                               repair=s.repair) for s in reduces)
     flash.stages.append(Stage(out_k.stages[0].node, StageKind.CONTRACTION, term, store=out_k.stages[0].store,
                               repair=repair))
     flash.stages.extend(out_k.stages[1:])
-    flash.stages.extend(Stage(name, StageKind.ROW, body) for name, (body, _) in stats.items())
+    flash.stages.extend(Stage(name, StageKind.ROW, body) for name, (body, _) in stats.items() if name not in stored)
     fused = (f"{out_k.stages[0].node}: attention fusion of the scores {s_name}, their reductions "
              f"{', '.join(s.node for s in reduces)} and the output product (the scores never reach memory)")
     repaired = f"{out_k.stages[0].node}: {repair.describe()}"
@@ -279,13 +284,31 @@ def _reads_only(body: Expr, names: set) -> bool:
     return all(e.buffer in names for e in walk(body) if isinstance(e, Load))
 
 
-def _row_stats(graph, stages, reduces, term, o_node) -> dict | None:
+def _read_after(steps: list, out_k, graph) -> set:
+    """The nodes of the steps after `out_k` (where the flash kernel will run)."""
+    after = steps[next(i for i, s in enumerate(steps) if s is out_k) + 1:]
+    found = set()
+    for s in after:
+        if isinstance(s, KernelPlan):
+            found |= {st.node for st in s.stages}
+        else:
+            found.add(s.node)
+    return found
+
+
+def _row_stats(graph, stages, reduces, term, o_node, stored=()) -> dict | None:
     """{name: (body, index)} of row statistics — outputs that read nothing but the finished
-    reductions, each at its own row (`where(m == -inf, 0, m + log(l))`) — in the output
-    contraction's coordinates; None when one reads a reduction at another row."""
+    reductions, each at its own row (`where(m == -inf, 0, m + log(l))`), and the reductions
+    `stored` themselves (body None) — in the output contraction's coordinates; None when one
+    reads a reduction at another row."""
     names = {st.node for st in reduces}
     template = next((n for n in names if len(_loads_of(term, n)) == 1), None)
     stats = {}
+    for name in stored:
+        at = _same_row(graph, template, next(iter(_loads_of(term, template))), name) if template else set()
+        if len(at) != 1:
+            return None
+        stats[name] = (None, next(iter(at)))
     for st in stages:
         if template is None:
             return None

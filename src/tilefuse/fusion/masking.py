@@ -376,13 +376,12 @@ def vanishes_when_masked(body: Expr, masked: Expr, m: Monoid) -> bool:
     at both. Skipping such keys changes nothing for a row that keeps a live key, and a row
     without one is visited whole wherever a finite fill skips (`diagonal_keeps_rows_live`, the
     block summary's per-row liveness)."""
-    # the scores: what the masked expression reads outside its condition (the mask's own
-    # buffers may be read elsewhere too: `where(keep, ds, 0)` in a backward's weights)
-    cond = _masking(masked, SOFT_FILL_LIMIT)[0]
-    in_cond = {e.buffer for e in walk(cond) if isinstance(e, Load)} if cond is not None else set()
-    scores = {e.buffer for e in walk(masked) if isinstance(e, Load)} - in_cond
+    scores = {e.buffer for e in walk(masked) if isinstance(e, Load)}
     placeholder = Var("__masked__", masked.dtype)
     hidden = transform(body, lambda e: placeholder if e == masked else None)
+    # the mask's own condition may select elsewhere in the body too (`where(¬keep, 0, ds)` in
+    # a backward's weights): at a masked key its value is known, so it is substituted
+    hidden = _at_masked_keys(hidden, masked)
     if any(isinstance(e, Load) and e.buffer in scores for e in walk(hidden)):
         return False
     if m not in (SUM, ANY, MAX, MIN):  # (prod, all and the arg-reductions are not checked)
@@ -397,6 +396,31 @@ def vanishes_when_masked(body: Expr, masked: Expr, m: Monoid) -> bool:
                 or not _same_as_live(hidden, placeholder, value_masked, rng):
             return False
     return True
+
+
+def _at_masked_keys(hidden: Expr, masked: Expr) -> Expr:
+    """`hidden` with each copy of the masked selection's own condition (and its negation)
+    replaced by the value it has where the score is masked: `where(c, -inf, s)` is masked
+    where c holds, `where(c, s, -inf)` where it does not."""
+    e = _strip(masked)
+    if not isinstance(e, Where):
+        return hidden
+    if _fill(e.a, SOFT_FILL_LIMIT) is not None:
+        value = True
+    elif _fill(e.b, SOFT_FILL_LIMIT) is not None:
+        value = False
+    else:
+        return hidden
+    cond = e.cond
+
+    def fn(n):
+        if n == cond:
+            return Const(value, n.dtype)
+        if isinstance(n, Unary) and n.op == "logical_not" and n.x == cond:
+            return Const(not value, n.dtype)
+        return None
+
+    return transform(hidden, fn)
 
 
 def _same_as_live(hidden: Expr, placeholder: Var, value_masked: float, rng) -> bool:

@@ -462,7 +462,8 @@ def _store_row_stats(b: KernelBuilder, plan: KernelPlan, bound: dict, at, rm, m_
     stored once per query row."""
     for st in plan.stages:
         if st.node in plan.flash.row_stats:
-            value = b.value(at(st.body, rm, 0, 0), mask=m_ok)
+            # a stored reduction is its finished value; a statistic is computed from them
+            value = b.bound[st.node] if st.kind == StageKind.REDUCE else b.value(at(st.body, rm, 0, 0), mask=m_ok)
             b.bound[st.node] = value
             index = tuple(Index(sympy.sympify(c.expr).subs(bound)) for c in plan.flash.row_stats[st.node])
             b.store(st.node, index, value, m_ok)
