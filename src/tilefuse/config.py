@@ -222,7 +222,7 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "tile is visited and masked"),
     Knob("attention_backward", bool, True,
          "training: each attention chain (softmax of a score function of q·kᵀ, times v) becomes one "
-         "autograd function: the forward saves the logsumexp of the scores, never the probabilities, "
+         "autograd function: the forward saves the softmax's row max and log-sum, never the probabilities, "
          "and the backward recomputes them (FlashAttention-2's derivation, the score function's "
          "derivative by autograd); off: the chain is differentiated as traced"),
     Knob("recompute", bool, True,
