@@ -189,6 +189,17 @@ class Graph:
         self.nodes[node.name] = node
         return node
 
+    def expand_nodes(self, replacements: dict) -> None:
+        """Replace nodes in place by lists of nodes (name -> [new nodes, in order]), keeping
+        the topological order; a new node that comes from the old one's ops takes its origin."""
+        nodes = {}
+        for name, node in self.nodes.items():
+            for new in replacements.get(name, [node]):
+                nodes[new.name] = new
+                if new.name != name and name in self.origins:
+                    self.origins.setdefault(new.name, self.origins[name])
+        self.nodes = nodes
+
     def fresh_name(self, prefix: str = "buf") -> str:
         k = len(self.nodes)
         while f"{prefix}{k}" in self.nodes:

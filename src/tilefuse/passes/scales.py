@@ -102,14 +102,7 @@ def hoist_scales(graph: Graph) -> Graph:
         scaled = Pointwise(node.name, node.dtype, node.shape,
                            body=cast(binary("mul", Load(raw.name, index, acc), const(scale, acc)), node.dtype))
         rewritten[node.name] = [raw, scaled]
-        if node.name in graph.origins:  # both halves come from the product
-            graph.origins[raw.name] = graph.origins[node.name]
-    if rewritten:
-        nodes = {}
-        for name, node in graph.nodes.items():
-            for new in rewritten.get(name, [node]):
-                nodes[new.name] = new
-        graph.nodes = nodes
+    graph.expand_nodes(rewritten)  # (both halves come from the node's ops)
     return graph
 
 

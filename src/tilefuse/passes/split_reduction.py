@@ -93,14 +93,7 @@ def split_reductions(graph: Graph, sm_count: int) -> Graph:
         final = Reduce(node.name, node.dtype, node.shape, ranges=(sympy.Integer(s),), combiner=node.combiner,
                        body=Load(part.name, (Index(r0), *(Index(i) for i in out_index(node.rank))), acc))
         rewritten[node.name] = [part, final]
-        if node.name in graph.origins:
-            graph.origins[part.name] = graph.origins[node.name]
-    if rewritten:
-        nodes = {}
-        for name, node in graph.nodes.items():
-            for new in rewritten.get(name, [node]):
-                nodes[new.name] = new
-        graph.nodes = nodes
+    graph.expand_nodes(rewritten)  # (both halves come from the node's ops)
     return graph
 
 
