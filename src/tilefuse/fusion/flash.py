@@ -162,6 +162,9 @@ def _check(out_k, red_k, f_name, side, by_node, graph, outputs, steps, note):
     if not _epilogue_reads_own_rows(graph, out_k, info, reduces, term):
         note(f"{out_k.stages[0].node}: no attention fusion: the epilogue reads a reduction at another row")
         return None
+    if any(not readers.get(st.node, set()) <= later | internal for st in others):
+        note(f"{out_k.stages[0].node}: no attention fusion: a statistic of the rows is read before the output")
+        return None
     stats = _row_stats(graph, others, reduces, term, o_node, stored)
     if stats is None:
         note(f"{out_k.stages[0].node}: no attention fusion: a statistic of the rows reads a reduction at another row")
@@ -220,9 +223,10 @@ class FlashInfo:
     #: and whether key tiles masked throughout may be skipped (`fusion.masking.mask_facts`)
     masked: Expr | None = None
     skippable: bool = False
-    #: outputs computed from the finished reductions alone, one value per query row (the
-    #: logsumexp a training step's backward reads): name -> its index in these coordinates;
-    #: their stages (kind `row`) hold the bodies, also in these coordinates
+    #: values stored once per query row after the loop: outputs computed from the finished
+    #: reductions alone (a logsumexp; their stages, of kind `row`, hold the bodies in these
+    #: coordinates) and reductions read outside the chain (a training forward's saved max;
+    #: their `reduce` stages are stored): name -> its index in these coordinates
     row_stats: dict = field(default_factory=dict)
     #: products whose weights are recomputed from score products (`fusion.recompute`): each
     #: score as (name, row factor, key factor, extent of k0); empty for attention plans, whose

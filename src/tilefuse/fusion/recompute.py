@@ -23,7 +23,7 @@ import sympy
 
 from ..ir.expr import Cast, Expr, Index, Load, binary, count_ops, free_symbols, out_index, red_index, \
     skip_intermediate_rounding, transform, walk
-from ..ir.graph import Graph, Pointwise
+from ..ir.graph import Graph, Pointwise, Scatter
 from ..ir.rewrite import substitute_index
 from .flash import K0, MAX_HELD, FlashInfo, _static
 from .inline import is_contraction_like
@@ -118,6 +118,8 @@ def _try(out_k: KernelPlan, graph: Graph, by_node: dict, note) -> KernelPlan | N
             return None
         if n_sym in free_symbols(weights):
             return None
+        if _reads_written(weights, graph):
+            return None  # (an input written in place in the graph: read later, it may have changed)
         scores = []
         for name in names:
             found = _score_coordinates(graph, by_node, weights, name, r0, n_sym)
@@ -146,6 +148,24 @@ def _try(out_k: KernelPlan, graph: Graph, by_node: dict, note) -> KernelPlan | N
         plan.notes = out_k.notes + [what]
         return plan
     return None
+
+
+def _reads_written(expr: Expr, graph: Graph) -> bool:
+    """Whether `expr` (with the score products' own factors) reads a buffer some node of the
+    graph writes in place (a KV cache): recomputed at the product, it could see the write."""
+    written = {n.target for n in graph.nodes.values() if isinstance(n, Scatter)}
+    written |= {n.name for n in graph.nodes.values() if isinstance(n, Scatter)}
+    if not written:
+        return False
+    seen, todo = set(), [expr]
+    while todo:
+        for e in walk(todo.pop()):
+            if isinstance(e, Load) and e.buffer not in seen:
+                seen.add(e.buffer)
+                node = graph.nodes.get(e.buffer)
+                if node is not None and is_contraction_like(node):
+                    todo.append(node.body)
+    return bool(seen & written)
 
 
 def _mask_of(weights: Expr, scores: list) -> tuple:
