@@ -35,6 +35,7 @@ the product (`D = rowsum(dO ∘ o)` needs `o = p @ v`), and softmaxes over anoth
 """
 from __future__ import annotations
 
+import contextlib
 import operator
 from dataclasses import dataclass
 
@@ -202,6 +203,8 @@ class ChainFunctions:
     scores: torch.fx.GraphModule
     output: torch.fx.GraphModule
     softmax_dtype: torch.dtype
+    #: the user's frames at the softmax: the backward's ops are traced as coming from there
+    stack_trace: str | None = None
 
 
 class _AttentionChain(torch.autograd.Function):
@@ -226,32 +229,63 @@ class _AttentionChain(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o, m, log_total, *tensors = ctx.saved_tensors
-        extras = [t if c is None else c for t, c in zip(tensors, ctx.constants)]
-        needs = ctx.needs_input_grad[1:]
-        device, enabled, dtype = ctx.autocast
-        fns = ctx.fns
+        with _traced_at(ctx.fns.stack_trace):
+            return _recomputed_grads(ctx, do)
 
-        def leaf(t, need):
-            return t.detach().requires_grad_(need) if isinstance(t, torch.Tensor) and need else t
 
-        inputs = [leaf(t, n) for t, n in zip((q, k, *extras), (needs[0], needs[1], *needs[3:]))]
-        with torch.enable_grad(), torch.autocast(device, dtype=dtype, enabled=enabled):
-            s = fns.scores(*inputs)
-        p = torch.exp((_softmax_input(s.detach(), fns.softmax_dtype) - m) - log_total)
-        weights = p.to(fns.softmax_dtype).requires_grad_(True)
-        value = leaf(v, needs[2])
-        with torch.enable_grad(), torch.autocast(device, dtype=dtype, enabled=enabled):
-            out = fns.output(weights, value)
-        wrt = [weights] + ([value] if needs[2] else [])
-        grads = torch.autograd.grad(out, wrt, do)
-        dp, dv = grads[0], (grads[1] if needs[2] else None)
-        row = (do.to(p.dtype) * o.to(p.dtype)).sum(-1, keepdim=True)
-        ds = (p * (dp.to(p.dtype) - row)).to(s.dtype)
-        wanted = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
-        found = iter(torch.autograd.grad(s, wanted, ds, allow_unused=True) if wanted else ())
-        d_inputs = [next(found) if isinstance(t, torch.Tensor) and t.requires_grad else None for t in inputs]
-        return (None, d_inputs[0], d_inputs[1], dv, *d_inputs[2:])
+def _recomputed_grads(ctx, do) -> tuple:
+    """The chain's gradients from what its forward saved (the module's docstring)."""
+    q, k, v, o, m, log_total, *tensors = ctx.saved_tensors
+    extras = [t if c is None else c for t, c in zip(tensors, ctx.constants)]
+    needs = ctx.needs_input_grad[1:]
+    device, enabled, dtype = ctx.autocast
+    fns = ctx.fns
+
+    def leaf(t, need):
+        return t.detach().requires_grad_(need) if isinstance(t, torch.Tensor) and need else t
+
+    inputs = [leaf(t, n) for t, n in zip((q, k, *extras), (needs[0], needs[1], *needs[3:]))]
+    with torch.enable_grad(), torch.autocast(device, dtype=dtype, enabled=enabled):
+        s = fns.scores(*inputs)
+    p = torch.exp((_softmax_input(s.detach(), fns.softmax_dtype) - m) - log_total)
+    weights = p.to(fns.softmax_dtype).requires_grad_(True)
+    value = leaf(v, needs[2])
+    with torch.enable_grad(), torch.autocast(device, dtype=dtype, enabled=enabled):
+        out = fns.output(weights, value)
+    wrt = [weights] + ([value] if needs[2] else [])
+    grads = torch.autograd.grad(out, wrt, do)
+    dp, dv = grads[0], (grads[1] if needs[2] else None)
+    row = (do.to(p.dtype) * o.to(p.dtype)).sum(-1, keepdim=True)
+    ds = (p * (dp.to(p.dtype) - row)).to(s.dtype)
+    wanted = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    found = iter(torch.autograd.grad(s, wanted, ds, allow_unused=True) if wanted else ())
+    d_inputs = [next(found) if isinstance(t, torch.Tensor) and t.requires_grad else None for t in inputs]
+    return (None, d_inputs[0], d_inputs[1], dv, *d_inputs[2:])
+
+
+@contextlib.contextmanager
+def _traced_at(stack_trace: str | None):
+    """While AOTAutograd traces the backward, its nodes record `stack_trace` as the user's
+    frames (the softmax's line), as the nodes of a built-in op's backward record its forward
+    op's; elsewhere (or on a PyTorch without node-meta tracing) nothing changes."""
+    try:
+        from torch.fx import traceback as fx_traceback
+
+        meta = fx_traceback.get_current_meta() if fx_traceback.has_preserved_node_meta() else None
+    except AttributeError:
+        meta = None
+    if not stack_trace or not isinstance(meta, dict):
+        yield
+        return
+    saved = meta.get("stack_trace")
+    meta["stack_trace"] = stack_trace
+    try:
+        yield
+    finally:
+        if saved is None:
+            meta.pop("stack_trace", None)
+        else:
+            meta["stack_trace"] = saved
 
 
 def _softmax_input(s: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -278,10 +312,13 @@ def rewrite(gm: torch.fx.GraphModule) -> int:
         scores = _subgraph(gm, [q, k, *chain.extras], [chain.score, *chain.region],
                            chain.region[-1] if chain.region else chain.score)
         output = _output_graph(gm, chain)
-        fns = ChainFunctions(scores, output, _value(chain.softmax).dtype)
+        trace = chain.softmax.meta.get("stack_trace") or chain.output.meta.get("stack_trace")
+        fns = ChainFunctions(scores, output, _value(chain.softmax).dtype, trace)
         with gm.graph.inserting_before(chain.output):
             call = gm.graph.call_function(_call_chain, (fns, q, k, v, *chain.extras))
         call.meta.update(chain.output.meta)
+        if trace:
+            call.meta["stack_trace"] = trace  # (the forward's kernels: the attention's line)
         chain.output.replace_all_uses_with(call)
         for n in reversed([chain.score, *chain.region, chain.softmax, *chain.weights, chain.output]):
             gm.graph.erase_node(n)

@@ -19,6 +19,8 @@ pointwise function of small products and of materialised values is recomputed th
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import sympy
 
 from ..ir.expr import Cast, Expr, Index, Load, binary, count_ops, free_symbols, out_index, red_index, \
@@ -37,9 +39,10 @@ def fuse_recomputed_scores(steps: list, graph: Graph, outputs: set, note) -> lis
     """Products over recomputed score tiles, as flash plans; kernels left unread dropped."""
     by_node = {st.node: k for k in steps if isinstance(k, KernelPlan) for st in k.stages}
     merged = {}  # original kernel -> its flash plan
+    reach: dict = {}  # buffer -> whether a small product is read through pointwise nodes from it
     for k in [s for s in steps if isinstance(s, KernelPlan)]:
         if k.kind == PlanKind.CONTRACTION and k.flash is None:
-            plan = _try(k, graph, by_node, lambda msg: None)
+            plan = _try(k, graph, by_node, lambda msg: None, reach)
             if plan is not None:
                 merged[k.name] = (k, plan)
     # recompute only where it removes the materialisation: a product whose score products
@@ -51,6 +54,8 @@ def fuse_recomputed_scores(steps: list, graph: Graph, outputs: set, note) -> lis
         undone = [name for name, (_, plan) in merged.items()
                   if not all(n in dead for n, *_ in plan.flash.scores)]
         if not undone:
+            for _, plan in merged.values():
+                _with_mask(plan)
             _store_what_is_read(kept[0], {name for name, (_, plan) in merged.items()})
             for _, plan in merged.values():
                 for msg in plan.notes[-1:]:
@@ -63,36 +68,61 @@ def fuse_recomputed_scores(steps: list, graph: Graph, outputs: set, note) -> lis
     return steps
 
 
-def _expand(expr: Expr, graph: Graph, depth: int = 0) -> Expr:
-    """`expr` with every pointwise node it reads substituted by its body, recursively."""
+def _expand(expr: Expr, graph: Graph, depth: int = 0, memo: dict | None = None) -> Expr:
+    """`expr` with every pointwise node it reads substituted by its body, recursively (`memo`:
+    expanded loads, shared by the calls of one pass)."""
+    memo = {} if memo is None else memo
+
     def fn(e):
         if isinstance(e, Load) and e.buffer in graph.nodes and isinstance(graph[e.buffer], Pointwise):
-            node = graph[e.buffer]
-            body = substitute_index(node.body, dict(zip(out_index(node.rank), e.index)))
-            return _expand(body, graph, depth + 1) if depth < 64 else None
+            if e not in memo:
+                node = graph[e.buffer]
+                body = substitute_index(node.body, dict(zip(out_index(node.rank), e.index)))
+                memo[e] = _expand(body, graph, depth + 1, memo) if depth < 64 else e
+            return memo[e]
         return None
 
     return transform(expr, fn)
 
 
+def _reaches_small_product(expr: Expr, graph: Graph, reach: dict) -> bool:
+    """Whether `expr` reads a score product, directly or through pointwise nodes — by names
+    alone (memoised in `reach`): most products' operands do not, and are not expanded."""
+    def reaches(name: str) -> bool:
+        if name not in reach:
+            reach[name] = False  # (a node is never its own producer: the graph is acyclic)
+            node = graph.nodes.get(name)
+            if node is not None and _small_product(node):
+                reach[name] = True
+            elif isinstance(node, Pointwise):
+                reach[name] = any(reaches(e.buffer) for e in walk(node.body) if isinstance(e, Load))
+        return reach[name]
+
+    return any(reaches(e.buffer) for e in walk(expr) if isinstance(e, Load))
+
+
+def _small_product(node) -> bool:
+    return is_contraction_like(node) and len(node.ranges) == 1 and _static(node.ranges[0]) is not None \
+        and _static(node.ranges[0]) <= MAX_HELD
+
+
 def _scores_in(expr: Expr, graph: Graph) -> set:
     return {e.buffer for e in walk(expr) if isinstance(e, Load) and e.buffer in graph.nodes
-            and is_contraction_like(graph[e.buffer]) and len(graph[e.buffer].ranges) == 1
-            and _static(graph[e.buffer].ranges[0]) is not None and _static(graph[e.buffer].ranges[0]) <= MAX_HELD}
+            and _small_product(graph[e.buffer])}
 
 
-def _weights(factor: Expr, graph: Graph) -> Expr:
+def _weights(factor: Expr, graph: Graph, memo: dict) -> Expr:
     """The factor with its producers substituted; the dot's operand keeps eager's rounding
     (`float32(bfloat16(p))`: a bf16 product on tensor cores), the values inside it keep their
     compute precision (the scores never reach memory to be rounded)."""
-    expanded = _expand(factor, graph)
+    expanded = _expand(factor, graph, memo=memo)
     if isinstance(expanded, Cast) and isinstance(expanded.x, Cast) and expanded.x.dtype.is_low_precision:
         inner = expanded.x
         return Cast(Cast(skip_intermediate_rounding(inner.x), inner.dtype), expanded.dtype)
     return skip_intermediate_rounding(expanded)
 
 
-def _try(out_k: KernelPlan, graph: Graph, by_node: dict, note) -> KernelPlan | None:
+def _try(out_k: KernelPlan, graph: Graph, by_node: dict, note, reach: dict) -> KernelPlan | None:
     con = out_k.contraction
     o_stage = out_k.stages[0]
     o_node = graph[o_stage.node]
@@ -102,11 +132,9 @@ def _try(out_k: KernelPlan, graph: Graph, by_node: dict, note) -> KernelPlan | N
     (r0,) = red_index(1)
     for side, other in (("a", "b"), ("b", "a")):
         factor = getattr(con, side)
-        if not _scores_in(_expand(factor, graph), graph):
+        if not _reaches_small_product(factor, graph, reach):
             continue
-        weights = _weights(factor, graph)
-        if _scores_in(_expand(getattr(con, other), graph), graph):
-            return None
+        weights = _weights(factor, graph, reach.setdefault("__expanded__", {}))
         held = con.n_dim if side == "a" else con.m_dim
         rows = con.m_dim if side == "a" else con.n_dim
         n_sym = outs[held]
@@ -128,13 +156,9 @@ def _try(out_k: KernelPlan, graph: Graph, by_node: dict, note) -> KernelPlan | N
                 return None
             scores.append(found)
         flash_con = Contraction(a=weights, b=getattr(con, other), m_dim=rows, n_dim=held, batch_dims=con.batch_dims)
-        masked, skippable = _mask_of(weights, names)
-        if masked is not None:  # the masked product first: the mask's machinery reads its factors
-            first = next(n for n in names if any(isinstance(e, Load) and e.buffer == n for e in walk(masked)))
-            scores.sort(key=lambda sc: sc[0] != first)
         _, q, k, extent = scores[0]
         info = FlashInfo(q=q, k=k, score_extent=extent, a=weights, b=flash_con.b, reduce_bodies={},
-                         masked=masked, skippable=skippable, scores=tuple(scores))
+                         scores=tuple(scores))  # (its mask: `_with_mask`, once the plan is kept)
         plan = KernelPlan(name=out_k.name, kind=PlanKind.FLASH, parallel=out_k.parallel, reduction=(o_node.ranges[0],))
         plan.contraction = flash_con
         plan.flash = info
@@ -166,6 +190,24 @@ def _reads_written(expr: Expr, graph: Graph) -> bool:
                 if node is not None and is_contraction_like(node):
                     todo.append(node.body)
     return bool(seen & written)
+
+
+def _with_mask(plan: KernelPlan) -> None:
+    """The plan's mask (`_mask_of`), with the masked score product made the first (the mask's
+    machinery — block summary, score bound — reads the first one's factors)."""
+    info = plan.flash
+    names = [name for name, *_ in info.scores]
+    masked, skippable = _mask_of(info.a, names)
+    scores = list(info.scores)
+    if masked is not None:
+        first = next(n for n in names if any(isinstance(e, Load) and e.buffer == n for e in walk(masked)))
+        scores.sort(key=lambda sc: sc[0] != first)
+    _, q, k, extent = scores[0]
+    plan.flash = replace(info, q=q, k=k, score_extent=extent, masked=masked, skippable=skippable,
+                         scores=tuple(scores))
+    by_name = {st.node: st for st in plan.stages if st.kind == StageKind.SCORE}
+    rest = [st for st in plan.stages if st.kind != StageKind.SCORE]
+    plan.stages[:] = [by_name[name] for name, *_ in scores] + rest
 
 
 def _mask_of(weights: Expr, scores: list) -> tuple:
@@ -205,8 +247,6 @@ def _score_coordinates(graph: Graph, by_node: dict, weights: Expr, name: str, r0
     mapping = dict(zip(out_index(node.rank), idx))
     mapping[red_index(1)[0]] = Index(K0)
     fa, fb = substitute_index(sc.a, mapping), substitute_index(sc.b, mapping)
-    if _scores_in(_expand(fa, graph), graph) or _scores_in(_expand(fb, graph), graph):
-        return f"{name}'s factors are products themselves"
     q, k = (fb, fa) if key_sym in free_symbols(sc.a) else (fa, fb)
     return name, q, k, node.ranges[0]
 
