@@ -135,6 +135,8 @@ def _try(out_k: KernelPlan, graph: Graph, by_node: dict, note, reach: dict) -> K
         if not _reaches_small_product(factor, graph, reach):
             continue
         weights = _weights(factor, graph, reach.setdefault("__expanded__", {}))
+        if _reaches_small_product(getattr(con, other), graph, reach):
+            return None  # (the other operand would read a product the plan no longer stores)
         held = con.n_dim if side == "a" else con.m_dim
         rows = con.m_dim if side == "a" else con.n_dim
         n_sym = outs[held]
@@ -247,6 +249,8 @@ def _score_coordinates(graph: Graph, by_node: dict, weights: Expr, name: str, r0
     mapping = dict(zip(out_index(node.rank), idx))
     mapping[red_index(1)[0]] = Index(K0)
     fa, fb = substitute_index(sc.a, mapping), substitute_index(sc.b, mapping)
+    if _reaches_small_product(fa, graph, {}) or _reaches_small_product(fb, graph, {}):
+        return f"{name}'s factors are products themselves"  # (their kernels could be dropped too)
     q, k = (fb, fa) if key_sym in free_symbols(sc.a) else (fa, fb)
     return name, q, k, node.ranges[0]
 
