@@ -289,11 +289,27 @@ def _partitioner(settings: dict):
         else partitioners.default_partition
 
     def partition(joint, inputs, **kwargs):
+        _recompute_counter_based_randomness(joint)
         forward, backward = cut(joint, inputs, **kwargs)
         forward.meta[SAVED_FROM] = kwargs.get("num_fwd_outputs")  # what follows is saved for the backward
         return forward, backward
 
     return partition
+
+
+def _recompute_counter_based_randomness(joint: torch.fx.GraphModule) -> None:
+    """Random numbers that are a function of a seed (`frontend.random_ops.philox_uniform`, a
+    dropout mask on attention weights) are recomputed by the backward from the saved seed,
+    never saved themselves: the partition would otherwise keep the T×T mask that the chain
+    exists to avoid (it does not recompute ops it does not know)."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    from .frontend import random_ops
+
+    uniform = random_ops.philox_uniform._opoverload
+    for node in joint.graph.nodes:
+        if node.op == "call_function" and node.target is uniform:
+            node.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
 
 
 def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None = None,

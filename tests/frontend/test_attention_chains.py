@@ -165,8 +165,13 @@ def test_chains_that_a_recomputation_or_the_row_term_would_break_are_left_alone(
     # dropout inside the score function differs when recomputed
     why = _chain_of(lambda q, k, v: F.softmax(F.dropout(q @ k.transpose(-1, -2), 0.5), -1) @ v, q, k, v)
     assert "differ when recomputed" in why
-    # dropout of the probabilities: o is not p @ v
-    why = _chain_of(lambda q, k, v: F.dropout(F.softmax(q @ k.transpose(-1, -2), -1), 0.5) @ v, q, k, v)
+    # dropout of the probabilities is regenerated, not refused; an in-place one is refused
+    chain = _chain_of(lambda q, k, v: F.dropout(F.softmax(q @ k.transpose(-1, -2), -1), 0.5) @ v, q, k, v)
+    assert chain.dropout == 0.5
+    why = _chain_of(lambda q, k, v: F.dropout(F.softmax(q @ k.transpose(-1, -2), -1), 0.5, inplace=True) @ v, q, k, v)
+    assert "dropout" in why
+    # two dropouts: D = rowsum(dO ∘ o) holds for one mask, the second is not regenerated
+    why = _chain_of(lambda q, k, v: F.dropout(F.dropout(F.softmax(q @ k.transpose(-1, -2), -1), 0.5), 0.2) @ v, q, k, v)
     assert "dropout" in why
     # the probabilities are also returned
     why = _chain_of(lambda q, k, v: (lambda p: (p @ v, p))(F.softmax(q @ k.transpose(-1, -2), -1)), q, k, v)
@@ -176,10 +181,65 @@ def test_chains_that_a_recomputation_or_the_row_term_would_break_are_left_alone(
     assert "last dim" in why
 
 
-def test_dropout_in_training_keeps_the_traced_backward():
-    """nanoGPT with dropout on: the chain stays as traced and the step still trains (the
-    gradients of eager's and the compiled step agree where the same dropout mask is drawn:
-    here p = 1, which drops everything)."""
+class _PhiloxDropout(nn.Module):
+    """Dropout with the mask a compiled chain draws for `seed`: kept where the counter-based
+    uniform at the element's index is at least p (`random_ops.philox_uniform`)."""
+
+    def __init__(self, p, seed):
+        super().__init__()
+        self.p, self.seed = p, seed
+
+    def forward(self, x):
+        keep = torch.ops.tilefuse.philox_uniform(self.seed, list(x.shape)) >= self.p
+        return x * keep.to(x.dtype) / (1 - self.p)
+
+
+def _seed_of_next_call(generator_seed: int) -> torch.Tensor:
+    """The seed a compiled graph with one random op draws right after `manual_seed`."""
+    from tilefuse.frontend.lowerings.random import draw_seeds
+
+    torch.manual_seed(generator_seed)
+    (seed,) = draw_seeds(1, torch.device(DEVICE))
+    return seed
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "autocast-bf16"])
+def test_dropout_on_the_probabilities_is_regenerated_in_the_backward(autocast):
+    """nanoGPT with attention dropout in training: the chain stays one autograd function that
+    saves a seed, not a mask — the forward's flash kernel computes the mask per tile, the
+    backward's kernels compute it again — and the gradients are those of eager with the same
+    mask, against fp64."""
+    torch.manual_seed(0)
+    model = NanoAttention(dropout=0.3).to(DEVICE)
+    x = torch.randn(2, T, C, device=DEVICE)
+    torch._dynamo.reset()
+    with torch.autocast(DEVICE, torch.bfloat16, enabled=autocast):
+        report = tilefuse.explain(model, x)
+    forward, backward = report.reports
+    assert "flash" in [k.kind for k in forward.kernels], str(report)
+    assert _saved_square(backward, T) == [], backward.graph_ir.splitlines()[0]
+    assert len([k for k in backward.kernels if k.kind == "flash"]) == 3, str(report)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="tilefuse")
+    _grads(compiled, (x,), autocast)  # compiles (tuning may draw random numbers)
+    seed = _seed_of_next_call(1234)
+    torch.manual_seed(1234)
+    got = _grads(compiled, (x,), autocast)
+    model.drop = _PhiloxDropout(0.3, seed)
+    ref = _grads(model.double(), (x.double(),))
+    eager = _grads(model.float(), (x,), autocast)
+    tol = 1e-4 if not autocast else 2e-2
+    for r, e, g in zip(ref, eager, got):
+        eager_err = (e.double() - r).abs().max().item()
+        assert (g.double() - r).abs().max().item() <= 2 * eager_err + tol * r.abs().max().item()
+    # a new call draws a new mask: different gradients
+    again = _grads(compiled, (x,), autocast)
+    assert not torch.equal(again[0], got[0])
+
+
+def test_dropout_that_drops_everything():
+    """p = 1 is eager's special case (no scale of 1 / 0): the output and every gradient that
+    flows through it are zero, as in eager."""
     torch.manual_seed(0)
     model = NanoAttention(dropout=1.0)
     x = torch.randn(2, T, C)

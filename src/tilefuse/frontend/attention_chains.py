@@ -6,7 +6,7 @@ A Dynamo graph of a training step is rewritten before AOTAutograd traces it. A c
     s = f(q @ kᵀ, extras…)        any differentiable score function: scale, masks, biases,
                                   soft-capping, ALiBi (`extras` are its other inputs)
     p = softmax(s, dim=-1)
-    o = cast…(p) @ v              casts and dropout with p = 0 only
+    o = cast…(dropout(p)) @ v     casts, and at most one dropout
 
 whose intermediates nothing else reads becomes `_AttentionChain.apply(q, kᵀ, v, extras…)`:
 
@@ -15,23 +15,28 @@ whose intermediates nothing else reads becomes `_AttentionChain.apply(q, kᵀ, v
   the row statistics `m` and `log l` (apart: in a row masked throughout by a finite fill,
   `m + log l` rounds to `m`). The fusion planner makes this one flash kernel that also stores
   them (`fusion.flash`'s row statistics); the forward saves q, kᵀ, v, o, m and log l — never
-  the probabilities.
+  the probabilities. A dropout on the weights draws one seed (`random_ops.seed`) and keeps
+  the weights where the counter-based uniform at their index is at least p
+  (`random_ops.philox_uniform`): the mask is computed inside the flash kernel and only the
+  seed is saved.
 * **backward** — FlashAttention-2's derivation, with the score function's derivative taken by
   autograd from the user's own ops (so any `f` works, nothing is tabled):
 
       s  = f(q @ kᵀ)              recomputed, under the forward's autocast state
       p  = exp((s − m) − log l)
-      dv, dp = the output product's vjp at dO
-      D  = rowsum(dO ∘ o)         = Σⱼ pᵢⱼ dpᵢⱼ, since o = p @ v
+      z  = the forward's dropout mask over 1 − p, regenerated from the saved seed (1 without)
+      dv, dp = the output product's vjp at dO (dp = (dO vᵀ) ∘ z)
+      D  = rowsum(dO ∘ o)         = Σⱼ pᵢⱼ dpᵢⱼ, since o = (p ∘ z) @ v
       ds = p ∘ (dp − D)
       dq, dkᵀ, dextras = f's vjp at ds
 
-  The fusion of these into flash-backward kernels is the planner's (issue #19); until then the
-  backward is the unfused chain over recomputed scores.
+  The fusion planner makes these flash-shaped kernels over recomputed scores
+  (`fusion.recompute`).
 
 Chains with randomness or in-place updates inside `f` are left alone (a recomputation would
-differ), as are chains whose weights pass through anything but casts between the softmax and
-the product (`D = rowsum(dO ∘ o)` needs `o = p @ v`), and softmaxes over another dim.
+differ), as are chains whose weights pass through anything but casts and one dropout
+between the softmax and the product (`D = rowsum(dO ∘ o)` needs `o = (p ∘ z) @ v`), and
+softmaxes over another dim.
 """
 from __future__ import annotations
 
@@ -43,6 +48,7 @@ import torch
 import torch.fx
 
 from .. import logs
+from . import random_ops  # noqa: F401 - torch.ops.tilefuse.seed and .philox_uniform
 
 _MATMULS = {operator.matmul, torch.matmul, torch.bmm}
 _MATMUL_METHODS = {"matmul", "bmm", "__matmul__"}
@@ -81,10 +87,21 @@ def _identity_weights(n: torch.fx.Node) -> bool:
     their dtype: a cast, or dropout that drops nothing."""
     if n.op == "call_method" and n.target in _CASTS:
         return True
-    if n.op == "call_function" and n.target is torch.nn.functional.dropout:
-        args = dict(zip(("input", "p", "training", "inplace"), n.args), **n.kwargs)
-        return args.get("p", 0.5) == 0 or args.get("training", True) is False
-    return False
+    return _dropout_rate(n) == 0
+
+
+def _dropout_rate(n: torch.fx.Node) -> float | None:
+    """The probability `F.dropout` at `n` zeroes an element with (0 outside training); None
+    when `n` is not an out-of-place dropout with a number for its probability."""
+    if n.op != "call_function" or n.target is not torch.nn.functional.dropout:
+        return None
+    args = dict(zip(("input", "p", "training", "inplace"), n.args), **n.kwargs)
+    p, training = args.get("p", 0.5), args.get("training", True)
+    if args.get("inplace", False) is not False or not isinstance(training, bool):
+        return None
+    if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0 <= p < 1:
+        return None
+    return float(p) if training else 0.0
 
 
 @dataclass
@@ -97,6 +114,8 @@ class Chain:
     softmax: torch.fx.Node
     weights: list  # casts between the softmax and the product
     output: torch.fx.Node  # cast…(p) @ v
+    #: the probability a dropout among `weights` zeroes a weight with (0: none)
+    dropout: float = 0.0
 
 
 def _users_within(n: torch.fx.Node, allowed: set) -> bool:
@@ -111,7 +130,7 @@ def find_chain(softmax: torch.fx.Node) -> Chain | str:
     if not isinstance(xv, torch.Tensor) or dim not in (-1, xv.dim() - 1):
         return "the softmax is not over the last dim"
     # the weights: casts up to the product that reads them as its left operand
-    weights, at = [], softmax
+    weights, at, dropout = [], softmax, 0.0
     while True:
         users = list(at.users)
         if len(users) != 1:
@@ -120,7 +139,10 @@ def find_chain(softmax: torch.fx.Node) -> Chain | str:
         if _is_matmul(user) and user.args[0] is at:
             output = user
             break
-        if not _identity_weights(user) or user.args[0] is not at:
+        rate = _dropout_rate(user)
+        if rate and not dropout and user.args[0] is at:
+            dropout = rate  # regenerated from a saved seed in the backward
+        elif not _identity_weights(user) or user.args[0] is not at:
             return f"the probabilities pass through {_name(user)} before the product"
         weights.append(user)
         at = user
@@ -165,7 +187,7 @@ def find_chain(softmax: torch.fx.Node) -> Chain | str:
     ov = _value(output)
     if not isinstance(ov, torch.Tensor) or tuple(ov.shape[:-1]) != tuple(xv.shape[:-1]):
         return "the output's rows are not the scores' rows"
-    return Chain(score, region, extras, softmax, weights, output)
+    return Chain(score, region, extras, softmax, weights, output, dropout)
 
 
 def _subgraph(gm: torch.fx.GraphModule, inputs: list, nodes: list, result) -> torch.fx.GraphModule:
@@ -179,20 +201,37 @@ def _subgraph(gm: torch.fx.GraphModule, inputs: list, nodes: list, result) -> to
 
 
 def _output_graph(gm: torch.fx.GraphModule, chain: Chain) -> torch.fx.GraphModule:
-    """`output(p, v)`: the casts between the softmax and the product, each as the conversion
-    to the dtype it produced (`type_as(xq)` reads another tensor only for its dtype), then a
-    copy of the product."""
+    """`output(p, v, keep)`: the casts between the softmax and the product, each as the
+    conversion to the dtype it produced (`type_as(xq)` reads another tensor only for its
+    dtype), a dropout as the product with `keep` (the kept weights' scale, 0 where dropped),
+    then a copy of the product."""
     graph = torch.fx.Graph()
-    p, v = graph.placeholder("p"), graph.placeholder("v")
+    p, v, keep = graph.placeholder("p"), graph.placeholder("v"), graph.placeholder("keep")
     x = p
     for n in chain.weights:
         value = _value(n)
         if n.op == "call_method" and n.target in _CASTS and isinstance(value, torch.Tensor):
             x = graph.call_method("to", (x, value.dtype))
+        elif _dropout_rate(n):
+            x = graph.call_function(_dropped, (x, keep))
     args = (x, v) + tuple(chain.output.args[2:])
     out = graph.create_node(chain.output.op, chain.output.target, args, dict(chain.output.kwargs))
     graph.output(out)
     return torch.fx.GraphModule(gm, graph)
+
+
+def _dropped(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Dropout with a given mask: x · keep, computed in float32 (or x's wider dtype) and
+    rounded back, as eager's dropout kernel computes its low-precision inputs."""
+    wide = torch.promote_types(x.dtype, torch.float32)
+    return (x.to(wide) * keep.to(wide)).to(x.dtype)
+
+
+def _keep_scale(seed: torch.Tensor, shape, rate: float) -> torch.Tensor:
+    """Dropout's mask times its scale, float32: 1 / (1 − rate) where the counter-based uniform
+    at the element's linear index is at least `rate`, else 0 (`random_ops`)."""
+    u = torch.ops.tilefuse.philox_uniform(seed, list(shape))
+    return (u >= rate).to(torch.float32) * (1.0 / (1.0 - rate))
 
 
 @dataclass(frozen=True)
@@ -205,6 +244,10 @@ class ChainFunctions:
     softmax_dtype: torch.dtype
     #: the user's frames at the softmax: the backward's ops are traced as coming from there
     stack_trace: str | None = None
+    #: dropout's probability on the weights (0: none), and the number that keeps this chain's
+    #: seed apart from other chains' of its graph (`random_ops.seed`)
+    dropout: float = 0.0
+    tag: int = 0
 
 
 class _AttentionChain(torch.autograd.Function):
@@ -215,7 +258,9 @@ class _AttentionChain(torch.autograd.Function):
         m = x.amax(-1, keepdim=True)
         total = torch.exp(x - m).sum(-1, keepdim=True)
         p = (torch.exp(x - m) / total).to(fns.softmax_dtype)
-        o = fns.output(p, v)
+        seed = torch.ops.tilefuse.seed(q, fns.tag) if fns.dropout else None
+        keep = _keep_scale(seed, p.shape, fns.dropout) if fns.dropout else None
+        o = fns.output(p, v, keep)
         # m and log l apart, not their sum: in a row masked throughout by a finite fill
         # (finfo.min) m + log l rounds to m, and exp(s − lse) would give 1, not 1/T
         log_total = torch.log(total)
@@ -224,7 +269,7 @@ class _AttentionChain(torch.autograd.Function):
         ctx.fns = fns
         tensors = [t if isinstance(t, torch.Tensor) else None for t in extras]
         ctx.constants = [None if isinstance(t, torch.Tensor) else t for t in extras]
-        ctx.save_for_backward(q, k, v, o, m, log_total, *tensors)
+        ctx.save_for_backward(q, k, v, o, m, log_total, seed, *tensors)
         return o
 
     @staticmethod
@@ -235,7 +280,7 @@ class _AttentionChain(torch.autograd.Function):
 
 def _recomputed_grads(ctx, do) -> tuple:
     """The chain's gradients from what its forward saved (the module's docstring)."""
-    q, k, v, o, m, log_total, *tensors = ctx.saved_tensors
+    q, k, v, o, m, log_total, seed, *tensors = ctx.saved_tensors
     extras = [t if c is None else c for t, c in zip(tensors, ctx.constants)]
     needs = ctx.needs_input_grad[1:]
     device, enabled, dtype = ctx.autocast
@@ -250,8 +295,9 @@ def _recomputed_grads(ctx, do) -> tuple:
     p = torch.exp((_softmax_input(s.detach(), fns.softmax_dtype) - m) - log_total)
     weights = p.to(fns.softmax_dtype).requires_grad_(True)
     value = leaf(v, needs[2])
+    keep = _keep_scale(seed, p.shape, fns.dropout) if fns.dropout else None  # the forward's mask
     with torch.enable_grad(), torch.autocast(device, dtype=dtype, enabled=enabled):
-        out = fns.output(weights, value)
+        out = fns.output(weights, value, keep)
     wrt = [weights] + ([value] if needs[2] else [])
     grads = torch.autograd.grad(out, wrt, do)
     dp, dv = grads[0], (grads[1] if needs[2] else None)
@@ -313,7 +359,7 @@ def rewrite(gm: torch.fx.GraphModule) -> int:
                            chain.region[-1] if chain.region else chain.score)
         output = _output_graph(gm, chain)
         trace = chain.softmax.meta.get("stack_trace") or chain.output.meta.get("stack_trace")
-        fns = ChainFunctions(scores, output, _value(chain.softmax).dtype, trace)
+        fns = ChainFunctions(scores, output, _value(chain.softmax).dtype, trace, chain.dropout, done)
         with gm.graph.inserting_before(chain.output):
             call = gm.graph.call_function(_call_chain, (fns, q, k, v, *chain.extras))
         call.meta.update(chain.output.meta)

@@ -24,7 +24,7 @@ UNARY_OPS = frozenset(
 BINARY_OPS = frozenset(
     """add sub mul truediv floordiv mod fmod pow maximum minimum atan2 copysign
     eq ne lt le gt ge logical_and logical_or logical_xor bitwise_and bitwise_or
-    bitwise_xor lshift rshift""".split()
+    bitwise_xor lshift rshift rand""".split()
 )
 COMPARISONS = frozenset("eq ne lt le gt ge".split())
 LOGICAL = frozenset("logical_and logical_or logical_xor".split())

@@ -14,7 +14,7 @@ import math
 import sympy
 import torch
 
-from . import symbolic
+from . import philox, symbolic
 from .dtypes import DType
 from .bounds import check_message, index_error
 from .expr import (Binary, Cast, CheckedIndex, Const, Expr, Index, Load, Unary, Var, Where, index_symbol, out_index,
@@ -81,7 +81,7 @@ _BINARY = {
     "logical_or": torch.logical_or, "logical_xor": torch.logical_xor,
     "bitwise_and": torch.bitwise_and, "bitwise_or": torch.bitwise_or,
     "bitwise_xor": torch.bitwise_xor, "lshift": torch.bitwise_left_shift,
-    "rshift": torch.bitwise_right_shift,
+    "rshift": torch.bitwise_right_shift, "rand": philox.uniform,
 }
 
 

@@ -266,6 +266,8 @@ class ExprPrinter:
             return f"((bool)({a}) != (bool)({b}))"
         if op == "truediv":
             return f"({a} / {b})"
+        if op == "rand":
+            return f"tf_philox_uniform((int64_t)({a}), (int64_t)({b}))"
         ct = ctype(t)
         if op in ("maximum", "minimum"):
             return f"tf_{op[:3]}<{ct}>({a}, {b})"

@@ -211,6 +211,9 @@ class TritonPrinter:
                 raise InterpretUnsupported("atan2 has no Triton-interpreter spelling")
             self.uses_libdevice = True
             return f"libdevice.atan2({a}, {b})"
+        if op == "rand":
+            self.helpers.add("philox_interp" if self.interpret else "philox")
+            return f"_philox_uniform({a}, {b})"
         if op == "copysign":
             return f"tl.where(({b} < 0) | ((1.0 / {b}) < 0), -tl.abs({a}), tl.abs({a}))"
         raise NotImplementedError(f"binary op {op}")

@@ -114,11 +114,17 @@ def _model_workload(name: str, make_inputs, fn, sizes, description: str, *, item
 
 # ----------------------------------------------------------------------------- nanoGPT
 
-def _gpt(size) -> nanogpt.GPT:
+def _gpt(size, dropout: float = 0.0) -> nanogpt.GPT:
     b, t, layers, width = size
     heads = width // (64 if width >= 256 else 16)
     return nanogpt.GPT(nanogpt.GPTConfig(block_size=t, vocab_size=50304 if width >= 256 else 512,
-                                         n_layer=layers, n_head=heads, n_embd=width))
+                                         n_layer=layers, n_head=heads, n_embd=width, dropout=dropout))
+
+
+def _gpt_dropout(size) -> nanogpt.GPT:
+    """nanoGPT as its fine-tuning configurations train it: dropout 0.1 on the attention
+    probabilities, the residual branches and the embeddings."""
+    return _gpt(size, dropout=0.1)
 
 
 def nanogpt_logits(model, idx):
@@ -134,8 +140,8 @@ def _nanogpt_inputs(size, device, dtype):
     return model, _ids(model.config.vocab_size, size, device)
 
 
-def _nanogpt_train_inputs(size, device, dtype):
-    model = _built(_gpt, size, device, dtype, train=True)
+def _nanogpt_train_inputs(size, device, dtype, build=_gpt):
+    model = _built(build, size, device, dtype, train=True)
     model._bench_autocast = dtype  # the step autocasts to the benchmark dtype (weights stay fp32)
     fused = {"fused": True} if torch.device(device).type == "cuda" else {}
     opt = torch.optim.AdamW(model.parameters(), lr=0.0, weight_decay=0.1, **fused)
@@ -271,6 +277,11 @@ MODEL_WORKLOADS: list[Workload] = [
                     "nanoGPT training step: autocast, backward, AdamW (lr 0)",
                     flops=_lm_flops(6), ref_fn=_nanogpt_train_reference,
                     step=train_step),
+    _model_workload("nanogpt_train_dropout", functools.partial(_nanogpt_train_inputs, build=_gpt_dropout),
+                    nanogpt_loss, {"quick": _LM_QUICK, "full": (8, 1024, 6, 768)},
+                    "nanoGPT training step with dropout 0.1 (attention, residual, embedding); the "
+                    "accuracy column compares steps that drew different masks",
+                    flops=_lm_flops(6), ref_fn=_nanogpt_train_reference, step=train_step),
     _model_workload("gptfast_prefill", _gptfast_inputs(False), gptfast_forward,
                     {"quick": _LM_QUICK, "full": (4, 2048, 8, 2048)},
                     "gpt-fast Llama prefill: RoPE, GQA, static KV cache, SDPA"),

@@ -1,3 +1,3 @@
 """Lowerings from core ATen to graph IR, one module per op family. Importing this package
 registers them all."""
-from . import attention, creation, indexing, matmul, nn, pointwise, reductions, scatter_inplace, views  # noqa: F401
+from . import attention, creation, indexing, matmul, nn, pointwise, random, reductions, scatter_inplace, views  # noqa: F401
