@@ -97,11 +97,15 @@ def _dropout_rate(n: torch.fx.Node) -> float | None:
         return None
     args = dict(zip(("input", "p", "training", "inplace"), n.args), **n.kwargs)
     p, training = args.get("p", 0.5), args.get("training", True)
-    if args.get("inplace", False) is not False or not isinstance(training, bool):
+    if training is False:
+        return 0.0
+    if training is not True or not isinstance(p, (int, float)) or isinstance(p, bool):
         return None
-    if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0 <= p < 1:
-        return None
-    return float(p) if training else 0.0
+    if p == 0:
+        return 0.0
+    if args.get("inplace", False) is not False or not 0 < p < 1:
+        return None  # (p = 1: eager zeroes everything; the traced chain does that)
+    return float(p)
 
 
 @dataclass

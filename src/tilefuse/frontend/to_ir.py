@@ -18,6 +18,7 @@ from .. import logs
 from ..ir.graph import Constant, Graph, Input, ScalarInput
 from . import lowerings  # noqa: F401  (registers every lowering)
 from .context import LoweringContext, ir_dtype, shape_of, strides_of, sym_expr
+from .lowerings.random import hoist_seeds
 from .origins import tag_new_nodes
 from .registry import Unsupported, find_lowering
 from .lowerings.common import pointwise, scalar
@@ -121,6 +122,7 @@ def lower_fx(gm: torch.fx.GraphModule, name: str = "graph") -> Graph:
                     graph.outputs.append(v)
         else:
             raise LoweringError(f"unsupported FX node kind {node.op} ({node.name})")
+    hoist_seeds(ctx)
     logs.log("graph", "lowered graph:\n%s", graph)
     return graph
 

@@ -39,12 +39,19 @@ def _mulhilo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return hi & WORD, lo
 
 
+#: elements per slice of `uniform_like` (its int64 temporaries stay a few hundred MB)
+CHUNK = 1 << 22
+
+
 def uniform(seed: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
     """rand(seed, offset) as float32, broadcasting `seed` against `offset` (both integers)."""
     seed = torch.as_tensor(seed).to(torch.int64)
     offset = torch.as_tensor(offset, device=seed.device).to(torch.int64)
-    seed, offset = torch.broadcast_tensors(seed, offset)
-    k0, k1 = seed & WORD, (seed >> 32) & WORD
+    if seed.dim() == 0:  # one key: its words stay scalars
+        k0, k1 = seed & WORD, (seed >> 32) & WORD
+    else:
+        seed, offset = torch.broadcast_tensors(seed, offset)
+        k0, k1 = seed & WORD, (seed >> 32) & WORD
     c0, c1 = offset & WORD, (offset >> 32) & WORD
     c2 = torch.zeros_like(c0)
     c3 = torch.zeros_like(c0)
@@ -62,5 +69,10 @@ def uniform_like(seed: torch.Tensor, shape, device=None) -> torch.Tensor:
     n = 1
     for d in shape:
         n *= int(d)
-    index = torch.arange(n, dtype=torch.int64, device=device if device is not None else seed.device)
-    return uniform(seed.reshape(()), index).reshape(tuple(int(d) for d in shape))
+    device = device if device is not None else seed.device
+    seed = seed.reshape(()).to(device)
+    out = torch.empty(n, dtype=torch.float32, device=device)
+    for start in range(0, n, CHUNK):
+        stop = min(n, start + CHUNK)
+        out[start:stop] = uniform(seed, torch.arange(start, stop, dtype=torch.int64, device=device))
+    return out.reshape(tuple(int(d) for d in shape))

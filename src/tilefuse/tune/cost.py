@@ -109,8 +109,9 @@ def measure_ceilings(device) -> Ceilings:
         return 2 * x.numel() * 4 / timed(lambda: y.copy_(x))
 
     def matmul_rate():
-        a = torch.randn(8192, 8192, dtype=torch.bfloat16, device=device)
-        b = torch.randn(8192, 8192, dtype=torch.bfloat16, device=device)
+        gen = torch.Generator(device=device).manual_seed(0)  # (the user's random stream is left alone)
+        a = torch.randn(8192, 8192, dtype=torch.bfloat16, device=device, generator=gen)
+        b = torch.randn(8192, 8192, dtype=torch.bfloat16, device=device, generator=gen)
         return 2.0 * 8192**3 / timed(lambda: a @ b)
 
     bandwidth, matrix = copy_bandwidth(), matmul_rate()

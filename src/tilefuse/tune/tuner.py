@@ -408,7 +408,11 @@ class _Bench:
             return self.buffers[name]
         t = synthetic_buffer(self.graph, name, spec, self.device)
         if t.dtype.is_floating_point:
-            t.normal_()
+            import torch
+
+            # a private generator: tuning leaves the user's random stream (torch.manual_seed,
+            # the program's dropout seeds) where it was, cold cache or warm
+            t.normal_(generator=torch.Generator(device=t.device).manual_seed(len(self.buffers)))
         else:
             t.zero_()
         self.buffers[name] = t

@@ -41,33 +41,38 @@ def draw_seeds(count: int, device) -> tuple:
 
 def fresh_seed(ctx, device) -> BufferValue:
     """A seed no other random op of this graph reads: one more result of the graph's
-    `draw_seeds` call (made by the first random op). The call and its results come first in
-    the graph, whatever op asked: they read nothing, and a kernel the planner forms around
-    earlier ops (a flash kernel around a dropout on its weights) may then read them."""
+    `draw_seeds` call (made by the first random op; `hoist_seeds` moves it to the front once
+    the graph is lowered). The call names the device's type only: seeds are drawn on the
+    current device of that type when the graph runs, as its kernels are launched there (a
+    graph cached for "cuda" runs on every GPU)."""
     graph = ctx.graph
     name = getattr(ctx, "seed_extern", None)
     node = graph.nodes.get(name) if name else None
     if node is None:
         name = graph.fresh_name("seeds")
-        node = Extern(name, dt.int64, (), target=draw_seeds, target_name="tilefuse.draw_seeds",
-                      args=(0, torch.device(device)), reason="draws the random ops' seeds", multi_output=True)
+        node = graph.add(Extern(name, dt.int64, (), target=draw_seeds, target_name="tilefuse.draw_seeds",
+                                args=(0, torch.device(torch.device(device).type)),
+                                reason="draws the random ops' seeds", multi_output=True))
         ctx.seed_extern = name
-        _put_first(graph, [node])
     k = node.args[0]
     node.args = (k + 1, node.args[1])
-    result = ExternResult(f"{name}_{k}", dt.int64, (), extern=name, item=k, strides=())
-    _put_first(graph, [node] + [n for n in graph.nodes.values() if isinstance(n, ExternResult) and n.extern == name]
-               + [result])
+    result = graph.add(ExternResult(f"{name}_{k}", dt.int64, (), extern=name, item=k, strides=()))
     return BufferValue(result.name, dt.int64, ())
 
 
-def _put_first(graph, nodes: list) -> None:
-    first = {n.name: n for n in nodes}
-    if set(first) & set(graph.nodes) - {n.name for n in nodes if graph.nodes.get(n.name) is n}:
-        raise ValueError("a seed's name is taken")
-    rest = {k: v for k, v in graph.nodes.items() if k not in first}
+def hoist_seeds(ctx) -> None:
+    """Put the seeds' call and its results first in the lowered graph: they read nothing, and
+    a kernel the planner forms around ops lowered before them (a flash kernel around a dropout
+    on its weights) may then read a seed."""
+    name = getattr(ctx, "seed_extern", None)
+    graph = ctx.graph
+    if name not in graph.nodes:
+        return
+    first = [name] + [n for n, node in graph.nodes.items() if isinstance(node, ExternResult) and node.extern == name]
+    rest = [(n, node) for n, node in graph.nodes.items() if n not in first]
+    moved = [(n, graph.nodes[n]) for n in first]
     graph.nodes.clear()
-    graph.nodes.update(first)
+    graph.nodes.update(moved)
     graph.nodes.update(rest)
 
 
@@ -110,18 +115,16 @@ def rand(ctx, *args, **kwargs):
 
 @lowering(aten.randn_like.default, aten.randn.default, aten.randn.generator)
 def randn(ctx, *args, **kwargs):
-    """Box–Muller over two uniforms per element (counters 2n and 2n + 1 of the element's
-    index n): sqrt(−2 log(1 − u₁)) · cos(2π u₂), in float32."""
+    """Box–Muller over two uniforms per element (the element's index under two seeds):
+    sqrt(−2 log(1 − u₁)) · cos(2π u₂), in float32."""
     _no_generator(kwargs, args)
     shape, out = out_shape(ctx), ctx.out_dtype
     if not out.is_float:
         raise Unsupported(f"randn of dtype {out}")
-    seed = fresh_seed(ctx, _device(ctx))
+    seeds = fresh_seed(ctx, _device(ctx)), fresh_seed(ctx, _device(ctx))
 
     def body(idx):
-        linear = sum((i.expr * st for i, st in zip(idx, contiguous_strides(shape))), sympy.Integer(0))
-        u1 = Binary("rand", seed.load(()), Index(2 * linear), dt.float32)
-        u2 = Binary("rand", seed.load(()), Index(2 * linear + 1), dt.float32)
+        u1, u2 = (uniform(seed, idx, shape) for seed in seeds)
         radius = unary("sqrt", const(-2.0, dt.float32) * unary("log", const(1.0, dt.float32) - u1))
         return radius * unary("cos", u2 * const(2 * math.pi, dt.float32))
 
