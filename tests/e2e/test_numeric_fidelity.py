@@ -114,19 +114,29 @@ def test_attention_weights_returned_with_rounded_queries(target, matmul):
 @pytest.mark.parametrize("target", ["cpu", "interpret"])
 def test_sdpa_fallback_with_dropout_gets_rounded_operands(target):
     """SDPA with dropout is not lowered as attention: its math decomposition runs (products,
-    softmax, ATen's dropout extern). Its products must still see the bf16-rounded q and k."""
+    softmax, dropout from tilefuse's counter-based random numbers). Its products must still see
+    the bf16-rounded q and k (checked against eager's math with the mask the graph drew)."""
+    from tilefuse.frontend.lowerings.random import draw_seeds
+    from tilefuse.ir import philox
+
     q, k, v = torch.randn(1, 2, 37, 24), torch.randn(1, 2, 45, 24), torch.randn(1, 2, 45, 24)
 
     def fn(q, k, v):
         return F.scaled_dot_product_attention(q.bfloat16().float(), k.bfloat16().float(), v, dropout_p=0.3)
 
+    def with_mask(q, k, v, keep):
+        p = torch.softmax(q @ k.transpose(-1, -2) / 24 ** 0.5, -1)
+        return (p * keep / 0.7) @ v
+
     compiled = _compile(fn, target)
+    compiled(q, k, v)  # compiles
+    torch.manual_seed(5)
+    (seed,) = draw_seeds(1, torch.device("cpu"))
     torch.manual_seed(5)
     out = compiled(q, k, v)
-    torch.manual_seed(5)
-    eager = fn(q, k, v)
-    torch.manual_seed(5)
-    unrounded = F.scaled_dot_product_attention(q, k, v, dropout_p=0.3)
+    keep = philox.uniform_like(seed, (1, 2, 37, 45)) >= 0.3
+    eager = with_mask(q.bfloat16().float(), k.bfloat16().float(), v, keep)
+    unrounded = with_mask(q, k, v, keep)
     assert (eager - unrounded).abs().max() > 1e-3  # (the rounding matters at this size)
     torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5)
 
