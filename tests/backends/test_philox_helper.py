@@ -1,8 +1,7 @@
-"""The Triton helper for `rand(seed, offset)` on every path it takes: four consecutive offsets
-along a tile's last axis (one Philox evaluation for four), along a 2-D tile's first axis (a
-transposed tile, as the attention backward's dK and dV kernels hold), offsets that are not
-grouped (each element its own evaluation), and a 1-D tile. Each equals `ir.philox`'s
-reference bit for bit: interpreted on the CPU, compiled on a GPU when there is one."""
+"""The Triton helper for `rand(seed, offset)` (`_philox_uniform`) on 2-D and 1-D tiles of
+offsets in several layouts — rows, columns, a row stride that is no multiple of four,
+scattered offsets, offsets across 2³² — equals `ir.philox`'s reference bit for bit:
+interpreted on the CPU, compiled on a GPU when there is one."""
 import importlib.util
 import sys
 
@@ -48,11 +47,11 @@ def _layouts():
     gen = torch.Generator().manual_seed(4)
     r, c = torch.arange(R)[:, None], torch.arange(C)[None, :]
     return {
-        "rows of four": 4096 + r * C + c,
-        "columns of four (transposed)": 2 ** 33 + c * R + r,
-        "not grouped": 1 + r * 37 + c,
+        "rows": 4096 + r * C + c,
+        "columns": 2 ** 33 + c * R + r,
+        "row stride 37": 1 + r * 37 + c,
         "scattered": torch.randint(0, 2 ** 40, (R, C), generator=gen),
-        "past 2^32 at a group's end": 2 ** 32 - 8 + r * C + c,
+        "across 2^32": 2 ** 32 - 8 + r * C + c,
     }
 
 
@@ -64,7 +63,7 @@ def _devices():
 
 
 @pytest.mark.parametrize("device", _devices())
-def test_every_path_equals_the_reference(tmp_path, device):
+def test_the_helper_equals_the_reference(tmp_path, device):
     module = _module(tmp_path, "philox_interp" if device == "interpreted" else "philox")
     dev = "cpu" if device == "interpreted" else "cuda"
     seed = torch.tensor([0x1234_5678_9ABC_DEF], dtype=torch.int64, device=dev)

@@ -1,18 +1,15 @@
 """Counter-based random numbers: the one definition every backend reproduces bit for bit.
 
-`rand(seed, offset)` in the IR is word `offset mod 4` of Philox4x32-10 (Salmon et al.,
-"Parallel random numbers: as easy as 1, 2, 3", SC'11) keyed by the 64-bit `seed` (low word
-k0, high word k1) on the counter (q's low word, q's high word, 0, 0) with q = offset div 4:
-one evaluation gives four consecutive offsets their values. A word's top 24 bits, times 2⁻²⁴,
+`rand(seed, offset)` in the IR is Philox4x32-10 (Salmon et al., "Parallel random numbers: as
+easy as 1, 2, 3", SC'11) keyed by the 64-bit `seed` (low word k0, high word k1) on the counter
+(offset's low word, offset's high word, 0, 0); its first output word's top 24 bits, times 2⁻²⁴,
 are the value: a float32 uniform on [0, 1) that is exact in every backend.
 
 A random tensor's element is `rand(seed, linear index of the element)`, so any kernel that
 computes the element, in any tiling, fused into anything, and in a backward pass that
-recomputes it, gets the same value. The Triton helper (`backends.triton.helpers`) evaluates
-Philox once per four consecutive offsets where a tile holds them together (checked when the
-kernel runs) and once per element elsewhere, as the C++ one (`backends.cpu.runtime`) does;
-this module is the reference the interpreter and eager code use, written with int64 tensor
-arithmetic (no uint32 in PyTorch).
+recomputes it, gets the same value. The Triton helper (`backends.triton.helpers`) and the C++
+one (`backends.cpu.runtime`) implement the same rounds; this module is the reference the
+interpreter and eager code use, written with int64 tensor arithmetic (no uint32 in PyTorch).
 """
 from __future__ import annotations
 
@@ -46,15 +43,16 @@ def _mulhilo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 CHUNK = 1 << 22
 
 
-def words(seed: torch.Tensor, counter: torch.Tensor) -> tuple:
-    """Philox4x32-10's four output words (int64 holding uint32) for the 64-bit `counter`
-    (its low and high words, then 0, 0) under the key `seed`, broadcasting the two."""
+def uniform(seed: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """rand(seed, offset) as float32, broadcasting `seed` against `offset` (both integers)."""
     seed = torch.as_tensor(seed).to(torch.int64)
-    counter = torch.as_tensor(counter, device=seed.device).to(torch.int64)
-    if seed.dim() != 0:  # (one key: its words stay scalars)
-        seed, counter = torch.broadcast_tensors(seed, counter)
-    k0, k1 = seed & WORD, (seed >> 32) & WORD
-    c0, c1 = counter & WORD, (counter >> 32) & WORD
+    offset = torch.as_tensor(offset, device=seed.device).to(torch.int64)
+    if seed.dim() == 0:  # one key: its words stay scalars
+        k0, k1 = seed & WORD, (seed >> 32) & WORD
+    else:
+        seed, offset = torch.broadcast_tensors(seed, offset)
+        k0, k1 = seed & WORD, (seed >> 32) & WORD
+    c0, c1 = offset & WORD, (offset >> 32) & WORD
     c2 = torch.zeros_like(c0)
     c3 = torch.zeros_like(c0)
     for _ in range(ROUNDS):
@@ -63,16 +61,7 @@ def words(seed: torch.Tensor, counter: torch.Tensor) -> tuple:
         c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
         k0 = (k0 + KEY_A) & WORD
         k1 = (k1 + KEY_B) & WORD
-    return c0, c1, c2, c3
-
-
-def uniform(seed: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
-    """rand(seed, offset) as float32, broadcasting `seed` against `offset` (both integers)."""
-    offset = torch.as_tensor(offset, device=torch.as_tensor(seed).device).to(torch.int64)
-    w0, w1, w2, w3 = words(seed, offset >> 2)
-    lane = offset & 3
-    word = torch.where(lane == 0, w0, torch.where(lane == 1, w1, torch.where(lane == 2, w2, w3)))
-    return (word >> 8).to(torch.float32) * UNIT
+    return (c0 >> 8).to(torch.float32) * UNIT
 
 
 def uniform_like(seed: torch.Tensor, shape, device=None) -> torch.Tensor:

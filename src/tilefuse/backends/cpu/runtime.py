@@ -193,22 +193,18 @@ template <class T, class S> TF_INLINE T tf_shl(T a, S b) { return (b < 0 || b >=
 template <class T, class S> TF_INLINE T tf_shr(T a, S b) {
   return (b < 0 || b >= (S)(8 * sizeof(T))) ? (T)(a < 0 ? -1 : 0) : (T)(a >> b);
 }
-/* ir.philox's rand(seed, offset): word (offset mod 4) of Philox4x32-10 on the counter
-   (offset div 4, 0, 0) keyed by the seed; the word's top 24 bits times 2^-24 (branch-free, so
-   loops over it vectorise) */
+/* ir.philox's rand(seed, offset): Philox4x32-10 on the counter (offset, 0, 0) keyed by the seed;
+   the first word's top 24 bits times 2^-24 (branch-free, so loops over it vectorise) */
 TF_INLINE float tf_philox_uniform(int64_t seed, int64_t offset) {
-  uint64_t q = (uint64_t)offset >> 2;
   uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)((uint64_t)seed >> 32);
-  uint32_t c0 = (uint32_t)q, c1 = (uint32_t)(q >> 32), c2 = 0, c3 = 0;
+  uint32_t c0 = (uint32_t)offset, c1 = (uint32_t)((uint64_t)offset >> 32), c2 = 0, c3 = 0;
   for (int r = 0; r < 10; ++r) {
     uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
     uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
     c1 = (uint32_t)p1; c3 = (uint32_t)p0; c0 = n0; c2 = n2;
     k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;
   }
-  uint32_t lane = (uint32_t)offset & 3u;
-  uint32_t w = lane == 0 ? c0 : lane == 1 ? c1 : lane == 2 ? c2 : c3;
-  return (float)(w >> 8) * 5.9604644775390625e-08f;
+  return (float)(c0 >> 8) * 5.9604644775390625e-08f;
 }
 template <class T> TF_INLINE T tf_sign(T x) { return (T)((T)(x > 0) - (T)(x < 0)); }
 """

@@ -11,64 +11,6 @@ class InterpretUnsupported(NotImplementedError):
     pass
 
 
-
-# ir.philox's rand(seed, offset): word (offset mod 4) of Philox on the counter offset div 4.
-# Where a tile holds four consecutive offsets together along its last (or, for a 2-D tile, its
-# first) axis — checked when the kernel runs — one evaluation gives the four; elsewhere each
-# element evaluates its own counter.
-_PHILOX_COMMON = """
-@triton.jit
-def _philox_words(seed, counter):
-    return _philox_rounds((seed & 0xFFFFFFFF).to(tl.uint32), ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32),
-                          (counter & 0xFFFFFFFF).to(tl.uint32), ((counter >> 32) & 0xFFFFFFFF).to(tl.uint32))
-
-
-@triton.jit
-def _philox_each(seed, offset):
-    w0, w1, w2, w3 = _philox_words(seed, offset >> 2)
-    lane = offset & 3
-    return tl.where(lane == 0, w0, tl.where(lane == 1, w1, tl.where(lane == 2, w2, w3)))
-
-
-@triton.jit
-def _first_of_four(x, groups: tl.constexpr):
-    halves, _ = tl.split(tl.reshape(x, groups))
-    first, _ = tl.split(halves)
-    return first
-
-
-@triton.jit
-def _philox_grouped(seed, offset, shape: tl.constexpr, groups: tl.constexpr):
-    # seed, offset: tiles of `shape` (its last axis a multiple of 4); `groups`: `shape` with the
-    # last axis divided by 4 and two axes of 2 appended
-    first = _first_of_four(offset, groups)
-    expect = tl.reshape(tl.join(tl.join(first, first + 2), tl.join(first + 1, first + 3)), shape)
-    aligned = tl.min((offset == expect).to(tl.int32)) * tl.min(((first & 3) == 0).to(tl.int32))
-    if aligned == 1:
-        w0, w1, w2, w3 = _philox_words(_first_of_four(seed, groups), first >> 2)
-        word = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), shape)
-    else:
-        word = _philox_each(seed, offset)
-    return word
-
-
-@triton.jit
-def _philox_uniform(seed, offset):
-    offset = tl.cast(offset, tl.int64)
-    seed = tl.cast(seed, tl.int64) + offset * 0  # (a tile of offset's shape)
-    if len(offset.shape) == 2 and offset.shape[1] % 4 == 0 and offset.shape[1] >= 4:
-        word = _philox_grouped(seed, offset, (offset.shape[0], offset.shape[1]),
-                               (offset.shape[0], offset.shape[1] // 4, 2, 2))
-    elif len(offset.shape) == 2 and offset.shape[0] % 4 == 0 and offset.shape[0] >= 4:
-        word = tl.trans(_philox_grouped(tl.trans(seed), tl.trans(offset), (offset.shape[1], offset.shape[0]),
-                                        (offset.shape[1], offset.shape[0] // 4, 2, 2)))
-    elif len(offset.shape) == 1 and offset.shape[0] % 4 == 0 and offset.shape[0] >= 4:
-        word = _philox_grouped(seed, offset, (offset.shape[0],), (offset.shape[0] // 4, 2, 2))
-    else:
-        word = _philox_each(seed, offset)
-    return (word >> 8).to(tl.float32) * 5.9604644775390625e-08
-"""
-
 # name -> source of a @triton.jit helper; emitted only when a kernel uses it
 HELPERS = {
     "maximum": """
@@ -175,8 +117,14 @@ def _ffloordiv(a, b):
 """,
     "philox": """
 @triton.jit
-def _philox_rounds(k0, k1, c0, c1):
-    # Philox4x32-10 on the counter (c0, c1, 0, 0) keyed by (k0, k1): its four words
+def _philox_uniform(seed, offset):
+    # ir.philox's rand(seed, offset): Philox4x32-10 on the counter (offset, 0, 0), keyed by the seed
+    seed = tl.cast(seed, tl.int64)
+    offset = tl.cast(offset, tl.int64)
+    k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
+    k1 = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    c0 = (offset & 0xFFFFFFFF).to(tl.uint32)
+    c1 = ((offset >> 32) & 0xFFFFFFFF).to(tl.uint32)
     c2 = c0 * 0
     c3 = c0 * 0
     round_a = tl.full([], 0xD2511F53, tl.uint32)
@@ -192,13 +140,19 @@ def _philox_rounds(k0, k1, c0, c1):
         c2 = n2
         k0 = k0 + key_a
         k1 = k1 + key_b
-    return c0, c1, c2, c3
-""" + _PHILOX_COMMON,
+    return (c0 >> 8).to(tl.float32) * 5.9604644775390625e-08
+""",
     "philox_interp": """
 @triton.jit
-def _philox_rounds(k0, k1, c0, c1):
-    # as "philox"'s; the interpreter's numpy warns on a wrapping uint32 product, so the low
-    # words and the key steps come from uint64 arithmetic here
+def _philox_uniform(seed, offset):
+    # ir.philox's rand(seed, offset), as "philox" computes it; the interpreter's numpy warns on a
+    # wrapping uint32 product, so the low words come from uint64 products here
+    seed = tl.cast(seed, tl.int64)
+    offset = tl.cast(offset, tl.int64)
+    k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
+    k1 = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    c0 = (offset & 0xFFFFFFFF).to(tl.uint32)
+    c1 = ((offset >> 32) & 0xFFFFFFFF).to(tl.uint32)
     c2 = c0 * 0
     c3 = c0 * 0
     round_a = tl.full([], 0xD2511F53, tl.uint32)
@@ -212,8 +166,8 @@ def _philox_rounds(k0, k1, c0, c1):
         c2 = n2
         k0 = ((k0.to(tl.uint64) + 0x9E3779B9) & 0xFFFFFFFF).to(tl.uint32)
         k1 = ((k1.to(tl.uint64) + 0xBB67AE85) & 0xFFFFFFFF).to(tl.uint32)
-    return c0, c1, c2, c3
-""" + _PHILOX_COMMON,
+    return (c0 >> 8).to(tl.float32) * 5.9604644775390625e-08
+""",
     "ipow": """
 @triton.jit
 def _ipow(a, b):
