@@ -5,7 +5,7 @@ with dropout and against eager's unfused chain, in one process.
 
     PYTHONPATH=src python scripts/probe_dropout.py [--shape 8,12,1024,64] [--p 0.1]
 
-Prints: the bit check; the gradient check at a small size (tilefuse against eager with the
+Prints: the bit check; the CUDA-graph replay check; the gradient check at a small size (tilefuse against eager with the
 same mask, both against fp64); µs per forward+backward of causal attention from a `tril`
 buffer with dropout for eager, tilefuse (with and without dropout) and SDPA `is_causal`
 with `dropout_p`.
@@ -105,6 +105,22 @@ def grad_check(device, p) -> str:
     return "gradients vs fp64 (tilefuse, eager fp32): " + ", ".join(f"{n} {a:.2e} / {b:.2e}" for n, (a, b) in zip("qkv", errs))
 
 
+def cuda_graph_check(device) -> str:
+    """Under CUDA graphs (`mode="reduce-overhead"`) each replay draws fresh seeds, and
+    `torch.manual_seed` repeats a replay's masks."""
+    fn = torch.compile(lambda x: F.dropout(x, 0.5, training=True), backend="tilefuse", mode="reduce-overhead")
+    x = torch.rand(4096, 256, device=device) + 1
+    for _ in range(3):
+        fn(x)
+    a, b = fn(x) != 0, fn(x) != 0
+    torch.manual_seed(11)
+    c = fn(x) != 0
+    torch.manual_seed(11)
+    d = fn(x) != 0
+    return (f"CUDA graphs: replays draw new masks {not torch.equal(a, b)}, manual_seed repeats a replay's "
+            f"mask {torch.equal(c, d)}, kept {a.float().mean().item():.4f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="8,12,1024,64")
@@ -112,6 +128,7 @@ def main() -> None:
     args = ap.parse_args()
     device = "cuda"
     print(bit_check(device))
+    print(cuda_graph_check(device))
     print(grad_check(device, args.p))
     b, h, t, d = (int(x) for x in args.shape.split(","))
     torch.manual_seed(0)

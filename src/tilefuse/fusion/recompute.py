@@ -40,9 +40,10 @@ def fuse_recomputed_scores(steps: list, graph: Graph, outputs: set, note) -> lis
     by_node = {st.node: k for k in steps if isinstance(k, KernelPlan) for st in k.stages}
     merged = {}  # original kernel -> its flash plan
     reach: dict = {}  # buffer -> whether a small product is read through pointwise nodes from it
+    expanded: dict = {}  # `_weights`'s memo of expanded bodies
     for k in [s for s in steps if isinstance(s, KernelPlan)]:
         if k.kind == PlanKind.CONTRACTION and k.flash is None:
-            plan = _try(k, graph, by_node, lambda msg: None, reach)
+            plan = _try(k, graph, by_node, lambda msg: None, reach, expanded)
             if plan is not None:
                 merged[k.name] = (k, plan)
     # recompute only where it removes the materialisation: a product whose score products
@@ -122,7 +123,7 @@ def _weights(factor: Expr, graph: Graph, memo: dict) -> Expr:
     return skip_intermediate_rounding(expanded)
 
 
-def _try(out_k: KernelPlan, graph: Graph, by_node: dict, note, reach: dict) -> KernelPlan | None:
+def _try(out_k: KernelPlan, graph: Graph, by_node: dict, note, reach: dict, expanded: dict) -> KernelPlan | None:
     con = out_k.contraction
     o_stage = out_k.stages[0]
     o_node = graph[o_stage.node]
@@ -134,7 +135,7 @@ def _try(out_k: KernelPlan, graph: Graph, by_node: dict, note, reach: dict) -> K
         factor = getattr(con, side)
         if not _reaches_small_product(factor, graph, reach):
             continue
-        weights = _weights(factor, graph, reach.setdefault("__expanded__", {}))
+        weights = _weights(factor, graph, expanded)
         if _reaches_small_product(getattr(con, other), graph, reach):
             return None  # (the other operand would read a product the plan no longer stores)
         held = con.n_dim if side == "a" else con.m_dim
