@@ -240,7 +240,7 @@ def _keep_scale(seed: torch.Tensor, shape, rate: float) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class ChainFunctions:
-    """A chain's pieces as callables: `scores(q, kᵀ, *extras)`, `output(p, v)` and the dtype
+    """A chain's pieces as callables: `scores(q, kᵀ, *extras)`, `output(p, v, keep)` and the dtype
     the user's softmax returned."""
 
     scores: torch.fx.GraphModule

@@ -91,14 +91,16 @@ def uniform(seed: TensorValue, idx: tuple, shape: tuple):
     return Binary("rand", seed.load(()), Index(linear), dt.float32)
 
 
+#: significand bits of the dtypes a uniform is drawn in (float32's 24 are the draw's own)
+_SIGNIFICAND = {dt.float32: 24, dt.float64: 24, dt.bfloat16: 8, dt.float16: 11}
+
+
 def _below_one(u, dtype: dt.DType):
     """A float32 uniform on [0, 1) as `dtype` without rounding up to 1: truncated to the dtype's
     significand (24 bits of float32 are already exact in float32 and float64)."""
-    if dtype in (dt.float32, dt.float64):
+    bits = _SIGNIFICAND[dtype]
+    if bits == 24:
         return cast(u, dtype)
-    bits = {dt.bfloat16: 8, dt.float16: 11}.get(dtype)
-    if bits is None:
-        raise Unsupported(f"random values of dtype {dtype}")
     scale = float(2 ** bits)
     return cast(unary("floor", u * const(scale, dt.float32)) * const(1.0 / scale, dt.float32), dtype)
 
@@ -112,7 +114,9 @@ def _no_generator(kwargs, args=()):
 def rand(ctx, *args, **kwargs):
     _no_generator(kwargs, args)
     shape, out = out_shape(ctx), ctx.out_dtype
-    seed = fresh_seed(ctx, _device(ctx))
+    if out not in _SIGNIFICAND:
+        raise Unsupported(f"random values of dtype {out}")
+    seed = fresh_seed(ctx, _device(ctx))  # (after every refusal: a refused op draws no seed)
     return pointwise(ctx, shape, out, lambda idx: _below_one(uniform(seed, idx, shape), out))
 
 
@@ -139,14 +143,14 @@ def bernoulli(ctx, x, p=None, generator=None, **kwargs):
     """1 where a uniform falls below p (a number, or `x` itself for `bernoulli(x)`), else 0."""
     _no_generator({"generator": generator})
     shape, out = out_shape(ctx), ctx.out_dtype
+    if p is not None and not isinstance(py(p), (int, float)):
+        raise Unsupported("bernoulli with a symbolic probability")
     seed = fresh_seed(ctx, _device(ctx))
 
     def body(idx):
         prob = const(float(py(p)), dt.float32) if p is not None else cast(broadcast_load(x, idx, shape), dt.float32)
         return cast(binary("lt", uniform(seed, idx, shape), prob), out)
 
-    if p is not None and not isinstance(py(p), (int, float)):
-        raise Unsupported("bernoulli with a symbolic probability")
     return pointwise(ctx, shape, out, body)
 
 
