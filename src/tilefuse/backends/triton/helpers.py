@@ -11,6 +11,37 @@ class InterpretUnsupported(NotImplementedError):
     pass
 
 
+def _philox_source(note: str, wrapping: list) -> str:
+    """`_philox_uniform(seed, offset)`: ir.philox's rand(seed, offset), Philox4x32-10 on the
+    counter (offset, 0, 0) keyed by the seed; `wrapping` holds the round's four wrapping uint32
+    steps (the low words of the two products, the two key steps)."""
+    steps = "\n".join("        " + line for line in wrapping)
+    return f"""
+@triton.jit
+def _philox_uniform(seed, offset):
+    # ir.philox's rand(seed, offset){note}
+    seed = tl.cast(seed, tl.int64)
+    offset = tl.cast(offset, tl.int64)
+    k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
+    k1 = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    c0 = (offset & 0xFFFFFFFF).to(tl.uint32)
+    c1 = ((offset >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    c2 = c0 * 0
+    c3 = c0 * 0
+    round_a = tl.full([], 0xD2511F53, tl.uint32)
+    round_b = tl.full([], 0xCD9E8D57, tl.uint32)
+    key_a = tl.full([], 0x9E3779B9, tl.uint32)
+    key_b = tl.full([], 0xBB67AE85, tl.uint32)
+    for _ in tl.static_range(10):
+        n0 = tl.umulhi(round_b, c2) ^ c1 ^ k0
+        n2 = tl.umulhi(round_a, c0) ^ c3 ^ k1
+{steps}
+        c0 = n0
+        c2 = n2
+    return (c0 >> 8).to(tl.float32) * 5.9604644775390625e-08
+"""
+
+
 # name -> source of a @triton.jit helper; emitted only when a kernel uses it
 HELPERS = {
     "maximum": """
@@ -115,59 +146,16 @@ def _ffloordiv(a, b):
     fl = tl.where(div - fl > 0.5, fl + 1.0, fl)
     return tl.where(b == 0, a / b, fl)
 """,
-    "philox": """
-@triton.jit
-def _philox_uniform(seed, offset):
-    # ir.philox's rand(seed, offset): Philox4x32-10 on the counter (offset, 0, 0), keyed by the seed
-    seed = tl.cast(seed, tl.int64)
-    offset = tl.cast(offset, tl.int64)
-    k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
-    k1 = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
-    c0 = (offset & 0xFFFFFFFF).to(tl.uint32)
-    c1 = ((offset >> 32) & 0xFFFFFFFF).to(tl.uint32)
-    c2 = c0 * 0
-    c3 = c0 * 0
-    round_a = tl.full([], 0xD2511F53, tl.uint32)
-    round_b = tl.full([], 0xCD9E8D57, tl.uint32)
-    key_a = tl.full([], 0x9E3779B9, tl.uint32)
-    key_b = tl.full([], 0xBB67AE85, tl.uint32)
-    for _ in tl.static_range(10):
-        n0 = tl.umulhi(round_b, c2) ^ c1 ^ k0
-        n2 = tl.umulhi(round_a, c0) ^ c3 ^ k1
-        c1 = round_b * c2
-        c3 = round_a * c0
-        c0 = n0
-        c2 = n2
-        k0 = k0 + key_a
-        k1 = k1 + key_b
-    return (c0 >> 8).to(tl.float32) * 5.9604644775390625e-08
-""",
-    "philox_interp": """
-@triton.jit
-def _philox_uniform(seed, offset):
-    # ir.philox's rand(seed, offset), as "philox" computes it; the interpreter's numpy warns on a
-    # wrapping uint32 product, so the low words come from uint64 products here
-    seed = tl.cast(seed, tl.int64)
-    offset = tl.cast(offset, tl.int64)
-    k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
-    k1 = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
-    c0 = (offset & 0xFFFFFFFF).to(tl.uint32)
-    c1 = ((offset >> 32) & 0xFFFFFFFF).to(tl.uint32)
-    c2 = c0 * 0
-    c3 = c0 * 0
-    round_a = tl.full([], 0xD2511F53, tl.uint32)
-    round_b = tl.full([], 0xCD9E8D57, tl.uint32)
-    for _ in tl.static_range(10):
-        n0 = tl.umulhi(round_b, c2) ^ c1 ^ k0
-        n2 = tl.umulhi(round_a, c0) ^ c3 ^ k1
-        c1 = ((c2.to(tl.uint64) * 0xCD9E8D57) & 0xFFFFFFFF).to(tl.uint32)
-        c3 = ((c0.to(tl.uint64) * 0xD2511F53) & 0xFFFFFFFF).to(tl.uint32)
-        c0 = n0
-        c2 = n2
-        k0 = ((k0.to(tl.uint64) + 0x9E3779B9) & 0xFFFFFFFF).to(tl.uint32)
-        k1 = ((k1.to(tl.uint64) + 0xBB67AE85) & 0xFFFFFFFF).to(tl.uint32)
-    return (c0 >> 8).to(tl.float32) * 5.9604644775390625e-08
-""",
+    "philox": _philox_source(
+        "",
+        ["c1 = round_b * c2", "c3 = round_a * c0", "k0 = k0 + key_a", "k1 = k1 + key_b"]),
+    "philox_interp": _philox_source(
+        "\n    # (the interpreter's numpy warns on a wrapping uint32 product: the low words and the\n"
+        "    # key steps come from uint64 arithmetic here)",
+        ["c1 = ((c2.to(tl.uint64) * 0xCD9E8D57) & 0xFFFFFFFF).to(tl.uint32)",
+         "c3 = ((c0.to(tl.uint64) * 0xD2511F53) & 0xFFFFFFFF).to(tl.uint32)",
+         "k0 = ((k0.to(tl.uint64) + 0x9E3779B9) & 0xFFFFFFFF).to(tl.uint32)",
+         "k1 = ((k1.to(tl.uint64) + 0xBB67AE85) & 0xFFFFFFFF).to(tl.uint32)"]),
     "ipow": """
 @triton.jit
 def _ipow(a, b):
