@@ -284,7 +284,7 @@ def cuda_sdpa_with_a_boolean_mask(q, k, v, keep):
 def test_pytorchs_cuda_attention_op_with_a_boolean_mask_skips(target):
     """The fused op's safe-softmax test is true at a masked key as at a live one under a
     finite fill: skipping is still exact. Left-padded rows (no live key) weight every key."""
-    b, t = 2, 150
+    b, t = 2, (150 if target == "cpu" else 96)  # (the interpreter's time grows with t²)
     pad = torch.ones(b, t, dtype=torch.bool, device=DEVICE)
     pad[1, :40] = False
     keep = (torch.tril(torch.ones(t, t, dtype=torch.bool, device=DEVICE))[None] & pad[:, None, :])[:, None]
