@@ -4,6 +4,7 @@ launcher with the same arguments and constexprs. Checked with stand-ins for Trit
 (CI has no GPU); the GPU tests launch real kernels this way."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tilefuse.backends.triton.direct_launch import DirectLaunch, specialisation
@@ -140,3 +141,69 @@ def test_a_callers_key_replaces_the_specialisation():
     launch((1,), [x, out, 37], key=("a",))
     launch((1,), [x, out, 37], key=("b",))
     assert [e[0] for e in fn.log] == ["run", "direct", "run"]
+
+
+class OutOfResources(Exception):
+    """Named as Triton's `triton.runtime.errors.OutOfResources`, which the launch recognises."""
+
+
+class FakeJITShortOfSharedMemory(FakeJIT):
+    """A kernel whose binary fits the device's shared memory only at `fits` stages or fewer."""
+
+    def __init__(self, fits):
+        super().__init__()
+        self.fits = fits
+
+    def __getitem__(self, grid):
+        run = super().__getitem__(grid)
+
+        def refusing(*args, **options):
+            if options.get("num_stages", 1) > self.fits:
+                self.log.append(("refused", options["num_stages"]))
+                raise OutOfResources(f"out of resource: shared memory, Required: {options['num_stages'] * 65536}, "
+                                     "Hardware limit: 232448. Reducing block sizes or `num_stages` may help.")
+            return run(*args, **options)
+        return refusing
+
+
+def test_a_launch_refused_for_resources_runs_with_fewer_stages():
+    fn = FakeJITShortOfSharedMemory(fits=2)
+    launch = DirectLaunch(fn, {"XBLOCK": 64, "num_stages": 5}, {"XBLOCK": 64})
+    x, out = torch.randn(37), torch.empty(37)
+    launch((1,), [x, out, 37])
+    assert [e for e in fn.log if e[0] == "refused"] == [("refused", 5), ("refused", 4), ("refused", 3)]
+    assert fn.log[-1][0] == "run" and fn.log[-1][4] == {"XBLOCK": 64, "num_stages": 2}
+    assert launch.retries == 3
+    # the kept binary serves later launches; a new specialisation starts at the stages that fit
+    launch((1,), [x, out, 37])
+    assert fn.log[-1][0] == "direct"
+    launch((1,), [x, out, 48])
+    assert fn.log[-1][0] == "run" and fn.log[-1][4]["num_stages"] == 2 and launch.retries == 3
+
+
+def test_a_refusal_at_one_stage_or_while_measuring_is_raised():
+    x, out = torch.randn(37), torch.empty(37)
+    launch = DirectLaunch(FakeJITShortOfSharedMemory(fits=0), {"XBLOCK": 64, "num_stages": 3}, {"XBLOCK": 64})
+    with pytest.raises(OutOfResources):
+        launch((1,), [x, out, 37])
+    assert launch.options["num_stages"] == 1
+    tuning = DirectLaunch(FakeJITShortOfSharedMemory(fits=2), {"XBLOCK": 64, "num_stages": 3}, {"XBLOCK": 64},
+                          refit=False)
+    with pytest.raises(OutOfResources):
+        tuning((1,), [x, out, 37])
+    assert tuning.options["num_stages"] == 3
+
+
+def test_other_errors_are_not_retried():
+    class Broken(FakeJIT):
+        def __getitem__(self, grid):
+            def run(*args, **options):
+                self.log.append(("run",))
+                raise ValueError("not a resource problem")
+            return run
+
+    fn = Broken()
+    launch = DirectLaunch(fn, {"XBLOCK": 64, "num_stages": 4}, {"XBLOCK": 64})
+    with pytest.raises(ValueError):
+        launch((1,), [torch.randn(4), torch.empty(4), 4])
+    assert fn.log == [("run",)]

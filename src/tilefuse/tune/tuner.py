@@ -453,7 +453,9 @@ class _Bench:
 
     def _load(self, tk):
         printed = getattr(self.check, "source", None)  # the limits check printed it already (C++)
-        return self.target.load(tk, (printed and printed(tk)) or self.target.generate(tk))
+        launcher = self.target.load(tk, (printed and printed(tk)) or self.target.generate(tk))
+        as_is = getattr(launcher, "measured_as_is", None)  # a candidate that cannot launch is dropped
+        return as_is() if as_is is not None else launcher
 
     def measure(self, schedule: Schedule) -> float:
         """One sample: the target's timing of one launch of the schedule's kernels (`Target.timer`:

@@ -17,8 +17,16 @@ hook is installed (a profiler such as Proton) launches go through the runner, wh
 A caller that knows its arguments' specialisation cheaper than `specialisation` (the kernel's
 launcher: its sizes are fixed per set of sizes) passes its own key, which must be at least as
 fine.
+
+A first launch that Triton refuses for want of resources (`OutOfResources`: the binary needs
+more shared memory than the device has, as a deep software pipeline can where the limits
+check estimated less) is retried with one pipeline stage fewer, down to one, and the launch
+options stay there for this kernel's later specialisations: the same tiles, a shallower
+pipeline, never a failed graph. A refusal at one stage is raised, naming the kernel.
 """
 from __future__ import annotations
+
+from ... import logs
 
 _I32 = (-(1 << 31), 1 << 31)
 
@@ -42,14 +50,16 @@ class DirectLaunch:
     """The launches of one generated kernel: `launch(grid, args)` with the kernel's
     non-constexpr arguments in signature order."""
 
-    def __init__(self, fn, options: dict, constexprs: dict):
+    def __init__(self, fn, options: dict, constexprs: dict, refit: bool = True):
         self.fn = fn
         self.options = options
+        self.refit = refit  # retry a launch refused for resources with fewer stages (not while tuning)
         self._compiled: dict = {}  # specialisation -> (compiled kernel, constexpr values, `_launcher_of` it)
         names = list(getattr(fn, "arg_names", None) or ())
         self._names = names
         self._constexprs = constexprs
         self.enabled = bool(names)
+        self.retries = 0  # first launches retried with fewer stages
 
     def _tail(self, n_args: int):
         """The constexpr values after the first `n_args` parameters (None: a parameter that
@@ -72,10 +82,24 @@ class DirectLaunch:
                 else:
                     compiled[grid](*args, *tail)
                 return compiled
-        compiled = self.fn[grid](*args, **self.options)
+        compiled = self._first_launch(grid, args)
         if self.enabled:
             self._keep(key, compiled, len(args))
         return compiled
+
+    def _first_launch(self, grid, args: list):
+        while True:
+            try:
+                return self.fn[grid](*args, **self.options)
+            except Exception as err:  # noqa: BLE001 - only Triton's refusal for resources is retried
+                stages = self.options.get("num_stages") or 1
+                if not self.refit or type(err).__name__ != "OutOfResources" or stages <= 1:
+                    raise
+                name = getattr(self.fn, "__name__", "kernel")
+                logs.log("runtime", "%s: %s; launching with num_stages=%d instead of %d", name,
+                         str(err).split(". ")[0], stages - 1, stages)
+                self.options = dict(self.options, num_stages=stages - 1)
+                self.retries += 1
 
     def kept(self, key):
         """(launcher, function handle, packed metadata, constexpr values) of the binary kept for

@@ -162,6 +162,12 @@ class TritonKernel:
         self._fills = [(pos, 0 if kind == "buffer" else 1, name, k)
                        for pos, (kind, name, k) in enumerate(self.arg_plan) if kind != "size"]
 
+    def measured_as_is(self) -> "TritonKernel":
+        """For the tuner: a launch refused for resources raises (the candidate is dropped)
+        instead of being retried with fewer pipeline stages (`DirectLaunch`)."""
+        self._direct.refit = False
+        return self
+
     def __tilefuse_reduce__(self):  # a stored graph rebuilds it (`runtime.artifact`)
         return self.kernel, self.source, self.interpret
 
