@@ -17,6 +17,7 @@ SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 
 BAD_AND_GOOD = {
     "target": ("cuda", ("cpu", "cpu")),
     "autotune": ("2", ("max", "max")),
+    "tuning_budget_ms": ("-5", ("500", 500)),
     "fallback": ("ignore", ("error", "error")),
     "verify": ("banana", ("yes", True)),
     "index_checks": ("Flase", ("off", False)),

@@ -40,7 +40,9 @@ from .tile.ir import KernelKind, without_checks
 from .tile.variants import all_kernels
 from .tile.verify import verify_tile_kernel
 from .progress import CompileProgress
-from .tune.tuner import PreparedTuning, precompile_kernel, prepare_tuning, tune_plan
+from .tune.search import TuningError
+from .tune.tuner import MIN_SHARE_S, PreparedTuning, allot_budgets, plan_budget, precompile_kernel, \
+    prepare_tuning, tune_plan
 
 
 @dataclass
@@ -49,7 +51,7 @@ class KernelReport:
     kind: str
     nodes: list
     source: str
-    tile_ir: str
+    tile: object  # its TileKernel, printed when asked for (`tile_ir`: printing costs ms a kernel), or text
     notes: list
     tune_seconds: float = 0.0
     ops: list = field(default_factory=list)  # the ATen ops it computes, in program order
@@ -57,6 +59,14 @@ class KernelReport:
     compile_seconds: float = 0.0  # its plan's time from tuning to the build's start (on its first kernel)
     shares: str = ""  # the identical kernel whose tuning and build it uses ("": its own)
     shared_by: int = 0  # how many kernels use this one's build besides itself
+
+    @property
+    def tile_ir(self) -> str:
+        """The kernel's tile IR as text ("" for a library call)."""
+        if self.tile is None or isinstance(self.tile, str):
+            return self.tile or ""
+        self.tile = str(self.tile)
+        return self.tile
 
 
 @dataclass
@@ -268,7 +278,7 @@ def _compile_steps(graph, schedule, lowering, options: Options, device, report, 
             source, launcher = _generate_and_load(tk, target, step, stage, getattr(fits, "source", None))
             precompile_kernel(graph, tk, launcher)  # Triton: compiling in a worker while the next plans lower
             kind = tk.kind if tk.kind in (KernelKind.FLASH_MERGE, KernelKind.BLOCK_SUMMARY) else step.kind
-            reports.append(KernelReport(tk.name, kind, step.members, source, str(tk), step.notes,
+            reports.append(KernelReport(tk.name, kind, step.members, source, tk, step.notes,
                                         tuned.seconds if tk is main else 0.0))
             built.append((tk, source, launcher))
             progress.built += 1
@@ -345,7 +355,7 @@ def _reuse(shared, step, base, views, steps: list, report: CompileReport) -> boo
         scratch = {mapping[n]: replace(spec, name=mapping[n]) for n, spec in tk.scratch.items()}
         steps.append(KernelStep(name, dedupe.Renamed(launch, pairs, shared), [mapping[n] for n in tk.writes],
                                 [mapping[n] for n in tk.reads], scratch, keep=shared))
-        report.kernels.append(KernelReport(name, rep.kind, step.members, source, str(own.get(name, tk)), step.notes,
+        report.kernels.append(KernelReport(name, rep.kind, step.members, source, own.get(name, tk), step.notes,
                                            shares=rep.name))
         rep.shared_by += 1
     report.kernels[-len(shared.kernels)].compile_seconds = time.perf_counter() - t0
@@ -392,14 +402,16 @@ def _checking_variants(check):
 def _prepare_tuning(graph, steps, lowering, options: Options, device, stage, progress) -> dict:
     """{plan name: its prepared tuning} for the plans a GPU graph measures: every plan's
     candidates start compiling (in `compile_pool`'s workers) before the first is measured, so
-    the graph's compiles run side by side instead of one after another. Empty where there are
-    no workers to compile in."""
+    the graph's compiles run side by side instead of one after another. At the default level
+    the graph's measuring budget is shared first (`tuner.allot_budgets`): a plan with too small
+    a share is the model's choice, and compiles nothing. Empty where there are no workers to
+    compile in."""
     from .backends.triton import compile_pool
 
     target = lowering.target
     if target.on_cpu or target.interpret or options.autotune not in ("1", "max") or not compile_pool.start():
         return {}
-    out, keys = {}, set()
+    out, first, copies, again = {}, {}, {}, []
     with stage("tune"):
         for step in steps:
             if isinstance(step, ExternStep) or (isinstance(step, KernelPlan) and _statically_empty(graph, step)):
@@ -409,12 +421,33 @@ def _prepare_tuning(graph, steps, lowering, options: Options, device, stage, pro
             views = _library_views(step.library)
             progress.now(f"ranking the schedules of {step.name}")
             aten = (lambda step=step, views=views: _aten_step(step, views)) if views is not None else None
-            p = prepare_tuning(graph, step, lowering, level=options.autotune, device=device, aten=aten)
-            if isinstance(p, PreparedTuning) and p.key in keys:
-                continue  # the same kernel as an earlier plan: shared, or a tuning-cache hit by its turn
+            p = prepare_tuning(graph, step, lowering, level=options.autotune, device=device, aten=aten, start=False)
             if isinstance(p, PreparedTuning):
-                keys.add(p.key)
+                copies[p.key] = copies.get(p.key, 0) + 1
+                if p.key in first:  # the same kernel as an earlier plan: shared, or a tuning-cache hit by its turn
+                    again.append((step.name, first[p.key]))
+                    continue
+                first[p.key] = step.name
             out[step.name] = p
+        prepared = [(name, p) for name, p in out.items() if isinstance(p, PreparedTuning)]
+        total = options.tuning_budget_ms / 1000 if options.autotune == "1" else 0.0
+        if not total:  # (`max`, or no graph budget: every plan its own budget)
+            shares = [None] * len(prepared)
+        else:
+            shares = allot_budgets([p.predicted * copies[p.key] for _, p in prepared], total,
+                                   [plan_budget(p) for _, p in prepared])
+        for (name, p), share in zip(prepared, shares):
+            if share == 0.0:
+                out[name] = p.unmeasured(f"not measured: its share of the graph's {total:.1f} s tuning budget "
+                                         f"was under {MIN_SHARE_S:.2f} s")
+                continue
+            try:
+                p.start(share)
+            except TuningError as err:  # nothing fits: the model's choice, and say why
+                out[name] = p.unmeasured(str(err)[:200])
+        for name, same in again:  # a copy of an unmeasured plan: the same choice (nothing stored to find)
+            if not isinstance(out[same], PreparedTuning):
+                out[name] = replace(out[same], seconds=0.0)
     return out
 
 

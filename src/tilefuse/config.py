@@ -156,6 +156,11 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("autotune", str, "1",
          "0: the cost model chooses each schedule; 1: a few candidates are measured (cached on disk); "
          "max: a wide search (mode='max-autotune')", choices=("0", "1", "max")),
+    Knob("tuning_budget_ms", int, 2000,
+         "autotune=1: milliseconds of measurement per graph, shared among its kernels by their "
+         "predicted time (a kernel whose share is under 60 ms takes the cost model's choice and "
+         "compiles no candidates); 0: every kernel measures for its own budget",
+         minimum=0, maximum=3_600_000),
     Knob("fallback", str, "eager",
          "on an internal failure: eager runs that graph eagerly with a warning and a reproducer; "
          "error raises TilefuseError", choices=("eager", "error")),

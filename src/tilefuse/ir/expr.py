@@ -7,6 +7,7 @@ is dictionary lookup and substitution is a tree map.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -420,11 +421,16 @@ _INFIX = {
 }
 
 
+#: sympy's printer sorts every sum's terms (about half a millisecond an offset); the same
+#: offsets recur in every layer's kernels and every candidate's lowering: printed once
+sympy_text = functools.lru_cache(maxsize=1 << 15)(str)
+
+
 def format_expr(e: Expr) -> str:
     if isinstance(e, Const):
         return repr(e.value) if e.dtype.is_float or e.dtype.is_bool else str(e.value)
     if isinstance(e, Index):
-        return str(e.expr) if e.dtype.is_int else f"float({e.expr})"
+        return sympy_text(e.expr) if e.dtype.is_int else f"float({sympy_text(e.expr)})"
     if isinstance(e, Var):
         return e.name
     if isinstance(e, Load):

@@ -4,9 +4,16 @@ within a time budget, and store the winner.
 
 `TILEFUSE_AUTOTUNE`: `0` — no measurement, the cost model's choice (the rules' default unless
 the model predicts a clear win); `1` (default) — the model's best 8 candidates (6 for a
-memory-bound kernel), measured for at most 0.5 s (0.25 s); `max` — up to 32 candidates, measured
-for up to 60 s. Only kernels with static sizes are measured, on synthetic inputs of the plan's
-shapes.
+memory-bound kernel), measured for at most 0.5 s (0.25 s), within a budget per graph (below);
+`max` — up to 32 candidates, measured for up to 60 s. Only kernels with static sizes are
+measured, on synthetic inputs of the plan's shapes.
+
+**A graph's budget** (`1` only, the `tuning_budget_ms` knob): tuning is worth what the kernel's time is
+worth, so a graph's measuring time is shared among its plans in proportion to the model's
+predicted time of each (times the number of identical plans it stands for: one tuning serves
+every layer), each share capped at the plan's own budget above. A plan whose share is under
+`MIN_SHARE_S` is not measured: the model chooses its schedule, and none of its candidates is
+lowered or compiled (`allot_budgets`, `PreparedTuning.start`).
 
 Tuning is two steps, so that a graph's compiles overlap: `prepare_tuning` ranks a plan's
 candidates and starts compiling their kernels (Triton: in `compile_pool`'s worker processes;
@@ -47,6 +54,10 @@ CPU_LEVELS = {"max": (12, 20.0)}
 #: level -> seconds for building the candidates before measuring (all of them, when a pool of
 #: compile workers builds them side by side; the best-ranked, when they compile one by one)
 BUILD_S = {"1": 8.0, "max": 60.0}
+#: a plan whose share of its graph's budget is smaller is not measured (the model chooses)
+MIN_SHARE_S = 0.06
+#: seconds of measurement per candidate kept (a plan with a small share measures fewer)
+SECONDS_PER_CANDIDATE = 0.04
 #: at most this many samples per candidate (the bandit's bookkeeping grows with the samples, and a
 #: fast kernel would otherwise take thousands within the budget)
 SAMPLES_PER_CANDIDATE = {"1": 6, "max": 16}
@@ -107,16 +118,53 @@ class PreparedTuning:
     ceilings: Ceilings
     space: object
     seconds: float = 0.0
+    budget_s: float | None = None  # its share of the graph's budget (None: its level's budget)
+    started: bool = False  # candidates checked against the target and compiling
+
+    @property
+    def predicted(self) -> float:
+        """The model's predicted seconds per launch of the best candidate."""
+        return self.ranked[0][0] if self.ranked else 0.0
+
+    def start(self, budget_s: float | None = None) -> None:
+        """Keep the candidates that fit the target (as many as `budget_s` measures well) and
+        start compiling them."""
+        if self.started:
+            return
+        t0 = time.perf_counter()
+        self.budget_s = budget_s
+        keep, _ = _level(self.levels, self.kind, self.level)
+        if budget_s is not None:
+            keep = max(2, min(keep, int(budget_s / SECONDS_PER_CANDIDATE)))
+        with real_tensors():
+            everything = rank(self.space, self.ceilings)
+            head = rank(self.space, self.ceilings, keep=keep) if keep < len(self.ranked) else self.ranked
+            self.ranked = _fitting(head, everything, keep, self.bench.misfit, self.name)
+        self.bench.precompile([schedule for _, schedule in self.ranked])
+        self.started = True
+        self.seconds += time.perf_counter() - t0
+
+    def unmeasured(self, why: str) -> "TuneOutcome":
+        """The model's choice instead of a measurement."""
+        return TuneOutcome(choose_without_measuring(self.space, self.ceilings), "model", self.seconds, note=why)
 
 
 def prepare_tuning(graph, plan, options: LoweringOptions, *, level: str, device,
-                   aten=None) -> "PreparedTuning | TuneOutcome":
-    """Rank the plan's candidates and start compiling them; a `TuneOutcome` where nothing is
-    left to measure (rules, the model's choice, a tuning-cache hit)."""
+                   aten=None, start: bool = True) -> "PreparedTuning | TuneOutcome":
+    """Rank the plan's candidates and (`start`) start compiling them; a `TuneOutcome` where
+    nothing is left to measure (rules, the model's choice, a tuning-cache hit). Unstarted, the
+    candidates are the model's ranking, not yet checked against the target
+    (`PreparedTuning.start`)."""
     t0 = time.perf_counter()
     notes = list(plan.notes)
     try:
         out = _prepare(graph, plan, options, level, device, aten)
+        if start and isinstance(out, PreparedTuning):
+            try:
+                out.start()
+            except TuningError as err:  # nothing fits: the model's choice, and say why
+                logs.log("tune", "%s: %s", plan.name, err)
+                out = out.unmeasured(str(err)[:200])
     except Exception as err:  # noqa: BLE001 — tuning is an optimisation: never the reason a graph fails
         logs.log("tune", "%s: tuning failed, the rules choose: %s: %s", plan.name, type(err).__name__, err)
         out = TuneOutcome(None, "rules", note=f"tuning failed: {type(err).__name__}: {err}"[:200])
@@ -139,6 +187,7 @@ def tune_plan(graph, plan, options: LoweringOptions, *, level: str, device, aten
     t0 = time.perf_counter()
     notes = list(plan.notes)
     try:
+        prepared.start()  # (started by its graph's budget, or here)
         with real_tensors():
             outcome = _measure(prepared, progress)
     except TuningError as err:  # nothing measurable: the model's choice, and say why
@@ -180,17 +229,46 @@ def _prepare(graph, plan, options: LoweringOptions, level: str, device, aten):
                      extra={k: list(v) for k, v in space.knobs.items()})  # a new knob invalidates old results
     bench = _Bench(graph, plan, options, device, aten)
     levels = CPU_LEVELS if target.on_cpu else None
-    try:
-        with real_tensors():
-            found = candidates(space, key, level, ceilings, TuningCache(), plan.name, levels=levels,
-                               misfit=bench.misfit)
-    except TuningError as err:  # nothing fits: the model's choice, and say why
-        logs.log("tune", "%s: %s", plan.name, err)
-        return TuneOutcome(choose_without_measuring(space, ceilings), "model", note=str(err)[:200])
+    with real_tensors():
+        found = candidates(space, key, level, ceilings, TuningCache(), plan.name, levels=levels,
+                           misfit=bench.misfit, fit=False)
     if isinstance(found, TuneOutcome):
         return found
-    bench.precompile([schedule for _, schedule in found])
     return PreparedTuning(plan.name, key, space.kind, level, levels, found, bench, ceilings, space)
+
+
+def allot_budgets(weights: list, total: float, caps: list, floor: float = MIN_SHARE_S) -> list:
+    """Shares of `total` seconds in proportion to `weights` (a plan's predicted time times the
+    plans it stands for), none above its `caps` entry (what that plan can use: the excess goes
+    to the rest by the same proportions); a share under `floor` is 0 and its seconds go to the
+    rest."""
+    shares = [0.0] * len(weights)
+    live = [i for i, w in enumerate(weights) if w > 0 and math.isfinite(w)]
+    left = total
+    while live and left > 1e-12:
+        mass = sum(weights[i] for i in live)
+        offer = {i: left * weights[i] / mass for i in live}
+        capped = [i for i in live if offer[i] >= caps[i]]
+        small = [i for i in live if offer[i] < floor]
+        if capped:  # fill the capped ones, share the rest among the others
+            for i in capped:
+                left -= caps[i]
+                shares[i] = caps[i]
+            live = [i for i in live if i not in capped]
+            continue
+        if small:  # the least-weighted one is not measured: its offer goes to the others
+            drop = min(small, key=lambda i: weights[i])
+            live.remove(drop)
+            continue
+        for i in live:
+            shares[i] = offer[i]
+        break
+    return shares
+
+
+def plan_budget(p: PreparedTuning) -> float:
+    """The most seconds one plan measures for at its level."""
+    return _level(p.levels, p.kind, p.level)[1]
 
 
 def _measure(p: PreparedTuning, progress=None) -> TuneOutcome:
@@ -199,7 +277,7 @@ def _measure(p: PreparedTuning, progress=None) -> TuneOutcome:
         raise TuningError(f"all {len(failures)} candidates failed to compile or run; first: "
                           f"{describe(failures[0][0])}: {failures[0][1]}")
     return search_candidates(ranked, p.bench.measure, TuningCache(), p.key, p.level, p.kind, p.name,
-                             levels=p.levels, failures=failures, progress=progress)
+                             levels=p.levels, failures=failures, progress=progress, budget_s=p.budget_s)
 
 
 def real_tensors():
@@ -229,9 +307,10 @@ def select_schedule(space, key: str, level: str, ceilings: Ceilings, measure, ca
 
 
 def candidates(space, key: str, level: str, ceilings: Ceilings, cache, name: str, levels: dict | None = None,
-               misfit=None) -> "list | TuneOutcome":
+               misfit=None, fit: bool = True) -> "list | TuneOutcome":
     """The tuning cache's record for `key` (a `TuneOutcome`), else the model's best candidates
-    that fit, as [(predicted seconds, schedule)]."""
+    that fit, as [(predicted seconds, schedule)] (`fit=False`: the model's best, checked
+    against the target later)."""
     t0 = time.perf_counter()
     schedules = space.schedules()
 
@@ -245,7 +324,7 @@ def candidates(space, key: str, level: str, ceilings: Ceilings, cache, name: str
         return TuneOutcome(hit["schedule"], "cache", time.perf_counter() - t0, best_time=hit.get("time_s"))
     keep, _ = _level(levels, space.kind, level)
     ranked = rank(space, ceilings, keep=keep)
-    if misfit is not None:
+    if misfit is not None and fit:
         ranked = _fitting(ranked, rank(space, ceilings), keep, misfit, name)
     return ranked
 
@@ -255,11 +334,13 @@ def _level(levels: dict | None, kind: str, level: str) -> tuple:
 
 
 def search_candidates(ranked: list, measure, cache, key: str, level: str, kind: str, name: str,
-                      levels: dict | None = None, failures: list | None = None, progress=None) -> TuneOutcome:
-    """Measure the ranked candidates within the level's budget and store the winner under `key`.
-    `progress(runs, total, best seconds)` is told after each measurement."""
+                      levels: dict | None = None, failures: list | None = None, progress=None,
+                      budget_s: float | None = None) -> TuneOutcome:
+    """Measure the ranked candidates within the level's budget (or `budget_s`) and store the
+    winner under `key`. `progress(runs, total, best seconds)` is told after each measurement."""
     t0 = time.perf_counter()
     _, budget = _level(levels, kind, level)
+    budget = budget if budget_s is None else budget_s
     result = _search(ranked, measure, budget, name, SAMPLES_PER_CANDIDATE.get(level, 8) * len(ranked), progress)
     failures = list(failures or []) + list(result.failures)
     cache.store(key, result.best, result.best_time, {"kind": kind, "candidates": len(ranked) + len(failures)})

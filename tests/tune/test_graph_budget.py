@@ -1,0 +1,141 @@
+"""A graph's tuning budget (`tuner.allot_budgets`, `PreparedTuning.start`): measuring time
+shared by predicted kernel time, small shares not measured, and a started plan's candidates
+checked against the target and cut to what its share measures. Nothing is compiled here."""
+import math
+import random
+
+import pytest
+
+from tilefuse.tune import tuner
+from tilefuse.tune.cost import NOMINAL, choose_without_measuring, rank
+from tilefuse.tune.tuner import MIN_SHARE_S, PreparedTuning, allot_budgets
+
+from test_tuning_limits import _space, _too_big
+
+
+def test_shares_follow_the_predicted_time_and_spend_the_budget():
+    shares = allot_budgets([4.0, 2.0, 1.0, 1.0], 2.0, [1.0] * 4)
+    assert shares == pytest.approx([1.0, 0.5, 0.25, 0.25])
+    assert sum(shares) == pytest.approx(2.0)
+
+
+def test_a_capped_plan_leaves_its_excess_to_the_others():
+    shares = allot_budgets([100.0, 1.0, 1.0], 2.0, [0.5, 0.5, 0.5])
+    assert shares == pytest.approx([0.5, 0.5, 0.5])  # (the budget is more than the plans can use)
+    shares = allot_budgets([100.0, 3.0, 1.0], 1.0, [0.5, 0.5, 0.5])
+    assert shares[0] == 0.5 and shares[1] == pytest.approx(0.375) and shares[2] == pytest.approx(0.125)
+
+
+def test_plans_too_small_to_measure_get_nothing_and_their_time_goes_to_the_rest():
+    shares = allot_budgets([10.0, 10.0, 0.1, 0.05, 0.0, math.inf], 1.0, [0.5] * 6)
+    assert shares[2:] == [0.0] * 4
+    assert shares[:2] == pytest.approx([0.5, 0.5])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_shares_respect_caps_floor_and_total(seed):
+    rng = random.Random(seed)
+    n = rng.randint(1, 30)
+    weights = [rng.choice([0.0, rng.random() * 10 ** rng.randint(-7, -2)]) for _ in range(n)]
+    caps = [rng.choice([0.25, 0.5]) for _ in range(n)]
+    total = rng.uniform(0.1, 4.0)
+    shares = allot_budgets(weights, total, caps)
+    assert all(s == 0.0 or MIN_SHARE_S <= s <= c + 1e-12 for s, c in zip(shares, caps))
+    assert sum(shares) <= total + 1e-9
+    assert all(s == 0.0 for s, w in zip(shares, weights) if w == 0.0)
+    live = [i for i, s in enumerate(shares) if s > 0]
+    if live and all(shares[i] < caps[i] - 1e-9 for i in live):
+        assert sum(shares) == pytest.approx(total)  # nothing capped: all of it spent
+    # a heavier plan never gets less than a lighter one with the same cap
+    for i in range(n):
+        for j in range(n):
+            if caps[i] == caps[j] and weights[i] > weights[j]:
+                assert shares[i] >= shares[j] - 1e-12
+
+
+class _Bench:
+    def __init__(self):
+        self.compiling = []
+
+    def misfit(self, schedule):
+        return _too_big(schedule)
+
+    def precompile(self, schedules):
+        self.compiling.extend(schedules)
+
+
+def _prepared():
+    space = _space()
+    ranked = rank(space, NOMINAL, keep=8)
+    return PreparedTuning("kernel0", "key", space.kind, "1", None, ranked, _Bench(), NOMINAL, space)
+
+
+def test_a_small_share_compiles_fewer_candidates_and_none_over_the_limits():
+    p = _prepared()
+    assert p.predicted == p.ranked[0][0] > 0
+    p.start(0.1)
+    kept = int(0.1 / tuner.SECONDS_PER_CANDIDATE)
+    assert len(p.ranked) == kept == len(p.bench.compiling) and p.budget_s == 0.1
+    assert not any(_too_big(s) for s in p.bench.compiling)
+    p.start(0.5)  # started once
+    assert len(p.bench.compiling) == kept
+
+
+def test_a_full_share_keeps_the_levels_candidates():
+    p = _prepared()
+    p.start(None)
+    assert len(p.ranked) == 8 and p.budget_s is None
+
+
+def test_an_unmeasured_plan_is_the_models_choice():
+    p = _prepared()
+    out = p.unmeasured("not measured")
+    assert out.source == "model" and out.schedule == choose_without_measuring(p.space, NOMINAL)
+    assert not p.bench.compiling
+
+
+def test_the_compiler_shares_a_graphs_budget_among_its_plans(monkeypatch):
+    """`compiler._prepare_tuning` with stand-ins for the plans' preparations: the heavy plan is
+    started with the largest share, a plan too light to measure and its copy are the model's
+    choice, a copy of a measured plan is left to find the first one's result."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from tilefuse import compiler
+    from tilefuse.backends.triton import compile_pool
+    from tilefuse.config import config
+    from tilefuse.fusion.library import ProductChoice
+    from tilefuse.fusion.plan import KernelPlan, PlanKind
+
+    predicted = {"heavy": (1e-3, "k1"), "light": (1e-7, "k2"), "light_copy": (1e-7, "k2"),
+                 "heavy_copy": (1e-3, "k1"), "middle": (2e-4, "k3")}
+
+    def fake_prepare(graph, step, lowering, *, level, device, aten, start):
+        assert not start
+        p = _prepared()
+        p.name, p.key = step.name, predicted[step.name][1]
+        p.ranked = [(predicted[step.name][0], s) for _, s in p.ranked]
+        return p
+
+    monkeypatch.setattr(compiler, "prepare_tuning", fake_prepare)
+    monkeypatch.setattr(compile_pool, "start", lambda *a: True)
+    monkeypatch.setattr(compiler, "_statically_empty", lambda graph, step: False)
+    steps = []
+    for name in predicted:
+        k = KernelPlan(name, PlanKind.CONTRACTION, parallel=1)
+        k.library = ProductChoice("generated")
+        steps.append(k)
+    lowering = SimpleNamespace(target=SimpleNamespace(on_cpu=False, interpret=False))
+    progress = SimpleNamespace(now=lambda msg: None)
+    out = compiler._prepare_tuning(None, steps, lowering, config.options({"autotune": "1", "tuning_budget_ms": 600}), None,
+                                   lambda name: contextlib.nullcontext(), progress)
+    assert set(out) == {"heavy", "middle", "light", "light_copy"}, out
+    assert out["heavy"].started and out["middle"].started
+    assert out["heavy"].budget_s == pytest.approx(tuner.plan_budget(out["heavy"]))
+    assert out["middle"].budget_s == pytest.approx(0.1)
+    assert out["light"].source == "model" and out["light_copy"].source == "model"
+    assert "heavy_copy" not in out
+    # no graph budget: every plan started with its own
+    out = compiler._prepare_tuning(None, steps, lowering, config.options({"autotune": "1", "tuning_budget_ms": 0}),
+                                   None, lambda name: contextlib.nullcontext(), progress)
+    assert set(out) == {"heavy", "middle", "light"} and all(p.started and p.budget_s is None for p in out.values())
