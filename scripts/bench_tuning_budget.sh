@@ -7,7 +7,7 @@ export PYTHONPATH=$PWD/src:$PWD/scripts:$PWD/tests PYTHONUNBUFFERED=1
 WORKLOADS=${WORKLOADS:-nanogpt,nanogpt_train,hf_llama}
 for budget in ${BUDGETS:-2000 0}; do
   backends=tilefuse
-  [ "$budget" = "2000" ] && [ -n "${PEERS:-inductor}" ] && backends="${PEERS:-inductor},tilefuse"
+  [ -n "${PEERS-inductor}" ] && backends="${PEERS-inductor},tilefuse"
   TILEFUSE_CACHE_DIR="$(mktemp -d)" TILEFUSE_TUNING_BUDGET_MS=$budget timeout ${LIMIT:-280} \
     python -m tilefuse.bench --group models --workloads "$WORKLOADS" --layers 2 --backends "$backends" \
       --no-sweep --no-memory --compile-latency --quiet --out "$OUT/budget_$budget" 2>&1 | tail -25

@@ -437,6 +437,8 @@ def _prepare_tuning(graph, steps, lowering, options: Options, device, stage, pro
             shares = allot_budgets([p.predicted * copies[p.key] for _, p in prepared], total,
                                    [plan_budget(p) for _, p in prepared])
         for (name, p), share in zip(prepared, shares):
+            logs.log("tune", "%s: predicted %.1f us (x%d): %s", name, p.predicted * 1e6, copies[p.key],
+                     "its own budget" if share is None else f"{share:.3f} s of the graph's {total:.1f} s")
             if share == 0.0:
                 out[name] = p.unmeasured(f"not measured: its share of the graph's {total:.1f} s tuning budget "
                                          f"was under {MIN_SHARE_S:.2f} s")
