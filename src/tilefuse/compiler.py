@@ -41,7 +41,7 @@ from .tile.variants import all_kernels
 from .tile.verify import verify_tile_kernel
 from .progress import CompileProgress
 from .tune.search import TuningError
-from .tune.tuner import MIN_SHARE_S, PreparedTuning, allot_budgets, plan_budget, precompile_kernel, \
+from .tune.tuner import NEGLIGIBLE, PreparedTuning, allot_budgets, plan_budget, precompile_kernel, \
     prepare_tuning, tune_plan
 
 
@@ -440,8 +440,7 @@ def _prepare_tuning(graph, steps, lowering, options: Options, device, stage, pro
             logs.log("tune", "%s: predicted %.1f us (x%d): %s", name, p.predicted * 1e6, copies[p.key],
                      "its own budget" if share is None else f"{share:.3f} s of the graph's {total:.1f} s")
             if share == 0.0:
-                out[name] = p.unmeasured(f"not measured: its share of the graph's {total:.1f} s tuning budget "
-                                         f"was under {MIN_SHARE_S:.2f} s")
+                out[name] = p.unmeasured(f"not measured: under {NEGLIGIBLE:.1%} of the graph's predicted time")
                 continue
             try:
                 p.start(share)

@@ -158,8 +158,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "max: a wide search (mode='max-autotune')", choices=("0", "1", "max")),
     Knob("tuning_budget_ms", int, 2000,
          "autotune=1: milliseconds of measurement per graph, shared among its kernels by their "
-         "predicted time (a kernel whose share is under 60 ms takes the cost model's choice and "
-         "compiles no candidates); 0: every kernel measures for its own budget",
+         "predicted time, with fewer candidates for a smaller share (at least 20 ms and two "
+         "candidates each; a kernel under 0.5% of the graph's predicted time takes the cost model's "
+         "choice and compiles no candidates); 0: every kernel measures for its own budget",
          minimum=0, maximum=3_600_000),
     Knob("fallback", str, "eager",
          "on an internal failure: eager runs that graph eagerly with a warning and a reproducer; "

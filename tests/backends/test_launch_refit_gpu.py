@@ -64,7 +64,7 @@ def test_a_pipeline_too_deep_for_shared_memory_runs_shallower():
 def test_too_much_shared_memory_at_one_stage_raises_after_trying():
     m, n, k = 256, 256, 512
     a, b, c = _operands(m, n, k)
-    tiles = {"BM": 256, "BN": 256, "BK": 128}  # 256 KiB of operands at one stage
+    tiles = {"BM": 256, "BN": 256, "BK": 256}  # 256 KiB of operands at one stage
     launch = DirectLaunch(_product, dict(tiles, K=k, num_warps=8, num_stages=3), {**tiles, "K": k})
     with pytest.raises(Exception, match="shared memory") as err:
         launch((1, 1), [a, b, c, m, n])
