@@ -142,3 +142,10 @@ def test_the_compiler_shares_a_graphs_budget_among_its_plans(monkeypatch):
     out = compiler._prepare_tuning(None, steps, lowering, config.options({"autotune": "1", "tuning_budget_ms": 0}),
                                    None, lambda name: contextlib.nullcontext(), progress)
     assert set(out) == {"heavy", "middle", "light"} and all(p.started and p.budget_s is None for p in out.values())
+
+
+def test_a_memory_bound_plan_keeps_its_candidates_on_a_small_share():
+    p = _prepared()
+    p.kind = "memory"  # (cheap to compile, and the model ranks their tiles worst)
+    p.start(MIN_SHARE_S)
+    assert len(p.ranked) == tuner.MEMORY_LEVELS["1"][0] and p.budget_s == MIN_SHARE_S

@@ -12,8 +12,9 @@ measured, on synthetic inputs of the plan's shapes.
 worth, so a graph's measuring time is shared among its plans in proportion to the model's
 predicted time of each (times the number of identical plans it stands for: one tuning serves
 every layer), each share capped at the plan's own budget above, and candidates are kept in
-proportion to the share (at least two, and the best of each kind of kernel: the library's
-product among them). Every plan is measured at least briefly — the model's error on one
+proportion to the share for compute-bound plans (at least two, and the best of each kind of
+kernel: the library's product among them; a memory-bound plan keeps its level's candidates,
+cheap to compile). Every plan is measured at least briefly — the model's error on one
 kernel (a layer norm's backward predicted at 12 µs ran 49–84 µs by its tiles) is larger than
 its margins — except those under `NEGLIGIBLE` of the graph's predicted time: the model
 chooses their schedules, and none of their candidates is lowered or compiled
@@ -61,7 +62,7 @@ BUILD_S = {"1": 8.0, "max": 60.0}
 #: the least a measured plan gets (its default and the best of each kind of kernel, briefly)
 MIN_SHARE_S = 0.02
 #: a plan under this fraction of its graph's predicted time is not measured (the model chooses)
-NEGLIGIBLE = 0.005
+NEGLIGIBLE = 0.002
 #: seconds of measurement per candidate kept (a plan with a small share measures fewer)
 SECONDS_PER_CANDIDATE = 0.04
 #: at most this many samples per candidate (the bandit's bookkeeping grows with the samples, and a
@@ -140,7 +141,9 @@ class PreparedTuning:
         t0 = time.perf_counter()
         self.budget_s = budget_s
         keep, _ = _level(self.levels, self.kind, self.level)
-        if budget_s is not None:
+        if budget_s is not None and self.kind != "memory":
+            # (a memory-bound kernel keeps its candidates: they compile in a fraction of a second,
+            # and the model ranks their tiles worst — a layer norm's backward ran 1.8x slower with two)
             keep = max(2, min(keep, round(budget_s / SECONDS_PER_CANDIDATE)))
         with real_tensors():
             everything = rank(self.space, self.ceilings)
