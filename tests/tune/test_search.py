@@ -163,6 +163,21 @@ def test_budget_is_honoured_with_a_fake_clock():
     assert result.measured == len(bench.calls)
 
 
+def test_a_spent_budget_still_warms_every_candidate_when_asked():
+    """A plan's small share of its graph's budget: every candidate gets its two samples (the
+    fastest may be the model's last), then the budget stops the search."""
+    clock = FakeClock()
+    bench = FakeBench(clock=clock, cost_s=0.01)
+    result = search(candidates(), bench, budget_s=0.02, clock=clock, warm_all=True)
+    assert result.stop_reason == "budget"
+    assert all(bench.n(b) >= 2 for b in TRUE)
+    assert result.best == {"BLOCK": 64}
+    clock, bench = FakeClock(), FakeBench(clock=FakeClock(), cost_s=0.01)
+    bench.clock = clock
+    result = search(candidates(), bench, budget_s=0.02, clock=clock)
+    assert result.stop_reason == "budget" and len(bench.calls) == 2
+
+
 def test_small_budget_spends_itself_in_cost_model_order():
     bench = FakeBench()
     preds = {b: PREDICTED[b] for b in (16, 32, 64, 128)}  # 256 and 512 unranked: last

@@ -251,6 +251,7 @@ def search(
     noise_prior: float = NOISE_PRIOR,
     min_samples: int = MIN_SAMPLES,
     initial_samples: int = INITIAL_SAMPLES,
+    warm_all: bool = False,
 ) -> SearchResult:
     """Measure ``candidates`` with ``measure`` and return the fastest (see the module
     docstring for the algorithm).
@@ -262,7 +263,8 @@ def search(
     the number of measurements made, an estimate of how many the search will make at most
     (from ``max_measurements`` and the budget at the rate so far; None while unknown), and
     the best mean time so far (``inf`` before the first success). The search may stop before
-    ``total`` when it converges.
+    ``total`` when it converges. ``warm_all``: the budget stops the search only once every
+    candidate has its initial samples (a small budget then still compares them all).
     """
     arms = _arms(candidates)
     if not arms:
@@ -289,7 +291,7 @@ def search(
         ]
         elapsed = clock() - start
         reason = _stop_reason(arms, warming, bounds, measured, elapsed, budget_s, max_measurements, margin,
-                              min_samples)
+                              min_samples, warm_all)
         if reason:
             break
         arm = warming[0] if warming else _next_arm(arms, bounds)
@@ -351,7 +353,7 @@ def search(
 
 
 def _stop_reason(
-    arms, warming, bounds, measured, elapsed, budget_s, max_measurements, margin, min_samples
+    arms, warming, bounds, measured, elapsed, budget_s, max_measurements, margin, min_samples, warm_all=False
 ) -> str:
     """Why the search stops now, or "" to go on."""
     alive = [a for a in arms if a.status == "alive"]
@@ -359,7 +361,7 @@ def _stop_reason(
         return "no candidates left"
     if max_measurements is not None and measured >= max_measurements:
         return "max_measurements"
-    if elapsed >= budget_s:
+    if elapsed >= budget_s and not (warm_all and warming):
         return "budget"
     if not warming and len(alive) == 1 and alive[0].n >= min_samples:
         return "one survivor"

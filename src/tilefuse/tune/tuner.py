@@ -349,7 +349,9 @@ def search_candidates(ranked: list, measure, cache, key: str, level: str, kind: 
     t0 = time.perf_counter()
     _, budget = _level(levels, kind, level)
     budget = budget if budget_s is None else budget_s
-    result = _search(ranked, measure, budget, name, SAMPLES_PER_CANDIDATE.get(level, 8) * len(ranked), progress)
+    # (a share of a graph's budget: every candidate kept is measured, however small the share)
+    result = _search(ranked, measure, budget, name, SAMPLES_PER_CANDIDATE.get(level, 8) * len(ranked), progress,
+                     warm_all=budget_s is not None)
     failures = list(failures or []) + list(result.failures)
     cache.store(key, result.best, result.best_time, {"kind": kind, "candidates": len(ranked) + len(failures)})
     logs.log("tune", "%s: %s in %d measurements (%s)", name, describe(result.best), result.measured,
@@ -382,9 +384,10 @@ def _fitting(ranked: list, everything: list, keep: int, misfit, name: str) -> li
     return sorted(out, key=lambda x: x[0])
 
 
-def _search(ranked, measure, budget, name, max_measurements=None, progress=None):
+def _search(ranked, measure, budget, name, max_measurements=None, progress=None, warm_all=False):
     arms = [Candidate(schedule, predicted) for predicted, schedule in ranked]
-    return search(arms, measure, budget_s=budget, max_measurements=max_measurements, progress=progress)
+    return search(arms, measure, budget_s=budget, max_measurements=max_measurements, progress=progress,
+                  warm_all=warm_all)
 
 
 def synthetic_buffer(graph, name: str, spec, device):
