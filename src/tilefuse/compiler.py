@@ -41,7 +41,7 @@ from .tile.variants import all_kernels
 from .tile.verify import verify_tile_kernel
 from .progress import CompileProgress
 from .tune.search import TuningError
-from .tune.tuner import NEGLIGIBLE, PreparedTuning, allot_budgets, plan_budget, precompile_kernel, \
+from .tune.tuner import NEGLIGIBLE, PreparedTuning, TuneOutcome, allot_budgets, plan_budget, precompile_kernel, \
     prepare_tuning, tune_plan
 
 
@@ -348,14 +348,15 @@ def _reuse(shared, step, base, views, steps: list, report: CompileReport) -> boo
     if mapping is None:
         return False
     step.notes.append(f"{step.name}: the same kernel as {shared.plan}: tuned and built once")
-    own = {tk.name: tk for tk in base}
     for (tk, source, launch), rep in zip(shared.kernels, shared.reports):
         name = dedupe.kernel_name(shared, step.name, tk.name, mapping)
         pairs = [(p.name, mapping[p.name]) for p in tk.params if p.kind == "buffer"]
         scratch = {mapping[n]: replace(spec, name=mapping[n]) for n, spec in tk.scratch.items()}
         steps.append(KernelStep(name, dedupe.Renamed(launch, pairs, shared), [mapping[n] for n in tk.writes],
                                 [mapping[n] for n in tk.reads], scratch, keep=shared))
-        report.kernels.append(KernelReport(name, rep.kind, step.members, source, own.get(name, tk), step.notes,
+        # (its tile IR: the shared kernel's, already stored — a copy of its own would be a whole
+        # IR tree more in the graph cache per layer)
+        report.kernels.append(KernelReport(name, rep.kind, step.members, source, tk, step.notes,
                                            shares=rep.name))
         rep.shared_by += 1
     report.kernels[-len(shared.kernels)].compile_seconds = time.perf_counter() - t0
@@ -400,17 +401,18 @@ def _checking_variants(check):
 
 
 def _prepare_tuning(graph, steps, lowering, options: Options, device, stage, progress) -> dict:
-    """{plan name: its prepared tuning} for the plans a GPU graph measures: every plan's
-    candidates start compiling (in `compile_pool`'s workers) before the first is measured, so
-    the graph's compiles run side by side instead of one after another. At the default level
-    the graph's measuring budget is shared first (`tuner.allot_budgets`): a plan with too small
-    a share is the model's choice, and compiles nothing. Empty where there are no workers to
-    compile in."""
+    """{plan name: its prepared tuning} for the plans a GPU graph measures. At the default level
+    the graph's measuring budget is shared first (`tuner.allot_budgets`): a plan with a
+    negligible share is the model's choice, and compiles nothing. Where there are compile
+    workers, every measured plan's candidates start compiling (in `compile_pool`'s workers)
+    before the first is measured, so the graph's compiles run side by side; without them each
+    plan starts when its turn comes (`tune_plan`)."""
     from .backends.triton import compile_pool
 
     target = lowering.target
-    if target.on_cpu or target.interpret or options.autotune not in ("1", "max") or not compile_pool.start():
+    if target.on_cpu or target.interpret or options.autotune not in ("1", "max"):
         return {}
+    pool = compile_pool.start()
     out, first, copies, again = {}, {}, {}, []
     with stage("tune"):
         for step in steps:
@@ -434,18 +436,27 @@ def _prepare_tuning(graph, steps, lowering, options: Options, device, stage, pro
         if not total:  # (`max`, or no graph budget: every plan its own budget)
             shares = [None] * len(prepared)
         else:
-            shares = allot_budgets([p.predicted * copies[p.key] for _, p in prepared], total,
-                                   [plan_budget(p) for _, p in prepared])
+            # plans found in the tuning cache count in the graph's time (a share of 0 each): what
+            # is negligible does not change once the heavy plans are cached
+            cached = [o.best_time or 0.0 for o in out.values() if isinstance(o, TuneOutcome) and o.source == "cache"]
+            shares = allot_budgets([p.predicted * copies[p.key] for _, p in prepared] + cached, total,
+                                   [plan_budget(p) for _, p in prepared] + [0.0] * len(cached))[:len(prepared)]
         for (name, p), share in zip(prepared, shares):
             logs.log("tune", "%s: predicted %.1f us (x%d): %s", name, p.predicted * 1e6, copies[p.key],
                      "its own budget" if share is None else f"{share:.3f} s of the graph's {total:.1f} s")
             if share == 0.0:
                 out[name] = p.unmeasured(f"not measured: under {NEGLIGIBLE:.1%} of the graph's predicted time")
                 continue
+            p.budget_s = share
+            if not pool:
+                continue  # (started, and compiled in this process, when `tune_plan` reaches it)
             try:
                 p.start(share)
             except TuningError as err:  # nothing fits: the model's choice, and say why
                 out[name] = p.unmeasured(str(err)[:200])
+            except Exception as err:  # noqa: BLE001 — tuning is an optimisation: never the reason a graph fails
+                logs.log("tune", "%s: tuning failed, the rules choose: %s: %s", name, type(err).__name__, err)
+                out[name] = TuneOutcome(None, "rules", note=f"tuning failed: {type(err).__name__}: {err}"[:200])
         for name, same in again:  # a copy of an unmeasured plan: the same choice (nothing stored to find)
             if not isinstance(out[same], PreparedTuning):
                 out[name] = replace(out[same], seconds=0.0)

@@ -76,9 +76,9 @@ def _prepared():
 def test_a_small_share_compiles_fewer_candidates_and_none_over_the_limits():
     p = _prepared()
     assert p.predicted == p.ranked[0][0] > 0
-    p.start(0.1)
-    kept = round(0.1 / tuner.SECONDS_PER_CANDIDATE)
-    assert len(p.ranked) == kept == len(p.bench.compiling) and p.budget_s == 0.1
+    p.start(0.2)
+    kept = int(0.2 / tuner.SECONDS_PER_CANDIDATE + 0.5)
+    assert 2 < kept < 8 and len(p.ranked) == kept == len(p.bench.compiling) and p.budget_s == 0.2
     assert not any(_too_big(s) for s in p.bench.compiling)
     p.start(0.5)  # started once
     assert len(p.bench.compiling) == kept
@@ -141,7 +141,56 @@ def test_the_compiler_shares_a_graphs_budget_among_its_plans(monkeypatch):
     # no graph budget: every plan started with its own
     out = compiler._prepare_tuning(None, steps, lowering, config.options({"autotune": "1", "tuning_budget_ms": 0}),
                                    None, lambda name: contextlib.nullcontext(), progress)
+    options = config.options({"autotune": "1", "tuning_budget_ms": 600})
     assert set(out) == {"heavy", "middle", "light"} and all(p.started and p.budget_s is None for p in out.values())
+    # no compile workers: shared all the same, each plan started when `tune_plan` reaches it
+    monkeypatch.setattr(compile_pool, "start", lambda *a: False)
+    out = compiler._prepare_tuning(None, steps, lowering, options, None, lambda name: contextlib.nullcontext(),
+                                   progress)
+    assert not out["heavy"].started and out["heavy"].budget_s == pytest.approx(tuner.plan_budget(out["heavy"]))
+    assert out["light"].source == "model"
+
+
+def test_a_plan_whose_candidates_fail_to_lower_takes_the_rules(monkeypatch):
+    """An error while a plan's candidates are checked against the target is the rules' choice for
+    that plan, never the graph's failure."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from tilefuse import compiler
+    from tilefuse.backends.triton import compile_pool
+    from tilefuse.config import config
+    from tilefuse.fusion.library import ProductChoice
+    from tilefuse.fusion.plan import KernelPlan, PlanKind
+
+    def fake_prepare(graph, step, lowering, *, level, device, aten, start):
+        p = _prepared()
+        p.name, p.key = step.name, step.name
+        if step.name == "broken":
+            def misfit(schedule):
+                raise ValueError("a lowering bug")
+            p.bench.misfit = misfit
+        return p
+
+    monkeypatch.setattr(compiler, "prepare_tuning", fake_prepare)
+    monkeypatch.setattr(compile_pool, "start", lambda *a: True)
+    monkeypatch.setattr(compiler, "_statically_empty", lambda graph, step: False)
+    steps = []
+    for name in ("broken", "fine"):
+        k = KernelPlan(name, PlanKind.CONTRACTION, parallel=1)
+        k.library = ProductChoice("generated")
+        steps.append(k)
+    lowering = SimpleNamespace(target=SimpleNamespace(on_cpu=False, interpret=False))
+    out = compiler._prepare_tuning(None, steps, lowering, config.options({"autotune": "1"}), None,
+                                   lambda name: contextlib.nullcontext(), SimpleNamespace(now=lambda msg: None))
+    assert out["broken"].source == "rules" and "a lowering bug" in out["broken"].note
+    assert out["fine"].started
+
+
+def test_plans_found_in_the_tuning_cache_count_in_the_graphs_time():
+    # a light plan beside a cached heavy one is negligible as it was before the heavy one was cached
+    assert allot_budgets([1e-6, 1e-3], 2.0, [0.5, 0.0]) == [0.0, 0.0]
+    assert allot_budgets([1e-6], 2.0, [0.5]) == [0.5]
 
 
 def test_a_memory_bound_plan_keeps_its_candidates_on_a_small_share():

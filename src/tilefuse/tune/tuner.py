@@ -144,7 +144,7 @@ class PreparedTuning:
         if budget_s is not None and self.kind != "memory":
             # (a memory-bound kernel keeps its candidates: they compile in a fraction of a second,
             # and the model ranks their tiles worst — a layer norm's backward ran 1.8x slower with two)
-            keep = max(2, min(keep, round(budget_s / SECONDS_PER_CANDIDATE)))
+            keep = max(2, min(keep, int(budget_s / SECONDS_PER_CANDIDATE + 0.5)))
         with real_tensors():
             everything = rank(self.space, self.ceilings)
             head = rank(self.space, self.ceilings, keep=keep) if keep < len(self.ranked) else self.ranked
@@ -196,7 +196,7 @@ def tune_plan(graph, plan, options: LoweringOptions, *, level: str, device, aten
     t0 = time.perf_counter()
     notes = list(plan.notes)
     try:
-        prepared.start()  # (started by its graph's budget, or here)
+        prepared.start(prepared.budget_s)  # (started by its graph's budget, or here with its share)
         with real_tensors():
             outcome = _measure(prepared, progress)
     except TuningError as err:  # nothing measurable: the model's choice, and say why

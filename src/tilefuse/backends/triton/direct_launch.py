@@ -22,7 +22,8 @@ A first launch that Triton refuses for want of resources (`OutOfResources`: the 
 more shared memory than the device has, as a deep software pipeline can where the limits
 check estimated less) is retried with one pipeline stage fewer, down to one, and the launch
 options stay there for this kernel's later specialisations: the same tiles, a shallower
-pipeline, never a failed graph. A refusal at one stage is raised, naming the kernel.
+pipeline, never a failed graph. A refusal at one stage, or for another resource, is raised
+as Triton raised it.
 """
 from __future__ import annotations
 
@@ -93,7 +94,8 @@ class DirectLaunch:
                 return self.fn[grid](*args, **self.options)
             except Exception as err:  # noqa: BLE001 - only Triton's refusal for resources is retried
                 stages = self.options.get("num_stages") or 1
-                if not self.refit or type(err).__name__ != "OutOfResources" or stages <= 1:
+                if not self.refit or type(err).__name__ != "OutOfResources" or "shared memory" not in str(err) \
+                        or stages <= 1:
                     raise
                 name = getattr(self.fn, "__name__", "kernel")
                 logs.log("runtime", "%s: %s; launching with num_stages=%d instead of %d", name,

@@ -255,7 +255,10 @@ class TritonKernel:
             # the worker compiled for 16-byte aligned tensors; a view at another offset is
             # another specialisation, which this launch compiles itself
             expected = compile_pool.wait(future) if all(key[1]) else ""
-            compile_pool.launched(expected, self._direct(sized.grid, args, key))
+            retries = self._direct.retries
+            compiled = self._direct(sized.grid, args, key)
+            # (a launch retried with fewer stages runs another binary than the worker's: not a miss)
+            compile_pool.launched(expected if self._direct.retries == retries else "", compiled)
         else:
             self._direct(sized.grid, args, key)
         self.module.__tilefuse_launched__ = True
