@@ -8,6 +8,8 @@ import pstats
 
 #: the stages in pipeline order (the report lists any other after them)
 STAGES = ("graph cache", "lower", "passes", "fusion", "tune", "tile", "codegen", "load", "store")
+#: the tune stage's phases (`tune.tuner.TuneOutcome.phases`)
+TUNE_PHASES = ("rank", "check", "submit", "build", "measure")
 
 
 _SOURCES = {"measured": "measured", "cache": "from the tuning cache", "model": "by the cost model",
@@ -29,6 +31,9 @@ def report_text(report, top: int = 5) -> str:
     lines = [f"{report.graph_name}: {total:.3f} s, {len(report.kernels)} kernel(s), {distinct} distinct, "
              f"{len(report.externs)} extern(s){tuned}",
              "  stages: " + " · ".join(f"{s} {times[s]:.3f} s" for s in order)]
+    phases = getattr(report, "tune_phases", {})
+    if phases:
+        lines.append("  tune: " + " · ".join(f"{p} {phases[p]:.3f} s" for p in TUNE_PHASES if p in phases))
     slow = sorted(report.kernels, key=lambda k: -(k.compile_seconds + k.tune_seconds))[:top]
     for k in slow:
         shared = f" (= {k.shares})" if k.shares else (f" (shared by {k.shared_by})" if k.shared_by else "")
@@ -50,4 +55,4 @@ def cprofile(fn, *args, top: int = 20, sort: str = "cumulative", **kwargs):
     return result, rows
 
 
-__all__ = ["report_text", "cprofile", "STAGES"]
+__all__ = ["report_text", "cprofile", "STAGES", "TUNE_PHASES"]

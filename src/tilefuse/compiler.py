@@ -41,8 +41,8 @@ from .tile.variants import all_kernels
 from .tile.verify import verify_tile_kernel
 from .progress import CompileProgress
 from .tune.search import TuningError
-from .tune.tuner import NEGLIGIBLE, PreparedTuning, TuneOutcome, allot_budgets, plan_budget, precompile_kernel, \
-    prepare_tuning, tune_plan
+from .tune.tuner import NEGLIGIBLE, PreparedTuning, TuneOutcome, allot_budgets, candidate_seconds, plan_budget, \
+    precompile_kernel, prepare_tuning, tune_plan
 
 
 @dataclass
@@ -82,6 +82,7 @@ class CompileReport:
     failure: str = ""  # why compilation failed (the graph then ran as the fallback knob says)
     settings: dict = field(default_factory=dict)  # the options it was compiled with
     tuning: dict = field(default_factory=dict)  # how plans got their schedule: source -> count
+    tune_phases: dict = field(default_factory=dict)  # the tune stage's seconds by phase (`TuneOutcome.phases`)
     cached: str = ""  # the graph cache's key (its first digits) when the graph was loaded from it
     cuda_graphs: str = ""  # how the graph runs under the cuda_graphs knob ("": the knob is off)
 
@@ -233,6 +234,8 @@ def _compile_steps(graph, schedule, lowering, options: Options, device, report, 
                               aten=(lambda: _aten_step(step, library_views)) if library_views is not None else None,
                               prepared=prepared.pop(step.name, None), progress=progress.tuning(step.name))
         report.tuning[tuned.source] = report.tuning.get(tuned.source, 0) + 1
+        for phase, seconds in tuned.phases.items():
+            report.tune_phases[phase] = report.tune_phases.get(phase, 0.0) + seconds
         if tuned.schedule is not None:
             progress.tuned += 1
         if tuned.describe():
@@ -441,7 +444,9 @@ def _prepare_tuning(graph, steps, lowering, options: Options, device, stage, pro
             cached = [o.best_time or 0.0 for o in out.values() if isinstance(o, TuneOutcome) and o.source == "cache"]
             shares = allot_budgets([p.predicted * copies[p.key] for _, p in prepared] + cached, total,
                                    [plan_budget(p) for _, p in prepared] + [0.0] * len(cached))[:len(prepared)]
+        per_candidate = candidate_seconds(compile_pool.worker_count() if pool else 1)
         for (name, p), share in zip(prepared, shares):
+            p.candidate_s = per_candidate
             logs.log("tune", "%s: predicted %.1f us (x%d): %s", name, p.predicted * 1e6, copies[p.key],
                      "its own budget" if share is None else f"{share:.3f} s of the graph's {total:.1f} s")
             if share == 0.0:
@@ -459,7 +464,7 @@ def _prepare_tuning(graph, steps, lowering, options: Options, device, stage, pro
                 out[name] = TuneOutcome(None, "rules", note=f"tuning failed: {type(err).__name__}: {err}"[:200])
         for name, same in again:  # a copy of an unmeasured plan: the same choice (nothing stored to find)
             if not isinstance(out[same], PreparedTuning):
-                out[name] = replace(out[same], seconds=0.0)
+                out[name] = replace(out[same], seconds=0.0, phases={})
     return out
 
 

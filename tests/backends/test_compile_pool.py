@@ -70,7 +70,8 @@ def test_a_worker_compiles_a_generated_kernel_without_a_gpu(pool):
     compile_pool.wait(launcher._warming)
     assert launcher._warming.result()[0] == "" and launcher._warming.result()[1]
     assert f"{tk.name}.cubin" in _cubins(pool)
-    assert compile_pool.stats()["compiled"] == 1
+    assert not any("primer" in f for f in _cubins(pool))  # the worker's warm-up compiled elsewhere
+    assert compile_pool.stats()["compiled"] == 1 and compile_pool.stats()["busy_s"] > 0
     # handed over once: a second request for the same launch is the same task
     assert not precompile_kernel(graph, tk, launcher)
 
@@ -254,3 +255,24 @@ def test_launch_arguments_and_their_key():
     assert launcher._launch_args(shifted, sized)[1] != key  # (an odd base address)
     wide = dict(buffers, x=torch.randn(37, 128).to(torch.bfloat16)[:, :100])
     assert launcher._launch_args(wide, sized)[1] != key  # (other strides)
+
+
+def test_a_worker_warms_up_outside_the_users_cache(tmp_path):
+    """A worker's first compile loads Triton's compiler: the worker pays that on a throwaway
+    kernel and cache before it is ready, and leaves the user's cache and environment as they were."""
+    import subprocess
+    import sys
+
+    code = ("import os, time; from tilefuse.backends.triton import compile_worker as w\n"
+            "w._install_target(('cuda', 90, 32))\n"
+            "t = time.perf_counter(); why = w.prime(); first = time.perf_counter() - t\n"
+            "t = time.perf_counter(); again = w.prime(); second = time.perf_counter() - t\n"
+            "print(repr(why), repr(again), os.environ['TRITON_CACHE_DIR'], first, second)")
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "user"),
+               PYTHONPATH=os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "..", "src"),
+                                           os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    why, again, cache, first, second = out.stdout.split()
+    assert why == again == "''" and cache == str(tmp_path / "user")
+    assert not (tmp_path / "user").exists() or not any((tmp_path / "user").rglob("*.cubin"))

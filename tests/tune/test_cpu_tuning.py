@@ -6,6 +6,7 @@ import torch
 
 import tilefuse
 from tilefuse.backends import cpu
+from tilefuse.compile_profile import TUNE_PHASES, report_text
 from tilefuse.tune import tuner
 
 pytestmark = pytest.mark.skipif(cpu.find_compiler() is None, reason="no C++ compiler")
@@ -27,6 +28,12 @@ def test_cpu_kernels_are_measured_at_max_and_cached(monkeypatch, tmp_path):
         rep = tilefuse.explain(_rmsnorm, x, w, options={"autotune": "max"})
         assert any("measured" in n for n in _notes(rep)), _notes(rep)
         assert rep.kernels[0].tune_seconds > 0
+        # the tune stage's time by phase, in the compile-time report
+        report = tilefuse.last_compilations().reports[-1]
+        phases = report.tune_phases
+        assert set(phases) <= set(TUNE_PHASES) and phases.get("build", 0) > 0 and phases.get("measure", 0) > 0
+        assert sum(phases.values()) <= report.stage_seconds["tune"] + 1e-3
+        assert "  tune: rank " in report_text(report)
         torch._dynamo.reset()
         again = tilefuse.explain(_rmsnorm, x, w, options={"autotune": "max"})
         assert any("cache hit" in n for n in _notes(again)), _notes(again)

@@ -134,6 +134,10 @@ def test_the_compiler_shares_a_graphs_budget_among_its_plans(monkeypatch):
                                    lambda name: contextlib.nullcontext(), progress)
     assert set(out) == {"heavy", "middle", "light", "light_copy"}, out
     assert out["heavy"].started and out["middle"].started
+    # each kept candidate costs its measurement and its part of the compile workers' time
+    per_candidate = tuner.candidate_seconds(compile_pool.worker_count())
+    assert out["middle"].candidate_s == per_candidate > tuner.SECONDS_PER_CANDIDATE
+    assert len(out["middle"].ranked) == max(2, min(8, int(0.1 / per_candidate + 0.5)))
     assert out["heavy"].budget_s == pytest.approx(tuner.plan_budget(out["heavy"]))
     assert out["middle"].budget_s == pytest.approx(0.1, rel=1e-2)
     assert out["light"].source == "model" and out["light_copy"].source == "model"

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from .. import logs
 from ..tile.lower import LoweringOptions, lower_plan_kernels, schedule_space
@@ -65,6 +65,9 @@ MIN_SHARE_S = 0.02
 NEGLIGIBLE = 0.002
 #: seconds of measurement per candidate kept (a plan with a small share measures fewer)
 SECONDS_PER_CANDIDATE = 0.04
+#: CPU seconds a candidate's compile costs (a Triton kernel: LLVM and ptxas, 0.5–2 s on an H200
+#: host; the compile workers share them out)
+COMPILE_S_PER_CANDIDATE = 1.0
 #: at most this many samples per candidate (the bandit's bookkeeping grows with the samples, and a
 #: fast kernel would otherwise take thousands within the budget)
 SAMPLES_PER_CANDIDATE = {"1": 6, "max": 16}
@@ -78,6 +81,11 @@ class TuneOutcome:
     measured: int = 0  # measurements taken
     best_time: float | None = None  # measured seconds per launch of the chosen configuration
     note: str = ""
+    #: where `seconds` went, for the compile-time report: "rank" (the space ranked, the default
+    #: lowered for the key), "check" (candidates lowered and checked against the target),
+    #: "submit" (their sources generated and sent to the compile workers), "build" (waiting for
+    #: them and their first run), "measure" (the search)
+    phases: dict = field(default_factory=dict)
 
     def describe(self) -> str:
         if self.schedule is None:
@@ -127,6 +135,8 @@ class PreparedTuning:
     seconds: float = 0.0
     budget_s: float | None = None  # its share of the graph's budget (None: its level's budget)
     started: bool = False  # candidates checked against the target and compiling
+    candidate_s: float = SECONDS_PER_CANDIDATE  # what each kept candidate costs of a share (`candidate_seconds`)
+    phases: dict = field(default_factory=dict)  # as `TuneOutcome.phases`
 
     @property
     def predicted(self) -> float:
@@ -144,18 +154,22 @@ class PreparedTuning:
         if budget_s is not None and self.kind != "memory":
             # (a memory-bound kernel keeps its candidates: they compile in a fraction of a second,
             # and the model ranks their tiles worst — a layer norm's backward ran 1.8x slower with two)
-            keep = max(2, min(keep, int(budget_s / SECONDS_PER_CANDIDATE + 0.5)))
+            keep = max(2, min(keep, int(budget_s / self.candidate_s + 0.5)))
         with real_tensors():
             everything = rank(self.space, self.ceilings)
             head = rank(self.space, self.ceilings, keep=keep) if keep < len(self.ranked) else self.ranked
             self.ranked = _fitting(head, everything, keep, self.bench.misfit, self.name)
+        t1 = time.perf_counter()
+        add_phase(self.phases, "check", t1 - t0)
         self.bench.precompile([schedule for _, schedule in self.ranked])
         self.started = True
+        add_phase(self.phases, "submit", time.perf_counter() - t1)
         self.seconds += time.perf_counter() - t0
 
     def unmeasured(self, why: str) -> "TuneOutcome":
         """The model's choice instead of a measurement."""
-        return TuneOutcome(choose_without_measuring(self.space, self.ceilings), "model", self.seconds, note=why)
+        return TuneOutcome(choose_without_measuring(self.space, self.ceilings), "model", self.seconds, note=why,
+                           phases=dict(self.phases))
 
 
 def prepare_tuning(graph, plan, options: LoweringOptions, *, level: str, device,
@@ -179,8 +193,14 @@ def prepare_tuning(graph, plan, options: LoweringOptions, *, level: str, device,
         out = TuneOutcome(None, "rules", note=f"tuning failed: {type(err).__name__}: {err}"[:200])
     finally:
         plan.notes[:] = notes  # lowering candidates annotates the plan: keep only the final lowering's notes
-    out.seconds += time.perf_counter() - t0
+    spent = time.perf_counter() - t0
+    out.seconds += spent
+    add_phase(out.phases, "rank", spent - sum(out.phases.values()))
     return out
+
+
+def add_phase(phases: dict, name: str, seconds: float) -> None:
+    phases[name] = phases.get(name, 0.0) + seconds
 
 
 def tune_plan(graph, plan, options: LoweringOptions, *, level: str, device, aten=None,
@@ -209,6 +229,7 @@ def tune_plan(graph, plan, options: LoweringOptions, *, level: str, device, aten
     finally:
         plan.notes[:] = notes
     outcome.seconds = prepared.seconds + time.perf_counter() - t0
+    outcome.phases = dict(prepared.phases)
     return outcome
 
 
@@ -274,18 +295,31 @@ def allot_budgets(weights: list, total: float, caps: list, floor: float = MIN_SH
             for s, w, c in zip(shares, finite, caps)]
 
 
+def candidate_seconds(workers: int) -> float:
+    """The wall seconds one more kept candidate costs a compile: its measurement and its part of
+    the compile workers' time (`workers` compiling side by side; 1: in this process). The
+    candidates' compiles, not their measurements, were most of a cold compile's tuning (nanoGPT
+    on an H200: 4.1 s waiting for builds, 0.6 s measuring)."""
+    return SECONDS_PER_CANDIDATE + COMPILE_S_PER_CANDIDATE / max(1, workers)
+
+
 def plan_budget(p: PreparedTuning) -> float:
     """The most seconds one plan measures for at its level."""
     return _level(p.levels, p.kind, p.level)[1]
 
 
 def _measure(p: PreparedTuning, progress=None) -> TuneOutcome:
+    t0 = time.perf_counter()
     ranked, failures = p.bench.ready(p.ranked, BUILD_S.get(p.level, 8.0))
+    add_phase(p.phases, "build", time.perf_counter() - t0)
     if not ranked:
         raise TuningError(f"all {len(failures)} candidates failed to compile or run; first: "
                           f"{describe(failures[0][0])}: {failures[0][1]}")
-    return search_candidates(ranked, p.bench.measure, TuningCache(), p.key, p.level, p.kind, p.name,
-                             levels=p.levels, failures=failures, progress=progress, budget_s=p.budget_s)
+    t1 = time.perf_counter()
+    out = search_candidates(ranked, p.bench.measure, TuningCache(), p.key, p.level, p.kind, p.name,
+                            levels=p.levels, failures=failures, progress=progress, budget_s=p.budget_s)
+    add_phase(p.phases, "measure", time.perf_counter() - t1)
+    return out
 
 
 def real_tensors():
@@ -574,5 +608,5 @@ def canonical_source(source: str, kernels) -> str:
     return pattern.sub(lambda m: (m.group(1) or "") + mapping[m.group(2)], source)
 
 
-__all__ = ["tune_plan", "prepare_tuning", "PreparedTuning", "select_schedule", "candidates", "search_candidates",
+__all__ = ["tune_plan", "prepare_tuning", "PreparedTuning", "candidate_seconds", "select_schedule", "candidates", "search_candidates",
            "TuneOutcome", "device_ceilings", "precompile_kernel", "synthetic_buffer", "LEVELS"]

@@ -145,7 +145,7 @@ def stats() -> dict:
     pool = _pool
     if pool is None:
         return dict(_stopped_counts, workers=0, stopped=_unavailable)
-    return dict(pool.counts, workers=len(pool.workers), queued=pool.tasks.qsize())
+    return dict(pool.counts, workers=len(pool.workers), queued=pool.tasks.qsize(), busy_s=round(pool.busy_s, 3))
 
 
 def _give_up(why: str, pool: "_Pool | None") -> None:
@@ -206,6 +206,7 @@ class _Pool:
         self.tasks: "queue.Queue" = queue.Queue()
         self.futures: dict[str, Future] = {}
         self.counts = {"compiled": 0, "failed": 0, "found": 0, "missed": 0}
+        self.busy_s = 0.0  # the workers' compile time, summed (against wall time: how busy the pool was)
         self.target = target
         self.closed = False
         self.last_progress = time.monotonic()
@@ -315,9 +316,12 @@ class _Worker:
                 return f"exited ({self.proc.poll()})"
             self.current = None
             error = reply[2]
+            took = time.monotonic() - future.started
             with _lock:
                 self.pool.counts["failed" if error else "compiled"] += 1
+                self.pool.busy_s += took
                 self.pool.last_progress = time.monotonic()
+            logs.log("cache", "compile worker: %s in %.2f s", task[2], took)
             future.set_result((error, reply[3]))
 
     def close_input(self) -> None:

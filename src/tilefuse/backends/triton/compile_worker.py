@@ -141,6 +141,51 @@ def compile_kernel(path: str, module_name: str, fn_name: str, args: list, option
     return str(getattr(compiled, "hash", ""))
 
 
+_PRIMER = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def tilefuse_primer(x, y, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    v = tl.load(x + i, mask=i < n, other=0.0)
+    tl.store(y + i, v * 2.0 + tl.sum(v, 0), mask=i < n)
+"""
+
+
+def prime() -> str:
+    """Compile a tiny kernel into a throwaway cache: a process's first Triton compile pays
+    for loading the compiler (MLIR, LLVM, the backend's passes) — 0.4–0.9 s of a first task on
+    an H200 host, against 0.05 s for the same kernel compiled next — so that no real kernel
+    waits for it. "" when it compiled, else why not (ignored: the first real task pays instead)."""
+    import shutil
+    import tempfile
+
+    import torch
+
+    folder = tempfile.mkdtemp(prefix="tilefuse-primer-")
+    saved = os.environ.get("TRITON_CACHE_DIR")
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(folder, "cache")
+    try:
+        path = os.path.join(folder, "tilefuse_primer.py")
+        with open(path, "w") as f:
+            f.write(_PRIMER)
+        fn = _kernel(path, "tilefuse_primer", "tilefuse_primer")
+        fn.warmup(torch.float32, torch.float32, 1000, BLOCK=1024, grid=(1,))
+        return ""
+    except Exception as err:  # noqa: BLE001 — only an optimisation
+        return f"{type(err).__name__}: {err}"
+    finally:
+        _modules.pop("tilefuse_primer", None)
+        sys.modules.pop("tilefuse_primer", None)
+        if saved is None:
+            os.environ.pop("TRITON_CACHE_DIR", None)
+        else:
+            os.environ["TRITON_CACHE_DIR"] = saved
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def main() -> int:
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed goes to stderr, not into the replies
@@ -152,6 +197,7 @@ def main() -> int:
         import torch  # noqa: F401 — Triton's driver and `warmup`'s dtypes are PyTorch's
 
         _install_target(first["target"])
+        prime()
         write_message(replies, ("ready", None, ""))
     except Exception as err:  # noqa: BLE001 — the parent compiles in-process instead
         write_message(replies, ("ready", None, f"{type(err).__name__}: {err}"))
