@@ -40,7 +40,6 @@ from .tile.ir import KernelKind, without_checks
 from .tile.variants import all_kernels
 from .tile.verify import verify_tile_kernel
 from .progress import CompileProgress
-from .tune.search import TuningError
 from .tune.tuner import NEGLIGIBLE, PreparedTuning, TuneOutcome, allot_budgets, candidate_seconds, plan_budget, \
     precompile_kernel, prepare_tuning, tune_plan
 
@@ -455,13 +454,7 @@ def _prepare_tuning(graph, steps, lowering, options: Options, device, stage, pro
             p.budget_s = share
             if not pool:
                 continue  # (started, and compiled in this process, when `tune_plan` reaches it)
-            try:
-                p.start(share)
-            except TuningError as err:  # nothing fits: the model's choice, and say why
-                out[name] = p.unmeasured(str(err)[:200])
-            except Exception as err:  # noqa: BLE001 — tuning is an optimisation: never the reason a graph fails
-                logs.log("tune", "%s: tuning failed, the rules choose: %s: %s", name, type(err).__name__, err)
-                out[name] = TuneOutcome(None, "rules", note=f"tuning failed: {type(err).__name__}: {err}"[:200])
+            out[name] = p.try_start(share) or p
         for name, same in again:  # a copy of an unmeasured plan: the same choice (nothing stored to find)
             if not isinstance(out[same], PreparedTuning):
                 out[name] = replace(out[same], seconds=0.0, phases={})

@@ -8,7 +8,7 @@ import pytest
 
 from tilefuse.tune import tuner
 from tilefuse.tune.cost import NOMINAL, choose_without_measuring, rank
-from tilefuse.tune.tuner import MIN_SHARE_S, PreparedTuning, allot_budgets
+from tilefuse.tune.tuner import MIN_SHARE_S, PreparedTuning, TuneOutcome, allot_budgets
 
 from test_tuning_limits import _space, _too_big
 
@@ -191,10 +191,46 @@ def test_a_plan_whose_candidates_fail_to_lower_takes_the_rules(monkeypatch):
     assert out["fine"].started
 
 
-def test_plans_found_in_the_tuning_cache_count_in_the_graphs_time():
-    # a light plan beside a cached heavy one is negligible as it was before the heavy one was cached
+def test_plans_found_in_the_tuning_cache_count_in_the_graphs_time(monkeypatch):
+    """A light plan beside a heavy one found in the tuning cache is as negligible as it was
+    before the heavy one was cached (through `compiler._prepare_tuning`, with stand-ins)."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from tilefuse import compiler
+    from tilefuse.backends.triton import compile_pool
+    from tilefuse.config import config
+    from tilefuse.fusion.library import ProductChoice
+    from tilefuse.fusion.plan import KernelPlan, PlanKind
+
     assert allot_budgets([1e-6, 1e-3], 2.0, [0.5, 0.0]) == [0.0, 0.0]
-    assert allot_budgets([1e-6], 2.0, [0.5]) == [0.5]
+
+    def fake_prepare(graph, step, lowering, *, level, device, aten, start):
+        if step.name == "heavy":
+            return TuneOutcome(_space().default, "cache", best_time=1e-3)
+        p = _prepared()
+        p.name, p.key = step.name, step.name
+        p.ranked = [(1e-6, s) for _, s in p.ranked]
+        return p
+
+    monkeypatch.setattr(compiler, "prepare_tuning", fake_prepare)
+    monkeypatch.setattr(compile_pool, "start", lambda *a: True)
+    monkeypatch.setattr(compiler, "_statically_empty", lambda graph, step: False)
+    steps = []
+    for name in ("heavy", "light"):
+        k = KernelPlan(name, PlanKind.CONTRACTION, parallel=1)
+        k.library = ProductChoice("generated")
+        steps.append(k)
+    lowering = SimpleNamespace(target=SimpleNamespace(on_cpu=False, interpret=False))
+    progress = SimpleNamespace(now=lambda msg: None)
+    out = compiler._prepare_tuning(None, steps, lowering, config.options({"autotune": "1"}), None,
+                                   lambda name: contextlib.nullcontext(), progress)
+    assert out["heavy"].source == "cache"
+    assert out["light"].source == "model" and "not measured" in out["light"].note
+    # alone, the same light plan is the whole graph: measured
+    out = compiler._prepare_tuning(None, steps[1:], lowering, config.options({"autotune": "1"}), None,
+                                   lambda name: contextlib.nullcontext(), progress)
+    assert isinstance(out["light"], PreparedTuning) and out["light"].started
 
 
 def test_a_memory_bound_plan_keeps_its_candidates_on_a_small_share():

@@ -50,12 +50,14 @@ def predict(space: ScheduleSpace, schedule: Schedule, ceilings: Ceilings = NOMIN
 
 
 def rank(space: ScheduleSpace, ceilings: Ceilings = NOMINAL,
-         keep: int | None = None) -> list[tuple[float, Schedule]]:
+         keep: int | None = None, scored: list | None = None) -> list[tuple[float, Schedule]]:
     """The space's schedules by predicted time, best first. A cut to `keep` always keeps
     the rules' default (the measured-good starting point) and the best-predicted schedule
     of each value of the space's `families` (a library call, a persistent program, a looped
-    row: alternatives the model's terms cannot rank, each one measurement away from chosen)."""
-    scored = sorted(((predict(space, s, ceilings), s) for s in space.schedules()), key=lambda x: x[0])
+    row: alternatives the model's terms cannot rank, each one measurement away from chosen).
+    `scored`: the uncut ranking, when the caller has it already (`ceilings` then unused)."""
+    if scored is None:
+        scored = sorted(((predict(space, s, ceilings), s) for s in space.schedules()), key=lambda x: x[0])
     if keep is None or len(scored) <= keep:
         return scored
     # each kind of kernel (a combination of family values) gets an equal share of the head

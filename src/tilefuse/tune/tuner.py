@@ -157,7 +157,7 @@ class PreparedTuning:
             keep = max(2, min(keep, int(budget_s / self.candidate_s + 0.5)))
         with real_tensors():
             everything = rank(self.space, self.ceilings)
-            head = rank(self.space, self.ceilings, keep=keep) if keep < len(self.ranked) else self.ranked
+            head = rank(self.space, keep=keep, scored=everything) if keep < len(self.ranked) else self.ranked
             self.ranked = _fitting(head, everything, keep, self.bench.misfit, self.name)
         t1 = time.perf_counter()
         add_phase(self.phases, "check", t1 - t0)
@@ -165,6 +165,20 @@ class PreparedTuning:
         self.started = True
         add_phase(self.phases, "submit", time.perf_counter() - t1)
         self.seconds += time.perf_counter() - t0
+
+    def try_start(self, budget_s: float | None = None) -> "TuneOutcome | None":
+        """`start`, or the outcome that replaces this plan's measurement when it cannot start:
+        the model's choice when no candidate fits the target, the rules' when lowering one
+        fails (tuning is an optimisation: never the reason a graph fails)."""
+        try:
+            self.start(budget_s)
+        except TuningError as err:
+            logs.log("tune", "%s: %s", self.name, err)
+            return self.unmeasured(str(err)[:200])
+        except Exception as err:  # noqa: BLE001
+            logs.log("tune", "%s: tuning failed, the rules choose: %s: %s", self.name, type(err).__name__, err)
+            return TuneOutcome(None, "rules", note=f"tuning failed: {type(err).__name__}: {err}"[:200])
+        return None
 
     def unmeasured(self, why: str) -> "TuneOutcome":
         """The model's choice instead of a measurement."""
@@ -183,11 +197,7 @@ def prepare_tuning(graph, plan, options: LoweringOptions, *, level: str, device,
     try:
         out = _prepare(graph, plan, options, level, device, aten)
         if start and isinstance(out, PreparedTuning):
-            try:
-                out.start()
-            except TuningError as err:  # nothing fits: the model's choice, and say why
-                logs.log("tune", "%s: %s", plan.name, err)
-                out = out.unmeasured(str(err)[:200])
+            out = out.try_start() or out
     except Exception as err:  # noqa: BLE001 — tuning is an optimisation: never the reason a graph fails
         logs.log("tune", "%s: tuning failed, the rules choose: %s: %s", plan.name, type(err).__name__, err)
         out = TuneOutcome(None, "rules", note=f"tuning failed: {type(err).__name__}: {err}"[:200])
