@@ -9,7 +9,9 @@ waits for its task (`wait`), and Triton then loads the binary from disk instead 
 Workers run `compile_worker.py` as a script (not `multiprocessing`, whose spawned children
 re-run the user's script; not `-m`, which would import all of tilefuse and put the current
 directory first on their path), start when the first graph that can use them is compiled, and
-live until this process exits. They never create a CUDA context (see `compile_worker`).
+live until this process exits. They never create a CUDA context (see `compile_worker`). Each
+compiles a throwaway kernel before it reports ready (`compile_worker.prime`), so that loading
+Triton's compiler (0.4–0.9 s) is paid while the graph is traced, not by its first kernel.
 `compile_threads` sets how many (0: one per CPU core shared among the local ranks of a
 distributed job, at most 32; 1: none — every kernel compiles in the process that launches it).
 
