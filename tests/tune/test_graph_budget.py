@@ -97,10 +97,9 @@ def test_an_unmeasured_plan_is_the_models_choice():
     assert not p.bench.compiling
 
 
-def test_the_compiler_shares_a_graphs_budget_among_its_plans(monkeypatch):
-    """`compiler._prepare_tuning` with stand-ins for the plans' preparations: the heavy plan is
-    started with the largest share, a plan too light to measure and its copy are the model's
-    choice, a copy of a measured plan is left to find the first one's result."""
+def _prepare_graph(monkeypatch, names, fake_prepare, pool=True, **knobs):
+    """`compiler._prepare_tuning` over contraction plans named `names`, each prepared by
+    `fake_prepare(step)` (a stand-in for `tuner.prepare_tuning`), with or without compile workers."""
     import contextlib
     from types import SimpleNamespace
 
@@ -110,28 +109,39 @@ def test_the_compiler_shares_a_graphs_budget_among_its_plans(monkeypatch):
     from tilefuse.fusion.library import ProductChoice
     from tilefuse.fusion.plan import KernelPlan, PlanKind
 
+    def prepare(graph, step, lowering, *, level, device, aten, start):
+        assert not start
+        return fake_prepare(step)
+
+    monkeypatch.setattr(compiler, "prepare_tuning", prepare)
+    monkeypatch.setattr(compile_pool, "start", lambda *a: pool)
+    monkeypatch.setattr(compiler, "_statically_empty", lambda graph, step: False)
+    steps = []
+    for name in names:
+        k = KernelPlan(name, PlanKind.CONTRACTION, parallel=1)
+        k.library = ProductChoice("generated")
+        steps.append(k)
+    lowering = SimpleNamespace(target=SimpleNamespace(on_cpu=False, interpret=False))
+    return compiler._prepare_tuning(None, steps, lowering, config.options({"autotune": "1", **knobs}), None,
+                                    lambda name: contextlib.nullcontext(), SimpleNamespace(now=lambda msg: None))
+
+
+def test_the_compiler_shares_a_graphs_budget_among_its_plans(monkeypatch):
+    """`compiler._prepare_tuning` with stand-ins for the plans' preparations: the heavy plan is
+    started with the largest share, a plan too light to measure and its copy are the model's
+    choice, a copy of a measured plan is left to find the first one's result."""
+    from tilefuse.backends.triton import compile_pool
+
     predicted = {"heavy": (1e-3, "k1"), "light": (1e-6, "k2"), "light_copy": (1e-6, "k2"),
                  "heavy_copy": (1e-3, "k1"), "middle": (2e-4, "k3")}
 
-    def fake_prepare(graph, step, lowering, *, level, device, aten, start):
-        assert not start
+    def fake_prepare(step):
         p = _prepared()
         p.name, p.key = step.name, predicted[step.name][1]
         p.ranked = [(predicted[step.name][0], s) for _, s in p.ranked]
         return p
 
-    monkeypatch.setattr(compiler, "prepare_tuning", fake_prepare)
-    monkeypatch.setattr(compile_pool, "start", lambda *a: True)
-    monkeypatch.setattr(compiler, "_statically_empty", lambda graph, step: False)
-    steps = []
-    for name in predicted:
-        k = KernelPlan(name, PlanKind.CONTRACTION, parallel=1)
-        k.library = ProductChoice("generated")
-        steps.append(k)
-    lowering = SimpleNamespace(target=SimpleNamespace(on_cpu=False, interpret=False))
-    progress = SimpleNamespace(now=lambda msg: None)
-    out = compiler._prepare_tuning(None, steps, lowering, config.options({"autotune": "1", "tuning_budget_ms": 600}), None,
-                                   lambda name: contextlib.nullcontext(), progress)
+    out = _prepare_graph(monkeypatch, predicted, fake_prepare, tuning_budget_ms=600)
     assert set(out) == {"heavy", "middle", "light", "light_copy"}, out
     assert out["heavy"].started and out["middle"].started
     # each kept candidate costs its measurement and its part of the compile workers' time
@@ -143,14 +153,10 @@ def test_the_compiler_shares_a_graphs_budget_among_its_plans(monkeypatch):
     assert out["light"].source == "model" and out["light_copy"].source == "model"
     assert "heavy_copy" not in out
     # no graph budget: every plan started with its own
-    out = compiler._prepare_tuning(None, steps, lowering, config.options({"autotune": "1", "tuning_budget_ms": 0}),
-                                   None, lambda name: contextlib.nullcontext(), progress)
-    options = config.options({"autotune": "1", "tuning_budget_ms": 600})
+    out = _prepare_graph(monkeypatch, predicted, fake_prepare, tuning_budget_ms=0)
     assert set(out) == {"heavy", "middle", "light"} and all(p.started and p.budget_s is None for p in out.values())
     # no compile workers: shared all the same, each plan started when `tune_plan` reaches it
-    monkeypatch.setattr(compile_pool, "start", lambda *a: False)
-    out = compiler._prepare_tuning(None, steps, lowering, options, None, lambda name: contextlib.nullcontext(),
-                                   progress)
+    out = _prepare_graph(monkeypatch, predicted, fake_prepare, pool=False, tuning_budget_ms=600)
     assert not out["heavy"].started and out["heavy"].budget_s == pytest.approx(tuner.plan_budget(out["heavy"]))
     assert out["light"].source == "model"
 
@@ -158,16 +164,7 @@ def test_the_compiler_shares_a_graphs_budget_among_its_plans(monkeypatch):
 def test_a_plan_whose_candidates_fail_to_lower_takes_the_rules(monkeypatch):
     """An error while a plan's candidates are checked against the target is the rules' choice for
     that plan, never the graph's failure."""
-    import contextlib
-    from types import SimpleNamespace
-
-    from tilefuse import compiler
-    from tilefuse.backends.triton import compile_pool
-    from tilefuse.config import config
-    from tilefuse.fusion.library import ProductChoice
-    from tilefuse.fusion.plan import KernelPlan, PlanKind
-
-    def fake_prepare(graph, step, lowering, *, level, device, aten, start):
+    def fake_prepare(step):
         p = _prepared()
         p.name, p.key = step.name, step.name
         if step.name == "broken":
@@ -176,17 +173,7 @@ def test_a_plan_whose_candidates_fail_to_lower_takes_the_rules(monkeypatch):
             p.bench.misfit = misfit
         return p
 
-    monkeypatch.setattr(compiler, "prepare_tuning", fake_prepare)
-    monkeypatch.setattr(compile_pool, "start", lambda *a: True)
-    monkeypatch.setattr(compiler, "_statically_empty", lambda graph, step: False)
-    steps = []
-    for name in ("broken", "fine"):
-        k = KernelPlan(name, PlanKind.CONTRACTION, parallel=1)
-        k.library = ProductChoice("generated")
-        steps.append(k)
-    lowering = SimpleNamespace(target=SimpleNamespace(on_cpu=False, interpret=False))
-    out = compiler._prepare_tuning(None, steps, lowering, config.options({"autotune": "1"}), None,
-                                   lambda name: contextlib.nullcontext(), SimpleNamespace(now=lambda msg: None))
+    out = _prepare_graph(monkeypatch, ("broken", "fine"), fake_prepare)
     assert out["broken"].source == "rules" and "a lowering bug" in out["broken"].note
     assert out["fine"].started
 
@@ -194,18 +181,9 @@ def test_a_plan_whose_candidates_fail_to_lower_takes_the_rules(monkeypatch):
 def test_plans_found_in_the_tuning_cache_count_in_the_graphs_time(monkeypatch):
     """A light plan beside a heavy one found in the tuning cache is as negligible as it was
     before the heavy one was cached (through `compiler._prepare_tuning`, with stand-ins)."""
-    import contextlib
-    from types import SimpleNamespace
-
-    from tilefuse import compiler
-    from tilefuse.backends.triton import compile_pool
-    from tilefuse.config import config
-    from tilefuse.fusion.library import ProductChoice
-    from tilefuse.fusion.plan import KernelPlan, PlanKind
-
     assert allot_budgets([1e-6, 1e-3], 2.0, [0.5, 0.0]) == [0.0, 0.0]
 
-    def fake_prepare(graph, step, lowering, *, level, device, aten, start):
+    def fake_prepare(step):
         if step.name == "heavy":
             return TuneOutcome(_space().default, "cache", best_time=1e-3)
         p = _prepared()
@@ -213,23 +191,11 @@ def test_plans_found_in_the_tuning_cache_count_in_the_graphs_time(monkeypatch):
         p.ranked = [(1e-6, s) for _, s in p.ranked]
         return p
 
-    monkeypatch.setattr(compiler, "prepare_tuning", fake_prepare)
-    monkeypatch.setattr(compile_pool, "start", lambda *a: True)
-    monkeypatch.setattr(compiler, "_statically_empty", lambda graph, step: False)
-    steps = []
-    for name in ("heavy", "light"):
-        k = KernelPlan(name, PlanKind.CONTRACTION, parallel=1)
-        k.library = ProductChoice("generated")
-        steps.append(k)
-    lowering = SimpleNamespace(target=SimpleNamespace(on_cpu=False, interpret=False))
-    progress = SimpleNamespace(now=lambda msg: None)
-    out = compiler._prepare_tuning(None, steps, lowering, config.options({"autotune": "1"}), None,
-                                   lambda name: contextlib.nullcontext(), progress)
+    out = _prepare_graph(monkeypatch, ("heavy", "light"), fake_prepare)
     assert out["heavy"].source == "cache"
     assert out["light"].source == "model" and "not measured" in out["light"].note
     # alone, the same light plan is the whole graph: measured
-    out = compiler._prepare_tuning(None, steps[1:], lowering, config.options({"autotune": "1"}), None,
-                                   lambda name: contextlib.nullcontext(), progress)
+    out = _prepare_graph(monkeypatch, ("light",), fake_prepare)
     assert isinstance(out["light"], PreparedTuning) and out["light"].started
 
 
