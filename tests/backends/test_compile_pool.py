@@ -267,12 +267,15 @@ def test_a_worker_warms_up_outside_the_users_cache(tmp_path):
             "w._install_target(('cuda', 90, 32))\n"
             "t = time.perf_counter(); why = w.prime(); first = time.perf_counter() - t\n"
             "t = time.perf_counter(); again = w.prime(); second = time.perf_counter() - t\n"
-            "print(repr(why), repr(again), os.environ['TRITON_CACHE_DIR'], first, second)")
-    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "user"),
+            "print(repr(why), repr(again), os.environ['TRITON_CACHE_DIR'], os.environ['TRITON_KERNEL_DUMP'],"
+            " first, second)")
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "user"), TRITON_KERNEL_DUMP="1",
+               TRITON_DUMP_DIR=str(tmp_path / "dump"),
                PYTHONPATH=os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "..", "src"),
                                            os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    why, again, cache, first, second = out.stdout.split()
-    assert why == again == "''" and cache == str(tmp_path / "user")
+    why, again, cache, dump, first, second = out.stdout.split()
+    assert why == again == "''" and cache == str(tmp_path / "user") and dump == "1"
     assert not (tmp_path / "user").exists() or not any((tmp_path / "user").rglob("*.cubin"))
+    assert not (tmp_path / "dump").exists() or not any((tmp_path / "dump").rglob("*"))

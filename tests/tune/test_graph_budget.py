@@ -204,3 +204,25 @@ def test_a_memory_bound_plan_keeps_its_candidates_on_a_small_share():
     p.kind = "memory"  # (cheap to compile, and the model ranks their tiles worst)
     p.start(MIN_SHARE_S)
     assert len(p.ranked) == tuner.MEMORY_LEVELS["1"][0] and p.budget_s == MIN_SHARE_S
+
+
+def test_a_plan_that_cannot_start_keeps_its_time_and_never_raises():
+    from tilefuse.tune.search import TuningError
+
+    p = _prepared()
+    p.phases["rank"], p.seconds = 0.5, 0.5
+
+    def misfit(schedule):
+        raise TuningError("nothing fits")
+
+    p.bench.misfit = misfit
+    out = p.try_start(0.2)
+    assert out.source == "model" and "nothing fits" in out.note and out.phases["rank"] == 0.5
+
+    def broken(why):
+        raise RuntimeError("the model failed too")
+
+    p = _prepared()
+    p.bench.misfit, p.unmeasured, p.seconds = misfit, broken, 0.25
+    out = p.try_start(0.2)
+    assert out.source == "rules" and "the model failed too" in out.note and out.seconds >= 0.25

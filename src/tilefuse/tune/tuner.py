@@ -172,13 +172,21 @@ class PreparedTuning:
         fails (tuning is an optimisation: never the reason a graph fails)."""
         try:
             self.start(budget_s)
+            return None
         except TuningError as err:
             logs.log("tune", "%s: %s", self.name, err)
-            return self.unmeasured(str(err)[:200])
+            why = str(err)[:200]
         except Exception as err:  # noqa: BLE001
             logs.log("tune", "%s: tuning failed, the rules choose: %s: %s", self.name, type(err).__name__, err)
-            return TuneOutcome(None, "rules", note=f"tuning failed: {type(err).__name__}: {err}"[:200])
-        return None
+            return self._rules(err)
+        try:
+            return self.unmeasured(why)
+        except Exception as err:  # noqa: BLE001
+            return self._rules(err)
+
+    def _rules(self, err: Exception) -> "TuneOutcome":
+        return TuneOutcome(None, "rules", self.seconds, note=f"tuning failed: {type(err).__name__}: {err}"[:200],
+                           phases=dict(self.phases))
 
     def unmeasured(self, why: str) -> "TuneOutcome":
         """The model's choice instead of a measurement."""
@@ -204,7 +212,7 @@ def prepare_tuning(graph, plan, options: LoweringOptions, *, level: str, device,
     finally:
         plan.notes[:] = notes  # lowering candidates annotates the plan: keep only the final lowering's notes
     spent = time.perf_counter() - t0
-    out.seconds += spent
+    out.seconds = spent  # (a start's own count is inside this window)
     add_phase(out.phases, "rank", spent - sum(out.phases.values()))
     return out
 
@@ -224,6 +232,7 @@ def tune_plan(graph, plan, options: LoweringOptions, *, level: str, device, aten
     if isinstance(prepared, TuneOutcome):
         return prepared
     t0 = time.perf_counter()
+    before = prepared.seconds  # (a start here adds to it: counted once, in this call's window)
     notes = list(plan.notes)
     try:
         prepared.start(prepared.budget_s)  # (started by its graph's budget, or here with its share)
@@ -238,7 +247,7 @@ def tune_plan(graph, plan, options: LoweringOptions, *, level: str, device, aten
         outcome = TuneOutcome(None, "rules", note=f"tuning failed: {type(err).__name__}: {err}"[:200])
     finally:
         plan.notes[:] = notes
-    outcome.seconds = prepared.seconds + time.perf_counter() - t0
+    outcome.seconds = before + time.perf_counter() - t0
     outcome.phases = dict(prepared.phases)
     return outcome
 

@@ -161,7 +161,7 @@ def _give_up(why: str, pool: "_Pool | None") -> None:
             return
         pool.closed = True
         if _pool is pool:
-            _pool, _unavailable, _stopped_counts = None, why, dict(pool.counts)
+            _pool, _unavailable, _stopped_counts = None, why, dict(pool.counts, busy_s=round(pool.busy_s, 3))
     logs.log("cache", "Triton compile workers stopped: %s", why)
     for future in list(pool.futures.values()):
         future.cancel()
@@ -323,8 +323,8 @@ class _Worker:
                 self.pool.counts["failed" if error else "compiled"] += 1
                 self.pool.busy_s += took
                 self.pool.last_progress = time.monotonic()
-            logs.log("cache", "compile worker: %s in %.2f s", task[2], took)
             future.set_result((error, reply[3]))
+            logs.log("cache", "compile worker: %s in %.2f s", task[2], took)
 
     def close_input(self) -> None:
         try:

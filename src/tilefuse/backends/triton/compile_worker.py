@@ -164,10 +164,17 @@ def prime() -> str:
 
     import torch
 
-    folder = tempfile.mkdtemp(prefix="tilefuse-primer-")
-    saved = os.environ.get("TRITON_CACHE_DIR")
-    os.environ["TRITON_CACHE_DIR"] = os.path.join(folder, "cache")
+    # the primer's binary, dumps and overrides in a folder of its own, on the plain file cache
+    # (not a cache manager or remote cache the user configured)
+    names = ("TRITON_CACHE_DIR", "TRITON_DUMP_DIR", "TRITON_OVERRIDE_DIR", "TRITON_CACHE_MANAGER",
+             "TRITON_REMOTE_CACHE_BACKEND", "TRITON_KERNEL_DUMP", "TRITON_KERNEL_OVERRIDE")
+    saved = {name: os.environ.get(name) for name in names}
+    folder = None
     try:
+        folder = tempfile.mkdtemp(prefix="tilefuse-primer-")
+        for name in names:
+            os.environ.pop(name, None)
+        os.environ["TRITON_CACHE_DIR"] = os.path.join(folder, "cache")
         path = os.path.join(folder, "tilefuse_primer.py")
         with open(path, "w") as f:
             f.write(_PRIMER)
@@ -179,11 +186,13 @@ def prime() -> str:
     finally:
         _modules.pop("tilefuse_primer", None)
         sys.modules.pop("tilefuse_primer", None)
-        if saved is None:
-            os.environ.pop("TRITON_CACHE_DIR", None)
-        else:
-            os.environ["TRITON_CACHE_DIR"] = saved
-        shutil.rmtree(folder, ignore_errors=True)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def main() -> int:
@@ -197,7 +206,9 @@ def main() -> int:
         import torch  # noqa: F401 — Triton's driver and `warmup`'s dtypes are PyTorch's
 
         _install_target(first["target"])
-        prime()
+        why = prime()
+        if why:  # (on stderr, which the parent's log shows when a worker fails)
+            print(f"tilefuse compile worker: warm-up compile failed: {why}", file=sys.stderr)
         write_message(replies, ("ready", None, ""))
     except Exception as err:  # noqa: BLE001 — the parent compiles in-process instead
         write_message(replies, ("ready", None, f"{type(err).__name__}: {err}"))
