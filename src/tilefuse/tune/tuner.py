@@ -218,6 +218,7 @@ def prepare_tuning(graph, plan, options: LoweringOptions, *, level: str, device,
 
 
 def add_phase(phases: dict, name: str, seconds: float) -> None:
+    """Add `seconds` to a `TuneOutcome.phases` entry."""
     phases[name] = phases.get(name, 0.0) + seconds
 
 
