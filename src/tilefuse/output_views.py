@@ -13,6 +13,7 @@ base), `rebuild` makes the views after the call.
 """
 from __future__ import annotations
 
+import functools
 import operator
 from typing import Any, NamedTuple
 
@@ -239,27 +240,50 @@ def rebuild(views: list[OutputView], compiled, args, out) -> list:
     from .ir.interpret import bind_symbols
     from .ir.symbolic import evaluate
 
-    env = None  # the call's symbols, bound only for views made by strides
+    env = None  # the call's symbols, bound only for views made by strides whose layout has symbols
     out = list(out)
     for v in views:
         src = args[v.base] if v.kind == "input" else out[v.base]
         if v.replay:
             out[v.index] = _replayed(src, v.replay)
             continue
-        if env is None:
-            env = bind_symbols(compiled.graph, args)
-        try:
-            view = ([int(evaluate(d, env)) for d in v.sizes], [int(evaluate(st, env)) for st in v.strides],
-                    int(evaluate(v.offset, env)))
-            traced = [int(evaluate(st, env)) for st in v.base_strides]
-        except KeyError:  # a data-dependent view (`narrow` at a tensor start): made by an ATen call
-            if _same_storage(out[v.index], src):
-                continue  # ... which returned the view itself
-            raise
+        layout = _static_layout(v)
+        if layout is None:
+            if env is None:
+                env = bind_symbols(compiled.graph, args)
+            try:
+                layout = _layout(v, lambda e: int(evaluate(e, env)))
+            except KeyError:  # a data-dependent view (`narrow` at a tensor start): made by an ATen call
+                if _same_storage(out[v.index], src):
+                    continue  # ... which returned the view itself
+                raise
+        view, traced = layout
         if traced and _strides_differ(src, traced):
             src = torch.empty_strided(src.shape, traced, dtype=src.dtype, device=src.device).copy_(src)
         out[v.index] = src.as_strided(*view)
     return out
+
+
+def _layout(v: OutputView, value) -> tuple:
+    """((sizes, strides, offset) of the view, the base's traced strides), each entry `value(expr)`."""
+    return ((tuple(value(d) for d in v.sizes), tuple(value(st) for st in v.strides), value(v.offset)),
+            tuple(value(st) for st in v.base_strides))
+
+
+def _static_layout(v: OutputView):
+    """The view's layout (`_layout`) when it is the same for every call — static shapes, the
+    usual case — worked out once instead of at every call; None when it holds a symbol."""
+    try:
+        return _static_layout_of(v)
+    except TypeError:  # an unhashable field: evaluated at each call
+        return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _static_layout_of(v: OutputView):
+    exprs = [*v.sizes, *v.strides, v.offset, *v.base_strides]
+    static = all(isinstance(e, int) or getattr(e, "is_Integer", False) for e in exprs)
+    return _layout(v, int) if static else None
 
 
 def _replayed(base, ops):

@@ -141,3 +141,24 @@ def test_pieces_and_views_under_dynamic_shapes(shape, fn):
         x = torch.randn(shape[0] + extra, shape[1] + extra)
         for got, want in zip(compiled(x), fn(x)):
             torch.testing.assert_close(got, want)
+
+
+def test_a_static_views_layout_is_worked_out_once_and_a_symbolic_one_per_call():
+    import sympy
+
+    s = sympy.Symbol("s0", integer=True, positive=True)
+    # the transpose of a (3, 4) base, its last two columns: sizes (2, 3), strides (1, 4), offset 2
+    static = output_views.OutputView(1, "output", 0, (sympy.Integer(2), 3), (1, sympy.Integer(4)), sympy.Integer(2),
+                                     base_strides=(sympy.Integer(4), 1))
+    assert output_views._static_layout(static) == (((2, 3), (1, 4), 2), (4, 1))
+    assert all(type(x) is int for part in output_views._static_layout(static)[0][:2] for x in part)
+    symbolic = static._replace(sizes=(s, 3))
+    assert output_views._static_layout(symbolic) is None
+    # both give the view the strides describe, from a random base
+    base = torch.randn(3, 4)
+
+    class _Graph:
+        graph = None
+
+    out = output_views.rebuild([static], _Graph(), [], [base, None])
+    torch.testing.assert_close(out[1], base[:, 2:].t())
