@@ -37,8 +37,17 @@ def pool(tmp_path, monkeypatch):
     _reset()
     with config.patch(cache_dir=str(tmp_path / "tilefuse"), compile_threads=2):
         assert compile_pool.start(TARGET)
+        _all_ready()
         yield triton_cache
         _reset()
+
+
+def _all_ready(timeout=120.0):
+    """Wait for every worker's "ready" (a compile waited for before any is ready is taken back)."""
+    deadline = time.monotonic() + timeout
+    while len(compile_pool._pool.ready_at) < len(compile_pool._pool.workers):
+        assert time.monotonic() < deadline, "the compile workers did not start"
+        time.sleep(0.05)
 
 
 def _reset():
@@ -143,7 +152,7 @@ def _gone(timeout=20.0):
 def test_dead_workers_are_noticed_and_the_pool_gives_way(pool):
     _warm_up()
     for w in compile_pool._pool.workers:
-        w.proc.kill()
+        os.kill(w.pid, signal.SIGKILL)
     assert _gone()  # each worker's thread sees its process gone, idle or not
     assert "every compile worker stopped" in compile_pool._unavailable
     graph, tk = _row_softmax_kernel()
@@ -156,7 +165,7 @@ def test_a_hung_worker_gives_the_pool_up(pool, monkeypatch):
     _warm_up()
     monkeypatch.setattr(compile_pool, "WAIT_S", 2.0)
     for w in compile_pool._pool.workers:
-        os.kill(w.proc.pid, signal.SIGSTOP)
+        os.kill(w.pid, signal.SIGSTOP)
     graph, tk = _row_softmax_kernel(rows=7, cols=9)
     launcher = TritonKernel(tk, generate(tk, interpret=False), interpret=False)
     assert precompile_kernel(graph, tk, launcher)
@@ -279,3 +288,99 @@ def test_a_worker_warms_up_outside_the_users_cache(tmp_path):
     assert why == again == "''" and cache == str(tmp_path / "user") and dump == "1"
     assert not (tmp_path / "user").exists() or not any((tmp_path / "user").rglob("*.cubin"))
     assert not (tmp_path / "dump").exists() or not any((tmp_path / "dump").rglob("*"))
+
+
+@pytest.mark.skipif(not compile_pool._can_fork(), reason="workers are forked on Linux only")
+def test_workers_are_forked_from_one_warmed_up_process(pool):
+    """On Linux the workers are forked from one process that imported PyTorch and Triton and
+    warmed the compiler up, not started one by one; they compile as spawned ones do."""
+    _warm_up()
+    stats = compile_pool.stats()
+    assert stats["started"] == "forked" and len(stats["ready_s"]) == 2 and stats["warm_up"]["import_s"] > 0
+    # nor do they import PyTorch (3-5 s of a start): a task's dtypes are names, the driver is theirs
+    assert stats["warm_up"]["imported_torch"] is False and stats["imported_torch"] is False
+    forking = compile_pool._pool.forking
+    pids = {w.pid for w in compile_pool._pool.workers}
+    assert forking is not None and forking.pid not in pids and None not in pids and len(pids) == 2
+    for pid in pids:  # each a child of the forking process, in its process group
+        with open(f"/proc/{pid}/stat") as f:
+            assert int(f.read().rsplit(")", 1)[1].split()[1]) == forking.pid
+    _reset()
+    assert forking.poll() is not None  # closing the pool ends the forking process too
+
+
+def test_a_process_with_other_threads_refuses_to_fork(tmp_path):
+    """Forking with another thread running is unsafe (a lock it held stays held in the child):
+    the forking process says so on every worker's pipe instead of forking."""
+    import subprocess
+    import sys
+
+    code = ("import os, sys, threading, time\n"
+            "from tilefuse.backends.triton import compile_worker as w\n"
+            "threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
+            "r, wr = os.pipe()\n"
+            "code = w._forked_workers(('cuda', 90, 32), [(os.open(os.devnull, os.O_RDONLY), wr)])\n"
+            "print(code, w.read_message(os.fdopen(r, 'rb'))[2])\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "..", "src"),
+                                                      os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith(f"1 {compile_worker.FORK_REFUSED}")
+
+
+def test_a_refused_fork_starts_each_worker_alone(tmp_path, monkeypatch):
+    """Where the forking process refuses, each worker starts a process of its own, and the
+    pool compiles as before."""
+
+    class Refused:
+        pid = os.getpid()
+
+        def wait(self, timeout=None):
+            return 0
+
+    def refusing(n, target, env):
+        channels = []
+        for _ in range(n):
+            task_r, task_w = os.pipe()
+            reply_r, reply_w = os.pipe()
+            os.close(task_r)
+            with os.fdopen(reply_w, "wb") as replies:
+                compile_worker.write_message(replies, ("ready", None, f"{compile_worker.FORK_REFUSED}: test", {}))
+            channels.append((os.fdopen(task_w, "wb"), os.fdopen(reply_r, "rb")))
+        return Refused(), channels
+
+    monkeypatch.setattr(compile_pool, "_start_forking", refusing)
+    monkeypatch.setattr(compile_pool, "_can_fork", lambda: True)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    _reset()
+    with config.patch(cache_dir=str(tmp_path / "tilefuse"), compile_threads=2):
+        assert compile_pool.start(TARGET)
+        _all_ready()
+        _warm_up()
+        assert compile_pool.stats()["started"] == "spawned"
+        assert all(w.proc is not None and w.pid == w.proc.pid for w in compile_pool._pool.workers)
+    _reset()
+
+
+def test_a_compile_waited_for_before_any_worker_is_ready_is_taken_back():
+    """While no worker is ready yet, a launch that needs a queued compile compiles it itself
+    (it would wait idle); once one is, it waits for the worker's binary."""
+    from concurrent.futures import Future
+
+    class Starting:
+        ready_at: list = []
+        counts = {"taken_back": 0}
+        closed = False
+        last_progress = time.monotonic()
+
+    queued = Future()
+    queued.pool, queued.started = Starting(), None
+    assert compile_pool.wait(queued) == "" and queued.cancelled()
+    assert Starting.counts["taken_back"] == 1
+
+    Starting.ready_at = [1.0]
+    waiting = Future()
+    waiting.pool, waiting.started = Starting(), None
+    threading.Timer(0.3, lambda: waiting.set_running_or_notify_cancel() and waiting.set_result(("", "abc"))).start()
+    assert compile_pool.wait(waiting) == "abc" and not waiting.cancelled()
+    assert Starting.counts["taken_back"] == 1

@@ -15,7 +15,7 @@ the hash do not depend on it, and a schedule equals a plain dict of the same kno
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -23,32 +23,45 @@ from typing import Any
 class Schedule(Mapping):
     #: (knob, value) pairs, in declaration order, each knob once
     items_: tuple = ()
+    # the same as a dict, and the hash: the tuner ranks thousands of schedules per graph
+    _knobs: dict = field(default_factory=dict, compare=False)
+    _hash: int = field(default=0, compare=False)
 
     def __init__(self, knobs: Mapping[str, Any] | Iterable[tuple[str, Any]] = (), **more: Any):
         merged = dict(knobs)
         merged.update(more)
         object.__setattr__(self, "items_", tuple(merged.items()))
+        object.__setattr__(self, "_knobs", merged)
+        object.__setattr__(self, "_hash", hash(frozenset(self.items_)))
 
     # -- the mapping ---------------------------------------------------------------------------
     def __getitem__(self, knob: str) -> Any:
-        for k, v in self.items_:
-            if k == knob:
-                return v
-        raise KeyError(knob)
+        return self._knobs[knob]
+
+    def get(self, knob: str, default: Any = None) -> Any:
+        return self._knobs.get(knob, default)
+
+    def __contains__(self, knob: object) -> bool:
+        return knob in self._knobs
 
     def __iter__(self) -> Iterator[str]:
-        return (k for k, _ in self.items_)
+        return iter(self._knobs)
 
     def __len__(self) -> int:
         return len(self.items_)
 
     def __eq__(self, other: object) -> bool:
+        if isinstance(other, Schedule):
+            return self._hash == other._hash and self._knobs == other._knobs
         if isinstance(other, Mapping):
-            return len(self) == len(other) and dict(self.items_) == dict(other.items())
+            return len(self) == len(other) and self._knobs == dict(other.items())
         return NotImplemented
 
     def __hash__(self) -> int:
-        return hash(frozenset(self.items_))
+        return self._hash
+
+    def __reduce__(self):  # (pickled by its knobs; the dict and the hash are rebuilt)
+        return (Schedule, (self.items_,))
 
     def __repr__(self) -> str:
         return f"Schedule({', '.join(f'{k}={v!r}' for k, v in self.items_)})"
@@ -78,7 +91,7 @@ class Schedule(Mapping):
 
     def as_dict(self) -> dict:
         """The knobs as a plain dict (the tuning cache's JSON record)."""
-        return dict(self.items_)
+        return dict(self._knobs)
 
     def describe(self) -> str:
         return ",".join(f"{k}={v}" for k, v in self.items_)

@@ -36,18 +36,26 @@ class ScheduleSpace:
     #: budget and the tuning cache's records go by.)
     plan_kind: PlanKind | None = None
 
+    #: `schedules()`, worked out once (a space is not changed once declared; the tuner asks
+    #: for its schedules several times per plan)
+    _schedules: list | None = field(default=None, init=False, repr=False, compare=False)
+    #: the cost model's ranking of them, with the ceilings it was ranked under (`tune.cost.rank`)
+    ranking: tuple | None = field(default=None, init=False, repr=False, compare=False)
+
     def __post_init__(self):
         self.default = Schedule(self.default)  # (a plain dict is taken)
 
     def schedules(self) -> list[Schedule]:
         """Every valid schedule, the default first."""
-        out = [self.default]
-        names = list(self.knobs)
-        for values in itertools.product(*(self.knobs[n] for n in names)):
-            schedule = Schedule(zip(names, values))
-            if schedule != self.default and (self.valid is None or self.valid(schedule)):
-                out.append(schedule)
-        return out
+        if self._schedules is None:
+            out = [self.default]
+            names = list(self.knobs)
+            for values in itertools.product(*(self.knobs[n] for n in names)):
+                schedule = Schedule(zip(names, values))
+                if schedule != self.default and (self.valid is None or self.valid(schedule)):
+                    out.append(schedule)
+            self._schedules = out
+        return list(self._schedules)
 
     def __len__(self) -> int:
         return len(self.schedules())

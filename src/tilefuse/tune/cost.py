@@ -57,9 +57,13 @@ def rank(space: ScheduleSpace, ceilings: Ceilings = NOMINAL,
     row: alternatives the model's terms cannot rank, each one measurement away from chosen).
     `scored`: the uncut ranking, when the caller has it already (`ceilings` then unused)."""
     if scored is None:
-        scored = sorted(((predict(space, s, ceilings), s) for s in space.schedules()), key=lambda x: x[0])
+        if space.ranking is not None and space.ranking[0] == ceilings:
+            scored = space.ranking[1]
+        else:
+            scored = sorted(((predict(space, s, ceilings), s) for s in space.schedules()), key=lambda x: x[0])
+            space.ranking = (ceilings, scored)
     if keep is None or len(scored) <= keep:
-        return scored
+        return list(scored)
     # each kind of kernel (a combination of family values) gets an equal share of the head
     groups: dict = {}
     for x in scored:

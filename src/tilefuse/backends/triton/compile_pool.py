@@ -9,9 +9,12 @@ waits for its task (`wait`), and Triton then loads the binary from disk instead 
 Workers run `compile_worker.py` as a script (not `multiprocessing`, whose spawned children
 re-run the user's script; not `-m`, which would import all of tilefuse and put the current
 directory first on their path), start when the first graph that can use them is compiled, and
-live until this process exits. They never create a CUDA context (see `compile_worker`). Each
-compiles a throwaway kernel before it reports ready (`compile_worker.prime`), so that loading
-Triton's compiler (0.4–0.9 s) is paid while the graph is traced, not by its first kernel.
+live until this process exits. They never create a CUDA context (see `compile_worker`). On
+Linux one process imports PyTorch and Triton and compiles a throwaway kernel
+(`compile_worker.prime`), then forks the workers, which inherit all of it — as Inductor's
+compile workers are forked from one process that imported Triton; elsewhere each worker
+starts and warms up alone. Either way the cost is paid while the graph is traced, not by its
+first kernel.
 `compile_threads` sets how many (0: one per CPU core shared among the local ranks of a
 distributed job, at most 32; 1: none — every kernel compiles in the process that launches it).
 
@@ -24,8 +27,11 @@ binary.
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import queue
+import select
+import signal
 import subprocess
 import sys
 import threading
@@ -35,7 +41,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 from ... import logs
 from ...config import config
-from .compile_worker import read_message, write_message
+from .compile_worker import FORK_REFUSED, portable_args, read_message, write_message
 
 #: most workers the default (0) starts, however many cores there are
 MAX_WORKERS = 32
@@ -90,15 +96,22 @@ def submit(key: str, path: str, module_name: str, fn_name: str, args: list, opti
     pool = _pool
     if pool is None:
         return None
-    return pool.submit(key, (path, module_name, fn_name, args, options, _triton_environment(),
+    return pool.submit(key, (path, module_name, fn_name, portable_args(args), options, _triton_environment(),
                              _backend_hash(pool.target)))
 
 
 def wait(future: Future) -> str:
     """Wait for a submitted compile: the worker's binary's cache hash ("" where there is none
     to use: the compile failed — only logged, the launch compiles again and raises the real
-    error —, the pool was given up, or it hung and is given up now)."""
+    error —, the pool was given up, or it hung and is given up now). A compile no worker has
+    taken while none is ready yet (they are still starting: importing Triton, and on Triton
+    before 3.9 PyTorch, took 4–5 s on an H200 host) is taken back: "", and the launch compiles
+    it in this process, which would otherwise wait idle."""
     pool = getattr(future, "pool", None)
+    if pool is not None and not pool.ready_at and future.cancel():
+        with _lock:
+            pool.counts["taken_back"] += 1
+        return ""
     while True:
         try:
             error, digest = future.result(timeout=_POLL_S)
@@ -143,11 +156,16 @@ def launched(expected: str, compiled) -> None:
 
 def stats() -> dict:
     """How many kernels the workers compiled and failed, how many first launches found the
-    worker's binary and missed it, and how many compiles are queued."""
+    worker's binary and missed it, how many compiles were taken back (compiled where they
+    launched: no worker was ready), how many are queued; how the workers started
+    ("forked" from one process, or "spawned" one by one), the seconds from the pool's start
+    to its first and last worker's readiness, and what a worker's start took."""
     pool = _pool
     if pool is None:
         return dict(_stopped_counts, workers=0, stopped=_unavailable)
-    return dict(pool.counts, workers=len(pool.workers), queued=pool.tasks.qsize(), busy_s=round(pool.busy_s, 3))
+    return dict(pool.counts, workers=len(pool.workers), queued=pool.tasks.qsize(), busy_s=round(pool.busy_s, 3),
+                started=pool.started_as(), ready_s=pool.ready_s(), warm_up=pool.warm_up,
+                imported_torch=pool.imported_torch)
 
 
 def _give_up(why: str, pool: "_Pool | None") -> None:
@@ -197,33 +215,91 @@ def _target() -> tuple:
     return (target.backend, target.arch, target.warp_size)
 
 
-def _worker_command() -> list:
+def _worker_command(target: tuple) -> list:
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compile_worker.py")
     safe_path = ["-P"] if sys.version_info >= (3, 11) else []  # not the script's folder first on its path
-    return [sys.executable, *safe_path, script]
+    return [sys.executable, *safe_path, script, json.dumps(list(target))]
+
+
+def _worker_environment() -> dict:
+    """The workers' environment: this process's, with Triton's settings as they are now and
+    one thread for the math libraries (a worker never computes with them, and a process with
+    another thread running cannot fork its workers safely: OpenBLAS starts a thread per core
+    when NumPy is imported)."""
+    env = dict(os.environ)
+    env.update(_triton_environment())
+    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    return env
+
+
+def _can_fork() -> bool:
+    return sys.platform.startswith("linux") and hasattr(os, "fork")
+
+
+def _start_forking(n: int, target: tuple, env: dict):
+    """The process that forks `n` workers (`compile_worker._forked_workers`), and each worker's
+    (task writer, reply reader)."""
+    ours, theirs = [], []
+    try:
+        for _ in range(n):
+            task_r, task_w = os.pipe()
+            reply_r, reply_w = os.pipe()
+            ours.append((task_w, reply_r))
+            theirs.append((task_r, reply_w))
+        pairs = ",".join(f"{r}:{w}" for r, w in theirs)
+        proc = subprocess.Popen([*_worker_command(target), "--fork", pairs], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                                start_new_session=True, pass_fds=[fd for pair in theirs for fd in pair])
+    except BaseException:
+        for task_w, reply_r in ours:
+            os.close(task_w)
+            os.close(reply_r)
+        raise
+    finally:
+        for task_r, reply_w in theirs:
+            os.close(task_r)
+            os.close(reply_w)
+    return proc, [(os.fdopen(task_w, "wb"), os.fdopen(reply_r, "rb")) for task_w, reply_r in ours]
 
 
 class _Pool:
     def __init__(self, n: int, target: tuple):
         self.tasks: "queue.Queue" = queue.Queue()
         self.futures: dict[str, Future] = {}
-        self.counts = {"compiled": 0, "failed": 0, "found": 0, "missed": 0}
+        self.counts = {"compiled": 0, "failed": 0, "found": 0, "missed": 0, "taken_back": 0}
         self.busy_s = 0.0  # the workers' compile time, summed (against wall time: how busy the pool was)
         self.target = target
         self.closed = False
-        self.last_progress = time.monotonic()
-        env = dict(os.environ)
-        env.update(_triton_environment())
+        self.last_progress = self.t0 = time.monotonic()
+        self.ready_at: list = []  # seconds from the start to each worker's "ready"
+        self.warm_up: dict = {}  # what a worker's start took (importing, the throwaway compile)
+        self.imported_torch = False  # whether a worker had to import PyTorch for a task
+        env = _worker_environment()
         self.alive = n
         self.workers: list = []
+        self.forking = None  # the process the workers were forked from, if they were
+        channels = [None] * n
+        if _can_fork():
+            try:
+                self.forking, channels = _start_forking(n, target, env)
+            except OSError as err:
+                logs.log("cache", "Triton compile workers not forked (%s): each starts alone", err)
         try:
-            for _ in range(n):
-                self.workers.append(_Worker(self, env))
+            for channel in channels:
+                self.workers.append(_Worker(self, env, channel))
         except BaseException:
             self.alive = len(self.workers)
             self.close()
             raise
         atexit.register(self.close)
+
+    def started_as(self) -> str:
+        spawned = sum(1 for w in self.workers if w.proc is not None)
+        return "forked" if not spawned else "spawned" if spawned == len(self.workers) else "forked and spawned"
+
+    def ready_s(self) -> list:
+        """Seconds from the pool's start to its first and its last worker's "ready"."""
+        return [round(min(self.ready_at), 3), round(max(self.ready_at), 3)] if self.ready_at else []
 
     def submit(self, key: str, task: tuple) -> Future:
         with _lock:
@@ -263,16 +339,37 @@ class _Pool:
             w.close_input()
         for w in self.workers:
             w.stop()
+        if self.forking is not None:  # its workers end as their inputs close, then it does
+            try:
+                self.forking.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                try:  # (a hung worker: it and its siblings are in the forking process's group)
+                    os.killpg(self.forking.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                self.forking.wait()
 
 
 class _Worker:
-    def __init__(self, pool: _Pool, env: dict):
-        self.pool = pool
-        self.proc = subprocess.Popen(_worker_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    """One worker, served by a thread of this process: `channel` is the (task writer, reply
+    reader) of a forked worker, None to start a process of its own."""
+
+    def __init__(self, pool: _Pool, env: dict, channel=None):
+        self.pool, self.env = pool, env
+        self.proc: subprocess.Popen | None = None
+        self.pid: int | None = None
+        if channel is None:
+            self._spawn()
+        else:
+            self.tasks_out, self.replies = channel
         self.current: Future | None = None
         self.thread = threading.Thread(target=self._serve, name="tilefuse-compile-worker", daemon=True)
         self.thread.start()
+
+    def _spawn(self) -> None:
+        self.proc = subprocess.Popen(_worker_command(self.pool.target), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, env=self.env, start_new_session=True)
+        self.tasks_out, self.replies, self.pid = self.proc.stdin, self.proc.stdout, self.proc.pid
 
     def _serve(self) -> None:
         why = "stopped"
@@ -289,12 +386,20 @@ class _Worker:
     def _run(self) -> str:
         """Serve tasks until the pool closes ("") or this worker fails (why)."""
         try:
-            write_message(self.proc.stdin, {"target": self.pool.target})
-            ready = read_message(self.proc.stdout)
+            ready = read_message(self.replies)
+            if ready is not None and ready[2].startswith(FORK_REFUSED):
+                logs.log("cache", "a Triton compile worker starts alone: %s", ready[2])
+                self._close_channel()
+                self._spawn()
+                ready = read_message(self.replies)
         except Exception as err:  # noqa: BLE001 — a worker that cannot start
             return f"did not start: {type(err).__name__}: {err}"
         if ready is None or ready[2]:
             return f"did not start: {ready[2] if ready else 'exited'}"
+        self.pid = ready[1] or self.pid
+        with _lock:
+            self.pool.ready_at.append(time.monotonic() - self.pool.t0)
+            self.pool.warm_up = ready[3] if len(ready) > 3 else {}
         n = 0
         while True:
             try:
@@ -302,8 +407,8 @@ class _Worker:
             except queue.Empty:
                 if self.pool.closed:
                     return ""
-                if self.proc.poll() is not None:
-                    return f"exited ({self.proc.returncode})"
+                if _ended(self.replies):  # (an idle worker writes nothing: this is its end)
+                    return f"exited ({self.proc.poll() if self.proc is not None else 'forked worker'})"
                 continue
             if item is None or self.pool.closed:
                 return ""
@@ -312,14 +417,15 @@ class _Worker:
                 continue
             n += 1
             self.current, future.started = future, time.monotonic()
-            write_message(self.proc.stdin, (n,) + task)
-            reply = read_message(self.proc.stdout)
+            write_message(self.tasks_out, (n,) + task)
+            reply = read_message(self.replies)
             if reply is None:
-                return f"exited ({self.proc.poll()})"
+                return f"exited ({self.proc.poll() if self.proc is not None else 'forked worker'})"
             self.current = None
             error = reply[2]
             took = time.monotonic() - future.started
             with _lock:
+                self.pool.imported_torch = self.pool.imported_torch or bool(reply[4:5] and reply[4])
                 self.pool.counts["failed" if error else "compiled"] += 1
                 self.pool.busy_s += took
                 self.pool.last_progress = time.monotonic()
@@ -328,15 +434,32 @@ class _Worker:
 
     def close_input(self) -> None:
         try:
-            self.proc.stdin.close()
+            self.tasks_out.close()
         except OSError:
             pass
 
+    def _close_channel(self) -> None:
+        for stream in (self.tasks_out, self.replies):
+            try:
+                stream.close()
+            except OSError:
+                pass
+
     def stop(self) -> None:
+        if self.proc is None:  # forked: ends with its input (the pool waits for the forking process)
+            return
         try:
             self.proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+
+
+def _ended(stream) -> bool:
+    """Whether an idle worker's reply pipe has something to read: its end of file."""
+    try:
+        return bool(select.select([stream], [], [], 0)[0])
+    except (OSError, ValueError):  # closed
+        return True
 
 
 __all__ = ["start", "submit", "wait", "launched", "stats", "worker_count", "MAX_WORKERS", "WAIT_S"]
