@@ -115,6 +115,7 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, settings
         compiled = _with_cuda_graphs(compiled, report, inference, mutated)
     _record(report, gm, settings, options)
     state = {"first": True, "runner": compiled}
+    rebuild_views = output_views.Rebuilder(views) if views else None
 
     def run(*args):
         runner = state["runner"]
@@ -126,7 +127,7 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, settings
         try:
             out = compiled(*args)
             if views:
-                out = output_views.rebuild(views, compiled, args, out)
+                out = rebuild_views(compiled, args, out)
         except CheckError:  # an index out of range, a division by zero: the program's own error, as in eager
             raise
         except Exception as err:  # noqa: BLE001 - the first launch also compiles the kernels

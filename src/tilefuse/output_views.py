@@ -9,7 +9,7 @@ compiled output. The compiled graph returns fresh buffers, so these outputs must
 as the views they are; and a kernel that copies what a view gives for free is wasted work.
 
 `find` lists them, `compiled_as_bases` is the graph to compile (each such output returns its
-base), `rebuild` makes the views after the call.
+base), a `Rebuilder` makes the views after each call.
 """
 from __future__ import annotations
 
@@ -233,35 +233,63 @@ def _covers_storage(val) -> bool:
 
 
 def rebuild(views: list[OutputView], compiled, args, out) -> list:
-    """The call's outputs with each view made from its base (after the call). A base laid out
-    otherwise than traced (rows padded for the library) is read through its values: views
-    replayed on it (on a contiguous copy where `view` refuses its strides), and a view made by
-    strides from a copy laid out as traced."""
-    from .ir.interpret import bind_symbols
-    from .ir.symbolic import evaluate
+    """The call's outputs with each view made from its base (after the call): `Rebuilder`,
+    once."""
+    return Rebuilder(views)(compiled, args, out)
 
-    env = None  # the call's symbols, bound only for views made by strides whose layout has symbols
-    out = list(out)
-    for v in views:
-        src = args[v.base] if v.kind == "input" else out[v.base]
-        if v.replay:
-            out[v.index] = _replayed(src, v.replay)
-            continue
-        layout = _static_layout(v)
-        if layout is None:
-            if env is None:
-                env = bind_symbols(compiled.graph, args)
-            try:
-                layout = _layout(v, lambda e: int(evaluate(e, env)))
-            except KeyError:  # a data-dependent view (`narrow` at a tensor start): made by an ATen call
-                if _same_storage(out[v.index], src):
-                    continue  # ... which returned the view itself
-                raise
-        view, traced = layout
-        if traced and _strides_differ(src, traced):
-            src = torch.empty_strided(src.shape, traced, dtype=src.dtype, device=src.device).copy_(src)
-        out[v.index] = src.as_strided(*view)
-    return out
+
+class Rebuilder:
+    """Makes one graph's output views after each call. A base laid out otherwise than traced
+    (rows padded for the library) is read through its values: views replayed on it (on a
+    contiguous copy where `view` refuses its strides), and a view made by strides from a copy
+    laid out as traced.
+
+    What repeats is worked out once: a static view's layout when the rebuilder is made (a
+    training forward returns some thirty views, each call), and a replayed view's layout per
+    layout of its base, after which the view is made by strides (`as_strided`) instead of
+    replaying its ops through the dispatcher."""
+
+    def __init__(self, views: list[OutputView]):
+        self.views = list(views)
+        self.static = [None if v.replay else _static_layout(v) for v in self.views]
+        self.replays: dict = {}  # view position -> (its base's layout, the view's layout)
+
+    def __call__(self, compiled, args, out) -> list:
+        from .ir.interpret import bind_symbols
+        from .ir.symbolic import evaluate
+
+        env = None  # the call's symbols, bound only for views made by strides whose layout has symbols
+        out = list(out)
+        for k, v in enumerate(self.views):
+            src = args[v.base] if v.kind == "input" else out[v.base]
+            if v.replay:
+                out[v.index] = self._replayed(k, v, src)
+                continue
+            layout = self.static[k]
+            if layout is None:
+                if env is None:
+                    env = bind_symbols(compiled.graph, args)
+                try:
+                    layout = _layout(v, lambda e: int(evaluate(e, env)))
+                except KeyError:  # a data-dependent view (`narrow` at a tensor start): made by an ATen call
+                    if _same_storage(out[v.index], src):
+                        continue  # ... which returned the view itself
+                    raise
+            view, traced = layout
+            if traced and _strides_differ(src, traced):
+                src = torch.empty_strided(src.shape, traced, dtype=src.dtype, device=src.device).copy_(src)
+            out[v.index] = src.as_strided(*view)
+        return out
+
+    def _replayed(self, k: int, v: OutputView, base):
+        key = (base.shape, base.stride(), base.storage_offset())
+        known = self.replays.get(k)
+        if known is not None and known[0] == key:
+            return base.as_strided(*known[1])
+        view = _replayed(base, v.replay)
+        if _same_storage(view, base):  # (not a view of a contiguous copy)
+            self.replays[k] = (key, (tuple(view.shape), view.stride(), view.storage_offset()))
+        return view
 
 
 def _layout(v: OutputView, value) -> tuple:

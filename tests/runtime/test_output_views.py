@@ -41,6 +41,34 @@ def test_a_view_of_an_intermediate_is_made_from_it():
     assert out[0].stride() == padded.permute(1, 0).unsqueeze(0).stride()
 
 
+def test_a_replayed_view_is_made_by_strides_once_its_base_layout_is_known():
+    """A `Rebuilder` replays a view's ops once per layout of its base, then makes it by strides:
+    the same view (values, storage, strides) every call, and replayed again for a base laid
+    out otherwise."""
+    def fn(x):
+        y = x * 2
+        return y.permute(1, 0).unsqueeze(0), y.sum()
+
+    gen = torch.Generator().manual_seed(31)
+    x = torch.randn(5, 7, generator=gen)
+    gm = _traced(fn, x)
+    (view,) = output_views.find(gm, 0)
+    compiled = output_views.compiled_as_bases(gm, [view])
+    rebuilder = output_views.Rebuilder([view])
+    for k in range(3):
+        x = torch.randn(5, 7, generator=gen)
+        base, total = compiled(x)
+        out = rebuilder(_Compiled(), [x], [base, total])
+        torch.testing.assert_close(out[0], (x * 2).permute(1, 0).unsqueeze(0))
+        assert out[0].data_ptr() == base.data_ptr() and out[0].stride() == base.permute(1, 0).unsqueeze(0).stride()
+        assert rebuilder.replays  # (known after the first call)
+    padded = torch.empty(5, 8)[:, :7]
+    padded.copy_(base)
+    out = rebuilder(_Compiled(), [x], [padded, total])
+    torch.testing.assert_close(out[0], (x * 2).permute(1, 0).unsqueeze(0))
+    assert out[0].stride() == padded.permute(1, 0).unsqueeze(0).stride()
+
+
 class _Compiled:
     """The compiled graph as `rebuild` reads it: its symbols (none here)."""
 

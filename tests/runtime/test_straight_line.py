@@ -276,3 +276,88 @@ def test_gpu_launches_call_the_binarys_own_launcher():
     source = compiled.generated_call().__tilefuse_source__
     assert "stream0" in source
     assert re.search(r"^    launch\d+\(b, env\)", source, re.M) is None, source  # every kernel launched directly
+
+
+def _fast_call_available() -> bool:
+    from tilefuse.backends.cpu import fast_call
+
+    return find_compiler() is not None and fast_call.launcher() is not None
+
+
+@needs_cxx
+def test_cpu_kernels_launch_through_the_fast_call():
+    """Where the fast call builds (CPython's headers present), a C++ kernel's launch in the
+    generated call is one call of it with the buffers' pointers, and gives the same results."""
+    if not _fast_call_available():
+        pytest.skip("the fast call cannot be built here (no Python.h)")
+    compiled = _compile(_graph(11, 37))
+    gen = torch.Generator().manual_seed(21)
+    w = torch.randn(37, generator=gen)
+    for _ in range(3):
+        x = torch.randn(11, 37, generator=gen)
+        (out,) = compiled(x, w)
+        torch.testing.assert_close(out, _reference(x, w), rtol=1e-5, atol=1e-5)
+    source = compiled.generated_call().__tilefuse_source__
+    assert re.search(r"launch\d+\(\d+, \d+, \d+, (1|min\(num_threads\(\), \d+\)), b\['", source), source
+    assert "b['x'].data_ptr()" in source
+
+
+@needs_cxx
+def test_without_the_fast_call_kernels_launch_through_ctypes(monkeypatch):
+    from tilefuse.backends.cpu import fast_call
+
+    monkeypatch.setattr(fast_call, "_state", {"launch": None})
+    compiled = _compile(_graph(6, 19))
+    gen = torch.Generator().manual_seed(22)
+    w = torch.randn(19, generator=gen)
+    for _ in range(3):
+        x = torch.randn(6, 19, generator=gen)
+        (out,) = compiled(x, w)
+        torch.testing.assert_close(out, _reference(x, w), rtol=1e-5, atol=1e-5)
+    source = compiled.generated_call().__tilefuse_source__
+    assert ".data_ptr()" not in source and "b['x']" in source
+
+
+def test_the_fast_call_is_given_up_without_headers(monkeypatch):
+    import sysconfig
+
+    from tilefuse.backends.cpu import fast_call
+
+    monkeypatch.setattr(fast_call, "_state", {})
+    monkeypatch.setattr(sysconfig, "get_paths", lambda *a, **k: {"include": "/nonexistent-include"})
+    assert fast_call.launcher() is None
+    assert fast_call.launcher() is None  # (decided once)
+
+
+def _conv_block(x, w, scale, shift):
+    y = torch.nn.functional.conv2d(x, w, padding=1)
+    return torch.relu(y * scale[:, None, None] + shift[:, None, None]), torch.nn.functional.max_pool2d(y, 2)
+
+
+@needs_cxx
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_aten_calls_are_written_out(channels_last):
+    """An ATen call (a convolution, a pooling with its indices) is written into the generated
+    call with its sizes as integers, and gives the general call's results."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from tilefuse.compiler import compile_fx
+
+    gen = torch.Generator().manual_seed(23)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    x = torch.randn(2, 5, 9, 11, generator=gen).to(memory_format=fmt)
+    w = torch.randn(6, 5, 3, 3, generator=gen).to(memory_format=fmt)
+    scale, shift = torch.randn(6, generator=gen), torch.randn(6, generator=gen)
+    with torch.no_grad():
+        gm = make_fx(_conv_block, tracing_mode="fake")(x, w, scale, shift)
+        with config.patch(target="cpu"):
+            compiled, _ = compile_fx(gm, torch.device("cpu"), "forward")
+        for _ in range(3):
+            x = torch.randn(2, 5, 9, 11, generator=gen).to(memory_format=fmt)
+            outs = compiled(x, w, scale, shift)
+            expected = _conv_block(x.double(), w.double(), scale.double(), shift.double())
+            for out, want in zip(outs, expected):
+                torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
+    source = compiled.generated_call().__tilefuse_source__
+    assert "cg._extern(" not in source, source
+    assert re.search(r"r = f\d+\(b\['", source) and "[1, 1]" in source  # (the padding, as integers)

@@ -116,7 +116,8 @@ def generate(cg, env: dict, records: list):
         src.emit(f"b[{name!r}] = {value}")
     for name, target in cg.in_place.items():
         src.emit(f"b[{name!r}] = b[{target!r}]")
-    src.names.update(empty_strided=torch.empty_strided, device=cg.device)
+    src.names.update(empty_strided=torch.empty_strided, device=cg.device, Tensor=torch.Tensor,
+                     num_threads=torch.get_num_threads)
     allocations = _allocations(cg, env)
     reuse = _reuse(cg, allocations)
     reused = set(reuse.values())  # popped where their memory is taken, not where they die
@@ -138,8 +139,8 @@ def generate(cg, env: dict, records: list):
                 src.emit(f"# {step.name}: nothing to compute for these sizes")
             elif isinstance(record, InlineCall):
                 checks = _checks(record, layouts, cg.constants)
-                args = ", ".join(_argument(a, src, stream_names, record) for a in record.args)
-                call = f"{src.name_of(record.call, 'f')}({args})"
+                call = _direct_call(record, src) or \
+                    f"{src.name_of(record.call, 'f')}({', '.join(_argument(a, src, stream_names, record) for a in record.args)})"
                 if checks:
                     src.emit(f"if {' and '.join(checks)}:")
                     src.emit(f"{call}  # {record.label or step.name}", 2)
@@ -149,7 +150,7 @@ def generate(cg, env: dict, records: list):
                     src.emit(f"{call}  # {record.label or step.name}")
             else:
                 src.emit(f"{general}  # {step.name}")
-        else:
+        elif not _emit_extern(src, cg, step, env):
             src.emit(f"cg._extern({src.name_of(step, 'step')}, b, env)  # {step.name}")
         for name in cg.free_after[k]:
             if name not in reused:
@@ -170,6 +171,73 @@ def generate(cg, env: dict, records: list):
     call = namespace["call"]
     call.__tilefuse_source__ = text
     return call
+
+
+def _direct_call(record: InlineCall, src: _Source) -> str | None:
+    """A C++ kernel's launch as one call of the fast call (`backends.cpu.fast_call`) with its
+    buffers' pointers, where the launch offers it (`direct`); None: call the launch."""
+    direct = getattr(record.call, "direct", None)
+    found = direct() if direct is not None else None
+    if found is None or not all(isinstance(a, Buf) for a in record.args):
+        return None
+    fn, leading, programs = found
+    src.name_of(record.call, "keep")  # (holds the arrays whose addresses are written out)
+    threads = "1" if programs <= 1 else f"min(num_threads(), {int(programs)})"
+    pointers = [f"b[{a.name!r}].data_ptr()" for a in record.args]
+    return f"{src.name_of(fn, 'launch')}({', '.join([*map(str, leading), threads, *pointers])})"
+
+
+def _emit_extern(src: _Source, cg, step, env: dict) -> bool:
+    """An ATen call written out (False: it goes the general way, `CompiledGraph._extern`): the
+    op's binding the general calls settled on, its buffers by name and every size as the
+    integer it is for these sizes — what `PreparedExtern` resolves at each call, resolved once.
+    A result whose strides are not the ones its readers were compiled for is conformed."""
+    prepared = cg.externs.get(step.name)
+    node = cg.graph.nodes.get(step.name)
+    if prepared is None or not isinstance(node, Extern) or node.binds is not None:
+        return False
+    try:
+        args = [_extern_arg(a, src, env) for a in node.args]
+        kwargs = [f"{k}={_extern_arg(v, src, env)}" for k, v in node.kwargs.items()]
+    except (KeyError, TypeError, ValueError):  # a size these sizes do not fix
+        return False
+    src.emit(f"r = {src.name_of(prepared._call, 'f')}({', '.join(args + kwargs)})  # {step.name}")
+    _emit_conformed(src, cg, node.name, "r")
+    for name, item in cg.extern_results.get(node.name, ()):
+        _emit_conformed(src, cg, name, f"r[{item!r}]")
+    return True
+
+
+def _emit_conformed(src: _Source, cg, name: str, value: str) -> None:
+    promised = cg.promised.get(name)
+    if promised is None:
+        src.emit(f"b[{name!r}] = {value}")
+        return
+    src.emit(f"v = {value}")
+    src.emit(f"b[{name!r}] = v if not isinstance(v, Tensor) or v.stride() == {tuple(promised)!r} "
+             f"else cg._conform({name!r}, v)")
+
+
+def _extern_arg(obj, src: _Source, env: dict) -> str:
+    """An extern argument as an expression of the generated call."""
+    from ..ir.graph import TensorArg
+    from ..ir.symbolic import evaluate
+
+    if isinstance(obj, TensorArg):
+        return f"b[{obj.name!r}]"
+    if isinstance(obj, sympy.Basic):
+        value = evaluate(obj, env)
+        if type(value) not in (int, float, bool):
+            raise TypeError(f"{obj} is not a number for these sizes")
+        return src.literal(value)
+    if isinstance(obj, list):
+        return "[" + ", ".join(_extern_arg(x, src, env) for x in obj) + "]"
+    if isinstance(obj, tuple):
+        items = [_extern_arg(x, src, env) for x in obj]
+        return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+    if isinstance(obj, dict):
+        return "{" + ", ".join(f"{k!r}: {_extern_arg(v, src, env)}" for k, v in obj.items()) + "}"
+    return src.literal(obj)
 
 
 def _allocations(cg, env: dict) -> dict:

@@ -50,8 +50,10 @@ def pointwise_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
                          plan_kind=PlanKind.POINTWISE)
 
 
-#: a CPU kernel walks whole rows (`_row_tiles`) of at least this many elements
-ROW_MIN = 64
+#: a CPU kernel walks whole rows (`_row_tiles`) of at least this many elements (a batch norm
+#: over channels-last images of 8 channels reads its per-channel terms contiguously, not
+#: gathered at `x % 8` lane by lane: 7% faster at 32 channels, as fast at 8)
+ROW_MIN = 8
 #: a GPU kernel walks rows × columns tiles only for rows of at least this many elements (shorter
 #: rows would leave most of a tile's columns masked; the flat walk packs them)
 GPU_ROW_MIN = 256

@@ -23,16 +23,17 @@ from typing import Any
 class Schedule(Mapping):
     #: (knob, value) pairs, in declaration order, each knob once
     items_: tuple = ()
-    # the same as a dict, and the hash: the tuner ranks thousands of schedules per graph
+    # the same as a dict, and the hash once asked for: the tuner ranks thousands of schedules
+    # per graph
     _knobs: dict = field(default_factory=dict, compare=False)
-    _hash: int = field(default=0, compare=False)
+    _hash: int | None = field(default=None, compare=False)
 
     def __init__(self, knobs: Mapping[str, Any] | Iterable[tuple[str, Any]] = (), **more: Any):
         merged = dict(knobs)
         merged.update(more)
         object.__setattr__(self, "items_", tuple(merged.items()))
         object.__setattr__(self, "_knobs", merged)
-        object.__setattr__(self, "_hash", hash(frozenset(self.items_)))
+        object.__setattr__(self, "_hash", None)
 
     # -- the mapping ---------------------------------------------------------------------------
     def __getitem__(self, knob: str) -> Any:
@@ -52,12 +53,14 @@ class Schedule(Mapping):
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Schedule):
-            return self._hash == other._hash and self._knobs == other._knobs
+            return self._knobs == other._knobs
         if isinstance(other, Mapping):
             return len(self) == len(other) and self._knobs == dict(other.items())
         return NotImplemented
 
     def __hash__(self) -> int:
+        if self._hash is None:
+            object.__setattr__(self, "_hash", hash(frozenset(self.items_)))
         return self._hash
 
     def __reduce__(self):  # (pickled by its knobs; the dict and the hash are rebuilt)

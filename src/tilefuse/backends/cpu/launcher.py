@@ -49,7 +49,7 @@ from ..inline_call import SKIP, Buf, Expect, InlineCall
 from ..size_cache import SizeCache, size_key
 from ...ir.bounds import index_error
 from ...tile.ir import DotTile, TileKernel, check_message, checks_of, statements
-from . import toolchain
+from . import fast_call, toolchain
 
 _lock = threading.Lock()
 # build key -> the library (being) built, while a kernel (or the build itself) holds it: a
@@ -286,27 +286,44 @@ class CppKernel:
 
 
 class _InlineLaunch:
-    """A kernel's launch with its sizes, strides and grid packed: called with the buffers."""
+    """A kernel's launch with its sizes, strides and grid packed: called with the buffers.
+    Through the fast call (`fast_call`) where it could be built, else through ctypes."""
 
-    __slots__ = ("fn", "ptrs", "sizes", "grid", "programs", "advised")
+    __slots__ = ("fn", "ptrs", "sizes", "grid", "programs", "advised", "fast", "addresses")
 
     def __init__(self, fn, ptrs, sizes, grid, programs: int, advised: tuple):
         self.fn, self.ptrs, self.sizes, self.grid = fn, ptrs, sizes, grid
         self.programs, self.advised = programs, advised
+        self.fast = fast_call.launcher()
+        # (the kernel's function, its sizes and grid arrays, which this launch keeps alive)
+        self.addresses = (ctypes.cast(fn, ctypes.c_void_p).value, ctypes.addressof(sizes), ctypes.addressof(grid))
 
     def __call__(self, *tensors) -> None:
         for k in self.advised:
             advise_huge_pages(tensors[k])
         threads = max(1, min(torch.get_num_threads(), self.programs))
-        self.fn(self.ptrs(*[t.data_ptr() for t in tensors]), self.sizes, self.grid, threads)
+        if self.fast is not None:
+            self.fast(*self.addresses, threads, *[t.data_ptr() for t in tensors])
+        else:
+            self.fn(self.ptrs(*[t.data_ptr() for t in tensors]), self.sizes, self.grid, threads)
+
+    def direct(self):
+        """(callable, its leading arguments, programs) for the generated call to call with the
+        thread count and the buffers' pointers (`runtime.straight_line`); None: call this."""
+        if self.fast is None or self.advised or len(self.addresses) + 1 + self.ptrs._length_ > 4 + fast_call.MAX_POINTERS:
+            return None
+        return self.fast, self.addresses, self.programs
 
 
 class _CheckedLaunch(_InlineLaunch):
     """An inline launch of a kernel with index checks: the error word is the call's own (a
     kernel may run in several threads at once), passed after the buffers' pointers; a failed
-    check raises the error eager raises once the kernel has returned."""
+    check raises the error eager raises once the kernel has returned. (Through ctypes.)"""
 
     __slots__ = ("checks", "env", "kernel_name")
+
+    def direct(self):
+        return None
 
     def __call__(self, *tensors) -> None:
         for k in self.advised:

@@ -159,21 +159,21 @@ def build_key(source: str, cxx: str) -> str:
     return cache_key("cpu-kernel", source, compiler_version(cxx), flags(cxx), cpu_id(), environment_fingerprint())
 
 
-def build(source: str, cxx: str) -> bytes:
-    """Compile `source` to a shared library; returns its bytes. The work happens in a private
-    temporary directory named after this process (`tilefuse-cpp-<pid>-*`), removed when the
-    build ends; a process killed meanwhile leaves it to `cache.scratch.sweep`."""
+def build(source: str, cxx: str, extra: tuple = ()) -> bytes:
+    """Compile `source` to a shared library (`extra`: more flags); returns its bytes. The work
+    happens in a private temporary directory named after this process (`tilefuse-cpp-<pid>-*`),
+    removed when the build ends; a process killed meanwhile leaves it to `cache.scratch.sweep`."""
     with tempfile.TemporaryDirectory(prefix=f"tilefuse-cpp-{os.getpid()}-") as tmp:
         src, lib = os.path.join(tmp, "kernel.cpp"), os.path.join(tmp, "kernel.so")
         with open(src, "w") as f:
             f.write(source)
         level = _openmp_level_of(cxx)
-        proc = _run(cxx, flags(cxx, level), src, lib)
+        proc = _run(cxx, flags(cxx, level) + extra, src, lib)
         while proc.returncode != 0 and level < len(OPENMP_LEVELS) - 1 and _rejects_openmp(proc):
             level += 1  # from now on for this compiler
             with _lock:
                 _openmp_level[cxx] = max(_openmp_level.get(cxx, 0), level)
-            proc = _run(cxx, flags(cxx, level), src, lib)
+            proc = _run(cxx, flags(cxx, level) + extra, src, lib)
         if level > 0 and cxx not in _told_single_threaded:
             _told_single_threaded.add(cxx)
             logs.log("code", "%s has no OpenMP: CPU kernels are built single-threaded", cxx)
