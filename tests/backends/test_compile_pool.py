@@ -45,7 +45,11 @@ def pool(tmp_path, monkeypatch):
 def _all_ready(timeout=120.0):
     """Wait for every worker's "ready" (a compile waited for before any is ready is taken back)."""
     deadline = time.monotonic() + timeout
-    while len(compile_pool._pool.ready_at) < len(compile_pool._pool.workers):
+    while True:
+        pool = compile_pool._pool
+        assert pool is not None, f"the pool was given up: {compile_pool._unavailable}"
+        if len(pool.ready_at) >= len(pool.workers):
+            return
         assert time.monotonic() < deadline, "the compile workers did not start"
         time.sleep(0.05)
 
@@ -292,8 +296,8 @@ def test_a_worker_warms_up_outside_the_users_cache(tmp_path):
 
 @pytest.mark.skipif(not compile_pool._can_fork(), reason="workers are forked on Linux only")
 def test_workers_are_forked_from_one_warmed_up_process(pool):
-    """On Linux the workers are forked from one process that imported PyTorch and Triton and
-    warmed the compiler up, not started one by one; they compile as spawned ones do."""
+    """On Linux the workers are forked from one process that imported Triton and warmed the
+    compiler up, not started one by one; they compile as spawned ones do."""
     _warm_up()
     stats = compile_pool.stats()
     assert stats["started"] == "forked" and len(stats["ready_s"]) == 2 and stats["warm_up"]["import_s"] > 0
@@ -326,6 +330,28 @@ def test_a_process_with_other_threads_refuses_to_fork(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith(f"1 {compile_worker.FORK_REFUSED}")
+
+
+def test_a_failed_fork_refuses_for_the_workers_not_forked(tmp_path):
+    """A fork that fails (no memory, a process limit) tells each worker not yet forked that the
+    fork was refused, so that it starts alone, instead of leaving it without a reply."""
+    import subprocess
+    import sys
+
+    code = ("import os\n"
+            "from tilefuse.backends.triton import compile_worker as w\n"
+            "def no_fork(): raise OSError(11, 'no more processes')\n"
+            "os.fork = no_fork\n"
+            "pairs, readers = [], []\n"
+            "for _ in range(2):\n"
+            "    r, wr = os.pipe(); pairs.append((os.open(os.devnull, os.O_RDONLY), wr)); readers.append(r)\n"
+            "w._forked_workers(('cuda', 90, 32), pairs)\n"
+            "print([w.read_message(os.fdopen(r, 'rb'))[2].split(':')[0] for r in readers])\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "..", "src"),
+                                                      os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == str([compile_worker.FORK_REFUSED] * 2)
 
 
 def test_a_refused_fork_starts_each_worker_alone(tmp_path, monkeypatch):
@@ -369,14 +395,16 @@ def test_a_compile_waited_for_before_any_worker_is_ready_is_taken_back():
 
     class Starting:
         ready_at: list = []
+        futures: dict = {}
         counts = {"taken_back": 0}
         closed = False
         last_progress = time.monotonic()
 
     queued = Future()
     queued.pool, queued.started = Starting(), None
+    Starting.futures["k"] = queued
     assert compile_pool.wait(queued) == "" and queued.cancelled()
-    assert Starting.counts["taken_back"] == 1
+    assert Starting.counts["taken_back"] == 1 and "k" not in Starting.futures  # (asked again: a new task)
 
     Starting.ready_at = [1.0]
     waiting = Future()

@@ -361,3 +361,32 @@ def test_aten_calls_are_written_out(channels_last):
     source = compiled.generated_call().__tilefuse_source__
     assert "cg._extern(" not in source, source
     assert re.search(r"r = f\d+\(b\['", source) and "[1, 1]" in source  # (the padding, as integers)
+
+
+def _sorted_block(x):
+    values, order = torch.sort(x * 3 - 1, dim=-1, stable=True, descending=True)
+    return values + 1, order
+
+
+@needs_cxx
+def test_an_aten_call_with_keyword_arguments_is_written_out():
+    """`sort` with keyword arguments and two results: written out, its pieces taken from its
+    result, the same values and indices as eager."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from tilefuse.compiler import compile_fx
+
+    gen = torch.Generator().manual_seed(24)
+    x = torch.randn(3, 17, generator=gen)
+    with torch.no_grad():
+        gm = make_fx(_sorted_block, tracing_mode="fake")(x)
+        with config.patch(target="cpu"):
+            compiled, _ = compile_fx(gm, torch.device("cpu"), "forward")
+        for _ in range(3):
+            x = torch.randn(3, 17, generator=gen)
+            values, order = compiled(x)
+            want_values, want_order = _sorted_block(x.double())
+            torch.testing.assert_close(values.double(), want_values, rtol=1e-6, atol=1e-6)
+            assert torch.equal(order, want_order)
+    source = compiled.generated_call().__tilefuse_source__
+    assert "cg._extern(" not in source and "stable=True" in source and "r[" in source, source

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import tilefuse
+from tilefuse.tile import pointwise
 from tilefuse.tile.pointwise import _column_block
 
 pytest.importorskip("triton")
@@ -119,8 +120,8 @@ def batch_norm_relu(x, mean, var, w, b):
 @pytest.mark.parametrize("shape", [(2, 8, 32, 32), (3, 5, 16, 20), (2, 3, 7, 7)])
 def test_a_value_per_channel_over_nchw_makes_rows_of_h_times_w(target, shape):
     """Inference batch norm over NCHW: the per-channel statistics are uniform over H and W, so
-    a row is H·W long (the GPU tiles take any length from 256, the CPU's powers of two from 64;
-    7×7 stays flat) and the statistics are read once per row."""
+    a row is H·W long (the GPU tiles take any length from 256, the CPU's powers of two from
+    `ROW_MIN`; 7×7 stays flat) and the statistics are read once per row."""
     c = shape[1]
     x = torch.randn(shape)
     stats = (torch.randn(c), torch.rand(c) + 0.5, torch.randn(c), torch.randn(c))
@@ -128,7 +129,7 @@ def test_a_value_per_channel_over_nchw_makes_rows_of_h_times_w(target, shape):
     report = tilefuse.explain(batch_norm_relu, x, *stats, options={"target": target})
     src = _pointwise_source(report)
     row = shape[2] * shape[3]
-    tiled = row >= 256 if target == "interpret" else (row >= 64 and row & (row - 1) == 0)
+    tiled = row >= 256 if target == "interpret" else (row >= pointwise.ROW_MIN and row & (row - 1) == 0)
     assert ("CBLOCK" in src) == tiled, src
     torch._dynamo.reset()
     out = torch.compile(batch_norm_relu, backend="tilefuse", options={"target": target})(x, *stats)

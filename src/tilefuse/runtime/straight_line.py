@@ -25,6 +25,7 @@ allocations depend on values known only as it runs.
 from __future__ import annotations
 
 import functools
+import keyword
 import math
 
 import sympy
@@ -196,11 +197,15 @@ def _emit_extern(src: _Source, cg, step, env: dict) -> bool:
     node = cg.graph.nodes.get(step.name)
     if prepared is None or not isinstance(node, Extern) or node.binds is not None:
         return False
+    if not all(isinstance(k, str) and k.isidentifier() and not keyword.iskeyword(k) for k in node.kwargs):
+        return False
     try:
         args = [_extern_arg(a, src, env) for a in node.args]
         kwargs = [f"{k}={_extern_arg(v, src, env)}" for k, v in node.kwargs.items()]
     except (KeyError, TypeError, ValueError):  # a size these sizes do not fix
         return False
+    # (the binding without `PreparedExtern`'s fallback to the overload: the general calls that
+    # ran before this function was generated have settled which one parses these arguments)
     src.emit(f"r = {src.name_of(prepared._call, 'f')}({', '.join(args + kwargs)})  # {step.name}")
     _emit_conformed(src, cg, node.name, "r")
     for name, item in cg.extern_results.get(node.name, ()):
@@ -236,6 +241,8 @@ def _extern_arg(obj, src: _Source, env: dict) -> str:
         items = [_extern_arg(x, src, env) for x in obj]
         return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
     if isinstance(obj, dict):
+        if not all(type(k) is str for k in obj):
+            raise TypeError("a dict argument keyed by other than strings")
         return "{" + ", ".join(f"{k!r}: {_extern_arg(v, src, env)}" for k, v in obj.items()) + "}"
     return src.literal(obj)
 

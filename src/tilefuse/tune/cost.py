@@ -57,8 +57,9 @@ def rank(space: ScheduleSpace, ceilings: Ceilings = NOMINAL,
     row: alternatives the model's terms cannot rank, each one measurement away from chosen).
     `scored`: the uncut ranking, when the caller has it already (`ceilings` then unused)."""
     if scored is None:
-        if space.ranking is not None and space.ranking[0] == ceilings:
-            scored = space.ranking[1]
+        memo = space.ranking  # (read once: another thread may rank it meanwhile)
+        if memo is not None and memo[0] == ceilings:
+            scored = memo[1]
         else:
             scored = sorted(((predict(space, s, ceilings), s) for s in space.schedules()), key=lambda x: x[0])
             space.ranking = (ceilings, scored)

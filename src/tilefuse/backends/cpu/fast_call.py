@@ -8,8 +8,9 @@ pointers as Python integers (`tensor.data_ptr()`) through the vectorcall protoco
 in an array on its stack and calls the kernel's function, releasing the GIL meanwhile as ctypes
 does. Inductor's CPU kernels are Python extensions for the same reason.
 
-It needs CPython's headers (`Python.h`, found through `sysconfig`); where they are missing or
-the build fails, kernels launch through ctypes as before (logged once on the `code` channel).
+It needs CPython's headers (`Python.h`, found through `sysconfig`) and a Python with a GIL;
+where they are missing or the build fails, kernels launch through ctypes as before (logged
+once on the `code` channel).
 """
 from __future__ import annotations
 
@@ -86,6 +87,8 @@ def _load():
     why = ""
     if sys.implementation.name != "cpython":
         why = f"{sys.implementation.name} is not CPython"
+    elif sysconfig.get_config_var("Py_GIL_DISABLED"):  # (loading it would turn the GIL back on)
+        why = "a free-threaded Python"
     elif not os.path.exists(os.path.join(include, "Python.h")):
         why = f"no Python.h under {include or 'sysconfig include path'}"
     if why:
@@ -94,7 +97,7 @@ def _load():
     try:
         cxx = toolchain.require_compiler()
         key = cache_key("cpu-fast-call", SOURCE, toolchain.compiler_version(cxx), toolchain.flags(cxx),
-                        sys.version, sysconfig.get_config_var("EXT_SUFFIX") or "", include,
+                        toolchain.cpu_id(), sys.version, sysconfig.get_config_var("EXT_SUFFIX") or "", include,
                         environment_fingerprint())
         cache = DiskCache("cpu", config.cache_dir)  # (the kernels' cache)
         files = cache.get_or_create(key, lambda: {"fast_call.so": toolchain.build(SOURCE, cxx, ("-I" + include,))})

@@ -10,10 +10,10 @@ Workers run `compile_worker.py` as a script (not `multiprocessing`, whose spawne
 re-run the user's script; not `-m`, which would import all of tilefuse and put the current
 directory first on their path), start when the first graph that can use them is compiled, and
 live until this process exits. They never create a CUDA context (see `compile_worker`). On
-Linux one process imports PyTorch and Triton and compiles a throwaway kernel
-(`compile_worker.prime`), then forks the workers, which inherit all of it — as Inductor's
-compile workers are forked from one process that imported Triton; elsewhere each worker
-starts and warms up alone. Either way the cost is paid while the graph is traced, not by its
+Linux one process imports Triton (and, before Triton 3.9, PyTorch, which Triton's argument
+binder imports) and compiles a throwaway kernel (`compile_worker.prime`), then forks the
+workers, which inherit all of it — as Inductor's compile workers are forked from one process
+that imported Triton; elsewhere each worker starts and warms up alone. Either way the cost is paid while the graph is traced, not by its
 first kernel.
 `compile_threads` sets how many (0: one per CPU core shared among the local ranks of a
 distributed job, at most 32; 1: none — every kernel compiles in the process that launches it).
@@ -111,6 +111,9 @@ def wait(future: Future) -> str:
     if pool is not None and not pool.ready_at and future.cancel():
         with _lock:
             pool.counts["taken_back"] += 1
+            for key, queued in list(pool.futures.items()):  # (a later request is a new task)
+                if queued is future:
+                    del pool.futures[key]
         return ""
     while True:
         try:
@@ -391,6 +394,10 @@ class _Worker:
                 logs.log("cache", "a Triton compile worker starts alone: %s", ready[2])
                 self._close_channel()
                 self._spawn()
+                if self.pool.closed:  # (closed meanwhile: its `stop` did not see this process)
+                    self.close_input()
+                    self.stop()
+                    return ""
                 ready = read_message(self.replies)
         except Exception as err:  # noqa: BLE001 — a worker that cannot start
             return f"did not start: {type(err).__name__}: {err}"
@@ -455,11 +462,13 @@ class _Worker:
 
 
 def _ended(stream) -> bool:
-    """Whether an idle worker's reply pipe has something to read: its end of file."""
-    try:
-        return bool(select.select([stream], [], [], 0)[0])
-    except (OSError, ValueError):  # closed
+    """Whether an idle worker's reply pipe has something to read (its end of file) or has
+    hung up. (`poll`, not `select`: a process may hold more than 1024 descriptors.)"""
+    if stream.closed:
         return True
+    poller = select.poll()
+    poller.register(stream.fileno(), select.POLLIN | select.POLLHUP | select.POLLERR)
+    return bool(poller.poll(0))
 
 
 __all__ = ["start", "submit", "wait", "launched", "stats", "worker_count", "MAX_WORKERS", "WAIT_S"]

@@ -1,15 +1,15 @@
 """Worker processes that compile Triton kernels into Triton's on-disk cache.
 
-Started by `compile_pool` as a script, never by a user. On Linux one process imports PyTorch
-and Triton, warms the compiler up, and forks the workers, each serving a pair of pipes it
+Started by `compile_pool` as a script, never by a user. On Linux one process imports Triton,
+warms the compiler up, and forks the workers, each serving a pair of pipes it
 inherited (`_forked_workers`); elsewhere, or where forking is refused, each worker is a
 process of its own serving its stdin and stdout (fd 1 is then pointed at stderr, so a print
 in Triton or a kernel cannot corrupt the replies). A worker first replies "ready" (with the
 seconds its start took), then reads tasks and writes one reply per task. Every message is a length-prefixed pickle between a
 worker and the process that started the pool, over the worker's own pipes.
 
-A task names a generated kernel module by its file, the kernel, its launch arguments (tensors
-as their dtypes), options and the parent's `TRITON_*` environment; the worker runs
+A task names a generated kernel module by its file, the kernel, its launch arguments (a
+tensor as its dtype's name, `portable_args`), options and the parent's `TRITON_*` environment; the worker runs
 `JITFunction.warmup`, which compiles exactly what the first launch in the parent would compile,
 builds the launch stub, and replies with the binary's cache hash (the parent checks that its
 launch found that binary). The worker never
@@ -271,8 +271,9 @@ def _threads() -> int:
 
 
 def _prepare(target, took: dict) -> str:
-    """Import PyTorch and Triton, answer device questions with `target`, warm the compiler
-    up; the seconds of each step in `took`. "" when ready, else why not."""
+    """Import Triton, answer device questions with `target`, warm the compiler up (which
+    imports PyTorch on a Triton before 3.9: its argument binder does); the seconds of each
+    step in `took`. "" when ready, else why not."""
     t0 = time.perf_counter()
     try:
         import triton  # noqa: F401 — (not PyTorch: a task's dtypes are names, the driver is ours)
@@ -308,37 +309,40 @@ def serve(tasks, replies) -> int:
 
 def _forked_workers(target, pairs: list) -> int:
     """Prepare once, then fork one worker per (task fd, reply fd) pair: each inherits the
-    imported and warmed-up compiler instead of importing PyTorch itself (16 processes importing
-    it at once take 4–6 s, one takes 1.5–2). This process then only waits for its workers.
-    Forking is refused (each worker's parent then starts a process of its own) when another
-    thread runs here: a child gets only the forking thread, and any lock another one held."""
+    imported and warmed-up compiler instead of importing it itself (16 processes importing
+    PyTorch at once took 4–6 s on an H200 host, one 1.5–2). This process then only waits for
+    its workers. Forking is refused — each worker's thread in the parent then starts a process
+    of its own — when another thread runs here (a child gets only the forking thread, and any
+    lock another one held) or a fork fails."""
+    for fd in (fd for pair in pairs for fd in pair):  # (not passed on to ptxas and the like)
+        os.set_inheritable(fd, False)
     took: dict = {}
     why = _prepare(target, took)
     threads = _threads()
     if not why and threads != 1:
         why = f"{FORK_REFUSED}: {threads} threads in the process that would fork"
     if why:
-        for task_fd, reply_fd in pairs:
-            with os.fdopen(reply_fd, "wb") as replies:
-                write_message(replies, ("ready", None, why, took))
+        _refuse(pairs, why, took)
         return 1
     children = []
-    for task_fd, reply_fd in pairs:
-        pid = os.fork()
-        if pid == 0:  # a worker: only its own pair open
+    for k, (task_fd, reply_fd) in enumerate(pairs):
+        try:
+            pid = os.fork()
+        except OSError as err:
+            _refuse(pairs[k:], f"{FORK_REFUSED}: {type(err).__name__}: {err}", took)
+            break
+        if pid == 0:  # a worker: only its own pair open (the earlier ones are closed here already)
             code = 1
             try:
-                for other in pairs:
-                    if other != (task_fd, reply_fd):
-                        os.close(other[0])
-                        os.close(other[1])
+                for other in pairs[k + 1:]:
+                    os.close(other[0])
+                    os.close(other[1])
                 replies = os.fdopen(reply_fd, "wb")
                 write_message(replies, ("ready", os.getpid(), "", took))
                 code = serve(os.fdopen(task_fd, "rb"), replies)
             finally:
                 os._exit(code)
         children.append(pid)
-    for task_fd, reply_fd in pairs:
         os.close(task_fd)
         os.close(reply_fd)
     for _ in children:
@@ -347,6 +351,17 @@ def _forked_workers(target, pairs: list) -> int:
         except ChildProcessError:
             break
     return 0
+
+
+def _refuse(pairs: list, why: str, took: dict) -> None:
+    """Say `why` as the "ready" reply on each pair, and close them."""
+    for task_fd, reply_fd in pairs:
+        try:
+            with os.fdopen(reply_fd, "wb") as replies:
+                write_message(replies, ("ready", None, why, took))
+        except OSError:
+            pass
+        os.close(task_fd)
 
 
 def main(argv: list) -> int:
