@@ -313,31 +313,34 @@ def test_workers_are_forked_from_one_warmed_up_process(pool):
     assert forking.poll() is not None  # closing the pool ends the forking process too
 
 
-def test_a_process_with_other_threads_refuses_to_fork(tmp_path):
-    """Forking with another thread running is unsafe (a lock it held stays held in the child):
-    the forking process says so on every worker's pipe instead of forking."""
+def _python(code: str) -> str:
+    """What `code` prints, run by a fresh interpreter that imports this checkout's tilefuse."""
     import subprocess
     import sys
 
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "..", "src"),
+                                                      os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+def test_a_process_with_other_threads_refuses_to_fork(tmp_path):
+    """Forking with another thread running is unsafe (a lock it held stays held in the child):
+    the forking process says so on every worker's pipe instead of forking."""
     code = ("import os, sys, threading, time\n"
             "from tilefuse.backends.triton import compile_worker as w\n"
             "threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
             "r, wr = os.pipe()\n"
             "code = w._forked_workers(('cuda', 90, 32), [(os.open(os.devnull, os.O_RDONLY), wr)])\n"
             "print(code, w.read_message(os.fdopen(r, 'rb'))[2])\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "..", "src"),
-                                                      os.environ.get("PYTHONPATH", "")]))
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.startswith(f"1 {compile_worker.FORK_REFUSED}")
+    out = _python(code)
+    assert out.startswith(f"1 {compile_worker.FORK_REFUSED}")
 
 
 def test_a_failed_fork_refuses_for_the_workers_not_forked(tmp_path):
     """A fork that fails (no memory, a process limit) tells each worker not yet forked that the
     fork was refused, so that it starts alone, instead of leaving it without a reply."""
-    import subprocess
-    import sys
-
     code = ("import os\n"
             "from tilefuse.backends.triton import compile_worker as w\n"
             "def no_fork(): raise OSError(11, 'no more processes')\n"
@@ -347,11 +350,8 @@ def test_a_failed_fork_refuses_for_the_workers_not_forked(tmp_path):
             "    r, wr = os.pipe(); pairs.append((os.open(os.devnull, os.O_RDONLY), wr)); readers.append(r)\n"
             "w._forked_workers(('cuda', 90, 32), pairs)\n"
             "print([w.read_message(os.fdopen(r, 'rb'))[2].split(':')[0] for r in readers])\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "..", "src"),
-                                                      os.environ.get("PYTHONPATH", "")]))
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == str([compile_worker.FORK_REFUSED] * 2)
+    out = _python(code)
+    assert out.strip() == str([compile_worker.FORK_REFUSED] * 2)
 
 
 def test_a_refused_fork_starts_each_worker_alone(tmp_path, monkeypatch):

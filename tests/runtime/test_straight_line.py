@@ -284,20 +284,26 @@ def _fast_call_available() -> bool:
     return find_compiler() is not None and fast_call.launcher() is not None
 
 
+def _generated_source(rows: int, cols: int, seed: int) -> str:
+    """The generated call's source of `_graph(rows, cols)` on the CPU, after three calls that
+    give the reference's results."""
+    compiled = _compile(_graph(rows, cols))
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(cols, generator=gen)
+    for _ in range(3):
+        x = torch.randn(rows, cols, generator=gen)
+        (out,) = compiled(x, w)
+        torch.testing.assert_close(out, _reference(x, w), rtol=1e-5, atol=1e-5)
+    return compiled.generated_call().__tilefuse_source__
+
+
 @needs_cxx
 def test_cpu_kernels_launch_through_the_fast_call():
     """Where the fast call builds (CPython's headers present), a C++ kernel's launch in the
     generated call is one call of it with the buffers' pointers, and gives the same results."""
     if not _fast_call_available():
         pytest.skip("the fast call cannot be built here (no Python.h)")
-    compiled = _compile(_graph(11, 37))
-    gen = torch.Generator().manual_seed(21)
-    w = torch.randn(37, generator=gen)
-    for _ in range(3):
-        x = torch.randn(11, 37, generator=gen)
-        (out,) = compiled(x, w)
-        torch.testing.assert_close(out, _reference(x, w), rtol=1e-5, atol=1e-5)
-    source = compiled.generated_call().__tilefuse_source__
+    source = _generated_source(11, 37, seed=21)
     assert re.search(r"launch\d+\(\d+, \d+, \d+, (1|min\(num_threads\(\), \d+\)), b\['", source), source
     assert "b['x'].data_ptr()" in source
 
@@ -307,14 +313,7 @@ def test_without_the_fast_call_kernels_launch_through_ctypes(monkeypatch):
     from tilefuse.backends.cpu import fast_call
 
     monkeypatch.setattr(fast_call, "_state", {"launch": None})
-    compiled = _compile(_graph(6, 19))
-    gen = torch.Generator().manual_seed(22)
-    w = torch.randn(19, generator=gen)
-    for _ in range(3):
-        x = torch.randn(6, 19, generator=gen)
-        (out,) = compiled(x, w)
-        torch.testing.assert_close(out, _reference(x, w), rtol=1e-5, atol=1e-5)
-    source = compiled.generated_call().__tilefuse_source__
+    source = _generated_source(6, 19, seed=22)
     assert ".data_ptr()" not in source and "b['x']" in source
 
 
