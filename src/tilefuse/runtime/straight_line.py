@@ -8,9 +8,11 @@ again) runs the general way and generates a function for those sizes, as Inducto
 generated wrapper is one: every
 allocation with its shape and strides written out, every launch a direct call of what its
 launcher answered (`backends.inline_call`: a Triton binary's own launcher with the sizes,
-strides and grid in place, a C++ kernel's function with its sizes packed, the library product
-with its views' integers bound), every buffer dropped after its last use, the outputs
-returned; dead buffers' memory goes to later buffers of the same layout.
+strides and grid in place, a C++ kernel's function with its sizes packed — through the fast
+call where it was built (`backends.cpu.fast_call`) —, the library product with its views'
+integers bound), every ATen call written out with its sizes as integers, every buffer dropped
+after its last use, the outputs returned; dead buffers' memory goes to later buffers of the
+same layout.
 `TILEFUSE_LOGS=runtime` prints each function; `generated_wrapper=False` turns them off.
 
 What a function cannot know in advance, it checks as it goes:

@@ -13,8 +13,9 @@ live until this process exits. They never create a CUDA context (see `compile_wo
 Linux one process imports Triton (and, before Triton 3.9, PyTorch, which Triton's argument
 binder imports) and compiles a throwaway kernel (`compile_worker.prime`), then forks the
 workers, which inherit all of it — as Inductor's compile workers are forked from one process
-that imported Triton; elsewhere each worker starts and warms up alone. Either way the cost is paid while the graph is traced, not by its
-first kernel.
+that imported Triton; elsewhere each worker starts and warms up alone. Either way the cost is
+paid while the graph is traced, not by its first kernel (and a kernel needed before any worker
+is ready compiles where it launches: `wait`).
 `compile_threads` sets how many (0: one per CPU core shared among the local ranks of a
 distributed job, at most 32; 1: none — every kernel compiles in the process that launches it).
 

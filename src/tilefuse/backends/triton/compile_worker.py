@@ -1,20 +1,21 @@
 """Worker processes that compile Triton kernels into Triton's on-disk cache.
 
 Started by `compile_pool` as a script, never by a user. On Linux one process imports Triton,
-warms the compiler up, and forks the workers, each serving a pair of pipes it
-inherited (`_forked_workers`); elsewhere, or where forking is refused, each worker is a
-process of its own serving its stdin and stdout (fd 1 is then pointed at stderr, so a print
-in Triton or a kernel cannot corrupt the replies). A worker first replies "ready" (with the
-seconds its start took), then reads tasks and writes one reply per task. Every message is a length-prefixed pickle between a
-worker and the process that started the pool, over the worker's own pipes.
+warms the compiler up, and forks the workers, each serving a pair of pipes it inherited
+(`_forked_workers`); elsewhere, or where forking is refused, each worker is a process of its
+own serving its stdin and stdout (fd 1 is then pointed at stderr, so a print in Triton or a
+kernel cannot corrupt the replies). A worker first replies "ready" (with the seconds its
+start took), then reads tasks and writes one reply per task. Every message is a
+length-prefixed pickle between a worker and the process that started the pool, over the
+worker's own pipes.
 
 A task names a generated kernel module by its file, the kernel, its launch arguments (a
-tensor as its dtype's name, `portable_args`), options and the parent's `TRITON_*` environment; the worker runs
-`JITFunction.warmup`, which compiles exactly what the first launch in the parent would compile,
-builds the launch stub, and replies with the binary's cache hash (the parent checks that its
-launch found that binary). The worker never
-touches the GPU: Triton's driver is wrapped to report the parent's target (architecture and
-warp size) instead of asking the device, so a worker creates no CUDA context.
+tensor as its dtype's name, `portable_args`), options and the parent's `TRITON_*`
+environment; the worker runs `JITFunction.warmup`, which compiles exactly what the first
+launch in the parent would compile, builds the launch stub, and replies with the binary's
+cache hash (the parent checks that its launch found that binary). The worker never touches
+the GPU: Triton's driver is wrapped to report the parent's target (architecture and warp
+size) instead of asking the device, so a worker creates no CUDA context.
 """
 from __future__ import annotations
 
