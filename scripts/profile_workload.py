@@ -9,6 +9,8 @@ one table per pair (kernel, calls, total µs per call, share) and writes `profil
 tilefuse also `explain_<workload>.txt` (plans, chosen schedules and kernel sources), for an
 Inductor backend (`inductor`, `inductor-max-autotune-no-cudagraphs`, ... as in the benchmark)
 its output code `<backend>_<workload>.py`, so each slow kernel can be read next to its time.
+Each table ends with the GPU's idle time between kernels per call and the kernels that most
+often wait before they start (a host-bound stretch or a sync shows there).
 With `--host`, also the host side: `iters` calls under cProfile, the functions with the most
 time of their own in `host_<workload>_<backend>.txt` (where a host-bound call's time goes).
 """
@@ -48,12 +50,31 @@ def profile(fn, inputs, iters: int) -> tuple[list, float]:
             fn(*inputs)
         torch.cuda.synchronize()
     rows = []
+    gaps = _idle_gaps(prof, iters)
     for evt in prof.key_averages():
         t = _device_time(evt)
         if t > 0 and evt.device_type.name == "CUDA":
             rows.append({"kernel": evt.key, "calls": evt.count / iters, "us": t / iters})
     rows.sort(key=lambda r: -r["us"])
-    return rows, wall_ms
+    return rows, wall_ms, gaps
+
+
+def _idle_gaps(prof, iters: int) -> dict:
+    """Where the GPU waits between kernels: the idle time from the first kernel to the last,
+    per call, and the kernels that most often start after a gap (a host-bound stretch, a
+    sync), with the idle µs per call before each."""
+    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                   if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start)
+    if not spans:
+        return {"idle_us": 0.0, "before": []}
+    idle, before, reach = 0.0, {}, spans[0][1]
+    for start, end, name in spans[1:]:
+        if start > reach:
+            idle += start - reach
+            before[name] = before.get(name, 0.0) + start - reach
+        reach = max(reach, end)
+    top = sorted(before.items(), key=lambda kv: -kv[1])[:8]
+    return {"idle_us": idle / iters, "before": [{"kernel": k, "us": v / iters} for k, v in top]}
 
 
 def profile_host(fn, inputs, iters: int, path: str) -> None:
@@ -119,8 +140,8 @@ def main(argv=None) -> int:
             if sources:
                 with open(os.path.join(args.out, f"{backend}_{wname}.py"), "w") as f:
                     f.write("\n\n".join(sources))
-            rows, wall = profile(fn, inputs, args.iters)
-            results[f"{wname}/{backend}"] = {"wall_ms": wall, "kernels": rows}
+            rows, wall, gaps = profile(fn, inputs, args.iters)
+            results[f"{wname}/{backend}"] = {"wall_ms": wall, "kernels": rows, "gaps": gaps}
             if args.host:
                 profile_host(fn, inputs, args.iters, os.path.join(args.out, f"host_{wname}_{backend}.txt"))
             total = sum(r["us"] for r in rows)
@@ -128,6 +149,9 @@ def main(argv=None) -> int:
                   f"kernels {total:.0f} µs")
             for r in rows[:25]:
                 print(f"  {r['us']:9.1f} µs  {r['calls']:4.1f}×  {100 * r['us'] / total:5.1f}%  {r['kernel'][:90]}")
+            print(f"  GPU idle between kernels: {gaps['idle_us']:.0f} µs per call; most before:")
+            for g in gaps["before"][:5]:
+                print(f"    {g['us']:7.1f} µs  {g['kernel'][:90]}")
             if backend == "tilefuse":
                 torch._dynamo.reset()
                 # a training step autocasts around the compiled function: so does its explanation

@@ -11,6 +11,7 @@ import torch
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 
+import tilefuse  # noqa: E402
 from tilefuse.backends.triton import interpreter  # noqa: E402
 
 N, M = 8, 16
@@ -117,3 +118,27 @@ def test_a_triton_without_the_internals_gets_a_clear_error(monkeypatch):
         monkeypatch.undo()
         interpreter._triton.cache_clear()
     _launch(torch.randn(N, M))  # and all is well again
+
+
+def test_fp64_products_accumulate_and_return_in_fp64():
+    """`tl.dot` returns fp32 unless told: on a GPU an fp64 accumulator without
+    `out_dtype=tl.float64` is a compile error (the interpreter does not check it), so the
+    source must say it, for a flash kernel and a product alike."""
+    def attention(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2) * 0.3, -1) @ v
+
+    def product(a, b):
+        return a @ b
+
+    q, k, v = (torch.randn(1, 2, 40, 16, dtype=torch.float64) for _ in range(3))
+    a, b = torch.randn(33, 20, dtype=torch.float64), torch.randn(20, 17, dtype=torch.float64)
+    for fn, args in ((attention, (q, k, v)), (product, (a, b))):
+        options = {"target": "interpret", "matmul": "generated"}
+        torch._dynamo.reset()
+        report = tilefuse.explain(fn, *args, options=options)
+        dots = [line for kernel in report.kernels for line in (kernel.source or "").splitlines()
+                if "tl.dot(" in line]
+        assert dots and all("out_dtype=tl.float64" in line for line in dots), dots
+        torch._dynamo.reset()
+        out = torch.compile(fn, backend="tilefuse", options=options)(*args)
+        torch.testing.assert_close(out, fn(*args), rtol=1e-12, atol=1e-12)

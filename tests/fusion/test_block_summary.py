@@ -95,6 +95,57 @@ def test_padding_masks_per_batch_row_and_wholly_masked_rows_follow_eager(target,
     assert (out.double() - ref).abs().max().item() <= 2 * eager_err + 1e-5
 
 
+def flat_heads_padded_attention(q, k, v, keep):
+    """Hugging Face's padding mask over attention whose batch and heads are one dim (as after
+    `repeat_kv` and a reshape): the mask reads its batch row as `i // heads`."""
+    b, h, t, d = q.shape
+    s = q.reshape(b * h, t, d) @ k.reshape(b * h, t, d).transpose(-1, -2) * 0.25
+    causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    allowed = (causal[None, None] & keep[:, None, None, :].bool()).expand(b, h, t, t).reshape(b * h, t, t)
+    bias = torch.zeros(allowed.shape, dtype=s.dtype, device=q.device).masked_fill(~allowed, torch.finfo(s.dtype).min)
+    return (torch.softmax(s + bias, -1) @ v.reshape(b * h, t, d)).view(b, h, t, d)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_mask_broadcast_over_flattened_heads_is_summarised_per_batch_row(target):
+    """The summary of a mask that reads the (batch · heads) coordinate only as `i // heads`
+    has one row per batch element, not one per head, and each head reads its element's."""
+    b, h, t = 3, 4, 70
+    q, k, v = (torch.randn(b, h, t, 16, device=DEVICE) for _ in range(3))
+    keep = torch.ones(b, t, dtype=torch.long, device=DEVICE)
+    keep[0, 50:] = 0  # right padding, different per batch row
+    keep[2, 20:] = 0
+    torch._dynamo.reset()
+    report = tilefuse.explain(flat_heads_padded_attention, q, k, v, keep, options={"target": target})
+    assert [k_.kind for k_ in report.kernels] == SUMMARY + ["flash"], str(report)
+    header = report.kernels[0].tile_ir.splitlines()[0]
+    assert header.split(" BLOCK_M=")[0].endswith(f", '{b}')"), header  # not b * h rows
+    fn = _compiled(flat_heads_padded_attention, target)
+    for call in range(3):  # (the third runs the generated call)
+        keep[1, 60 - 15 * call:] = 0
+        out = fn(q, k, v, keep)
+        ref = flat_heads_padded_attention(q.double(), k.double(), v.double(), keep)
+        torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_the_batch_divisor_needs_every_read_to_be_the_quotient():
+    import sympy
+
+    from tilefuse.ir import dtypes as dt
+    from tilefuse.ir.expr import Index, Load, binary
+    from tilefuse.tile.block_summary import batch_divisor
+
+    i0, i1 = sympy.symbols("i0 i1", integer=True, nonnegative=True)
+    quotient = Load("keep", (Index(sympy.floor(i0 / 4)), Index(i1)), dt.bool_)
+    assert batch_divisor(quotient, i0, 12) == 4
+    assert batch_divisor(quotient, i0, 10) == 1  # 4 does not divide the extent
+    assert batch_divisor(quotient, i0, sympy.Symbol("s0", positive=True, integer=True)) == 1
+    both = binary("logical_and", quotient, Load("m", (Index(sympy.Mod(i0, 4)), Index(i1)), dt.bool_))
+    assert batch_divisor(both, i0, 12) == 1  # the head is read too
+    plain = Load("keep", (Index(i0), Index(i1)), dt.bool_)
+    assert batch_divisor(plain, i0, 12) == 1
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_a_causal_mask_gathered_by_positions(target):
     """gpt-fast's prefill into a longer cache: keys past the prompt are masked for every row
@@ -473,7 +524,7 @@ def test_fp64_attention_keeps_only_fills_its_exp_underflows_under():
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_the_key_norms_cover_every_chunk_of_keys(target):
-    """Keys past the first chunk of 1024 count in the bound: one extreme key there (masked)
+    """Keys past the first chunk count in the bound: one extreme key there (masked)
     makes the programs of its batch element visit every key, and read a NaN value row as eager
     does; without it the dead tiles are skipped."""
     rows, keys = 40, 1100

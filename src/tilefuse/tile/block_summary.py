@@ -49,7 +49,7 @@ class BlockSummary:
     cond: Expr  # where the scores are masked, in the output contraction's coordinates
     fallback: bool  # a row may have no live key (finite fill): record it per block of rows
     positions: tuple  # positions in the contraction's batch dims that the mask depends on
-    batch: tuple  # their extents
+    batch: tuple  # the extents of the mask's own batch coordinates (one per position)
     rows: object  # M
     keys: object  # N
     bm: int
@@ -59,6 +59,10 @@ class BlockSummary:
     #: every batch dim of the contraction (the norms are kept per flash program)
     guard: object = None
     all_batch: tuple = ()
+    #: per position, c where the mask reads that batch coordinate only as floor(x / c): a
+    #: mask broadcast over heads whose batch dim is (batch · heads) is summarised per batch
+    #: element, not per head
+    divisors: tuple = ()
 
     @property
     def names(self) -> tuple:
@@ -89,9 +93,24 @@ class BlockSummary:
         """The summary's batch row for a flash program whose batch coordinates are
         `batch_vals` (one per batch dim of the contraction): the mask's own dims, row-major."""
         flat = sympy.Integer(0)
-        for p, extent in zip(self.positions, self.batch):
-            flat = flat * sympy.sympify(extent) + sympy.sympify(batch_vals[p])
+        for p, extent, c in zip(self.positions, self.batch, self._divisors):
+            value = sympy.sympify(batch_vals[p])
+            flat = flat * sympy.sympify(extent) + (sympy.floor(value / c) if c != 1 else value)
         return flat
+
+    @property
+    def _divisors(self) -> tuple:
+        return self.divisors or (1,) * len(self.positions)
+
+    def mask_batch_values(self, flat, rank: int) -> list:
+        """The contraction's batch coordinates (`rank` of them) at which the classify program
+        whose batch row is `flat` evaluates the mask: each of the mask's own coordinates times
+        its divisor, the others 0."""
+        vals = [sympy.Integer(0)] * rank
+        own = unravel_sym(flat, self.batch) if self.batch else ()
+        for p, v, c in zip(self.positions, own, self._divisors):
+            vals[p] = v * c
+        return vals
 
 
 def summary_for(graph: Graph, plan: KernelPlan, options: LoweringOptions, bm: int, bn: int,
@@ -127,15 +146,48 @@ def summary_for(graph: Graph, plan: KernelPlan, options: LoweringOptions, bm: in
         if isinstance(e, Index):
             used |= sympy.sympify(e.expr).free_symbols
     positions = tuple(p for p, d in enumerate(con.batch_dims) if outs[d] in used)
-    batch = tuple(o_node.shape[con.batch_dims[p]] for p in positions)
+    divisors = tuple(batch_divisor(cond, outs[con.batch_dims[p]], o_node.shape[con.batch_dims[p]])
+                     for p in positions)
+    batch = tuple(sympy.sympify(o_node.shape[con.batch_dims[p]]) / c for p, c in zip(positions, divisors))
     summary = BlockSummary(cond, fill != float("-inf") and not diagonal_live, positions, batch,
                            o_node.shape[con.m_dim], o_node.ranges[0], bm, bn, plan.name, guard,
-                           tuple(o_node.shape[d] for d in con.batch_dims))
+                           tuple(o_node.shape[d] for d in con.batch_dims), divisors)
     if summary.fallback:  # a byte per (row, key tile): bounded, else the mask is read per tile
         rows = summary.nbatch * sympy.sympify(summary.rows) * summary.key_tiles
         if static_int(rows) is None or static_int(rows) > ROW_LIVENESS_LIMIT:
             return None
     return summary
+
+
+def batch_divisor(cond: Expr, symbol, extent) -> int:
+    """The c > 1 such that `cond` reads batch coordinate `symbol` only as floor(symbol / c),
+    with c dividing its (static) `extent`, else 1. Attention over (batch · heads) flattened
+    into one dim reads a mask broadcast over the heads this way: its summary then has one row
+    per batch element."""
+    size = static_int(extent)
+    if size is None:
+        return 1
+    divisors = set()
+    exprs = []
+    for e in walk(cond):
+        if isinstance(e, Index):
+            expr = sympy.sympify(e.expr)
+            if symbol in expr.free_symbols:
+                exprs.append(expr)
+                for f in expr.atoms(sympy.floor):
+                    coeff, rest = f.args[0].as_coeff_Mul()
+                    if rest == symbol and coeff.is_Rational and coeff.p == 1 and coeff.q > 1:
+                        divisors.add(int(coeff.q))
+    if len(divisors) != 1:
+        return 1
+    c = divisors.pop()
+    if size % c:
+        return 1
+    placeholder = sympy.Dummy("outer", integer=True, nonnegative=True)
+    atom = sympy.floor(symbol / c)
+    if any(symbol in expr.xreplace({atom: placeholder}).free_symbols for expr in exprs):
+        return 1  # the coordinate is read some other way too
+    return c
 
 
 #: the largest per-row liveness scratch (bytes) a summary under a finite fill may take
@@ -171,9 +223,7 @@ def lower_classify(graph: Graph, plan: KernelPlan, options: LoweringOptions, sum
     pid, pid_k, pid_b, rm, rj = (tile_symbol(n) for n in ("pid", "pid_k", "pid_b", "rm", "rj"))
     b.emit(Arange("rm", Index(pid * tile_symbol("BLOCK_M")), "BLOCK_M", 0, 2))
     b.emit(Arange("rj", Index(pid_k * tile_symbol("BLOCK_N")), "BLOCK_N", 1, 2))
-    batch_vals = [sympy.Integer(0)] * len(con.batch_dims)
-    for p, v in zip(summary.positions, unravel_sym(pid_b, summary.batch) if summary.batch else ()):
-        batch_vals[p] = v
+    batch_vals = summary.mask_batch_values(pid_b, len(con.batch_dims))
     _, at = coordinates(con, o_node, tuple(batch_vals))
     m_ok = bound_check(b, rm, M, bm, "mmask")
     j_ok = bound_check(b, rj, N, bn, "jmask")

@@ -49,8 +49,9 @@ ROUNDING = 1.0 + 1.0 / 16
 FP64_FILL_LIMIT = -2048.0
 #: a bound on the product of the squared norms beyond this is no bound (fp32 overflow)
 _FP32_LIMIT = 1.0e38
-#: keys per program of `<plan>_key_norms` (long sequences over few heads still fill the GPU)
-KEY_CHUNK = 1024
+#: keys per program of `<plan>_key_norms`: small enough that a batch of a few sequences still
+#: fills the GPU (GPT-2 at B8 with 12 heads and 1024 keys: 384 programs, 96 with 1024 per chunk)
+KEY_CHUNK = 256
 #: chunks of keys the row norms kernel reduces per step
 _CHUNKS_PER_STEP = 64
 

@@ -1,0 +1,118 @@
+"""Per-call time of whole models on a noisy host: backends alternating in one process.
+
+    PYTHONPATH=src python scripts/interleaved_zoo.py --workloads nanogpt,resnet50 \
+        --backends eager,inductor,tilefuse --rounds 10 --calls 30
+
+A shared 2-core host's speed moves by a third or more between processes and minutes, so the
+benchmark's p50s of one backend after another are not comparable there. This script compiles
+every backend first, then runs `rounds` rounds; in each round every backend (in turn) makes
+`calls` calls, and a backend's figure is the minimum over rounds of its round mean. Ratios
+are tilefuse's time against each peer's in the same rounds. A training workload times its
+whole step (forward, backward, optimizer). `--profile` adds one torch.profiler pass per
+backend and prints the CPU ops and kernels with the most self time.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+
+import torch
+
+
+def _compiled(w, backend: str):
+    import tilefuse
+    from tilefuse.bench.backends import INDUCTOR_MODES
+
+    torch._dynamo.reset()
+    if backend == "eager":
+        run = w.fn
+    elif backend == "tilefuse":
+        run = tilefuse.compile(w.fn, fallback="error")
+    elif backend in INDUCTOR_MODES:
+        run = torch.compile(w.fn, mode=INDUCTOR_MODES[backend])
+    else:
+        run = torch.compile(w.fn, backend=backend)
+    return w.program(run)
+
+
+def _profile(fn, inputs, calls: int, top: int) -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            fn(*inputs)
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workloads", default="nanogpt")
+    ap.add_argument("--backends", default="eager,inductor,tilefuse")
+    ap.add_argument("--size", default="quick")
+    ap.add_argument("--layers", type=int, default=None, help="models: override the layer count")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--calls", type=int, default=30)
+    ap.add_argument("--profile", type=int, default=0, metavar="TOP",
+                    help="also print the TOP ops by self CPU time for each backend")
+    args = ap.parse_args(argv)
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+    from tilefuse.bench.workload_base import DTYPES
+    from tilefuse.bench.workloads import WORKLOADS
+
+    device = torch.device(args.device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    backends = args.backends.split(",")
+    ratios: dict[str, list[float]] = {b: [] for b in backends if b != "tilefuse"}
+    for wname in args.workloads.split(","):
+        w = WORKLOADS[wname]
+        reason = w.unsupported(device)
+        if reason:
+            print(f"{wname}: n/a ({reason})")
+            continue
+        torch.manual_seed(0)
+        size = list(w.sizes[args.size])
+        if args.layers and w.group == "models":
+            size[2] = args.layers
+        inputs = w.make_inputs(tuple(size), device, DTYPES[args.dtype])
+        programs = {}
+        for backend in backends:
+            fn = _compiled(w, backend)
+            start = time.perf_counter()
+            fn(*inputs)
+            sync()
+            print(f"{wname}/{backend}: first call {time.perf_counter() - start:.1f} s", flush=True)
+            for _ in range(3):
+                fn(*inputs)
+            programs[backend] = fn
+        best = {b: math.inf for b in backends}
+        for _ in range(args.rounds):
+            for backend, fn in programs.items():
+                sync()
+                start = time.perf_counter()
+                for _ in range(args.calls):
+                    fn(*inputs)
+                sync()
+                best[backend] = min(best[backend], (time.perf_counter() - start) / args.calls)
+        line = "  ".join(f"{b} {best[b] * 1e3:.3f} ms" for b in backends)
+        print(f"{wname}: {line}")
+        if "tilefuse" in best:
+            for b in ratios:
+                ratios[b].append(best[b] / best["tilefuse"])
+                print(f"  tilefuse vs {b}: {best[b] / best['tilefuse']:.2f}x")
+        if args.profile:
+            for backend, fn in programs.items():
+                print(f"\n-- {wname} / {backend}\n{_profile(fn, inputs, args.calls, args.profile)}")
+    for b, rs in ratios.items():
+        if rs:
+            gm = math.exp(sum(math.log(r) for r in rs) / len(rs))
+            print(f"geomean tilefuse vs {b}: {gm:.2f}x over {len(rs)} workloads")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
