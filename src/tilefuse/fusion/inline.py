@@ -5,7 +5,9 @@ by the producer's body at the loaded index. A pointwise node is *realised* (writ
 memory) instead when it is a graph output, an extern reads it, it would be recomputed by a
 contraction's inner loop with a costly prologue, it is the epilogue of one product and an
 operand of another (`linear(x) + b` feeding `q @ kᵀ`: stored once, narrow, by the first
-product's kernel), or several consumers would recompute a large body.
+product's kernel), several consumers would recompute a large body, or it is a link of a chain
+of shared bodies (a transformer's residual stream `h = h + f(norm(h))`: inlined throughout,
+the norm of layer L would re-read every earlier layer's output).
 
 A contraction's operands keep the precision eager gives them: where a low-precision producer
 is inlined into a product's factor, its rounding stays (the product then runs on bf16/fp16
@@ -29,6 +31,11 @@ TRANSCENDENTAL = frozenset("exp exp2 log log2 log10 log1p expm1 sin cos tan asin
                            "tanh asinh acosh atanh sigmoid erf erfc lgamma pow".split())
 MAX_SHARED_OPS = 24  # a body shared by several consumers is recomputed up to this size
 MAX_PROLOGUE_OPS = 3  # contraction operand prologues are recomputed once per output tile
+#: a link of a chain of shared bodies is realised from this many elements on; a smaller one
+#: once its body reads MAX_CHAIN_READS buffers (below that, recomputing the chain costs less
+#: than the launch and the buffer realising it would add)
+MIN_CHAIN_LINK_NUMEL = 1 << 16
+MAX_CHAIN_READS = 6
 
 
 def is_contraction_like(node) -> bool:
@@ -81,7 +88,56 @@ class Inliner:
                 self.reasons[node.name] = "unused"
             else:
                 self.inlined.add(node.name)
+        self._break_shared_chains()
         self._store_narrow_prologues(costly_prologues)
+
+    def _break_shared_chains(self) -> None:
+        """Realise each link of a chain of shared bodies: a node read by several consumers, one
+        of which is itself inlined and shared, whose body reads two or more full-size buffers.
+        Inlined, such a chain grows by a link per layer of a residual stream
+        (`h1 = h0 + a1`, `h2 = h1 + m1`, ...: each read by its norm and by the next link), and
+        every norm re-reads all earlier layers' outputs; realised, each link is written once
+        (by its product's kernel as an epilogue, where it reads one) and read once per
+        consumer. A small link (under MIN_CHAIN_LINK_NUMEL elements) is realised only once its
+        body reads MAX_CHAIN_READS buffers. Links are decided in graph order, so a realised
+        link ends the next one's body."""
+        realised = False
+        for node in self.graph.nodes.values():
+            name = node.name
+            users = self.users[name]
+            if name not in self.inlined or len(users) < 2:
+                continue
+            if not any(u in self.inlined and len(self.users[u]) > 1 for u in users):
+                continue
+            if realised:
+                self._bodies.clear()
+                self._rounded.clear()
+                realised = False
+            size = _static_numel(node)
+            reads = self._full_size_reads(name, size)
+            small = size is not None and size < MIN_CHAIN_LINK_NUMEL
+            if reads < 2 or (small and reads < MAX_CHAIN_READS):
+                continue
+            self.inlined.discard(name)
+            self.reasons[name] = ("a link of a chain of shared bodies (a residual stream): realised once, "
+                                  "not recomputed by every later consumer of the chain")
+            realised = True
+        if realised:
+            self._bodies.clear()
+            self._rounded.clear()
+
+    def _full_size_reads(self, name: str, size) -> int:
+        """How many distinct buffers the node's inlined body reads that are at least an eighth
+        of its size (a bias or a norm's weight re-read costs little); unknown sizes count."""
+        count = 0
+        for buffer in {e.buffer for e in walk(self.body(name)) if isinstance(e, Load)}:
+            if buffer not in self.graph.nodes:
+                count += 1
+                continue
+            other = _static_numel(self.graph[buffer])
+            if size is None or other is None or 8 * other >= size:
+                count += 1
+        return count
 
     def _store_narrow_prologues(self, costly_prologues: list[str]) -> None:
         """A costly prologue whose one consumer rounds it to bf16/fp16 (autocast's gradient of
@@ -183,6 +239,15 @@ class Inliner:
     def _at(self, body: Expr, load: Load) -> Expr:
         """A producer's body at the index `load` reads it."""
         return substitute_index(body, dict(zip(out_index(self.graph[load.buffer].rank), load.index)))
+
+
+def _static_numel(node) -> int | None:
+    total = 1
+    for d in node.shape:
+        if not getattr(d, "is_Integer", isinstance(d, int)):
+            return None
+        total *= int(d)
+    return total
 
 
 def _index_ranges(node) -> dict:
