@@ -22,22 +22,6 @@ import time
 import torch
 
 
-def _compiled(w, backend: str):
-    import tilefuse
-    from tilefuse.bench.backends import INDUCTOR_MODES
-
-    torch._dynamo.reset()
-    if backend == "eager":
-        run = w.fn
-    elif backend == "tilefuse":
-        run = tilefuse.compile(w.fn, fallback="error")
-    elif backend in INDUCTOR_MODES:
-        run = torch.compile(w.fn, mode=INDUCTOR_MODES[backend])
-    else:
-        run = torch.compile(w.fn, backend=backend)
-    return w.program(run)
-
-
 def _profile(fn, inputs, calls: int, top: int) -> str:
     from torch.profiler import ProfilerActivity, profile
 
@@ -61,6 +45,7 @@ def main(argv=None) -> int:
                     help="also print the TOP ops by self CPU time for each backend")
     args = ap.parse_args(argv)
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+    from tilefuse.bench.backends import compiled_program
     from tilefuse.bench.workload_base import DTYPES
     from tilefuse.bench.workloads import WORKLOADS
 
@@ -81,7 +66,7 @@ def main(argv=None) -> int:
         inputs = w.make_inputs(tuple(size), device, DTYPES[args.dtype])
         programs = {}
         for backend in backends:
-            fn = _compiled(w, backend)
+            fn = compiled_program(w, backend)
             start = time.perf_counter()
             fn(*inputs)
             sync()

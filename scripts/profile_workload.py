@@ -111,7 +111,7 @@ def main(argv=None) -> int:
     from torch._inductor.graph import GraphLowering
 
     import tilefuse
-    from tilefuse.bench.backends import INDUCTOR_MODES
+    from tilefuse.bench.backends import compiled_program
     from tilefuse.bench.workloads import WORKLOADS as by_name
 
     os.makedirs(args.out, exist_ok=True)
@@ -124,16 +124,7 @@ def main(argv=None) -> int:
             size[2] = args.layers
         inputs = w.make_inputs(tuple(size), torch.device("cuda"), torch.bfloat16)
         for backend in args.backends.split(","):
-            torch._dynamo.reset()
-            if backend == "eager":
-                fn = w.fn
-            elif backend == "tilefuse":
-                fn = tilefuse.compile(w.fn, fallback="error")
-            elif backend in INDUCTOR_MODES:
-                fn = torch.compile(w.fn, mode=INDUCTOR_MODES[backend])
-            else:
-                fn = torch.compile(w.fn, backend=backend)
-            fn = w.program(fn)
+            fn = compiled_program(w, backend)
             sources: list[str] = []
             with mock.patch.object(GraphLowering, "save_output_code", sources.append):
                 fn(*[t.clone() if isinstance(t, torch.Tensor) else t for t in inputs])

@@ -498,3 +498,22 @@ def test_parts_of_a_run_merge_into_one_report(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps(bad))
     with pytest.raises(SystemExit):
         main(["--merge", str(a / "results.json"), str(tmp_path / "bad.json")])
+
+
+def test_compiled_program_compiles_the_call_and_keeps_the_step():
+    """The scripts' helper: the workload's program with its call compiled by the named backend
+    (a training workload keeps its step around the compiled call)."""
+    from tilefuse.bench.backends import compiled_program
+    from tilefuse.bench.workloads import WORKLOADS
+
+    w = WORKLOADS["softmax"]
+    torch.manual_seed(0)
+    inputs = w.make_inputs(w.sizes["quick"], torch.device("cpu"), torch.float32)
+    expected = w.fn(*inputs)
+    for backend in ("eager", "tilefuse"):
+        out = compiled_program(w, backend)(*inputs)
+        torch.testing.assert_close(out, expected)
+    trained = []
+    step = dataclasses.replace(w, step=lambda run, *xs: trained.append(run(*xs)))
+    compiled_program(step, "tilefuse")(*inputs)
+    torch.testing.assert_close(trained[0], expected)

@@ -49,6 +49,24 @@ class BackendUnavailable(Exception):
     """The backend cannot be used here; the message is the reason shown in the report."""
 
 
+def compiled_program(workload, backend: str) -> Callable:
+    """The workload's timed program (its `step` around the call, if any) with the call compiled
+    by `backend` — "eager", "tilefuse", an Inductor mode's name, or any torch.compile backend —
+    after a Dynamo reset; for the scripts that profile or time backends side by side."""
+    import tilefuse
+
+    torch._dynamo.reset()
+    if backend == "eager":
+        run = workload.fn
+    elif backend == "tilefuse":
+        run = tilefuse.compile(workload.fn, fallback="error")
+    elif backend in INDUCTOR_MODES:
+        run = torch.compile(workload.fn, mode=INDUCTOR_MODES[backend])
+    else:
+        run = torch.compile(workload.fn, backend=backend)
+    return workload.program(run)
+
+
 def describe(exc: BaseException) -> str:
     """One line: the exception types down the cause chain and the innermost message."""
     chain, e, seen = [], exc, set()
