@@ -365,6 +365,12 @@ def _cast(e: Expr, dtype):
 LO = sympy.Symbol("LO", integer=True)
 HI = sympy.Symbol("HI", integer=True)
 
+#: `vanishes_when_masked` by the shape of its question: every layer of a model asks the same
+#: one with other buffer names (the answer costs tens of ms of reference evaluation)
+_VANISHES_MEMO: dict = {}
+_MEMO_LIMIT = 512
+
+
 def vanishes_when_masked(body: Expr, masked: Expr, m: Monoid) -> bool:
     """A skipped key tile must contribute the combiner's identity to `body`: the body reads the
     scores only through the masked score expression, and where that is masked — -inf, and the
@@ -375,7 +381,32 @@ def vanishes_when_masked(body: Expr, masked: Expr, m: Monoid) -> bool:
     at a masked key as at any live one: `any(s != -inf)`, PyTorch's safe-softmax test, is true
     at both. Skipping such keys changes nothing for a row that keeps a live key, and a row
     without one is visited whole wherever a finite fill skips (`diagonal_keeps_rows_live`, the
-    block summary's per-row liveness)."""
+    block summary's per-row liveness).
+
+    The answer depends on the expressions' structure only, so it is remembered by their shape
+    with buffers named in order of appearance (`_renamed`)."""
+    names: dict = {}
+    key = (_renamed(masked, names), _renamed(body, names), m)
+    answer = _VANISHES_MEMO.get(key)
+    if answer is None:
+        if len(_VANISHES_MEMO) >= _MEMO_LIMIT:
+            _VANISHES_MEMO.clear()
+        answer = _VANISHES_MEMO[key] = _vanishes_when_masked(body, masked, m)
+    return answer
+
+
+def _renamed(e: Expr, names: dict) -> Expr:
+    """`e` with each buffer it loads named by its order of first appearance (shared through
+    `names` by the expressions of one question); no buffer is named with a NUL."""
+    def fn(n):
+        if isinstance(n, Load):
+            return Load(names.setdefault(n.buffer, f"\0{len(names)}"), n.index, n.dtype)
+        return None
+
+    return transform(e, fn)
+
+
+def _vanishes_when_masked(body: Expr, masked: Expr, m: Monoid) -> bool:
     scores = {e.buffer for e in walk(masked) if isinstance(e, Load)}
     placeholder = Var("__masked__", masked.dtype)
     hidden = transform(body, lambda e: placeholder if e == masked else None)
