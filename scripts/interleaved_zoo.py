@@ -5,7 +5,8 @@
 
 A shared 2-core host's speed moves by a third or more between processes and minutes, so the
 benchmark's p50s of one backend after another are not comparable there. This script compiles
-every backend first, then runs `rounds` rounds; in each round every backend (in turn) makes
+every backend first, then warms each up (a later compile's Dynamo reset makes the earlier ones
+compile again there), then runs `rounds` rounds; in each round every backend (in turn) makes
 `calls` calls, and a backend's figure is the minimum over rounds of its round mean. Ratios
 are tilefuse's time against each peer's in the same rounds. A training workload times its
 whole step (forward, backward, optimizer). `--profile` adds one torch.profiler pass per
@@ -61,8 +62,8 @@ def main(argv=None) -> int:
             continue
         torch.manual_seed(0)
         size = list(w.sizes[args.size])
-        if args.layers and w.group == "models":
-            size[2] = args.layers
+        if args.layers and w.group == "models" and "layers" in w.size_names:
+            size[w.size_names.split(",").index("layers")] = args.layers
         inputs = w.make_inputs(tuple(size), device, DTYPES[args.dtype])
         programs = {}
         for backend in backends:
@@ -71,9 +72,10 @@ def main(argv=None) -> int:
             fn(*inputs)
             sync()
             print(f"{wname}/{backend}: first call {time.perf_counter() - start:.1f} s", flush=True)
-            for _ in range(3):
-                fn(*inputs)
             programs[backend] = fn
+        for fn in programs.values():  # (after every compile: a later one's Dynamo reset made the
+            for _ in range(3):        # earlier backends compile again, here, not while timed)
+                fn(*inputs)
         best = {b: math.inf for b in backends}
         for _ in range(args.rounds):
             for backend, fn in programs.items():

@@ -69,7 +69,7 @@ def main(argv=None) -> int:
                         "tilefuse": tilefuse.compile(fn, fallback="error")}[backend]
             out = compiled(*inputs)
             err = (out.double() - ref).abs().max().item()
-            rows, wall = profile(compiled, inputs, args.iters)
+            rows, wall, _ = profile(compiled, inputs, args.iters)
             us = sum(r["us"] for r in rows)
             results[f"{name}/{backend}"] = {"kernels_us": us, "wall_ms": wall, "tflops": flops / us / 1e6,
                                             "max_err": err, "strides": list(out.stride()), "kernels": rows}

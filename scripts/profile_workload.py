@@ -31,7 +31,7 @@ def _device_time(evt) -> float:
     return 0.0
 
 
-def profile(fn, inputs, iters: int) -> tuple[list, float]:
+def profile(fn, inputs, iters: int) -> tuple[list, float, dict]:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -61,7 +61,7 @@ def profile(fn, inputs, iters: int) -> tuple[list, float]:
 
 def _idle_gaps(prof, iters: int) -> dict:
     """Where the GPU waits between kernels: the idle time from the first kernel to the last,
-    per call, and the kernels that most often start after a gap (a host-bound stretch, a
+    per call (the gaps between calls included), and the kernels that most often start after a gap (a host-bound stretch, a
     sync), with the idle µs per call before each."""
     spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
                    if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start)
@@ -120,8 +120,8 @@ def main(argv=None) -> int:
         w = by_name[wname]
         torch.manual_seed(0)
         size = list(w.sizes[args.size])
-        if args.layers and w.group == "models":
-            size[2] = args.layers
+        if args.layers and w.group == "models" and "layers" in w.size_names:
+            size[w.size_names.split(",").index("layers")] = args.layers
         inputs = w.make_inputs(tuple(size), torch.device("cuda"), torch.bfloat16)
         for backend in args.backends.split(","):
             fn = compiled_program(w, backend)

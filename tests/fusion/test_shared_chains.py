@@ -92,3 +92,39 @@ def test_a_small_chain_stays_inlined_up_to_a_bound(target):
     assert reads[2] > reads[1] > reads[0]  # short chains stay inlined: no extra kernels
     assert max(reads) <= inline.MAX_CHAIN_READS + 3, reads  # and long ones are cut
     _check(model, ids, target)
+
+
+def shared_mask_layers(q, k, v, causal_buffer, documents):
+    """Two attention layers over one mask bias built from data (a `tril` buffer and a
+    per-sequence document mask), as Hugging Face shares one mask across its layers."""
+    t = q.shape[-2]
+    allowed = (causal_buffer[:t, :t] != 0)[None, None] & documents[:, None]
+    bias = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(~allowed, torch.finfo(q.dtype).min)
+    h = q
+    for _ in range(2):
+        h = torch.softmax(h @ k.transpose(-1, -2) * 0.25 + bias, -1) @ v
+    return h
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_mask_shared_by_layers_is_no_chain(target, monkeypatch):
+    """The bias every layer adds to its scores is read by several shared bodies, but it is no
+    link of a chain (another shape, and it selects a mask's fill): it stays a formula, and each
+    layer's attention keeps its block summary (review regression)."""
+    monkeypatch.setattr(inline, "MIN_CHAIN_LINK_NUMEL", 1)
+    b, h, t = 3, 2, 70
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(b, h, t, 16, device=DEVICE) for _ in range(3))
+    causal = torch.tril(torch.ones(t, t, device=DEVICE))
+    documents = torch.ones(b, t, t, dtype=torch.bool, device=DEVICE)
+    documents[:, :, 50:] = False
+    documents[:, :, 0] = True
+    torch._dynamo.reset()
+    report = tilefuse.explain(shared_mask_layers, q, k, v, causal, documents, options={"target": target})
+    kinds = [str(k_.kind) for k_ in report.kernels]
+    assert kinds.count("flash") == 2 and "pointwise" not in kinds, kinds
+    assert kinds.count("block-summary") >= 2, kinds
+    torch._dynamo.reset()
+    out = torch.compile(shared_mask_layers, backend="tilefuse", options={"target": target})(q, k, v, causal, documents)
+    ref = shared_mask_layers(q.double(), k.double(), v.double(), causal.double(), documents)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)

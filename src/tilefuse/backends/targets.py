@@ -103,9 +103,10 @@ class _CudaTimer:
     while the host queues it. A host slower than the sleep — the compile workers busy on every
     core while a cold compile tunes — would leave the GPU waiting inside the timed span, and a
     library call, with more Python before its kernel than a generated one, would look slower
-    than it is; so the timer also times the host's part, and when that outlasted half the
-    sleep it measures again with a sleep four times as long (kept for later calls; at most
-    twice a call, up to `MAX_HEADSTART_CYCLES`)."""
+    than it is; so the timer also times the host's part, and when its median outlasted half the
+    sleep it measures again with a sleep four times as long (at most twice a sample, up to
+    `MAX_HEADSTART_CYCLES`). A longer sleep that made the host fit is kept for the plan's later
+    samples; one that did not (a launch that waits for its own GPU work) is not."""
 
     def __init__(self, device):
         self.device = device
@@ -120,32 +121,36 @@ class _CudaTimer:
             l2 = getattr(torch.cuda.get_device_properties(self.device), "L2_cache_size", 0) or (128 << 20)
             self.flush = torch.empty(2 * l2 // 4, dtype=torch.int32, device=self.device)
         sleep = getattr(torch.cuda, "_sleep", None)
+        cycles = self.cycles
         for attempt in range(3):  # (a launch that waits for its own GPU work never fits: 3 tries)
-            times, host = self._launches(torch, run, sleep)
-            if (sleep is None or attempt == 2 or self.cycles >= MAX_HEADSTART_CYCLES
-                    or host <= 0.5 * self._sleep_s(torch, sleep)):
+            times, host = self._launches(torch, run, sleep, cycles)
+            if sleep is None or host <= 0.5 * cycles * self._cycle_s(torch, sleep):
+                self.cycles = cycles  # (kept for later samples only where it made the host fit)
                 break
-            self.cycles = min(4 * self.cycles, MAX_HEADSTART_CYCLES)
+            if attempt == 2 or cycles >= MAX_HEADSTART_CYCLES:
+                break
+            cycles = min(4 * cycles, MAX_HEADSTART_CYCLES)
         return times[len(times) // 2] / 1e3
 
-    def _launches(self, torch, run, sleep) -> tuple:
-        """(sorted GPU ms of 5 launches, the longest host time in seconds to queue one)."""
+    def _launches(self, torch, run, sleep, cycles: int) -> tuple:
+        """(sorted GPU ms of 5 launches, the median host time in seconds to queue one: one slow
+        launch among them does not decide, as it does not decide the GPU time either)."""
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(5)]
-        host = 0.0
+        hosts = []
         for start, end in events:
             self.flush.zero_()
             if sleep is not None:  # the GPU waits while the host queues the launch
-                sleep(self.cycles)
+                sleep(cycles)
             start.record()
             t0 = time.perf_counter()
             run()
-            host = max(host, time.perf_counter() - t0)
+            hosts.append(time.perf_counter() - t0)
             end.record()
         events[-1][1].synchronize()
-        return sorted(start.elapsed_time(end) for start, end in events), host
+        return sorted(start.elapsed_time(end) for start, end in events), sorted(hosts)[len(hosts) // 2]
 
-    def _sleep_s(self, torch, sleep) -> float:
-        """How long the GPU's sleep lasts at the current cycle count."""
+    def _cycle_s(self, torch, sleep) -> float:
+        """Seconds per cycle of the GPU's sleep (measured once)."""
         if self.cycle_s is None:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -153,7 +158,7 @@ class _CudaTimer:
             end.record()
             end.synchronize()
             self.cycle_s = start.elapsed_time(end) / 1e3 / HOST_HEADSTART_CYCLES
-        return self.cycles * self.cycle_s
+        return self.cycle_s
 
 
 __all__ = ["target_for", "sm_count"]

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from ..ir.bounds import prune_checks
 from ..ir.dtypes import float_widens
-from ..ir.expr import (Cast, Expr, Index, Load, Unary, count_ops, out_index, red_index, skip_intermediate_rounding,
-                       transform, walk)
+from ..ir.expr import (Cast, Expr, Index, Load, Unary, Where, count_ops, out_index, red_index,
+                       skip_intermediate_rounding, transform, walk)
 from ..ir.graph import Extern, ExternResult, Graph, Pointwise, Reduce
 from ..ir.monoid import SUM
 from ..ir.rewrite import substitute_index
@@ -105,9 +105,7 @@ class Inliner:
         for node in self.graph.nodes.values():
             name = node.name
             users = self.users[name]
-            if name not in self.inlined or len(users) < 2:
-                continue
-            if not any(u in self.inlined and len(self.users[u]) > 1 for u in users):
+            if name not in self.inlined or len(users) < 2 or not self._links_on(node):
                 continue
             if realised:
                 self._bodies.clear()
@@ -125,6 +123,24 @@ class Inliner:
         if realised:
             self._bodies.clear()
             self._rounded.clear()
+
+    def _links_on(self, node) -> bool:
+        """One of the node's consumers is the next link of a chain: itself an inlined shared
+        body, of the node's shape, reading it element for element. A mask's bias shared by
+        every layer's scores (another shape, read per head) is no link, nor is any body that
+        selects a mask's fill: the attention kernel recomputes a mask from its formula to skip
+        what it masks."""
+        if _selects_a_fill(self.graph[node.name].body):
+            return False
+        own = tuple(out_index(node.rank))
+        for u in self.users[node.name]:
+            user = self.graph[u]
+            if u not in self.inlined or len(self.users[u]) < 2 or tuple(user.shape) != tuple(node.shape):
+                continue
+            if any(isinstance(e, Load) and e.buffer == node.name
+                   and tuple(getattr(i, "expr", None) for i in e.index) == own for e in walk(user.body)):
+                return True
+        return False
 
     def _full_size_reads(self, name: str, size) -> int:
         """How many distinct buffers the node's inlined body reads that are at least an eighth
@@ -239,6 +255,14 @@ class Inliner:
     def _at(self, body: Expr, load: Load) -> Expr:
         """A producer's body at the index `load` reads it."""
         return substitute_index(body, dict(zip(out_index(self.graph[load.buffer].rank), load.index)))
+
+
+def _selects_a_fill(body: Expr) -> bool:
+    """The body selects -inf or a mask's finite fill somewhere (`fusion.masking`)."""
+    from .masking import SOFT_FILL_LIMIT, _fill
+
+    return any(isinstance(e, Where) and (_fill(e.a, SOFT_FILL_LIMIT) is not None
+                                         or _fill(e.b, SOFT_FILL_LIMIT) is not None) for e in walk(body))
 
 
 def _static_numel(node) -> int | None:

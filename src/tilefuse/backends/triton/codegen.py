@@ -310,7 +310,8 @@ class TritonPrinter:
             # fp32 operands: full precision like eager (the default would be TF32,
             # which the interpreter emulates too); fp64 ones into an fp64 accumulator
             t = TL_DTYPE[(s.input_dtype or dt.float32).name]
-            # (tl.dot's result is fp32 unless told: an fp64 accumulator must say so)
+            # (Triton 3.6's tl.dot returns fp32 unless `out_dtype` says otherwise, and rejects an
+            # fp64 accumulator then; later versions take the accumulator's type)
             wide = ", out_dtype=tl.float64" if t == "tl.float64" else ""
             out.append(f"{pad}{s.name} = tl.dot(({a}).to({t}), ({b}).to({t}), "
                        f"{self.expr(s.acc)}, input_precision=\"ieee\"{wide})")
