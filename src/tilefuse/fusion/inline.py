@@ -93,7 +93,7 @@ class Inliner:
 
     def _break_shared_chains(self) -> None:
         """Realise each link of a chain of shared bodies: a node read by several consumers, one
-        of which is itself inlined and shared, whose body reads two or more full-size buffers.
+        of which is the next link (`_links_on`), whose body reads two or more full-size buffers.
         Inlined, such a chain grows by a link per layer of a residual stream
         (`h1 = h0 + a1`, `h2 = h1 + m1`, ...: each read by its norm and by the next link), and
         every norm re-reads all earlier layers' outputs; realised, each link is written once
