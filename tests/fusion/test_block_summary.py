@@ -144,6 +144,43 @@ def test_the_batch_divisor_needs_every_read_to_be_the_quotient():
     assert batch_divisor(both, i0, 12) == 1  # the head is read too
     plain = Load("keep", (Index(i0), Index(i1)), dt.bool_)
     assert batch_divisor(plain, i0, 12) == 1
+    for other in (sympy.floor((i0 + 1) / 4), sympy.floor(3 * i0 / 4), i0 + sympy.floor(i0 / 4)):
+        mixed = binary("logical_and", quotient, Load("m", (Index(other), Index(i1)), dt.bool_))
+        assert batch_divisor(mixed, i0, 12) == 1, other  # read some other way too
+
+
+def test_summary_rows_round_trip_with_some_positions_divided():
+    """The classify program of each summary row evaluates the mask at batch coordinates that
+    the flash programs of that row map back to it: every combination of divided and undivided
+    positions, exhaustively over small extents."""
+    import itertools
+
+    import sympy
+
+    from tilefuse.tile.block_summary import BlockSummary
+
+    for positions, extents, divisors in (((0, 1), (3, 8), (1, 4)), ((1,), (8,), (4,)),
+                                         ((0, 2), (3, 2), (3, 1)), ((0, 1, 2), (2, 3, 8), (2, 1, 4))):
+        own = tuple(e // c for e, c in zip(extents, divisors))
+        summary = BlockSummary(None, False, positions, own, 16, 16, 16, 16, "p", divisors=divisors)
+        rank = max(positions) + 1
+        full = [1] * rank
+        for p, e in zip(positions, extents):
+            full[p] = e
+        flat = sympy.Symbol("flat", integer=True, nonnegative=True)
+        rows = set()
+        for row in range(int(sympy.Mul(*own))):
+            vals = [int(v.subs(flat, row)) for v in summary.mask_batch_values(flat, rank)]
+            assert int(summary.batch_index(vals)) == row  # the classify program's own row
+            rows.add(row)
+        for coords in itertools.product(*(range(e) for e in full)):  # every flash program
+            row = int(summary.batch_index(coords))
+            assert row in rows
+            # its row's classify program saw the mask where this program reads it: the mask
+            # reads each divided coordinate only as x // c, an undivided one as x
+            seen = [int(v.subs(flat, row)) for v in summary.mask_batch_values(flat, rank)]
+            for p, c in zip(positions, divisors):
+                assert seen[p] // c == coords[p] // c, (positions, divisors, coords, seen)
 
 
 @pytest.mark.parametrize("target", TARGETS)
