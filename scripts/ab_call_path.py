@@ -39,9 +39,7 @@ def main(argv=None) -> int:
             "runner": (steps_run, lambda: False)}
     for name in args.workloads.split(","):
         w = WORKLOADS[name]
-        size = list(w.sizes["full"])
-        if w.group == "models":
-            size[2] = args.layers
+        size = w.size("full", args.layers)
         inputs = w.make_inputs(tuple(size), torch.device("cuda"), torch.bfloat16)
         run = tilefuse.compile(w.fn)
         with torch.no_grad():

@@ -61,9 +61,7 @@ def main(argv=None) -> int:
             print(f"{wname}: n/a ({reason})")
             continue
         torch.manual_seed(0)
-        size = list(w.sizes[args.size])
-        if args.layers and w.group == "models" and "layers" in w.size_names:
-            size[w.size_names.split(",").index("layers")] = args.layers
+        size = w.size(args.size, args.layers)
         inputs = w.make_inputs(tuple(size), device, DTYPES[args.dtype])
         programs = {}
         for backend in backends:

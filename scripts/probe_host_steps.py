@@ -47,9 +47,7 @@ def main(argv=None) -> int:
     rc.CompiledGraph._conform = counted_conform
     for wname in args.workloads.split(","):
         w = WORKLOADS[wname]
-        size = list(w.sizes["full"])
-        if args.layers and w.group == "models":
-            size[2] = args.layers
+        size = w.size("full", args.layers)
         inputs = w.make_inputs(tuple(size), torch.device("cuda"), torch.bfloat16)
         torch._dynamo.reset()
         fn = w.program(tilefuse.compile(w.fn, fallback="error"))

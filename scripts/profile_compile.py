@@ -44,9 +44,7 @@ def main(argv=None) -> int:
     dtype = getattr(torch, args.dtype)
     for name in args.workloads.split(","):
         w = WORKLOADS[name]
-        size = list(w.sizes[args.size])
-        if args.layers and w.group == "models":
-            size[2] = args.layers
+        size = w.size(args.size, args.layers)
         torch.manual_seed(0)
         inputs = w.make_inputs(tuple(size), device, dtype)
         torch._dynamo.reset()

@@ -61,8 +61,8 @@ def profile(fn, inputs, iters: int) -> tuple[list, float, dict]:
 
 def _idle_gaps(prof, iters: int) -> dict:
     """Where the GPU waits between kernels: the idle time from the first kernel to the last,
-    per call (the gaps between calls included), and the kernels that most often start after a gap (a host-bound stretch, a
-    sync), with the idle µs per call before each."""
+    per call (the gaps between calls included), and the kernels that most often start after a
+    gap (a host-bound stretch, a sync), with the idle µs per call before each."""
     spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
                    if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start)
     if not spans:
@@ -119,9 +119,7 @@ def main(argv=None) -> int:
     for wname in args.workloads.split(","):
         w = by_name[wname]
         torch.manual_seed(0)
-        size = list(w.sizes[args.size])
-        if args.layers and w.group == "models" and "layers" in w.size_names:
-            size[w.size_names.split(",").index("layers")] = args.layers
+        size = w.size(args.size, args.layers)
         inputs = w.make_inputs(tuple(size), torch.device("cuda"), torch.bfloat16)
         for backend in args.backends.split(","):
             fn = compiled_program(w, backend)

@@ -236,10 +236,7 @@ _NO_COMPILE = "eager does not compile"
 def workload_size(w: Workload, opts: BenchOptions) -> list[int]:
     """The size `w` runs at under `opts`: its quick or full size, with a model's layer count
     (the third field) replaced by `opts.layers` when given."""
-    size = list(w.sizes[opts.sizes])
-    if opts.layers is not None and w.group == "models" and "layers" in w.size_names:
-        size[w.size_names.split(",").index("layers")] = opts.layers
-    return size
+    return w.size(opts.sizes, opts.layers)
 
 
 def _bench_pair(w: Workload, backend: str, inputs, ref, ref_scale: float, eager_err: float,

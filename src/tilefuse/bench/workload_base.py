@@ -55,6 +55,14 @@ class Workload:
     items: Callable[[Inputs], float] | None = None
     item_unit: str = ""
 
+    def size(self, name: str, layers: int | None = None) -> list[int]:
+        """The size tuple called `name` ("quick", "full"), with a model's layer count replaced
+        by `layers` when given (models whose size has a layers field)."""
+        size = list(self.sizes[name])
+        if layers is not None and self.group == "models" and "layers" in self.size_names:
+            size[self.size_names.split(",").index("layers")] = layers
+        return size
+
     def program(self, run: Callable[..., object]) -> Callable[..., object]:
         """The timed callable, given `run`: `fn` itself (eager) or `fn` compiled."""
         if self.step is None:
