@@ -76,3 +76,39 @@ def test_rows_softmax_and_products_are_not_split():
     assert len(new) == 1 and len(new[0].ranges) == 1
     for a, b in zip(evaluate(split, [x, w]), evaluate(graph, [x, w])):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4)
+
+
+def norm_grads(g, x):
+    """LayerNorm's weight and bias gradients: sums over batch and time (two reduction axes) of
+    an elementwise product and of the gradient itself."""
+    return (g * x).sum((0, 1)), g.sum((0, 1)), g.amax((0, 1))
+
+
+def test_reductions_over_several_axes_split_along_their_product():
+    g, x = torch.randn(8, 1025, 72), torch.randn(8, 1025, 72)  # 8200 rows: not a power of two
+    graph = _graph(norm_grads, g, x)
+    whole = _reduces(graph)
+    assert all(len(n.ranges) == 2 for n in whole)
+    split = split_reductions(graph, 132)
+    parts = [n for n in _reduces(split) if "_part" in n.name]
+    # the elementwise product summed is an ordinary sum (split), like the others
+    assert len(parts) == len(whole) and all(len(p.ranges) == 1 and sympy.sympify(p.shape[0]) == 8 for p in parts)
+    for got, want in zip(evaluate(split, [g, x]), evaluate(graph, [g, x])):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    compiled, _ = compile_ir(split, torch.device("cpu"))
+    for got, want in zip(compiled(g, x), norm_grads(g.double(), x.double())):
+        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-3)
+
+
+def test_a_weight_gradient_product_is_not_split():
+    a, b = torch.randn(8, 1024, 4), torch.randn(8, 1024, 6)
+
+    def fn(a, b):  # a weight gradient: [4, 6] from a sum over 8192 rows of a product
+        return torch.einsum("btm,btn->mn", a, b)
+
+    graph = _graph(fn, a, b)
+    (product,) = _reduces(graph)
+    assert product.body.op == "mul"  # its factors read different output coordinates
+    split = split_reductions(graph, 132)
+    assert [n.name for n in _reduces(split)] == [product.name]
+    torch.testing.assert_close(evaluate(split, [a, b])[0], fn(a, b), rtol=1e-4, atol=1e-4)

@@ -197,6 +197,10 @@ class Planner:
         body = self.inliner.body(node.name)
         parallel = numel(node.shape)
         contraction = match_contraction(node, body)
+        if contraction is not None and self.matvec_in_row_pass(node, contraction):
+            self.note(f"{node.name}: a matrix-vector product whose matrix another reduction over the same "
+                      "axis reads: reduced in that pass, not a dot")
+            contraction = None
         if contraction is not None:
             k = self.new_kernel(PlanKind.CONTRACTION, parallel)
             k.contraction = contraction
@@ -230,6 +234,30 @@ class Planner:
         k = self.new_kernel(PlanKind.REDUCTION, parallel, tuple(node.ranges))
         self.add(k, Stage(node.name, StageKind.REDUCE, own_body, level=0))
         self.note(f"{node.name}: reduction over {list(node.ranges)} -> {k.name}", k)
+
+    def matvec_in_row_pass(self, node: Reduce, contraction: Contraction) -> bool:
+        """Whether a matrix-vector product (one factor a single row) shares its matrix with
+        another reduction over the same axis and as many rows, which is not a product itself:
+        LayerNorm's backward sums dy·w and dy·w·x̂ over each row of dy. As reductions both run
+        in one pass over the matrix; a dot would read it once more, in tiles padded to 16
+        columns, and leave the row's other sums to a second kernel."""
+        if node.shape[contraction.m_dim] == 1:
+            matrix = contraction.b
+        elif node.shape[contraction.n_dim] == 1:
+            matrix = contraction.a
+        else:
+            return False
+        read = {e.buffer for e in walk(matrix) if isinstance(e, Load)}
+        rows = numel(node.shape)
+        for other in self.graph.nodes.values():
+            if other is node or not isinstance(other, Reduce) or tuple(other.ranges) != tuple(node.ranges):
+                continue
+            if other.name in self.inliner.inlined or sympy.simplify(numel(other.shape) - rows) != 0:
+                continue
+            body = self.inliner.body(other.name)
+            if match_contraction(other, body) is None and read & {e.buffer for e in walk(body) if isinstance(e, Load)}:
+                return True
+        return False
 
     def through_full_rows(self, body: Expr, k: KernelPlan) -> Expr:
         """`body` with the loads of k's full-row outputs replaced by their bodies (so that it

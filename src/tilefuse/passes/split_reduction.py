@@ -8,20 +8,23 @@ Inductor's split reductions and ATen's reduce kernels do, the reduction is split
     out[x] = ⊕_{r < R} f(x, r)   →   part[s, x] = ⊕_{r < R/S} f(x, s·R/S + r)
                                      out[x]     = ⊕_{s < S} part[s, x]
 
-with S chosen so that the partial kernel has enough programs, R/S whole. The partial results
+with S chosen so that the partial kernel has enough programs, R/S whole. A reduction over
+several axes (LayerNorm's weight gradient sums over batch and time) is split along their
+flattened product, each axis recovered from the flat position. The partial results
 keep the accumulation dtype (no rounding in between); the final reduction keeps the node's
 name, dtype and its place for every reader and epilogue. Only sums, maxima and minima of
-floats over one static axis are split (associative, and what the reduction tiles carry);
+floats over static axes are split (associative, and what the reduction tiles carry);
 contractions go to the product paths, and an axis of a few thousand or less stays whole.
 """
 from __future__ import annotations
 
 import sympy
 
-from ..ir.expr import Binary, Index, Load, out_index, red_index, walk
+from ..ir.expr import Binary, Index, Load, free_symbols, out_index, red_index, walk
 from ..ir.graph import Graph, Reduce
 from ..ir.monoid import MAX, MIN, SUM
 from ..ir.rewrite import substitute_index
+from ..ir.symbolic import floordiv, mod
 
 MIN_LENGTH = 4096  # shorter axes are walked by one program per output block
 PROGRAMS_PER_SM = 4  # the partial kernel's target occupancy: S·⌈X/COLUMNS⌉ ≥ this × SMs
@@ -49,24 +52,45 @@ def _candidate(node, graph: Graph) -> bool:
     """A float sum/max/min over one axis, not a product (the product paths' own), reading no
     other reduction and (the caller checks) read by none: a softmax's max and its sum re-based
     on it run in one pass, which split parts would turn into two passes over the row."""
-    if not (isinstance(node, Reduce) and len(node.ranges) == 1 and node.combiner in (SUM, MAX, MIN)
+    if not (isinstance(node, Reduce) and node.ranges and node.combiner in (SUM, MAX, MIN)
             and node.body.dtype.is_float):
         return False
     loads = [e for e in walk(node.body) if isinstance(e, Load)]
-    if isinstance(node.body, Binary) and node.body.op == "mul" and len(loads) >= 2:
+    if _product_like(node):
         return False
     return not any(isinstance(graph.nodes.get(e.buffer), Reduce) for e in loads)
 
 
+def _product_like(node) -> bool:
+    """A sum of a product whose factors read different output coordinates (a matrix or
+    matrix-vector product); an elementwise product summed (dy · x̂) is an ordinary sum."""
+    if not (isinstance(node.body, Binary) and node.body.op == "mul"):
+        return False
+    outs = set(out_index(node.rank))
+    a, b = (free_symbols(f) & outs for f in (node.body.a, node.body.b))
+    return a != b
+
+
 def _along_columns(node) -> bool:
-    """Whether no load walks the reduced axis in its innermost index (a bias gradient's sum
+    """Whether no load walks a reduced axis in its innermost index (a bias gradient's sum
     over rows reads each row's features contiguously)."""
-    (r0,) = red_index(1)
+    reduced = set(red_index(len(node.ranges)))
     for e in walk(node.body):
         if isinstance(e, Load) and e.index and isinstance(e.index[-1], Index) \
-                and r0 in sympy.sympify(e.index[-1].expr).free_symbols:
+                and reduced & sympy.sympify(e.index[-1].expr).free_symbols:
             return False
     return True
+
+
+def _flat_positions(flat, ranges) -> dict:
+    """Each reduction symbol of a reduction over `ranges`, as a function of the position
+    `flat` in their row-major product."""
+    out = {}
+    for k, r in reversed(list(enumerate(red_index(len(ranges))))):
+        extent = sympy.sympify(ranges[k])
+        out[r] = Index(flat if k == 0 else mod(flat, extent))
+        flat = floordiv(flat, extent)
+    return out
 
 
 def split_reductions(graph: Graph, sm_count: int) -> Graph:
@@ -77,7 +101,8 @@ def split_reductions(graph: Graph, sm_count: int) -> Graph:
     for node in list(graph.nodes.values()):
         if not _candidate(node, graph) or any(isinstance(graph[u], Reduce) for u in users[node.name]):
             continue  # (a reduction another one reads — a softmax's max — stays in their shared pass)
-        length, outputs = sympy.sympify(node.ranges[0]), sympy.Mul(*node.shape) if node.shape else sympy.Integer(1)
+        length = sympy.Mul(*(sympy.sympify(r) for r in node.ranges))
+        outputs = sympy.Mul(*node.shape) if node.shape else sympy.Integer(1)
         if not (length.is_Integer and sympy.sympify(outputs).is_Integer):
             continue
         s = splits_for(int(outputs), int(length), sm_count, _along_columns(node))
@@ -86,7 +111,7 @@ def split_reductions(graph: Graph, sm_count: int) -> Graph:
         chunk = int(length) // s
         outs, (r0,) = out_index(node.rank + 1), red_index(1)
         mapping = {old: Index(new) for old, new in zip(out_index(node.rank), outs[1:])}
-        mapping[r0] = Index(outs[0] * chunk + r0)
+        mapping.update(_flat_positions(outs[0] * chunk + r0, node.ranges))
         acc = node.body.dtype
         part = Reduce(graph.fresh_name(f"{node.name}_part"), acc, (sympy.Integer(s), *node.shape), ranges=(chunk,),
                       combiner=node.combiner, body=substitute_index(node.body, mapping))
