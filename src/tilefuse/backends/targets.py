@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 
+from .. import logs
 from ..tile.target import Machine, Target
 from .limits import kernel_check, target_limits
 
@@ -129,6 +130,9 @@ class _CudaTimer:
                 break
             if attempt == 2 or cycles >= MAX_HEADSTART_CYCLES:
                 break
+            logs.log("tune", "timer: the host took %.0f us to queue a launch (GPU %.0f us), longer than half the "
+                     "GPU's head start of %.0f us: measured again with %d cycles", host * 1e6, times[2] * 1e3,
+                     cycles * self._cycle_s(torch, sleep) * 1e6, min(4 * cycles, MAX_HEADSTART_CYCLES))
             cycles = min(4 * cycles, MAX_HEADSTART_CYCLES)
         return times[len(times) // 2] / 1e3
 
