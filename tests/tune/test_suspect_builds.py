@@ -51,3 +51,12 @@ def test_a_survivor_near_the_prediction_is_kept():
     out = tuner._measure(p)
     assert bench.calls == 1 and bench.measured == {bench.first}
     assert out.schedule == bench.first
+
+
+def test_a_cpu_plan_keeps_what_its_budget_built():
+    """A CPU's kernels rank by the model's (GPU) times: a measured time far from them says
+    nothing about a spilling tile, and the build budget stands."""
+    p, bench = _prepared(slow=150.0)
+    bench.target = type("CpuTarget", (), {"on_cpu": True})()
+    out = tuner._measure(p)
+    assert bench.calls == 1 and out.schedule == bench.first
