@@ -64,3 +64,38 @@ def test_two_matvecs_of_one_matrix_stay_products():
 
     _, plan = _plan(fn, m, u, v)
     assert [k.kind for k in plan.kernels].count(PlanKind.CONTRACTION) == 2
+
+
+def test_a_sibling_reading_another_matrix_is_no_reason():
+    v, w, y = torch.randn(1, 96), torch.randn(96, 80), torch.randn(80, 96)
+
+    def fn(v, w, y):  # same axis, same number of outputs, another buffer
+        return v @ w, y.sum(-1).unsqueeze(0)
+
+    _, plan = _plan(fn, v, w, y)
+    assert [k.kind for k in plan.kernels].count(PlanKind.CONTRACTION) == 1
+    assert not any("matrix-vector product" in d for d in plan.decisions)
+
+
+def test_a_sibling_reading_the_matrix_transposed_is_no_reason():
+    v, w = torch.randn(1, 96), torch.randn(96, 96)
+
+    def decode_step(v, w):  # W read along its columns by the product, along its rows by the sum
+        return v @ w, w.sum(1).unsqueeze(0)
+
+    graph, plan = _plan(decode_step, v, w)
+    assert [k.kind for k in plan.kernels].count(PlanKind.CONTRACTION) == 1
+    assert not any("matrix-vector product" in d for d in plan.decisions)
+    for got, ref in zip(evaluate(graph, [v, w]), decode_step(v.double(), w.double())):
+        torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_a_sibling_sharing_only_a_broadcast_vector_is_no_reason():
+    x, w, y, mu = torch.randn(40, 96), torch.randn(96, 1), torch.randn(40, 96), torch.randn(40, 1)
+
+    def fn(x, w, y, mu):  # both read mu; only the product reads x
+        return (x - mu) @ w, (y * mu).sum(-1, keepdim=True)
+
+    _, plan = _plan(fn, x, w, y, mu)
+    assert [k.kind for k in plan.kernels].count(PlanKind.CONTRACTION) == 1
+    assert not any("matrix-vector product" in d for d in plan.decisions)

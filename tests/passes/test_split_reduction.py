@@ -112,3 +112,13 @@ def test_a_weight_gradient_product_is_not_split():
     split = split_reductions(graph, 132)
     assert [n.name for n in _reduces(split)] == [product.name]
     torch.testing.assert_close(evaluate(split, [a, b])[0], fn(a, b), rtol=1e-4, atol=1e-4)
+
+
+def test_a_dot_of_two_vectors_is_an_ordinary_sum():
+    """bmm([B, 1, K], [B, K, 1]): its factors differ only in unit dims, no matrix dim: split."""
+    a, b = torch.randn(2, 1, 16384), torch.randn(2, 16384, 1)
+    graph = _graph(torch.bmm, a, b)
+    split = split_reductions(graph, 132)
+    assert any("_part" in n.name for n in _reduces(split))
+    torch.testing.assert_close(evaluate(split, [a, b])[0], torch.bmm(a.double(), b.double()).float(),
+                               rtol=1e-4, atol=1e-3)

@@ -35,3 +35,12 @@ def test_tensors_made_while_measuring_are_real():
             t = torch.randn(3)
             assert not isinstance(t, torch._subclasses.fake_tensor.FakeTensor)
             assert t.abs().sum() > 0
+
+
+def test_nothing_changes_until_the_context_is_entered():
+    with FakeTensorMode():
+        ctx = real_tensors()
+        assert isinstance(torch.randn(3), torch._subclasses.fake_tensor.FakeTensor)
+        with ctx:
+            assert not isinstance(torch.randn(3), torch._subclasses.fake_tensor.FakeTensor)
+        assert isinstance(torch.randn(3), torch._subclasses.fake_tensor.FakeTensor)

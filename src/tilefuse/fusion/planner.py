@@ -116,6 +116,7 @@ class Planner:
         self.steps: list = []
         self.where: dict[str, int] = {}
         self.decisions: list[str] = []
+        self._reductions_by_axis: dict | None = None  # (ranges, shape) -> reductions (`_row_reductions`)
 
     def note(self, msg: str, kernel: KernelPlan | None = None) -> None:
         self.decisions.append(msg)
@@ -236,28 +237,43 @@ class Planner:
         self.note(f"{node.name}: reduction over {list(node.ranges)} -> {k.name}", k)
 
     def matvec_in_row_pass(self, node: Reduce, contraction: Contraction) -> bool:
-        """Whether a matrix-vector product (one factor a single row) shares its matrix with
-        another reduction over the same axis and as many rows, which is not a product itself:
-        LayerNorm's backward sums dy·w and dy·w·x̂ over each row of dy. As reductions both run
-        in one pass over the matrix; a dot would read it once more, in tiles padded to 16
-        columns, and leave the row's other sums to a second kernel."""
+        """Whether a matrix-vector product (one factor a single row) reads its matrix exactly as
+        another reduction of its shape over the same axis does, one that is not a product
+        itself: LayerNorm's backward sums dy·w and dy·w·x̂ over each row of dy. As reductions
+        both run in one pass over the matrix; a dot would read it once more, in tiles padded to
+        16 columns, and leave the row's other sums to a second kernel. The matrix's reads are
+        compared load for load (buffer and index), so a sibling that reads another buffer, the
+        matrix transposed, or only a vector both share is no reason."""
         if node.shape[contraction.m_dim] == 1:
             matrix = contraction.b
         elif node.shape[contraction.n_dim] == 1:
             matrix = contraction.a
         else:
             return False
-        read = {e.buffer for e in walk(matrix) if isinstance(e, Load)}
-        rows = numel(node.shape)
-        for other in self.graph.nodes.values():
-            if other is node or not isinstance(other, Reduce) or tuple(other.ranges) != tuple(node.ranges):
-                continue
-            if other.name in self.inliner.inlined or sympy.simplify(numel(other.shape) - rows) != 0:
+        (r0,) = red_index(1)
+        reads = {(e.buffer, e.index) for e in walk(matrix)
+                 if isinstance(e, Load) and r0 in free_symbols(e)}
+        if not reads:
+            return False
+        for other in self._row_reductions().get((tuple(node.ranges), tuple(node.shape)), ()):
+            if other is node:
                 continue
             body = self.inliner.body(other.name)
-            if match_contraction(other, body) is None and read & {e.buffer for e in walk(body) if isinstance(e, Load)}:
+            if match_contraction(other, body) is not None:
+                continue
+            if reads & {(e.buffer, e.index) for e in walk(body) if isinstance(e, Load)}:
                 return True
         return False
+
+    def _row_reductions(self) -> dict:
+        """The graph's reductions by (ranges, shape), made once per plan."""
+        if self._reductions_by_axis is None:
+            out: dict = {}
+            for n in self.graph.nodes.values():
+                if isinstance(n, Reduce):
+                    out.setdefault((tuple(n.ranges), tuple(n.shape)), []).append(n)
+            self._reductions_by_axis = out
+        return self._reductions_by_axis
 
     def through_full_rows(self, body: Expr, k: KernelPlan) -> Expr:
         """`body` with the loads of k's full-row outputs replaced by their bodies (so that it

@@ -49,8 +49,8 @@ def splits_for(outputs: int, length: int, sm_count: int, columns: bool = True) -
 
 
 def _candidate(node, graph: Graph) -> bool:
-    """A float sum/max/min over one axis, not a product (the product paths' own), reading no
-    other reduction and (the caller checks) read by none: a softmax's max and its sum re-based
+    """A float sum/max/min over static axes, not a product (the product paths' own), loading
+    no other reduction directly and (the caller checks) read by none: a softmax's max and its sum re-based
     on it run in one pass, which split parts would turn into two passes over the row."""
     if not (isinstance(node, Reduce) and node.ranges and node.combiner in (SUM, MAX, MIN)
             and node.body.dtype.is_float):
@@ -66,7 +66,7 @@ def _product_like(node) -> bool:
     matrix-vector product); an elementwise product summed (dy · x̂) is an ordinary sum."""
     if not (isinstance(node.body, Binary) and node.body.op == "mul"):
         return False
-    outs = set(out_index(node.rank))
+    outs = {s for s, n in zip(out_index(node.rank), node.shape) if n != 1}  # (a unit dim is no matrix dim)
     a, b = (free_symbols(f) & outs for f in (node.body.a, node.body.b))
     return a != b
 

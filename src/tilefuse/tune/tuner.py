@@ -35,6 +35,7 @@ space's schedules, or does not fit, is discarded and tuned again. The chosen sch
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -359,36 +360,40 @@ def _measure(p: PreparedTuning, progress=None) -> TuneOutcome:
         t2 = time.perf_counter()
         more, more_failures = p.bench.ready(left, build_s)
         add_phase(p.phases, "build", time.perf_counter() - t2)
-        if more:
-            t3 = time.perf_counter()
-            out = search_candidates(ranked + more, p.bench.measure, TuningCache(), p.key, p.level, p.kind, p.name,
-                                    levels=p.levels, failures=failures + more_failures, progress=progress,
-                                    budget_s=p.budget_s)
-            add_phase(p.phases, "measure", time.perf_counter() - t3)
+        if not more:
+            logs.log("tune", "%s: none of the %d left ran: %s", p.name, len(left),
+                     "; ".join(f"{describe(c)}: {e}" for c, e in more_failures[:3]))
+            return out
+        # the survivor races the new ones (its samples so far were its own search's)
+        survivor = [c for c in ranked if c[1] == out.schedule]
+        t3 = time.perf_counter()
+        out = search_candidates(survivor + more, p.bench.measure, TuningCache(), p.key, p.level, p.kind, p.name,
+                                levels=p.levels, failures=failures + more_failures, progress=progress,
+                                budget_s=p.budget_s)
+        add_phase(p.phases, "measure", time.perf_counter() - t3)
     return out
 
 
+@contextlib.contextmanager
 def real_tensors():
     """Compilation runs inside AOTAutograd's fake-tensor mode, with the Python dispatcher on;
     measuring needs real tensors (as Inductor's autotuning does, this leaves that mode for the
     duration) and ATen's own kernels: under the Python dispatcher `matmul(a, b, out=c)`
     computes a new tensor and copies it into `c`, which made a library product measured while
     tuning the LM head a third slower than it runs."""
-    import contextlib
-
     import torch
 
-    stack = contextlib.ExitStack()
-    try:
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
-    except ImportError:  # a PyTorch without it: nothing to leave
-        pass
-    else:
-        stack.enter_context(unset_fake_temporarily())
-    no_python_dispatcher = getattr(torch._C, "_DisablePythonDispatcher", None)
-    if no_python_dispatcher is not None:
-        stack.enter_context(no_python_dispatcher())
-    return stack
+    with contextlib.ExitStack() as stack:
+        try:
+            from torch._subclasses.fake_tensor import unset_fake_temporarily
+        except ImportError:  # a PyTorch without it: nothing to leave
+            pass
+        else:
+            stack.enter_context(unset_fake_temporarily())
+        no_python_dispatcher = getattr(torch._C, "_DisablePythonDispatcher", None)
+        if no_python_dispatcher is not None:
+            stack.enter_context(no_python_dispatcher())
+        yield
 
 
 def select_schedule(space, key: str, level: str, ceilings: Ceilings, measure, cache, name: str,
