@@ -50,8 +50,8 @@ def splits_for(outputs: int, length: int, sm_count: int, columns: bool = True) -
 
 def _candidate(node, graph: Graph) -> bool:
     """A float sum/max/min over static axes, not a product (the product paths' own), loading
-    no other reduction directly and (the caller checks) read by none: a softmax's max and its sum re-based
-    on it run in one pass, which split parts would turn into two passes over the row."""
+    no other reduction directly and (the caller checks) read by none: a softmax's max and its
+    sum re-based on it run in one pass, which split parts would turn into two passes."""
     if not (isinstance(node, Reduce) and node.ranges and node.combiner in (SUM, MAX, MIN)
             and node.body.dtype.is_float):
         return False

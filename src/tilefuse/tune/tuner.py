@@ -352,8 +352,8 @@ def _measure(p: PreparedTuning, progress=None) -> TuneOutcome:
     on_gpu = not getattr(getattr(p.bench, "target", None), "on_cpu", False)
     if on_gpu and left and out.best_time is not None and expected > 0 and out.best_time > SUSPECT_RATIO * expected:
         # the build budget left only candidates that run far slower than the model expects (a
-        # tile whose registers spill: T5's attention took 2.1 ms for a predicted 11 µs, a
-        # configuration the budget cut runs it 20 times faster): the rest are built and measured
+        # tile whose registers spill: T5's attention took 2.1 ms for a predicted 11 µs, where
+        # the configurations chosen in other runs took a fraction): the rest are built and raced
         logs.log("tune", "%s: the best built candidate took %.0f us, %.0f times the model's %.1f us; building "
                  "the %d candidate(s) left", p.name, out.best_time * 1e6, out.best_time / expected,
                  expected * 1e6, len(left))
