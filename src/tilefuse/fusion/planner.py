@@ -28,7 +28,7 @@ from ..ir.expr import Binary, Expr, Index, Load, free_symbols, out_index, red_in
 from ..ir.graph import Extern, ExternResult, Graph, Pointwise, Reduce, Scatter
 from ..ir.monoid import SUM
 from ..ir.rewrite import substitute_index
-from ..ir.symbolic import simplify_index
+from ..ir.symbolic import ravel_sym, simplify_index, unravel_sym
 from .inline import Inliner
 from .plan import Contraction, ExternStep, KernelPlan, PlanKind, GraphPlan, Stage, StageKind
 from .flash import fuse_flash
@@ -47,29 +47,6 @@ R = sympy.Symbol("r", integer=True, nonnegative=True)
 
 def numel(shape) -> sympy.Expr:
     return sympy.Mul(*shape) if shape else sympy.Integer(1)
-
-
-def unravel_sym(flat, shape) -> tuple:
-    from ..ir.symbolic import floordiv, mod
-
-    out = []
-    for k in range(len(shape) - 1, -1, -1):
-        n = sympy.sympify(shape[k])
-        if k == 0:
-            out.append(flat)
-        elif n == 1 or n == 0:  # an extent of 0 has no elements: any index will do
-            out.append(sympy.Integer(0))
-        else:
-            out.append(mod(flat, n))
-            flat = floordiv(flat, n)
-    return tuple(reversed(out))
-
-
-def ravel_sym(index, shape) -> sympy.Expr:
-    flat = sympy.Integer(0)
-    for i, n in zip(index, shape):
-        flat = flat * n + i
-    return flat
 
 
 def _unit_dims(node: Reduce, outs, other_reads) -> list:

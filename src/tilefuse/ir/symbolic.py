@@ -26,6 +26,29 @@ def mod(a, b) -> sympy.Expr:
     return sympy.Mod(a, b)
 
 
+def unravel_sym(flat, shape) -> tuple:
+    """The coordinates of row-major position `flat` in `shape` (the first one unbounded)."""
+    out = []
+    for k in range(len(shape) - 1, -1, -1):
+        n = sympy.sympify(shape[k])
+        if k == 0:
+            out.append(flat)
+        elif n == 1 or n == 0:  # an extent of 0 has no elements: any index will do
+            out.append(sympy.Integer(0))
+        else:
+            out.append(mod(flat, n))
+            flat = floordiv(flat, n)
+    return tuple(reversed(out))
+
+
+def ravel_sym(index, shape) -> sympy.Expr:
+    """The row-major position of `index` in `shape`."""
+    flat = sympy.Integer(0)
+    for i, n in zip(index, shape):
+        flat = flat * n + i
+    return flat
+
+
 def bounds(expr: sympy.Expr, ranges: dict) -> tuple[float, float]:
     """Inclusive (lo, hi) of an integer expression given `ranges[sym] = extent` (the symbol
     lies in [0, extent)). Unknown parts give infinite bounds."""

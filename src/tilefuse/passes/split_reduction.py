@@ -24,7 +24,7 @@ from ..ir.expr import Binary, Index, Load, free_symbols, out_index, red_index, w
 from ..ir.graph import Graph, Reduce
 from ..ir.monoid import MAX, MIN, SUM
 from ..ir.rewrite import substitute_index
-from ..ir.symbolic import floordiv, mod
+from ..ir.symbolic import unravel_sym
 
 MIN_LENGTH = 4096  # shorter axes are walked by one program per output block
 PROGRAMS_PER_SM = 4  # the partial kernel's target occupancy: S·⌈X/COLUMNS⌉ ≥ this × SMs
@@ -82,17 +82,6 @@ def _along_columns(node) -> bool:
     return True
 
 
-def _flat_positions(flat, ranges) -> dict:
-    """Each reduction symbol of a reduction over `ranges`, as a function of the position
-    `flat` in their row-major product."""
-    out = {}
-    for k, r in reversed(list(enumerate(red_index(len(ranges))))):
-        extent = sympy.sympify(ranges[k])
-        out[r] = Index(flat if k == 0 else mod(flat, extent))
-        flat = floordiv(flat, extent)
-    return out
-
-
 def split_reductions(graph: Graph, sm_count: int) -> Graph:
     """Split every long reduction with few outputs (see the module docstring) for a device of
     `sm_count` SMs; a CPU target passes 0 (its threads walk rows, no split)."""
@@ -111,7 +100,9 @@ def split_reductions(graph: Graph, sm_count: int) -> Graph:
         chunk = int(length) // s
         outs, (r0,) = out_index(node.rank + 1), red_index(1)
         mapping = {old: Index(new) for old, new in zip(out_index(node.rank), outs[1:])}
-        mapping.update(_flat_positions(outs[0] * chunk + r0, node.ranges))
+        # (several reduced axes: each recovered from the position in their flattened product)
+        flat = unravel_sym(outs[0] * chunk + r0, node.ranges)
+        mapping.update((r, Index(e)) for r, e in zip(red_index(len(node.ranges)), flat))
         acc = node.body.dtype
         part = Reduce(graph.fresh_name(f"{node.name}_part"), acc, (sympy.Integer(s), *node.shape), ranges=(chunk,),
                       combiner=node.combiner, body=substitute_index(node.body, mapping))

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import sympy
 
 from ..fusion.plan import KernelPlan
-from ..fusion.planner import unravel_sym
+from ..ir.symbolic import unravel_sym
 from ..ir import dtypes as dt
 from ..ir.expr import Const, Expr, Index, Load, Var, binary, cast, out_index, walk, where
 from ..ir.graph import Graph

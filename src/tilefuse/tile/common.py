@@ -7,13 +7,12 @@ from dataclasses import dataclass
 
 import sympy
 
-from ..fusion.planner import unravel_sym
 from ..ir import dtypes as dt
 from ..ir.expr import Cast, Const, Expr, Index, Var, binary, cast, where
 from ..ir.graph import Graph
 from ..ir.monoid import Monoid
 from ..ir.rewrite import substitute_index
-from ..ir.symbolic import simplify_index
+from ..ir.symbolic import simplify_index, unravel_sym
 from .builder import KernelBuilder, land
 from .ir import BroadcastTile
 from .schedule import Schedule

@@ -12,10 +12,9 @@ import math
 import sympy
 
 from ..fusion.plan import KernelPlan, PlanKind
-from ..fusion.planner import unravel_sym
 from ..ir.expr import Cast, Const, Expr, Index, Load, Var, cast, out_index, red_index, where
 from ..ir.graph import Graph
-from ..ir.symbolic import contiguous_strides
+from ..ir.symbolic import contiguous_strides, unravel_sym
 from .builder import KernelBuilder, land
 from .common import (LoweringOptions, bound_check, dot_accumulator, dot_operand, index_values, lane_ranges, mapped,
                      needs_int64, pow2, static_int, tile_symbol)

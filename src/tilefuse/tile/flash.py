@@ -21,11 +21,10 @@ import sympy
 from ..fusion.flash import K0
 from ..fusion.masking import diagonal_keeps_rows_live, unmasked
 from ..fusion.plan import KernelPlan, PlanKind, StageKind
-from ..fusion.planner import unravel_sym
 from ..ir.expr import Const, Expr, Index, Load, Var, binary, cast, out_index, red_index, transform, where
 from ..ir.graph import Graph
 from ..ir.monoid import SUM
-from ..ir.symbolic import contiguous_strides
+from ..ir.symbolic import contiguous_strides, unravel_sym
 from .builder import KernelBuilder, land
 from .block_summary import key_ranges, lower_summary, summary_for
 from .score_guard import guarded_ranges, lower_guard

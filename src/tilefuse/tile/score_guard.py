@@ -32,7 +32,7 @@ import sympy
 
 from ..fusion.masking import score_scale
 from ..fusion.plan import KernelPlan, StageKind
-from ..fusion.planner import unravel_sym
+from ..ir.symbolic import unravel_sym
 from ..ir import dtypes as dt
 from ..ir.expr import Const, Index, Load, Var, binary, cast, where
 from ..ir.graph import Graph
