@@ -266,7 +266,7 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
         return TileKernel(kname, b.finish_params(), constexprs, numel=M * DN * nbatch,
                           grid=(sympy.ceiling(M / tile_symbol("BLOCK_M")), nbatch, splits), body=b.body, num_warps=warps,
                           num_stages=stages, reads=b.reads, writes=b.writes, kind=KernelKind.FLASH,
-                          plan=plan, scratch=scratch)
+                          plan=plan, scratch=dict(b.scratch))  # its partial states and any block summary
     for st in reduces:
         b.bound[st.node] = b.let(_finished(state[st.node], graph[st.node]), "red")
     _finish(b, graph, plan, acc, rm, rn, m_ok, omask, coords, at)
@@ -573,7 +573,8 @@ def lower_flash_merge(graph: Graph, plan: KernelPlan, options: LoweringOptions, 
     _finish(b, graph, plan, acc, rm, rn, None, n_ok, coords, at)
     return TileKernel(f"{plan.name}_merge", b.finish_params(), {"BLOCK_S": bs, "BLOCK_DN": dn}, numel=M * DN * nbatch,
                       grid=(M, nbatch), body=b.body, num_warps=4 if dn >= 128 else 2, num_stages=1,
-                      reads=b.reads, writes=b.writes, kind=KernelKind.FLASH_MERGE, plan=plan)
+                      reads=b.reads, writes=b.writes, kind=KernelKind.FLASH_MERGE, plan=plan,
+                      scratch=dict(partial.scratch))
 
 
 def _interior_keys(info, row, key, start, stop, bn):

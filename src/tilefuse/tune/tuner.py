@@ -628,10 +628,11 @@ class _Bench:
 
     def _built_launchers(self, schedule: Schedule) -> list:
         launchers = self._launchers(schedule)
-        for tk in self.lowered(schedule):
+        kernels = self.lowered(schedule)
+        scratch = {name: spec for tk in kernels for name, spec in tk.scratch.items()}  # as the runtime does
+        for tk in kernels:
             for name in list(tk.reads) + list(tk.writes):
-                spec = tk.scratch.get(name) or self.graph[name]
-                self._buffer(name, spec)
+                self._buffer(name, scratch.get(name) or self.graph[name])
         self._run(launchers)  # compiles (or waits for the worker's compile): not timed
         return launchers
 
