@@ -8,7 +8,8 @@ benchmark's p50s of one backend after another are not comparable there. This scr
 every backend first, then warms each up (a later compile's Dynamo reset makes the earlier ones
 compile again there), then runs `rounds` rounds; in each round every backend (in turn) makes
 `calls` calls, and a backend's figure is the minimum over rounds of its round mean. Ratios
-are tilefuse's time against each peer's in the same rounds. A training workload times its
+are tilefuse's time against each peer's in the same rounds. `--per-call` alternates the backends
+call by call instead and reports medians. A training workload times its
 whole step (forward, backward, optimizer). `--profile` adds one torch.profiler pass per
 backend and prints the CPU ops and kernels with the most self time.
 """
@@ -32,6 +33,19 @@ def _profile(fn, inputs, calls: int, top: int) -> str:
     return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
 
 
+def _per_call_medians(programs: dict, inputs, calls: int, sync) -> dict:
+    """Each backend's median call time, the backends taking turns call by call."""
+    times: dict[str, list[float]] = {b: [] for b in programs}
+    for _ in range(calls):
+        for backend, fn in programs.items():
+            sync()
+            start = time.perf_counter()
+            fn(*inputs)
+            sync()
+            times[backend].append(time.perf_counter() - start)
+    return {b: sorted(ts)[len(ts) // 2] for b, ts in times.items()}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", default="nanogpt")
@@ -42,6 +56,10 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--calls", type=int, default=30)
+    ap.add_argument("--per-call", action="store_true",
+                    help="alternate the backends call by call and report each one's median call "
+                         "(rounds x calls calls each): steadier than round means where the host's "
+                         "speed moves within a round")
     ap.add_argument("--profile", type=int, default=0, metavar="TOP",
                     help="also print the TOP ops by self CPU time for each backend")
     args = ap.parse_args(argv)
@@ -74,15 +92,18 @@ def main(argv=None) -> int:
         for fn in programs.values():  # (after every compile: a later one's Dynamo reset made the
             for _ in range(3):        # earlier backends compile again, here, not while timed)
                 fn(*inputs)
-        best = {b: math.inf for b in backends}
-        for _ in range(args.rounds):
-            for backend, fn in programs.items():
-                sync()
-                start = time.perf_counter()
-                for _ in range(args.calls):
-                    fn(*inputs)
-                sync()
-                best[backend] = min(best[backend], (time.perf_counter() - start) / args.calls)
+        if args.per_call:
+            best = _per_call_medians(programs, inputs, args.rounds * args.calls, sync)
+        else:
+            best = {b: math.inf for b in backends}
+            for _ in range(args.rounds):
+                for backend, fn in programs.items():
+                    sync()
+                    start = time.perf_counter()
+                    for _ in range(args.calls):
+                        fn(*inputs)
+                    sync()
+                    best[backend] = min(best[backend], (time.perf_counter() - start) / args.calls)
         line = "  ".join(f"{b} {best[b] * 1e3:.3f} ms" for b in backends)
         print(f"{wname}: {line}")
         if "tilefuse" in best:
