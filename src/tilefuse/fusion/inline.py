@@ -18,13 +18,11 @@ unnecessary (a gather at `arange` positions, or at clamped ones: `ir.bounds`).
 """
 from __future__ import annotations
 
-import sympy
-
 from ..ir.bounds import prune_checks
 from ..ir.dtypes import float_widens
 from ..ir.expr import (Cast, Expr, Index, Load, Unary, Where, count_ops, out_index, red_index,
                        skip_intermediate_rounding, transform, walk)
-from ..ir.graph import Extern, ExternResult, Graph, Pointwise, Reduce, Scatter
+from ..ir.graph import Extern, ExternResult, Graph, Pointwise, Reduce
 from ..ir.monoid import SUM
 from ..ir.rewrite import substitute_index
 
@@ -38,12 +36,6 @@ MAX_PROLOGUE_OPS = 3  # contraction operand prologues are recomputed once per ou
 #: than the launch and the buffer realising it would add)
 MIN_CHAIN_LINK_NUMEL = 1 << 16
 MAX_CHAIN_READS = 6
-#: a costly body (transcendentals, gathers) whose consumers would evaluate it at least this many
-#: times per element, broadcast over dims it does not depend on, is realised once ...
-MIN_RECOMPUTE_FACTOR = 8
-#: ... when they would evaluate it at least this many times in all (below, recomputing costs
-#: less than the launch and the buffer that realising it adds)
-MIN_RECOMPUTED_EVALUATIONS = 1 << 24
 
 
 def is_contraction_like(node) -> bool:
@@ -97,73 +89,7 @@ class Inliner:
             else:
                 self.inlined.add(node.name)
         self._break_shared_chains()
-        self._realise_broadcast_costly_bodies()
         self._store_narrow_prologues(costly_prologues)
-
-    def _realise_broadcast_costly_bodies(self) -> None:
-        """Realise a costly inlined body (a transcendental or a gather) that its consumers would
-        evaluate many times per element, because they broadcast it over dims it does not
-        depend on: T5's relative-position bias (`log` of each distance, then a gather from the
-        bias table) is a (query, key, head) tensor that every layer's attention adds to its
-        batch of scores; inlined, each layer's flash kernel recomputes it per batch element
-        and score tile. Consumers first (reverse graph order), so a chain of bodies is cut
-        once, where it fans out. A body that selects a mask's fill stays inlined: the attention
-        kernel recomputes a mask from its formula to skip what it masks."""
-        evaluations: dict = {}
-        realised = False
-        for name in reversed(list(self.graph.nodes)):
-            if name not in self.inlined:
-                continue
-            size = _static_numel(self.graph[name])
-            if not size:
-                continue
-            total, broadcast = self._evaluations(name, evaluations)
-            if (total is None or total < MIN_RECOMPUTED_EVALUATIONS or total < MIN_RECOMPUTE_FACTOR * size
-                    or broadcast < 2):
-                continue
-            body = self.body(name)
-            if not (_costly(body) or _gathers(body)) or _selects_a_fill(body):
-                continue
-            self.inlined.discard(name)
-            evaluations[name] = (size, 1)
-            self.reasons[name] = (f"a costly body its consumers broadcast: realised once, not evaluated "
-                                  f"{total // size}× per element")
-            realised = True
-        if realised:
-            self._bodies.clear()
-            self._rounded.clear()
-
-    def _evaluations(self, name: str, memo: dict) -> tuple:
-        """(total, broadcast) for the node's body as the plan stands. total: how many times it
-        is evaluated — once per element where realised; where inlined, once per load of it
-        that each consumer evaluates. broadcast: the largest factor by which one chain of
-        consumers spreads it (a consumer over more elements than it reads: 8 for a (key, query)
-        bias added to the scores of 8 batch elements), 1 for a realised node; several
-        consumers add to the total, not to the broadcast. (None, 0) where a size is symbolic."""
-        if name in memo:
-            return memo[name]
-        node = self.graph[name]
-        size = _static_numel(node)
-        if name not in self.inlined or not size:
-            memo[name] = (size, 1)
-            return memo[name]
-        total, broadcast = 0, 0
-        for u in self.users[name]:
-            user = self.graph[u]
-            if isinstance(user, Pointwise) and u in self.inlined:
-                each, spread = self._evaluations(u, memo)
-                reach = (_static_numel(user) or 0) * spread
-            else:
-                each = reach = _iterations(user, name)
-            if each is None:
-                memo[name] = (None, 0)
-                return memo[name]
-            loads = sum(1 for e in walk(user.body) if isinstance(e, Load) and e.buffer == name) \
-                if isinstance(user, (Pointwise, Reduce)) else 1
-            total += each * max(1, loads)
-            broadcast = max(broadcast, reach // size)
-        memo[name] = (total, broadcast)
-        return memo[name]
 
     def _break_shared_chains(self) -> None:
         """Realise each link of a chain of shared bodies: a node read by several consumers, one
@@ -331,44 +257,6 @@ class Inliner:
         return substitute_index(body, dict(zip(out_index(self.graph[load.buffer].rank), load.index)))
 
 
-def _gathers(body: Expr) -> bool:
-    """The body loads at positions read from data (an embedding's or a table's gather)."""
-    return any(isinstance(e, Load) and not all(isinstance(c, Index) for c in e.index) for e in walk(body))
-
-
-def _iterations(user, name: str) -> int | None:
-    """How many times a realised consumer (or an extern, a scatter) evaluates its loads of
-    `name`: once per element of its output, times its reduction's extent for a reduction; for
-    a product, over the dims of the factor that reads `name` only (one tile's factor serves
-    every column of the other)."""
-    if isinstance(user, Scatter):
-        return _product(user.space)
-    if not isinstance(user, (Pointwise, Reduce)):
-        return _product(getattr(user, "shape", None) or (None,))
-    symbols = dict(zip(out_index(len(user.shape)), user.shape))
-    if isinstance(user, Reduce):
-        symbols.update(zip(red_index(len(user.ranges)), user.ranges))
-    if not is_contraction_like(user):
-        return _product(list(symbols.values()))
-    for factor in (user.body.a, user.body.b):
-        if any(isinstance(e, Load) and e.buffer == name for e in walk(factor)):
-            used = set()
-            for e in walk(factor):
-                if isinstance(e, Index):
-                    used |= sympy.sympify(e.expr).free_symbols
-            return _product([extent for sym, extent in symbols.items() if sym in used])
-    return _product(list(symbols.values()))
-
-
-def _product(extents) -> int | None:
-    total = 1
-    for d in extents:
-        if not getattr(d, "is_Integer", isinstance(d, int)):
-            return None
-        total *= int(d)
-    return total
-
-
 def _selects_a_fill(body: Expr) -> bool:
     """The body selects -inf or a mask's finite fill somewhere (`fusion.masking`)."""
     from .masking import SOFT_FILL_LIMIT, _fill
@@ -419,6 +307,8 @@ def _conversion_of(node, name: str) -> bool:
 def _reads_in_order(node, graph: Graph) -> bool:
     """`node` reads its one source element by element in the order it stores (a reshape at
     most): computed in the source's kernel, it is that kernel's epilogue."""
+    import sympy
+
     from ..ir.symbolic import bounds, simplify_index
 
     load = node.body.x
