@@ -89,7 +89,42 @@ class Inliner:
             else:
                 self.inlined.add(node.name)
         self._break_shared_chains()
+        self._store_rounded_products_before_reductions()
         self._store_narrow_prologues(costly_prologues)
+
+    def _store_rounded_products_before_reductions(self) -> None:
+        """A product's rounded result — `bf16(x @ wᵀ + b)`, eager's `addmm` — that would be
+        inlined into a reduction (BERT's `LayerNorm(dense(h) + h)`) is stored by the product's
+        kernel instead, as eager's `addmm` stores it: inlined, the product plan stores its fp32
+        sum (twice the bytes, read back by the norm) and, with bf16 operands and an fp32
+        result, no library product can run it. Where the rounded value feeds a stored sum
+        (a residual stream that the product's kernel writes as its epilogue) it stays inlined."""
+        moved = False
+        for node in self.graph.nodes.values():
+            name = node.name
+            if name in self.inlined and _rounded_product(node, self.graph, self.users) \
+                    and self._inlined_into_a_reduction(name):
+                self.inlined.discard(name)
+                self.reasons[name] = ("rounded result of a product read by a reduction: stored narrow by the "
+                                      "product's kernel (eager's addmm), not its fp32 sum")
+                moved = True
+        if moved:
+            self._bodies.clear()
+            self._rounded.clear()
+
+    def _inlined_into_a_reduction(self, name: str, seen=None) -> bool:
+        """Some chain of inlined consumers of the node ends in a reduction that is not a product."""
+        seen = set() if seen is None else seen
+        for u in self.users[name]:
+            if u in seen:
+                continue
+            seen.add(u)
+            user = self.graph[u]
+            if isinstance(user, Reduce) and not is_contraction_like(user):
+                return True
+            if isinstance(user, Pointwise) and u in self.inlined and self._inlined_into_a_reduction(u, seen):
+                return True
+        return False
 
     def _break_shared_chains(self) -> None:
         """Realise each link of a chain of shared bodies: a node read by several consumers, one
@@ -255,6 +290,30 @@ class Inliner:
     def _at(self, body: Expr, load: Load) -> Expr:
         """A producer's body at the index `load` reads it."""
         return substitute_index(body, dict(zip(out_index(self.graph[load.buffer].rank), load.index)))
+
+
+def _rounded_product(node, graph: Graph, users: dict) -> bool:
+    """`bf16(f(p))` of a product `p` that only this node reads, at the node's own index, and
+    of smaller operands (a bias): eager's rounded `addmm` result."""
+    body = node.body if isinstance(node, Pointwise) else None
+    if not (isinstance(body, Cast) and body.dtype.is_low_precision and body.x.dtype.is_float):
+        return False
+    loads = [e for e in walk(body.x) if isinstance(e, Load)]
+    products = [e for e in loads if e.buffer in graph.nodes and is_contraction_like(graph[e.buffer])]
+    if len(products) != 1 or len(users[products[0].buffer]) != 1:
+        return False
+    product = graph[products[0].buffer]
+    own = tuple(out_index(node.rank))
+    if tuple(product.shape) != tuple(node.shape) or tuple(getattr(c, "expr", None) for c in products[0].index) != own:
+        return False
+    size = _static_numel(node)
+    for e in loads:
+        if e is products[0] or e.buffer == product.name:
+            continue
+        other = _static_numel(graph[e.buffer]) if e.buffer in graph.nodes else None
+        if size is None or other is None or other * 8 > size:
+            return False  # another full-size operand: not a bias
+    return True
 
 
 def _selects_a_fill(body: Expr) -> bool:
