@@ -18,6 +18,8 @@ unnecessary (a gather at `arange` positions, or at clamped ones: `ir.bounds`).
 """
 from __future__ import annotations
 
+import sympy
+
 from ..ir.bounds import prune_checks
 from ..ir.dtypes import float_widens
 from ..ir.expr import (Cast, Expr, Index, Load, Unary, Where, count_ops, out_index, red_index,
@@ -98,12 +100,15 @@ class Inliner:
         kernel instead, as eager's `addmm` stores it: inlined, the product plan stores its fp32
         sum (twice the bytes, read back by the norm) and, with bf16 operands and an fp32
         result, no library product can run it. Where the rounded value feeds a stored sum
-        (a residual stream that the product's kernel writes as its epilogue) it stays inlined."""
+        (a residual stream that the product's kernel writes as its epilogue) or another product
+        (attention's scores, which a flash kernel keeps in registers) it stays inlined."""
         moved = False
         for node in self.graph.nodes.values():
             name = node.name
-            if name in self.inlined and _rounded_product(node, self.graph, self.users) \
-                    and self._inlined_into_a_reduction(name):
+            if name not in self.inlined or not _rounded_product(node, self.graph, self.users):
+                continue
+            ends = self._inlined_ends(name)
+            if "reduction" in ends and "product" not in ends:  # (attention's scores feed a product: flash)
                 self.inlined.discard(name)
                 self.reasons[name] = ("rounded result of a product read by a reduction: stored narrow by the "
                                       "product's kernel (eager's addmm), not its fp32 sum")
@@ -112,19 +117,24 @@ class Inliner:
             self._bodies.clear()
             self._rounded.clear()
 
-    def _inlined_into_a_reduction(self, name: str, seen=None) -> bool:
-        """Some chain of inlined consumers of the node ends in a reduction that is not a product."""
-        seen = set() if seen is None else seen
-        for u in self.users[name]:
-            if u in seen:
-                continue
-            seen.add(u)
-            user = self.graph[u]
-            if isinstance(user, Reduce) and not is_contraction_like(user):
-                return True
-            if isinstance(user, Pointwise) and u in self.inlined and self._inlined_into_a_reduction(u, seen):
-                return True
-        return False
+    def _inlined_ends(self, name: str) -> set:
+        """What the chains of inlined consumers of the node end in: "reduction" (one that is not
+        a product), "product", or "stored" (a realised node, an extern)."""
+        ends, seen, todo = set(), set(), [name]
+        while todo:
+            for u in self.users[todo.pop()]:
+                if u in seen:
+                    continue
+                seen.add(u)
+                user = self.graph[u]
+                if isinstance(user, Reduce):  # (a variance's sum of squares is no product)
+                    product = is_contraction_like(user) and user.body.a != user.body.b
+                    ends.add("product" if product else "reduction")
+                elif isinstance(user, Pointwise) and u in self.inlined:
+                    todo.append(u)
+                else:
+                    ends.add("stored")
+        return ends
 
     def _break_shared_chains(self) -> None:
         """Realise each link of a chain of shared bodies: a node read by several consumers, one
@@ -303,6 +313,8 @@ def _rounded_product(node, graph: Graph, users: dict) -> bool:
     if len(products) != 1 or len(users[products[0].buffer]) != 1:
         return False
     product = graph[products[0].buffer]
+    if not _has_a_weight(product):
+        return False  # (attention's scores: both factors vary with the batch; a flash kernel keeps them)
     own = tuple(out_index(node.rank))
     if tuple(product.shape) != tuple(node.shape) or tuple(getattr(c, "expr", None) for c in products[0].index) != own:
         return False
@@ -314,6 +326,18 @@ def _rounded_product(node, graph: Graph, users: dict) -> bool:
         if size is None or other is None or other * 8 > size:
             return False  # another full-size operand: not a bias
     return True
+
+
+def _has_a_weight(product) -> bool:
+    """One factor of the product reads the same values for every output row: a linear layer's
+    weight, indexed by the reduction and the output's last dim only."""
+    shared = {*red_index(len(product.ranges)), out_index(product.rank)[-1]}
+    for factor in (product.body.a, product.body.b):
+        indices = [e for e in walk(factor) if isinstance(e, Index)]
+        if indices and any(isinstance(e, Load) for e in walk(factor)) and all(
+                sympy.sympify(e.expr).free_symbols <= shared for e in indices):
+            return True
+    return False
 
 
 def _selects_a_fill(body: Expr) -> bool:
@@ -366,8 +390,6 @@ def _conversion_of(node, name: str) -> bool:
 def _reads_in_order(node, graph: Graph) -> bool:
     """`node` reads its one source element by element in the order it stores (a reshape at
     most): computed in the source's kernel, it is that kernel's epilogue."""
-    import sympy
-
     from ..ir.symbolic import bounds, simplify_index
 
     load = node.body.x
