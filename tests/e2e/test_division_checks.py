@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import tilefuse
-from tilefuse import compiler
+from lowered_plans import recorded_lowerings
 from tilefuse.compare import compare_outputs, to_fp64
 from tilefuse.ir.bounds import CheckError, DivisionByZeroError
 from tilefuse.tile.ir import checks_of
@@ -169,20 +169,9 @@ def test_kernels_for_cuda_tensors_get_no_divisor_check():
     """Eager CUDA does not raise on an integer division by zero: kernels for CUDA tensors (the
     driver lowers them with divisor_checks off) carry no check — the same plan lowered for CPU
     tensors does."""
-    seen = []
-    real = compiler._lower
-
-    def record(graph, plan, options):
-        seen.append((graph, plan, options))
-        return real(graph, plan, options)
-
-    compiler._lower = record
-    try:
-        a = torch.randint(-9, 9, (40,))
-        with tilefuse.config.patch(target="interpret", fallback="error"):
-            _compiled(lambda a, b: a // b, "interpret")(a, a.abs() + 1)
-    finally:
-        compiler._lower = real
+    a = torch.randint(-9, 9, (40,))
+    with recorded_lowerings() as seen, tilefuse.config.patch(target="interpret", fallback="error"):
+        _compiled(lambda a, b: a // b, "interpret")(a, a.abs() + 1)
     (graph, plan, options), = seen
     assert options.divisor_checks
     assert any(checks_of(tk.body) for tk in lower_plan_kernels(graph, plan, options))

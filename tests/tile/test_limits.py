@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from irgraphs import GraphBuilder
-from tilefuse import compiler
+from lowered_plans import recorded_lowerings
 from tilefuse.backends.cpu import generate
 from tilefuse.backends.cpu.stack import STACK_CEILING, stack_budget, stack_bytes, thread_stacks
 from tilefuse.backends.limits import H200_SHARED_MEMORY, TRITON_MAX_NUMEL, kernel_check, target_limits
@@ -51,20 +51,9 @@ def _captured(fn, *args, **knobs):
     """(graph, plan, options) of each plan compiling `fn` lowers (C++ backend)."""
     import tilefuse
 
-    seen = []
-    real = compiler._lower
-
-    def record(graph, plan, options):
-        seen.append((graph, plan, options))
-        return real(graph, plan, options)
-
-    compiler._lower = record
     torch._dynamo.reset()
-    try:
-        with tilefuse.config.patch(target="cpu", fallback="error", **knobs):
-            torch.compile(fn, backend="tilefuse", dynamic=False)(*args)
-    finally:
-        compiler._lower = real
+    with recorded_lowerings() as seen, tilefuse.config.patch(target="cpu", fallback="error", **knobs):
+        torch.compile(fn, backend="tilefuse", dynamic=False)(*args)
     return seen
 
 

@@ -8,27 +8,16 @@ import pytest
 import torch
 
 import tilefuse
-from tilefuse import compiler
+from lowered_plans import recorded_lowerings
 from tilefuse.tile.lower import lower_plan_kernels
 from tilefuse.tile.target import Target
 
 
 def _flash_plans(fn, *args):
     """(graph, plan, options) of each flash plan compiling `fn` lowers (C++ backend)."""
-    seen = []
-    real = compiler._lower
-
-    def record(graph, plan, options):
-        seen.append((graph, plan, options))
-        return real(graph, plan, options)
-
-    compiler._lower = record
     torch._dynamo.reset()
-    try:
-        with tilefuse.config.patch(target="cpu", fallback="error"):
-            torch.compile(fn, backend="tilefuse", dynamic=False)(*args)
-    finally:
-        compiler._lower = real
+    with recorded_lowerings() as seen, tilefuse.config.patch(target="cpu", fallback="error"):
+        torch.compile(fn, backend="tilefuse", dynamic=False)(*args)
     found = [x for x in seen if x[1].kind == "flash"]
     assert found, "attention did not compile to a flash kernel"
     return found
