@@ -41,9 +41,9 @@ def report_text(report, top: int = 5) -> str:
     return "\n".join(lines)
 
 
-def cprofile(fn, *args, top: int = 20, sort: str = "cumulative", **kwargs):
-    """(fn's result, the `top` functions of a cProfile of the call): [(function, calls,
-    own seconds, cumulative seconds)], function as `file:line(name)`."""
+def cprofile(fn, *args, top: int | None = 20, sort: str = "cumulative", **kwargs):
+    """(fn's result, the `top` functions of a cProfile of the call, every one for None):
+    [(function, calls, own seconds, cumulative seconds)], function as `file:line(name)`."""
     prof = cProfile.Profile()
     result = prof.runcall(fn, *args, **kwargs)
     stats = pstats.Stats(prof)

@@ -84,7 +84,8 @@ def test_identical_layers_compile_once(target, tmp_path, monkeypatch):
 def test_compile_profile_structure(tmp_path):
     dedupe.clear()
     with torch.no_grad(), tilefuse.config.patch(cache_dir=str(tmp_path)):
-        prof = compile_profile(_stack(2), torch.randn(3, 24), top=60)
+        # every function: under load Dynamo's and AOTAutograd's frames can fill any fixed top-N
+        prof = compile_profile(_stack(2), torch.randn(3, 24), top=None)
     [report] = prof.explanation.reports
     assert {"lower", "passes", "fusion", "tile"} <= set(report.stage_seconds)
     assert prof.functions and all(len(row) == 4 for row in prof.functions)

@@ -18,7 +18,8 @@ class CompileProfile:
         return sum(c for f, c, _, _ in self.functions if name in f)
 
 
-def compile_profile(fn, *args, top: int = 40, sort: str = "cumulative", **kwargs) -> CompileProfile:
+def compile_profile(fn, *args, top: int | None = 40, sort: str = "cumulative", **kwargs) -> CompileProfile:
+    """`top`: how many functions to keep, slowest first (None: all)."""
     from ..api import explain
 
     explanation, functions = cprofile(explain, fn, *args, top=top, sort=sort, **kwargs)
