@@ -114,8 +114,7 @@ class Inliner:
                                       "product's kernel (eager's addmm), not its fp32 sum")
                 moved = True
         if moved:
-            self._bodies.clear()
-            self._rounded.clear()
+            self._forget_bodies()
 
     def _inlined_ends(self, name: str) -> set:
         """What the chains of inlined consumers of the node end in: "reduction" (one that is not
@@ -153,8 +152,7 @@ class Inliner:
             if name not in self.inlined or len(users) < 2 or not self._links_on(node):
                 continue
             if realised:
-                self._bodies.clear()
-                self._rounded.clear()
+                self._forget_bodies()
                 realised = False
             size = _static_numel(node)
             reads = self._full_size_reads(name, size)
@@ -166,8 +164,7 @@ class Inliner:
                                   "not recomputed by every later consumer of the chain")
             realised = True
         if realised:
-            self._bodies.clear()
-            self._rounded.clear()
+            self._forget_bodies()
 
     def _links_on(self, node) -> bool:
         """One of the node's consumers is the next link of a chain: itself an inlined shared
@@ -223,8 +220,7 @@ class Inliner:
                 self.reasons[conversion.name] = "narrowing conversion of a costly prologue: stored narrow by its producer"
             moved = True
         if moved:
-            self._bodies.clear()
-            self._rounded.clear()
+            self._forget_bodies()
 
     def _feeds_contraction(self, name: str) -> bool:
         """A contraction reads the node, directly or through conversions of it (`float32(x)` of a
@@ -241,6 +237,11 @@ class Inliner:
         """The node reads a contraction's result (a product's bias add, scale or activation)."""
         return any(is_contraction_like(self.graph[e.buffer]) for e in walk(node.body)
                    if isinstance(e, Load) and e.buffer in self.graph.nodes)
+
+    def _forget_bodies(self) -> None:
+        """Drop the inlined bodies worked out so far: a node realised since then ends them."""
+        self._bodies.clear()
+        self._rounded.clear()
 
     def body(self, name: str) -> Expr:
         """The node's body with every inlined producer substituted."""
