@@ -324,6 +324,8 @@ class TileKernel:
     scratch: dict = field(default_factory=dict)  # name -> Scratch it writes for a later kernel, or reads
     #: alternatives tiled for small values of a symbolic extent, chosen at launch (`tile.variants`)
     variants: object = None
+    #: constexprs that are exact extents of any size, not power-of-two blocks (C++ kernels only)
+    exact_extents: frozenset = frozenset()
 
     def grid_size(self, env: dict) -> tuple:
         from ..ir import symbolic

@@ -16,6 +16,7 @@ from ..ir.expr import Const, Index, Load, Var, binary, out_index, walk
 from ..ir.graph import Graph
 from ..ir.storage import dense_order
 from .builder import KernelBuilder, land
+from .column_runs import column_runs, lower_column_runs
 from .common import LoweringOptions, bound_check, index_values, mapped, needs_int64, pow2, static_int, tile_symbol
 from .family import KernelFamily
 from .ir import Arange, KernelKind, ProgramId, TileKernel
@@ -195,6 +196,9 @@ def _lower_rows(graph: Graph, plan: KernelPlan, options: LoweringOptions, tiling
 
 def lower_pointwise(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> TileKernel:
     schedule = current_pointwise_schedule(graph, plan, options)
+    runs = column_runs(graph, plan, options)
+    if runs is not None:
+        return lower_column_runs(graph, plan, options, runs, schedule["XBLOCK"])
     tiling = _row_tiles(graph, plan, options, schedule["XBLOCK"])
     if tiling is not None:
         return _lower_rows(graph, plan, options, tiling, 1 if options.target.on_cpu else schedule.warps)
