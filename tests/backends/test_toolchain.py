@@ -83,3 +83,59 @@ def test_compiler_without_openmp_builds_single_threaded_kernels(tmp_path, monkey
     torch.testing.assert_close(out, fn(x, w))
     used = toolchain.flags(str(fake))
     assert "-fopenmp" not in used and "-fopenmp-simd" in used  # the next level down, from now on
+
+
+@pytest.mark.parametrize("machine,family,glibc,expected", [
+    ("x86_64", "gcc", (2, 36), True), ("x86_64", "gcc", (2, 22), True), ("x86_64", "gcc", (2, 21), False),
+    ("x86_64", "clang", (2, 36), False), ("aarch64", "gcc", (2, 36), False), ("x86_64", "gcc", (), False)])
+def test_vector_math_only_where_glibc_and_gcc_provide_it(machine, family, glibc, expected):
+    assert toolchain.vector_math(machine, family, glibc) is expected
+    assert ("-DTF_MVEC" in toolchain.host_flags(machine, family, mvec=expected)) is expected
+
+
+@pytest.mark.skipif(cpu.find_compiler() is None or sys.platform == "win32", reason="no C++ compiler")
+def test_a_compiler_that_cannot_link_libmvec_builds_without_it(tmp_path, monkeypatch):
+    """A GCC whose C library has no libmvec to link: the build retries with the scalar functions."""
+    real = cpu.require_compiler()
+    fake = tmp_path / "no-mvec-g++"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = "--version" ]; then echo "g++ (tilefuse test: no libmvec) 99"; '
+        'echo "Copyright (C) Free Software Foundation, Inc."; exit 0; fi\n'
+        'for a in "$@"; do if [ "$a" = "-l:libmvec.so.1" ]; then '
+        'echo "ld: cannot find -l:libmvec.so.1" >&2; exit 1; fi; done\n'
+        f'exec "{real}" "$@"\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setattr(toolchain, "glibc_version", lambda: (2, 36))
+    monkeypatch.setattr(toolchain.platform, "machine", lambda: "x86_64")
+    monkeypatch.setenv("CXX", str(fake))
+
+    def fn(x):
+        return torch.sin(x) * torch.cos(x) + torch.log(x.abs() + 1)
+
+    x = torch.randn(100)
+    torch._dynamo.reset()
+    with tilefuse.config.patch(target="cpu", fallback="error", cache_dir=str(tmp_path / "cache")):
+        assert "-DTF_MVEC" in toolchain.flags(str(fake))
+        out = torch.compile(fn, backend="tilefuse")(x)
+    torch.testing.assert_close(out, fn(x))
+    assert "-DTF_MVEC" not in toolchain.flags(str(fake))  # from now on, for this compiler
+
+
+@pytest.mark.parametrize("op", [torch.sin, torch.cos, torch.log])
+@pytest.mark.parametrize("scale", [1.0, 300.0, 1e6, 1e30])
+def test_sin_cos_log_over_the_whole_range(op, scale):
+    """Within eager's error (fp64 reference) from tiny to huge arguments, with NaN, ±inf, zero
+    and (for log) negative values; vectorised through libmvec where the host has it."""
+    x = (torch.rand(4099) * 2 - 1) * scale
+    x[:6] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e-30])
+    torch._dynamo.reset()
+    with tilefuse.config.patch(target="cpu", fallback="error"):
+        out = torch.compile(lambda x: op(x * 1.0), backend="tilefuse")(x)
+    ref, eager = op(x.double()), op(x)
+    assert torch.equal(torch.isnan(out), torch.isnan(eager))
+    finite = torch.isfinite(ref)
+    assert torch.equal(out[~finite & ~torch.isnan(ref)], eager[~finite & ~torch.isnan(ref)])  # ±inf
+    err = ((out.double() - ref) / ref.abs().clamp_min(1e-30))[finite].abs().max().item()
+    eager_err = ((eager.double() - ref) / ref.abs().clamp_min(1e-30))[finite].abs().max().item()
+    assert err <= max(8 * eager_err, 5e-7), (err, eager_err)

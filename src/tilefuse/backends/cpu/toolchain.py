@@ -7,6 +7,9 @@ Kernels use OpenMP (threads across programs, `omp simd` inner loops). A compiler
 (Apple clang, which has no `-fopenmp`; a clang without libomp) builds kernels single-threaded:
 with `-fopenmp-simd` if it has that, else with none; a message says so once. Apple clang is
 known to lack OpenMP up front; any other compiler is found out by its first failed build.
+With GCC on x86-64 glibc (2.22 or later), `sin`, `cos` and `log` of floats come from glibc's
+vector math library, libmvec (`vector_math`): vectorised loops call its 8- or 16-lane variants
+instead of the scalar function lane by lane (a build that cannot link it retries without it).
 Everything that changes the binary (the compiler's version, the flags, this CPU's ISA) is
 part of `build_key`, the disk-cache key of a kernel.
 """
@@ -31,6 +34,10 @@ ARM64 = ("-mcpu=native",)
 # OpenMP as far as the compiler has it: threads and simd, simd pragmas only, nothing
 OPENMP_LEVELS = (("-fopenmp",), ("-fopenmp-simd",), ())
 _openmp_level: dict[str, int] = {}  # compilers found to lack (some) OpenMP in this process
+#: glibc's vector math: the kernel's prelude declares its functions `simd` (`runtime.HEADER`)
+MVEC_DEFINE = ("-DTF_MVEC",)
+MVEC_LIBS = ("-l:libmvec.so.1",)
+_no_mvec: set[str] = set()  # compilers whose builds failed to link libmvec in this process
 _told_single_threaded: set[str] = set()
 _lock = threading.Lock()  # builds run in a thread pool
 
@@ -126,9 +133,24 @@ def vector_registers() -> int:
     return 8
 
 
-def host_flags(machine: str, family: str, openmp_level: int = 0) -> tuple:
+def glibc_version() -> tuple:
+    """(major, minor) of the C library when it is glibc, else ()."""
+    try:
+        name, version = os.confstr("CS_GNU_LIBC_VERSION").split()
+        return tuple(int(p) for p in version.split(".")[:2]) if name == "glibc" else ()
+    except (AttributeError, ValueError, OSError):
+        return ()
+
+
+def vector_math(machine: str, family: str, glibc: tuple) -> bool:
+    """Whether kernels call libmvec: GCC (which reads the `simd` declarations as the x86-64
+    vector ABI) on x86-64 with glibc 2.22 or later."""
+    return family == "gcc" and machine.lower() in ("x86_64", "amd64") and glibc >= (2, 22)
+
+
+def host_flags(machine: str, family: str, openmp_level: int = 0, mvec: bool = False) -> tuple:
     """The flags for a host (`platform.machine()`) and compiler family; `openmp_level` indexes
-    `OPENMP_LEVELS`."""
+    `OPENMP_LEVELS`; `mvec`: the prelude declares libmvec's functions."""
     machine = machine.lower()
     if machine in ("x86_64", "amd64"):
         target = X86_64
@@ -139,7 +161,7 @@ def host_flags(machine: str, family: str, openmp_level: int = 0) -> tuple:
     openmp_level = max(openmp_level, _first_openmp_level(family))
     # GCC and LLVM on ELF: calls between a library's own functions need not go through the PLT
     interposition = () if family == "apple-clang" else ("-fno-semantic-interposition",)
-    return FLAGS + interposition + target + OPENMP_LEVELS[openmp_level]
+    return FLAGS + interposition + target + OPENMP_LEVELS[openmp_level] + (MVEC_DEFINE if mvec else ())
 
 
 def _first_openmp_level(family: str) -> int:
@@ -150,9 +172,19 @@ def _openmp_level_of(cxx: str) -> int:
     return max(_openmp_level.get(cxx, 0), _first_openmp_level(compiler_family(cxx)))
 
 
+def _uses_mvec(cxx: str) -> bool:
+    return cxx not in _no_mvec and vector_math(platform.machine(), compiler_family(cxx), glibc_version())
+
+
 def flags(cxx: str, openmp_level: int | None = None) -> tuple:
     level = _openmp_level_of(cxx) if openmp_level is None else openmp_level
-    return host_flags(platform.machine(), compiler_family(cxx), level)
+    return host_flags(platform.machine(), compiler_family(cxx), level, _uses_mvec(cxx))
+
+
+def _libs(cxx: str) -> tuple:
+    """Libraries a kernel links, after its source (a linker with --as-needed drops a library
+    named before the objects that use it)."""
+    return MVEC_LIBS if _uses_mvec(cxx) else ()
 
 
 def build_key(source: str, cxx: str) -> str:
@@ -168,12 +200,17 @@ def build(source: str, cxx: str, extra: tuple = ()) -> bytes:
         with open(src, "w") as f:
             f.write(source)
         level = _openmp_level_of(cxx)
-        proc = _run(cxx, flags(cxx, level) + extra, src, lib)
+        proc = _run(cxx, flags(cxx, level) + extra, src, lib, _libs(cxx))
+        if proc.returncode != 0 and _uses_mvec(cxx) and "mvec" in proc.stderr + proc.stdout:
+            with _lock:  # from now on for this compiler: the scalar functions
+                _no_mvec.add(cxx)
+            logs.log("code", "%s cannot link libmvec: sin, cos and log run lane by lane", cxx)
+            proc = _run(cxx, flags(cxx, level) + extra, src, lib, _libs(cxx))
         while proc.returncode != 0 and level < len(OPENMP_LEVELS) - 1 and _rejects_openmp(proc):
             level += 1  # from now on for this compiler
             with _lock:
                 _openmp_level[cxx] = max(_openmp_level.get(cxx, 0), level)
-            proc = _run(cxx, flags(cxx, level) + extra, src, lib)
+            proc = _run(cxx, flags(cxx, level) + extra, src, lib, _libs(cxx))
         if level > 0 and cxx not in _told_single_threaded:
             _told_single_threaded.add(cxx)
             logs.log("code", "%s has no OpenMP: CPU kernels are built single-threaded", cxx)
@@ -192,5 +229,5 @@ def _rejects_openmp(proc) -> bool:
     return any(sign in proc.stderr + proc.stdout for sign in _NO_OPENMP_SIGNS)
 
 
-def _run(cxx: str, fl: tuple, src: str, lib: str):
-    return subprocess.run([cxx, *fl, src, "-o", lib], capture_output=True, text=True, timeout=300)
+def _run(cxx: str, fl: tuple, src: str, lib: str, libs: tuple = ()):
+    return subprocess.run([cxx, *fl, src, "-o", lib, *libs], capture_output=True, text=True, timeout=300)
