@@ -236,7 +236,7 @@ def test_dots_that_start_from_zero_skip_the_fill():
     for n in (128, 100):
         q, k, v = (rand(1, 2, n, 32) for _ in range(3))
         ex = run_cpu(attention, q, k, v)
-        src = next(x.source for x in ex.kernels if x.kind == "flash").split('extern "C"')[1]
+        src = next(x.source for x in ex.kernels if x.kind == "flash").split('extern "C" void')[1]
         assert src.count(", true>(") == 1, src
         dots = [line for line in src.splitlines() if "tf_dot_rb" in line]
         out = dots[1].rstrip().rsplit(", ", 1)[1].rstrip(");")
@@ -256,11 +256,11 @@ def test_flash_reads_q_and_v_tiles_in_place(dynamic):
         ex = run_cpu(attention, q, k, v, dynamic=dynamic)
         if dynamic:
             continue
-        src = next(x.source for x in ex.kernels if x.kind == "flash").split('extern "C"')[1]
+        src = next(x.source for x in ex.kernels if x.kind == "flash").split('extern "C" void')[1]
         dots = [line for line in src.splitlines() if "tf_dot_rb" in line]
         assert sum("&ptr_" in d for d in dots) == in_place, dots
     ex = run_cpu(attention, *(rand(1, 2, 100, 32) for _ in range(3)))  # ragged: masked loads, copied
-    src = next(x.source for x in ex.kernels if x.kind == "flash").split('extern "C"')[1]
+    src = next(x.source for x in ex.kernels if x.kind == "flash").split('extern "C" void')[1]
     assert not any("&ptr_" in line for line in src.splitlines() if "tf_dot_rb" in line)
 
 
@@ -273,8 +273,8 @@ def test_operands_read_in_place_without_a_register_block_are_copied_from_the_buf
     monkeypatch.setattr(dot, "register_block", lambda m, n: None)
     ex = run_cpu(attention, *(rand(1, 2, 128, 32) for _ in range(3)))
     flash = next(x for x in ex.kernels if x.kind == "flash")
-    src = flash.source.split('extern "C"')[1]
-    assert "tf_dot_ikj<" in src and "tf_dot_rb" not in src.split(f"void {flash.name}(")[1], src
+    src = flash.source.split('extern "C" void')[1]
+    assert src.startswith(f" {flash.name}(") and "tf_dot_ikj<" in src and "tf_dot_rb" not in src, src
     run_cpu(lambda x, y: torch.relu(x @ y), rand(128, 96), rand(96, 128), matmul="generated")
 
 
@@ -283,7 +283,7 @@ def test_generated_product_reads_operands_in_place_with_their_row_stride():
     them in place with that row stride (the `_ld` micro-kernel); against eager."""
     a, b = rand(128, 96), rand(96, 128)
     ex = run_cpu(lambda x, y: torch.relu(x @ y), a, b, matmul="generated")
-    src = ex.kernels[0].source.split('extern "C"')[1]
+    src = ex.kernels[0].source.split('extern "C" void')[1]
     assert "tf_dot_rb_ld<" in src or "&ptr_" in src, src
 
 
@@ -299,7 +299,7 @@ def test_flash_reads_key_tiles_by_register_transposes(dynamic):
         if dynamic:  # (symbolic sizes: correctness only, whichever kernels the planner chose)
             continue
         flash = [x for x in ex.kernels if x.kind == "flash"]
-        assert flash and ("tf_load_t<" in flash[0].source.split('extern "C"')[1]) == transposes
+        assert flash and ("tf_load_t<" in flash[0].source.split('extern "C" void')[1]) == transposes
 
 
 def test_large_outputs_get_the_huge_page_advice_and_keep_their_values(monkeypatch):
@@ -543,7 +543,7 @@ def test_vector_math_within_its_ulp_bound(op, ulps, ranges):
 def _arrays(src: str) -> list:
     import re
 
-    return re.findall(r"alignas\(64\) (?:float|uint8_t) (\w+)\[", src.split('extern "C"')[-1])
+    return re.findall(r"alignas\(64\) (?:float|uint8_t) (\w+)\[", src.split('extern "C" void')[-1])
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
@@ -666,7 +666,7 @@ def test_gathered_operands_read_along_their_contiguous_dim(transposed):
     w = rand(4, 72, 40) if transposed else rand(4, 40, 72)
     fn = (lambda a, w, e: torch.relu(a @ w[e].transpose(-1, -2))) if transposed else (lambda a, w, e: torch.relu(a @ w[e]))
     ex = run_cpu(fn, x, w, experts, matmul="generated")
-    src = next(k for k in ex.kernels if k.kind == "contraction").source.split('extern "C"')[1]
+    src = next(k for k in ex.kernels if k.kind == "contraction").source.split('extern "C" void')[1]
     rows_inner = re.search(r"for \(int64_t tf_j = 0; tf_j < \d+; \+\+tf_j\) \{\s*#pragma omp simd[^\n]*\s*"
                            r"for \(int64_t tf_i = 0;", src)
     assert (rows_inner is not None) == transposed, src[:3000]
@@ -681,7 +681,7 @@ def test_gathered_weights_of_few_rows_are_stored_by_columns(rows, k):
     x, experts = rand(9, rows, k), torch.randint(0, 4, (9,))
     w = rand(4, 72, k)
     ex = run_cpu(lambda a, w, e: torch.relu(a @ w[e].transpose(-1, -2)) * 1.5, x, w, experts, matmul="generated")
-    src = next(kern for kern in ex.kernels if kern.kind == "contraction").source.split('extern "C"')[1]
+    src = next(kern for kern in ex.kernels if kern.kind == "contraction").source.split('extern "C" void')[1]
     assert ("tf_dot_nt<" in src) == (rows <= 4), src[:3000]
     if rows <= 4:
         assert re.search(r"ld\d+\[tf_j \* \d+ \+ tf_i\] = ", src), src[:3000]  # stored by columns
