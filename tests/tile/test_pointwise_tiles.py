@@ -147,3 +147,33 @@ def test_an_operand_reading_part_of_the_trailing_dims_bounds_the_row():
         src = _pointwise_source(report)
         assert "(cindex + (300 * yindex))" in src, src  # x read at row·W + column
         torch.testing.assert_close(out, fn(x, arg))
+
+
+@pytest.mark.parametrize("target", ["cpu", "interpret"])
+def test_a_fill_of_another_shape_beside_a_row_tiled_stage(target):
+    """An embedding's gradient starts from zeros of the table's shape, which the planner fuses
+    beside cross-entropy's backward over the logits (same size, another shape): the logits'
+    rows still decide the tiles (the per-row log-sum-exp read once per row) and the zeros are
+    written at the tile's flat positions. Gradients against eager with an fp64 reference."""
+    vocab, dim = 256, 32
+    table = torch.randn(vocab, dim, requires_grad=True)
+    head = torch.randn(vocab, dim, requires_grad=True)
+    tokens, targets = torch.randint(0, vocab, (2, 16)), torch.randint(0, vocab, (2, 16))
+    targets[0, 3] = -1  # an ignored position
+
+    def step(table, head, tokens, targets):
+        logits = torch.nn.functional.embedding(tokens, table) @ head.t()
+        return torch.nn.functional.cross_entropy(logits.view(-1, vocab), targets.view(-1), ignore_index=-1)
+
+    torch._dynamo.reset()
+    report = tilefuse.explain(step, table, head, tokens, targets, options={"target": target})
+    pointwise = [k.source for k in report.kernels if k.kind == "pointwise" and "nll_loss_backward" in k.name]
+    assert pointwise and all("CBLOCK" in src for src in pointwise), pointwise
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend="tilefuse", options={"target": target})
+    grads = torch.autograd.grad(compiled(table, head, tokens, targets), (table, head))
+    t64, h64 = table.detach().double().requires_grad_(), head.detach().double().requires_grad_()
+    ref = torch.autograd.grad(step(t64, h64, tokens, targets), (t64, h64))
+    eager = torch.autograd.grad(step(table, head, tokens, targets), (table, head))
+    for g, r, e in zip(grads, ref, eager):
+        assert (g.double() - r).abs().max().item() <= 2 * (e.double() - r).abs().max().item() + 1e-6

@@ -15,6 +15,7 @@ from ..fusion.plan import KernelPlan, PlanKind, StageKind
 from ..ir.expr import Const, Index, Load, Var, binary, out_index, walk
 from ..ir.graph import Graph
 from ..ir.storage import dense_order
+from ..ir.symbolic import simplify_index, unravel_sym
 from .builder import KernelBuilder, land
 from .column_runs import column_runs, lower_column_runs
 from .common import LoweringOptions, bound_check, index_values, mapped, needs_int64, pow2, static_int, tile_symbol
@@ -76,15 +77,18 @@ def _row_tiles(graph: Graph, plan: KernelPlan, options: LoweringOptions, block: 
     few rows, any row length from GPU_ROW_MIN up."""
     if any(st.kind != StageKind.POINTWISE or not st.store for st in plan.stages):
         return None
-    shapes = {tuple(graph[st.node].shape) for st in plan.stages}
+    shaped = _shaped_stages(graph, plan)
+    shapes = {tuple(graph[st.node].shape) for st in shaped}
     if len(shapes) != 1:
         return None
     (shape,) = shapes
     if len(shape) < 2 or sympy.sympify(sympy.Mul(*shape)) != sympy.sympify(plan.parallel):
         return None
     identity = tuple(range(len(shape)))
-    orders = {dense_order(shape, graph.output_strides.get(st.node)) or identity for st in plan.stages}
+    orders = {dense_order(shape, graph.output_strides.get(st.node)) or identity for st in shaped}
     if len(orders) != 1:
+        return None
+    if any(not _flat_fill(graph, st) for st in plan.stages if st not in shaped):
         return None
     (order,) = orders
     uses = _dims_read(graph, plan, shape)
@@ -105,6 +109,22 @@ def _row_tiles(graph: Graph, plan: KernelPlan, options: LoweringOptions, block: 
         if tile is not None:
             best = (tile, order, k)
     return best
+
+
+def _shaped_stages(graph: Graph, plan: KernelPlan) -> list:
+    """The stages whose shape decides the tiles: those that read memory (a fill fused beside
+    them, such as the zeros an embedding's gradient accumulates into, may have any shape of
+    the same size), or all of them when none reads."""
+    reading = [st for st in plan.stages if any(isinstance(e, Load) for e in walk(st.body))]
+    return reading or list(plan.stages)
+
+
+def _flat_fill(graph: Graph, st) -> bool:
+    """A stage that reads nothing and is stored densely in its dims' order: written at the
+    tile's flat position, whatever its shape."""
+    node = graph[st.node]
+    order = dense_order(node.shape, graph.output_strides.get(st.node))
+    return order is None or order == tuple(range(node.rank))
 
 
 def _dims_read(graph: Graph, plan: KernelPlan, shape) -> list:
@@ -182,10 +202,16 @@ def _lower_rows(graph: Graph, plan: KernelPlan, options: LoweringOptions, tiling
     vals = [None] * len(shape)
     for d, v in zip(order, (*outer, *inner)):
         vals[d] = v
+    flat = None
     for st in plan.stages:
         node = graph[st.node]
-        v = b.value(mapped(st.body, out_index(node.rank), vals), mask=mask)
-        b.store(node.name, tuple(Index(e) for e in vals), v, mask)
+        at = vals
+        if tuple(node.shape) != tuple(shape):  # a fill of another shape (`_flat_fill`)
+            if flat is None:
+                flat = y * row + c
+            at = tuple(simplify_index(v, {y: rows, c: row}) for v in unravel_sym(flat, node.shape))
+        v = b.value(mapped(st.body, out_index(node.rank), at), mask=mask)
+        b.store(node.name, tuple(Index(e) for e in at), v, mask)
     grid = (sympy.ceiling(rows / tile_symbol("YBLOCK")),)
     if columns < row:
         grid += (sympy.ceiling(sympy.Integer(row) / tile_symbol("CBLOCK")),)
