@@ -1,10 +1,12 @@
-"""`cat` and `stack` along the last dim, and sin/cos, on the CPU: tilefuse's C++ kernels against
-eager and Inductor, per call (median of many calls, backends alternating in rounds).
+"""Pointwise kernels over rows of columns on the CPU — `cat`/`stack` along the last dim, sin/cos,
+a batch norm's values per channel — tilefuse's C++ kernels against eager and Inductor, per call
+(median of many calls, backends alternating in rounds).
 
     PYTHONPATH=src python scripts/bench_cpu_columns.py [--threads 1]
 
 Cases: Hugging Face's RoPE (`rotate_half`, a `cat` of two halves), gpt-fast's RoPE (a `stack`
-of the rotated pairs), a `stack` of three values, a `cat` of `sin` and `cos` of unequal widths.
+of the rotated pairs), a `stack` of three values, a `cat` of `sin` and `cos` of unequal widths,
+an inference batch norm with a residual and ReLU over channels-last images.
 """
 from __future__ import annotations
 
@@ -41,12 +43,26 @@ def sin_cos_cat(a, b):
     return torch.cat([a.sin(), b.cos()], -1)
 
 
+def _batch_norm(channels: int):
+    bn = torch.nn.BatchNorm2d(channels).eval()
+    with torch.no_grad():
+        bn.running_mean.normal_(), bn.running_var.uniform_(0.5, 2), bn.weight.normal_(), bn.bias.normal_()
+
+    @torch.no_grad()
+    def bn_add_relu(x, r):
+        return torch.relu(bn(x) + r)
+
+    return bn_add_relu
+
+
 def cases():
     b, h, t, d = 8, 8, 256, 64
     return [("HF RoPE (cat of halves)", hf_rope, (torch.randn(b, h, t, d), torch.randn(b, t, d), torch.randn(b, t, d))),
             ("gpt-fast RoPE (stack of pairs)", gpt_fast_rope, (torch.randn(b, t, h, d), torch.randn(t, d // 2, 2))),
             ("stack of three", stack3, tuple(torch.randn(64, 1024) for _ in range(3))),
-            ("cat of sin and cos, widths 24 and 40", sin_cos_cat, (torch.randn(4096, 24), torch.randn(4096, 40)))]
+            ("cat of sin and cos, widths 24 and 40", sin_cos_cat, (torch.randn(4096, 24), torch.randn(4096, 40))),
+            ("batch norm + add + ReLU, NHWC 2x64x56x56", _batch_norm(64),
+             tuple(torch.randn(2, 64, 56, 56).to(memory_format=torch.channels_last) for _ in range(2)))]
 
 
 def _median_us(fn, args, calls: int) -> float:

@@ -562,6 +562,25 @@ def test_cheap_row_values_are_recomputed_not_stored(dynamic):
         assert len(_arrays(ex2.kernels[0].source)) == 1
 
 
+@pytest.mark.parametrize("channels,size", [(8, 5), (16, 7), (64, 3)])
+def test_values_per_column_read_late_run_before_the_row_walk(channels, size):
+    """An inference batch norm over channels-last images reads its bias after the row's first
+    values: the bias is loaded in the per-column nest before the walk over rows, which keeps
+    its values in registers (no array of a whole tile between two halves of the walk). With a
+    residual and odd image sizes, against eager by the fp64 rule."""
+    bn = torch.nn.BatchNorm2d(channels).eval()
+    with torch.no_grad():
+        bn.running_mean.normal_(), bn.running_var.uniform_(0.5, 2), bn.weight.normal_(), bn.bias.normal_()
+    x = rand(2, channels, size, size).to(memory_format=torch.channels_last)
+    r = rand(2, channels, size, size).to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        ex = run_cpu(lambda x, r: torch.relu(bn(x) + r), x, r)
+    (kernel,) = [k for k in ex.kernels if k.kind == "pointwise"]
+    src = kernel.source.split('extern "C" void')[1]
+    sizes = [int(n) for n in re.findall(r"alignas\(64\) float \w+\[(\d+)\]", src)]
+    assert sizes and all(n <= channels for n in sizes), src
+
+
 def test_values_of_a_buffer_the_kernel_writes_are_not_recomputed():
     """A kernel that also stores into the buffer its row came from: a later walk must see
     the values the first walk loaded, so the row stays an array (the same kernel without

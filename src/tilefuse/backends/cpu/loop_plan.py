@@ -147,6 +147,8 @@ class _Planner:
         self.skip: set[int] = set()  # ids of `acc = R + X` statements those dots replace
         self.folded: set[str] = set()  # names X of those dots (never stored)
         self.inplace = inplace_operands(kernel, self.sh, self.sh.strides, self.stmt_readers)
+        # (dot kernels keep their order: the accumulator folds in `dot.py` match neighbours)
+        self.hoist = not any(isinstance(st, DotTile) for st in statements(kernel.body))
 
     def plan(self) -> LoopPlan:
         k = self.kernel
@@ -183,13 +185,16 @@ class _Planner:
         """Split a block into nests being built, single statements and ("for", stmt, body)."""
         items: list = []
         group: _Group | None = None
+        side: _Group | None = None  # values per row or per column, hoisted before the open group
+        written: set[str] = set()  # buffers the open group stores to
         zero_fills = self.zero_starts(stmts)
 
         def flush():
-            nonlocal group
+            nonlocal group, side
             if group is not None:
                 items.append(group)
-                group = None
+                group = side = None
+                written.clear()
 
         for k, s in enumerate(stmts):
             if id(s) in self.zero_dot:
@@ -219,16 +224,30 @@ class _Planner:
                 if group is not None and isinstance(s, (Let, LoadTile, BroadcastTile)) and not (r & group.touched):
                     items.append(s)  # before the open group (appended when it is flushed)
                     self.site[id(s)] = s
+                    side = None  # (a later hoisted value may read it: its nest comes after)
                     continue
                 flush()
                 items.append(s)
                 self.site[id(s)] = s
+                continue
+            if self.hoist and group is not None and shape != group.shape and _hoistable(s, shape, group, written):
+                # a per-column bias read after the row's first values: a nest of its own before
+                # the open one, which then keeps its values in registers (no array between halves)
+                if side is None or side.shape != shape:
+                    side = _Group(shape)
+                    items.append(side)
+                side.stmts.append(s)
+                self.site[id(s)] = side
+                side.defined.add(s.name)
+                side.touched.add(s.name)
                 continue
             if group is not None and (group.shape != shape or r & group.reduced):
                 flush()
             if group is None:
                 group = _Group(shape)
             group.stmts.append(s)
+            if isinstance(s, StoreTile):
+                written.add(s.buffer)
             self.site[id(s)] = group
             name = defines(s)
             if name is not None:
@@ -486,6 +505,18 @@ class _Planner:
                 if block > 1 and sympy.fraction(sympy.cancel(start / block))[1] == 1:
                     out[s.name] = (block, self.sh.aranges[s.name])
         return out
+
+
+def _hoistable(s, shape: tuple, group: _Group, written: set) -> bool:
+    """Whether `s` may run before the open `group` in a nest of its own: a load or value over
+    a broadcast part of the group's space (a row or a column of it) that reads nothing the
+    group defines or stores."""
+    if not isinstance(s, (Let, LoadTile)) or reads(s) & group.touched:
+        return False
+    if isinstance(s, LoadTile) and s.buffer in written:
+        return False
+    d0, d1 = group.shape
+    return shape in ((1, d1), (d0, 1)) and shape != (1, 1)
 
 
 def _groups(items):
