@@ -57,18 +57,25 @@ def test_this_host_flags_are_in_the_cache_key(monkeypatch):
     assert toolchain.build_key("int x;", cxx) != key
 
 
+def _refusing_compiler(path, version: str, refused: str, message: str):
+    """A script standing in for the system compiler: `--version` runs the shell commands
+    `version`; a build given the flag `refused` fails with `message`; any other build runs the
+    real compiler."""
+    real = cpu.require_compiler()
+    path.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = "--version" ]; then {version}; exit 0; fi\n'
+        f'for a in "$@"; do if [ "$a" = "{refused}" ]; then echo "{message}" >&2; exit 1; fi; done\n'
+        f'exec "{real}" "$@"\n')
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
 @pytest.mark.skipif(cpu.find_compiler() is None or sys.platform == "win32", reason="no C++ compiler")
 def test_compiler_without_openmp_builds_single_threaded_kernels(tmp_path, monkeypatch):
     """A compiler that refuses -fopenmp (as Apple clang does) still builds every kernel."""
-    real = cpu.require_compiler()
-    fake = tmp_path / "no-openmp-c++"
-    fake.write_text(
-        "#!/bin/sh\n"
-        'if [ "$1" = "--version" ]; then echo "clang version 99 (tilefuse test: no OpenMP)"; exit 0; fi\n'
-        'for a in "$@"; do if [ "$a" = "-fopenmp" ]; then '
-        "echo \"clang: error: unsupported option '-fopenmp'\" >&2; exit 1; fi; done\n"
-        f'exec "{real}" "$@"\n')
-    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    fake = _refusing_compiler(tmp_path / "no-openmp-c++", 'echo "clang version 99 (tilefuse test: no OpenMP)"',
+                              "-fopenmp", "clang: error: unsupported option '-fopenmp'")
     monkeypatch.setenv("CXX", str(fake))
 
     def fn(x, w):
@@ -96,16 +103,9 @@ def test_vector_math_only_where_glibc_and_gcc_provide_it(machine, family, glibc,
 @pytest.mark.skipif(cpu.find_compiler() is None or sys.platform == "win32", reason="no C++ compiler")
 def test_a_compiler_that_cannot_link_libmvec_builds_without_it(tmp_path, monkeypatch):
     """A GCC whose C library has no libmvec to link: the build retries with the scalar functions."""
-    real = cpu.require_compiler()
-    fake = tmp_path / "no-mvec-g++"
-    fake.write_text(
-        "#!/bin/sh\n"
-        'if [ "$1" = "--version" ]; then echo "g++ (tilefuse test: no libmvec) 99"; '
-        'echo "Copyright (C) Free Software Foundation, Inc."; exit 0; fi\n'
-        'for a in "$@"; do if [ "$a" = "-l:libmvec.so.1" ]; then '
-        'echo "ld: cannot find -l:libmvec.so.1" >&2; exit 1; fi; done\n'
-        f'exec "{real}" "$@"\n')
-    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    fake = _refusing_compiler(tmp_path / "no-mvec-g++", 'echo "g++ (tilefuse test: no libmvec) 99"; '
+                              'echo "Copyright (C) Free Software Foundation, Inc."',
+                              "-l:libmvec.so.1", "ld: cannot find -l:libmvec.so.1")
     monkeypatch.setattr(toolchain, "glibc_version", lambda: (2, 36))
     monkeypatch.setattr(toolchain.platform, "machine", lambda: "x86_64")
     monkeypatch.setenv("CXX", str(fake))
