@@ -103,6 +103,19 @@ def test_rows_of_a_symbolic_count():
         _close(out, fn, (a, b))
 
 
+def test_a_stack_of_long_vectors_walks_them_in_blocks():
+    """A `stack` of two long 1-D vectors: its pairs walk the vector a block of rows per
+    program (no tile as long as the vector)."""
+    a, b = torch.randn(50001), torch.randn(50001)
+
+    def fn(a, b):
+        return torch.stack([a.exp(), b * 2], -1)
+
+    report, out = _compile(fn, a, b)
+    assert "CBLOCK = 50001" not in _sources(report)
+    _close(out, fn, (a, b))
+
+
 @pytest.mark.parametrize("target", ["cpu", "interpret"])
 def test_both_backends_agree_on_a_stack_of_three(target):
     a, b, c = torch.randn(7, 10), torch.randn(7, 10), torch.randn(10)

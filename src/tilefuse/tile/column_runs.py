@@ -151,11 +151,13 @@ def _rows_per_program(rows, width: int, block: int) -> int:
 
 def _middle_dim(shape, order, runs) -> int | None:
     """The dim a `stack`'s one-column runs vectorise along: the next inner dim in storage
-    order, when it has a static extent of at least 4 (else they walk rows one by one)."""
+    order, when it has a static extent of at least 4 and a row of both dims stays within
+    MAX_COLUMNS elements (else they walk rows one by one)."""
     if any(stop - start != 1 for start, stop, _ in runs) or len(order) < 2:
         return None
     extent = static_int(shape[order[-2]])
-    return order[-2] if extent is not None and extent >= 4 else None
+    ok = extent is not None and 4 <= extent and extent * len(runs) <= MAX_COLUMNS
+    return order[-2] if ok else None
 
 
 def lower_column_runs(graph: Graph, plan: KernelPlan, options: LoweringOptions, tiling: tuple,

@@ -201,7 +201,8 @@ def build(source: str, cxx: str, extra: tuple = ()) -> bytes:
             f.write(source)
         level = _openmp_level_of(cxx)
         proc = _run(cxx, flags(cxx, level) + extra, src, lib, _libs(cxx))
-        if proc.returncode != 0 and _uses_mvec(cxx) and "mvec" in proc.stderr + proc.stdout:
+        if proc.returncode != 0 and _uses_mvec(cxx) and any(sign in proc.stderr + proc.stdout
+                                                             for sign in ("mvec", "_ZGV")):
             with _lock:  # from now on for this compiler: the scalar functions
                 _no_mvec.add(cxx)
             logs.log("code", "%s cannot link libmvec: sin, cos and log run lane by lane", cxx)
