@@ -40,10 +40,16 @@ extern "C" __attribute__((simd("notinbranch"))) float logf(float);
 #else
 #define TF_MATHV(name) TF_MATH1(name)
 #endif
+#ifdef TF_MVEC235
+/* glibc 2.35 added these to libmvec */
+#define TF_MVECF(name) extern "C" __attribute__((simd("notinbranch"))) float name##f(float); TF_MATHV(name)
+#else
+#define TF_MVECF(name) TF_MATH1(name)
+#endif
 TF_MATHV(sin) TF_MATHV(cos) TF_MATHV(log)
-TF_MATH1(exp) TF_MATH1(exp2) TF_MATH1(log2) TF_MATH1(log10) TF_MATH1(log1p) TF_MATH1(expm1)
-TF_MATH1(sqrt) TF_MATH1(tan) TF_MATH1(asin) TF_MATH1(acos) TF_MATH1(atan)
-TF_MATH1(sinh) TF_MATH1(cosh) TF_MATH1(tanh) TF_MATH1(asinh) TF_MATH1(acosh) TF_MATH1(atanh) TF_MATH1(erf)
+TF_MVECF(log2) TF_MVECF(log10) TF_MVECF(log1p) TF_MVECF(expm1) TF_MVECF(tan) TF_MVECF(asin) TF_MVECF(acos)
+TF_MVECF(atan) TF_MVECF(sinh) TF_MVECF(cosh) TF_MVECF(asinh) TF_MVECF(acosh) TF_MVECF(atanh)
+TF_MATH1(exp) TF_MATH1(exp2) TF_MATH1(sqrt) TF_MATH1(tanh) TF_MATH1(erf)
 TF_MATH1(erfc) TF_MATH1(lgamma) TF_MATH1(floor) TF_MATH1(ceil) TF_MATH1(trunc) TF_MATH1(nearbyint) TF_MATH1(fabs)
 TF_MATH2(pow) TF_MATH2(fmod) TF_MATH2(atan2) TF_MATH2(copysign)
 TF_INLINE float tfm_fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }

@@ -36,6 +36,7 @@ OPENMP_LEVELS = (("-fopenmp",), ("-fopenmp-simd",), ())
 _openmp_level: dict[str, int] = {}  # compilers found to lack (some) OpenMP in this process
 #: glibc's vector math: the kernel's prelude declares its functions `simd` (`runtime.HEADER`)
 MVEC_DEFINE = ("-DTF_MVEC",)
+MVEC_235_DEFINE = ("-DTF_MVEC235",)
 MVEC_LIBS = ("-l:libmvec.so.1",)
 _no_mvec: set[str] = set()  # compilers whose builds failed to link libmvec in this process
 _told_single_threaded: set[str] = set()
@@ -148,9 +149,18 @@ def vector_math(machine: str, family: str, glibc: tuple) -> bool:
     return family == "gcc" and machine.lower() in ("x86_64", "amd64") and glibc >= (2, 22)
 
 
-def host_flags(machine: str, family: str, openmp_level: int = 0, mvec: bool = False) -> tuple:
+def _mvec_defines(mvec) -> tuple:
+    """`mvec`: False, or glibc's (major, minor) version (True: the 2.22 set only)."""
+    if not mvec:
+        return ()
+    return MVEC_DEFINE + (MVEC_235_DEFINE if mvec is not True and mvec >= (2, 35) else ())
+
+
+def host_flags(machine: str, family: str, openmp_level: int = 0, mvec=False) -> tuple:
     """The flags for a host (`platform.machine()`) and compiler family; `openmp_level` indexes
-    `OPENMP_LEVELS`; `mvec`: the prelude declares libmvec's functions."""
+    `OPENMP_LEVELS`; `mvec`: the prelude declares libmvec's functions (glibc's version, or
+    True for those of 2.22: sin, cos, log; 2.35 added log2, log10, log1p, expm1, tan, the
+    inverse and hyperbolic functions)."""
     machine = machine.lower()
     if machine in ("x86_64", "amd64"):
         target = X86_64
@@ -161,7 +171,7 @@ def host_flags(machine: str, family: str, openmp_level: int = 0, mvec: bool = Fa
     openmp_level = max(openmp_level, _first_openmp_level(family))
     # GCC and LLVM on ELF: calls between a library's own functions need not go through the PLT
     interposition = () if family == "apple-clang" else ("-fno-semantic-interposition",)
-    return FLAGS + interposition + target + OPENMP_LEVELS[openmp_level] + (MVEC_DEFINE if mvec else ())
+    return FLAGS + interposition + target + OPENMP_LEVELS[openmp_level] + _mvec_defines(mvec)
 
 
 def _first_openmp_level(family: str) -> int:
@@ -178,7 +188,7 @@ def _uses_mvec(cxx: str) -> bool:
 
 def flags(cxx: str, openmp_level: int | None = None) -> tuple:
     level = _openmp_level_of(cxx) if openmp_level is None else openmp_level
-    return host_flags(platform.machine(), compiler_family(cxx), level, _uses_mvec(cxx))
+    return host_flags(platform.machine(), compiler_family(cxx), level, _uses_mvec(cxx) and glibc_version())
 
 
 def _libs(cxx: str) -> tuple:
