@@ -6,7 +6,8 @@ a batch norm's values per channel — tilefuse's C++ kernels against eager and I
 
 Cases: Hugging Face's RoPE (`rotate_half`, a `cat` of two halves), gpt-fast's RoPE (a `stack`
 of the rotated pairs), a `stack` of three values, a `cat` of `sin` and `cos` of unequal widths,
-an inference batch norm with a residual and ReLU over channels-last images.
+an inference batch norm with a residual and ReLU over channels-last images, and `tan`, `log1p`,
+`asinh`, `log2` of 2**18 floats (libmvec's vector variants where the host has them).
 """
 from __future__ import annotations
 
@@ -62,7 +63,9 @@ def cases():
             ("stack of three", stack3, tuple(torch.randn(64, 1024) for _ in range(3))),
             ("cat of sin and cos, widths 24 and 40", sin_cos_cat, (torch.randn(4096, 24), torch.randn(4096, 40))),
             ("batch norm + add + ReLU, NHWC 2x64x56x56", _batch_norm(64),
-             tuple(torch.randn(2, 64, 56, 56).to(memory_format=torch.channels_last) for _ in range(2)))]
+             tuple(torch.randn(2, 64, 56, 56).to(memory_format=torch.channels_last) for _ in range(2)))] + \
+        [(f"{fn.__name__} of 2**18 floats", fn, (torch.rand(1 << 18) + 0.1,))
+         for fn in (torch.tan, torch.log1p, torch.asinh, torch.log2)]
 
 
 def _median_us(fn, args, calls: int) -> float:
