@@ -28,14 +28,6 @@ def hf_rope(q, cos, sin):
     return q * cos.unsqueeze(1) + rotate_half(q) * sin.unsqueeze(1)
 
 
-def gpt_fast_rope(x, freqs_cis):
-    xs = x.float().reshape(*x.shape[:-1], -1, 2)
-    f = freqs_cis.view(1, xs.size(1), 1, xs.size(3), 2)
-    out = torch.stack([xs[..., 0] * f[..., 0] - xs[..., 1] * f[..., 1],
-                       xs[..., 1] * f[..., 0] + xs[..., 0] * f[..., 1]], -1)
-    return out.flatten(3).type_as(x)
-
-
 def stack3(a, b, c):
     return torch.stack([a * 2, b + 1, c - a], -1)
 
@@ -57,9 +49,11 @@ def _batch_norm(channels: int):
 
 
 def cases():
+    from tilefuse.bench.zoo.gptfast import apply_rotary_emb  # gpt-fast's own spelling
+
     b, h, t, d = 8, 8, 256, 64
     return [("HF RoPE (cat of halves)", hf_rope, (torch.randn(b, h, t, d), torch.randn(b, t, d), torch.randn(b, t, d))),
-            ("gpt-fast RoPE (stack of pairs)", gpt_fast_rope, (torch.randn(b, t, h, d), torch.randn(t, d // 2, 2))),
+            ("gpt-fast RoPE (stack of pairs)", apply_rotary_emb, (torch.randn(b, t, h, d), torch.randn(t, d // 2, 2))),
             ("stack of three", stack3, tuple(torch.randn(64, 1024) for _ in range(3))),
             ("cat of sin and cos, widths 24 and 40", sin_cos_cat, (torch.randn(4096, 24), torch.randn(4096, 40))),
             ("batch norm + add + ReLU, NHWC 2x64x56x56", _batch_norm(64),

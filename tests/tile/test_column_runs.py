@@ -8,6 +8,7 @@ import sympy
 import torch
 
 import tilefuse
+from tilefuse.bench.zoo.gptfast import apply_rotary_emb
 from tilefuse.fusion.plan import KernelPlan, PlanKind, Stage, StageKind
 from tilefuse.ir import dtypes as dt
 from tilefuse.ir.expr import Binary, Const, Index, Load, Where, out_index
@@ -38,13 +39,8 @@ def _close(out, fn, args, tol_factor=2.0):
     assert err <= tol_factor * eager_err + 1e-6, (err, eager_err)
 
 
-def rope_gpt_fast(x, freqs_cis):
-    """gpt-fast's `apply_rotary_emb`: pairs rotated, then stacked along a new last dim."""
-    xs = x.float().reshape(*x.shape[:-1], -1, 2)
-    f = freqs_cis.view(1, xs.size(1), 1, xs.size(3), 2)
-    out = torch.stack([xs[..., 0] * f[..., 0] - xs[..., 1] * f[..., 1],
-                       xs[..., 1] * f[..., 0] + xs[..., 0] * f[..., 1]], -1)
-    return out.flatten(3).type_as(x)
+#: gpt-fast's `apply_rotary_emb`: pairs rotated, then stacked along a new last dim
+rope_gpt_fast = apply_rotary_emb
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
