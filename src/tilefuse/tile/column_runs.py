@@ -25,10 +25,10 @@ from ..fusion.plan import KernelPlan, StageKind
 from ..ir.expr import (Binary, Const, Expr, Index, Load, Unary, Where, free_symbols,
                        out_index, transform, walk)
 from ..ir.graph import Graph
-from ..ir.storage import dense_order
 from ..passes.fold import fold_expr
 from .builder import KernelBuilder
-from .common import LoweringOptions, bound_check, index_values, mapped, needs_int64, static_int, tile_symbol
+from .common import (LoweringOptions, bound_check, index_values, mapped, needs_int64, static_int, tile_symbol,
+                     uniform_layout)
 from .ir import Arange, KernelKind, ProgramId, TileKernel
 
 #: the widest innermost dim whose columns are examined one by one
@@ -71,10 +71,8 @@ def _column_selections(bodies, symbol: sympy.Symbol) -> list[Expr]:
     for body in bodies:
         for e in walk(body):
             if isinstance(e, Where) and e.cond not in found and free_symbols(e.cond) == {symbol} and \
-                    not any(isinstance(n, Load) for n in walk(e.cond)) and \
                     all(isinstance(n, (Const, Index, Binary, Unary)) for n in walk(e.cond)) and \
-                    all(n.op in _COMPARE
-                        for n in walk(e.cond) if isinstance(n, Binary)):
+                    all(n.op in _COMPARE for n in walk(e.cond) if isinstance(n, Binary)):
                 found.append(e.cond)
     return found
 
@@ -87,20 +85,13 @@ def column_runs(graph: Graph, plan: KernelPlan, options: LoweringOptions):
         return None
     if any(st.kind != StageKind.POINTWISE or not st.store for st in plan.stages):
         return None
-    shapes = {tuple(graph[st.node].shape) for st in plan.stages}
-    if len(shapes) != 1:
+    layout = uniform_layout(graph, plan.stages, plan.parallel)
+    if layout is None:
         return None
-    (shape,) = shapes
-    if not shape or sympy.sympify(sympy.Mul(*shape)) != sympy.sympify(plan.parallel):
-        return None
+    shape, order = layout
     stage_nodes = {st.node for st in plan.stages}
     if any(isinstance(e, Load) and e.buffer in stage_nodes for st in plan.stages for e in walk(st.body)):
         return None  # a stage reading another's result from memory: keep the element order
-    identity = tuple(range(len(shape)))
-    orders = {dense_order(shape, graph.output_strides.get(st.node)) or identity for st in plan.stages}
-    if len(orders) != 1:
-        return None
-    (order,) = orders
     width = static_int(shape[order[-1]])
     if width is None or not 2 <= width <= MAX_COLUMNS:
         return None

@@ -10,6 +10,7 @@ import sympy
 from ..ir import dtypes as dt
 from ..ir.expr import Cast, Const, Expr, Index, Var, binary, cast, where
 from ..ir.graph import Graph
+from ..ir.storage import dense_order
 from ..ir.monoid import Monoid
 from ..ir.rewrite import substitute_index
 from ..ir.symbolic import simplify_index, unravel_sym
@@ -54,6 +55,21 @@ def identity_const(m: Monoid, dtype) -> Const:
     """The value padding lanes contribute: the monoid's identity in `dtype`, as a constant."""
     v = m.identity(dtype)
     return Const(float(v) if dtype.is_float else v, dtype)
+
+
+def uniform_layout(graph: Graph, stages, parallel) -> tuple | None:
+    """(shape, storage order) shared by every stage's result, when they share one and it
+    spans the kernel's whole parallel space (`parallel` elements), else None. A result with
+    no dense layout of its own counts as laid out in its dims' order."""
+    shapes = {tuple(graph[st.node].shape) for st in stages}
+    if len(shapes) != 1:
+        return None
+    (shape,) = shapes
+    if not shape or sympy.sympify(sympy.Mul(*shape)) != sympy.sympify(parallel):
+        return None
+    identity = tuple(range(len(shape)))
+    orders = {dense_order(shape, graph.output_strides.get(st.node)) or identity for st in stages}
+    return (shape, orders.pop()) if len(orders) == 1 else None
 
 
 def bound_check(b: KernelBuilder, index, extent, block: int, name: str):

@@ -18,7 +18,8 @@ from ..ir.storage import dense_order
 from ..ir.symbolic import simplify_index, unravel_sym
 from .builder import KernelBuilder, land
 from .column_runs import column_runs, lower_column_runs
-from .common import LoweringOptions, bound_check, index_values, mapped, needs_int64, pow2, static_int, tile_symbol
+from .common import (LoweringOptions, bound_check, index_values, mapped, needs_int64, pow2, static_int, tile_symbol,
+                     uniform_layout)
 from .family import KernelFamily
 from .ir import Arange, KernelKind, ProgramId, TileKernel
 from .roofline import memory_time
@@ -78,19 +79,12 @@ def _row_tiles(graph: Graph, plan: KernelPlan, options: LoweringOptions, block: 
     if any(st.kind != StageKind.POINTWISE or not st.store for st in plan.stages):
         return None
     shaped = _shaped_stages(graph, plan)
-    shapes = {tuple(graph[st.node].shape) for st in shaped}
-    if len(shapes) != 1:
+    layout = uniform_layout(graph, shaped, plan.parallel)
+    if layout is None or len(layout[0]) < 2:
         return None
-    (shape,) = shapes
-    if len(shape) < 2 or sympy.sympify(sympy.Mul(*shape)) != sympy.sympify(plan.parallel):
-        return None
-    identity = tuple(range(len(shape)))
-    orders = {dense_order(shape, graph.output_strides.get(st.node)) or identity for st in shaped}
-    if len(orders) != 1:
-        return None
+    shape, order = layout
     if any(not _flat_fill(graph, st) for st in plan.stages if st not in shaped):
         return None
-    (order,) = orders
     uses = _dims_read(graph, plan, shape)
     if not any(len(u) < len(shape) for u in uses):
         return None  # nothing broadcast: the flat walk
