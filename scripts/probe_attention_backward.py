@@ -1,8 +1,9 @@
 """The derived attention backward on the GPU: the three products over recomputed scores
-(dV = Pᵀ·dO, dQ = dS·K, dKᵀ = Qᵀ·dS; `fusion.recompute`) per tile configuration, against
+(dV = Pᵀ·dO, dQ = dS·K, dKᵀ = Qᵀ·dS; `fusion.recompute`; dK and dV in one kernel unless
+`--separate`) per tile configuration, against
 PyTorch's FlashAttention-2 backward (SDPA, `is_causal`) in the same process.
 
-    PYTHONPATH=src python scripts/probe_attention_backward.py [--shape 8,12,1024,64] [--configs 128,64,8,3;64,64,4,2]
+    PYTHONPATH=src python scripts/probe_attention_backward.py [--shape 8,12,1024,64] [--configs 128,64,8,3;64,64,4,2] [--separate]
 
 The backward is written as `frontend.attention_chains` writes it (a `tril` mask, scale
 1/√d, the logsumexp of the forward), compiled by tilefuse under each `flash_config`; a
@@ -72,7 +73,13 @@ def main() -> int:
     ap.add_argument("--configs", default="default;128,64,8,3;128,64,8,2;64,64,4,3;64,64,4,2;128,32,8,2;64,32,4,3;"
                                          "64,128,4,2;128,128,8,2;32,64,4,3")
     ap.add_argument("--sources", default="", help="write the kernels' sources (default tiles) into this folder")
+    ap.add_argument("--separate", action="store_true",
+                    help="dK and dV as two kernels, each computing the score tiles (the merge turned off)")
     args = ap.parse_args()
+    if args.separate:
+        import tilefuse.fusion.recompute as recompute
+
+        recompute.merge_siblings = lambda steps, graph, note: steps
     b, h, t, d = (int(x) for x in args.shape.split(","))
     torch.manual_seed(0)
     q, k, v, do = (torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))

@@ -53,17 +53,23 @@ def _close_to_fp64(fn, inputs, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("masked", [True, False], ids=["tril-buffer", "no-mask"])
-def test_attention_backward_is_three_products_over_recomputed_scores(dtype, masked):
-    """dV = Pᵀ·dO, dQ = dS·K and dKᵀ = Qᵀ·dS become three flash plans; the kernels that would
-    write S, dO·Vᵀ, P and dS (T×T each) are gone; a mask read from data is summarised per
-    tile and its dead tiles skipped."""
+def test_attention_backward_is_products_over_recomputed_scores(dtype, masked):
+    """dV = Pᵀ·dO, dQ = dS·K and dKᵀ = Qᵀ·dS become flash plans — dK and dV one kernel, which
+    computes each score tile once for both; the kernels that would write S, dO·Vᵀ, P and dS
+    (T×T each) are gone; a mask read from data is summarised per tile and its dead tiles
+    skipped."""
     inputs = _attention_inputs(dtype, masked=masked)
     torch._dynamo.reset()
     report = tilefuse.explain(attention_backward, *inputs)
     kinds = [k.kind for k in report.kernels if k.kind != "block-summary"]
-    assert sorted(kinds) == ["flash", "flash", "flash", "reduction"], str(report)  # (the reduction: rowsum(dO∘O))
+    assert sorted(kinds) == ["flash", "flash", "reduction"], str(report)  # (the reduction: rowsum(dO∘O))
     flash = [k for k in report.kernels if k.kind == "flash"]
     assert all(any("weights recomputed per tile" in n for n in k.notes) for k in flash)
+    assert "one kernel with" in "\n".join(report.reports[0].decisions)
+    both = [k for k in flash if sum("weights recomputed per tile" in n for n in k.notes) == 2]
+    assert len(both) == 1, str(report)
+    first_loop = both[0].tile_ir.split("for joffset")[1]
+    assert first_loop.count("dot(") == 4, both[0].tile_ir  # Q·Kᵀ, dO·Vᵀ, Pᵀ·dO, dSᵀ·Q
     if masked:
         assert all(any("the rest are skipped" in n for n in k.notes) for k in flash), str(report)
     assert "dropped" in "\n".join(report.reports[0].decisions)
@@ -83,9 +89,9 @@ def test_an_index_mask_bounds_the_loops():
     torch._dynamo.reset()
     report = tilefuse.explain(fn, q, k, v, o, do, lse)
     flash = [kern for kern in report.kernels if kern.kind == "flash"]
-    assert len(flash) == 3 and not [kern for kern in report.kernels if kern.kind == "block-summary"]
+    assert len(flash) == 2 and not [kern for kern in report.kernels if kern.kind == "block-summary"]
     loops = [next(line for line in kern.tile_ir.splitlines() if "for joffset" in line) for kern in flash]
-    assert sorted("range(0, 130," not in line for line in loops) == [True] * 3, loops
+    assert sorted("range(0, 130," not in line for line in loops) == [True] * 2, loops
     assert all(any("skipped" in n for n in kern.notes) for kern in flash)
     torch._dynamo.reset()
     _close_to_fp64(fn, (q, k, v, o, do, lse), torch.float32)

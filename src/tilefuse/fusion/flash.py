@@ -232,6 +232,22 @@ class FlashInfo:
     #: score as (name, row factor, key factor, extent of k0); empty for attention plans, whose
     #: one score is (`q`, `k`, `score_extent`)
     scores: tuple = ()
+    #: further products of a recomputing plan over the same score tiles (`fusion.recompute.
+    #: merge_siblings`): each accumulated beside the plan's own, in the same coordinates
+    siblings: tuple = ()
+
+
+@dataclass(frozen=True)
+class Sibling:
+    """A second product of a flash plan: its node, weights and values in the plan's
+    coordinates, the node's index in them (its own output dims may be ordered otherwise: dKᵀ
+    beside dV), and its epilogue stages (computed at that index)."""
+
+    node: str
+    a: Expr
+    b: Expr
+    index: tuple = ()
+    epilogues: tuple = ()
 
 
 def _coordinates(graph, out_k, score_k, reduces, term, f_name, f_body, s_name):

@@ -27,7 +27,7 @@ from ..ir.expr import Cast, Expr, Index, Load, binary, count_ops, free_symbols, 
     skip_intermediate_rounding, transform, walk
 from ..ir.graph import Graph, Pointwise, Scatter
 from ..ir.rewrite import substitute_index
-from .flash import K0, MAX_HELD, FlashInfo, _static
+from .flash import K0, MAX_HELD, FlashInfo, Sibling, _static
 from .inline import is_contraction_like
 from .plan import Contraction, KernelPlan, PlanKind, Stage, StageKind
 
@@ -63,10 +63,113 @@ def fuse_recomputed_scores(steps: list, graph: Graph, outputs: set, note) -> lis
                     note(msg)
             for k in kept[1]:
                 note(f"{k.name}: dropped — what it computed is recomputed where it is read")
-            return kept[0]
+            return merge_siblings(kept[0], graph, note)
         for name in undone:
             del merged[name]
     return steps
+
+
+def merge_siblings(steps: list, graph: Graph, note) -> list:
+    """Recomputing plans over the same score tiles become one kernel: a program computes each
+    score tile once and accumulates every product that reads it (FlashAttention-2's dK and dV:
+    `Pᵀ·dO` and `dSᵀ·Q` from one `Q·Kᵀ`, 4 dots per tile pair instead of 2 + 3). The plans
+    must share their rows, held extent, loop, batch, score products (one's a subset of the
+    other's) and mask; the later plan's position takes the merged kernel when nothing between
+    the two reads what the earlier one stores."""
+    while True:
+        plans = [s for s in steps if isinstance(s, KernelPlan) and s.kind == PlanKind.FLASH and s.flash.scores]
+        pair = next(((a, b) for i, a in enumerate(plans) for b in plans[i + 1:]
+                     if _adjacent(steps, a, b) and _siblings(a, b, graph) is not None), None)
+        if pair is None:
+            return steps
+        first, second = pair
+        primary, sibling = (first, second) if len(first.flash.scores) >= len(second.flash.scores) else (second, first)
+        merged = _merged(primary, sibling, _siblings(primary, sibling, graph), graph)
+        note(f"{sibling.contraction_stage.node}: one kernel with {primary.contraction_stage.node} — both products' "
+             f"weights come from the same score tiles, computed once")
+        steps = [merged if s is second else s for s in steps if s is not first]
+
+
+def _siblings(a: KernelPlan, b: KernelPlan, graph: Graph) -> dict | None:
+    """`b`'s output coordinates in `a`'s (`_coordinate_map`) when the two recomputing plans
+    walk the same tiles — same rows, held extent, batch and loop, score products (one's within
+    the other's) and mask, no siblings yet, and neither reads the other — else None."""
+    fa, fb = a.flash, b.flash
+    if fa.siblings or fb.siblings or fa.post is not None or fb.post is not None or a.reduction != b.reduction:
+        return None
+    mapping = _coordinate_map(a, b, graph)
+    if mapping is None:
+        return None
+    scores_b = {(name, substitute_index(q, mapping), substitute_index(k, mapping), extent)
+                for name, q, k, extent in fb.scores}
+    small, large = sorted((set(fa.scores), scores_b), key=len)
+    if not small <= large:
+        return None
+    masked_b = substitute_index(fb.masked, mapping) if fb.masked is not None else None
+    if (fa.masked, fa.skippable) != (masked_b, fb.skippable):
+        return None  # (an equal mask is read from the same score, which `_with_mask` put first in both)
+    if (_reads(a) & _computed(b)) or (_reads(b) & _computed(a)):
+        return None
+    return mapping
+
+
+def _coordinate_map(a: KernelPlan, b: KernelPlan, graph: Graph) -> dict | None:
+    """Index symbol of `b`'s output -> `a`'s at the same (row, held, batch) position: dV is
+    [batch, keys, d] and dKᵀ [batch, d, keys]; None when the extents differ."""
+    ca, cb = a.contraction, b.contraction
+    na, nb = graph[a.contraction_stage.node], graph[b.contraction_stage.node]
+    pairs = [(cb.m_dim, ca.m_dim), (cb.n_dim, ca.n_dim), *zip(cb.batch_dims, ca.batch_dims)]
+    if len(ca.batch_dims) != len(cb.batch_dims) or len(pairs) != nb.rank or nb.rank != na.rank:
+        return None
+    if any(sympy.simplify(nb.shape[db] - na.shape[da]) != 0 for db, da in pairs):
+        return None
+    if tuple(na.ranges) != tuple(nb.ranges):
+        return None
+    ob, oa = out_index(nb.rank), out_index(na.rank)
+    return {ob[db]: Index(oa[da]) for db, da in pairs}
+
+
+def _reads(plan: KernelPlan) -> set:
+    return {e.buffer for st in plan.stages for e in walk(st.body) if isinstance(e, Load)}
+
+
+def _computed(plan: KernelPlan) -> set:
+    """What a plan computes apart from its score tiles (which every plan over them recomputes)."""
+    return {st.node for st in plan.stages if st.kind != StageKind.SCORE}
+
+
+def _adjacent(steps: list, first: KernelPlan, second: KernelPlan) -> bool:
+    """Whether `first` may move to `second`'s position: no step in between reads what it
+    stores (its readers come after the merged kernel then)."""
+    i, j = next(n for n, s in enumerate(steps) if s is first), next(n for n, s in enumerate(steps) if s is second)
+    if i > j:
+        return False
+    own = _computed(first)
+    for s in steps[i + 1:j]:
+        if isinstance(s, KernelPlan):
+            if any(isinstance(e, Load) and e.buffer in own for st in s.stages for e in walk(st.body)):
+                return False
+            if any(st.scatter for st in s.stages):
+                return False  # (an in-place write the earlier plan's reads could see)
+        else:
+            return False  # (an extern call: its reads and writes are not tracked here)
+    return True
+
+
+def _merged(primary: KernelPlan, sibling: KernelPlan, mapping: dict, graph: Graph) -> KernelPlan:
+    """One plan: the primary's, with the sibling's product (its weights and values, and where
+    its output and epilogues are stored) in the primary's coordinates."""
+    node = graph[sibling.contraction_stage.node]
+    epilogues = tuple(st.node for st in sibling.stages if st.kind == StageKind.ROW)
+    extra = Sibling(node.name, substitute_index(sibling.flash.a, mapping), substitute_index(sibling.flash.b, mapping),
+                    index=tuple(mapping[s].expr for s in out_index(node.rank)), epilogues=epilogues)
+    plan = KernelPlan(name=primary.name, kind=PlanKind.FLASH, parallel=primary.parallel,
+                      reduction=primary.reduction, contraction=primary.contraction,
+                      flash=replace(primary.flash, siblings=(extra,)), origin=primary.origin)
+    plan.stages = [replace(st) for st in primary.stages]
+    plan.stages += [replace(st) for st in sibling.stages if st.kind != StageKind.SCORE]
+    plan.notes = primary.notes + sibling.notes
+    return plan
 
 
 def _expand(expr: Expr, graph: Graph, depth: int = 0, memo: dict | None = None) -> Expr:

@@ -134,6 +134,10 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
     accd = _accumulator(plan)
     acc = Var(b.fresh("acc"), accd)
     b.emit(Full(acc.name, ("BLOCK_M", "BLOCK_DN"), 0.0, accd))
+    sibling_accs = []  # (a product over the same score tiles: `FlashInfo.siblings`)
+    for _ in info.siblings:
+        sibling_accs.append(Var(b.fresh("acc"), accd))
+        b.emit(Full(sibling_accs[-1].name, ("BLOCK_M", "BLOCK_DN"), 0.0, accd))
 
     start, stop = live_keys(info, outs[con.m_dim], r0, M, N)
     b.tile_symbols |= {"BLOCK_N"}
@@ -202,23 +206,29 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
             b.bound[st.node] = running[st.node][1]
             updates.append(Assign(carried.name, value))
 
-        a_expr, a_dtype = dot_operand(relax(edit(info.a)))
-        v_expr, v_dtype = dot_operand(info.b)
-        if info.post is not None and v_dtype.is_low_precision:
-            a_dtype = v_dtype  # unnormalised weights are rounded for the tensor-core dot
-        p_tile = b.value(at(exp_as_exp2(pull_scales(a_expr), row_values), rm, 0, rj), mask=tile_mask)
-        if tile_mask is not None:
-            p_tile = b.let(where(tile_mask, p_tile, Const(0.0, p_tile.dtype)), "p")
-        v_mask = land(jb_ok, n_ok)
-        v_tile = b.value(at(v_expr, 0, rn, rjb), mask=v_mask)
-        if v_mask is not None:
-            v_tile = b.let(where(v_mask, v_tile, Const(0.0, v_tile.dtype)), "v")
+        def product(weights, values):
+            """dot(weights, values) of this key tile, its operands rounded as eager rounds them."""
+            a_expr, a_dtype = dot_operand(relax(edit(weights)))
+            v_expr, v_dtype = dot_operand(values)
+            if info.post is not None and v_dtype.is_low_precision:
+                a_dtype = v_dtype  # unnormalised weights are rounded for the tensor-core dot
+            p_tile = b.value(at(exp_as_exp2(pull_scales(a_expr), row_values), rm, 0, rj), mask=tile_mask)
+            if tile_mask is not None:
+                p_tile = b.let(where(tile_mask, p_tile, Const(0.0, p_tile.dtype)), "p")
+            v_mask = land(jb_ok, n_ok)
+            v_tile = b.value(at(v_expr, 0, rn, rjb), mask=v_mask)
+            if v_mask is not None:
+                v_tile = b.let(where(v_mask, v_tile, Const(0.0, v_tile.dtype)), "v")
+            pv = b.fresh("pv")
+            b.emit(Full(pv, ("BLOCK_M", "BLOCK_DN"), 0.0, accd))
+            low = a_dtype == v_dtype and a_dtype.is_low_precision and not options.target.interpret
+            b.emit(DotTile(pv, p_tile, v_tile, Var(pv, accd), a_dtype if low else accd))
+            return Var(pv, accd)
+
         rebased = rebase(b, graph, acc, o_stage.repair, running) if o_stage.repair is not None else acc
-        pv = b.fresh("pv")
-        b.emit(Full(pv, ("BLOCK_M", "BLOCK_DN"), 0.0, accd))
-        pv_dtype = a_dtype if a_dtype == v_dtype and a_dtype.is_low_precision and not options.target.interpret else accd
-        b.emit(DotTile(pv, p_tile, v_tile, Var(pv, accd), pv_dtype))
-        updates.append(Assign(acc.name, binary("add", rebased, Var(pv, accd))))
+        updates.append(Assign(acc.name, binary("add", rebased, product(info.a, info.b))))
+        for sib, sib_acc in zip(info.siblings, sibling_accs):
+            updates.append(Assign(sib_acc.name, binary("add", sib_acc, product(sib.a, sib.b))))
         for u in updates:
             b.emit(u)
         b.restrict_masks(None, {})
@@ -269,6 +279,8 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
                           plan=plan, scratch=dict(b.scratch))  # its partial states and any block summary
     for st in reduces:
         b.bound[st.node] = b.let(_finished(state[st.node], graph[st.node]), "red")
+    for sib, sib_acc in zip(info.siblings, sibling_accs):
+        b.bound[sib.node] = b.let(cast(sib_acc, graph[sib.node].dtype), "out")
     _finish(b, graph, plan, acc, rm, rn, m_ok, omask, coords, at)
     return TileKernel(plan.name, b.finish_params(), constexprs, numel=M * DN * nbatch,
                       grid=(sympy.ceiling(M / tile_symbol("BLOCK_M")), nbatch), body=b.body, num_warps=warps,
@@ -308,7 +320,7 @@ def score_products(plan: KernelPlan) -> list[ScoreProduct]:
 def _accumulator(plan: KernelPlan):
     """The dtype of the score and output accumulators: fp64 for double attention, else fp32."""
     info = plan.flash
-    return dot_accumulator(info.q, info.k, info.a, info.b)
+    return dot_accumulator(info.q, info.k, info.a, info.b, *(x for sib in info.siblings for x in (sib.a, sib.b)))
 
 
 def _flash_sizes(graph: Graph, plan: KernelPlan) -> tuple:
@@ -351,6 +363,7 @@ def flash_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     M, N, DN, DK, batch = _flash_sizes(graph, plan)
     dn = max(16, pow2(static_int(DN)))
     dk = sum(sc.width for sc in score_products(plan))  # every score product's key tile is pipelined
+    products = 1 + len(plan.flash.siblings)  # (and every product's value tile)
     low = dot_operand(plan.flash.q)[1].is_low_precision
     item = 2 if low else 4
     rows = static_int(M)
@@ -371,12 +384,13 @@ def flash_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
         if rows is not None and s["BLOCK_M"] > max(1 if options.target.on_cpu else 16, pow2(rows)):
             return False
         # K and V tiles pipelined over the stages, the Q tile once (tile.limits measures the same)
-        smem = s["stages"] * s["BLOCK_N"] * (dk + dn) * item + s["BLOCK_M"] * dk * item
+        smem = s["stages"] * s["BLOCK_N"] * (dk + dn * products) * item + s["BLOCK_M"] * dk * item
         regs = s["BLOCK_M"] * (dn + s["BLOCK_N"]) // (32 * s["warps"])
         return smem <= smem_limit and regs <= 192
 
     nbatch = static_int(sympy.Mul(*batch)) if batch else 1
-    sizes = {"M": rows, "N": static_int(N), "D": max(dn, dk), "batch": nbatch}
+    sizes = {"M": rows, "N": static_int(N), "D": max(dn, dk), "batch": nbatch,
+             "dots": len(score_products(plan)) + products}
     return ScheduleSpace("flash", knobs, default, sizes=sizes, itemsize=item, valid=valid,
                          plan_kind=PlanKind.FLASH)
 
@@ -443,17 +457,27 @@ def _finish(b: KernelBuilder, graph: Graph, plan: KernelPlan, acc, rm, rn, m_ok,
     b.bound[o_node.name] = b.let(cast(total, o_node.dtype), "out")
     syms, vals = coords(rm, rn, 0)
     _store_row_stats(b, plan, dict(zip(syms, vals)), at, rm, m_ok)
-    o_index = tuple(Index(v) if not isinstance(v, Index) else v for v in (dict(zip(syms, vals))[s] for s in outs))
-    if o_stage.store:
-        b.store(o_node.name, o_index, b.bound[o_node.name], omask)
-    flat = sum((c.expr * st_ for c, st_ in zip(o_index, contiguous_strides(o_node.shape))), sympy.Integer(0))
-    for st in epilogues:
-        enode = graph[st.node]
-        vals = [c.expr for c in o_index] if tuple(enode.shape) == tuple(o_node.shape) \
-            else list(index_values(enode.shape, flat, lane_ranges([c.expr for c in o_index], o_node.shape)))
-        v = b.value(mapped(st.body, out_index(enode.rank), vals), mask=omask)
-        b.bound[st.node] = v
-        b.store(st.node, tuple(Index(e) for e in vals), v, omask)
+    bound = dict(zip(syms, vals))
+    o_index = tuple(Index(v) if not isinstance(v, Index) else v for v in (bound[s] for s in outs))
+    # each product with its epilogues, at its own index (a sibling's: `FlashInfo.siblings`,
+    # bound by the caller)
+    anchors = [(o_stage, o_index, [st for st in epilogues if not any(st.node in sib.epilogues for sib in info.siblings)])]
+    for sib in info.siblings:
+        at_tile = {s: v.expr if isinstance(v, Index) else sympy.sympify(v) for s, v in bound.items()}
+        index = tuple(Index(sympy.sympify(e).xreplace(at_tile)) for e in sib.index)
+        anchors.append((plan.stage(sib.node), index, [st for st in epilogues if st.node in sib.epilogues]))
+    for stage, index, own in anchors:
+        anchor = graph[stage.node]
+        if stage.store:
+            b.store(anchor.name, index, b.bound[anchor.name], omask)
+        flat = sum((c.expr * st_ for c, st_ in zip(index, contiguous_strides(anchor.shape))), sympy.Integer(0))
+        for st in own:
+            enode = graph[st.node]
+            vals = [c.expr for c in index] if tuple(enode.shape) == tuple(anchor.shape) \
+                else list(index_values(enode.shape, flat, lane_ranges([c.expr for c in index], anchor.shape)))
+            v = b.value(mapped(st.body, out_index(enode.rank), vals), mask=omask)
+            b.bound[st.node] = v
+            b.store(st.node, tuple(Index(e) for e in vals), v, omask)
 
 
 def _store_row_stats(b: KernelBuilder, plan: KernelPlan, bound: dict, at, rm, m_ok) -> None:
@@ -644,7 +668,7 @@ def shrink_flash(plan: KernelPlan, schedule: Schedule, resource: str, options: L
 
 
 def flash_time(space, schedule: Schedule, c) -> float:
-    """Two dots per key tile against the exp/max/sum per score, or the K and V traffic of every
+    """The dots per key tile (two for attention) against the exp/max/sum per score, or the K and V traffic of every
     block of rows, whichever is larger; a split adds its merge kernel."""
     s = space.sizes
     M, N, D, batch = s.get("M"), s.get("N"), s.get("D"), s.get("batch") or 1
@@ -657,7 +681,7 @@ def flash_time(space, schedule: Schedule, c) -> float:
     slots = concurrency(smem, warps, c.sm_count)
     waves = math.ceil(programs / slots)
     keys = math.ceil(N / split / bn) * bn
-    flops = 4.0 * bm * keys * D  # two dots per key tile
+    flops = 2.0 * (s.get("dots") or 2) * bm * keys * D  # score and output dots per key tile
     vector = 10.0 * bm * keys  # exp2, max, sum, scale per score
     per_sm = min(slots // c.sm_count, math.ceil(programs / c.sm_count))
     sm_rate = c.matrix_flops / c.sm_count * tile_efficiency(bm, min(bn, D), warps)
