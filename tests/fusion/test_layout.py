@@ -125,3 +125,38 @@ def test_layout_with_symbolic_sequence_length():
             out = fn(*args)
             ref = mha_projection(*(a.double() for a in args))
             assert (out.double() - ref).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_a_flash_product_read_along_its_columns_is_stored_that_way(backend):
+    """The attention backward's dKᵀ = Qᵀ·dS is [batch, d, keys] but computed as [keys, d]
+    tiles; the qkv gradient's `cat` reads it along d. It is stored with d innermost — the
+    flash kernel's tile columns — so the cat reads it at unit stride instead of a stride of
+    the key count."""
+    import math
+
+    def grads(q, k, v, do, lse, row, keep):  # (as `frontend.attention_chains` writes the backward)
+        s = (q @ k.transpose(-1, -2)).masked_fill(~keep, float("-inf")) * (1.0 / math.sqrt(q.shape[-1]))
+        p = torch.exp(s - lse)
+        ds = p * (do @ v.transpose(-1, -2) - row)
+        dkt = q.transpose(-1, -2) @ ds  # [b, h, d, t]
+        dq = ds @ k
+        return torch.cat([dq, dkt.transpose(-1, -2)], dim=-1).transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
+
+    torch.manual_seed(0)
+    b, h, t, d = 2, 3, 45, 16
+    q, k, v, do = (torch.randn(b, h, t, d) for _ in range(4))
+    lse, row = torch.randn(b, h, t, 1) + 3.0, torch.randn(b, h, t, 1)
+    keep = torch.rand(t, t) > 0.3
+    keep |= torch.eye(t, dtype=torch.bool)
+    args = (q, k, v, do, lse, row, keep)
+    with config.patch(target=backend):
+        torch._dynamo.reset()
+        report = tilefuse.explain(grads, *args)
+        decisions = [dec for r in report.reports for dec in r.decisions if "strided reads instead of" in dec]
+        assert decisions, "\n".join(d for r in report.reports for d in r.decisions)
+        torch._dynamo.reset()
+        out = torch.compile(grads, backend="tilefuse")(*args)
+    ref = grads(*(a.double() if a.is_floating_point() else a for a in args))
+    eager_err = (grads(*args).double() - ref).abs().max().item()
+    assert (out.double() - ref).abs().max().item() <= 2 * eager_err + 1e-5 * (1 + ref.abs().max().item())

@@ -9,8 +9,12 @@ the common case: stored in (b, s, h, d) order, the projection reads one affine r
 `s·H·D + k`, a plain matrix that tensor-descriptor loads can describe.
 
 Candidates keep the innermost dimension innermost, so the producing kernel still stores
-contiguous runs; the order with the fewest divisions over all consumer loads wins, row-major
-on ties. Chosen layouts go into `graph.output_strides`, which every later layer honours.
+contiguous runs — or, for a flash kernel's product, put its held dimension innermost, the
+columns of the tiles it stores (dKᵀ is [batch, d, keys] but computed as [keys, d] tiles; the
+`cat` of the qkv gradient reads it along d). The order with the fewest divisions over all
+consumer loads wins, then the one whose consumers read along their innermost index at unit
+stride (coalesced) most often, row-major on ties. Chosen layouts go into
+`graph.output_strides`, which every later layer honours.
 
 Before that, an elementwise result takes the storage order of the tensors it is computed from,
 as eager PyTorch's elementwise ops do (`TensorIterator`): BatchNorm and ReLU over a
@@ -70,14 +74,52 @@ def _candidates(graph: Graph, schedule: GraphPlan) -> set:
             if isinstance(graph[name], (Pointwise, Reduce)) and 2 <= graph[name].rank <= MAX_RANK}
 
 
-def _cost(loads, strides) -> int:
-    total = 0
+def _cost(loads, strides) -> tuple[int, int]:
+    """(index divisions, loads not at unit stride along their reader's innermost index)."""
+    divisions = strided = 0
     for load, ranges in loads:
         if not all(isinstance(c, Index) for c in load.index):
             continue
         off = sum((c.expr * st for c, st in zip(load.index, strides)), sympy.Integer(0))
-        total += _divisions(simplify_index(sympy.expand(off), ranges))
-    return total
+        divisions += _divisions(simplify_index(sympy.expand(off), ranges))
+        strided += not _unit_stride(off, ranges)
+    return divisions, strided
+
+
+def _unit_stride(offset, ranges: dict) -> bool:
+    """Whether the next element along the reader's innermost index (its last output index
+    with an extent above 1) is the next in memory, at the origin of every other index."""
+    inner = [s for s in out_index(len(ranges)) if s in ranges and sympy.sympify(ranges[s]) != 1]
+    inner = [s for s in inner if s in offset.free_symbols]
+    if not inner:
+        return True
+    origin = {s: 0 for s in ranges}  # (index symbols only: a symbolic size may divide)
+    try:
+        step = offset.subs({**origin, inner[-1]: 1}) - offset.subs(origin)
+    except (ZeroDivisionError, TypeError):
+        return True  # (undecided: no preference)
+    return step == 1
+
+
+def _held_dim(graph: Graph, plan, name: str) -> int | None:
+    """The dim of `name` that its flash kernel stores along its tiles' columns: the product's
+    held dim (a sibling product's, or an epilogue's of the same shape), else None."""
+    if plan is None or plan.kind != PlanKind.FLASH or plan.contraction is None:
+        return None
+    info, con = plan.flash, plan.contraction
+    o_node = graph[plan.contraction_stage.node]
+    anchors = {o_node.name: con.n_dim}
+    held_sym = out_index(o_node.rank)[con.n_dim]
+    for sib in getattr(info, "siblings", ()):
+        dims = [d for d, e in enumerate(sib.index) if sympy.sympify(e) == held_sym]
+        if len(dims) == 1:
+            anchors[sib.node] = dims[0]
+    if name in anchors:
+        return anchors[name]
+    same_shape = [a for a in anchors if tuple(graph[a].shape) == tuple(graph[name].shape)]
+    if len(same_shape) == 1 and any(st.node == name for st in plan.stages):
+        return anchors[same_shape[0]]  # (an epilogue is stored at its product's index)
+    return None
 
 
 # ATen calls that read their argument's storage or need a viewable layout: a buffer they read
@@ -179,6 +221,7 @@ def assign_layouts(graph: Graph, schedule: GraphPlan) -> None:
     divisions."""
     follow_input_layouts(graph, schedule)
     loads = _consumer_loads(graph, schedule)
+    producer = {name: plan for plan in schedule.kernels for name in plan.stores}
     for name in sorted(_candidates(graph, schedule)):
         reads = loads.get(name)
         if not reads:
@@ -187,19 +230,26 @@ def assign_layouts(graph: Graph, schedule: GraphPlan) -> None:
         rank = len(shape)
         row_major = tuple(range(rank))
         best, best_cost = row_major, _cost(reads, strides_for(shape, row_major))
-        if best_cost == 0:
-            continue
-        for outer in itertools.permutations(range(rank - 1)):
-            order = (*outer, rank - 1)
-            cost = _cost(reads, strides_for(shape, order))
-            if cost < best_cost:
-                best, best_cost = order, cost
+        innermost = [rank - 1]
+        held = _held_dim(graph, producer.get(name), name)
+        if held is not None and held != rank - 1:
+            innermost.append(held)
+        if best_cost == (0, 0) or (best_cost[0] == 0 and len(innermost) == 1):
+            continue  # (with the innermost dim kept, strided reads stay strided: not worth the search)
+        for last in innermost:
+            for outer in itertools.permutations([d for d in range(rank) if d != last]):
+                order = (*outer, last)
+                cost = _cost(reads, strides_for(shape, order))
+                if cost < best_cost:
+                    best, best_cost = order, cost
         if best != row_major:
             graph.output_strides[name] = strides_for(shape, best)
             dims = ", ".join(f"d{d}" for d in best)
+            before = _cost(reads, strides_for(shape, row_major))
             schedule.decisions.append(f"{name}: stored in ({dims}) order: its consumers read it with "
-                                      f"{best_cost} index divisions instead of "
-                                      f"{_cost(reads, strides_for(shape, row_major))}")
+                                      f"{best_cost[0]} index divisions instead of {before[0]}"
+                                      + (f", {best_cost[1]} strided reads instead of {before[1]}"
+                                         if best_cost[1] != before[1] else ""))
 
 
 __all__ = ["assign_layouts", "follow_input_layouts", "strides_for"]
