@@ -9,9 +9,10 @@ layers, width)`; `--layers` overrides the layer count. Throughput is in tokens (
 second; flops are 2 per parameter per token (6 for a training step), attention not counted;
 bytes are the parameters read once.
 
-The training step (nanoGPT, autocast to the benchmark dtype, AdamW) runs its optimizer with a
-learning rate of 0, so every timed step computes the same loss and gradients (the accuracy
-check compares them) while doing all of an optimizer step's work.
+The training steps (nanoGPT, Hugging Face Llama and BERT; autocast to the benchmark dtype,
+AdamW) run their optimizer with a learning rate of 0, so every timed step computes the same
+loss and gradients (the accuracy check compares them) while doing all of an optimizer step's
+work.
 """
 from __future__ import annotations
 
@@ -140,22 +141,26 @@ def _nanogpt_inputs(size, device, dtype):
     return model, _ids(model.config.vocab_size, size, device)
 
 
-def _nanogpt_train_inputs(size, device, dtype, build=_gpt):
-    model = _built(build, size, device, dtype, train=True)
-    model._bench_autocast = dtype  # the step autocasts to the benchmark dtype (weights stay fp32)
+def _trained(model, dtype, device):
+    """(model, AdamW at lr 0) for a training step that autocasts to `dtype` (weights stay fp32)."""
+    model._bench_autocast = dtype
     fused = {"fused": True} if torch.device(device).type == "cuda" else {}
-    opt = torch.optim.AdamW(model.parameters(), lr=0.0, weight_decay=0.1, **fused)
+    return model, torch.optim.AdamW(model.parameters(), lr=0.0, weight_decay=0.1, **fused)
+
+
+def _nanogpt_train_inputs(size, device, dtype, build=_gpt):
+    model, opt = _trained(_built(build, size, device, dtype, train=True), dtype, device)
     vocab = model.config.vocab_size
     return model, opt, _ids(vocab, size, device), _ids(vocab, size, device)
 
 
-def train_step(run, model, opt, idx, targets, autocast_dtype=None):
-    """One nanoGPT training step: the loss under autocast, backward, AdamW, zero_grad. Returns
-    the loss and the gradient norms of the first and last parameters, for the accuracy check."""
-    device = idx.device.type
+def train_step(run, model, opt, *tensors, autocast_dtype=None):
+    """One training step: the loss under autocast, backward, AdamW, zero_grad. Returns the loss
+    and the gradient norms of the first and last parameters, for the accuracy check."""
+    device = tensors[0].device.type
     dtype = autocast_dtype if autocast_dtype is not None else _autocast_dtype(model)
     with torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32):
-        loss = run(model, opt, idx, targets)
+        loss = run(model, opt, *tensors)
     loss.backward()
     params = [p for p in model.parameters() if p.grad is not None]
     out = torch.stack([loss.detach(), params[0].grad.norm(), params[-1].grad.norm()])
@@ -168,11 +173,17 @@ def _autocast_dtype(model) -> torch.dtype:
     return getattr(model, "_bench_autocast", torch.float32)
 
 
-def _nanogpt_train_reference(model, opt, idx, targets):
-    dtype = reference_dtype(_autocast_dtype(model))
-    m = copy.deepcopy(model).to(dtype)
-    o = torch.optim.AdamW(m.parameters(), lr=0.0, weight_decay=0.1)
-    return train_step(nanogpt_loss, m, o, idx, targets, autocast_dtype=torch.float32)
+def _train_reference(loss):
+    """The step in float32 (float64 for a float32 benchmark), without autocast."""
+    def ref(model, opt, *tensors):
+        dtype = reference_dtype(_autocast_dtype(model))
+        m = copy.deepcopy(model).to(dtype)
+        o = torch.optim.AdamW(m.parameters(), lr=0.0, weight_decay=0.1)
+        return train_step(loss, m, o, *tensors, autocast_dtype=torch.float32)
+    return ref
+
+
+_nanogpt_train_reference = _train_reference(nanogpt_loss)
 
 
 # ----------------------------------------------------------------------------- gpt-fast
@@ -228,6 +239,20 @@ def _hf_bert_inputs(size, device, dtype):
     model = _hf(hf.bert)(size, device, dtype)
     return (model, _ids(model.config.vocab_size, size, device),
             hf.padding_mask(size[0], size[1], device))
+
+
+def _hf_llama_train_inputs(size, device, dtype):
+    model, opt = _trained(_built(lambda s: hf.llama(s[2], s[3], s[1]), size, device, dtype, train=True),
+                          dtype, device)
+    return model, opt, _ids(model.config.vocab_size, size, device), _ids(model.config.vocab_size, size, device)
+
+
+def _hf_bert_train_inputs(size, device, dtype):
+    model, opt = _trained(_built(lambda s: hf.bert_mlm(s[2], s[3], s[1]), size, device, dtype, train=True),
+                          dtype, device)
+    ids = _ids(model.config.vocab_size, size, device)
+    mask = hf.padding_mask(size[0], size[1], device)
+    return model, opt, ids, mask, hf.masked_lm_labels(ids, mask)
 
 
 def _hf_t5_inputs(size, device, dtype):
@@ -301,6 +326,17 @@ MODEL_WORKLOADS: list[Workload] = [
     _model_workload("hf_bert", _hf_bert_inputs, hf.encoder_states,
                     {"quick": _LM_QUICK, "full": (16, 512, 12, 768)},
                     "Hugging Face BertModel with a right-padding attention mask",
+                    requires=_hf_requires),
+    _model_workload("hf_llama_train", _hf_llama_train_inputs, hf.causal_lm_loss,
+                    {"quick": _LM_QUICK, "full": (4, 1024, 8, 2048)},
+                    "Hugging Face LlamaForCausalLM training step: autocast, backward, AdamW (lr 0)",
+                    flops=_lm_flops(6), ref_fn=_train_reference(hf.causal_lm_loss), step=train_step,
+                    requires=_hf_requires),
+    _model_workload("hf_bert_train", _hf_bert_train_inputs, hf.masked_lm_loss,
+                    {"quick": _LM_QUICK, "full": (16, 512, 12, 768)},
+                    "Hugging Face BertForMaskedLM training step (15% of tokens masked, right "
+                    "padding): autocast, backward, AdamW (lr 0)",
+                    flops=_lm_flops(6), ref_fn=_train_reference(hf.masked_lm_loss), step=train_step,
                     requires=_hf_requires),
     _model_workload("hf_t5", _hf_t5_inputs, hf.seq2seq_logits,
                     {"quick": _LM_QUICK, "full": (8, 512, 6, 512)},

@@ -1,6 +1,7 @@
 """Hugging Face transformers models built from configs with random weights (no hub access):
 Llama, Gemma-2 (attention and final-logit soft-capping, sliding-window layers, eager
-attention as Gemma-2 asks for), GPT-2, BERT with a padding mask, T5 and ViT. Each builder
+attention as Gemma-2 asks for), GPT-2, BERT with a padding mask (and with its masked-LM head
+for training), T5 and ViT. Each builder
 takes the size tuple's depth and width and returns the model; `available()` says why the
 group cannot run when transformers is missing."""
 from __future__ import annotations
@@ -66,6 +67,17 @@ def bert(layers: int, width: int, seq: int):
     return T.BertModel(cfg, add_pooling_layer=False)
 
 
+def bert_mlm(layers: int, width: int, seq: int):
+    """BERT with its masked-language-model head, for the training step."""
+    import transformers as T
+
+    heads, _ = _heads(width)
+    cfg = T.BertConfig(hidden_size=width, num_hidden_layers=layers, num_attention_heads=heads,
+                       intermediate_size=4 * width, vocab_size=30522,
+                       max_position_embeddings=max(seq, 128))
+    return T.BertForMaskedLM(cfg)
+
+
 def t5(layers: int, width: int, seq: int):
     import transformers as T
 
@@ -100,6 +112,24 @@ def encoder_states(model, input_ids, attention_mask):
 def seq2seq_logits(model, input_ids, attention_mask, decoder_input_ids):
     return model(input_ids=input_ids, attention_mask=attention_mask,
                  decoder_input_ids=decoder_input_ids).logits
+
+
+def causal_lm_loss(model, opt, input_ids, labels):
+    """A training step's loss (the model shifts the labels itself); `opt` rides along for the
+    step around it."""
+    return model(input_ids=input_ids, labels=labels).loss
+
+
+def masked_lm_loss(model, opt, input_ids, attention_mask, labels):
+    return model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+
+
+def masked_lm_labels(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """BERT's pre-training targets: 15% of the real tokens (at least one per row), -100
+    (ignored) elsewhere and on padding."""
+    picked = (torch.rand(input_ids.shape, device=input_ids.device) < 0.15) & attention_mask.bool()
+    picked[:, 0] = True
+    return torch.where(picked, input_ids, torch.full_like(input_ids, -100))
 
 
 def image_logits(model, pixel_values):
