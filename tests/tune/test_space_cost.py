@@ -204,3 +204,38 @@ def test_skinny_products_get_narrow_tiles_that_keep_every_sm_streaming():
     assert predict(space, best) < predict(space, space.default) / 2
     graph, plan = _matmul(256, 2048, 2048)
     assert min(s["BLOCK_M"] for s in schedule_space(graph, plan, GPU).schedules()) >= 64
+
+
+def test_products_over_recomputed_scores_keep_tiles_that_fit_registers():
+    """The attention backward's kernels hold two score tiles, the weights computed from them
+    and (dKᵀ with dV) two accumulators: 128×128 tiles spill there (measured 2–3× slower on the
+    H200, docs/benchmarks.md, twentieth section), so the space leaves them out, while the
+    forward's flash kernel (one score tile, one accumulator) keeps them."""
+    import torch
+
+    import tilefuse
+    from lowered_plans import recorded_lowerings
+    from tilefuse.config import config
+
+    def backward(q, k, v, o, do, lse):
+        s = (q @ k.transpose(-1, -2)) * 0.125
+        p = torch.exp(s.float() - lse)
+        dv = p.to(q.dtype).transpose(-1, -2) @ do
+        ds = (p * ((do @ v.transpose(-1, -2)).float() - (do.float() * o.float()).sum(-1, keepdim=True))).to(q.dtype)
+        return ds @ k, ds.transpose(-1, -2) @ q, dv
+
+    def forward(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2) * 0.125, -1) @ v
+
+    q, k, v, o, do = (torch.randn(1, 2, 256, 64, dtype=torch.bfloat16) for _ in range(5))
+    lse = torch.randn(1, 2, 256, 1)
+    with config.patch(graph_cache=False), recorded_lowerings() as seen:
+        torch._dynamo.reset()
+        tilefuse.explain(backward, q, k, v, o, do, lse)
+        torch._dynamo.reset()
+        tilefuse.explain(forward, q, k, v)
+    flash = [(graph, plan) for graph, plan, _ in seen if plan.kind == "flash"]
+    assert sorted(len(plan.flash.siblings) for _, plan in flash) == [0, 0, 1]  # (forward, dQ, dKᵀ with dV)
+    for graph, plan in flash:
+        largest = max(s["BLOCK_M"] * s["BLOCK_N"] for s in schedule_space(graph, plan, GPU).schedules())
+        assert largest == (128 * 128 if not plan.flash.scores else 128 * 64), (plan.name, largest)

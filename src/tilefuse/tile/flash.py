@@ -364,6 +364,7 @@ def flash_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     dn = max(16, pow2(static_int(DN)))
     dk = sum(sc.width for sc in score_products(plan))  # every score product's key tile is pipelined
     products = 1 + len(plan.flash.siblings)  # (and every product's value tile)
+    tiles = 1 + len(plan.flash.scores) if plan.flash.scores else 1
     low = dot_operand(plan.flash.q)[1].is_low_precision
     item = 2 if low else 4
     rows = static_int(M)
@@ -385,7 +386,9 @@ def flash_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
             return False
         # K and V tiles pipelined over the stages, the Q tile once (tile.limits measures the same)
         smem = s["stages"] * s["BLOCK_N"] * (dk + dn * products) * item + s["BLOCK_M"] * dk * item
-        regs = s["BLOCK_M"] * (dn + s["BLOCK_N"]) // (32 * s["warps"])
+        # fp32 values per thread: the accumulators, and the score tiles with the weights
+        # computed from them (a recomputing plan holds each score and its weights at once)
+        regs = s["BLOCK_M"] * (dn * products + s["BLOCK_N"] * tiles) // (32 * s["warps"])
         return smem <= smem_limit and regs <= 192
 
     nbatch = static_int(sympy.Mul(*batch)) if batch else 1
