@@ -27,10 +27,17 @@ def concurrency(smem: int, warps: int, sm_count: int) -> int:
     return sm_count * per_sm
 
 
+#: seconds from a program's first load to its data (DRAM latency and the program's start):
+#: by Little's law the bytes in flight over this bound the bandwidth a kernel can reach
+MEMORY_LATENCY = 1e-6
+
+
 def memory_time(space, schedule, c) -> float:
-    """Reductions and pointwise kernels: their bytes over the bandwidth, slowed when too few
-    programs keep the SMs busy, by a ragged last wave, and by spilling (many elements per
-    thread)."""
+    """Reductions and pointwise kernels: their bytes over the bandwidth — or over what the
+    programs resident at once keep in flight, when each moves too few bytes (one 64-element
+    row per program: 98304 programs took 60 µs on the H200 where 64 rows each took 8) —, slowed
+    when too few programs keep the SMs busy, by a ragged last wave, and by spilling (many
+    elements per thread)."""
     s = space.sizes
     total, rows, R = s.get("bytes"), s.get("rows"), s.get("R") or 1
     if total is None or rows is None:
@@ -50,7 +57,9 @@ def memory_time(space, schedule, c) -> float:
     if rblock < R:  # a row walked in tiles: each program streams; few warps or narrow tiles
         # leave too few bytes in flight (measured on H200: 4 warps or 1024-wide tiles lose 5-12%)
         looped += (0.05 if warps < 8 else 0.0) + (0.02 if rblock < 2048 else 0.0)
-    return total / c.bandwidth / max(0.05, busy) / (0.85 + 0.15 * fill) * spill * looped + 3e-6
+    in_flight = min(programs, slots) * total / programs
+    rate = min(c.bandwidth, in_flight / MEMORY_LATENCY)
+    return total / rate / max(0.05, busy) / (0.85 + 0.15 * fill) * spill * looped + 3e-6
 
 
 __all__ = ["tile_efficiency", "concurrency", "memory_time"]
