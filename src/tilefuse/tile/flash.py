@@ -118,9 +118,7 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
         kk_oks.append(bound_check(b, kk, sc.extent, sc.width, f"{sc.kk}mask"))
         q_expr, q_dtype = dot_operand(sc.q)
         q_mask = land(m_ok, kq_ok)
-        q_tile = b.value(at(q_expr, rm, 0, 0, kq), mask=q_mask)  # loop-invariant: loaded once
-        if q_mask is not None:
-            q_tile = b.let(where(q_mask, q_tile, Const(0.0, q_tile.dtype)), "q")
+        q_tile = _zero_masked(b, b.value(at(q_expr, rm, 0, 0, kq), mask=q_mask), q_mask, "q")  # loaded once
         q_tiles.append((q_tile, q_dtype))
     q_dtype = q_tiles[0][1]
 
@@ -167,15 +165,10 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
         for sc, (q_tile, q_dtype), kk_ok in zip(scores, q_tiles, kk_oks):
             k_expr, k_dtype = dot_operand(sc.k)
             k_mask = land(kk_ok, j_ok)
-            k_tile = b.value(at(k_expr, 0, 0, rj, tile_symbol(sc.kk)), mask=k_mask)
-            if k_mask is not None:
-                k_tile = b.let(where(k_mask, k_tile, Const(0.0, k_tile.dtype)), "k")
-            s_acc = b.fresh("s")
-            b.emit(Full(s_acc, ("BLOCK_M", "BLOCK_N"), 0.0, accd))
-            low = q_dtype == k_dtype and q_dtype.is_low_precision and not options.target.interpret
-            b.emit(DotTile(s_acc, q_tile, k_tile, Var(s_acc, accd), q_dtype if low else accd))
+            k_tile = _zero_masked(b, b.value(at(k_expr, 0, 0, rj, tile_symbol(sc.kk)), mask=k_mask), k_mask, "k")
             # the scores stay in fp32 (fp64) registers (never rounded to the graph's dtype: they never reach memory)
-            b.bound[sc.name] = Var(s_acc, accd)
+            b.bound[sc.name] = _dot(b, "s", ("BLOCK_M", "BLOCK_N"), q_tile, k_tile, accd,
+                                    q_dtype if q_dtype == k_dtype and not options.target.interpret else accd)
         tile_mask = land(m_ok, j_ok)
         tile_mask = b.let(tile_mask, "tmask") if tile_mask is not None else None
         # a value per row (a logsumexp) or per key (a bias) is loaded as a [rows, 1] or [1, keys] tile
@@ -213,17 +206,11 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
             if info.post is not None and v_dtype.is_low_precision:
                 a_dtype = v_dtype  # unnormalised weights are rounded for the tensor-core dot
             p_tile = b.value(at(exp_as_exp2(pull_scales(a_expr), row_values), rm, 0, rj), mask=tile_mask)
-            if tile_mask is not None:
-                p_tile = b.let(where(tile_mask, p_tile, Const(0.0, p_tile.dtype)), "p")
+            p_tile = _zero_masked(b, p_tile, tile_mask, "p")
             v_mask = land(jb_ok, n_ok)
-            v_tile = b.value(at(v_expr, 0, rn, rjb), mask=v_mask)
-            if v_mask is not None:
-                v_tile = b.let(where(v_mask, v_tile, Const(0.0, v_tile.dtype)), "v")
-            pv = b.fresh("pv")
-            b.emit(Full(pv, ("BLOCK_M", "BLOCK_DN"), 0.0, accd))
-            low = a_dtype == v_dtype and a_dtype.is_low_precision and not options.target.interpret
-            b.emit(DotTile(pv, p_tile, v_tile, Var(pv, accd), a_dtype if low else accd))
-            return Var(pv, accd)
+            v_tile = _zero_masked(b, b.value(at(v_expr, 0, rn, rjb), mask=v_mask), v_mask, "v")
+            return _dot(b, "pv", ("BLOCK_M", "BLOCK_DN"), p_tile, v_tile, accd,
+                        a_dtype if a_dtype == v_dtype and not options.target.interpret else accd)
 
         rebased = rebase(b, graph, acc, o_stage.repair, running) if o_stage.repair is not None else acc
         updates.append(Assign(acc.name, binary("add", rebased, product(info.a, info.b))))
@@ -286,6 +273,20 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
                       grid=(sympy.ceiling(M / tile_symbol("BLOCK_M")), nbatch), body=b.body, num_warps=warps,
                       num_stages=stages, reads=b.reads, writes=b.writes, kind=KernelKind.FLASH,
                       plan=plan, scratch=summary.scratch() if summary is not None else {})
+
+
+def _zero_masked(b: KernelBuilder, tile, mask, prefix: str):
+    """A dot operand's tile with its masked-off lanes 0."""
+    return tile if mask is None else b.let(where(mask, tile, Const(0.0, tile.dtype)), prefix)
+
+
+def _dot(b: KernelBuilder, prefix: str, shape: tuple, x, y, accd, operand_dtype) -> Var:
+    """A fresh accumulator tile of `shape` holding dot(x, y), its operands in `operand_dtype`
+    (the tensor cores' bf16/fp16 when both are, else the accumulator's dtype)."""
+    name = b.fresh(prefix)
+    b.emit(Full(name, shape, 0.0, accd))
+    b.emit(DotTile(name, x, y, Var(name, accd), operand_dtype if operand_dtype.is_low_precision else accd))
+    return Var(name, accd)
 
 
 @dataclass(frozen=True)
