@@ -288,6 +288,30 @@ def test_rows_masked_throughout_by_a_finite_fill_average_every_key():
     _like_eager_against_fp64(attn, q, k, v)
 
 
+def test_rows_masked_throughout_by_a_finite_fill_in_a_data_mask_reach_dk_and_dv():
+    """The same rows from a mask tensor over several tiles: in the dKᵀ and dV kernels the
+    query rows lie along the loop, and a tile of them masked throughout still weighs every key
+    1/T — it must not be skipped as dead (dV was off by 0.14 when it was)."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 150, 16, device=DEVICE) for _ in range(3))
+    keep = torch.rand(150, 150, device=DEVICE) > 0.5
+    keep[:64] = False
+
+    def attn(q, k, v, keep):
+        s = (q @ k.transpose(-1, -2) * 0.25).masked_fill(~keep, torch.finfo(q.dtype).min)
+        return F.softmax(s, -1) @ v
+
+    torch._dynamo.reset()
+    ref = _input_grads(lambda *x: attn(*x, keep), *(x.double() for x in (q, k, v)))
+    eager = _input_grads(lambda *x: attn(*x, keep), q, k, v)
+    torch._dynamo.reset()
+    compiled = torch.compile(attn, backend="tilefuse")
+    got = _input_grads(lambda *x: compiled(*x, keep), q, k, v)
+    for r, e, g in zip(ref, eager, got):
+        eager_err = (e.double() - r).abs().max().item()
+        assert (g.double() - r).abs().max().item() <= 2 * eager_err + 1e-5
+
+
 def test_casts_that_read_another_tensor_for_its_dtype():
     """Meta's Llama: `softmax(scores.float()).type_as(xq) @ values`."""
     torch.manual_seed(0)

@@ -127,3 +127,24 @@ def test_scores_needed_elsewhere_are_not_recomputed():
     torch._dynamo.reset()
     for g, w in zip(tilefuse.compile(fn)(x, w1, w2), fn(x, w1, w2)):
         torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+
+
+def test_plans_are_not_merged_when_one_reads_the_other_through_its_score_factors():
+    """Two products over the same score tiles, where the second's other score product reads
+    the first's output through an elementwise chain inlined into its factor: one kernel would
+    load that output before storing it, so they stay two kernels (and match fp64)."""
+    def fn(x, y, v1, z, v2):
+        p1 = torch.exp(x @ y.T - 2.0)
+        out1 = p1 @ v1
+        s2 = (torch.relu(out1 + 1.0) * 2.0) @ z.T
+        return out1, (p1 * s2) @ v2
+
+    torch.manual_seed(0)
+    args = (torch.randn(64, 16, device=DEVICE) * 0.3, torch.randn(300, 16, device=DEVICE) * 0.3,
+            torch.randn(300, 16, device=DEVICE), torch.randn(300, 16, device=DEVICE) * 0.3,
+            torch.randn(300, 16, device=DEVICE))
+    torch._dynamo.reset()
+    report = tilefuse.explain(fn, *args)
+    assert "one kernel with" not in "\n".join(report.reports[0].decisions), str(report)
+    torch._dynamo.reset()
+    _close_to_fp64(fn, args, torch.float32)

@@ -33,6 +33,7 @@ from .plan import Contraction, KernelPlan, PlanKind, Stage, StageKind
 
 MAX_WEIGHT_OPS = 160  # the recomputed weights' size (ops per score tile) at most
 MAX_SCORES = 2  # score products per kernel (dS needs two: Q·Kᵀ and dO·Vᵀ)
+MAX_MERGED_HELD = 128  # largest held dim of plans merged into one kernel (`merge_siblings`)
 
 
 def fuse_recomputed_scores(steps: list, graph: Graph, outputs: set, note) -> list:
@@ -97,6 +98,9 @@ def _siblings(a: KernelPlan, b: KernelPlan, graph: Graph) -> dict | None:
     fa, fb = a.flash, b.flash
     if fa.siblings or fb.siblings or fa.post is not None or fb.post is not None or a.reduction != b.reduction:
         return None
+    held = _static(graph[a.contraction_stage.node].shape[a.contraction.n_dim])
+    if held is None or held > MAX_MERGED_HELD:
+        return None  # (two accumulators of a wider held dim, beside the score tiles, spill registers)
     mapping = _coordinate_map(a, b, graph)
     if mapping is None:
         return None
@@ -130,7 +134,15 @@ def _coordinate_map(a: KernelPlan, b: KernelPlan, graph: Graph) -> dict | None:
 
 
 def _reads(plan: KernelPlan) -> set:
-    return {e.buffer for st in plan.stages for e in walk(st.body) if isinstance(e, Load)}
+    """Every buffer a plan's kernel loads: its stages' bodies, and — a score stage holds the
+    product's own body, whose factors may read through pointwise nodes inlined into them — the
+    score factors and weights the lowering computes."""
+    exprs = [st.body for st in plan.stages]
+    if plan.flash is not None:
+        info = plan.flash
+        exprs += [info.q, info.k, info.a, info.b, *(x for _, q, k, _ in info.scores for x in (q, k)),
+                  *(x for sib in info.siblings for x in (sib.a, sib.b))]
+    return {e.buffer for x in exprs for e in walk(x) if isinstance(e, Load)}
 
 
 def _computed(plan: KernelPlan) -> set:
@@ -147,7 +159,7 @@ def _adjacent(steps: list, first: KernelPlan, second: KernelPlan) -> bool:
     own = _computed(first)
     for s in steps[i + 1:j]:
         if isinstance(s, KernelPlan):
-            if any(isinstance(e, Load) and e.buffer in own for st in s.stages for e in walk(st.body)):
+            if _reads(s) & own:
                 return False
             if any(st.scatter for st in s.stages):
                 return False  # (an in-place write the earlier plan's reads could see)
@@ -165,7 +177,7 @@ def _merged(primary: KernelPlan, sibling: KernelPlan, mapping: dict, graph: Grap
                     index=tuple(mapping[s].expr for s in out_index(node.rank)), epilogues=epilogues)
     plan = KernelPlan(name=primary.name, kind=PlanKind.FLASH, parallel=primary.parallel,
                       reduction=primary.reduction, contraction=primary.contraction,
-                      flash=replace(primary.flash, siblings=(extra,)), origin=primary.origin)
+                      flash=replace(primary.flash, siblings=(extra,)))  # (named later, by its members)
     plan.stages = [replace(st) for st in primary.stages]
     plan.stages += [replace(st) for st in sibling.stages if st.kind != StageKind.SCORE]
     plan.notes = primary.notes + sibling.notes

@@ -130,6 +130,11 @@ def summary_for(graph: Graph, plan: KernelPlan, options: LoweringOptions, bm: in
     cond, fill = mask_and_fill(info.masked, soft=True)
     if cond is None or not any(isinstance(e, Load) for e in walk(cond)):
         return None
+    if info.scores and fill != float("-inf"):
+        # a product over recomputed scores (the attention backward) with a finite fill: a query
+        # row masked throughout weighs every key 1/T, and in dKᵀ and dV those rows lie along the
+        # loop, where the forward's per-row fallback (walk every key) does not reach: no skipping
+        return None
     guard = None
     if fill > FILL_LIMIT:  # a fill that masks only while the scores stay far above it
         guard = guard_for(graph, plan, fill)
