@@ -34,7 +34,8 @@ def test_group_selects_the_models_and_layers_override_their_depth():
 
 
 #: models whose steps draw random numbers: eager, the reference and tilefuse draw different masks
-STOCHASTIC = {"nanogpt_train_dropout"}
+#: (BERT trains with its configuration's dropout 0.1)
+STOCHASTIC = {"nanogpt_train_dropout", "hf_bert_train"}
 
 
 @pytest.mark.parametrize("name", [m for m in MODELS if m not in HF and m not in STOCHASTIC])
@@ -72,7 +73,11 @@ def test_hugging_face_models_are_na_with_the_reason_without_transformers():
 def test_hugging_face_model_through_tilefuse(name):
     report = run(BenchOptions(workloads=[name], backends=["eager", "tilefuse"], **FAST))
     ours = report["results"][1]
-    assert ours["status"] == "ok" and ours["correct"] is True, ours
+    assert ours["status"] == "ok", ours
+    if name in STOCHASTIC:  # (only as close as two draws of the dropout masks are)
+        assert math.isfinite(ours["max_abs_err"]) and ours["max_abs_err"] < 0.5, ours
+    else:
+        assert ours["correct"] is True, ours
 
 
 def test_training_step_repeats_the_same_loss_and_updates_nothing():
