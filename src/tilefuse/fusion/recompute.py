@@ -77,15 +77,19 @@ def merge_siblings(steps: list, graph: Graph, note) -> list:
     must share their rows, held extent, loop, batch, score products (one's a subset of the
     other's) and mask; the later plan's position takes the merged kernel when nothing between
     the two reads what the earlier one stores."""
+    def oriented(first, second):
+        """(primary, sibling): the plan with more score products first (its scores are the kernel's)."""
+        return (first, second) if len(first.flash.scores) >= len(second.flash.scores) else (second, first)
+
     while True:
         plans = [s for s in steps if isinstance(s, KernelPlan) and s.kind == PlanKind.FLASH and s.flash.scores]
-        pair = next(((a, b) for i, a in enumerate(plans) for b in plans[i + 1:]
-                     if _adjacent(steps, a, b) and _siblings(a, b, graph) is not None), None)
-        if pair is None:
+        found = next(((a, b, mapping) for i, a in enumerate(plans) for b in plans[i + 1:] if _adjacent(steps, a, b)
+                      for mapping in [_siblings(*oriented(a, b), graph)] if mapping is not None), None)
+        if found is None:
             return steps
-        first, second = pair
-        primary, sibling = (first, second) if len(first.flash.scores) >= len(second.flash.scores) else (second, first)
-        merged = _merged(primary, sibling, _siblings(primary, sibling, graph), graph)
+        first, second, mapping = found
+        primary, sibling = oriented(first, second)
+        merged = _merged(primary, sibling, mapping, graph)
         note(f"{sibling.contraction_stage.node}: one kernel with {primary.contraction_stage.node} — both products' "
              f"weights come from the same score tiles, computed once")
         steps = [merged if s is second else s for s in steps if s is not first]

@@ -465,7 +465,8 @@ def _finish(b: KernelBuilder, graph: Graph, plan: KernelPlan, acc, rm, rn, m_ok,
     o_index = tuple(Index(v) if not isinstance(v, Index) else v for v in (bound[s] for s in outs))
     # each product with its epilogues, at its own index (a sibling's: `FlashInfo.siblings`,
     # bound by the caller)
-    anchors = [(o_stage, o_index, [st for st in epilogues if not any(st.node in sib.epilogues for sib in info.siblings)])]
+    of_siblings = {name for sib in info.siblings for name in sib.epilogues}
+    anchors = [(o_stage, o_index, [st for st in epilogues if st.node not in of_siblings])]
     for sib in info.siblings:
         at_tile = {s: v.expr if isinstance(v, Index) else sympy.sympify(v) for s, v in bound.items()}
         index = tuple(Index(sympy.sympify(e).xreplace(at_tile)) for e in sib.index)
@@ -672,8 +673,8 @@ def shrink_flash(plan: KernelPlan, schedule: Schedule, resource: str, options: L
 
 
 def flash_time(space, schedule: Schedule, c) -> float:
-    """The dots per key tile (two for attention) against the exp/max/sum per score, or the K and V traffic of every
-    block of rows, whichever is larger; a split adds its merge kernel."""
+    """The dots per key tile (two for attention) against the exp/max/sum per score, or the K
+    and V traffic of every block of rows, whichever is larger; a split adds its merge kernel."""
     s = space.sizes
     M, N, D, batch = s.get("M"), s.get("N"), s.get("D"), s.get("batch") or 1
     if None in (M, N, D):
