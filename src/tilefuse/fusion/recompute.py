@@ -83,7 +83,8 @@ def merge_siblings(steps: list, graph: Graph, note) -> list:
 
     while True:
         plans = [s for s in steps if isinstance(s, KernelPlan) and s.kind == PlanKind.FLASH and s.flash.scores]
-        found = next(((a, b, mapping) for i, a in enumerate(plans) for b in plans[i + 1:] if _adjacent(steps, a, b)
+        found = next(((a, b, mapping) for i, a in enumerate(plans) for b in plans[i + 1:]
+                      if _score_names(a) & _score_names(b) and _adjacent(steps, a, b)
                       for mapping in [_siblings(*oriented(a, b), graph)] if mapping is not None), None)
         if found is None:
             return steps
@@ -93,6 +94,10 @@ def merge_siblings(steps: list, graph: Graph, note) -> list:
         note(f"{sibling.contraction_stage.node}: one kernel with {primary.contraction_stage.node} — both products' "
              f"weights come from the same score tiles, computed once")
         steps = [merged if s is second else s for s in steps if s is not first]
+
+
+def _score_names(plan: KernelPlan) -> set:
+    return {name for name, *_ in plan.flash.scores}
 
 
 def _siblings(a: KernelPlan, b: KernelPlan, graph: Graph) -> dict | None:
