@@ -222,9 +222,9 @@ def _gptfast_inputs(decode: bool):
 
 # ----------------------------------------------------------------------------- Hugging Face
 
-def _hf(builder):
+def _hf(builder, train: bool = False):
     def make(size, device, dtype):
-        return _built(lambda s: builder(s[2], s[3], s[1]), size, device, dtype)
+        return _built(lambda s: builder(s[2], s[3], s[1]), size, device, dtype, train=train)
     return make
 
 
@@ -242,14 +242,12 @@ def _hf_bert_inputs(size, device, dtype):
 
 
 def _hf_llama_train_inputs(size, device, dtype):
-    model, opt = _trained(_built(lambda s: hf.llama(s[2], s[3], s[1]), size, device, dtype, train=True),
-                          dtype, device)
+    model, opt = _trained(_hf(hf.llama, train=True)(size, device, dtype), dtype, device)
     return model, opt, _ids(model.config.vocab_size, size, device), _ids(model.config.vocab_size, size, device)
 
 
 def _hf_bert_train_inputs(size, device, dtype):
-    model, opt = _trained(_built(lambda s: hf.bert_mlm(s[2], s[3], s[1]), size, device, dtype, train=True),
-                          dtype, device)
+    model, opt = _trained(_hf(hf.bert_mlm, train=True)(size, device, dtype), dtype, device)
     ids = _ids(model.config.vocab_size, size, device)
     mask = hf.padding_mask(size[0], size[1], device)
     return model, opt, ids, mask, hf.masked_lm_labels(ids, mask)

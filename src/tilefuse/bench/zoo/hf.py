@@ -57,25 +57,26 @@ def gpt2(layers: int, width: int, seq: int):
     return T.GPT2LMHeadModel(cfg)
 
 
-def bert(layers: int, width: int, seq: int):
+def _bert_config(layers: int, width: int, seq: int):
     import transformers as T
 
     heads, _ = _heads(width)
-    cfg = T.BertConfig(hidden_size=width, num_hidden_layers=layers, num_attention_heads=heads,
-                       intermediate_size=4 * width, vocab_size=30522,
-                       max_position_embeddings=max(seq, 128))
-    return T.BertModel(cfg, add_pooling_layer=False)
+    return T.BertConfig(hidden_size=width, num_hidden_layers=layers, num_attention_heads=heads,
+                        intermediate_size=4 * width, vocab_size=30522,
+                        max_position_embeddings=max(seq, 128))
+
+
+def bert(layers: int, width: int, seq: int):
+    import transformers as T
+
+    return T.BertModel(_bert_config(layers, width, seq), add_pooling_layer=False)
 
 
 def bert_mlm(layers: int, width: int, seq: int):
     """BERT with its masked-language-model head, for the training step."""
     import transformers as T
 
-    heads, _ = _heads(width)
-    cfg = T.BertConfig(hidden_size=width, num_hidden_layers=layers, num_attention_heads=heads,
-                       intermediate_size=4 * width, vocab_size=30522,
-                       max_position_embeddings=max(seq, 128))
-    return T.BertForMaskedLM(cfg)
+    return T.BertForMaskedLM(_bert_config(layers, width, seq))
 
 
 def t5(layers: int, width: int, seq: int):
