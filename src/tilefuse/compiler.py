@@ -40,8 +40,8 @@ from .tile.ir import KernelKind, without_checks
 from .tile.variants import all_kernels
 from .tile.verify import verify_tile_kernel
 from .progress import CompileProgress
-from .tune.tuner import NEGLIGIBLE, PreparedTuning, TuneOutcome, allot_budgets, candidate_seconds, plan_budget, \
-    precompile_kernel, prepare_tuning, tune_plan
+from .tune.tuner import CPU_RACE_LEVELS, NEGLIGIBLE, PreparedTuning, TuneOutcome, allot_budgets, candidate_seconds, \
+    plan_budget, precompile_kernel, prepare_tuning, tune_plan
 
 
 @dataclass
@@ -165,7 +165,8 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None,
     report.decisions = list(schedule.decisions)
     report.plans = schedule.describe()
     with stage("fusion"):
-        choose_library_calls(graph, schedule, options.matmul, cpu=target.on_cpu)
+        choose_library_calls(graph, schedule, options.matmul, cpu=target.on_cpu,
+                             race=target.on_cpu and options.autotune in CPU_RACE_LEVELS)
     lowering = LoweringOptions(target=target, persistent_reduction_limit=options.persistent_reduction_limit,
                                flash_config=options.flash_config, flash_split=options.flash_split,
                                block_summary=options.block_summary,

@@ -4,18 +4,25 @@ generated kernel, made once per plan after planning.
 A contraction plan with nothing fused into it is a plain matrix product over strided views
 (`fusion.matmul_views`). For each such plan, the `matmul` option and the target decide:
 
-* `"library"` — ATen's matmul runs it, decided here (`matmul="aten"`; or on a CPU, where MKL or
-  OpenBLAS beats a generated kernel from `CPU_LIBRARY_MACS` multiply-adds on, `matmul="auto"`);
-* `"measured"` — the tuner measures the library against the generated kernel (`matmul="auto"`
-  on a GPU: the contraction space's `impl` knob);
-* `"generated"` — a generated kernel (`matmul="generated"`, or not a plain product).
+* `"library"` — ATen's matmul runs it, decided here (`matmul="aten"`; or on a CPU, a product
+  of symbolic sizes, or any from `CPU_LIBRARY_MACS` multiply-adds on where the tuner does not
+  measure: `autotune=0`);
+* `"measured"` — the tuner measures the library against the generated kernel (`matmul="auto"`:
+  the contraction space's `impl` knob; on a CPU at the default level a race of two, the rules'
+  generated kernel and the library, `tune.tuner.library_race`: which wins depends on the host
+  and the dtype — oneDNN's bf16 product has a fixed cost of about 12 µs, MKL's sgemm runs
+  AVX2 code on AMD processors);
+* `"generated"` — a generated kernel (`matmul="generated"`, not a plain product, or on a CPU
+  a product under `CPU_LIBRARY_MACS`).
 
 A GPU plan that is not a plain product but splits (`split_epilogue`) is measured split and
 fused under `matmul="auto"`, and runs split under `matmul="aten"`.
 
-On a CPU a large product with an epilogue fused after it (a bias, an activation) is split:
-the product runs in ATen and the epilogue becomes a pointwise plan reading its result
-(`LibraryCall` followed by that plan in the schedule). On a GPU the same split — the product,
+On a CPU a large product with an epilogue fused after it (a bias, an activation) may be split:
+the product runs in ATen and the epilogue becomes a pointwise plan reading its result. Where
+the tuner races the two (static sizes, the default level) the split is measured against the
+fused kernel (`impl=split`); elsewhere it is decided here (`LibraryCall` followed by that plan
+in the schedule). On a GPU the same split — the product,
 with a bias folded in where there is one, in cuBLAS; the rest of the epilogue as its own
 pointwise kernel — is measured against the fused kernel (`ProductChoice.split`, the
 contraction space's `impl=split`): a fused epilogue is free only while the product's main
@@ -71,23 +78,35 @@ class LibraryCall:
     notes: list
 
 
-def choose_product(graph, plan: KernelPlan, matmul: str, cpu: bool, users: dict | None = None) -> ProductChoice:
-    """How `plan` runs under the `matmul` option on a CPU (`cpu`) or a GPU (`users`: the
-    graph's readers of each buffer, `Graph.users()`, computed once by the caller)."""
+def choose_product(graph, plan: KernelPlan, matmul: str, cpu: bool, users: dict | None = None,
+                   race: bool = False) -> ProductChoice:
+    """How `plan` runs under the `matmul` option on a CPU (`cpu`; `race`: the tuner measures a
+    large static product against the library) or a GPU (`users`: the graph's readers of each
+    buffer, `Graph.users()`, computed once by the caller)."""
     views = matmul_views(graph, plan) if matmul != "generated" else None
     if views is None:
         split = split_epilogue(graph, plan, users) if matmul in ("auto", "aten") and not cpu else None
         if split is None:
             return ProductChoice(GENERATED)
         return ProductChoice(LIBRARY if matmul == "aten" else MEASURED, split=split)
-    if matmul == "aten" or (cpu and matmul == "auto" and cpu_prefers_library(views)):
+    if matmul == "aten":
         return ProductChoice(LIBRARY, views)
+    if cpu and matmul == "auto":
+        if not cpu_prefers_library(views):
+            return ProductChoice(GENERATED)
+        return ProductChoice(MEASURED if race and _static(views) else LIBRARY, views)
     return ProductChoice(MEASURED, views)
 
 
 def cpu_prefers_library(views: MatmulViews) -> bool:
+    """Whether a CPU product is large enough for the library to be worth its call (symbolic
+    sizes count as large)."""
     macs = sympy.Mul(*views.sizes)
     return not macs.is_Integer or int(macs) >= CPU_LIBRARY_MACS
+
+
+def _static(views: MatmulViews) -> bool:
+    return sympy.Mul(*views.sizes).is_Integer
 
 
 def split_epilogue(graph, plan: KernelPlan, users: dict | None = None, biased: bool = True) -> EpilogueSplit | None:
@@ -149,14 +168,20 @@ def epilogue_split(graph, plan: KernelPlan, matmul: str, users: dict | None = No
     return split if split is not None and cpu_prefers_library(split.views) else None
 
 
-def choose_library_calls(graph, schedule: GraphPlan, matmul: str, cpu: bool) -> None:
+def choose_library_calls(graph, schedule: GraphPlan, matmul: str, cpu: bool, race: bool = False) -> None:
     """Decide, for every plan of `schedule`, whether a library runs its product: each plan gets
     its `ProductChoice` (`plan.library`), and on a CPU a plan whose product goes to ATen with
-    its epilogue kept generated is replaced by a `LibraryCall` and the epilogue's plan."""
+    its epilogue kept generated is replaced by a `LibraryCall` and the epilogue's plan — or,
+    where the tuner races (`race`) and the sizes are static, keeps the split as a candidate
+    measured against the fused kernel."""
     steps = []
     users = None if cpu else graph.users()  # (once: finding addmm's sum behind an epilogue reads it)
     for step in schedule.steps:
         split = epilogue_split(graph, step, matmul, users) if cpu and isinstance(step, KernelPlan) else None
+        if split is not None and race and _static(split.views):
+            step.library = ProductChoice(MEASURED, split=split)
+            steps.append(step)
+            continue
         if split is not None:
             views, epilogue = split.views, split.epilogue
             step.notes.append(f"{step.name}: product through ATen ({describe(views)}), "
@@ -165,7 +190,7 @@ def choose_library_calls(graph, schedule: GraphPlan, matmul: str, cpu: bool) -> 
             steps += [LibraryCall(step.name, views, step.notes), epilogue]
             continue
         if isinstance(step, KernelPlan):
-            step.library = choose_product(graph, step, matmul, cpu, users)
+            step.library = choose_product(graph, step, matmul, cpu, users, race)
         steps.append(step)
     schedule.steps = steps
 
