@@ -173,9 +173,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "bounds, and integer divisors against zero on CPU tensors: out of range, or a division by "
          "zero, raises as in eager instead of reading element 0 or giving 0"),
     Knob("matmul", str, "auto",
-         "plain matrix products (a bias per column included): auto (on a GPU, measure the generated "
-         "kernel against ATen's, and a product with an epilogue fused against ATen's product followed by "
-         "the epilogue's own kernel; ATen for large ones on CPU), generated, aten",
+         "plain matrix products (a bias per column included): auto (measure the generated kernel "
+         "against ATen's, and a product with an epilogue fused against ATen's product followed by the "
+         "epilogue's own kernel: on a CPU the rules' kernel against the library for static products of "
+         "at least 32³ multiply-adds, with autotune=0 or symbolic sizes ATen for those), generated, aten",
          choices=("auto", "generated", "aten")),
     Knob("logs", str, "",
          f"comma-separated log channels printed to stderr: {', '.join(LOG_CHANNELS)}, or all "
