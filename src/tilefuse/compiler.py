@@ -40,7 +40,7 @@ from .tile.ir import KernelKind, without_checks
 from .tile.variants import all_kernels
 from .tile.verify import verify_tile_kernel
 from .progress import CompileProgress
-from .tune.tuner import CPU_RACE_LEVELS, NEGLIGIBLE, PreparedTuning, TuneOutcome, allot_budgets, candidate_seconds, \
+from .tune.tuner import CPU_LEVELS, CPU_RACE_LEVELS, NEGLIGIBLE, PreparedTuning, TuneOutcome, allot_budgets, candidate_seconds, \
     plan_budget, precompile_kernel, prepare_tuning, tune_plan
 
 
@@ -166,7 +166,7 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None,
     report.plans = schedule.describe()
     with stage("fusion"):
         choose_library_calls(graph, schedule, options.matmul, cpu=target.on_cpu,
-                             race=target.on_cpu and options.autotune in CPU_RACE_LEVELS)
+                             race=target.on_cpu and options.autotune in (*CPU_RACE_LEVELS, *CPU_LEVELS))
     lowering = LoweringOptions(target=target, persistent_reduction_limit=options.persistent_reduction_limit,
                                flash_config=options.flash_config, flash_split=options.flash_split,
                                block_summary=options.block_summary,
@@ -240,12 +240,17 @@ def _compile_steps(graph, schedule, lowering, options: Options, device, report, 
             progress.tuned += 1
         if tuned.describe():
             step.notes.append(f"{step.name}: {tuned.describe()}")
-        if choice.how == MEASURED and (tuned.schedule or {}).get("impl") == "split":
+        impl = (tuned.schedule or {}).get("impl")
+        if impl is None and choice.how == MEASURED and target.on_cpu:
+            # a CPU product chosen for a race that was not run (an option that fixes schedules, a
+            # failure): the library, as the rule decides without measuring
+            impl = "split" if choice.split is not None else "aten"
+        if choice.how == MEASURED and impl == "split":
             shared = dedupe.Shared(step.name, dedupe.names_of(base), [], tuned, [], split=True) if key else None
             _split(step, choice.split, steps, report, pending, dedupe.publish(key, shared) if key else None,
                    tuned.seconds, time.perf_counter() - t0)
             continue
-        if choice.how == LIBRARY or (choice.how == MEASURED and (tuned.schedule or {}).get("impl") == "aten"):
+        if choice.how == LIBRARY or (choice.how == MEASURED and impl == "aten"):
             aten = _aten_step(step, views)
             step.notes.append(f"{step.name}: nothing fused — {describe_matmul(views)} (ATen)")
             kr = KernelReport(step.name, "aten-matmul", step.members, describe_matmul(views), "", step.notes,

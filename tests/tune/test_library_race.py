@@ -14,14 +14,19 @@ from tilefuse.tune import tuner
 pytestmark = pytest.mark.skipif(cpu.find_compiler() is None, reason="no C++ compiler")
 
 
-def _favour(monkeypatch, impl: str) -> list:
-    """Make the race's timer call `impl` faster; returns the impls it measured."""
+def _favour(monkeypatch, impl: str, slow_loser_s: float = 0.0) -> list:
+    """Make the race's timer call `impl` faster (the loser's samples taking `slow_loser_s` of
+    real time each); returns the impls it measured."""
+    import time
+
     seen = []
 
     def measure(self, schedule):
         self._kernels(schedule)  # built and run once: a candidate that fails still fails
         seen.append(schedule.get("impl"))
-        return 1e-6 if schedule.get("impl") == impl else 1e-3
+        if schedule.get("impl") != impl:
+            time.sleep(slow_loser_s)
+        return 1e-6 if schedule.get("impl") == impl else 1e-3 + slow_loser_s
 
     monkeypatch.setattr(tuner._Bench, "measure", measure)
     return seen
@@ -116,3 +121,37 @@ def test_the_race_is_two_schedules():
                           default)
     race = tuner.library_race(space)
     assert race.schedules() == [default, default.replace(impl="aten")]
+
+
+def test_a_slow_library_call_does_not_keep_the_generated_kernel_from_being_timed(monkeypatch, tmp_path):
+    """Each sample of the library taking longer than the race's whole budget (a 1024³ fp32
+    product in MKL takes 10 ms on a small host) must not end the race before the generated
+    kernel is timed."""
+    seen = _favour(monkeypatch, "generated", slow_loser_s=0.03)
+    args = [torch.randn(96, 80), torch.randn(80, 72)]
+    got, out = _compile(_product, args, tmp_path)
+    assert got == ["contraction"] and "generated" in seen
+    _close_to_fp64(_product, args, out)
+
+
+def test_a_race_that_cannot_run_leaves_the_product_to_the_library(monkeypatch, tmp_path):
+    seen = _favour(monkeypatch, "generated")
+
+    def broken(space):
+        raise RuntimeError("no race today")
+
+    monkeypatch.setattr(tuner, "library_race", broken)
+    for fn, args, kinds in ((_product, [torch.randn(96, 80), torch.randn(80, 72)], ["aten-matmul"]),
+                            (_gelu_product, [torch.randn(70, 96), torch.randn(88, 96)], ["aten-matmul", "pointwise"])):
+        got, out = _compile(fn, args, tmp_path)
+        assert got == kinds and not seen
+        _close_to_fp64(fn, args, out)
+
+
+def test_the_wide_search_measures_the_library_too(monkeypatch, tmp_path):
+    monkeypatch.setitem(tuner.CPU_LEVELS, "max", (3, 0.2))  # a short search for the test
+    seen = _favour(monkeypatch, "aten")
+    args = [torch.randn(96, 80), torch.randn(80, 72)]
+    got, out = _compile(_product, args, tmp_path, autotune="max")
+    assert got == ["aten-matmul"] and "aten" in seen and "generated" in seen
+    _close_to_fp64(_product, args, out)

@@ -25,8 +25,10 @@ candidates and starts compiling their kernels (Triton: in `compile_pool`'s worke
 C++: in the build pool), and `tune_plan` then waits for them, runs each once, and measures —
 the budget counts measurements only, never a compile. The compiler prepares every plan of a
 graph before it measures the first. The machinery is backend-neutral: the same spaces,
-search and cache tune the C++ kernels of the CPU backend (host-timed), at `max` only — each
-candidate is a C++ compile, and the CPU backend's default keeps a new kernel under a second.
+search and cache tune the C++ kernels of the CPU backend (host-timed), at `max` — each
+candidate is a C++ compile, and the CPU backend's default keeps a new kernel under a second;
+at the default level the CPU measures only a large static product against the library (a
+race of two, `library_race`).
 
 No schedule over the target's limits (`tile.limits`) is compiled: candidates are lowered and
 checked before the search measures any, and a tuning-cache record that is not one of the
@@ -286,8 +288,10 @@ def _prepare(graph, plan, options: LoweringOptions, level: str, device, aten):
     default_kernels = lower_plan_kernels(graph, plan, replace(options, schedule=space.default))
     source = canonical_source("\n".join(target.generate(tk) for tk in default_kernels), default_kernels)
     dtypes = sorted({str(graph[n].dtype) for tk in default_kernels for n in tk.reads if n in graph.nodes})
-    key = tuning_key(source, space.sizes, dtypes, {"name": ceilings.name, "kind": space.kind},
-                     extra={k: list(v) for k, v in space.knobs.items()})  # a new knob invalidates old results
+    extra = {k: list(v) for k, v in space.knobs.items()}  # a new knob invalidates old results
+    if target.on_cpu:  # (which C++ kernel or library call wins depends on the processor and its threads)
+        extra["host"] = cpu_description()
+    key = tuning_key(source, space.sizes, dtypes, {"name": ceilings.name, "kind": space.kind}, extra=extra)
     bench = _Bench(graph, plan, options, device, aten)
     with real_tensors():
         found = candidates(space, key, level, ceilings, TuningCache(), plan.name, levels=levels,
@@ -295,6 +299,27 @@ def _prepare(graph, plan, options: LoweringOptions, level: str, device, aten):
     if isinstance(found, TuneOutcome):
         return found
     return PreparedTuning(plan.name, key, space.kind, level, levels, found, bench, ceilings, space)
+
+
+def cpu_description() -> str:
+    """The processor's model name and the threads ATen and the kernels use."""
+    global _cpu_model
+    if _cpu_model is None:
+        import platform
+
+        _cpu_model = platform.processor() or platform.machine()
+        try:
+            with open("/proc/cpuinfo") as f:
+                _cpu_model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
+                                  _cpu_model)
+        except OSError:
+            pass
+    import torch
+
+    return f"{_cpu_model}, {torch.get_num_threads()} threads"
+
+
+_cpu_model: str | None = None
 
 
 def library_race(space):
@@ -465,9 +490,10 @@ def search_candidates(ranked: list, measure, cache, key: str, level: str, kind: 
     t0 = time.perf_counter()
     _, budget = _level(levels, kind, level)
     budget = budget if budget_s is None else budget_s
-    # (a share of a graph's budget: every candidate kept is measured, however small the share)
+    # (a share of a graph's budget, or a race of two: every candidate kept is measured, however
+    # small the share or slow the first — a 10 ms library call would spend a race's budget alone)
     result = _search(ranked, measure, budget, name, SAMPLES_PER_CANDIDATE.get(level, 8) * len(ranked), progress,
-                     warm_all=budget_s is not None)
+                     warm_all=budget_s is not None or levels is CPU_RACE_LEVELS)
     failures = list(failures or []) + list(result.failures)
     cache.store(key, result.best, result.best_time, {"kind": kind, "candidates": len(ranked) + len(failures)})
     logs.log("tune", "%s: %s in %d measurements (%s)", name, describe(result.best), result.measured,
