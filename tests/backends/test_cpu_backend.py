@@ -115,15 +115,18 @@ def test_pointwise_broadcasting_and_noncontiguous_inputs():
 
 
 def test_broadcast_operands_at_flattened_indices():
-    """Row and column broadcasts read at `mod`/`floor` of the flattened index: when the block
-    divides the row, the printer splits off the loop-invariant part (the inner loop stays
-    contiguous); otherwise the plain operators. fp32 and bf16, against eager."""
+    """Row and column broadcasts: rows that a power of two from 64 divides, or longer than a
+    block, are walked in tiles of rows × columns (each operand read once per row or column); a
+    row of 1000 is walked flat, its operands read at `mod`/`floor` of the flattened index, the
+    block start's part split off and the lane's part divided in 32 bits. fp32 and bf16, against
+    eager."""
     for rows, cols in ((37, 4096), (5, 6144), (9, 1000), (3, 2048 * 3 + 16)):
         for dtype in (torch.float32, torch.bfloat16):
             x, b, c = rand(rows, cols, dtype=dtype), rand(cols, dtype=dtype), rand(rows, 1, dtype=dtype)
             ex = run_cpu(lambda x, b, c: torch.tanh(x + b) * c, x, b, c)
             src = ex.kernels[0].source
-            assert ("% 4096) + tf_j" in src) == (cols == 4096), src
+            assert ("CBLOCK" in src) == (cols != 1000), src
+            assert ("(int32_t)((xindex % 1000) + tf_j)" in src) == (cols == 1000), src
 
 
 def test_column_and_middle_axis_reductions():

@@ -121,7 +121,8 @@ def batch_norm_relu(x, mean, var, w, b):
 def test_a_value_per_channel_over_nchw_makes_rows_of_h_times_w(target, shape):
     """Inference batch norm over NCHW: the per-channel statistics are uniform over H and W, so
     a row is H·W long (the GPU tiles take any length from 256, the CPU's powers of two from
-    `ROW_MIN`; 7×7 stays flat) and the statistics are read once per row."""
+    `ROW_MIN` and rows a power of two from 64 divides — 16×20 in blocks of 64 columns; 7×7
+    stays flat) and the statistics are read once per row."""
     c = shape[1]
     x = torch.randn(shape)
     stats = (torch.randn(c), torch.rand(c) + 0.5, torch.randn(c), torch.randn(c))
@@ -129,7 +130,8 @@ def test_a_value_per_channel_over_nchw_makes_rows_of_h_times_w(target, shape):
     report = tilefuse.explain(batch_norm_relu, x, *stats, options={"target": target})
     src = _pointwise_source(report)
     row = shape[2] * shape[3]
-    tiled = row >= 256 if target == "interpret" else (row >= pointwise.ROW_MIN and row & (row - 1) == 0)
+    tiled = row >= 256 if target == "interpret" else (row >= pointwise.ROW_MIN and (row & (row - 1) == 0
+                                                                                     or row % 64 == 0))
     assert ("CBLOCK" in src) == tiled, src
     torch._dynamo.reset()
     out = torch.compile(batch_norm_relu, backend="tilefuse", options={"target": target})(x, *stats)
@@ -177,3 +179,47 @@ def test_a_fill_of_another_shape_beside_a_row_tiled_stage(target):
     eager = torch.autograd.grad(step(table, head, tokens, targets), (table, head))
     for g, r, e in zip(grads, ref, eager):
         assert (g.double() - r).abs().max().item() <= 2 * (e.double() - r).abs().max().item() + 1e-6
+
+
+def _bias_gelu(x, b):
+    return F.gelu(x + b)
+
+
+def _log_softmax_backward_like(x, lse, target, g):
+    """A cross-entropy backward as the decomposition spells it: values per row (the log-sum-exp,
+    the target class), read across a vocabulary's row."""
+    onehot = F.one_hot(target, x.shape[1]).to(x.dtype)
+    return (torch.exp(x - lse[:, None]) - onehot) * g
+
+
+@pytest.mark.parametrize("row,tiled", [(768, True), (4160, True), (2053, True), (1000, False)])
+def test_cpu_rows_in_blocks_of_columns(row, tiled):
+    """On the CPU a row that is not a power of two is walked in blocks of columns when a power
+    of two from 64 divides it (768 = 3·256, 4160 = 65·64) or it is longer than a block of 2048
+    (2053: its last block masked); 1000 (8·125) stays flat. The per-row values are read once
+    per row in the tiles, and every form matches."""
+    x, lse = torch.randn(37, row), torch.randn(37)
+    target, g = torch.randint(0, row, (37,)), torch.tensor(0.7)
+    args = (x, lse, target, g)
+    torch._dynamo.reset()
+    report = tilefuse.explain(_log_softmax_backward_like, *args, options={"target": "cpu"})
+    assert ("CBLOCK" in _pointwise_source(report)) == tiled
+    torch._dynamo.reset()
+    out = torch.compile(_log_softmax_backward_like, backend="tilefuse", options={"target": "cpu"})(*args)
+    ref = _log_softmax_backward_like(x.double(), lse.double(), target, g.double())
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("row", [1000, 100, 197])
+def test_a_flat_walk_divides_by_its_row_in_32_bits(row):
+    """A row whose length no power of two from 64 divides, within a block, is walked flat; a
+    broadcast operand's index `(x + j) / row` is the block start's quotient plus the lane's part
+    divided in 32 bits (vectorisable), and matches at odd sizes."""
+    x, b = torch.randn(53, row), torch.randn(row)
+    torch._dynamo.reset()
+    report = tilefuse.explain(_bias_gelu, x, b, options={"target": "cpu"})
+    src = _pointwise_source(report)
+    assert f"(int32_t)((xindex % {row}) + " in src and f"(xindex + tf_j) / {row}" not in src, src
+    torch._dynamo.reset()
+    out = torch.compile(_bias_gelu, backend="tilefuse", options={"target": "cpu"})(x, b)
+    torch.testing.assert_close(out.double(), _bias_gelu(x.double(), b.double()), atol=1e-5, rtol=1e-5)

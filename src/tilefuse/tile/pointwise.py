@@ -74,8 +74,9 @@ def _row_tiles(graph: Graph, plan: KernelPlan, options: LoweringOptions, block: 
     gathered at `x % row` lane by lane; a value per row — a row's log-sum-exp, a target class,
     a batch norm's per-channel scale over NCHW's H·W — is read once per row of the tile, with
     no index division per element. On a CPU a tile holds whole rows (the row is the vectorised
-    inner loop, a power of two up to `block`); on a GPU a program takes a block of columns of a
-    few rows, any row length from GPU_ROW_MIN up."""
+    inner loop, a power of two up to `block`), or a block of columns of a few rows where a power
+    of two divides the row or the row is longer than a block; on a GPU a program takes a block
+    of columns of a few rows, any row length from GPU_ROW_MIN up."""
     if any(st.kind != StageKind.POINTWISE or not st.store for st in plan.stages):
         return None
     shaped = _shaped_stages(graph, plan)
@@ -142,14 +143,34 @@ def _tile_for(row: int, block: int, options: LoweringOptions):
     """(rows, columns) per program for rows of `row` elements, or None where the target walks
     such rows flat."""
     if options.target.on_cpu:
-        # (tile extents are powers of two: a row of 768 keeps the flat walk)
-        if row < ROW_MIN or row & (row - 1) or row > block:
+        if row < ROW_MIN:
             return None
-        return 1 << ((block // row).bit_length() - 1), row
+        if not row & (row - 1) and row <= block:  # whole rows, a power of two of them
+            return 1 << ((block // row).bit_length() - 1), row
+        # blocks of columns (powers of two: tile extents are): one that divides the row (768 by
+        # 256), or any row longer than a block (a vocabulary's 32000 logits: walked flat, each
+        # element divided its index by 32000 to read its row's values — four 64-bit divisions a
+        # vector loop cannot do, 6.2 ms for 64 rows); a shorter row of another length stays flat
+        columns = _dividing_block(row, block)
+        if columns is None and row > block:
+            columns = _column_block(row, block)
+        if columns is None:
+            return None
+        return max(1, block // columns), columns
     columns = _column_block(row, block)
     if row < GPU_ROW_MIN or columns is None:
         return None
     return max(1, block // columns), columns
+
+
+def _dividing_block(row: int, block: int) -> int | None:
+    """The widest power of two from 64 up to `block` that divides `row`, or None."""
+    width = min(block, pow2(row))
+    while width >= 64:
+        if row % width == 0:
+            return width
+        width //= 2
+    return None
 
 
 def _column_block(row: int, block: int) -> int | None:

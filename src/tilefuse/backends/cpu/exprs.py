@@ -103,13 +103,22 @@ class ExprPrinter:
         if not (x.is_Symbol and x.name in self.aligned and c.is_Integer and int(c) > 0):
             return None
         block, lane = self.aligned[x.name]
-        if int(c) % block:
-            return None
         if not x.is_nonnegative:  # (tile symbols are: plain operators, loop-invariant to the compiler)
             return None
+        c = int(c)
+        if c % block == 0:
+            if isinstance(e, sympy.Mod):
+                return f"(({x.name} % {c}) + {lane})"
+            return f"({x.name} / {c})"
+        if c + block >= 2**31:
+            return None
+        # the block start's quotient and remainder once per block; the lane's part in 32 bits,
+        # which a vector loop divides by a constant (a 64-bit division it does lane by lane: a
+        # bias over rows of 1000 took 174 µs for 64 rows where eager took 18)
+        low = f"(int32_t)(({x.name} % {c}) + {lane})"
         if isinstance(e, sympy.Mod):
-            return f"(({x.name} % {int(c)}) + {lane})"
-        return f"({x.name} / {int(c)})"
+            return f"((int64_t)({low} % {c}))"
+        return f"(({x.name} / {c}) + (int64_t)({low} / {c}))"
 
     def index(self, e) -> str:
         e = sympy.sympify(e)
