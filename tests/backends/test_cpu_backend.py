@@ -129,6 +129,29 @@ def test_broadcast_operands_at_flattened_indices():
             assert ("(int32_t)((xindex % 1000) + tf_j)" in src) == (cols == 1000), src
 
 
+def test_whole_blocks_run_without_their_bound_masks():
+    """A program whose tile can run past the end is printed twice: for a whole block with its
+    bound masks taken as true (no masked load or store), and as planned for the last block —
+    a flat walk of a ragged size, a 2-D tile whose last rows and columns are masked, and a
+    symbolic size (the condition reads the size argument). All against eager by the fp64 rule."""
+    def function(ex):
+        return ex.kernels[0].source.split('extern "C" void')[1]
+
+    src = function(run_cpu(lambda x: torch.sigmoid(x) * 3, rand(5000)))
+    head, rest = src.split("if ((xindex + XBLOCK <= 5000)) {")
+    whole, last = rest.split("} else {")
+    assert "(xmask" not in whole and "(true) ?" in whole, src  # no load or store reads the mask
+    assert "if (xmask" in last and "(xmask1_v) ?" in last, src
+    y, b = rand(37, 2053), rand(37, 1)
+    src = function(run_cpu(lambda y, b: torch.tanh(y) * b, y, b))
+    assert "(yindex + YBLOCK <= 37)" in src and "(cindex + CBLOCK <= 2053)" in src, src
+    for n in (4099, 37):
+        src = function(run_cpu(lambda x: torch.sigmoid(x) * 3, rand(n), dynamic=True))
+        assert "(xindex + XBLOCK <= s" in src, src
+    src = function(run_cpu(lambda x: x * 2, rand(4096)))
+    assert "} else {" not in src, src  # whole blocks only: one version
+
+
 def test_column_and_middle_axis_reductions():
     x = rand(6, 50, 9)
     run_cpu(lambda t: (t.sum(0), t.amax(1), t.mean(-1), t.prod(1), (t > 0).any(1), (t > -5).all(0)), x)

@@ -86,7 +86,7 @@ class NestPrinter:
                 for line in self.body_lines(s, p, target=f"{s.name}_v"):
                     self.emit(line, ind)
                 scope.add(s.name)
-                if array is not None:
+                if array is not None and array != "true":  # ("true": a bound mask of a whole block)
                     self.emit(f"{array} = {s.name}_v;", ind)
             else:
                 for line in self.body_lines(s, p):
