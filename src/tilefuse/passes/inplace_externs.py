@@ -1,0 +1,54 @@
+"""Library scatters into a buffer nothing else reads run in place.
+
+An embedding's gradient is `index_put(zeros, [ids], grads, accumulate=True)`: the functional op
+copies the whole zero-filled table before it adds the few rows, and on a CPU at a BERT
+vocabulary (30522 × 64 floats) the copy was most of its 1.7 ms. When the buffer the op would
+copy is computed by a kernel of this graph (a pointwise or reduction node: its own buffer, not
+an input, a constant or another call's result), is read by nothing but this call and is not an
+output, the call takes the in-place overload (`index_put_`) instead: the result is that buffer
+itself. (The runtime then never gives the buffer's memory to another: an ATen call read it.)
+"""
+from __future__ import annotations
+
+import torch
+
+from ..ir.graph import Extern, Graph, Pointwise, Reduce, TensorArg
+
+aten = torch.ops.aten
+
+#: functional library ops whose in-place overload takes the same arguments and returns `self`
+IN_PLACE = {aten.index_put.default: aten.index_put_.default}
+
+
+def scatter_in_place(graph: Graph) -> Graph:
+    users = graph.users()
+    outputs = set(graph.output_names())
+    for name, node in graph.nodes.items():
+        if not (isinstance(node, Extern) and node.target in IN_PLACE and node.args):
+            continue
+        base = node.args[0]
+        if not isinstance(base, TensorArg) or base.name not in graph.nodes:
+            continue
+        src = graph[base.name]
+        if not isinstance(src, (Pointwise, Reduce)) or src.name in outputs or users[src.name] != [name]:
+            continue
+        if src.dtype != node.dtype or tuple(src.shape) != tuple(node.shape) or _reads(node.args[1:], src.name) \
+                or _reads(tuple(node.kwargs.values()), src.name):
+            continue
+        node.target = IN_PLACE[node.target]
+        node.target_name = str(node.target)
+    return graph
+
+
+def _reads(args, name: str) -> bool:
+    for a in args:
+        if isinstance(a, TensorArg) and a.name == name:
+            return True
+        if isinstance(a, (list, tuple)) and _reads(a, name):
+            return True
+        if isinstance(a, dict) and _reads(tuple(a.values()), name):
+            return True
+    return False
+
+
+__all__ = ["scatter_in_place", "IN_PLACE"]
