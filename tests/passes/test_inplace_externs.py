@@ -70,3 +70,21 @@ def test_an_embeddings_gradient_accumulates_in_place():
     emb.zero_grad()
     loss(ids).backward()
     torch.testing.assert_close(got, emb.weight.grad)
+
+
+def test_the_reference_interpreter_scatters_into_a_copy():
+    """The reference (`ir.interpret`, verify mode) runs an in-place scatter on a copy of its
+    base: its buffers may be views of others (an input's, a constant's)."""
+    import sympy
+
+    from tilefuse.ir import dtypes as dt
+    from tilefuse.ir.graph import Extern, TensorArg
+    from tilefuse.ir.interpret import run_extern
+
+    base, idx, v = torch.randn(6, 3), torch.tensor([1, 4, 1]), torch.randn(3, 3)
+    node = Extern("out", dt.float32, (sympy.Integer(6), sympy.Integer(3)), target=torch.ops.aten.index_put_.default,
+                  args=(TensorArg("base"), [TensorArg("idx")], TensorArg("v"), True))
+    kept = base.clone()
+    out = run_extern(node, {"base": base, "idx": idx, "v": v}, {})
+    assert torch.equal(base, kept)
+    torch.testing.assert_close(out, torch.ops.aten.index_put(kept, [idx], v, True))

@@ -331,8 +331,20 @@ class PreparedExtern:
 
 def run_extern(node: Extern, buffers: dict, env: dict):
     """Call the extern; sizes its result defines (`nonzero`'s count, an `item()`) are bound
-    in `env` for the rest of the graph."""
+    in `env` for the rest of the graph. A call that writes into an intermediate it was given
+    (`passes.inplace_externs`'s `index_put_`; not an input's mutation) writes into a copy here:
+    the reference's buffers may be views of others."""
+    if not node.mutates and node.args and isinstance(node.args[0], TensorArg) and _writes_first(node.target):
+        buffers = dict(buffers)
+        buffers[node.args[0].name] = buffers[node.args[0].name].clone()
     return PreparedExtern(node)(buffers, env)
+
+
+def _writes_first(target) -> bool:
+    schema = getattr(target, "_schema", None)
+    args = getattr(schema, "arguments", None)
+    alias = getattr(args[0], "alias_info", None) if args else None
+    return bool(alias is not None and alias.is_write)
 
 
 def bind_result_sizes(shape, value, env: dict) -> None:

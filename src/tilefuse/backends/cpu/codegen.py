@@ -251,17 +251,19 @@ class CppPrinter(NestPrinter):
         if any(isinstance(st, DotTile) for st in body):
             return n, {}  # (products plan their ragged tiles themselves; twice their code would cost compile time)
         p = self.printer()
+        sizes = {q.name for q in self.plan.kernel.params if q.kind == "size"}
         out = {}
         for st in body:
             v = getattr(st, "value", None)
             if not (isinstance(st, Let) and isinstance(v, Binary) and v.op == "lt" and isinstance(v.a, Index)
                     and isinstance(v.b, Index)):
                 continue
-            x = sympy.sympify(v.a.expr)
-            if not (x.is_Symbol and x.name in aranges):
+            x, extent = sympy.sympify(v.a.expr), sympy.sympify(v.b.expr)
+            # (a bound: the arange against the space's extent, a function of the sizes alone)
+            if not (x.is_Symbol and x.name in aranges) or any(sym.name not in sizes for sym in extent.free_symbols):
                 continue
             try:
-                out[st.name] = f"({x.name} + {aranges[x.name].block} <= {p.index(v.b.expr)})"
+                out[st.name] = f"({x.name} + {aranges[x.name].block} <= {p.index(extent)})"
             except CppUnsupported:
                 continue
         return n, out
