@@ -302,24 +302,13 @@ def _prepare(graph, plan, options: LoweringOptions, level: str, device, aten):
 
 
 def cpu_description() -> str:
-    """The processor's model name and the threads ATen and the kernels use."""
-    global _cpu_model
-    if _cpu_model is None:
-        import platform
-
-        _cpu_model = platform.processor() or platform.machine()
-        try:
-            with open("/proc/cpuinfo") as f:
-                _cpu_model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
-                                  _cpu_model)
-        except OSError:
-            pass
+    """The processor (`toolchain.cpu_id`: its model and features) and the threads ATen and the
+    kernels use."""
     import torch
 
-    return f"{_cpu_model}, {torch.get_num_threads()} threads"
+    from ..backends.cpu import toolchain
 
-
-_cpu_model: str | None = None
+    return f"{toolchain.cpu_id()}, {torch.get_num_threads()} threads"
 
 
 def library_race(space):
