@@ -284,14 +284,22 @@ def _partitioner(settings: dict):
     min-cut partition (the forward saves products' and reductions' results, the backward
     recomputes the elementwise work between them: fewer bytes saved, written and read back);
     without, every intermediate the backward reads is saved."""
+    import torch._functorch.config as functorch_config
     from torch._functorch import partitioners
 
-    cut = partitioners.min_cut_rematerialization_partition if settings.get("recompute", config.recompute) \
-        else partitioners.default_partition
+    from .frontend.joint_cse import eliminate_common_subexpressions
+
+    min_cut = settings.get("recompute", config.recompute)
+    cut = partitioners.min_cut_rematerialization_partition if min_cut else partitioners.default_partition
 
     def partition(joint, inputs, **kwargs):
         _recompute_counter_based_randomness(joint)
-        forward, backward = cut(joint, inputs, **kwargs)
+        if min_cut:  # common subexpressions merged by tilefuse's pass, not AOTAutograd's (joint_cse)
+            eliminate_common_subexpressions(joint)
+            with functorch_config.patch(cse=False):
+                forward, backward = cut(joint, inputs, **kwargs)
+        else:
+            forward, backward = cut(joint, inputs, **kwargs)
         forward.meta[SAVED_FROM] = kwargs.get("num_fwd_outputs")  # what follows is saved for the backward
         return forward, backward
 
