@@ -69,10 +69,17 @@ def reduction_rules(plan: KernelPlan, options: LoweringOptions) -> Schedule:
     return Schedule(persistent=False, RBLOCK=rblock, XBLOCK=xblock, warps=warps)
 
 
+#: on a CPU, rows held whole shorter than this many lanes share a program (see below)
+SHORT_ROW = 16
+SHORT_ROW_ELEMENTS = 512
+
+
 def _persistent_rules(rblock: int, P, options: LoweringOptions) -> Schedule:
     xblock = max(1, min(64 if not options.target.interpret else 16, 4096 // rblock))
-    if options.target.on_cpu:  # one row per program: the row is the vectorised loop
-        xblock = 1
+    if options.target.on_cpu:  # one row per program: the row is the vectorised loop; rows
+        # shorter than a vector come SHORT_ROW_ELEMENTS elements to a program instead (a row
+        # of 2 per program spends its time entering the program, not adding)
+        xblock = 1 if rblock >= SHORT_ROW else SHORT_ROW_ELEMENTS // rblock
     pv = static_int(P)
     if pv is not None:
         xblock = min(xblock, pow2(pv))
@@ -103,7 +110,9 @@ def reduction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     if options.target.on_cpu:  # rows per program (held whole) or tile width (looped); no warps
         if rules["persistent"]:
             rb = rules["RBLOCK"]
-            knobs = {"XBLOCK": tuple(x for x in (1, 2, 4, 8) if x <= rows and x * rb <= 65536) or (1,), "warps": (1,)}
+            many = (16, 32, 64, 128, 256) if rb < SHORT_ROW else ()
+            knobs = {"XBLOCK": tuple(x for x in (1, 2, 4, 8) + many if x <= rows and x * rb <= 65536) or (1,),
+                     "warps": (1,)}
         else:
             knobs = {"RBLOCK": (1024, 2048, 4096, 8192), "warps": (1,)}
         return ScheduleSpace("memory", knobs, rules.pick(knobs),
