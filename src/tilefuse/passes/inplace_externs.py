@@ -7,12 +7,15 @@ copy is computed by a kernel of this graph (a pointwise or reduction node: its o
 an input, a constant or another call's result), is read by nothing but this call and is not an
 output, the call takes the in-place overload (`index_put_`) instead: the result is that buffer
 itself. (The runtime then never gives the buffer's memory to another: an ATen call read it.)
+An accumulating call becomes `tilefuse::index_put_accumulate_` (`runtime.row_scatter`): on a
+CPU, `index_add_` along the rows where that is the same sum.
 """
 from __future__ import annotations
 
 import torch
 
 from ..ir.graph import Extern, Graph, Pointwise, Reduce, TensorArg
+from ..runtime.row_scatter import index_put_accumulate_
 
 aten = torch.ops.aten
 
@@ -35,9 +38,18 @@ def scatter_in_place(graph: Graph) -> Graph:
         if src.dtype != node.dtype or tuple(src.shape) != tuple(node.shape) or _reads(node.args[1:], src.name) \
                 or _reads(tuple(node.kwargs.values()), src.name):
             continue
-        node.target = IN_PLACE[node.target]
+        if _accumulates(node):
+            node.target, node.args, node.kwargs = index_put_accumulate_, tuple(node.args[:3]), {}
+        else:
+            node.target = IN_PLACE[node.target]
         node.target_name = str(node.target)
     return graph
+
+
+def _accumulates(node: Extern) -> bool:
+    """`index_put(self, indices, values, accumulate)` with accumulate a literal True."""
+    accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
+    return len(node.args) >= 3 and accumulate is True
 
 
 def _reads(args, name: str) -> bool:
