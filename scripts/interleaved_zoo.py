@@ -52,6 +52,9 @@ def main(argv=None) -> int:
     ap.add_argument("--backends", default="eager,inductor,tilefuse")
     ap.add_argument("--size", default="quick")
     ap.add_argument("--layers", type=int, default=None, help="models: override the layer count")
+    ap.add_argument("--shape", default=None, metavar="N,N,...",
+                    help="the workload's size tuple itself (a model's: batch,sequence,layers,width), "
+                         "instead of --size")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--rounds", type=int, default=10)
@@ -79,7 +82,7 @@ def main(argv=None) -> int:
             print(f"{wname}: n/a ({reason})")
             continue
         torch.manual_seed(0)
-        size = w.size(args.size, args.layers)
+        size = tuple(int(v) for v in args.shape.split(",")) if args.shape else w.size(args.size, args.layers)
         inputs = w.make_inputs(tuple(size), device, DTYPES[args.dtype])
         programs = {}
         for backend in backends:

@@ -108,8 +108,7 @@ def test_the_reference_interpreter_scatters_into_a_copy(target):
 
 
 def _both_ways(base, indices, values):
-
-    want = base.clone().index_put_(indices, values, accumulate=True)
+    want = torch.ops.aten.index_put_.default(base.clone(), indices, values, True)
     got = index_put_accumulate_(base.clone(), indices, values)
     return got, want
 
@@ -142,7 +141,8 @@ def test_other_scatters_are_index_put_itself():
     rows, cols = torch.randint(0, 9, (40000,)), torch.randint(0, 4000, (40000,))
     cases = [([rows, cols], torch.randn(40000)),  # two index tensors: single elements
              ([rows], torch.randn(4000)),  # values broadcast over the selected rows
-             ([torch.rand(9) > 0.5], torch.randn(4000))]  # a mask
+             ([torch.rand(9) > 0.5], torch.randn(4000)),  # a mask
+             ([None, cols[:5]], torch.randn(9, 5))]  # a later dim indexed (None: the whole dim)
     for indices, values in cases:
         assert not rows_added(base, indices, values)
         got, want = _both_ways(base, indices, values)

@@ -35,7 +35,7 @@ def rows_added(base: torch.Tensor, indices, values: torch.Tensor) -> bool:
 
 def _index_put_accumulate_(base, indices, values):
     if not rows_added(base, indices, values):
-        return base.index_put_(indices, values, accumulate=True)
+        return torch.ops.aten.index_put_.default(base, indices, values, True)  # (indices may hold None)
     index = indices[0].reshape(-1)
     index = torch.where(index < 0, index + base.shape[0], index)
     return base.index_add_(0, index, values.reshape((-1,) + tuple(base.shape[1:])))
