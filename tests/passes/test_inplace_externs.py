@@ -10,7 +10,8 @@ import tilefuse
 from tilefuse.runtime.row_scatter import ROWS_FROM, index_put_accumulate_, rows_added
 
 INDEX_PUT = "aten.index_put.default"
-IN_PLACE = "tilefuse.index_put_accumulate_.default"
+IN_PLACE = "aten.index_put_.default"
+ROW_SCATTER = "tilefuse.index_put_accumulate_.default"
 
 
 def _externs(fn, *args):
@@ -56,9 +57,30 @@ def test_a_scatter_into_a_buffer_nothing_else_reads_runs_in_place():
     _check(_scatter_into_computed, x, idx, v)
 
 
+def test_many_accumulated_values_take_the_row_scatter():
+    width = ROWS_FROM // 53 + 1
+    x, idx, v = torch.randn(37, width), torch.randint(-37, 37, (53,)), torch.randn(53, width)
+    assert _externs(_scatter_into_computed, x, idx, v) == [ROW_SCATTER]
+    _check(_scatter_into_computed, x, idx, v)
+
+
+def test_a_number_of_values_known_at_run_time_takes_the_row_scatter():
+    x, idx, v = torch.randn(37, 5), torch.randint(0, 37, (53,)), torch.randn(53, 5)
+    torch._dynamo.reset()
+    targets = [t for r in tilefuse.explain(_scatter_into_computed, x, idx, v, dynamic=True).reports
+               for _, t, _ in r.externs]
+    assert targets == [ROW_SCATTER], targets
+    torch._dynamo.reset()
+    compiled = torch.compile(_scatter_into_computed, backend="tilefuse", dynamic=True)
+    for rows in (53, 9):
+        args = (x, idx[:rows], v[:rows])
+        want = _scatter_into_computed(*(a.double() if a.is_floating_point() else a for a in args))
+        torch.testing.assert_close(compiled(*args).double(), want, atol=1e-5, rtol=1e-5)
+
+
 def test_a_write_without_accumulation_runs_in_place_as_index_put_():
     x, idx, v = torch.randn(37, 5), torch.randperm(37)[:11], torch.randn(11, 5)  # distinct rows
-    assert _externs(_overwrite_computed, x, idx, v) == ["aten.index_put_.default"]
+    assert _externs(_overwrite_computed, x, idx, v) == [IN_PLACE]
     _check(_overwrite_computed, x, idx, v)
 
 

@@ -97,7 +97,7 @@ def test_a_tied_embeddings_gradient_is_one_scatter_into_the_products_result(monk
         monkeypatch.setattr(passes, "PIPELINE", pipeline)
         torch._dynamo.reset()
         backward = tilefuse.explain(loss, ids, tgt, options={"graph_cache": False}).reports[-1]
-        assert [t for _, t, _ in backward.externs] == ["tilefuse.index_put_accumulate_.default"]
+        assert [t for _, t, _ in backward.externs] == ["aten.index_put_.default"]  # (in place; few values)
         kernels.append(len(backward.kernels))
     assert kernels[0] == kernels[1] - 2  # no zero fill, no sum of two tables
     monkeypatch.undo()

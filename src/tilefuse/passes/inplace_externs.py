@@ -7,15 +7,17 @@ copy is computed by a kernel of this graph (a pointwise or reduction node: its o
 an input, a constant or another call's result), is read by nothing but this call and is not an
 output, the call takes the in-place overload (`index_put_`) instead: the result is that buffer
 itself. (The runtime then never gives the buffer's memory to another: an ATen call read it.)
-An accumulating call becomes `tilefuse::index_put_accumulate_` (`runtime.row_scatter`): on a
-CPU, `index_add_` along the rows where that is the same sum.
+An accumulating call of `row_scatter.ROWS_FROM` values or more (or a number known only at run
+time) becomes `tilefuse::index_put_accumulate_` (`runtime.row_scatter`): on a CPU, `index_add_`
+along the rows where that is the same sum and faster.
 """
 from __future__ import annotations
 
+import sympy
 import torch
 
 from ..ir.graph import Extern, Graph, Pointwise, Reduce, TensorArg
-from ..runtime.row_scatter import index_put_accumulate_
+from ..runtime.row_scatter import ROWS_FROM, index_put_accumulate_
 
 aten = torch.ops.aten
 
@@ -38,12 +40,21 @@ def scatter_in_place(graph: Graph) -> Graph:
         if src.dtype != node.dtype or tuple(src.shape) != tuple(node.shape) or _reads(node.args[1:], src.name) \
                 or _reads(tuple(node.kwargs.values()), src.name):
             continue
-        if _accumulates(node):
+        if _accumulates(node) and not _few_values(graph, node.args[2]):
             node.target, node.args, node.kwargs = index_put_accumulate_, tuple(node.args[:3]), {}
         else:
             node.target = IN_PLACE[node.target]
         node.target_name = str(node.target)
     return graph
+
+
+def _few_values(graph: Graph, values) -> bool:
+    """Values known to be fewer than `row_scatter.ROWS_FROM`: the scatter would be `index_put_`
+    anyway, called directly (the op's own test costs a Python call)."""
+    if not isinstance(values, TensorArg) or values.name not in graph.nodes:
+        return False
+    numel = sympy.Mul(*graph[values.name].shape) if graph[values.name].shape else sympy.Integer(1)
+    return bool(numel.is_Integer) and int(numel) < ROWS_FROM
 
 
 def _accumulates(node: Extern) -> bool:
