@@ -1,6 +1,7 @@
 """tilefuse's merge of common subexpressions in a training graph's joint forward-backward
 (`frontend.joint_cse`): what merges and what must not, agreement with AOTAutograd's own pass
 on real joint graphs, and a training compile that never imports Inductor's pattern matcher."""
+import operator
 import os
 import subprocess
 import sys
@@ -107,6 +108,19 @@ def test_values_returned_as_separate_outputs_stay_separate():
     gm = _graph(build, (3,))
     assert eliminate_common_subexpressions(gm) == 0
     a, b = _run(gm, torch.randn(3))
+    assert a.data_ptr() != b.data_ptr()
+
+
+def test_tuple_values_returned_as_separate_outputs_stay_separate():
+    """Two `topk` calls whose values are both returned: eager's two tensors, not one."""
+    def build(g, x):
+        a = g.call_function(aten.topk.default, (x, 3))
+        b = g.call_function(aten.topk.default, (x, 3))
+        return [g.call_function(operator.getitem, (a, 0)), g.call_function(operator.getitem, (b, 0))]
+
+    gm = _graph(build, (4, 8))
+    assert eliminate_common_subexpressions(gm) == 0
+    a, b = _run(gm, torch.randn(4, 8))
     assert a.data_ptr() != b.data_ptr()
 
 

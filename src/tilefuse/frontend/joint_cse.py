@@ -26,7 +26,8 @@ aten = torch.ops.aten
 
 #: operators whose results are uninitialised memory: two of them are not the same value
 _UNINITIALISED = frozenset({aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty,
-                            aten.new_empty_strided, aten.empty_permuted})
+                            aten.new_empty_strided, aten.empty_permuted, torch.ops.prims.empty_strided,
+                            torch.ops.prims.empty_permuted})
 
 
 class _Incomparable(Exception):
@@ -37,7 +38,7 @@ def eliminate_common_subexpressions(gm: torch.fx.GraphModule) -> int:
     """Merge repeated pure calls of `gm`'s graph in place; the number of calls removed."""
     graph = gm.graph
     output = next(iter(reversed(graph.nodes)))
-    returned = {s for s in map(_storage, output.all_input_nodes) if s is not None} if output.op == "output" else set()
+    returned = {s for n in output.all_input_nodes for s in _storages(n)} if output.op == "output" else set()
     first: dict = {}
     region = 0
     removed = 0
@@ -47,7 +48,7 @@ def eliminate_common_subexpressions(gm: torch.fx.GraphModule) -> int:
         if _writes(node):
             region += 1
             continue
-        if not _pure(node) or (returned and _storage(node) in returned):
+        if not _pure(node) or (returned and not returned.isdisjoint(_storages(node))):
             continue
         try:
             key = (region, node.target, _frozen(node.args), _frozen(node.kwargs))
@@ -81,14 +82,17 @@ def _pure(node: torch.fx.Node) -> bool:
     return target.overloadpacket not in _UNINITIALISED
 
 
-def _storage(node: torch.fx.Node):
+def _storages(node: torch.fx.Node) -> set:
+    """The storages of the node's value: a tensor's, or each tensor's of a tuple (`topk`)."""
     val = node.meta.get("val")
-    if not isinstance(val, torch.Tensor):
-        return None
-    try:
-        return StorageWeakRef(val.untyped_storage())
-    except (NotImplementedError, RuntimeError):
-        return None
+    out = set()
+    for t in val if isinstance(val, (list, tuple)) else (val,):
+        if isinstance(t, torch.Tensor):
+            try:
+                out.add(StorageWeakRef(t.untyped_storage()))
+            except (NotImplementedError, RuntimeError):
+                pass
+    return out
 
 
 def _frozen(value):

@@ -32,7 +32,7 @@ def scatter_into_addends(graph: Graph) -> Graph:
             continue
         for scattered, other in (terms, terms[::-1]):
             scatter = graph.nodes.get(scattered)
-            if _scatter_into_zeros(graph, scatter, node, users) and scattered not in outputs \
+            if _scatter_into_zeros(graph, scatter, node, users, outputs) and scattered not in outputs \
                     and users[scattered] == [name] and other in graph.nodes and other != scattered \
                     and _same_type(graph[other], node):
                 _take_place(graph, scatter, node, other)
@@ -55,7 +55,8 @@ def _whole_sum(node) -> tuple[str, str] | None:
     return body.a.buffer, body.b.buffer
 
 
-def _scatter_into_zeros(graph: Graph, scatter, node, users) -> bool:
+def _scatter_into_zeros(graph: Graph, scatter, node, users, outputs) -> bool:
+    """Whether `scatter` accumulates into a zero fill that it alone reads, once, as its base."""
     if not (isinstance(scatter, Extern) and scatter.target is aten.index_put.default and len(scatter.args) >= 3):
         return False
     accumulate = scatter.args[3] if len(scatter.args) > 3 else scatter.kwargs.get("accumulate", False)
@@ -64,7 +65,18 @@ def _scatter_into_zeros(graph: Graph, scatter, node, users) -> bool:
         return False
     zeros = graph.nodes.get(base.name)
     return (isinstance(zeros, Pointwise) and isinstance(zeros.body, Const) and zeros.body.value == 0
-            and _same_type(zeros, node) and users[zeros.name] == [scatter.name])
+            and _same_type(zeros, node) and users[zeros.name] == [scatter.name] and zeros.name not in outputs
+            and not _reads((scatter.args[1:], scatter.kwargs), zeros.name))  # (CSE may share one fill)
+
+
+def _reads(value, name: str) -> bool:
+    if isinstance(value, TensorArg):
+        return value.name == name
+    if isinstance(value, (list, tuple)):
+        return any(_reads(v, name) for v in value)
+    if isinstance(value, dict):
+        return any(_reads(v, name) for v in value.values())
+    return False
 
 
 def _same_type(a, b) -> bool:
@@ -72,12 +84,17 @@ def _same_type(a, b) -> bool:
 
 
 def _take_place(graph: Graph, scatter: Extern, node: Pointwise, other: str) -> None:
-    """The scatter, into `other`, computes `node` (under its name, where it stood)."""
+    """The scatter, into `other`, computes `node` (under its name, where it stood, in the
+    layout promised for it: an output's or a saved activation's traced strides)."""
     zeros = scatter.args[0].name
     scatter.args = (TensorArg(other),) + tuple(scatter.args[1:])
     merge_into(graph, node.name, scatter.name)
     old = scatter.name
     scatter.name = node.name
+    if node.name in graph.output_strides:
+        scatter.strides = tuple(graph.output_strides[node.name])
+    for gone in (old, zeros):
+        graph.origins.pop(gone, None)
     nodes = {}
     for name, n in graph.nodes.items():
         if name in (old, zeros):

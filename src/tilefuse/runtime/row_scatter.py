@@ -10,7 +10,7 @@ the order of the index, as the serial `index_put_` does (its parallel path adds 
 order: the same sums up to rounding). This op takes `index_add_` when it applies: one
 integer index tensor on a CPU, the values shaped as the rows it selects, at least
 `ROWS_FROM` of them (negative indices wrapped as `index_put_` wraps them; an index out of range
-still raises). Any other call is `index_put_` itself.
+raises `IndexError`, as there). Any other call is `index_put_` itself.
 """
 from __future__ import annotations
 
@@ -36,8 +36,12 @@ def rows_added(base: torch.Tensor, indices, values: torch.Tensor) -> bool:
 def _index_put_accumulate_(base, indices, values):
     if not rows_added(base, indices, values):
         return torch.ops.aten.index_put_.default(base, indices, values, True)  # (indices may hold None)
-    index = indices[0].reshape(-1)
-    index = torch.where(index < 0, index + base.shape[0], index)
+    index, rows = indices[0].reshape(-1), base.shape[0]
+    low, high = index.aminmax()
+    if low < -rows or high >= rows:  # as index_put_ reports it (before wrapping)
+        bad = int(low) if low < -rows else int(high)
+        raise IndexError(f"index {bad} is out of bounds for dimension 0 with size {rows}")
+    index = torch.where(index < 0, index + rows, index)
     return base.index_add_(0, index, values.reshape((-1,) + tuple(base.shape[1:])))
 
 

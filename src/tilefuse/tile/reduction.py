@@ -110,7 +110,7 @@ def reduction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     if options.target.on_cpu:  # rows per program (held whole) or tile width (looped); no warps
         if rules["persistent"]:
             rb = rules["RBLOCK"]
-            many = (16, 32, 64, 128, 256) if rb < SHORT_ROW else ()
+            many = (16, 32, 64, 128, 256, 512) if rb < SHORT_ROW else ()
             knobs = {"XBLOCK": tuple(x for x in (1, 2, 4, 8) + many if x <= rows and x * rb <= 65536) or (1,),
                      "warps": (1,)}
         else:
