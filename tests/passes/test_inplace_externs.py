@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import tilefuse
-from tilefuse.runtime.row_scatter import ROWS_FROM, index_put_accumulate_, rows_added
+from tilefuse.frontend.row_scatter import ROWS_FROM, index_put_accumulate_, rows_added
 
 INDEX_PUT = "aten.index_put.default"
 IN_PLACE = "aten.index_put_.default"

@@ -8,7 +8,7 @@ an input, a constant or another call's result), is read by nothing but this call
 output, the call takes the in-place overload (`index_put_`) instead: the result is that buffer
 itself. (The runtime then never gives the buffer's memory to another: an ATen call read it.)
 An accumulating call of `row_scatter.ROWS_FROM` values or more (or a number known only at run
-time) becomes `tilefuse::index_put_accumulate_` (`runtime.row_scatter`): on a CPU, `index_add_`
+time) becomes `tilefuse::index_put_accumulate_` (`frontend.row_scatter`): on a CPU, `index_add_`
 along the rows where that is the same sum and faster.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sympy
 import torch
 
 from ..ir.graph import Extern, Graph, Pointwise, Reduce, TensorArg
-from ..runtime.row_scatter import ROWS_FROM, index_put_accumulate_
+from ..frontend.row_scatter import ROWS_FROM, index_put_accumulate_
 
 aten = torch.ops.aten
 
