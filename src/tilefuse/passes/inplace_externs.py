@@ -37,10 +37,10 @@ def scatter_in_place(graph: Graph) -> Graph:
         src = graph[base.name]
         if not isinstance(src, (Pointwise, Reduce)) or src.name in outputs or users[src.name] != [name]:
             continue
-        if src.dtype != node.dtype or tuple(src.shape) != tuple(node.shape) or _reads(node.args[1:], src.name) \
-                or _reads(tuple(node.kwargs.values()), src.name):
+        if src.dtype != node.dtype or tuple(src.shape) != tuple(node.shape) \
+                or reads_buffer((node.args[1:], node.kwargs), src.name):
             continue
-        if _accumulates(node) and not _few_values(graph, node.args[2]):
+        if accumulates(node) and not _few_values(graph, node.args[2]):
             node.target, node.args, node.kwargs = index_put_accumulate_, tuple(node.args[:3]), {}
         else:
             node.target = IN_PLACE[node.target]
@@ -57,21 +57,21 @@ def _few_values(graph: Graph, values) -> bool:
     return bool(numel.is_Integer) and int(numel) < ROWS_FROM
 
 
-def _accumulates(node: Extern) -> bool:
+def accumulates(node: Extern) -> bool:
     """`index_put(self, indices, values, accumulate)` with accumulate a literal True."""
     accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
     return len(node.args) >= 3 and accumulate is True
 
 
-def _reads(args, name: str) -> bool:
-    for a in args:
-        if isinstance(a, TensorArg) and a.name == name:
-            return True
-        if isinstance(a, (list, tuple)) and _reads(a, name):
-            return True
-        if isinstance(a, dict) and _reads(tuple(a.values()), name):
-            return True
+def reads_buffer(args, name: str) -> bool:
+    """Whether extern arguments (nested lists, tuples and dicts) name the buffer `name`."""
+    if isinstance(args, TensorArg):
+        return args.name == name
+    if isinstance(args, (list, tuple)):
+        return any(reads_buffer(a, name) for a in args)
+    if isinstance(args, dict):
+        return any(reads_buffer(a, name) for a in args.values())
     return False
 
 
-__all__ = ["scatter_in_place", "IN_PLACE"]
+__all__ = ["scatter_in_place", "IN_PLACE", "accumulates", "reads_buffer"]

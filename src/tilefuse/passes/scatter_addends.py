@@ -19,6 +19,7 @@ import torch
 from ..ir.expr import Binary, Const, Index, Load, out_index
 from ..ir.graph import Extern, Graph, Pointwise, TensorArg
 from ..ir.origin import merge_into
+from .inplace_externs import accumulates, reads_buffer
 
 aten = torch.ops.aten
 
@@ -57,26 +58,15 @@ def _whole_sum(node) -> tuple[str, str] | None:
 
 def _scatter_into_zeros(graph: Graph, scatter, node, users, outputs) -> bool:
     """Whether `scatter` accumulates into a zero fill that it alone reads, once, as its base."""
-    if not (isinstance(scatter, Extern) and scatter.target is aten.index_put.default and len(scatter.args) >= 3):
+    if not (isinstance(scatter, Extern) and scatter.target is aten.index_put.default and accumulates(scatter)):
         return False
-    accumulate = scatter.args[3] if len(scatter.args) > 3 else scatter.kwargs.get("accumulate", False)
     base = scatter.args[0]
-    if accumulate is not True or not isinstance(base, TensorArg) or not _same_type(scatter, node):
+    if not isinstance(base, TensorArg) or not _same_type(scatter, node):
         return False
     zeros = graph.nodes.get(base.name)
     return (isinstance(zeros, Pointwise) and isinstance(zeros.body, Const) and zeros.body.value == 0
             and _same_type(zeros, node) and users[zeros.name] == [scatter.name] and zeros.name not in outputs
-            and not _reads((scatter.args[1:], scatter.kwargs), zeros.name))  # (CSE may share one fill)
-
-
-def _reads(value, name: str) -> bool:
-    if isinstance(value, TensorArg):
-        return value.name == name
-    if isinstance(value, (list, tuple)):
-        return any(_reads(v, name) for v in value)
-    if isinstance(value, dict):
-        return any(_reads(v, name) for v in value.values())
-    return False
+            and not reads_buffer((scatter.args[1:], scatter.kwargs), zeros.name))  # (CSE may share one fill)
 
 
 def _same_type(a, b) -> bool:
