@@ -91,7 +91,7 @@ def _storages(node: torch.fx.Node) -> set:
             try:
                 out.add(StorageWeakRef(t.untyped_storage()))
             except (NotImplementedError, RuntimeError):
-                pass
+                pass  # a tensor with no storage to compare (as AOTAutograd's pass, it counts as unshared)
     return out
 
 

@@ -53,7 +53,7 @@ def _few_values(graph: Graph, values) -> bool:
     anyway, called directly (the op's own test costs a Python call)."""
     if not isinstance(values, TensorArg) or values.name not in graph.nodes:
         return False
-    numel = sympy.Mul(*graph[values.name].shape) if graph[values.name].shape else sympy.Integer(1)
+    numel = sympy.Mul(*graph[values.name].shape)
     return bool(numel.is_Integer) and int(numel) < ROWS_FROM
 
 

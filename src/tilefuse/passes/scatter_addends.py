@@ -85,12 +85,7 @@ def _take_place(graph: Graph, scatter: Extern, node: Pointwise, other: str) -> N
         scatter.strides = tuple(graph.output_strides[node.name])
     for gone in (old, zeros):
         graph.origins.pop(gone, None)
-    nodes = {}
-    for name, n in graph.nodes.items():
-        if name in (old, zeros):
-            continue  # (the zero fill has no other reader: it goes)
-        nodes[name] = scatter if name == node.name else n
-    graph.nodes = nodes
+    graph.expand_nodes({old: [], zeros: [], node.name: [scatter]})  # (the zero fill has no other reader)
 
 
 __all__ = ["scatter_into_addends"]
