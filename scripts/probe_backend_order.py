@@ -1,7 +1,7 @@
 """Whether a training step's gradients depend on what was compiled before it in the process.
 
     PYTHONPATH=src python scripts/probe_backend_order.py [--workload hf_llama_train] [--layers 2]
-        [--sequence inductor,tilefuse] [--empty-cache] [--device cuda] [--dtype bfloat16]
+        [--sequence inductor,tilefuse] [--empty-cache] [--device cuda] [--dtype bfloat16] [--no-cudnn-sdp]
     PYTHONPATH=src python scripts/probe_backend_order.py --all     # each sequence in its own process
 
 Builds one workload of the models group, takes eager's gradients under autocast, then for each
@@ -93,10 +93,13 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--sequence", default="tilefuse,inductor,tilefuse")
     ap.add_argument("--empty-cache", action="store_true", help="empty CUDA's allocator cache between backends")
+    ap.add_argument("--no-cudnn-sdp", action="store_true", help="turn off cuDNN's attention (SDPA) backend")
     ap.add_argument("--all", action="store_true", help="run each of SEQUENCES in its own process")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="bfloat16")
     args = ap.parse_args()
+    if args.no_cudnn_sdp:
+        torch.backends.cuda.enable_cudnn_sdp(False)
     if not args.all:
         run_sequence(args)
         return 0

@@ -38,6 +38,7 @@ BAD_AND_GOOD = {
     "recompute": ("some", ("no", False)),
     "attention_backward": ("sometimes", ("off", False)),
     "split_reductions": ("maybe", ("0", False)),
+    "column_tiles": ("sometimes", ("off", False)),
 }
 
 

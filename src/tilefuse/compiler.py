@@ -168,6 +168,7 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None,
         choose_library_calls(graph, schedule, options.matmul, cpu=target.on_cpu,
                              race=target.on_cpu and options.autotune in (*CPU_RACE_LEVELS, *CPU_LEVELS))
     lowering = LoweringOptions(target=target, persistent_reduction_limit=options.persistent_reduction_limit,
+                               column_tiles=options.column_tiles,
                                flash_config=options.flash_config, flash_split=options.flash_split,
                                block_summary=options.block_summary,
                                matmul=options.matmul,

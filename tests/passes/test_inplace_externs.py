@@ -177,3 +177,25 @@ def test_the_row_scatter_still_raises_for_an_index_out_of_range():
     for bad in (9, -10):
         with pytest.raises(IndexError, match=f"index {bad} is out of bounds"):
             index_put_accumulate_(torch.zeros(9, 20000), [torch.tensor([1, bad])], torch.randn(2, 20000))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_row_scatter_on_a_gpu_adds_every_row_with_atomics_unless_deterministic():
+    """On a GPU every row scatter takes `index_add_` (atomics: the same sums, any order), with
+    negative indices wrapped; heavy repetition (a token-type embedding's 8192 rows into one)
+    included. Under deterministic algorithms it stays `index_put_`, bit for bit."""
+
+    base = torch.randn(7, 96, device="cuda")
+    idx = torch.cat([torch.zeros(3000, dtype=torch.int64), torch.randint(-7, 7, (1001,))]).cuda()
+    values = torch.randn(4001, 96, device="cuda")
+    assert rows_added(base, [idx], values)
+    got = index_put_accumulate_(base.clone(), [idx], values)
+    ref = base.double().index_put_([idx], values.double(), accumulate=True)
+    torch.testing.assert_close(got.double(), ref, rtol=1e-4, atol=1e-3)
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert not rows_added(base, [idx], values)
+        want = base.clone().index_put_([idx], values, accumulate=True)
+        assert torch.equal(index_put_accumulate_(base.clone(), [idx], values), want)
+    finally:
+        torch.use_deterministic_algorithms(False)

@@ -37,6 +37,8 @@ def test_splits_are_chosen_for_occupancy():
     assert splits_for(100_000, 8192, 132) == 1  # enough programs already
     assert splits_for(3, 8200, 132) == 8  # 8200 = 8·1025: the ranges divide the axis
     assert splits_for(8192, 50_304, 132, columns=False) == 1  # a row per program: 8192 programs
+    assert splits_for(30522, 8192, 132) == 1  # 477 blocks of columns, the last one partial: whole
+    assert splits_for(30528, 8192, 132) == 2  # (whole blocks: split for occupancy)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

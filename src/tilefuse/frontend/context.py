@@ -12,6 +12,7 @@ from ..ir.dtypes import DType
 from ..ir.expr import Expr, Index, cast, out_index, red_index
 from ..ir.graph import Extern, ExternResult, Graph, Pointwise, Reduce, TensorArg
 from ..ir.monoid import Monoid, monoid
+from .cudnn_attention_grad import REPLACEMENTS as _SAFER_CALLS
 from .reinplace import mutates_input
 from .values import BufferValue, TensorValue
 
@@ -196,6 +197,7 @@ class LoweringContext:
             first = None  # a scalar result (`binds`)
         # convert first: realising a view argument adds a node, and so takes a name
         ext_args, ext_kwargs = convert(tuple(args)), convert(dict(kwargs))
+        target = _SAFER_CALLS.get(target, target)  # (an ATen op that is wrong for some layouts)
         name = self._name()
         node = Extern(
             name, ir_dtype(first.dtype) if first is not None else dt.float32,

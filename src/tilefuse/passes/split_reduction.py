@@ -37,10 +37,16 @@ def splits_for(outputs: int, length: int, sm_count: int, columns: bool = True) -
     power of two that gives the partial kernel PROGRAMS_PER_SM programs per SM, keeping
     chunks of at least MIN_CHUNK that divide `length`; 1 when no split helps. `columns`: the
     reduced axis is not the innermost one read (a program then covers COLUMNS outputs to
-    read whole rows of memory; otherwise one output per program)."""
+    read whole rows of memory; otherwise one output per program). Columns that are not a
+    multiple of COLUMNS stay whole once they fill the SMs: the parts, flattened into one
+    output axis, would start mid-block, and the partial kernel's reads along a row would no
+    longer be provably contiguous to Triton (BERT's 30522-word bias gradient read at 0.3 TB/s
+    split in two; whole, a column tile reads it at the bandwidth)."""
     if sm_count <= 0 or length < MIN_LENGTH:
         return 1
     programs = -(-outputs // COLUMNS) if columns else outputs
+    if columns and outputs % COLUMNS and programs >= sm_count:
+        return 1  # (a part's columns would start mid-block, its reads no longer provably coalesced)
     want = -(-PROGRAMS_PER_SM * sm_count // programs)
     s = 1
     while s < want and length % (2 * s) == 0 and length // (2 * s) >= MIN_CHUNK:

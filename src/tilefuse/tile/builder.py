@@ -36,6 +36,26 @@ def land(a: Expr | None, b: Expr | None) -> Expr | None:
     return binary("logical_and", a, b)
 
 
+def known_strides(graph: Graph, name: str, node=None) -> tuple | None:
+    """The strides a kernel addresses buffer `name` (graph node `node`, or a scratch buffer)
+    with, dims of extent 1 as 0, when the compile knows them: an input's traced strides, a
+    constant's, an ATen call's promised ones, the graph's chosen layout of its own buffers;
+    None for the strides an input or an ATen call's result has only at run time."""
+    node = graph[name] if node is None else node
+    def unit_zero(strides):
+        return tuple(sympy.Integer(0) if sympy.sympify(d) == 1 else st for d, st in zip(node.shape, strides))
+    if isinstance(node, Input) and node.strides is not None:
+        return unit_zero(node.strides)
+    if isinstance(node, Constant):
+        return unit_zero(tuple(sympy.Integer(st) for st in node.value.stride()))
+    promised = promised_strides(node) if isinstance(node, (Extern, ExternResult)) else None
+    if promised is not None:
+        return promised
+    if isinstance(node, (Input, Extern, ExternResult)):
+        return None
+    return unit_zero(graph.output_strides.get(name) or contiguous_strides(node.shape))
+
+
 #: integer ops that divide by their second operand
 _DIVISIONS = ("floordiv", "mod", "fmod")
 
@@ -130,17 +150,8 @@ class KernelBuilder:
         seen = self.writes if write else self.reads
         if name not in seen:
             seen.append(name)
-        if isinstance(node, Input) and node.strides is not None:
-            strides = tuple(sympy.Integer(0) if sympy.sympify(d) == 1 else st for d, st in zip(node.shape, node.strides))
-            for st in strides:
-                self.size_params(st)
-            return strides
-        if isinstance(node, Constant):
-            return tuple(sympy.Integer(0) if d == 1 else sympy.Integer(st) for d, st in zip(node.shape, node.value.stride()))
-        promised = promised_strides(node) if isinstance(node, (Extern, ExternResult)) else None
-        if promised is not None:
-            return promised
-        if isinstance(node, (Input, Extern, ExternResult)):
+        strides = known_strides(self.graph, name, node)
+        if strides is None:  # the run-time strides of an input or an ATen call's result
             strides = []
             for k, d in enumerate(node.shape):
                 if sympy.sympify(d) == 1:
@@ -150,10 +161,8 @@ class KernelBuilder:
                     self.params.setdefault(sname, Param(sname, "size"))
                     strides.append(sympy.Symbol(sname, integer=True, nonnegative=True))
             return tuple(strides)
-        strides = self.graph.output_strides.get(name) or contiguous_strides(node.shape)
-        strides = tuple(sympy.Integer(0) if sympy.sympify(d) == 1 else st for d, st in zip(node.shape, strides))
-        for s in strides:
-            self.size_params(s)
+        for st in strides:
+            self.size_params(st)
         return strides
 
     def finish_params(self) -> list[Param]:
@@ -318,4 +327,4 @@ def _needs_guard(branch: Expr, cond: Expr) -> bool:
     return on_positions(cond)
 
 
-__all__ = ["KernelBuilder", "tile_symbol", "land"]
+__all__ = ["KernelBuilder", "known_strides", "tile_symbol", "land"]

@@ -36,7 +36,7 @@ from ..ir.expr import Const, Expr, Index, Load, Var, binary, cast, out_index, re
 from ..ir.printer import format_expr
 from ..ir.graph import Graph
 from ..ir.monoid import SUM, Monoid
-from .builder import KernelBuilder, land
+from .builder import KernelBuilder, known_strides, land
 from .ir import (Arange, ArgReduceTile, Assign, For, Full, KernelKind, Let, LoadTile, ProgramId, ReduceTile, TileKernel,
                  expr_names, statements)
 from .common import (LoweringOptions, bound_check, combine, full_tile, identity_const, index_values, mapped, masked,
@@ -56,17 +56,82 @@ def _arg_better(m: Monoid, v: Expr, acc: Expr) -> Expr:
     return strictly
 
 
-def reduction_rules(plan: KernelPlan, options: LoweringOptions) -> Schedule:
+def reduction_rules(plan: KernelPlan, options: LoweringOptions, graph: Graph | None = None) -> Schedule:
     """The fixed rule: a persistent row of pow2(R) lanes with up to 4096 elements per program
-    and warps by row length; a looped row walks 2048-wide tiles with 8 warps."""
+    and warps by row length; a looped row walks 2048-wide tiles with 8 warps. On a GPU, a
+    plan that reads across its outputs (`reads_columns`, given the graph) gets a column tile."""
     P, Rn = plan.parallel, sympy.Mul(*plan.reduction)
     rstatic = static_int(Rn)
+    if graph is not None and _column_tiled(graph, plan, options):
+        return _column_rules(rstatic, P)
     if rstatic is not None and rstatic <= options.persistent_reduction_limit:
         return _persistent_rules(pow2(rstatic), P, options)
     rblock, xblock, warps = (512 if options.target.interpret else 2048), 1, 8
     if options.target.on_cpu:
         rblock = 4096
     return Schedule(persistent=False, RBLOCK=rblock, XBLOCK=xblock, warps=warps)
+
+
+#: the GPU tile of a reduction that reads across its outputs: a coalesced row of 64 outputs,
+#: 8 rows deep, walked down the reduced axis (Inductor's "outer" reduction tile)
+COLUMN_TILE = {"XBLOCK": 64, "RBLOCK": 8, "warps": 4}
+#: reduced axes up to this long are held whole in a column tile instead
+COLUMN_HELD = 64
+
+
+def reads_columns(graph: Graph, plan: KernelPlan) -> bool:
+    """Whether the plan's reductions read memory across their outputs, not along the reduced
+    axis: a bias gradient `out[x] = Σ_r dy[r, x]` reads each row of `dy` contiguously along x.
+    A [XBLOCK, RBLOCK] tile of one output and a long row then reads one element per row,
+    each from another line of memory (the LM head's bias gradient of BERT, 8192 × 30522, ran
+    at 0.3 TB/s on an H200); a tile many outputs wide and few rows deep reads whole lines.
+    True when, of the loads of its reduce stages that move with the innermost output dim, none
+    is contiguous along a reduced index and one at least, walking the reduced axis, is
+    contiguous along that dim (addresses from the strides the compile knows; a load whose
+    strides come only at run time, or a row's statistic read alike by every output, says
+    nothing)."""
+    across = False
+    for st in plan.stages:
+        if st.kind != StageKind.REDUCE:
+            continue
+        node = graph[st.node]
+        reduced = red_index(len(node.ranges))
+        outs = [i for i, n in zip(out_index(node.rank), node.shape) if sympy.sympify(n) != 1]
+        for e in walk(st.body):
+            if not (isinstance(e, Load) and e.buffer in graph.nodes and all(isinstance(c, Index) for c in e.index)):
+                continue
+            strides = known_strides(graph, e.buffer)
+            if strides is None:
+                continue
+            address = sympy.expand(sum((sympy.sympify(c.expr) * st_ for c, st_ in zip(e.index, strides)),
+                                       sympy.Integer(0)))
+            inner = outs[-1] if outs else None
+            if inner is None or not address.has(inner):
+                continue  # (a row's statistic, mean[r]: the same for every output of the tile)
+            if any(address.coeff(r) == 1 for r in reduced):
+                return False
+            if address.coeff(inner) == 1 and any(address.has(r) for r in reduced):
+                across = True
+    return across
+
+
+def _column_tiled(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> bool:
+    """Whether the plan gets a column tile: on a GPU, knob `column_tiles` on, `reads_columns`."""
+    return options.column_tiles and not options.target.on_cpu and reads_columns(graph, plan)
+
+
+def _column_rules(rstatic, P) -> Schedule:
+    """A column tile: a short reduced axis held whole under up to 4096 elements (64–256 outputs
+    wide), a longer one walked COLUMN_TILE's rows at a time."""
+    pv = static_int(P)
+    if rstatic is not None and rstatic <= COLUMN_HELD:
+        rb = pow2(rstatic)
+        xblock = min(256, max(64, 4096 // rb))
+        if pv is not None:
+            xblock = max(1, min(xblock, pow2(pv)))
+        return Schedule(persistent=True, RBLOCK=rb, XBLOCK=xblock, warps=max(1, min(8, xblock * rb // 256)))
+    xblock = COLUMN_TILE["XBLOCK"] if pv is None else max(1, min(COLUMN_TILE["XBLOCK"], pow2(pv)))
+    return Schedule(persistent=False, RBLOCK=COLUMN_TILE["RBLOCK"], XBLOCK=xblock, warps=COLUMN_TILE["warps"])
 
 
 #: on a CPU, rows held whole shorter than this many lanes share a program (see below)
@@ -93,20 +158,36 @@ def _persistent_rules(rblock: int, P, options: LoweringOptions) -> Schedule:
 SIZE_LADDER = (4, 16, 64, 256, 1024, 4096)
 
 
-def size_ladder(plan: KernelPlan, options: LoweringOptions) -> tuple:
+def size_ladder(plan: KernelPlan, options: LoweringOptions, columns: bool = False) -> tuple:
     """The RBLOCKs of the persistent alternatives of a plan whose reduction length is symbolic
-    (empty when it is static: the rules then fit the row already)."""
+    (empty when it is static: the rules then fit the row already); for a column tile only
+    those it holds whole (`COLUMN_HELD`), a longer axis being walked a few rows at a time."""
     if static_int(sympy.Mul(*plan.reduction)) is not None:
         return ()
-    return tuple(b for b in SIZE_LADDER if b <= options.persistent_reduction_limit)
+    limit = min(COLUMN_HELD, options.persistent_reduction_limit) if columns else options.persistent_reduction_limit
+    return tuple(b for b in SIZE_LADDER if b <= limit)
 
 
 def reduction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
-    """Rows per program and warps (persistent rows); tile width and warps (looped rows)."""
-    rules = reduction_rules(plan, options)
+    """Rows per program and warps (persistent rows); tile width and warps (looped rows);
+    outputs per program, rows per step and warps (column tiles)."""
+    rules = reduction_rules(plan, options, graph)
     P, R = static_int(plan.parallel), static_int(sympy.Mul(*plan.reduction))
     rows = pow2(P) if P is not None else 1 << 20
     families = ()
+    sizes = {"programs": P, "rows": P, "R": R, "bytes": memory_bytes(graph, plan)}
+    if _column_tiled(graph, plan, options):
+        wide = tuple(x for x in (16, 32, 64, 128, 256) if x <= rows) or (1,)
+        if rules["persistent"]:
+            knobs = {"XBLOCK": wide, "warps": (1, 2, 4, 8)}
+        else:
+            knobs = {"XBLOCK": wide, "RBLOCK": (4, 8, 16, 32, 64), "warps": (2, 4, 8)}
+
+        def valid(s: Schedule) -> bool:
+            tile = s["XBLOCK"] * s["RBLOCK"]
+            return tile <= 8192 and 32 * s.warps <= max(32, tile // 2)
+        return ScheduleSpace("memory", knobs, rules.pick(knobs), sizes=sizes, valid=valid,
+                             plan_kind=PlanKind.REDUCTION)
     if options.target.on_cpu:  # rows per program (held whole) or tile width (looped); no warps
         if rules["persistent"]:
             rb = rules["RBLOCK"]
@@ -115,9 +196,7 @@ def reduction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
                      "warps": (1,)}
         else:
             knobs = {"RBLOCK": (1024, 2048, 4096, 8192), "warps": (1,)}
-        return ScheduleSpace("memory", knobs, rules.pick(knobs),
-                             sizes={"programs": P, "rows": P, "R": R, "bytes": memory_bytes(graph, plan)},
-                             plan_kind=PlanKind.REDUCTION)
+        return ScheduleSpace("memory", knobs, rules.pick(knobs), sizes=sizes, plan_kind=PlanKind.REDUCTION)
     if rules["persistent"]:
         rb = rules["RBLOCK"]
         # the row held whole, or (for long rows) walked in tiles with a second pass re-reading
@@ -138,9 +217,8 @@ def reduction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
 
         def valid(s: Schedule) -> bool:
             return s["RBLOCK"] >= 32 * s.warps
-    return ScheduleSpace("memory", knobs, rules.pick(knobs),
-                         sizes={"programs": P, "rows": P, "R": R, "bytes": memory_bytes(graph, plan)},
-                         valid=valid, families=families, plan_kind=PlanKind.REDUCTION)
+    return ScheduleSpace("memory", knobs, rules.pick(knobs), sizes=sizes, valid=valid, families=families,
+                         plan_kind=PlanKind.REDUCTION)
 
 
 def lower_reduction(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> TileKernel:
@@ -149,13 +227,15 @@ def lower_reduction(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
     A schedule that says whether the row is held whole is taken as it is."""
     schedule = current_reduction_schedule(graph, plan, options)
     kernel = _lower(graph, plan, options, schedule)
-    ladder = size_ladder(plan, options)
+    columns = _column_tiled(graph, plan, options)
+    ladder = size_ladder(plan, options, columns)
     if schedule["persistent"] or not ladder or "persistent" in (options.schedule or {}):
         return kernel
     notes = list(plan.notes)
     alternatives = []
     for rblock in ladder:
-        k = _lower(graph, plan, options, _persistent_rules(rblock, plan.parallel, options))
+        held = _column_rules(rblock, plan.parallel) if columns else _persistent_rules(rblock, plan.parallel, options)
+        k = _lower(graph, plan, options, held)
         k.name = f"{kernel.name}_r{rblock}"
         alternatives.append(k)
     plan.notes[:] = notes  # (the looped lowering's notes describe the repairs; rows held whole have none)
@@ -512,7 +592,7 @@ class _Moments:
 
 def current_reduction_schedule(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> Schedule:
     """The rules' schedule with `options.schedule`'s knobs over it: what the lowering uses."""
-    return schedule_over(reduction_rules(plan, options), options.schedule)
+    return schedule_over(reduction_rules(plan, options, graph), options.schedule)
 
 
 def shrink_reduction(plan: KernelPlan, schedule: Schedule, resource: str,
@@ -535,5 +615,5 @@ def _kernels(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> list[T
 FAMILY = KernelFamily(PlanKind.REDUCTION, lower=_kernels, space=reduction_space,
                       schedule=current_reduction_schedule, shrink=shrink_reduction, cost=memory_time)
 
-__all__ = ["FAMILY", "lower_reduction", "reduction_rules", "reduction_space", "current_reduction_schedule",
+__all__ = ["FAMILY", "lower_reduction", "reduction_rules", "reads_columns", "COLUMN_TILE", "COLUMN_HELD", "reduction_space", "current_reduction_schedule",
            "shrink_reduction", "size_ladder", "SIZE_LADDER"]
