@@ -581,8 +581,8 @@ def test_cheap_row_values_are_recomputed_not_stored(dynamic):
         w, b = rand(x.shape[-1]), rand(x.shape[-1])
         ex = run_cpu(lambda t, w, b: (F.layer_norm(t, (t.shape[-1],), w, b), rmsnorm(t, w)), x, w, b, dynamic=dynamic)
         ex2 = run_cpu(lambda t: torch.softmax(t, -1), x, dynamic=dynamic)
-        if dynamic or x.shape[-1] > 1024:
-            continue
+        if dynamic or x.shape[-1] > 1024 or not x.is_contiguous():
+            continue  # (a transposed input is walked as columns: its lanes are arrays)
         for k in ex.kernels:
             assert _arrays(k.source) == [], (k.name, _arrays(k.source))
         assert len(_arrays(ex2.kernels[0].source)) == 1

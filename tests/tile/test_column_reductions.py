@@ -1,9 +1,9 @@
 """Reductions that read across their outputs (a bias gradient: Σ over rows of [rows, features])
-get a column tile on a GPU (`tile.reduction.reads_columns`): many outputs wide, a few rows
-deep, walked down the reduced axis, so each step reads whole lines of memory. Which plans are
-columns is read off the loads' addresses; the column kernels compute what eager does (fp64
-reference) at odd sizes, short and long axes, strided inputs and symbolic sizes; a CPU target
-keeps its row schedules."""
+get a column tile (`tile.reduction.reads_columns`): many outputs wide, a few rows deep (on a
+CPU one row per step), walked down the reduced axis, so each step reads whole lines of memory.
+Which plans are columns is read off the loads' addresses; the column kernels compute what
+eager does (fp64 reference) at odd sizes, short and long axes, strided inputs and symbolic
+sizes, on the Triton interpreter (or a GPU) and the C++ backend."""
 import os
 
 import pytest
@@ -16,7 +16,8 @@ from tilefuse.fusion import plan_graph
 from tilefuse.ir import dtypes as dt
 from tilefuse.tile.ir import For
 from tilefuse.tile.lower import LoweringOptions, lower_plan_kernels
-from tilefuse.tile.reduction import COLUMN_HELD, COLUMN_TILE, reads_columns
+from tilefuse.backends import cpu
+from tilefuse.tile.reduction import COLUMN_HELD, COLUMN_TILE, CPU_COLUMN_ROWS, CPU_COLUMN_WIDTH, reads_columns
 from tilefuse.tile.target import Target
 
 DEVICE = os.environ.get("TILEFUSE_TEST_DEVICE", "cpu")
@@ -61,7 +62,7 @@ def test_columns_are_read_off_the_addresses():
     assert _columns(_norm_weight_grad(300, 77))  # (mean[r] says nothing)
 
 
-def test_a_gpu_column_tile_is_wide_and_walks_rows_a_few_at_a_time():
+def test_a_column_tile_is_wide_and_walks_rows_a_few_at_a_time():
     graph = _sum_over(300, 77, 0)
     (tk,) = lower_plan_kernels(graph, _plan(graph), LoweringOptions(target=Target.interpreter()))
     assert tk.constexprs == {"XBLOCK": COLUMN_TILE["XBLOCK"], "RBLOCK": COLUMN_TILE["RBLOCK"]}
@@ -69,9 +70,12 @@ def test_a_gpu_column_tile_is_wide_and_walks_rows_a_few_at_a_time():
     graph = _sum_over(COLUMN_HELD - 5, 77, 0)  # short: held whole, still many outputs wide
     (tk,) = lower_plan_kernels(graph, _plan(graph), LoweringOptions(target=Target.interpreter()))
     assert tk.constexprs["XBLOCK"] >= 64 and not any(isinstance(s, For) for s in tk.body)
-    graph = _sum_over(300, 77, 0)  # a CPU walks rows as before: one output per program
+    graph = _sum_over(300, 77, 0)  # a CPU walks a few rows per step, vector loops over 64 outputs
     (tk,) = lower_plan_kernels(graph, _plan(graph), LoweringOptions(target=Target.cpu()))
-    assert tk.constexprs["XBLOCK"] == 1
+    assert tk.constexprs == {"XBLOCK": CPU_COLUMN_WIDTH, "RBLOCK": CPU_COLUMN_ROWS}
+    assert any(isinstance(s, For) for s in tk.body)
+    # its lanes are stored by columns: the walk updates them contiguously, as it reads memory
+    assert f"[tf_j * {CPU_COLUMN_WIDTH} + tf_i]" in cpu.generate(tk)
     # knob `column_tiles` off: the row tile of other reductions
     (tk,) = lower_plan_kernels(graph, _plan(graph), LoweringOptions(target=Target.interpreter(), column_tiles=False))
     assert tk.constexprs["RBLOCK"] == 512  # (the 300 rows held whole)
@@ -86,25 +90,29 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("target", [TARGET, "cpu"])
 @pytest.mark.parametrize("rows", [1, 37, 300])
 @pytest.mark.parametrize("case", list(CASES))
-def test_column_kernels_match_eager(case, rows):
+def test_column_kernels_match_eager(case, rows, target):
     fn = CASES[case]
     torch._dynamo.reset()
     compiled = torch.compile(fn, backend="tilefuse")
     torch.manual_seed(rows)
-    with tilefuse.config.patch(target=TARGET, fallback="error"):
-        for x in (torch.randn(rows, 77, device=DEVICE),  # 77 outputs: the last block partial
-                  torch.randn(rows, 160, device=DEVICE)[:, 3:80],  # rows strided by 160
-                  torch.randn(3, rows, 70, device=DEVICE)):
+    device = "cpu" if target == "cpu" else DEVICE
+    with tilefuse.config.patch(target=target, fallback="error"):
+        for x in (torch.randn(rows, 77, device=device),  # 77 outputs: the last block partial
+                  torch.randn(rows, 160, device=device)[:, 3:80],  # rows strided by 160
+                  torch.randn(3, rows, 70, device=device)):
             assert_close_fp64(compiled(x).cpu(), fn(x).cpu(), fn(x.double()).cpu(), name=f"{case} {tuple(x.shape)}")
 
 
-def test_a_symbolic_column_sum_matches_at_every_length():
+@pytest.mark.parametrize("target", [TARGET, "cpu"])
+def test_a_symbolic_column_sum_matches_at_every_length(target):
     fn = lambda g: g.sum(0)  # noqa: E731
     torch._dynamo.reset()
     compiled = torch.compile(fn, backend="tilefuse", dynamic=True)
-    with tilefuse.config.patch(target=TARGET, fallback="error"):
+    device = "cpu" if target == "cpu" else DEVICE
+    with tilefuse.config.patch(target=target, fallback="error"):
         for rows, cols in ((2, 5), (70, 3), (300, 131)):
-            x = torch.randn(rows, cols, device=DEVICE)
+            x = torch.randn(rows, cols, device=device)
             assert_close_fp64(compiled(x).cpu(), fn(x).cpu(), fn(x.double()).cpu(), name=f"sum over {rows}")

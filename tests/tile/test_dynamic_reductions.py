@@ -25,7 +25,7 @@ from tilefuse.runtime.dispatch import SizeDispatch
 from tilefuse.tile.ir import For
 from tilefuse.tile.lower import LoweringOptions, lower_plan_kernels
 from tilefuse.tile.target import Target
-from tilefuse.tile.reduction import COLUMN_HELD, SIZE_LADDER
+from tilefuse.tile.reduction import COLUMN_HELD, CPU_COLUMN_ROWS, SIZE_LADDER
 from tilefuse.tile.variants import SizeVariants
 
 HAS_CXX = cpu.find_compiler() is not None
@@ -120,6 +120,11 @@ def test_the_kernel_chosen_walks_the_actual_extent(build, options):
     alternatives hold it whole), never more than 4x (2x the static rule's from 3 on)."""
     reduced = S0 if build is _column_sum else S1
     tk = _kernel(build(S0, S1), **options)
+    cpu_columns = build is _column_sum and options["target"] == "cpu"
+    if cpu_columns:  # a CPU's column tile walks a few rows per step: every length alike, no variants
+        assert tk.variants is None and tk.constexprs["RBLOCK"] == CPU_COLUMN_ROWS
+        assert any(isinstance(s, For) for s in tk.body)
+        return
     assert tk.variants is not None and tk.variants.extent == reduced
     for r in (1, 3, 4, 5, 17, 1000, 4096, 4097, 8001, 100_000):
         env = {"s0": r, "s1": 7} if reduced == S0 else {"s0": 7, "s1": r}
@@ -131,7 +136,7 @@ def test_the_kernel_chosen_walks_the_actual_extent(build, options):
             assert lanes <= 2 * _lanes_per_pass(static, r), (r, chosen.name, lanes)
         # held whole (one pass) up to the ladder's top; a GPU column tile (`reads_columns`: 64
         # outputs wide) holds up to COLUMN_HELD rows and walks longer ones 8 rows at a time
-        held = COLUMN_HELD if build is _column_sum and options["target"] != "cpu" else SIZE_LADDER[-1]
+        held = COLUMN_HELD if build is _column_sum else SIZE_LADDER[-1]
         if r <= held:
             assert not any(isinstance(s, For) for s in chosen.body)
 
@@ -151,13 +156,15 @@ def test_one_source_holds_every_variant():
 def test_no_variants_for_a_static_extent_or_a_schedule_that_decides():
     assert _kernel(_column_sum(3, S1), target="cpu").variants is None
     assert _kernel(_column_sum(9000, S1), target="cpu").variants is None
+    # (the row tiles of a column sum, column tiles off: a CPU's column tile has no variants)
+    rows = {"target": "cpu", "column_tiles": False}
     looped = {"persistent": False, "RBLOCK": 64, "XBLOCK": 1, "warps": 4}
-    assert _kernel(_column_sum(S0, S1), target="cpu", schedule=looped).variants is None
+    assert _kernel(_column_sum(S0, S1), schedule=looped, **rows).variants is None
     # a tuned tile for the looped kernel keeps its alternatives
-    tuned = _kernel(_column_sum(S0, S1), target="cpu", schedule={"RBLOCK": 1024, "warps": 8})
+    tuned = _kernel(_column_sum(S0, S1), schedule={"RBLOCK": 1024, "warps": 8}, **rows)
     assert tuned.constexprs["RBLOCK"] == 1024 and tuned.variants is not None
     # a persistent limit below the ladder: the looped kernel alone
-    assert _kernel(_column_sum(S0, S1), target="cpu", persistent_reduction_limit=2).variants is None
+    assert _kernel(_column_sum(S0, S1), persistent_reduction_limit=2, **rows).variants is None
 
 
 @pytest.mark.parametrize("extent, env, value", [
@@ -178,12 +185,15 @@ def test_the_dispatch_runs_the_variant_the_sizes_choose(extent, env, value):
 
 @pytest.mark.skipif(not HAS_CXX, reason="no C++ compiler")
 def test_a_graph_serves_empty_and_long_rows():
-    """Through the driver, below Dynamo (which specialises 0): R = 0 and R past every tile."""
-    with tilefuse.config.patch(target="cpu"):
-        compiled, report = compile_ir(_column_sum(S0, S1), torch.device("cpu"))
-    assert any("known at launch" in n for k in report.kernels for n in k.notes)
-    assert isinstance(compiled.steps[0].launch, SizeDispatch)
-    for rows in (0, 1, 4, 5, 4097, 9000):
-        x = torch.randn(rows, 3)
-        (out,) = compiled(x)
-        torch.testing.assert_close(out.double(), x.double().sum(0), atol=1e-4, rtol=1e-5)
+    """Through the driver, below Dynamo (which specialises 0): R = 0 and R past every tile —
+    with the row tiles and their variants chosen at launch, and with a column tile."""
+    for column_tiles in (False, True):
+        with tilefuse.config.patch(target="cpu", column_tiles=column_tiles):
+            compiled, report = compile_ir(_column_sum(S0, S1), torch.device("cpu"))
+        if not column_tiles:
+            assert any("known at launch" in n for k in report.kernels for n in k.notes)
+            assert isinstance(compiled.steps[0].launch, SizeDispatch)
+        for rows in (0, 1, 4, 5, 4097, 9000):
+            x = torch.randn(rows, 3)
+            (out,) = compiled(x)
+            torch.testing.assert_close(out.double(), x.double().sum(0), atol=1e-4, rtol=1e-5)

@@ -63,7 +63,7 @@ def reduction_rules(plan: KernelPlan, options: LoweringOptions, graph: Graph | N
     P, Rn = plan.parallel, sympy.Mul(*plan.reduction)
     rstatic = static_int(Rn)
     if graph is not None and _column_tiled(graph, plan, options):
-        return _column_rules(rstatic, P)
+        return _column_rules(rstatic, P, options)
     if rstatic is not None and rstatic <= options.persistent_reduction_limit:
         return _persistent_rules(pow2(rstatic), P, options)
     rblock, xblock, warps = (512 if options.target.interpret else 2048), 1, 8
@@ -77,6 +77,11 @@ def reduction_rules(plan: KernelPlan, options: LoweringOptions, graph: Graph | N
 COLUMN_TILE = {"XBLOCK": 64, "RBLOCK": 8, "warps": 4}
 #: reduced axes up to this long are held whole in a column tile instead
 COLUMN_HELD = 64
+#: a CPU's column tile: outputs per program (four AVX-512 vectors of fp32), and rows per step
+#: of the walk, each summed into its own lane (stored by columns, `backends.cpu.loop_plan`):
+#: a sum over R rows adds R/8 terms per lane, not R in one chain, for eager's accuracy
+CPU_COLUMN_WIDTH = 64
+CPU_COLUMN_ROWS = 8
 
 
 def reads_columns(graph: Graph, plan: KernelPlan) -> bool:
@@ -116,14 +121,19 @@ def reads_columns(graph: Graph, plan: KernelPlan) -> bool:
 
 
 def _column_tiled(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> bool:
-    """Whether the plan gets a column tile: on a GPU, knob `column_tiles` on, `reads_columns`."""
-    return options.column_tiles and not options.target.on_cpu and reads_columns(graph, plan)
+    """Whether the plan gets a column tile: knob `column_tiles` on, `reads_columns`."""
+    return options.column_tiles and reads_columns(graph, plan)
 
 
-def _column_rules(rstatic, P) -> Schedule:
-    """A column tile: a short reduced axis held whole under up to 4096 elements (64–256 outputs
-    wide), a longer one walked COLUMN_TILE's rows at a time."""
+def _column_rules(rstatic, P, options: LoweringOptions) -> Schedule:
+    """A column tile. GPU: a short reduced axis held whole under up to 4096 elements (64–256
+    outputs wide), a longer one walked COLUMN_TILE's rows at a time. CPU: CPU_COLUMN_ROWS
+    rows per step of the walk, CPU_COLUMN_WIDTH outputs wide — vector loops over contiguous
+    memory, the accumulators in the program's array."""
     pv = static_int(P)
+    if options.target.on_cpu:
+        width = CPU_COLUMN_WIDTH if pv is None else max(1, min(CPU_COLUMN_WIDTH, pow2(pv)))
+        return Schedule(persistent=False, RBLOCK=CPU_COLUMN_ROWS, XBLOCK=width, warps=1)
     if rstatic is not None and rstatic <= COLUMN_HELD:
         rb = pow2(rstatic)
         xblock = min(256, max(64, 4096 // rb))
@@ -162,8 +172,8 @@ def size_ladder(plan: KernelPlan, options: LoweringOptions, columns: bool = Fals
     """The RBLOCKs of the persistent alternatives of a plan whose reduction length is symbolic
     (empty when it is static: the rules then fit the row already); for a column tile only
     those it holds whole (`COLUMN_HELD`), a longer axis being walked a few rows at a time."""
-    if static_int(sympy.Mul(*plan.reduction)) is not None:
-        return ()
+    if static_int(sympy.Mul(*plan.reduction)) is not None or columns and options.target.on_cpu:
+        return ()  # (a CPU's column tile walks a few rows a step: any length alike)
     limit = min(COLUMN_HELD, options.persistent_reduction_limit) if columns else options.persistent_reduction_limit
     return tuple(b for b in SIZE_LADDER if b <= limit)
 
@@ -178,6 +188,9 @@ def reduction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     sizes = {"programs": P, "rows": P, "R": R, "bytes": memory_bytes(graph, plan)}
     if _column_tiled(graph, plan, options):
         wide = tuple(x for x in (16, 32, 64, 128, 256) if x <= rows) or (1,)
+        if options.target.on_cpu:
+            knobs = {"XBLOCK": wide, "RBLOCK": (4, 8, 16), "warps": (1,)}
+            return ScheduleSpace("memory", knobs, rules.pick(knobs), sizes=sizes, plan_kind=PlanKind.REDUCTION)
         if rules["persistent"]:
             knobs = {"XBLOCK": wide, "warps": (1, 2, 4, 8)}
         else:
@@ -234,7 +247,7 @@ def lower_reduction(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
     notes = list(plan.notes)
     alternatives = []
     for rblock in ladder:
-        held = _column_rules(rblock, plan.parallel) if columns else _persistent_rules(rblock, plan.parallel, options)
+        held = _column_rules(rblock, plan.parallel, options) if columns else _persistent_rules(rblock, plan.parallel, options)
         k = _lower(graph, plan, options, held)
         k.name = f"{kernel.name}_r{rblock}"
         alternatives.append(k)
@@ -615,5 +628,5 @@ def _kernels(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> list[T
 FAMILY = KernelFamily(PlanKind.REDUCTION, lower=_kernels, space=reduction_space,
                       schedule=current_reduction_schedule, shrink=shrink_reduction, cost=memory_time)
 
-__all__ = ["FAMILY", "lower_reduction", "reduction_rules", "reads_columns", "COLUMN_TILE", "COLUMN_HELD", "reduction_space", "current_reduction_schedule",
+__all__ = ["FAMILY", "lower_reduction", "reduction_rules", "reads_columns", "COLUMN_TILE", "COLUMN_HELD", "CPU_COLUMN_WIDTH", "CPU_COLUMN_ROWS", "reduction_space", "current_reduction_schedule",
            "shrink_reduction", "size_ladder", "SIZE_LADDER"]

@@ -445,8 +445,11 @@ class _Planner:
 
     def store_by_columns(self, items: tuple) -> tuple:
         """(items, columns): the dots whose `b` tile is better stored by columns
-        (`dot.columns_first`) read it so, and the mapping of those tiles to their rows."""
-        rows_inner, dots = {}, []
+        (`dot.columns_first`) read it so, and the mapping of those tiles to their rows; and
+        the carried accumulators that a nest walking rows innermost updates (a column tile's
+        lanes: `acc[i, j] += x[r + j, i]`), stored by columns so that the update reads and
+        writes them contiguously, as it reads memory."""
+        rows_inner, dots, carried = {}, [], {}
 
         def visit(its):
             for it in its:
@@ -454,6 +457,9 @@ class _Planner:
                     for st in it.steps:
                         if st.role == "value" and st.stored:
                             rows_inner[defines(st.stmt)] = it.shape
+                        elif isinstance(st.stmt, Assign) and it.shape[0] > 1 and it.shape[1] > 1 \
+                                and self.sh.shape.get(st.stmt.name) == it.shape:
+                            carried[self.alias.get(st.stmt.name, st.stmt.name)] = it.shape[0]
                 elif isinstance(it, Loop):
                     visit(it.body)
                 elif isinstance(it, DotPlan):
@@ -461,6 +467,9 @@ class _Planner:
 
         visit(items)
         columns = columns_first(dots, rows_inner, self.stmt_readers, self.sh)
+        # (a dot addresses its operands and accumulator itself, row-major)
+        by_dots = set().union(*({d.out, d.stmt.name} | reads(d.stmt) for d in dots)) if dots else set()
+        columns.update((name, rows) for name, rows in carried.items() if name not in by_dots)
         if not columns:
             return items, MappingProxyType({})
 
