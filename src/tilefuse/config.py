@@ -216,9 +216,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "bias gradient's sum over the tokens) runs as partial reductions over ranges of the axis and "
          "a short final one; off: one program per block of outputs walks the whole axis"),
     Knob("column_tiles", bool, True,
-         "GPU: a reduction that reads across its outputs (a bias gradient's sum over rows) walks a tile "
-         "64 outputs wide and a few rows deep, reading whole lines of memory; off: the row tiles of "
-         "other reductions"),
+         "a reduction that reads across its outputs (a bias gradient's sum over rows) walks a tile 64 "
+         "outputs wide and a few rows deep, reading whole lines of memory (GPU and CPU); off: the row "
+         "tiles of other reductions"),
     Knob("flash_config", str, "",
          "attention kernels' 'BLOCK_M,BLOCK_N,warps,stages' (empty: the tuner's choice; blocks too large "
          "for a kernel on the target are made smaller, with a warning)",

@@ -13,10 +13,23 @@ pytestmark = pytest.mark.skipif(grad_module.cudnn_attention_backward is None,
 
 
 def test_the_graph_calls_the_op_in_place_of_atens():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from tilefuse.frontend.to_ir import lower_fx
+    from tilefuse.ir.graph import Extern
+
     aten = torch.ops.aten._scaled_dot_product_cudnn_attention_backward.default
-    op = grad_module.REPLACEMENTS[aten]
-    assert op is grad_module.cudnn_attention_backward
+    op = grad_module.cudnn_attention_backward
     assert str(op._schema).split("(", 1)[1] == str(aten._schema).split("(", 1)[1]  # ATen's schema
+
+    def backward(go, q, k, v, o, lse, seed, offset):
+        return aten(go, q, k, v, o, lse, seed, offset, None, None, None, 16, 16, 0.0, True)
+
+    seed = torch.zeros((), dtype=torch.int64)
+    args = [torch.randn(1, 2, 16, 8) for _ in range(5)] + [torch.randn(1, 2, 16), seed, seed]
+    graph = lower_fx(make_fx(backward, tracing_mode="fake")(*args), "g")  # (a meta kernel: no GPU)
+    calls = [n.target for n in graph.nodes.values() if isinstance(n, Extern)]
+    assert calls == [op]
 
 
 def test_grad_out_reaches_aten_in_the_outputs_strides(monkeypatch):

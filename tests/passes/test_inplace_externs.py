@@ -199,3 +199,4 @@ def test_the_row_scatter_on_a_gpu_adds_every_row_with_atomics_unless_determinist
         assert torch.equal(index_put_accumulate_(base.clone(), [idx], values), want)
     finally:
         torch.use_deterministic_algorithms(False)
+    assert not rows_added(base.bfloat16(), [idx], values.bfloat16())  # (rounds once, in index_put_)

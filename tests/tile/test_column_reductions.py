@@ -1,6 +1,6 @@
 """Reductions that read across their outputs (a bias gradient: Σ over rows of [rows, features])
-get a column tile (`tile.reduction.reads_columns`): many outputs wide, a few rows deep (on a
-CPU one row per step), walked down the reduced axis, so each step reads whole lines of memory.
+get a column tile (`tile.reduction.reads_columns`): many outputs wide, a few rows deep, walked
+down the reduced axis, so each step reads whole lines of memory.
 Which plans are columns is read off the loads' addresses; the column kernels compute what
 eager does (fp64 reference) at odd sizes, short and long axes, strided inputs and symbolic
 sizes, on the Triton interpreter (or a GPU) and the C++ backend."""
@@ -17,7 +17,8 @@ from tilefuse.ir import dtypes as dt
 from tilefuse.tile.ir import For
 from tilefuse.tile.lower import LoweringOptions, lower_plan_kernels
 from tilefuse.backends import cpu
-from tilefuse.tile.reduction import COLUMN_HELD, COLUMN_TILE, CPU_COLUMN_ROWS, CPU_COLUMN_WIDTH, reads_columns
+from tilefuse.tile.reduction import (COLUMN_HELD, COLUMN_MIN_OUTPUTS, COLUMN_TILE, CPU_COLUMN_CHAIN, CPU_COLUMN_ROWS,
+                                     CPU_COLUMN_WIDTH, reads_columns, reduction_space)
 from tilefuse.tile.target import Target
 
 DEVICE = os.environ.get("TILEFUSE_TEST_DEVICE", "cpu")
@@ -54,6 +55,18 @@ def _columns(graph) -> bool:
     return reads_columns(graph, _plan(graph))
 
 
+def test_few_outputs_are_no_columns_and_every_column_space_enumerates():
+    graph = _sum_over(3000, COLUMN_MIN_OUTPUTS - 1, 0)  # a tile that narrow would crawl down the rows
+    for target in (Target.cpu(), Target.interpreter()):
+        (tk,) = lower_plan_kernels(graph, _plan(graph), LoweringOptions(target=target))
+        assert tk.constexprs["XBLOCK"] < COLUMN_MIN_OUTPUTS and tk.constexprs["RBLOCK"] > 64
+    gpu = LoweringOptions(target=Target.gpu(sm_count=132))
+    for rows in (40, 300):  # held whole, walked
+        graph = _sum_over(rows, 768, 0)
+        space = reduction_space(graph, _plan(graph), gpu)
+        assert len(list(space.schedules())) > 4
+
+
 def test_columns_are_read_off_the_addresses():
     assert _columns(_sum_over(300, 77, 0))
     assert not _columns(_sum_over(300, 77, 1))  # along each row
@@ -72,10 +85,19 @@ def test_a_column_tile_is_wide_and_walks_rows_a_few_at_a_time():
     assert tk.constexprs["XBLOCK"] >= 64 and not any(isinstance(s, For) for s in tk.body)
     graph = _sum_over(300, 77, 0)  # a CPU walks a few rows per step, vector loops over 64 outputs
     (tk,) = lower_plan_kernels(graph, _plan(graph), LoweringOptions(target=Target.cpu()))
-    assert tk.constexprs == {"XBLOCK": CPU_COLUMN_WIDTH, "RBLOCK": CPU_COLUMN_ROWS}
+    width = tk.constexprs["XBLOCK"]  # (77 outputs: 4 programs of 32, CPU_COLUMN_PROGRAMS)
+    assert tk.constexprs == {"XBLOCK": 32, "RBLOCK": CPU_COLUMN_ROWS} and 32 <= CPU_COLUMN_WIDTH
     assert any(isinstance(s, For) for s in tk.body)
     # its lanes are stored by columns: the walk updates them contiguously, as it reads memory
-    assert f"[tf_j * {CPU_COLUMN_WIDTH} + tf_i]" in cpu.generate(tk)
+    assert f"[tf_j * {width} + tf_i]" in cpu.generate(tk)
+    # a long axis gets more lanes: no lane adds more than CPU_COLUMN_CHAIN rows in one chain
+    graph = _sum_over(65536, 77, 0)
+    (tk,) = lower_plan_kernels(graph, _plan(graph), LoweringOptions(target=Target.cpu()))
+    assert tk.constexprs["RBLOCK"] * CPU_COLUMN_CHAIN >= 65536
+    # a row statistic read beside the columns keeps the contiguous walk and lanes
+    graph = _norm_weight_grad(300, 77)
+    (tk,) = lower_plan_kernels(graph, _plan(graph), LoweringOptions(target=Target.cpu()))
+    assert f"[tf_j * {width} + tf_i]" in cpu.generate(tk)
     # knob `column_tiles` off: the row tile of other reductions
     (tk,) = lower_plan_kernels(graph, _plan(graph), LoweringOptions(target=Target.interpreter(), column_tiles=False))
     assert tk.constexprs["RBLOCK"] == 512  # (the 300 rows held whole)

@@ -122,7 +122,7 @@ def test_the_kernel_chosen_walks_the_actual_extent(build, options):
     tk = _kernel(build(S0, S1), **options)
     cpu_columns = build is _column_sum and options["target"] == "cpu"
     if cpu_columns:  # a CPU's column tile walks a few rows per step: every length alike, no variants
-        assert tk.variants is None and tk.constexprs["RBLOCK"] == CPU_COLUMN_ROWS
+        assert tk.variants is None and tk.constexprs["RBLOCK"] >= CPU_COLUMN_ROWS
         assert any(isinstance(s, For) for s in tk.body)
         return
     assert tk.variants is not None and tk.variants.extent == reduced

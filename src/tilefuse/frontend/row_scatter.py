@@ -13,7 +13,8 @@ every token added into its row. ATen's accumulating `index_put_` is slow in two 
   embedding (every one of 8192 tokens reads row 0) took 5.4 ms of a 14 ms training step on an
   H200, where `index_add_`'s atomic adds take microseconds. The atomics add in no fixed order,
   as Inductor's generated scatter does; under `torch.use_deterministic_algorithms(True)` the
-  call stays `index_put_` (sorted, deterministic).
+  call stays `index_put_` (sorted, deterministic), and so does a table of half precision
+  (each atomic add would round; `index_put_` sums a row's values in fp32 and rounds once).
 
 This op takes `index_add_` when it applies: one integer index tensor, the values shaped as the
 rows it selects, and on a CPU at least `ROWS_FROM` of them. Negative indices are wrapped as
@@ -40,8 +41,9 @@ def rows_added(base: torch.Tensor, indices, values: torch.Tensor) -> bool:
     if base.device.type == "cpu":
         if values.numel() < ROWS_FROM:
             return False
-    elif base.device.type != "cuda" or torch.are_deterministic_algorithms_enabled():
-        return False
+    elif (base.device.type != "cuda" or torch.are_deterministic_algorithms_enabled()
+          or base.dtype not in (torch.float32, torch.float64)):
+        return False  # (a half-precision atomic add rounds every addition; index_put_ sums in fp32)
     index = indices[0]
     return (index is not None and index.dtype in (torch.int64, torch.int32)
             and tuple(values.shape) == tuple(index.shape) + tuple(base.shape[1:]))

@@ -27,7 +27,7 @@ class LoweringOptions:
 
     target: Target = Target()  # the machine the kernels run on (`tile.target`)
     persistent_reduction_limit: int = 8192
-    column_tiles: bool = True  # GPU reductions that read across their outputs get column tiles
+    column_tiles: bool = True  # reductions that read across their outputs get column tiles
     flash_config: str = ""
     flash_split: int = 0  # key ranges per block of rows in attention kernels (0: by occupancy)
     block_summary: bool = True  # masks read from data: a pre-kernel lists the key tiles to visit

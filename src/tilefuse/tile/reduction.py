@@ -58,8 +58,8 @@ def _arg_better(m: Monoid, v: Expr, acc: Expr) -> Expr:
 
 def reduction_rules(plan: KernelPlan, options: LoweringOptions, graph: Graph | None = None) -> Schedule:
     """The fixed rule: a persistent row of pow2(R) lanes with up to 4096 elements per program
-    and warps by row length; a looped row walks 2048-wide tiles with 8 warps. On a GPU, a
-    plan that reads across its outputs (`reads_columns`, given the graph) gets a column tile."""
+    and warps by row length; a looped row walks 2048-wide tiles with 8 warps. A plan that
+    reads across its outputs (`reads_columns`, given the graph) gets a column tile."""
     P, Rn = plan.parallel, sympy.Mul(*plan.reduction)
     rstatic = static_int(Rn)
     if graph is not None and _column_tiled(graph, plan, options):
@@ -78,10 +78,19 @@ COLUMN_TILE = {"XBLOCK": 64, "RBLOCK": 8, "warps": 4}
 #: reduced axes up to this long are held whole in a column tile instead
 COLUMN_HELD = 64
 #: a CPU's column tile: outputs per program (four AVX-512 vectors of fp32), and rows per step
-#: of the walk, each summed into its own lane (stored by columns, `backends.cpu.loop_plan`):
-#: a sum over R rows adds R/8 terms per lane, not R in one chain, for eager's accuracy
+#: of the walk, each summed into its own lane (stored by columns, `backends.cpu.loop_plan`);
+#: a long axis gets more lanes (`_cpu_column_rows`), so that no lane adds more than
+#: CPU_COLUMN_CHAIN rows in one chain (one chain over 3001 rows was 9× further from fp64 than
+#: eager's cascade sum)
 CPU_COLUMN_WIDTH = 64
 CPU_COLUMN_ROWS = 8
+CPU_COLUMN_CHAIN = 1024
+#: programs a CPU column tile keeps at least (down to 16 outputs each): one program of 64
+#: features left the other threads idle, and the next kernels paid for waking them
+CPU_COLUMN_PROGRAMS = 4
+#: fewer outputs than this are no column: a tile that narrow walks the axis in tiny steps
+#: (a sum of [4000001, 2] over its rows took 29 ms in a column tile, 1.6 ms in a row tile)
+COLUMN_MIN_OUTPUTS = 16
 
 
 def reads_columns(graph: Graph, plan: KernelPlan) -> bool:
@@ -121,19 +130,30 @@ def reads_columns(graph: Graph, plan: KernelPlan) -> bool:
 
 
 def _column_tiled(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> bool:
-    """Whether the plan gets a column tile: knob `column_tiles` on, `reads_columns`."""
-    return options.column_tiles and reads_columns(graph, plan)
+    """Whether the plan gets a column tile: knob `column_tiles` on, at least
+    COLUMN_MIN_OUTPUTS outputs (or a number known at run time), `reads_columns`."""
+    outputs = static_int(plan.parallel)
+    return (options.column_tiles and (outputs is None or outputs >= COLUMN_MIN_OUTPUTS)
+            and reads_columns(graph, plan))
+
+
+def _cpu_column_rows(rstatic) -> int:
+    """Lanes per output of a CPU column tile: CPU_COLUMN_ROWS, more for a long axis (a lane
+    adds at most CPU_COLUMN_CHAIN rows of up to 64 × 1024), 16 for a length known at run time."""
+    if rstatic is None:
+        return 16
+    return min(64, max(CPU_COLUMN_ROWS, pow2(-(-rstatic // CPU_COLUMN_CHAIN))))
 
 
 def _column_rules(rstatic, P, options: LoweringOptions) -> Schedule:
     """A column tile. GPU: a short reduced axis held whole under up to 4096 elements (64–256
-    outputs wide), a longer one walked COLUMN_TILE's rows at a time. CPU: CPU_COLUMN_ROWS
+    outputs wide), a longer one walked COLUMN_TILE's rows at a time. CPU: `_cpu_column_rows`
     rows per step of the walk, CPU_COLUMN_WIDTH outputs wide — vector loops over contiguous
     memory, the accumulators in the program's array."""
     pv = static_int(P)
-    if options.target.on_cpu:
-        width = CPU_COLUMN_WIDTH if pv is None else max(1, min(CPU_COLUMN_WIDTH, pow2(pv)))
-        return Schedule(persistent=False, RBLOCK=CPU_COLUMN_ROWS, XBLOCK=width, warps=1)
+    if options.target.on_cpu:  # (at least CPU_COLUMN_PROGRAMS programs, 16 outputs wide at least)
+        width = CPU_COLUMN_WIDTH if pv is None else max(16, min(CPU_COLUMN_WIDTH, pow2(pv) // CPU_COLUMN_PROGRAMS))
+        return Schedule(persistent=False, RBLOCK=_cpu_column_rows(rstatic), XBLOCK=width, warps=1)
     if rstatic is not None and rstatic <= COLUMN_HELD:
         rb = pow2(rstatic)
         xblock = min(256, max(64, 4096 // rb))
@@ -188,11 +208,12 @@ def reduction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     sizes = {"programs": P, "rows": P, "R": R, "bytes": memory_bytes(graph, plan)}
     if _column_tiled(graph, plan, options):
         wide = tuple(x for x in (16, 32, 64, 128, 256) if x <= rows) or (1,)
-        if options.target.on_cpu:
-            knobs = {"XBLOCK": wide, "RBLOCK": (4, 8, 16), "warps": (1,)}
+        if options.target.on_cpu:  # (no fewer lanes than the rules': the chains' length)
+            knobs = {"XBLOCK": wide, "RBLOCK": tuple(r for r in (8, 16, 32, 64) if r >= rules["RBLOCK"]),
+                     "warps": (1,)}
             return ScheduleSpace("memory", knobs, rules.pick(knobs), sizes=sizes, plan_kind=PlanKind.REDUCTION)
         if rules["persistent"]:
-            knobs = {"XBLOCK": wide, "warps": (1, 2, 4, 8)}
+            knobs = {"XBLOCK": wide, "RBLOCK": (rules["RBLOCK"],), "warps": (1, 2, 4, 8)}
         else:
             knobs = {"XBLOCK": wide, "RBLOCK": (4, 8, 16, 32, 64), "warps": (2, 4, 8)}
 
@@ -628,5 +649,5 @@ def _kernels(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> list[T
 FAMILY = KernelFamily(PlanKind.REDUCTION, lower=_kernels, space=reduction_space,
                       schedule=current_reduction_schedule, shrink=shrink_reduction, cost=memory_time)
 
-__all__ = ["FAMILY", "lower_reduction", "reduction_rules", "reads_columns", "COLUMN_TILE", "COLUMN_HELD", "CPU_COLUMN_WIDTH", "CPU_COLUMN_ROWS", "reduction_space", "current_reduction_schedule",
+__all__ = ["FAMILY", "lower_reduction", "reduction_rules", "reads_columns", "COLUMN_TILE", "COLUMN_HELD", "CPU_COLUMN_WIDTH", "CPU_COLUMN_ROWS", "COLUMN_MIN_OUTPUTS", "reduction_space", "current_reduction_schedule",
            "shrink_reduction", "size_ladder", "SIZE_LADDER"]

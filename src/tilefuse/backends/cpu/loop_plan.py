@@ -348,8 +348,9 @@ class _Planner:
     def rows_contiguous(self, stmts) -> bool:
         """Every load and store of memory in `stmts` either moves one element per tile row and
         some other amount (or an unknown one: a gathered index) per column, or reads one
-        address for the whole tile (a gathered expert's index); and at least one moves: the
-        nest reads memory contiguously with rows innermost."""
+        address for the whole tile (a gathered expert's index) or for each column (a row
+        statistic read by a column tile); and at least one moves: the nest reads memory
+        contiguously with rows innermost."""
         lets = {s.name: s.value for s in stmts if isinstance(s, Let)}
         accesses = [(s, self.sh.strides(s.offset)) for s in stmts if isinstance(s, (LoadTile, StoreTile))]
         for s, strides in accesses:  # a load of one address (its mask aside) is the same value on every row
@@ -359,7 +360,10 @@ class _Planner:
         for s, strides in accesses:
             if strides == (0, 0):
                 continue  # one address: the order does not matter
-            if self.row_stride(s.offset, lets) != 1:
+            step = self.row_stride(s.offset, lets)
+            if step == 0 and isinstance(s, LoadTile):
+                continue  # one value per column (a column tile's row statistic, mean[r]): a scalar of the inner loop
+            if step != 1:
                 return False
             if strides is not None and strides[1] == 1:
                 return False  # contiguous along the columns as well: keep the usual order
