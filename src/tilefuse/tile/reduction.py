@@ -139,10 +139,11 @@ def _column_tiled(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> b
 
 def _cpu_column_rows(rstatic) -> int:
     """Lanes per output of a CPU column tile: CPU_COLUMN_ROWS, more for a long axis (a lane
-    adds at most CPU_COLUMN_CHAIN rows of up to 64 × 1024), 16 for a length known at run time."""
+    adds at most CPU_COLUMN_CHAIN rows of up to 64 × 1024), fewer for a shorter one (MoE's
+    weighting of 2 experts: 2), 16 for a length known at run time."""
     if rstatic is None:
         return 16
-    return min(64, max(CPU_COLUMN_ROWS, pow2(-(-rstatic // CPU_COLUMN_CHAIN))))
+    return min(pow2(rstatic), 64, max(CPU_COLUMN_ROWS, pow2(-(-rstatic // CPU_COLUMN_CHAIN))))
 
 
 def _column_rules(rstatic, P, options: LoweringOptions) -> Schedule:
@@ -209,8 +210,8 @@ def reduction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     if _column_tiled(graph, plan, options):
         wide = tuple(x for x in (16, 32, 64, 128, 256) if x <= rows) or (1,)
         if options.target.on_cpu:  # (no fewer lanes than the rules': the chains' length)
-            knobs = {"XBLOCK": wide, "RBLOCK": tuple(r for r in (8, 16, 32, 64) if r >= rules["RBLOCK"]),
-                     "warps": (1,)}
+            deeper = tuple(r for r in (16, 32, 64) if r > rules["RBLOCK"] and (R is None or r <= pow2(R)))
+            knobs = {"XBLOCK": wide, "RBLOCK": (rules["RBLOCK"],) + deeper, "warps": (1,)}
             return ScheduleSpace("memory", knobs, rules.pick(knobs), sizes=sizes, plan_kind=PlanKind.REDUCTION)
         if rules["persistent"]:
             knobs = {"XBLOCK": wide, "RBLOCK": (rules["RBLOCK"],), "warps": (1, 2, 4, 8)}
