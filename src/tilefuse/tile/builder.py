@@ -42,6 +42,7 @@ def known_strides(graph: Graph, name: str, node=None) -> tuple | None:
     constant's, an ATen call's promised ones, the graph's chosen layout of its own buffers;
     None for the strides an input or an ATen call's result has only at run time."""
     node = graph[name] if node is None else node
+
     def unit_zero(strides):
         return tuple(sympy.Integer(0) if sympy.sympify(d) == 1 else st for d, st in zip(node.shape, strides))
     if isinstance(node, Input) and node.strides is not None:

@@ -22,6 +22,10 @@ pass included, in stage order), the stage is combined as Σ_α (r − s)^α · M
 A symbolic length gets both kinds of kernel: the looped one, and persistent alternatives for
 rows of up to 4, 16, …, 4096 elements (`size_ladder`) that the launch chooses by the actual
 length (`tile.variants`), so a short row is not walked in a tile sized for the longest.
+
+A reduction that reads across its outputs (`reads_columns`: a bias gradient's sum over rows)
+gets a column tile instead: many outputs wide and a few rows deep, walked down the reduced
+axis, so that each step reads whole lines of memory (`_column_rules`, knob `column_tiles`).
 """
 from __future__ import annotations
 
@@ -269,7 +273,8 @@ def lower_reduction(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
     notes = list(plan.notes)
     alternatives = []
     for rblock in ladder:
-        held = _column_rules(rblock, plan.parallel, options) if columns else _persistent_rules(rblock, plan.parallel, options)
+        held = (_column_rules(rblock, plan.parallel, options) if columns
+                else _persistent_rules(rblock, plan.parallel, options))
         k = _lower(graph, plan, options, held)
         k.name = f"{kernel.name}_r{rblock}"
         alternatives.append(k)
@@ -650,5 +655,6 @@ def _kernels(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> list[T
 FAMILY = KernelFamily(PlanKind.REDUCTION, lower=_kernels, space=reduction_space,
                       schedule=current_reduction_schedule, shrink=shrink_reduction, cost=memory_time)
 
-__all__ = ["FAMILY", "lower_reduction", "reduction_rules", "reads_columns", "COLUMN_TILE", "COLUMN_HELD", "CPU_COLUMN_WIDTH", "CPU_COLUMN_ROWS", "COLUMN_MIN_OUTPUTS", "reduction_space", "current_reduction_schedule",
-           "shrink_reduction", "size_ladder", "SIZE_LADDER"]
+__all__ = ["FAMILY", "lower_reduction", "reduction_rules", "reduction_space", "current_reduction_schedule",
+           "shrink_reduction", "size_ladder", "SIZE_LADDER", "reads_columns", "COLUMN_TILE", "COLUMN_HELD",
+           "COLUMN_MIN_OUTPUTS", "CPU_COLUMN_WIDTH", "CPU_COLUMN_ROWS", "CPU_COLUMN_CHAIN", "CPU_COLUMN_PROGRAMS"]
