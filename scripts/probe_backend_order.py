@@ -10,7 +10,10 @@ its backward twice and prints, per call, the loss, the parameters whose gradient
 from eager's (relative max error), and for an embedding the rows that must be zero (tokens
 that no input holds) but are not. On the H200 (2026-12-04) the second compiled backend of a
 process computed a wrong gradient for Hugging Face Llama's embedding
-(docs/bench/2026-12-04-h200-dkdv/order_probe.txt).
+(docs/bench/2026-12-04-h200-dkdv/order_probe.txt). The cause, found on 2026-12-05 with
+`--no-cudnn-sdp` and `scripts/probe_cudnn_sdpa_layouts.py`: PyTorch's cuDNN attention backward
+is wrong whenever the output's gradient is laid out unlike the output, whichever compiler
+produced it; tilefuse's graphs now lay it out as the output (`frontend/cudnn_attention_grad.py`).
 """
 from __future__ import annotations
 
