@@ -11,7 +11,9 @@ compile again there), then runs `rounds` rounds; in each round every backend (in
 are tilefuse's time against each peer's in the same rounds. `--per-call` alternates the backends
 call by call instead and reports medians. A training workload times its
 whole step (forward, backward, optimizer). `--profile` adds one torch.profiler pass per
-backend and prints the CPU ops and kernels with the most self time.
+backend and prints the CPU ops and kernels with the most self time. A backend
+`tilefuse[knob=value;...]` is tilefuse with those knobs (`--backends
+tilefuse,tilefuse[column_tiles=0]` times a knob's effect in the same rounds).
 """
 from __future__ import annotations
 
@@ -46,6 +48,21 @@ def _per_call_medians(programs: dict, inputs, calls: int, sync) -> dict:
     return {b: sorted(ts)[len(ts) // 2] for b, ts in times.items()}
 
 
+def _register_variant(spec: str) -> None:
+    """`tilefuse[knob=value,...]`: a Dynamo backend of that name, tilefuse with those knobs
+    (strings, parsed as the knobs' environment variables are), to time beside plain tilefuse."""
+    if not (spec.startswith("tilefuse[") and spec.endswith("]")):
+        return
+    import functools
+
+    from torch._dynamo.backends.registry import register_backend
+
+    from tilefuse.api import dynamo_backend
+
+    options = dict(item.split("=", 1) for item in spec[len("tilefuse["):-1].split(";") if item)
+    register_backend(name=spec)(functools.partial(dynamo_backend, options=options))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", default="nanogpt")
@@ -71,6 +88,8 @@ def main(argv=None) -> int:
     from tilefuse.bench.workload_base import DTYPES
     from tilefuse.bench.workloads import WORKLOADS
 
+    for spec in args.backends.split(","):
+        _register_variant(spec)
     device = torch.device(args.device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     backends = args.backends.split(",")
