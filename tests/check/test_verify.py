@@ -22,7 +22,7 @@ PRODUCT, REDUCTION = r"forward_[0-9a-f]{6}_mm_mm_0", r"forward_[0-9a-f]{6}_red_r
 
 def _args():
     torch.manual_seed(0)
-    return torch.randn(9, 6), torch.randn(6, 5)
+    return torch.randn(9, 12), torch.randn(12, 5)  # (K > 8: a product, not spelt out as pointwise)
 
 
 def _miscompile(monkeypatch, kernel: str, delta: float = 1.0):

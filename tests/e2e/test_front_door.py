@@ -190,7 +190,7 @@ def _run(script: str, **env):
     return subprocess.run([sys.executable, "-c", script], env=full, capture_output=True, text=True, timeout=300)
 
 
-SCRIPT = "import torch, tilefuse; torch.compile(lambda x: (x * 2).sum(-1), backend='tilefuse')(torch.randn(3, 5))"
+SCRIPT = "import torch, tilefuse; torch.compile(lambda x: (x * 2).sum(-1), backend='tilefuse')(torch.randn(3, 50))"
 
 
 def test_torch_logs_plus_tilefuse_shows_tilefuse_records():

@@ -1,6 +1,6 @@
-"""Products over a handful of terms (`planner.MAX_REDUCED_PRODUCT_TERMS`: MoE's combination of
-its top-k experts' outputs) are planned as reductions, not dots whose tiles pad k to 16; and on
-a CPU, rows held whole that are shorter than a vector share a program
+"""Products over a handful of terms (`passes.unroll_reductions.PRODUCT_TERMS_MAX`: MoE's
+combination of its top-k experts' outputs) are spelt out as pointwise sums, not dots whose tiles
+pad k to 16; and on a CPU, rows held whole that are shorter than a vector share a program
 (`tile.reduction.SHORT_ROW`). Checked against the IR's interpreter, an fp64 reference and
 eager, at sizes no block divides."""
 import pytest
@@ -12,9 +12,10 @@ from tilefuse.compiler import compile_ir
 from tilefuse.config import config
 from tilefuse.frontend.to_ir import lower_fx
 from tilefuse.fusion.plan import PlanKind
-from tilefuse.fusion.planner import MAX_REDUCED_PRODUCT_TERMS, plan_graph
+from tilefuse.fusion.planner import plan_graph
 from tilefuse.ir.interpret import interpret as evaluate
 from tilefuse.passes import run_passes
+from tilefuse.passes.unroll_reductions import PRODUCT_TERMS_MAX
 
 
 def _plan(fn, *inputs):
@@ -27,19 +28,18 @@ def combine(y, weights):
     return torch.einsum("tkd,tk->td", y, weights / weights.sum(-1, keepdim=True))
 
 
-@pytest.mark.parametrize("k", [1, 2, 3, MAX_REDUCED_PRODUCT_TERMS])
-def test_a_product_over_few_terms_is_a_reduction(k):
+@pytest.mark.parametrize("k", [1, 2, 3, PRODUCT_TERMS_MAX])
+def test_a_product_over_few_terms_is_pointwise(k):
     y, w = torch.randn(13, k, 77), torch.rand(13, k) + 0.1
     graph, plan = _plan(combine, y, w)
-    assert PlanKind.CONTRACTION not in [p.kind for p in plan.kernels]
-    assert any("terms: reduced, not a dot" in d for d in plan.decisions) == (k > 1)  # (k=1: no sum at all)
+    assert [p.kind for p in plan.kernels] == [PlanKind.POINTWISE]
     want = combine(y.double(), w.double())
     (got,) = evaluate(graph, [y, w])
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
 
 def test_a_product_over_more_terms_stays_a_dot():
-    a, b = torch.randn(9, MAX_REDUCED_PRODUCT_TERMS + 1), torch.randn(MAX_REDUCED_PRODUCT_TERMS + 1, 31)
+    a, b = torch.randn(9, PRODUCT_TERMS_MAX + 1), torch.randn(PRODUCT_TERMS_MAX + 1, 31)
     _, plan = _plan(torch.mm, a, b)
     assert [p.kind for p in plan.kernels] == [PlanKind.CONTRACTION]
 
@@ -58,7 +58,7 @@ def test_few_term_products_compile_to_eager_results(backend, strided):
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
-@pytest.mark.parametrize("rows, length", [(301, 3), (1000, 2), (5, 7), (64, 15)])
+@pytest.mark.parametrize("rows, length", [(301, 3), (1000, 2), (5, 7), (64, 15), (301, 9), (1000, 11)])
 def test_short_rows_many_to_a_program(backend, rows, length):
     """Row sums, maxima and a softmax over rows shorter than a vector, rows not a multiple of
     a program's share."""

@@ -54,17 +54,6 @@ def _unit_dims(node: Reduce, outs, other_reads) -> list:
     return [k for k, s in enumerate(outs) if node.shape[k] == 1 and s not in other_reads][-1:]
 
 
-#: a product over at most this many terms (a static k: MoE's combination of its top-k experts'
-#: outputs) is planned as a reduction, vectorised along its output, rather than a dot whose
-#: tiles pad k to 16 and, with one column, n to 16 too: 64 times the multiply-adds
-MAX_REDUCED_PRODUCT_TERMS = 4
-
-
-def _few_terms(node: Reduce) -> bool:
-    k = sympy.sympify(node.ranges[0])
-    return bool(k.is_Integer) and int(k) <= MAX_REDUCED_PRODUCT_TERMS
-
-
 def match_contraction(node: Reduce, body: Expr) -> Contraction | None:
     """Recognise out[b.., m, n] = sum_k a(b.., m, k) * b(b.., k, n)."""
     if node.combiner != SUM or len(node.ranges) != 1:
@@ -186,10 +175,6 @@ class Planner:
         body = self.inliner.body(node.name)
         parallel = numel(node.shape)
         contraction = match_contraction(node, body)
-        if contraction is not None and _few_terms(node):
-            self.note(f"{node.name}: a product over {node.ranges[0]} terms: reduced, not a dot (a dot's tile pads "
-                      "its k to 16)")
-            contraction = None
         if contraction is not None and self.matvec_in_row_pass(node, contraction):
             self.note(f"{node.name}: a matrix-vector product whose matrix another reduction over the same "
                       "axis reads: reduced in that pass, not a dot")

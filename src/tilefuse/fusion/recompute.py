@@ -277,7 +277,7 @@ def _try(out_k: KernelPlan, graph: Graph, by_node: dict, note, reach: dict, expa
             return None  # (an input written in place in the graph: read later, it may have changed)
         scores = []
         for name in names:
-            found = _score_coordinates(graph, by_node, weights, name, r0, n_sym)
+            found = _score_coordinates(graph, by_node, weights, name, r0, n_sym, outs[rows])
             if isinstance(found, str):
                 note(f"{o_node.name}: weights not recomputed: {found}")
                 return None
@@ -352,9 +352,12 @@ def _mask_of(weights: Expr, scores: list) -> tuple:
     return masked, vanishes_when_masked(weights, masked, SUM)
 
 
-def _score_coordinates(graph: Graph, by_node: dict, weights: Expr, name: str, r0, n_sym):
+def _score_coordinates(graph: Graph, by_node: dict, weights: Expr, name: str, r0, n_sym, row_sym):
     """(name, row factor, key factor, extent) of a score product read by the weights, its
-    factors in the output's coordinates (`k0` its own axis), or why it cannot be recomputed."""
+    factors in the output's coordinates (`k0` its own axis), or why it cannot be recomputed:
+    the key factor must not vary along the rows (`row_sym`) nor the row factor along the keys
+    (`r0`) — a product batched over experts whose rows flatten (expert, feature) reads a key
+    factor per expert, which a tile of rows does not have one of."""
     loads = {e.index for e in walk(weights) if isinstance(e, Load) and e.buffer == name}
     if len(loads) != 1:
         return f"{name} is read at several positions"
@@ -377,6 +380,8 @@ def _score_coordinates(graph: Graph, by_node: dict, weights: Expr, name: str, r0
     if _reaches_small_product(fa, graph, {}) or _reaches_small_product(fb, graph, {}):
         return f"{name}'s factors are products themselves"  # (their kernels could be dropped too)
     q, k = (fb, fa) if key_sym in free_symbols(sc.a) else (fa, fb)
+    if row_sym in free_symbols(k) or r0 in free_symbols(q):
+        return f"{name}'s key factor varies along the rows (or its row factor along the keys)"
     return name, q, k, node.ranges[0]
 
 
