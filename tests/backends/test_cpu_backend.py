@@ -15,6 +15,7 @@ import tilefuse
 from frontend.lowering_harness import assert_close_fp64, flatten, noncontig, rand, to_fp64
 from tilefuse.backends import cpu
 from tilefuse.backends.cpu import toolchain
+from tilefuse.passes.unroll_reductions import UNROLL_MAX
 
 pytestmark = pytest.mark.skipif(cpu.find_compiler() is None, reason="no C++ compiler")
 
@@ -104,7 +105,8 @@ def test_normalisations_and_softmax(shape, dtype):
     x, w, b = rand(*shape, dtype=dtype), rand(shape[-1], dtype=dtype), rand(shape[-1], dtype=dtype)
     ex = run_cpu(lambda t, w, b: (rmsnorm(t, w), F.layer_norm(t, (t.shape[-1],), w, b), torch.softmax(t, -1),
                                   torch.log_softmax(t.float(), -1)), x, w, b)
-    assert any(k.kind == "reduction" for k in ex.kernels)
+    # (a row of at most UNROLL_MAX elements is summed as pointwise terms: no reduction kernel)
+    assert any(k.kind == "reduction" for k in ex.kernels) == (shape[-1] > UNROLL_MAX)
 
 
 def test_pointwise_broadcasting_and_noncontiguous_inputs():
@@ -780,3 +782,43 @@ def test_flash_key_tiles_are_no_wider_than_the_keys(keys, tile):
     ex = run_cpu(attention, q, k, v)
     flash = next(kern for kern in ex.kernels if kern.kind == "flash")
     assert f"constexpr int64_t BLOCK_N = {tile};" in flash.source, flash.source[:800]
+
+
+@pytest.mark.parametrize("n,k", [(96, 64), (64, 128), (96, 40)])
+def test_gathered_weights_are_read_where_they_lie(n, k):
+    """A MoE's gathered weight tile (`x @ w[e].T`, the expert's rows contiguous along K) whose
+    base is the same in every lane — the expert index is loaded once per tile — is read in
+    place by the by-columns dot (`tf_dot_nt` with the weight's row stride), with no copy; a
+    ragged K (its tile's mask differs between lanes) keeps the copy. Negative experts count
+    from the end as in eager; against eager."""
+    x, experts = rand(9, 1, k), torch.randint(-4, 4, (9,))
+    w = rand(4, n, k)
+    ex = run_cpu(lambda a, w, e: torch.relu(a @ w[e].transpose(-1, -2)) * 1.5, x, w, experts, matmul="generated")
+    src = next(kern for kern in ex.kernels if kern.kind == "contraction").source.split('extern "C" void')[1]
+    in_place = re.search(r"tf_dot_nt<1, \d+, \d+, \d+, (true|false), %d>\([^;]*\? &ptr_" % k, src)
+    assert (in_place is not None) == (k % 64 == 0), src[:4000]
+
+
+def test_an_expert_out_of_range_raises_with_weights_read_in_place():
+    """Where the gathered tile's index check fails, the dot reads zeros (never memory outside the
+    weights) and the call raises IndexError as eager does."""
+    x, w = rand(5, 1, 64), rand(4, 96, 64)
+    fn = lambda a, w, e: a @ w[e].transpose(-1, -2)  # noqa: E731
+    torch._dynamo.reset()
+    with tilefuse.config.patch(target="cpu", fallback="error", matmul="generated"):
+        compiled = torch.compile(fn, backend="tilefuse")
+        compiled(x, w, torch.tensor([0, 1, 2, 3, -1]))
+        with pytest.raises(IndexError):
+            compiled(x, w, torch.tensor([0, 1, 7, 3, 2]))
+    with pytest.raises(IndexError):
+        fn(x, w, torch.tensor([0, 1, 7, 3, 2]))
+
+
+def test_pointwise_rows_ignore_unit_dims():
+    """An output with a trailing dim of extent 1 (`einsum` over a top-2 router's experts, kept
+    as [tokens, features, 1]) still walks [rows, row] tiles: a value per token is read once
+    per row, the features contiguously; against eager."""
+    y, s = rand(13, 2, 64), rand(13, 2)
+    ex = run_cpu(lambda y, s: torch.einsum("tkd,tk->td", y, s / s.sum(-1, keepdim=True)), y, s)
+    (kernel,) = ex.kernels
+    assert kernel.kind == "pointwise" and "constexpr int64_t CBLOCK = 64;" in kernel.source, kernel.source[-3000:]

@@ -89,12 +89,16 @@ def _row_tiles(graph: Graph, plan: KernelPlan, options: LoweringOptions, block: 
     uses = _dims_read(graph, plan, shape)
     if not any(len(u) < len(shape) for u in uses):
         return None  # nothing broadcast: the flat walk
+    unit = {d for d, ext in enumerate(shape) if sympy.sympify(ext) == 1}  # (read by all or none alike)
+    uses = [u - unit for u in uses]
     best = None
     for k in range(len(order) - 1, 0, -1):
-        group = set(order[k:])
+        group = set(order[k:]) - unit
+        if not group:
+            continue
         if any(u & group and not group <= u for u in uses):
             break  # an operand reads part of the row: no wider row either
-        rest = set(order[:k])
+        rest = set(order[:k]) - unit
         if not any(not u & group or not rest <= u for u in uses):
             continue  # (no operand is a value per row or per column of this split)
         row = static_int(sympy.Mul(*(shape[d] for d in order[k:])))

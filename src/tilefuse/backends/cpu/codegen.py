@@ -191,8 +191,9 @@ class CppPrinter(NestPrinter):
                       f"{s.name}[tf_i * {n} + tf_j] = {p.expr(s.acc)};", ind)
         a, b = self.operand(d.a, d.acc_dtype, ind), self.operand(d.b, d.acc_dtype, ind)
         lda, ldb = d.a.ld, d.b.ld
-        if d.b.kind == "array_t":  # b stored by columns: a dot product along K per element
-            self.emit(f"tf_dot_nt<{m}, {n}, {k}, {lda}{', true' if d.zero else ''}>({a}, {b}, {d.out});", ind)
+        if d.b.kind in ("array_t", "in_place_t"):  # b by columns: a dot product along K per element
+            self.emit(f"tf_dot_nt<{m}, {n}, {k}, {lda}, {'true' if d.zero else 'false'}, {ldb}>({a}, {b}, {d.out});",
+                      ind)
         elif d.block is not None:
             flag = ", true" if d.zero else ""
             if (lda, ldb) == (k, n):
@@ -209,8 +210,17 @@ class CppPrinter(NestPrinter):
     def operand(self, o: Operand, acc_t, ind: int) -> str:
         """The pointer the dot reads `o` from (printing the dense copy it needs first)."""
         t = ctype(acc_t)
-        if o.kind == "in_place":
-            return f"&ptr_{o.load.buffer}[{self.printer().expr(o.load.offset)}]"
+        if o.kind in ("in_place", "in_place_t"):
+            p = self.printer()
+            where = f"&ptr_{o.load.buffer}[{p.expr(o.expr)}]"
+            if o.load.mask is None:
+                return where
+            # a mask equal in every lane (`lanes.py`) that fails: zeros over the tile's extent
+            rows, cols = o.shape
+            extent = (cols - 1) * o.ld + rows if o.kind == "in_place_t" else (rows - 1) * o.ld + cols
+            zeros = self.fresh("zeros")
+            self.emit(f"static const float {zeros}[{extent}] = {{}};", ind)
+            return f"(({p.expr(o.load.mask)}) ? {where} : {zeros})"
         if o.kind in ("array", "array_t"):
             return o.name
         p = ExprPrinter(self.ref_in(("tf_i", "tf_j"), set()))

@@ -6,9 +6,10 @@ statements around a dot that save whole passes over its tiles.
   place and a dot that accumulates into `acc` — no arrays for `R` and `X`, no separate pass
   adding them (the form of `acc = tl.dot(p, v, acc)` in Triton's flash kernels). Only when
   nothing else reads `R`, `X` or `acc` in between.
-* **Operands read in place**: an unmasked fp32 tile load used only as a dot operand, whose rows
-  are contiguous with a compile-time row stride, is not copied: the micro-kernel reads the
-  buffer with that leading dimension (the V tile of P·V).
+* **Operands read in place**: an fp32 tile load used only as a dot operand, whose rows (or, for
+  a `b` of few rows, columns) are contiguous with a compile-time stride, is not copied: the
+  micro-kernel reads the buffer with that leading dimension (the V tile of P·V; a MoE's
+  gathered expert weights, whose base is an index loaded once per tile: `lanes.py`).
 * **A `b` operand stored by columns** (`columns_first`): a tile its nest reads from memory
   along the rows (a MoE's gathered weights, `w1[experts]` read as Wᵀ), used only as the `b`
   of dots with few rows, is stored column by column as it is read, and the dot takes one
@@ -23,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...ir import dtypes as dt
-from ...ir.expr import Binary, Var
+from ...ir.expr import Binary, Index, Var
 from ...tile.ir import Assign, DotTile, For, Let, LoadTile, StoreTile
 from .exprs import CppUnsupported
 from .shapes import reads, written as stmt_written
@@ -123,9 +124,10 @@ template <int R, int C> TF_INLINE void tf_load_t(const float* __restrict__ src, 
 #endif
 /* acc[M][N] (+)= a[M][K] @ b[K][N] with b's tile stored by columns, bt[N][K] (a gathered
    weight read contiguously along K, stored as it was read): one dot product along K per
-   element, four columns at a time in native vectors. For few rows M: each element pays a
+   element, four columns at a time in native vectors, LDB apart (K when stored; a tile read
+   where it lies keeps its buffer's stride). For few rows M: each element pays a
    horizontal sum, which a transposing copy of b would save only over many rows */
-template <int M, int N, int K, int LDA, bool ZERO = false>
+template <int M, int N, int K, int LDA, bool ZERO = false, int LDB = K>
 TF_INLINE void tf_dot_nt(const float* __restrict__ a, const float* __restrict__ bt, float* __restrict__ acc) {
   for (int i = 0; i < M; ++i) {
     const float* __restrict__ ar = a + i * LDA;
@@ -135,10 +137,10 @@ TF_INLINE void tf_dot_nt(const float* __restrict__ a, const float* __restrict__ 
 #pragma GCC unroll 8
         for (int k = 0; k < K; k += TF_VL) {
           const tf_vn av = *(const tf_vn*)&ar[k];
-          c0 += av * *(const tf_vn*)&bt[(j + 0) * K + k];
-          c1 += av * *(const tf_vn*)&bt[(j + 1) * K + k];
-          c2 += av * *(const tf_vn*)&bt[(j + 2) * K + k];
-          c3 += av * *(const tf_vn*)&bt[(j + 3) * K + k];
+          c0 += av * *(const tf_vn*)&bt[(j + 0) * LDB + k];
+          c1 += av * *(const tf_vn*)&bt[(j + 1) * LDB + k];
+          c2 += av * *(const tf_vn*)&bt[(j + 2) * LDB + k];
+          c3 += av * *(const tf_vn*)&bt[(j + 3) * LDB + k];
         }
         float s[4][TF_VL];  /* the four horizontal sums by halving steps (vector adds), not lane by lane */
         *(tf_vn*)s[0] = c0; *(tf_vn*)s[1] = c1; *(tf_vn*)s[2] = c2; *(tf_vn*)s[3] = c3;
@@ -155,7 +157,7 @@ TF_INLINE void tf_dot_nt(const float* __restrict__ a, const float* __restrict__ 
       for (int j = 0; j < N; ++j) {
         float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-        for (int k = 0; k < K; ++k) s += ar[k] * bt[j * K + k];
+        for (int k = 0; k < K; ++k) s += ar[k] * bt[j * LDB + k];
         acc[i * N + j] = ZERO ? s : acc[i * N + j] + s;
       }
     }
@@ -177,7 +179,8 @@ template <int M, int N, int K, typename T> TF_INLINE void tf_dot_ikj(const T* __
 @dataclass(frozen=True)
 class Operand:
     """A dot operand as a row-major array of `shape`. `kind`: "in_place" (the buffer read at
-    `load`'s offset with leading dimension `ld`), "array" (the tile value `name` itself),
+    `load`'s offset, spelt out as `expr`, with leading dimension `ld`), "in_place_t" (`b`
+    only: the same, read by columns `ld` apart), "array" (the tile value `name` itself),
     "array_t" (the tile value `name` stored by columns: `b` only, see `columns_first`),
     "copy_load" (a dense copy from `load`'s buffer), "copy" (a dense copy of `expr`)."""
 
@@ -229,10 +232,12 @@ def _operand(e, shape, block, acc_t, sh, local, inplace) -> Operand:
     array when it already has the accumulator's type, else a dense copy."""
     held = (dt.float32, dt.bfloat16, dt.float16) if acc_t == dt.float32 else (acc_t,)  # arrays of that type
     if isinstance(e, Var) and e.name in inplace:  # (its load is not printed)
-        s, ld = inplace[e.name]
-        if block is not None and sh.shape.get(e.name) == shape:
-            return Operand("in_place", shape, ld, load=s)
-        return Operand("copy_load", shape, shape[1], load=s)
+        found = inplace[e.name]
+        if found.transposed:  # (`_takes_in_place`: always the `b` of a dot with few rows)
+            return Operand("in_place_t", shape, found.ld, load=found.load, expr=found.offset)
+        if (block is not None or shape[0] == 1) and sh.shape.get(e.name) == shape:  # (one row: any ld)
+            return Operand("in_place", shape, found.ld, load=found.load, expr=found.offset)
+        return Operand("copy_load", shape, shape[1], load=found.load)
     if isinstance(e, Var) and e.name not in local and sh.shape.get(e.name) == shape \
             and sh.dtype[e.name] in held and e.name not in sh.aranges:
         return Operand("array", shape, shape[1], name=e.name)
@@ -332,8 +337,24 @@ def fold_accumulator(stmts, k: int, readers: dict, sh):
     return j, a
 
 
-def inplace_operands(kernel, sh, strides, readers: dict) -> dict:
-    """name -> (load statement, row stride) of the tile loads a dot may read in place."""
+@dataclass(frozen=True)
+class InPlace:
+    """A tile load a dot reads where it lies: rows `ld` apart (`transposed`: the tile's
+    columns are, its rows contiguous: a `b` the dot takes by columns, `tf_dot_nt`). A `mask`
+    is the same in every lane (a gather's index check): where it fails, the dot reads zeros."""
+
+    load: LoadTile
+    ld: int
+    transposed: bool = False
+    #: the load's offset with the lane-dependent values it names spelt out (`Lanes.inline`)
+    offset: object = None
+
+
+def inplace_operands(kernel, sh, lanes, readers: dict) -> dict:
+    """name -> `InPlace` of the tile loads a dot may read in place: fp32, of a buffer the
+    kernel does not write, at an offset affine in the lanes (`lanes.Lanes.strides`: index
+    arithmetic plus values equal in every lane, such as a gathered row's base), unmasked or
+    under a mask equal in every lane with zeros in its place."""
     stored = set()
     assigned = set()
     loads = []
@@ -354,7 +375,9 @@ def inplace_operands(kernel, sh, strides, readers: dict) -> dict:
     walk(kernel.body, ())
     out = {}
     for s in loads:
-        if s.mask is not None or s.dtype != dt.float32 or s.buffer in stored or s.name in sh.aranges:
+        if s.dtype != dt.float32 or s.buffer in stored or s.name in sh.aranges:
+            continue
+        if s.mask is not None and not (s.other == 0 and lanes.lane_free(s.mask)):
             continue
         users = readers.get(s.name, [])
         here = path[id(s)]
@@ -363,11 +386,37 @@ def inplace_operands(kernel, sh, strides, readers: dict) -> dict:
             continue  # (a dot in the load's block or a loop inside it: the offset still means the same)
         if any(n in assigned for n in reads(s)):
             continue
-        st = strides(s.offset)
-        if st is None or st[1] != 1 or not st[0].is_Integer or int(st[0]) <= 0:
+        st = lanes.strides(s.offset)
+        if st is None or not (st[0].is_Integer and st[1].is_Integer):
             continue
-        out[s.name] = (s, int(st[0]))
+        rows, cols = sh.shape[s.name]
+        si, sj = int(st[0]), int(st[1])
+        if sj == 1 and (si > 0 or rows == 1):
+            found = InPlace(s, si if rows > 1 else cols, offset=lanes.inline(s.offset))
+        elif si == 1 and sj > 0 and rows > 1 and cols > 1:
+            found = InPlace(s, sj, transposed=True, offset=lanes.inline(s.offset))
+        else:
+            continue
+        plain = not found.transposed and s.mask is None and isinstance(s.offset, Index)
+        # (anything else is read in place or not at all: its copy would lose the mask, and a
+        # transposed tile needs the by-columns dot)
+        if plain or all(_takes_in_place(u, s.name, found, sh) for u in users):
+            out[s.name] = found
     return out
+
+
+def _takes_in_place(d: DotTile, name: str, found: InPlace, sh) -> bool:
+    (m, n) = sh.shape[d.name]
+    k = sh.of(d.a)[1]
+    if sh.dtype[d.name] != dt.float32:
+        return False
+    if found.transposed:
+        return isinstance(d.b, Var) and d.b.name == name and not (isinstance(d.a, Var) and d.a.name == name) \
+            and m <= NT_MAX_ROWS and sh.shape.get(name) == (k, n)
+    shape_a, shape_b = (m, k), (k, n)
+    uses = [shape_a] if isinstance(d.a, Var) and d.a.name == name else []
+    uses += [shape_b] if isinstance(d.b, Var) and d.b.name == name else []
+    return bool(uses) and register_block(m, n) is not None and all(sh.shape.get(name) == u for u in uses)
 
 
 def reads_acc(d: DotTile) -> set:

@@ -26,6 +26,7 @@ from ...ir.expr import Index, Var
 from ...tile.ir import (Arange, ArgReduceTile, Assign, BroadcastTile, Check, DotTile, For, Full, Let, LoadTile,
                         ReduceTile, StoreTile, TileKernel, checks_of, expr_names, statements)
 from .dot import DotPlan, columns_first, fold_accumulator, inplace_operands, plan_dot, stmt_readers
+from .lanes import Lanes, aligned_aranges
 from .remat import plan_remat
 from .shapes import SCALAR, Shapes, defines, reads
 
@@ -146,7 +147,8 @@ class _Planner:
         self.dot_into: dict[int, str] = {}  # id(dot) -> the carried array it accumulates into
         self.skip: set[int] = set()  # ids of `acc = R + X` statements those dots replace
         self.folded: set[str] = set()  # names X of those dots (never stored)
-        self.inplace = inplace_operands(kernel, self.sh, self.sh.strides, self.stmt_readers)
+        self.aligned = aligned_aranges(kernel, self.sh)
+        self.inplace = inplace_operands(kernel, self.sh, Lanes(kernel, self.sh, self.aligned), self.stmt_readers)
         # (dot kernels keep their order: the accumulator folds in `dot.py` match neighbours)
         self.hoist = not any(isinstance(st, DotTile) for st in statements(kernel.body))
 
@@ -160,7 +162,7 @@ class _Planner:
         return LoopPlan(kernel=k, shapes=self.sh, items=items, local=frozenset(self.local), columns=columns,
                         alias=MappingProxyType(dict(self.alias)), arrays=arrays, arg_values=arg_values,
                         check_ids=MappingProxyType({id(c): n + 1 for n, c in enumerate(checks_of(k.body))}),
-                        aligned=MappingProxyType(self.block_aligned()))
+                        aligned=MappingProxyType(self.aligned))
 
     # ------------------------------------------------------------------ grouping
     def zero_starts(self, stmts) -> set:
@@ -270,7 +272,10 @@ class _Planner:
             for s in stmts:
                 site = id(self.site.get(id(s)))  # (zero fills a dot replaces have no site: they read nothing)
                 skip = recomputed.get(site, set())
-                for name in reads(s) if not isinstance(s, For) else expr_names(s.start) | expr_names(s.stop):
+                names = reads(s) if not isinstance(s, For) else expr_names(s.start) | expr_names(s.stop)
+                if isinstance(s, DotTile):  # an operand read in place: its address is printed here
+                    names = names | set().union(*(_in_place_reads(self.inplace[n]) for n in names if n in self.inplace))
+                for name in names:
                     if name not in skip:
                         readers.setdefault(name, set()).add(site)
                 if isinstance(s, For):
@@ -506,19 +511,6 @@ class _Planner:
         args = tuple(s for s in statements(self.kernel.body) if isinstance(s, ArgReduceTile))
         return tuple(seen), args
 
-    def block_aligned(self) -> dict:
-        """Aranges whose start is a multiple of their block: name -> (block, dim)."""
-        out = {}
-        for s in statements(self.kernel.body):
-            if isinstance(s, Arange) and isinstance(s.start, Index) and s.name in self.sh.aranges:
-                block = self.sh.block(s.block)
-                start = sympy.sympify(s.start.expr)
-                start = start.subs({x: self.sh.constexprs[x.name] for x in start.free_symbols
-                                    if x.name in self.sh.constexprs})
-                if block > 1 and sympy.fraction(sympy.cancel(start / block))[1] == 1:
-                    out[s.name] = (block, self.sh.aranges[s.name])
-        return out
-
 
 def _hoistable(s, shape: tuple, group: _Group, written: set) -> bool:
     """Whether `s` may run before the open `group` in a nest of its own: a load or value over
@@ -538,3 +530,9 @@ def _groups(items):
             yield it
         elif isinstance(it, tuple):
             yield from _groups(it[2])
+
+
+def _in_place_reads(found) -> set:
+    """The names the address of an operand read in place reads (`dot.InPlace`)."""
+    out = expr_names(found.offset)
+    return out | expr_names(found.load.mask) if found.load.mask is not None else out
