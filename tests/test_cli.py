@@ -261,7 +261,7 @@ def test_cache_info_and_clear_cover_everything_tilefuse_owns(explained):
     data = json.loads(tilefuse_cmd("cache", "info", "--json", env=env).out)
     owned = {d["name"]: d for d in data["directories"] if d["owned"]}
     assert set(owned) == {"cpu", "repro", "triton-bin", "tune-ceilings", "triton-v0", ".trash-cpu-1-abcd",
-                          ".size-checked", "graphs"}
+                          ".size-checked", "graphs", "front"}
     expected = sum(d["entries"] for d in owned.values())
     size = sum(d["bytes"] for d in owned.values())
     assert owned["cpu"]["entries"] >= 1 and owned["repro"]["entries"] == 1 and expected >= 5

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import contextvars
 import functools
 import itertools
 import logging
@@ -111,8 +112,19 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, settings
         return _boxed(runner)
     report.stage_seconds["total"] = time.perf_counter() - t0
     mutated = _mutated_inputs(gm)
+    static = _static_inputs()
+    if inference:
+        _remember_front(report, views, mutated, static)
+    return _boxed(_runner(name, gm, compiled, report, settings, options, inference, views, mutated, static))
+
+
+def _runner(name, gm, compiled, report, settings: dict, options: Options, inference: bool, views, mutated: list,
+            static: list):
+    """The function that runs a compiled graph for AOTAutograd (or, from the front cache, for
+    Dynamo): CUDA graphs where asked, the views of its outputs rebuilt, the fallback on a
+    failed first launch, verify mode's check on the first run."""
     if options.cuda_graphs:
-        compiled = _with_cuda_graphs(compiled, report, inference, mutated)
+        compiled = _with_cuda_graphs(compiled, report, inference, mutated, static)
     _record(report, gm, settings, options)
     state = {"first": True, "runner": compiled}
     rebuild_views = output_views.Rebuilder(views) if views else None
@@ -142,7 +154,56 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, settings
                     return _verify(name, gm, compiled, report, args, out, state, options, before)
         return out
 
-    return _boxed(run)
+    return run
+
+
+def _static_inputs() -> list:
+    """The inputs AOTAutograd found static (parameters, buffers: CUDA graphs keep them where
+    they are), from the compile's tracing context."""
+    context = torch._guards.TracingContext.try_get()
+    metadata = getattr(context, "fw_metadata", None) if context is not None else None
+    return list(getattr(metadata, "static_input_indices", None) or [])
+
+
+#: the front key of the inference graph AOTAutograd is compiling (`_aot` sets it around the trace)
+_front_key: contextvars.ContextVar = contextvars.ContextVar("tilefuse_front_key", default=None)
+
+
+def _remember_front(report: CompileReport, views, mutated: list, static: list) -> None:
+    """Point the front cache's entry of the Dynamo graph being compiled at the graph cache's
+    entry of this compiled graph, where AOTAutograd's wrapper around it does nothing."""
+    from . import front_cache
+
+    front = _front_key.get()
+    if front is None or mutated or not report.graph_key:
+        return
+    context = torch._guards.TracingContext.try_get()
+    if front_cache.plain_runtime(getattr(context, "fw_metadata", None) if context is not None else None):
+        front_cache.store(front, report.graph_key, static, views)
+    _front_key.set(None)
+
+
+def _from_front_cache(front: str, gm: torch.fx.GraphModule, settings: dict):
+    """Dynamo's graph run by the compiled graph the front cache names, or None on a miss."""
+    from . import front_cache, graph_cache
+
+    t0 = time.perf_counter()
+    record = front_cache.load(front)
+    if record is None:
+        return None
+    name = f"forward{next(_graph_ids)}"
+    options = config.options(settings)
+    with _process_settings(settings):
+        loaded = graph_cache.load(record["graph_key"], _device_of(gm), name)
+    if loaded is None:
+        return None
+    compiled, report = loaded
+    compiled.generates_calls = options.generated_wrapper
+    report.graph_key = record["graph_key"]
+    report.stage_seconds["front cache"] = time.perf_counter() - t0  # (the graph cache's load included)
+    logs.log("cache", "graph %s: from the front cache (%s), AOTAutograd not traced", name, front[:12])
+    return _runner(name, gm, compiled, report, settings, options, True, record["views"], [],
+                   record.get("static_inputs", []))
 
 
 def _read_by_tilefuse_from(gm: torch.fx.GraphModule, kind: str, inference: bool) -> int | None:
@@ -161,9 +222,9 @@ def _process_settings(settings: dict):
     return config.patch(**{name: value for name, value in settings.items() if KNOBS[name].process})
 
 
-def _with_cuda_graphs(compiled, report: CompileReport, inference: bool, mutated: list):
+def _with_cuda_graphs(compiled, report: CompileReport, inference: bool, mutated: list, static: list):
     """The compiled graph replayed as CUDA graphs where it can be (`runtime.cuda_graphs`);
-    else itself, with the reason in the report."""
+    else itself, with the reason in the report. `static`: the inputs that stay where they are."""
     from .runtime.cuda_graphs import CudaGraphRunner
 
     if compiled.device.type != "cuda":
@@ -172,9 +233,6 @@ def _with_cuda_graphs(compiled, report: CompileReport, inference: bool, mutated:
     if not inference:
         report.cuda_graphs = "not used: a training graph (CUDA graphs serve inference graphs today)"
         return compiled
-    context = torch._guards.TracingContext.try_get()
-    metadata = getattr(context, "fw_metadata", None) if context is not None else None
-    static = list(getattr(metadata, "static_input_indices", None) or [])
     return CudaGraphRunner(compiled, static, mutated, report)
 
 
@@ -247,8 +305,14 @@ def _boxed(fn):
 
 
 def _aot(gm: torch.fx.GraphModule, example_inputs, settings: dict):
-    from torch._functorch.aot_autograd import aot_module_simplified
-
+    """Dynamo's graph compiled: from the front cache where it holds the graph (no trace), else
+    traced by AOTAutograd into the graphs tilefuse compiles."""
+    training = _training(example_inputs)
+    front = _front_key_of(gm, example_inputs, settings, training)
+    if front is not None:
+        runner = _from_front_cache(front, gm, settings)
+        if runner is not None:
+            return runner
     if any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs) and \
             settings.get("target", config.target) in ("auto", "triton"):
         from .backends.triton import compile_pool, launcher
@@ -256,11 +320,27 @@ def _aot(gm: torch.fx.GraphModule, example_inputs, settings: dict):
         with _process_settings(settings):
             compile_pool.start()  # the workers start (import Triton) while AOTAutograd traces
         launcher.prefetch_triton_key()
-
-    if _training(example_inputs) and settings.get("attention_backward", config.attention_backward):
+    if training and settings.get("attention_backward", config.attention_backward):
         from .frontend.attention_chains import rewrite
 
         rewrite(gm)
+    token = _front_key.set(front)
+    try:
+        return _traced(gm, example_inputs, settings)
+    finally:
+        _front_key.reset(token)
+
+
+def _front_key_of(gm, example_inputs, settings: dict, training: bool) -> str | None:
+    from . import front_cache
+
+    with _process_settings(settings):
+        return front_cache.key(gm, example_inputs, config.options(settings), training)
+
+
+def _traced(gm: torch.fx.GraphModule, example_inputs, settings: dict):
+    from torch._functorch.aot_autograd import aot_module_simplified
+
     return aot_module_simplified(
         gm, example_inputs,
         partition_fn=_partitioner(settings),

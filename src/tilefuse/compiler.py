@@ -83,6 +83,8 @@ class CompileReport:
     tuning: dict = field(default_factory=dict)  # how plans got their schedule: source -> count
     tune_phases: dict = field(default_factory=dict)  # the tune stage's seconds by phase (`TuneOutcome.phases`)
     cached: str = ""  # the graph cache's key (its first digits) when the graph was loaded from it
+    #: the graph cache's key under which this graph is stored ("": none; `front_cache` names it)
+    graph_key: str = ""
     cuda_graphs: str = ""  # how the graph runs under the cuda_graphs knob ("": the knob is off)
 
 
@@ -128,13 +130,15 @@ def compile_fx(gm: torch.fx.GraphModule, device: torch.device, name: str = "grap
         loaded = graph_cache.load(key, device, name)
         if loaded is not None:
             loaded[0].generates_calls = options.generated_wrapper  # (not in the key: a run-time choice)
+            loaded[1].graph_key = key
             return loaded
     with stage("lower"):
         graph = lower_fx(gm, name)
     compiled, report = compile_ir(graph, device, report, options, inference=inference)
     if key is not None:
         with stage("store"):
-            graph_cache.store(key, compiled, report)
+            if graph_cache.store(key, compiled, report):
+                report.graph_key = key
     return compiled, report
 
 

@@ -37,7 +37,7 @@ from .tune.tuner import real_tensors
 FORMAT = 1
 #: knobs that change nothing in a compiled graph (where it goes, what is printed, how a
 #: failure is reported, how many threads build it)
-_NOT_IN_KEY = frozenset({"logs", "debug_dir", "cache_dir", "cache_lock_timeout", "cache_max_bytes",
+NOT_IN_KEY = frozenset({"logs", "debug_dir", "cache_dir", "cache_lock_timeout", "cache_max_bytes",
                          "compile_threads", "fallback", "verify", "graph_cache", "cuda_graphs",
                          "generated_wrapper"})
 
@@ -74,14 +74,14 @@ def graph_key(gm: torch.fx.GraphModule, device: torch.device, kind: str, sm_coun
     try:
         with real_tensors():  # (constants are hashed: outside the compile's fake-tensor mode)
             parts = _key_parts(gm, device, kind, sm_count, options)
-    except _Unkeyable as why:
+    except Unkeyable as why:
         logs.log("cache", "graph %s not cached: %s", kind, why)
         return None
     return cache_key(*parts)
 
 
-class _Unkeyable(Exception):
-    pass
+class Unkeyable(Exception):
+    """Something a compiled graph depends on that a key cannot name."""
 
 
 def _key_parts(gm, device, kind, sm_count: int, options: Options) -> list:
@@ -94,8 +94,8 @@ def _key_parts(gm, device, kind, sm_count: int, options: Options) -> list:
             if env is not None and all(e is not env for e in shape_envs):
                 shape_envs.append(env)
         elif node.op == "get_attr":
-            inputs.append([node.target, _attribute(gm, node.target)])
-    knobs = {name: str(value) for name, value in options.as_dict().items() if name not in _NOT_IN_KEY}
+            inputs.append([node.target, attribute_key(gm, node.target)])
+    knobs = {name: str(value) for name, value in options.as_dict().items() if name not in NOT_IN_KEY}
     return ["tilefuse-graph", FORMAT, environment_fingerprint(), source_hash(), kind, device.type, sm_count,
             torch.get_float32_matmul_precision(), knobs, gm.code, inputs, [_guards(e) for e in shape_envs]]
 
@@ -108,7 +108,7 @@ def _describe(val, name: str):
         return ["symbolic", type(val).__name__, str(val)]
     if val is None or isinstance(val, (bool, int, float, str)):
         return ["value", repr(val)]
-    raise _Unkeyable(f"input {name} is a {type(val).__name__}")
+    raise Unkeyable(f"input {name} is a {type(val).__name__}")
 
 
 def _shape_env(val):
@@ -128,7 +128,7 @@ def _guards(shape_env) -> list:
     return [guards, ranges, replacements]
 
 
-def _attribute(gm, target: str):
+def attribute_key(gm, target: str):
     value = gm
     for part in target.split("."):
         value = getattr(value, part)
@@ -136,10 +136,10 @@ def _attribute(gm, target: str):
         return ["module", value.code]
     if isinstance(value, torch.Tensor):
         if type(value) not in (torch.Tensor, torch.nn.Parameter) or value.layout != torch.strided:
-            raise _Unkeyable(f"constant {target} is a {type(value).__name__}")
+            raise Unkeyable(f"constant {target} is a {type(value).__name__}")
         data = value.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
         return ["tensor", str(value.dtype), list(value.shape), list(value.stride()), hashlib.sha256(data).hexdigest()]
-    raise _Unkeyable(f"attribute {target} is a {type(value).__name__}")
+    raise Unkeyable(f"attribute {target} is a {type(value).__name__}")
 
 
 def load(key: str, device: torch.device, name: str):
@@ -179,4 +179,5 @@ def store(key: str, compiled: CompiledGraph, report) -> bool:
     return graph_cache().put(key, {"graph.json": data})
 
 
-__all__ = ["graph_key", "load", "store", "source_hash", "graph_cache", "FORMAT"]
+__all__ = ["graph_key", "load", "store", "source_hash", "graph_cache", "attribute_key", "Unkeyable", "NOT_IN_KEY",
+           "FORMAT"]

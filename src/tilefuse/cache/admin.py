@@ -25,11 +25,12 @@ OWNED_DIRS = {
     "tune": "tuning results: the schedule chosen per kernel and shape",  # tune/cache.py
     "tune-ceilings": "measured bandwidth and compute ceilings of each GPU",  # tune/tuner.py
     "graphs": "compiled graphs: steps, launch settings and reports (kernels are in triton/ and cpu/)",  # graph_cache.py
+    "front": "Dynamo graphs' entries to compiled graphs, before AOTAutograd (inference)",  # front_cache.py
     "triton-bin": "Triton's compiled binaries, written by older tilefuse versions (Triton now keeps its own)",
     "repro": "reproducer scripts of failed compiles",  # failure.py
 }
 #: the OWNED_DIRS that are DiskCache namespaces (the entry layout of disk.py's docstring)
-NAMESPACES = ("triton", "cpu", "tune", "tune-ceilings", "graphs")
+NAMESPACES = ("triton", "cpu", "tune", "tune-ceilings", "graphs", "front")
 #: files tilefuse keeps directly in the root
 OWNED_FILES = {".size-checked": "when the cache's size was last measured"}  # size_bound.py
 
