@@ -165,19 +165,25 @@ def main():
                     row["kernels"] = f"? {e}"
             rows.append(row)
             print(json.dumps(row), flush=True)
-    with open(f"{args.out}/attention.json", "w") as f:
+    write_results(args.out, "attention", rows,
+                  ["case", "B,H,Sq,D(,Sk)", "backend", "ms", "TFLOP/s", "KV TB/s", "max err vs fp64", "kernels"],
+                  lambda r: [f"{r['ms']:.3f}", f"{r['tflops']:.0f}", f"{r['tbps']:.2f}", f"{r['err']:.1e}",
+                             str(r.get("kernels", ""))])
+
+
+def write_results(out: str, stem: str, rows: list, header: list, cells) -> None:
+    """`rows` as `stem`.json and as a Markdown table `stem`.md in `out` (also printed): the
+    first three columns are each row's case, shape and backend, the rest `cells(row)`, or the
+    row's error."""
+    with open(f"{out}/{stem}.json", "w") as f:
         json.dump(rows, f, indent=1)
-    lines = ["| case | B,H,Sq,D(,Sk) | backend | ms | TFLOP/s | KV TB/s | max err vs fp64 | kernels |", "|---|---|---|---:|---:|---:|---:|---|"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * 3 + "---:|" * (len(header) - 3)]
     for r in rows:
-        if "error" in r:
-            lines.append(f"| {r['case']} | {r['shape']} | {r['backend']} | n/a: {r['error'][:80]} | | | | |")
-        else:
-            lines.append(f"| {r['case']} | {r['shape']} | {r['backend']} | {r['ms']:.3f} | {r['tflops']:.0f} | "
-                         f"{r['tbps']:.2f} | {r['err']:.1e} | {r.get('kernels', '')} |")
-    with open(f"{args.out}/attention.md", "w") as f:
+        rest = [f"n/a: {r['error'][:80]}"] + [""] * (len(header) - 4) if "error" in r else cells(r)
+        lines.append("| " + " | ".join([r["case"], str(r["shape"]), r["backend"], *rest]) + " |")
+    with open(f"{out}/{stem}.md", "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
-
 
 if __name__ == "__main__":
     main()

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 import tilefuse  # noqa: F401  (registers the backend)
+from bench_attention import write_results  # (this script's folder is on the path)
 from tilefuse.bench.timing import measure
 
 CAP = 20.0
@@ -146,20 +147,10 @@ def main():
                 print(json.dumps(row), flush=True)
             del runs
             torch.cuda.empty_cache()
-    with open(f"{args.out}/attention_training.json", "w") as f:
-        json.dump(rows, f, indent=1)
-    lines = ["| case | B,H,S,D | backend | fwd+bwd ms | TFLOP/s | grad err (eager bf16) | first call s |",
-             "|---|---|---|---:|---:|---|---:|"]
-    for r in rows:
-        if "error" in r:
-            lines.append(f"| {r['case']} | {r['shape']} | {r['backend']} | n/a: {r['error'][:80]} | | | |")
-        else:
-            lines.append(f"| {r['case']} | {r['shape']} | {r['backend']} | {r['ms']:.3f} | {r['tflops']:.0f} | "
-                         f"{r['err']:.1e} ({r['eager_bf16_err']:.1e}) | {r['first_s']:.1f} |")
-    with open(f"{args.out}/attention_training.md", "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
-
+    write_results(args.out, "attention_training", rows,
+                  ["case", "B,H,S,D", "backend", "fwd+bwd ms", "TFLOP/s", "grad err (eager bf16)", "first call s"],
+                  lambda r: [f"{r['ms']:.3f}", f"{r['tflops']:.0f}", f"{r['err']:.1e} ({r['eager_bf16_err']:.1e})",
+                             f"{r['first_s']:.1f}"])
 
 if __name__ == "__main__":
     main()
