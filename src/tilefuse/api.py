@@ -202,8 +202,20 @@ def _from_front_cache(front: str, gm: torch.fx.GraphModule, settings: dict):
     report.graph_key = record["graph_key"]
     report.stage_seconds["front cache"] = time.perf_counter() - t0  # (the graph cache's load included)
     logs.log("cache", "graph %s: from the front cache (%s), AOTAutograd not traced", name, front[:12])
-    return _runner(name, gm, compiled, report, settings, options, True, record["views"], [],
-                   record.get("static_inputs", []))
+    run = _runner(name, gm, compiled, report, settings, options, True, record["views"], [],
+                  record.get("static_inputs", []))
+
+    def without_grad(*args):  # (as AOTAutograd's wrapper runs an inference graph)
+        grad = torch.is_grad_enabled()
+        if grad:
+            torch._C._set_grad_enabled(False)
+        try:
+            return run(*args)
+        finally:
+            if grad:
+                torch._C._set_grad_enabled(True)
+
+    return without_grad
 
 
 def _read_by_tilefuse_from(gm: torch.fx.GraphModule, kind: str, inference: bool) -> int | None:

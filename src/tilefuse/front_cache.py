@@ -11,10 +11,11 @@ That is sound only where AOTAutograd's runtime wrapper around the compiled graph
 nothing, so the compiled graph may be called with Dynamo's arguments as they come. An entry
 is written only for such graphs (`plain_runtime`): inference (no joint graph), no input
 mutated, no output aliasing an input or another output for AOTAutograd (views tilefuse makes
-after the call, `output_views`, are stored with the entry), no effect tokens, no subclass
+after the call, `output_views`, are stored with the entry), no change of grad mode inside, no effect tokens, no subclass
 inputs, no parameters lifted by AOTAutograd, static shapes (a symbolic graph's guards come
 from its trace), autocast off (AOTAutograd runs a graph traced under autocast with autocast
-disabled). Everything else compiles as before; a key whose entry is missing, or whose
+disabled). The call runs with grad disabled, as AOTAutograd runs an inference graph.
+Everything else compiles as before; a key whose entry is missing, or whose
 graph entry no longer loads, is a miss that compiles and writes the entry again.
 
 The key holds what AOTAutograd's output depends on besides the graph: Dynamo's graph code,
@@ -112,6 +113,7 @@ def plain_runtime(metadata) -> bool:
     try:
         return (metadata.num_outputs_aliased == 0 and metadata.num_mutated_inp_runtime_indices == 0
                 and metadata.num_intermediate_bases == 0 and not getattr(metadata, "tokens", None)
+                and getattr(metadata, "grad_enabled_mutation", None) is None
                 and not getattr(metadata, "is_rng_op_functionalized", False)
                 and all(isinstance(m, int) or type(m).__name__ == "PlainTensorMeta"
                         for m in getattr(metadata, "subclass_inp_meta", ())))

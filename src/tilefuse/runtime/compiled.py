@@ -97,6 +97,8 @@ class CompiledGraph:
         #: later calls of a set of sizes run a generated function (the `generated_wrapper` knob
         #: of the compile, set by the compiler)
         self.generates_calls = True
+        #: a graph of static shapes: its one generated call, taken without a size lookup
+        self._static_call = None
 
     def _alloc(self, name: str, env: dict) -> torch.Tensor:
         # (keyed by the sizes at this step: an extern call earlier in the graph may bind more)
@@ -141,6 +143,11 @@ class CompiledGraph:
     def run(self, args, on_step=None):
         """Run the graph on `args`. `on_step(k, step, buffers)`, when given, is called after
         each step with the live buffers (verify mode records every prefix's state this way)."""
+        static = self._static_call
+        if static is not None and on_step is None and not profiler_enabled():
+            outputs = static(args, {}, self)
+            if outputs is not None:
+                return outputs
         if profiler_enabled():  # once per call: a profiled call runs each step in its range
             with profiled(self.label):
                 return self._run(args, on_step, self.step_labels)
@@ -185,6 +192,8 @@ class CompiledGraph:
             except Exception as err:  # noqa: BLE001 - a call that cannot be generated runs the general way
                 logs.log("runtime", "%s: no generated call (%s)", self.graph.name, err)
         self._calls.replace(key, call)
+        if call is not _GENERAL and not self.symbol_sources:
+            self._static_call = call
         return outputs
 
     def _general(self, args, env: dict, on_step, labels):

@@ -25,7 +25,7 @@ from ...tile.ir import (Arange, Assign, BroadcastTile, Check, Comment, DotTile, 
                         StoreTile, TileKernel, statements)
 from ...tile.variants import all_kernels
 from ..dispatch import handler
-from .dot import DOT_SOURCE, DotPlan, Operand
+from .dot import DOT_SOURCE, DotPlan, Operand, zeros_extent
 from .exprs import STORAGE, CppUnsupported, ExprPrinter, const, ctype, round_to
 from .loop_plan import Loop, LoopPlan, Nest, Single, plan_kernel
 from .nests import NestPrinter
@@ -217,7 +217,7 @@ class CppPrinter(NestPrinter):
                 return where
             # a mask equal in every lane (`lanes.py`) that fails: zeros over the tile's extent
             rows, cols = o.shape
-            extent = (cols - 1) * o.ld + rows if o.kind == "in_place_t" else (rows - 1) * o.ld + cols
+            extent = zeros_extent(o.kind == "in_place_t", o.ld, rows, cols)
             zeros = self.fresh("zeros")
             self.emit(f"static const float {zeros}[{extent}] = {{}};", ind)
             return f"(({p.expr(o.load.mask)}) ? {where} : {zeros})"

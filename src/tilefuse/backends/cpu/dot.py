@@ -397,12 +397,24 @@ def inplace_operands(kernel, sh, lanes, readers: dict) -> dict:
             found = InPlace(s, sj, transposed=True, offset=lanes.inline(s.offset))
         else:
             continue
+        if s.mask is not None and zeros_extent(found.transposed, found.ld, rows, cols) > MAX_ZEROS:
+            continue  # (the tile of zeros read where the mask fails would be larger than worth it)
         plain = not found.transposed and s.mask is None and isinstance(s.offset, Index)
         # (anything else is read in place or not at all: its copy would lose the mask, and a
         # transposed tile needs the by-columns dot)
         if plain or all(_takes_in_place(u, s.name, found, sh) for u in users):
             out[s.name] = found
     return out
+
+
+#: the most floats of the static tile of zeros a masked operand read in place falls back to
+MAX_ZEROS = 1 << 16
+
+
+def zeros_extent(transposed: bool, ld: int, rows: int, cols: int) -> int:
+    """The floats a (rows, cols) tile read in place spans, its rows (or, `transposed`, its
+    columns) `ld` apart: what its tile of zeros must cover."""
+    return (cols - 1) * ld + rows if transposed else (rows - 1) * ld + cols
 
 
 def _takes_in_place(d: DotTile, name: str, found: InPlace, sh) -> bool:
