@@ -56,6 +56,7 @@ def test_a_second_compile_skips_aotautograd(tmp_path, monkeypatch, target):
     assert counts == [1, 0], counts
     _close(out, logits_view, args)
     assert out.shape == (3, 7, 17)
+    assert any((tmp_path / "front").rglob("entry.json"))  # (in the compile's own cache directory)
     report = tilefuse.last_compilations().reports[-1]
     assert "front cache" in report.stage_seconds and report.cached
 
@@ -139,15 +140,52 @@ def test_an_entry_whose_graph_is_gone_compiles_again(tmp_path, monkeypatch):
 
 
 def test_plain_runtime_reads_aotautograds_metadata():
-    class Meta:
-        num_outputs_aliased = 0
-        num_mutated_inp_runtime_indices = 0
-        num_intermediate_bases = 0
-        tokens = {}
-        subclass_inp_meta = [0, 1]
+    class Input:
+        mutates_data = mutates_metadata = False
 
-    assert front_cache.plain_runtime(Meta())
-    Meta.num_mutated_inp_runtime_indices = 1
-    assert not front_cache.plain_runtime(Meta())
-    assert not front_cache.plain_runtime(None)
-    assert api._front_key.get() is None  # (set only while AOTAutograd compiles)
+    def meta(**changes):
+        fields = dict(num_outputs_aliased=0, num_mutated_inp_runtime_indices=0, num_intermediate_bases=0,
+                      tokens={}, grad_enabled_mutation=None, is_rng_op_functionalized=False,
+                      input_info=[Input()], subclass_inp_meta=[0])
+        fields.update(changes)
+        return type("Meta", (), fields)()
+
+    assert front_cache.plain_runtime(meta(), 2, 2)
+    assert not front_cache.plain_runtime(meta(), 3, 2)  # (a lifted or duplicated argument)
+    assert not front_cache.plain_runtime(meta(num_outputs_aliased=1), 2, 2)
+    assert not front_cache.plain_runtime(meta(grad_enabled_mutation=False), 2, 2)
+    written = Input()
+    written.mutates_data = True
+    assert not front_cache.plain_runtime(meta(input_info=[written]), 2, 2)
+    partial = meta()
+    del type(partial).tokens  # (a PyTorch naming it otherwise: not known plain)
+    assert not front_cache.plain_runtime(partial, 2, 2)
+    assert not front_cache.plain_runtime(None, 2, 2)
+
+
+_SCALE = {"k": 2.0}
+
+
+@torch.compiler.allow_in_graph
+def _opaque_helper(x):
+    return x * _SCALE["k"]
+
+
+def _calls_opaque(x):
+    return torch.relu(_opaque_helper(x)) + 1
+
+
+def test_a_function_the_graph_only_names_always_traces(tmp_path, monkeypatch):
+    """`allow_in_graph` puts a Python function in Dynamo's graph by name; AOTAutograd traces
+    its body, which the graph's code does not show: such graphs are never served from the front
+    cache, so a change of the function's behaviour is compiled anew."""
+    make = lambda: (torch.randn(5, 9),)  # noqa: E731
+    out, args, counts = compiled_twice(_calls_opaque, make, tmp_path, monkeypatch)
+    assert counts == [1, 1]
+    _SCALE["k"] = 3.0
+    try:
+        out, args, counts = compiled_twice(_calls_opaque, make, tmp_path, monkeypatch)
+        torch.testing.assert_close(out, _calls_opaque(*args))
+    finally:
+        _SCALE["k"] = 2.0
+    assert not (tmp_path / "front").exists() or not any((tmp_path / "front").rglob("entry.json"))

@@ -114,7 +114,8 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, settings
     mutated = _mutated_inputs(gm)
     static = _static_inputs()
     if inference:
-        _remember_front(report, views, mutated, static)
+        with _process_settings(settings):  # (the entry goes where the compile's cache is)
+            _remember_front(gm, report, views, mutated, static)
     return _boxed(_runner(name, gm, compiled, report, settings, options, inference, views, mutated, static))
 
 
@@ -165,22 +166,26 @@ def _static_inputs() -> list:
     return list(getattr(metadata, "static_input_indices", None) or [])
 
 
-#: the front key of the inference graph AOTAutograd is compiling (`_aot` sets it around the trace)
+#: (front key, Dynamo's argument count) of the inference graph AOTAutograd is compiling
+#: (`_aot` sets it around the trace)
 _front_key: contextvars.ContextVar = contextvars.ContextVar("tilefuse_front_key", default=None)
 
 
-def _remember_front(report: CompileReport, views, mutated: list, static: list) -> None:
+def _remember_front(gm: torch.fx.GraphModule, report: CompileReport, views, mutated: list, static: list) -> None:
     """Point the front cache's entry of the Dynamo graph being compiled at the graph cache's
     entry of this compiled graph, where AOTAutograd's wrapper around it does nothing."""
     from . import front_cache
 
-    front = _front_key.get()
-    if front is None or mutated or not report.graph_key:
+    pending = _front_key.get()
+    _front_key.set(None)  # (one inference graph per trace: this one)
+    if pending is None or mutated or not report.graph_key:
         return
+    front, dynamo_inputs = pending
     context = torch._guards.TracingContext.try_get()
-    if front_cache.plain_runtime(getattr(context, "fw_metadata", None) if context is not None else None):
+    metadata = getattr(context, "fw_metadata", None) if context is not None else None
+    placeholders = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
+    if front_cache.plain_runtime(metadata, placeholders, dynamo_inputs):
         front_cache.store(front, report.graph_key, static, views)
-    _front_key.set(None)
 
 
 def _from_front_cache(front: str, gm: torch.fx.GraphModule, settings: dict):
@@ -188,13 +193,13 @@ def _from_front_cache(front: str, gm: torch.fx.GraphModule, settings: dict):
     from . import front_cache, graph_cache
 
     t0 = time.perf_counter()
-    record = front_cache.load(front)
-    if record is None:
-        return None
-    name = f"forward{next(_graph_ids)}"
-    options = config.options(settings)
-    with _process_settings(settings):
+    with _process_settings(settings):  # (the compile's cache directory)
+        record = front_cache.load(front)
+        if record is None:
+            return None
+        name = f"forward{next(_graph_ids)}"
         loaded = graph_cache.load(record["graph_key"], _device_of(gm), name)
+    options = config.options(settings)
     if loaded is None:
         return None
     compiled, report = loaded
@@ -336,7 +341,7 @@ def _aot(gm: torch.fx.GraphModule, example_inputs, settings: dict):
         from .frontend.attention_chains import rewrite
 
         rewrite(gm)
-    token = _front_key.set(front)
+    token = _front_key.set(None if front is None else (front, len(example_inputs)))
     try:
         return _traced(gm, example_inputs, settings)
     finally:

@@ -10,17 +10,20 @@ entry names the graph cache's key of what AOTAutograd produced from it.
 That is sound only where AOTAutograd's runtime wrapper around the compiled graph does
 nothing, so the compiled graph may be called with Dynamo's arguments as they come. An entry
 is written only for such graphs (`plain_runtime`): inference (no joint graph), no input
-mutated, no output aliasing an input or another output for AOTAutograd (views tilefuse makes
-after the call, `output_views`, are stored with the entry), no change of grad mode inside, no effect tokens, no subclass
-inputs, no parameters lifted by AOTAutograd, static shapes (a symbolic graph's guards come
-from its trace), autocast off (AOTAutograd runs a graph traced under autocast with autocast
+mutated, no output AOTAutograd rebuilds as an alias (views tilefuse makes after the call,
+`output_views`, are stored with the entry), no change of grad mode inside, no effect tokens, no subclass
+inputs, no parameters lifted by AOTAutograd, nothing in the graph whose behaviour its code
+does not name (a function `allow_in_graph` put there, a module call, a custom operator's
+Python implementation: AOTAutograd traces through them), static shapes (a symbolic graph's
+guards come from its trace), autocast off (AOTAutograd runs a graph traced under autocast with autocast
 disabled). The call runs with grad disabled, as AOTAutograd runs an inference graph.
 Everything else compiles as before; a key whose entry is missing, or whose
 graph entry no longer loads, is a miss that compiles and writes the entry again.
 
 The key holds what AOTAutograd's output depends on besides the graph: Dynamo's graph code,
 each input's dtype, device, shape, strides and requires_grad, every attribute the graph
-reads (tensor constants by value), grad mode, deterministic algorithms, the default dtype,
+reads (a subgraph by its code; tensors there are buffers, which make a graph ineligible),
+the GPU's SM count, grad mode, deterministic algorithms, the default dtype,
 float32 matmul precision, the knobs that shape a compile, and the versions and source hash
 the graph cache keys on. Entries live in the disk cache's "front" namespace under the
 `graph_cache` knob.
@@ -37,6 +40,7 @@ from .config import Options, config
 from . import graph_cache
 from .graph_cache import NOT_IN_KEY, Unkeyable, attribute_key
 from .runtime import artifact
+from .backends.targets import sm_count
 from .tune.tuner import real_tensors
 
 #: what an entry holds; a change of it misses
@@ -77,6 +81,10 @@ def _ineligible(gm, example_inputs, training: bool) -> str | None:
         return "autocast is on"
     if any(True for _ in gm.named_parameters()) or any(True for _ in gm.named_buffers()):
         return "parameters or buffers that AOTAutograd lifts into inputs"
+    for node in gm.graph.nodes:
+        why = _opaque(node)
+        if why is not None:
+            return why
     for k, x in enumerate(example_inputs):
         if isinstance(x, torch.Tensor):
             if is_traceable_wrapper_subclass(x):
@@ -86,6 +94,29 @@ def _ineligible(gm, example_inputs, training: bool) -> str | None:
         elif type(x) not in (int, float, bool):
             return f"input {k} is a {type(x).__name__}"
     return None
+
+
+#: operator namespaces whose implementations come with PyTorch's version (or tilefuse's source)
+_KNOWN_NAMESPACES = frozenset({"aten", "prims", "tilefuse"})
+
+
+def _opaque(node) -> str | None:
+    """Why a node of Dynamo's graph is not fully named by the graph's code, or None: AOTAutograd
+    traces through a function `torch.compiler.allow_in_graph` put in the graph, a module call
+    or a custom operator's Python implementation, and the code names only the callee."""
+    if node.op == "call_module":
+        return f"a module call ({node.target})"
+    if node.op != "call_function":
+        return None
+    target = node.target
+    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        space = getattr(target, "namespace", None) or str(target).split(".")[0]
+        return None if space in _KNOWN_NAMESPACES else f"a custom operator ({target})"
+    module = getattr(target, "__module__", None) or ""
+    if module.split(".")[0] in ("torch", "_operator", "operator", "math", "builtins") \
+            or type(target).__name__ == "builtin_function_or_method":
+        return None
+    return f"a Python function in the graph ({module}.{getattr(target, '__qualname__', target)})"
 
 
 def _key_parts(gm, example_inputs, options: Options) -> list:
@@ -101,22 +132,30 @@ def _key_parts(gm, example_inputs, options: Options) -> list:
     state = [torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
              torch.are_deterministic_algorithms_enabled(), str(torch.get_default_dtype()),
              torch.get_float32_matmul_precision()]
-    return ["tilefuse-front", FORMAT, environment_fingerprint(), graph_cache.source_hash(), knobs, state, gm.code,
-            inputs, attributes]
+    devices = sorted({x.device for x in example_inputs if isinstance(x, torch.Tensor)}, key=str)
+    machine = [[str(d), sm_count(d)] for d in devices]
+    return ["tilefuse-front", FORMAT, environment_fingerprint(), graph_cache.source_hash(), knobs, state, machine,
+            gm.code, inputs, attributes]
 
 
-def plain_runtime(metadata) -> bool:
+def plain_runtime(metadata, compiled_inputs: int, dynamo_inputs: int) -> bool:
     """Whether AOTAutograd's runtime wrapper of an inference graph with this metadata
-    (`ViewAndMutationMeta`) passes arguments and results through unchanged."""
-    if metadata is None:
+    (`ViewAndMutationMeta`) passes arguments and results through unchanged: the compiled graph
+    takes Dynamo's `dynamo_inputs` arguments as they come (`compiled_inputs` placeholders: no
+    duplicate or lifted argument), writes no input, returns no alias AOTAutograd rebuilds, no
+    effect tokens, no random-state offsets, no grad-mode change, no subclass or dynamic
+    output. Attributes are read directly: one a PyTorch version names otherwise is not known
+    plain."""
+    if metadata is None or compiled_inputs != dynamo_inputs:
         return False
     try:
         return (metadata.num_outputs_aliased == 0 and metadata.num_mutated_inp_runtime_indices == 0
-                and metadata.num_intermediate_bases == 0 and not getattr(metadata, "tokens", None)
-                and getattr(metadata, "grad_enabled_mutation", None) is None
-                and not getattr(metadata, "is_rng_op_functionalized", False)
+                and metadata.num_intermediate_bases == 0 and not metadata.tokens
+                and metadata.grad_enabled_mutation is None and not metadata.is_rng_op_functionalized
+                and not any(i.mutates_data or i.mutates_metadata for i in metadata.input_info)
+                and not getattr(metadata, "dynamic_outputs", False)
                 and all(isinstance(m, int) or type(m).__name__ == "PlainTensorMeta"
-                        for m in getattr(metadata, "subclass_inp_meta", ())))
+                        for m in metadata.subclass_inp_meta))
     except AttributeError:  # (a PyTorch whose metadata names these differently: not known plain)
         return False
 

@@ -806,6 +806,10 @@ def test_an_expert_out_of_range_raises_with_weights_read_in_place():
     fn = lambda a, w, e: a @ w[e].transpose(-1, -2)  # noqa: E731
     torch._dynamo.reset()
     with tilefuse.config.patch(target="cpu", fallback="error", matmul="generated"):
+        ex = tilefuse.explain(fn, x, w, torch.tensor([0, 1, 2, 3, -1]))
+        src = next(k for k in ex.kernels if k.kind == "contraction").source
+        assert "static const float tf_zeros" in src and "? &ptr_" in src, src[-3000:]
+        torch._dynamo.reset()
         compiled = torch.compile(fn, backend="tilefuse")
         compiled(x, w, torch.tensor([0, 1, 2, 3, -1]))
         with pytest.raises(IndexError):

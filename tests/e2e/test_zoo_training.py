@@ -8,6 +8,9 @@ Sizes are tiny and odd (no multiples of 8); inputs are random with fixed seeds. 
   the attention probabilities to its backward op as the logsumexp: every gradient was wrong.
 - a top-k MoE router with `torch.where(mask)` (columns of `nonzero`'s result): compilation
   guarded on a data-dependent offset, then aliased the two columns at run time.
+- the dense MoE (`scatter_add` weights): its backward's product batched over experts, rows
+  flattening (expert, feature), was recomputed with a key factor per expert, which a tile of
+  rows does not hold one of (w1's gradient off by 0.06; `fusion.recompute` refuses it now).
 """
 import copy
 import math

@@ -76,3 +76,20 @@ def test_a_top2_weighting_compiles_to_one_pointwise_kernel():
     report = tilefuse.explain(weighting, y, w)
     kinds = [k.kind for k in report.kernels]
     assert kinds == ["pointwise"], kinds
+
+
+def test_a_sum_of_squares_is_not_a_product():
+    """A variance's `(x - m) * (x - m)` over 6 elements is spelt out (the 8-element rule); a
+    product of two tensors over 6 terms stays a contraction (the 4-term rule)."""
+    g = GraphBuilder("g")
+    x = g.input("x", (5, 6), dt.float32, strides="contiguous")
+    y = g.input("y", (6, 3), dt.float32, strides="contiguous")
+    squares = g.ctx.reduce((5,), (6,), "sum", lambda i, r: x.load((i[0], r[0])) * x.load((i[0], r[0])), dt.float32)
+    product = g.ctx.reduce((5, 3), (6,), "sum", lambda i, r: x.load((i[0], r[0])) * y.load((r[0], i[1])), dt.float32)
+    graph = g.output(squares, product)
+    a, b = torch.randn(5, 6), torch.randn(6, 3)
+    before = interpret(graph, [a, b])
+    unroll_small_reductions(graph)
+    assert isinstance(graph[squares.name], Pointwise) and isinstance(graph[product.name], Reduce)
+    for got, want in zip(interpret(graph, [a, b]), before):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

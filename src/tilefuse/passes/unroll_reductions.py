@@ -8,10 +8,12 @@ pointwise body: it vectorises along the output, fuses with its producers and con
 pointwise node does, and the graph loses a kernel boundary. Inductor does the same for
 reductions of at most 8 elements (`unroll_reductions_threshold`).
 
-Sums of products of two operands stop at `PRODUCT_TERMS_MAX` terms: beyond, they stay the
-contractions that the planner fuses (an attention's scores with head dim 8). Sums, products,
-max and min only (the arg-reductions yield an index, `any`/`all` a truth value), in the body's dtype — the accumulation dtype the reduction had — and in the order of
-the range, as a serial loop adds them.
+Sums of products of two different tensors (matrix products; not a variance's sum of squares)
+stop at `PRODUCT_TERMS_MAX` terms: beyond, they stay the contractions that the planner fuses
+(an attention's scores with head dim 8). Sums, products, max and min only (the
+arg-reductions yield an index, `any`/`all` a truth value), in the body's dtype — the
+accumulation dtype the reduction had — and in the order of the range, as a serial loop adds
+them.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import itertools
 
 import sympy
 
-from ..ir.expr import Binary, Index, cast, red_index
+from ..ir.expr import Binary, Cast, Index, buffers_read, cast, red_index
 from ..ir.graph import Graph, Pointwise, Reduce
 from ..ir.rewrite import substitute_index
 
@@ -39,8 +41,7 @@ def unroll_small_reductions(graph: Graph) -> Graph:
         extents = [sympy.sympify(r) for r in node.ranges]
         if not extents or not all(e.is_Integer and int(e) >= 1 for e in extents):
             continue
-        product = node.combiner.op == "add" and isinstance(node.body, Binary) and node.body.op == "mul"
-        if sympy.Mul(*extents) > (PRODUCT_TERMS_MAX if product else UNROLL_MAX):
+        if sympy.Mul(*extents) > (PRODUCT_TERMS_MAX if _contraction(node) else UNROLL_MAX):
             continue
         symbols = red_index(len(extents))
         body = None
@@ -51,6 +52,18 @@ def unroll_small_reductions(graph: Graph) -> Graph:
     if rewritten:
         graph.nodes = {name: rewritten.get(name, n) for name, n in graph.nodes.items()}
     return graph
+
+
+def _contraction(node: Reduce) -> bool:
+    """A sum of products of two operands reading different tensors (a matrix product; not a
+    sum of squares such as a variance's)."""
+    body = node.body
+    while isinstance(body, Cast):
+        body = body.x
+    if node.combiner.op != "add" or not (isinstance(body, Binary) and body.op == "mul"):
+        return False
+    a, b = buffers_read(body.a), buffers_read(body.b)
+    return bool(a) and bool(b) and a != b
 
 
 __all__ = ["unroll_small_reductions", "UNROLL_MAX", "PRODUCT_TERMS_MAX"]

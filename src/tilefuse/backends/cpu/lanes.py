@@ -64,6 +64,10 @@ class Lanes:
         """(row, column) strides of a sympy index expression over the tile's aranges, or None
         when it is not affine in the lanes."""
         e = sympy.sympify(e)
+        for x in e.free_symbols:  # (a tile value named in an index: uniform, or not known affine)
+            shape = self.sh.shape.get(x.name)
+            if x.name not in self.moved and shape is not None and shape != (1, 1) and x.name not in self.uniform:
+                return None
         subs = {x: self.moved[x.name] for x in e.free_symbols if x.name in self.moved}
         if not subs:
             return (sympy.Integer(0), sympy.Integer(0))
@@ -174,19 +178,19 @@ class Lanes:
     def _uniform(self, kernel) -> set:
         out = set()
         self.uniform = out
+        # a name assigned or accumulated (in a loop, from lanes' values) is never uniform, nor
+        # anything computed from it
+        varying = {s.name for s in statements(kernel.body) if isinstance(s, (Assign, DotTile, ReduceTile, ArgReduceTile))}
         for s in statements(kernel.body):
             if isinstance(s, ProgramId):
                 out.add(s.name)
             elif isinstance(s, Arange) and s.name not in self.moved:
                 out.add(s.name)
             elif isinstance(s, (Let, LoadTile, BroadcastTile, Full)):
-                if all(e is None or self.lane_free(e) for e in stmt_exprs(s)):
+                if s.name not in varying and all(e is None or self.lane_free(e) for e in stmt_exprs(s)):
                     out.add(s.name)
             elif isinstance(s, For):
                 out.add(s.var)
-        for s in statements(kernel.body):  # a name assigned or accumulated may differ between lanes
-            if isinstance(s, (Assign, DotTile, ReduceTile, ArgReduceTile)):
-                out.discard(s.name)
         return out
 
 
