@@ -1,7 +1,8 @@
 """The front cache: an inference graph compiled before reaches its stored compiled graph from
 Dynamo's graph, without AOTAutograd's trace, and gives eager's results on new data; graphs whose
-AOTAutograd wrapper does work (training, input mutations, symbolic shapes, autocast) are never
-served from it; what the result depends on (shapes, constants, grad mode) changes the key."""
+AOTAutograd wrapper does work (training, input mutations, symbolic shapes, autocast) or that
+name a function whose body their code does not show are never served from it; what the result
+depends on (shapes, numbers in the graph's code) changes the key."""
 import pytest
 import torch
 import torch._functorch.aot_autograd as aot_autograd
