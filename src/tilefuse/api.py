@@ -161,9 +161,13 @@ def _runner(name, gm, compiled, report, settings: dict, options: Options, infere
 def _static_inputs() -> list:
     """The inputs AOTAutograd found static (parameters, buffers: CUDA graphs keep them where
     they are), from the compile's tracing context."""
+    return list(getattr(_fw_metadata(), "static_input_indices", None) or [])
+
+
+def _fw_metadata():
+    """AOTAutograd's metadata of the graph being compiled (`ViewAndMutationMeta`), or None."""
     context = torch._guards.TracingContext.try_get()
-    metadata = getattr(context, "fw_metadata", None) if context is not None else None
-    return list(getattr(metadata, "static_input_indices", None) or [])
+    return getattr(context, "fw_metadata", None) if context is not None else None
 
 
 #: (front key, Dynamo's argument count) of the inference graph AOTAutograd is compiling
@@ -181,10 +185,8 @@ def _remember_front(gm: torch.fx.GraphModule, report: CompileReport, views, muta
     if pending is None or mutated or not report.graph_key:
         return
     front, dynamo_inputs = pending
-    context = torch._guards.TracingContext.try_get()
-    metadata = getattr(context, "fw_metadata", None) if context is not None else None
     placeholders = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
-    if front_cache.plain_runtime(metadata, placeholders, dynamo_inputs):
+    if front_cache.plain_runtime(_fw_metadata(), placeholders, dynamo_inputs):
         front_cache.store(front, report.graph_key, static, views)
 
 

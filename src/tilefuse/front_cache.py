@@ -38,7 +38,7 @@ from . import logs
 from .cache.disk import DiskCache, cache_key, environment_fingerprint
 from .config import Options, config
 from . import graph_cache
-from .graph_cache import NOT_IN_KEY, Unkeyable, attribute_key
+from .graph_cache import Unkeyable, attribute_key
 from .runtime import artifact
 from .backends.targets import sm_count
 from .tune.tuner import real_tensors
@@ -120,15 +120,9 @@ def _opaque(node) -> str | None:
 
 
 def _key_parts(gm, example_inputs, options: Options) -> list:
-    inputs = []
-    for x in example_inputs:
-        if isinstance(x, torch.Tensor):
-            inputs.append(["tensor", str(x.dtype), x.device.type, list(x.shape), list(x.stride()),
-                           int(x.storage_offset()), bool(x.requires_grad)])
-        else:
-            inputs.append(["value", repr(x)])
+    inputs = [graph_cache.describe_input(x, f"input {k}") for k, x in enumerate(example_inputs)]
     attributes = [[n.target, attribute_key(gm, n.target)] for n in gm.graph.nodes if n.op == "get_attr"]
-    knobs = {name: str(value) for name, value in options.as_dict().items() if name not in NOT_IN_KEY}
+    knobs = graph_cache.knobs_in_key(options)
     state = [torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
              torch.are_deterministic_algorithms_enabled(), str(torch.get_default_dtype()),
              torch.get_float32_matmul_precision()]

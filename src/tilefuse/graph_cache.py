@@ -89,18 +89,25 @@ def _key_parts(gm, device, kind, sm_count: int, options: Options) -> list:
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             val = node.meta.get("val")
-            inputs.append(_describe(val, node.name))
+            inputs.append(describe_input(val, node.name))
             env = _shape_env(val)
             if env is not None and all(e is not env for e in shape_envs):
                 shape_envs.append(env)
         elif node.op == "get_attr":
             inputs.append([node.target, attribute_key(gm, node.target)])
-    knobs = {name: str(value) for name, value in options.as_dict().items() if name not in NOT_IN_KEY}
+    knobs = knobs_in_key(options)
     return ["tilefuse-graph", FORMAT, environment_fingerprint(), source_hash(), kind, device.type, sm_count,
             torch.get_float32_matmul_precision(), knobs, gm.code, inputs, [_guards(e) for e in shape_envs]]
 
 
-def _describe(val, name: str):
+def knobs_in_key(options: Options) -> dict:
+    """The knobs that shape a compiled graph, as a key holds them."""
+    return {name: str(value) for name, value in options.as_dict().items() if name not in NOT_IN_KEY}
+
+
+def describe_input(val, name: str):
+    """An input's part of a key: a tensor's dtype, device, sizes, strides, offset and
+    requires_grad (symbolic ones as expressions), a symbol, or a plain value."""
     if isinstance(val, torch.Tensor):
         return ["tensor", str(val.dtype), val.device.type, [str(d) for d in val.shape],
                 [str(s) for s in val.stride()], str(val.storage_offset()), bool(val.requires_grad)]
@@ -179,5 +186,6 @@ def store(key: str, compiled: CompiledGraph, report) -> bool:
     return graph_cache().put(key, {"graph.json": data})
 
 
-__all__ = ["graph_key", "load", "store", "source_hash", "graph_cache", "attribute_key", "Unkeyable", "NOT_IN_KEY",
+__all__ = ["graph_key", "load", "store", "source_hash", "graph_cache", "attribute_key", "describe_input", "knobs_in_key",
+           "Unkeyable",
            "FORMAT"]
