@@ -1,8 +1,11 @@
-"""The front cache: an inference graph compiled before reaches its stored compiled graph from
-Dynamo's graph, without AOTAutograd's trace, and gives eager's results on new data; graphs whose
-AOTAutograd wrapper does work (training, input mutations, symbolic shapes, autocast) or that
-name a function whose body their code does not show are never served from it; what the result
-depends on (shapes, numbers in the graph's code) changes the key."""
+"""The front cache: a graph compiled before reaches its stored compiled graphs from Dynamo's
+graph, without AOTAutograd's trace, and gives eager's results on new data — a training graph
+its outputs and gradients, through the autograd function rebuilt from the entry; graphs whose
+AOTAutograd wrapper does work (input mutations, aliased outputs, symbolic shapes) or that name
+a function whose body their code does not show are never served from it; what the result
+depends on (shapes, numbers in the graph's code, autocast) changes the key."""
+import copy
+
 import pytest
 import torch
 import torch._functorch.aot_autograd as aot_autograd
@@ -71,33 +74,113 @@ def _train_step(x, w):
     return (x @ w).tanh().sum()
 
 
-@pytest.mark.parametrize("case", ["input mutation", "training", "symbolic", "autocast"])
+def _aliased_training_output(x, w):
+    h = torch.tanh(x @ w)
+    return h.sum(), h.t()  # (a view of an intermediate: AOTAutograd rebuilds it after the call)
+
+
+@pytest.mark.parametrize("case", ["input mutation", "symbolic", "training view", "training verify"])
 def test_graphs_with_a_runtime_wrapper_always_trace(tmp_path, monkeypatch, case):
     options = {}
     if case == "input mutation":
         fn = _mutates
         make = lambda: (torch.randn(9, 5), torch.tensor([1, 4]), torch.randn(2, 5))  # noqa: E731
-    elif case == "training":
-        fn = _train_step
-        make = lambda: (torch.randn(6, 8), torch.randn(8, 3, requires_grad=True))  # noqa: E731
     elif case == "symbolic":
         fn = logits_view
         make = lambda: (torch.randn(3, 7, 24), torch.randn(24, 17))  # noqa: E731
         options["dynamic"] = True
     else:
-        fn = lambda x, w: torch.softmax(x @ w, -1)  # noqa: E731
-        make = lambda: (torch.randn(6, 8), torch.randn(8, 3))  # noqa: E731
-    if case == "autocast":
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            out, args, counts = compiled_twice(fn, make, tmp_path, monkeypatch)
-            ref = fn(*args)
-        torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
-    else:
-        out, args, counts = compiled_twice(fn, make, tmp_path, monkeypatch, **options)
-        if case != "input mutation":
-            _close(out, fn, args)
+        fn = _aliased_training_output if case == "training view" else _train_step
+        make = lambda: (torch.randn(6, 8), torch.randn(8, 3, requires_grad=True))  # noqa: E731
+        if case == "training verify":
+            options["verify"] = True
+    out, args, counts = compiled_twice(fn, make, tmp_path, monkeypatch, **options)
+    if case.startswith("training"):
+        torch.autograd.backward(out[0] if isinstance(out, tuple) else out)
+    elif case != "input mutation":
+        _close(out, fn, args)
     assert counts == [1, 1], counts
     assert not (tmp_path / "front").exists() or not any((tmp_path / "front").rglob("entry.json"))
+
+
+def _several_outputs(x, w, b, scale):
+    """Outputs of every kind a training graph returns: a loss, an activation whose gradient
+    comes laid out otherwise (a sum's gradient is an expanded scalar), an unused one (its
+    gradient made of zeros), an integer one (not differentiable), and an input that does not
+    require grad (`scale`: its gradient None)."""
+    h = torch.nn.functional.gelu(x @ w + b) * scale
+    return (h * h).mean(), h + 1, h.exp(), h.argmax(-1)
+
+
+def _step(fn, args):
+    loss, act, _unused, index = fn(*args)
+    (loss + act.sum()).backward()
+    return [loss, act, index] + [a.grad for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+
+
+@pytest.mark.parametrize("target", ["cpu", "interpret"])
+def test_a_training_graph_skips_aotautograd_the_second_time(tmp_path, monkeypatch, target):
+    def make():
+        return (torch.randn(5, 7), torch.randn(7, 11, requires_grad=True), torch.randn(11, requires_grad=True),
+                torch.rand(11) + 0.5)
+
+    traces = TracesCounted(monkeypatch)
+    results = []
+    for _ in range(2):
+        torch._dynamo.reset()
+        before = traces.count
+        args = make()
+        compiled = tilefuse.compile(_several_outputs, fallback="error", cache_dir=str(tmp_path), graph_cache=True,
+                                    target=target)
+        got = _step(compiled, args)
+        ref_args = [a.detach().double().requires_grad_(a.requires_grad) for a in args]
+        results.append((traces.count - before, got, _step(_several_outputs, ref_args)))
+    assert [count for count, _, _ in results] == [1, 0]
+    for _, got, ref in results:
+        assert got[2].dtype == torch.int64 and torch.equal(got[2], ref[2])
+        for g, r in zip(got[:2] + got[3:], ref[:2] + ref[3:]):
+            torch.testing.assert_close(g.double(), r, atol=1e-4, rtol=1e-4)
+    assert not results[1][1][1].grad_fn is None and results[1][1][2].grad_fn is None
+    reports = tilefuse.last_compilations(2).reports
+    assert all(r.cached for r in reports) and "front cache" in reports[0].stage_seconds
+
+
+def _two_layers(x, w1, w2):
+    return torch.relu(x @ w1) @ w2
+
+
+def test_a_training_entry_is_written_once_both_halves_ran(tmp_path, monkeypatch):
+    """Until the backward has run, a training graph has no entry (its backward compiles then)."""
+    make = lambda: (torch.randn(4, 6), torch.randn(6, 9, requires_grad=True), torch.randn(9, 3))  # noqa: E731
+    traces = TracesCounted(monkeypatch)
+    entries = lambda: list((tmp_path / "front").rglob("entry.json")) if (tmp_path / "front").exists() else []  # noqa: E731
+    for backward, traced, written in [(False, 1, False), (True, 1, True), (True, 0, True)]:
+        torch._dynamo.reset()
+        before = traces.count
+        args = make()
+        out = tilefuse.compile(_two_layers, fallback="error", cache_dir=str(tmp_path), graph_cache=True)(*args)
+        if backward:
+            out.square().sum().backward()
+            ref_w1 = args[1].detach().double().requires_grad_()
+            _two_layers(args[0].double(), ref_w1, args[2].double()).square().sum().backward()
+            torch.testing.assert_close(args[1].grad.double(), ref_w1.grad, atol=1e-4, rtol=1e-4)
+        assert (traces.count - before, bool(entries())) == (traced, written)
+
+
+def test_autocast_is_in_the_key_and_off_inside_the_call(tmp_path, monkeypatch):
+    """A graph traced under autocast is stored under autocast's state and runs its compiled code
+    with autocast off, as AOTAutograd runs it; the same graph without autocast is another key."""
+    fn = lambda x, w: torch.softmax(x @ w, -1)  # noqa: E731
+    make = lambda: (torch.randn(6, 8), torch.randn(8, 3))  # noqa: E731
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, args, counts = compiled_twice(fn, make, tmp_path, monkeypatch)
+        ref = fn(*args)
+    assert counts == [1, 0]
+    assert out.dtype == ref.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+    out, args, counts = compiled_twice(fn, make, tmp_path, monkeypatch)
+    assert counts == [1, 0] and out.dtype == torch.float32
+    _close(out, fn, args)
 
 
 def test_the_key_follows_shapes_and_constants(tmp_path, monkeypatch):
@@ -190,3 +273,40 @@ def test_a_function_the_graph_only_names_always_traces(tmp_path, monkeypatch):
     finally:
         _SCALE["k"] = 2.0
     assert not (tmp_path / "front").exists() or not any((tmp_path / "front").rglob("entry.json"))
+
+
+class _Block(torch.nn.Module):
+    """A pre-norm residual MLP block: parameters reach the graph as inputs (Dynamo lifts them)."""
+
+    def __init__(self, width: int = 12):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.up = torch.nn.Linear(width, 3 * width)
+        self.down = torch.nn.Linear(3 * width, width)
+
+    def forward(self, x):
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+def test_a_module_trained_from_the_front_cache_matches_eager(tmp_path, monkeypatch):
+    """Two steps of SGD on a module, in a compile that traces and in one served from the front
+    cache: the same losses and weights as eager's steps (the optimizer writes the parameters
+    in place between steps, as a training loop does)."""
+    traces = TracesCounted(monkeypatch)
+    for expected in (1, 0):
+        torch._dynamo.reset()
+        before = traces.count
+        torch.manual_seed(3)
+        model = _Block()
+        reference = copy.deepcopy(model).double()
+        compiled = tilefuse.compile(model, fallback="error", cache_dir=str(tmp_path), graph_cache=True)
+        optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, reference)]
+        for _ in range(2):
+            x = torch.randn(2, 5, 12)
+            for m, opt, inp in [(compiled, optimizers[0], x), (reference, optimizers[1], x.double())]:
+                opt.zero_grad()
+                m(inp).square().mean().backward()
+                opt.step()
+        assert traces.count - before == expected
+        for p, r in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.double(), r, atol=1e-5, rtol=1e-5)

@@ -48,6 +48,7 @@ LAYERS = {
     "tilefuse.progress": 8,  # the driver's progress line
     "tilefuse.graph_cache": 8,  # the driver's store of whole compiled graphs
     "tilefuse.front_cache": 8,  # the driver's entry to stored graphs from Dynamo's graph, before AOTAutograd
+    "tilefuse.front_autograd": 8,  # the autograd function of a training graph served by the front cache
     # what the API runs around a compile: below it, so they sit with the driver
     "tilefuse.failure": 8,  # a failed compile's stage, op and reproducer (TILEFUSE_FALLBACK)
     "tilefuse.verify_mode": 8,  # TILEFUSE_VERIFY: the graph against eager, the first wrong kernel

@@ -90,7 +90,10 @@ def _fail(phase: str, name: str, err: BaseException, eager, options: Options, gm
     return eager
 
 
-def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, settings: dict, inference: bool = False):
+def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, settings: dict, inference: bool = False,
+                   front=None):
+    """Compile one graph AOTAutograd hands over. `front`: the training graph's front-cache entry
+    (`front_cache.TrainingEntry`) that this forward or backward fills in."""
     name = f"{kind}{next(_graph_ids)}"
     t0 = time.perf_counter()
     # the compile's options: the configuration as it is now (a backward graph compiles later,
@@ -113,17 +116,31 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, settings
     report.stage_seconds["total"] = time.perf_counter() - t0
     mutated = _mutated_inputs(gm)
     static = _static_inputs()
+    ran_once = None
     if inference:
         with _process_settings(settings):  # (the entry goes where the compile's cache is)
             _remember_front(gm, report, views, mutated, static)
-    return _boxed(_runner(name, gm, compiled, report, settings, options, inference, views, mutated, static))
+    elif front is not None:
+        if kind == "forward":
+            front.forward_compiled(_fw_metadata(), gm, gm.meta.get(SAVED_FROM), report.graph_key, views, mutated)
+        else:
+            front.backward_compiled(gm, report.graph_key)
+
+        def ran_once():
+            with _process_settings(settings):
+                front.ran_once(kind)
+    return _boxed(_runner(name, gm, compiled, report, settings, options, inference, views, mutated, static,
+                          ran_once))
 
 
 def _runner(name, gm, compiled, report, settings: dict, options: Options, inference: bool, views, mutated: list,
-            static: list):
+            static: list, ran_once: Callable | None = None, autocast_off: bool = False):
     """The function that runs a compiled graph for AOTAutograd (or, from the front cache, for
     Dynamo): CUDA graphs where asked, the views of its outputs rebuilt, the fallback on a
-    failed first launch, verify mode's check on the first run."""
+    failed first launch, verify mode's check on the first run. `ran_once` is called after the
+    first call that neither failed nor fell back; `autocast_off`: the compiled graph runs with
+    autocast off (its eager fallback and verify's reference, Dynamo's graph, with autocast as
+    the caller has it)."""
     if options.cuda_graphs:
         compiled = _with_cuda_graphs(compiled, report, inference, mutated, static)
     _record(report, gm, settings, options)
@@ -138,7 +155,11 @@ def _runner(name, gm, compiled, report, settings: dict, options: Options, infere
         if state["first"] and mutated and options.verify:  # the reference needs the inputs as they were
             before = {k: args[k].clone() for k in mutated}
         try:
-            out = compiled(*args)
+            if autocast_off:  # (a graph traced under autocast, served from the front cache)
+                with torch._C._DisableAutocast():
+                    out = compiled(*args)
+            else:
+                out = compiled(*args)
             if views:
                 out = rebuild_views(compiled, args, out)
         except CheckError:  # an index out of range, a division by zero: the program's own error, as in eager
@@ -152,7 +173,9 @@ def _runner(name, gm, compiled, report, settings: dict, options: Options, infere
             state["first"] = False
             if options.verify:
                 with _process_settings(settings):
-                    return _verify(name, gm, compiled, report, args, out, state, options, before)
+                    out = _verify(name, gm, compiled, report, args, out, state, options, before)
+            if ran_once is not None and state["runner"] is compiled:
+                ran_once()
         return out
 
     return run
@@ -170,8 +193,8 @@ def _fw_metadata():
     return getattr(context, "fw_metadata", None) if context is not None else None
 
 
-#: (front key, Dynamo's argument count) of the inference graph AOTAutograd is compiling
-#: (`_aot` sets it around the trace)
+#: (front key, Dynamo's argument count, autocast on) of the inference graph AOTAutograd is
+#: compiling (`_aot` sets it around the trace)
 _front_key: contextvars.ContextVar = contextvars.ContextVar("tilefuse_front_key", default=None)
 
 
@@ -184,33 +207,42 @@ def _remember_front(gm: torch.fx.GraphModule, report: CompileReport, views, muta
     _front_key.set(None)  # (one inference graph per trace: this one)
     if pending is None or mutated or not report.graph_key:
         return
-    front, dynamo_inputs = pending
+    front, dynamo_inputs, autocast = pending
     placeholders = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
     if front_cache.plain_runtime(_fw_metadata(), placeholders, dynamo_inputs):
-        front_cache.store(front, report.graph_key, static, views)
+        record = {"graph_key": report.graph_key, "static_inputs": [int(k) for k in static], "autocast": autocast}
+        front_cache.store(front, record, views)
 
 
 def _from_front_cache(front: str, gm: torch.fx.GraphModule, settings: dict):
-    """Dynamo's graph run by the compiled graph the front cache names, or None on a miss."""
+    """Dynamo's graph run by the compiled graphs the front cache names, or None on a miss."""
     from . import front_cache, graph_cache
 
     t0 = time.perf_counter()
+    training = False
     with _process_settings(settings):  # (the compile's cache directory)
         record = front_cache.load(front)
         if record is None:
             return None
+        training = record.get("kind") == "training"
+        device = _device_of(gm)
         name = f"forward{next(_graph_ids)}"
-        loaded = graph_cache.load(record["graph_key"], _device_of(gm), name)
+        loaded = graph_cache.load(record["graph_key"], device, name)
+        backward = graph_cache.load(record["backward_key"], device, f"backward{next(_graph_ids)}") \
+            if training and loaded is not None else None
     options = config.options(settings)
-    if loaded is None:
+    if loaded is None or (training and backward is None):
         return None
     compiled, report = loaded
-    compiled.generates_calls = options.generated_wrapper
-    report.graph_key = record["graph_key"]
-    report.stage_seconds["front cache"] = time.perf_counter() - t0  # (the graph cache's load included)
+    report.stage_seconds["front cache"] = time.perf_counter() - t0  # (the graph cache's loads included)
+    for graph, key in [(loaded, record["graph_key"])] + ([(backward, record["backward_key"])] if training else []):
+        graph[0].generates_calls = options.generated_wrapper
+        graph[1].graph_key = key
     logs.log("cache", "graph %s: from the front cache (%s), AOTAutograd not traced", name, front[:12])
+    if training:
+        return _front_training_runner(name, gm, record, loaded, backward, settings, options)
     run = _runner(name, gm, compiled, report, settings, options, True, record["views"], [],
-                  record.get("static_inputs", []))
+                  record.get("static_inputs", []), autocast_off=bool(record.get("autocast")))
 
     def without_grad(*args):  # (as AOTAutograd's wrapper runs an inference graph)
         grad = torch.is_grad_enabled()
@@ -223,6 +255,41 @@ def _from_front_cache(front: str, gm: torch.fx.GraphModule, settings: dict):
                 torch._C._set_grad_enabled(True)
 
     return without_grad
+
+
+def _front_training_runner(name, gm, record: dict, forward, backward, settings: dict, options: Options):
+    """A training graph from the front cache: AOTAutograd's autograd function rebuilt around the
+    stored forward and backward (`front_autograd`); Dynamo's graph runs eagerly, with the
+    fallback's warning, if the first call fails."""
+    from .front_autograd import autograd_runner
+
+    (fw, fw_report), (bw, bw_report) = forward, backward
+    for report in (fw_report, bw_report):
+        _record(report, gm, settings, options)
+    rebuild_views = output_views.Rebuilder(record["views"]) if record["views"] else None
+
+    def run_forward(*args):
+        out = fw(*args)
+        return rebuild_views(fw, args, out) if rebuild_views else out
+
+    function = autograd_runner(run_forward, bw, record)
+    state = {"runner": None}
+
+    def run(*args):
+        if state["runner"] is not None:
+            return state["runner"](*args)
+        try:
+            out = function(*args)
+        except CheckError:  # the program's own error, as in eager
+            raise
+        except Exception as err:  # noqa: BLE001 - the first launch also loads the kernels
+            with _process_settings(settings):
+                state["runner"] = _fail("running", name, err, gm.forward, options, gm, args)
+            return state["runner"](*args)
+        state["runner"] = function
+        return out
+
+    return run
 
 
 def _read_by_tilefuse_from(gm: torch.fx.GraphModule, kind: str, inference: bool) -> int | None:
@@ -343,9 +410,15 @@ def _aot(gm: torch.fx.GraphModule, example_inputs, settings: dict):
         from .frontend.attention_chains import rewrite
 
         rewrite(gm)
-    token = _front_key.set(None if front is None else (front, len(example_inputs)))
+    autocast = torch._C._is_any_autocast_enabled()
+    entry = None
+    if front is not None and training:
+        from .front_cache import TrainingEntry
+
+        entry = TrainingEntry(front, len(example_inputs), autocast)
+    token = _front_key.set(None if front is None or training else (front, len(example_inputs), autocast))
     try:
-        return _traced(gm, example_inputs, settings)
+        return _traced(gm, example_inputs, settings, entry)
     finally:
         _front_key.reset(token)
 
@@ -357,14 +430,16 @@ def _front_key_of(gm, example_inputs, settings: dict, training: bool) -> str | N
         return front_cache.key(gm, example_inputs, config.options(settings), training)
 
 
-def _traced(gm: torch.fx.GraphModule, example_inputs, settings: dict):
+def _traced(gm: torch.fx.GraphModule, example_inputs, settings: dict, front=None):
+    """`gm` traced by AOTAutograd and its graphs compiled; `front`: a training graph's front-cache
+    entry that they fill in."""
     from torch._functorch.aot_autograd import aot_module_simplified
 
     return aot_module_simplified(
         gm, example_inputs,
         partition_fn=_partitioner(settings),
-        fw_compiler=functools.partial(_compile_graph, kind="forward", settings=settings),
-        bw_compiler=functools.partial(_compile_graph, kind="backward", settings=settings),
+        fw_compiler=functools.partial(_compile_graph, kind="forward", settings=settings, front=front),
+        bw_compiler=functools.partial(_compile_graph, kind="backward", settings=settings, front=front),
         inference_compiler=functools.partial(_compile_graph, kind="forward", settings=settings, inference=True),
         decompositions=_decompositions(_training(example_inputs) and settings.get("recompute", config.recompute)),
         # in-place updates of inputs (a KV-cache write) stay in the graph: the frontend writes

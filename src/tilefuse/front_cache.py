@@ -1,32 +1,38 @@
-"""The front cache: an inference graph that some process compiled before reaches its stored
-compiled graph straight from Dynamo's FX graph, without AOTAutograd's trace.
+"""The front cache: a graph that some process compiled before reaches its stored compiled
+graphs straight from Dynamo's FX graph, without AOTAutograd's trace.
 
-The graph cache (`graph_cache.py`) is keyed by the graph AOTAutograd hands the compiler, so a
+The graph cache (`graph_cache.py`) is keyed by the graphs AOTAutograd hands the compiler, so a
 warm process still traced every graph through AOTAutograd before it could look: 0.3 s of a
-warm HF Llama's 1.3 s on a CPU, against Inductor's AOTAutogradCache, which skips that trace.
-Here the key is taken one step earlier, from Dynamo's graph and its example inputs, and the
-entry names the graph cache's key of what AOTAutograd produced from it.
+warm HF Llama's 1.3 s on a CPU, and half of a warm training step's first call, against
+Inductor's AOTAutogradCache, which skips that trace. Here the key is taken one step earlier,
+from Dynamo's graph and its example inputs, and the entry names the graph cache's keys of what
+AOTAutograd produced from it.
 
-That is sound only where AOTAutograd's runtime wrapper around the compiled graph does
-nothing, so the compiled graph may be called with Dynamo's arguments as they come. An entry
-is written only for such graphs (`plain_runtime`): inference (no joint graph), no input
-mutated, no output AOTAutograd rebuilds as an alias (views tilefuse makes after the call,
-`output_views`, are stored with the entry), no change of grad mode inside, no effect tokens, no subclass
-inputs, no parameters lifted by AOTAutograd, nothing in the graph whose behaviour its code
-does not name (a function `allow_in_graph` put there, a module call, a custom operator's
+That is sound only where AOTAutograd's runtime wrapper around the compiled graphs does nothing
+that the entry cannot redo. An entry is written only for such graphs (`plain_runtime`): no
+input mutated, no output AOTAutograd rebuilds as an alias (views tilefuse makes after the call,
+`output_views`, are stored with the entry), no change of grad mode inside, no effect tokens, no
+subclass inputs, no parameters lifted by AOTAutograd, nothing in the graph whose behaviour its
+code does not name (a function `allow_in_graph` put there, a module call, a custom operator's
 Python implementation: AOTAutograd traces through them), static shapes (a symbolic graph's
-guards come from its trace), autocast off (AOTAutograd runs a graph traced under autocast with autocast
-disabled). The call runs with grad disabled, as AOTAutograd runs an inference graph.
-Everything else compiles as before; a key whose entry is missing, or whose
-graph entry no longer loads, is a miss that compiles and writes the entry again.
+guards come from its trace). An inference graph's call runs with grad disabled, as AOTAutograd
+runs it. A training graph's entry (`TrainingEntry`) also holds what AOTAutograd's autograd
+function needs (`plain_training`): how many outputs and saved tensors the forward returns,
+which outputs are not differentiable, which take a gradient and the layout the backward was
+compiled for; `front_autograd` rebuilds the function from it. It is written once the forward
+and the backward have each run, and never in verify mode (which checks the traced graphs).
+A graph traced under autocast runs its compiled code with autocast off, as AOTAutograd runs it.
+Everything else compiles as before; a key whose entry is missing, or whose graph entries no
+longer load, is a miss that compiles and writes the entry again.
 
 The key holds what AOTAutograd's output depends on besides the graph: Dynamo's graph code,
 each input's dtype, device, shape, strides and requires_grad, every attribute the graph
 reads (a subgraph by its code; tensors there are buffers, which make a graph ineligible),
-the GPU's SM count, grad mode, deterministic algorithms, the default dtype,
-float32 matmul precision, the knobs that shape a compile, and the versions and source hash
-the graph cache keys on. Entries live in the disk cache's "front" namespace under the
-`graph_cache` knob.
+the GPU's SM count, grad mode, autocast per device, the attention back ends
+`scaled_dot_product_attention` may pick, deterministic algorithms, the default dtype,
+float32 matmul precision, AOTAutograd's own configuration, the knobs that shape a compile, and
+the versions and source hash the graph cache keys on. Entries live in the disk cache's "front"
+namespace under the `graph_cache` knob.
 """
 from __future__ import annotations
 
@@ -44,7 +50,7 @@ from .backends.targets import sm_count
 from .tune.tuner import real_tensors
 
 #: what an entry holds; a change of it misses
-FORMAT = 1
+FORMAT = 2
 
 _caches: dict[str, DiskCache] = {}
 
@@ -61,7 +67,7 @@ def key(gm: torch.fx.GraphModule, example_inputs, options: Options, training: bo
     if not options.graph_cache:
         return None
     try:
-        why = _ineligible(gm, example_inputs, training)
+        why = _ineligible(gm, example_inputs, training, options)
         if why is not None:
             raise Unkeyable(why)
         with real_tensors():  # (constants are hashed: outside any fake-tensor mode)
@@ -72,13 +78,13 @@ def key(gm: torch.fx.GraphModule, example_inputs, options: Options, training: bo
     return cache_key(*parts)
 
 
-def _ineligible(gm, example_inputs, training: bool) -> str | None:
+def _ineligible(gm, example_inputs, training: bool, options: Options) -> str | None:
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-    if training:
-        return "a training graph (AOTAutograd builds its autograd function)"
-    if torch._C._is_any_autocast_enabled():
-        return "autocast is on"
+    if training and options.verify:
+        return "verify mode checks a training graph against the graphs AOTAutograd traces"
+    if training and _compiled_autograd_on():
+        return "compiled autograd traces AOTAutograd's own backward"
     if any(True for _ in gm.named_parameters()) or any(True for _ in gm.named_buffers()):
         return "parameters or buffers that AOTAutograd lifts into inputs"
     for node in gm.graph.nodes:
@@ -125,11 +131,36 @@ def _key_parts(gm, example_inputs, options: Options) -> list:
     knobs = graph_cache.knobs_in_key(options)
     state = [torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
              torch.are_deterministic_algorithms_enabled(), str(torch.get_default_dtype()),
-             torch.get_float32_matmul_precision()]
+             torch.get_float32_matmul_precision(), _autocast_state(), _attention_backends(), _aot_config()]
     devices = sorted({x.device for x in example_inputs if isinstance(x, torch.Tensor)}, key=str)
     machine = [[str(d), sm_count(d)] for d in devices]
     return ["tilefuse-front", FORMAT, environment_fingerprint(), graph_cache.source_hash(), knobs, state, machine,
             gm.code, inputs, attributes]
+
+
+def _autocast_state() -> list:
+    """Autocast as AOTAutograd's trace sees it: on or off and its dtype, per device kind."""
+    return [[device, torch.is_autocast_enabled(device), str(torch.get_autocast_dtype(device))]
+            for device in ("cpu", "cuda")] + [torch.is_autocast_cache_enabled()]
+
+
+def _attention_backends() -> list:
+    """Which kernels `scaled_dot_product_attention` may pick: the trace records the one it picks."""
+    cuda = torch.backends.cuda
+    flags = ("flash_sdp_enabled", "mem_efficient_sdp_enabled", "math_sdp_enabled", "cudnn_sdp_enabled")
+    return [name for name in flags if getattr(cuda, name, lambda: False)()]
+
+
+def _aot_config() -> str:
+    """AOTAutograd's configuration (the partition's budget, its view replay): the trace follows it."""
+    import torch._functorch.config as functorch_config
+
+    return repr(sorted((k, repr(v)) for k, v in functorch_config.get_config_copy().items()))
+
+
+def _compiled_autograd_on() -> bool:
+    compiled_autograd = getattr(torch._dynamo, "compiled_autograd", None)
+    return bool(getattr(compiled_autograd, "compiled_autograd_enabled", False))
 
 
 def plain_runtime(metadata, compiled_inputs: int, dynamo_inputs: int) -> bool:
@@ -154,9 +185,116 @@ def plain_runtime(metadata, compiled_inputs: int, dynamo_inputs: int) -> bool:
         return False
 
 
+def plain_training(metadata, forward: torch.fx.GraphModule, saved_from: int | None, dynamo_inputs: int) -> dict | None:
+    """The autograd function AOTAutograd wraps around a training forward with this metadata,
+    as an entry holds it, or None where that function does more than `front_autograd` redoes
+    (the reason is logged). The forward returns `outputs` results then `saved` tensors for the
+    backward (no numbers: static shapes), none of them saved without AOTAutograd's version
+    check, no unsafe views; `non_differentiable`: outputs that do not require grad;
+    `tangent_outputs`: those whose gradient the backward takes, in its order."""
+    function = _training_function(metadata, forward, saved_from, dynamo_inputs)
+    if isinstance(function, str):
+        logs.log("cache", "front cache: training graph not stored: %s", function)
+        return None
+    return function
+
+
+def _training_function(metadata, forward, saved_from, dynamo_inputs) -> dict | str:
+    placeholders = sum(1 for n in forward.graph.nodes if n.op == "placeholder")
+    if saved_from is None:
+        return "the partition did not say where the saved tensors start"
+    if not plain_runtime(metadata, placeholders, dynamo_inputs):
+        return "AOTAutograd's wrapper does work around it (mutations, aliased outputs, lifted arguments)"
+    try:
+        extra = ("num_unsafe_view_outputs", "num_tensors_saved_with_no_vc_check", "num_symints_saved_for_bw",
+                 "num_opaque_objects_saved_for_bw", "num_graphsafe_rng_states")
+        done = [name for name in extra if getattr(metadata, name, 0)]
+        if done:
+            return f"AOTAutograd's function does more ({', '.join(done)})"
+        outputs = metadata.output_info
+        if metadata.num_forward_returns != len(outputs) or saved_from != len(outputs):
+            return "its forward returns more than the outputs and the saved tensors"
+        if not all(isinstance(o.raw_type, type) and issubclass(o.raw_type, torch.Tensor) for o in outputs) \
+                or not all(type(m).__name__ == "PlainTensorMeta" for m in metadata.subclass_tangent_meta):
+            return "an output that is not a plain tensor"
+        tangent_outputs = [k for k, o in enumerate(outputs) if getattr(o, "requires_grad_for_backward", o.requires_grad)]
+        non_differentiable = [k for k, o in enumerate(outputs) if not o.requires_grad]
+    except AttributeError as err:  # (a PyTorch naming these otherwise: not known plain)
+        return f"AOTAutograd's metadata reads otherwise ({err})"
+    returned = next(n for n in forward.graph.nodes if n.op == "output").args[0]
+    saved = list(returned[saved_from:])
+    if not all(isinstance(n, torch.fx.Node) and isinstance(n.meta.get("val"), torch.Tensor) for n in saved):
+        return "it saves numbers for the backward"
+    return {"outputs": saved_from, "saved": len(saved), "non_differentiable": non_differentiable,
+            "tangent_outputs": tangent_outputs}
+
+
+def tangent_layouts(backward: torch.fx.GraphModule, function: dict, dynamo_inputs: int) -> list | None:
+    """The [sizes, strides, dtype] the backward graph was compiled for, per gradient it takes
+    (after the saved tensors), or None where its arguments or results are not the function's:
+    one gradient per `tangent_outputs`, one result per input of the forward."""
+    placeholders = [n for n in backward.graph.nodes if n.op == "placeholder"]
+    tangents = placeholders[function["saved"]:]
+    results = next(n for n in backward.graph.nodes if n.op == "output").args[0]
+    if len(tangents) != len(function["tangent_outputs"]) or len(results) != dynamo_inputs:
+        return None
+    layouts = []
+    for node in tangents:
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or not all(isinstance(d, int) for d in (*val.shape, *val.stride())):
+            return None
+        layouts.append([[int(d) for d in val.shape], [int(d) for d in val.stride()], str(val.dtype).split(".")[-1]])
+    return layouts
+
+
+class TrainingEntry:
+    """A training graph's entry, gathered while AOTAutograd compiles it: the forward's function
+    shape (`plain_training`) and graph key when the forward compiles, the backward's tangent
+    layouts and graph key when the backward compiles (when it first runs), written once each
+    has run once without failing. Any part that is not plain leaves the entry unwritten."""
+
+    def __init__(self, front_key: str, dynamo_inputs: int, autocast: bool):
+        self.front_key = front_key
+        self.dynamo_inputs = dynamo_inputs
+        self.autocast = autocast
+        self.record: dict | None = None
+        self.views: list = []
+        self.ran: set = set()
+        self.refused = False
+
+    def forward_compiled(self, metadata, gm, saved_from: int | None, graph_key: str | None, views: list,
+                         mutated: list) -> None:
+        function = None if mutated or not graph_key else plain_training(metadata, gm, saved_from, self.dynamo_inputs)
+        if function is None:
+            self.refused = True
+            return
+        self.record = {"kind": "training", "graph_key": graph_key, "static_inputs": [], "autocast": self.autocast,
+                       **function}
+        self.views = list(views)
+
+    def backward_compiled(self, gm, graph_key: str | None) -> None:
+        layouts = None
+        if self.record is not None and graph_key:
+            layouts = tangent_layouts(gm, self.record, self.dynamo_inputs)
+        if layouts is None:
+            self.refused = True
+            logs.log("cache", "front cache: training graph not stored: its backward takes other arguments")
+            return
+        self.record.update(backward_key=graph_key, tangents=layouts)
+
+    def ran_once(self, kind: str) -> None:
+        """The `kind` graph ("forward", "backward") ran once; the entry is written when both have."""
+        self.ran.add(kind)
+        if self.refused or self.ran != {"forward", "backward"} or "backward_key" not in (self.record or {}):
+            return
+        self.refused = True  # (written once)
+        store(self.front_key, self.record, self.views)
+
+
 def load(front_key: str) -> dict | None:
-    """{"graph_key", "static_inputs", "views"} of the entry under `front_key`; None on a miss
-    or an entry that does not read (logged)."""
+    """The entry under `front_key` (`graph_key`, `static_inputs`, `views`; a training entry's
+    `kind` "training" with `plain_training`'s fields, `backward_key`, `tangents`, `autocast`);
+    None on a miss or an entry that does not read (logged)."""
     from .output_views import OutputView
 
     files = front_cache().get(front_key)
@@ -166,17 +304,34 @@ def load(front_key: str) -> dict | None:
         record = json.loads(files["entry.json"].decode())
         if not isinstance(record.get("graph_key"), str):
             raise ValueError("no graph key")
+        if record.get("kind", "inference") == "training":
+            _check_training(record)
         record["views"] = [OutputView(**fields) for fields in artifact.decode(files["views.json"])]
         return record
-    except (KeyError, TypeError, ValueError, UnicodeDecodeError) as err:  # (ArtifactError is a ValueError)
+    except (KeyError, TypeError, ValueError, UnicodeDecodeError, AttributeError) as err:
+        # (ArtifactError is a ValueError)
         logs.log("cache", "front cache: entry %s unreadable (%s)", front_key[:12], err)
         return None
 
 
-def store(front_key: str, graph_key: str, static_inputs: list, views: list) -> bool:
-    """Point `front_key` at the graph cache's `graph_key`, with the inputs CUDA graphs keep in
-    place and the outputs rebuilt as views after the call (`output_views`)."""
-    record = {"graph_key": graph_key, "static_inputs": [int(k) for k in static_inputs]}
+def _check_training(record: dict) -> None:
+    if not isinstance(record["backward_key"], str):
+        raise ValueError("no backward key")
+    counts = [record["outputs"], record["saved"], *record["non_differentiable"], *record["tangent_outputs"]]
+    if not all(type(c) is int and c >= 0 for c in counts):
+        raise ValueError("a count that is not a count")
+    if len(record["tangents"]) != len(record["tangent_outputs"]):
+        raise ValueError("tangents unlike the outputs taking them")
+    for sizes, strides, dtype in record["tangents"]:
+        if not isinstance(getattr(torch, dtype), torch.dtype) or len(sizes) != len(strides) \
+                or not all(type(d) is int for d in (*sizes, *strides)):
+            raise ValueError(f"a tangent layout that does not read: {sizes}, {strides}, {dtype}")
+
+
+def store(front_key: str, record: dict, views: list) -> bool:
+    """Write the entry `record` (its graph keys, the inputs CUDA graphs keep in place; a training
+    entry's function shape) under `front_key`, with the outputs rebuilt as views after the call
+    (`output_views`)."""
     try:
         with real_tensors():
             encoded_views = artifact.encode([v._asdict() for v in views])
@@ -186,4 +341,5 @@ def store(front_key: str, graph_key: str, static_inputs: list, views: list) -> b
     return front_cache().put(front_key, {"entry.json": json.dumps(record).encode(), "views.json": encoded_views})
 
 
-__all__ = ["key", "load", "store", "plain_runtime", "front_cache", "FORMAT"]
+__all__ = ["key", "load", "store", "plain_runtime", "plain_training", "tangent_layouts", "TrainingEntry",
+           "front_cache", "FORMAT"]
