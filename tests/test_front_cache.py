@@ -310,3 +310,99 @@ def test_a_module_trained_from_the_front_cache_matches_eager(tmp_path, monkeypat
         assert traces.count - before == expected
         for p, r in zip(model.parameters(), reference.parameters()):
             torch.testing.assert_close(p.double(), r, atol=1e-5, rtol=1e-5)
+
+
+def _served_twice(fn, step, tmp_path, monkeypatch, **options):
+    """`step(compiled fn)` in a compile that traces, then in one served from the front cache;
+    returns [(traces, step's result)] of each."""
+    traces = TracesCounted(monkeypatch)
+    results = []
+    for _ in range(2):
+        torch._dynamo.reset()
+        before = traces.count
+        result = step(tilefuse.compile(fn, fallback="error", cache_dir=str(tmp_path), graph_cache=True, **options))
+        results.append((traces.count - before, result))
+    return results
+
+
+def test_double_backward_is_refused_not_cut(tmp_path, monkeypatch):
+    """A gradient penalty differentiates the gradients: AOTAutograd refuses it, and so must a
+    served graph, never giving a gradient of None without a word."""
+    def penalty(compiled):
+        w = torch.randn(5, 3, requires_grad=True)
+        g, = torch.autograd.grad(compiled(torch.randn(4, 5), w), w, create_graph=True)
+        with pytest.raises(RuntimeError, match="double backward"):
+            (g ** 2).sum().backward()
+        return g.requires_grad
+
+    results = _served_twice(_train_step, penalty, tmp_path, monkeypatch)
+    assert results == [(1, True), (0, True)]
+
+
+def _gated(h, w):
+    return ((h > 0).float() * w).sum()
+
+
+def test_inputs_without_a_gradient_are_detached(tmp_path, monkeypatch):
+    """An input that requires grad but gets none from the graph (read only through a comparison)
+    is cut from the graph, as AOTAutograd cuts it: its producer's graph, already freed by an
+    earlier backward, is never walked."""
+    def step(compiled):
+        a = torch.randn(6, requires_grad=True)
+        h = a.exp()
+        h.sum().backward()  # frees h's graph
+        w = torch.randn(6, requires_grad=True)
+        compiled(h, w).backward()
+        torch.testing.assert_close(w.grad, (h > 0).float())
+        return a.grad is not None
+
+    assert _served_twice(_gated, step, tmp_path, monkeypatch) == [(1, True), (0, True)]
+
+
+_INNER = {"c": 2.0}
+
+
+def _inner_region(x):
+    return torch.sin(x) * _INNER["c"]
+
+
+def _outer_region(x, w):
+    return torch.utils.checkpoint.checkpoint(_inner_region, x @ w, use_reentrant=False) + 1
+
+
+def _nested_checkpoints(x, w):
+    return torch.utils.checkpoint.checkpoint(_outer_region, x, w, use_reentrant=False).sum()
+
+
+def test_a_subgraph_inside_a_subgraph_is_in_the_key(tmp_path, monkeypatch):
+    """A checkpointed region inside another: the inner region is an attribute of the outer one's
+    graph; a number in its code is in the key, so a change of it compiles anew."""
+    x, w = torch.randn(2, 3), torch.randn(3, 2)
+
+    def step(compiled):
+        loss = compiled(x, w.detach().requires_grad_())
+        loss.backward()
+        return loss.item()
+
+    try:
+        for c in (2.0, 5.0):
+            _INNER["c"] = c
+            results = _served_twice(_nested_checkpoints, step, tmp_path, monkeypatch)
+            assert [count for count, _ in results] == [1, 0]
+            for _, value in results:
+                assert value == pytest.approx(_nested_checkpoints(x, w).item(), rel=1e-5)
+    finally:
+        _INNER["c"] = 2.0
+
+
+def test_a_backward_compiled_under_other_knobs_is_not_stored(tmp_path, monkeypatch):
+    """The entry is keyed on the forward's knobs; a backward compiled (when it first ran) under
+    others would be served to a process that never asked for them: no entry is written."""
+    def step(compiled):
+        x, w = torch.randn(6, 8), torch.randn(8, 3, requires_grad=True)
+        loss = compiled(x, w)
+        with tilefuse.config.patch(target="interpret"):
+            loss.backward()
+        return True
+
+    assert _served_twice(_train_step, step, tmp_path, monkeypatch) == [(1, True), (1, True)]

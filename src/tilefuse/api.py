@@ -124,7 +124,9 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, settings
         if kind == "forward":
             front.forward_compiled(_fw_metadata(), gm, gm.meta.get(SAVED_FROM), report.graph_key, views, mutated)
         else:
-            front.backward_compiled(gm, report.graph_key)
+            from .front_cache import conditions
+
+            front.backward_compiled(gm, report.graph_key, conditions(options))
 
         def ran_once():
             with _process_settings(settings):
@@ -283,9 +285,10 @@ def _front_training_runner(name, gm, record: dict, forward, backward, settings: 
         except CheckError:  # the program's own error, as in eager
             raise
         except Exception as err:  # noqa: BLE001 - the first launch also loads the kernels
+            eager_out = gm.forward(*args)  # if eager fails too, the error is the program's own
             with _process_settings(settings):
                 state["runner"] = _fail("running", name, err, gm.forward, options, gm, args)
-            return state["runner"](*args)
+            return eager_out
         state["runner"] = function
         return out
 
@@ -413,9 +416,9 @@ def _aot(gm: torch.fx.GraphModule, example_inputs, settings: dict):
     autocast = torch._C._is_any_autocast_enabled()
     entry = None
     if front is not None and training:
-        from .front_cache import TrainingEntry
+        from .front_cache import TrainingEntry, conditions
 
-        entry = TrainingEntry(front, len(example_inputs), autocast)
+        entry = TrainingEntry(front, len(example_inputs), autocast, conditions(config.options(settings)))
     token = _front_key.set(None if front is None or training else (front, len(example_inputs), autocast))
     try:
         return _traced(gm, example_inputs, settings, entry)

@@ -87,7 +87,7 @@ def _ineligible(gm, example_inputs, training: bool, options: Options) -> str | N
         return "compiled autograd traces AOTAutograd's own backward"
     if any(True for _ in gm.named_parameters()) or any(True for _ in gm.named_buffers()):
         return "parameters or buffers that AOTAutograd lifts into inputs"
-    for node in gm.graph.nodes:
+    for node in _nodes_within(gm):
         why = _opaque(node)
         if why is not None:
             return why
@@ -100,6 +100,19 @@ def _ineligible(gm, example_inputs, training: bool, options: Options) -> str | N
         elif type(x) not in (int, float, bool):
             return f"input {k} is a {type(x).__name__}"
     return None
+
+
+def _nodes_within(gm: torch.fx.GraphModule):
+    """The nodes of `gm` and of every subgraph it reads (a checkpointed region, a cond's
+    branches), however deeply nested."""
+    for node in gm.graph.nodes:
+        yield node
+        if node.op == "get_attr":
+            value = gm
+            for part in node.target.split("."):
+                value = getattr(value, part, None)
+            if isinstance(value, torch.fx.GraphModule):
+                yield from _nodes_within(value)
 
 
 #: operator namespaces whose implementations come with PyTorch's version (or tilefuse's source)
@@ -129,13 +142,19 @@ def _key_parts(gm, example_inputs, options: Options) -> list:
     inputs = [graph_cache.describe_input(x, f"input {k}") for k, x in enumerate(example_inputs)]
     attributes = [[n.target, attribute_key(gm, n.target)] for n in gm.graph.nodes if n.op == "get_attr"]
     knobs = graph_cache.knobs_in_key(options)
-    state = [torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
-             torch.are_deterministic_algorithms_enabled(), str(torch.get_default_dtype()),
-             torch.get_float32_matmul_precision(), _autocast_state(), _attention_backends(), _aot_config()]
+    state = [torch.is_grad_enabled(), torch.is_inference_mode_enabled(), _autocast_state(), compile_state()]
     devices = sorted({x.device for x in example_inputs if isinstance(x, torch.Tensor)}, key=str)
     machine = [[str(d), sm_count(d)] for d in devices]
     return ["tilefuse-front", FORMAT, environment_fingerprint(), graph_cache.source_hash(), knobs, state, machine,
             gm.code, inputs, attributes]
+
+
+def compile_state() -> list:
+    """The process state a compile reads besides its knobs: deterministic algorithms, the
+    default dtype, float32 matmul precision, the attention back ends, AOTAutograd's config (a
+    training graph's backward compiles later: its entry is written only if this is unchanged)."""
+    return [torch.are_deterministic_algorithms_enabled(), str(torch.get_default_dtype()),
+            torch.get_float32_matmul_precision(), _attention_backends(), _aot_config()]
 
 
 def _autocast_state() -> list:
@@ -147,7 +166,8 @@ def _autocast_state() -> list:
 def _attention_backends() -> list:
     """Which kernels `scaled_dot_product_attention` may pick: the trace records the one it picks."""
     cuda = torch.backends.cuda
-    flags = ("flash_sdp_enabled", "mem_efficient_sdp_enabled", "math_sdp_enabled", "cudnn_sdp_enabled")
+    flags = ("flash_sdp_enabled", "mem_efficient_sdp_enabled", "math_sdp_enabled", "cudnn_sdp_enabled",
+             "fp16_bf16_reduction_math_sdp_allowed")  # (the last: whether the math kernel upcasts)
     return [name for name in flags if getattr(cuda, name, lambda: False)()]
 
 
@@ -229,10 +249,11 @@ def _training_function(metadata, forward, saved_from, dynamo_inputs) -> dict | s
             "tangent_outputs": tangent_outputs}
 
 
-def tangent_layouts(backward: torch.fx.GraphModule, function: dict, dynamo_inputs: int) -> list | None:
-    """The [sizes, strides, dtype] the backward graph was compiled for, per gradient it takes
-    (after the saved tensors), or None where its arguments or results are not the function's:
-    one gradient per `tangent_outputs`, one result per input of the forward."""
+def backward_function(backward: torch.fx.GraphModule, function: dict, dynamo_inputs: int) -> dict | None:
+    """The backward half of a training entry, or None where the backward graph's arguments or
+    results are not the function's (one gradient per `tangent_outputs` after the saved tensors,
+    one result per input of the forward): `tangents`, the [sizes, strides, dtype] it was
+    compiled for per gradient; `no_gradient`, the inputs whose gradient it never computes."""
     placeholders = [n for n in backward.graph.nodes if n.op == "placeholder"]
     tangents = placeholders[function["saved"]:]
     results = next(n for n in backward.graph.nodes if n.op == "output").args[0]
@@ -244,7 +265,7 @@ def tangent_layouts(backward: torch.fx.GraphModule, function: dict, dynamo_input
         if not isinstance(val, torch.Tensor) or not all(isinstance(d, int) for d in (*val.shape, *val.stride())):
             return None
         layouts.append([[int(d) for d in val.shape], [int(d) for d in val.stride()], str(val.dtype).split(".")[-1]])
-    return layouts
+    return {"tangents": layouts, "no_gradient": [k for k, r in enumerate(results) if r is None]}
 
 
 class TrainingEntry:
@@ -253,10 +274,11 @@ class TrainingEntry:
     layouts and graph key when the backward compiles (when it first runs), written once each
     has run once without failing. Any part that is not plain leaves the entry unwritten."""
 
-    def __init__(self, front_key: str, dynamo_inputs: int, autocast: bool):
+    def __init__(self, front_key: str, dynamo_inputs: int, autocast: bool, conditions: list):
         self.front_key = front_key
         self.dynamo_inputs = dynamo_inputs
         self.autocast = autocast
+        self.conditions = conditions  # what the key holds of the compile's knobs and state
         self.record: dict | None = None
         self.views: list = []
         self.ran: set = set()
@@ -269,18 +291,25 @@ class TrainingEntry:
             self.refused = True
             return
         self.record = {"kind": "training", "graph_key": graph_key, "static_inputs": [], "autocast": self.autocast,
-                       **function}
+                       "deterministic": torch.are_deterministic_algorithms_enabled(), **function}
         self.views = list(views)
 
-    def backward_compiled(self, gm, graph_key: str | None) -> None:
-        layouts = None
-        if self.record is not None and graph_key:
-            layouts = tangent_layouts(gm, self.record, self.dynamo_inputs)
-        if layouts is None:
+    def backward_compiled(self, gm, graph_key: str | None, conditions: list) -> None:
+        """The backward compiled (when it first ran) under `conditions` (`conditions()`)."""
+        if self.record is None or not graph_key:
+            self.refused = True
+            return
+        if conditions != self.conditions:
+            self.refused = True
+            logs.log("cache", "front cache: training graph not stored: its backward compiled under other knobs or "
+                     "process state than its forward")
+            return
+        half = backward_function(gm, self.record, self.dynamo_inputs)
+        if half is None:
             self.refused = True
             logs.log("cache", "front cache: training graph not stored: its backward takes other arguments")
             return
-        self.record.update(backward_key=graph_key, tangents=layouts)
+        self.record.update(backward_key=graph_key, **half)
 
     def ran_once(self, kind: str) -> None:
         """The `kind` graph ("forward", "backward") ran once; the entry is written when both have."""
@@ -314,10 +343,17 @@ def load(front_key: str) -> dict | None:
         return None
 
 
+def conditions(options: Options) -> list:
+    """What a compile depends on besides its graph and inputs: the knobs in the key and
+    `compile_state`."""
+    return [graph_cache.knobs_in_key(options), compile_state()]
+
+
 def _check_training(record: dict) -> None:
-    if not isinstance(record["backward_key"], str):
+    if not isinstance(record["backward_key"], str) or not isinstance(record["deterministic"], bool):
         raise ValueError("no backward key")
-    counts = [record["outputs"], record["saved"], *record["non_differentiable"], *record["tangent_outputs"]]
+    counts = [record["outputs"], record["saved"], *record["non_differentiable"], *record["tangent_outputs"],
+              *record["no_gradient"]]
     if not all(type(c) is int and c >= 0 for c in counts):
         raise ValueError("a count that is not a count")
     if len(record["tangents"]) != len(record["tangent_outputs"]):
@@ -341,5 +377,6 @@ def store(front_key: str, record: dict, views: list) -> bool:
     return front_cache().put(front_key, {"entry.json": json.dumps(record).encode(), "views.json": encoded_views})
 
 
-__all__ = ["key", "load", "store", "plain_runtime", "plain_training", "tangent_layouts", "TrainingEntry",
+__all__ = ["key", "load", "store", "plain_runtime", "plain_training", "backward_function", "TrainingEntry", "conditions",
+           "compile_state",
            "front_cache", "FORMAT"]

@@ -136,11 +136,15 @@ def _guards(shape_env) -> list:
 
 
 def attribute_key(gm, target: str):
+    """An attribute's part of a key: a subgraph by its code and, recursively, the attributes it
+    reads (a checkpointed region inside another names its inner region only by attribute);
+    a tensor by its dtype, layout and a hash of its values."""
     value = gm
     for part in target.split("."):
         value = getattr(value, part)
     if isinstance(value, torch.fx.GraphModule):
-        return ["module", value.code]
+        inner = [[n.target, attribute_key(value, n.target)] for n in value.graph.nodes if n.op == "get_attr"]
+        return ["module", value.code, inner]
     if isinstance(value, torch.Tensor):
         if type(value) not in (torch.Tensor, torch.nn.Parameter) or value.layout != torch.strided:
             raise Unkeyable(f"constant {target} is a {type(value).__name__}")

@@ -52,7 +52,13 @@ class CompileError(RuntimeError):
 
 
 def find_compiler() -> str | None:
-    cxx = os.environ.get("CXX")
+    """The C++ compiler: `CXX`, else the first of c++, g++, clang++ on the PATH (looked up once
+    per value of the two: a stored graph's kernels each ask when they load)."""
+    return _compiler_on(os.environ.get("CXX"), os.environ.get("PATH"))
+
+
+@functools.lru_cache(maxsize=8)
+def _compiler_on(cxx: str | None, path: str | None) -> str | None:
     if cxx:
         return shutil.which(cxx) or (cxx if os.path.isfile(cxx) else None)
     for name in ("c++", "g++", "clang++"):
