@@ -73,3 +73,36 @@ def test_max_and_min_propagate_nan_in_every_row_position():
     for fn in (lambda x: x.amax(-1), lambda x: x.amin(-1), lambda x: torch.softmax(x, -1)):
         torch._dynamo.reset()
         torch.testing.assert_close(torch.compile(fn, backend="tilefuse")(x), fn(x), equal_nan=True)
+
+
+def _windows_merged(windows, residual, linear):
+    """A Swin stage's end: attention windows projected and put back in place, a residual add, a
+    linear layer, then patch merging (strided slices concatenated along channels). The fused
+    index composed `Mod(2*Mod(i, 4), 4)`, which sympy evaluates as `2*Mod(i, 4)`: the kernel
+    read the wrong rows (2e-2 off on Hugging Face's Swin)."""
+    b, c = residual.shape[0], residual.shape[-1]
+    h = linear(windows).view(b, 2, 2, 4, 4, c).permute(0, 1, 3, 2, 4, 5).reshape(b, 64, c) + residual
+    h = (h + linear(h)).view(b, 8, 8, c)
+    parts = [h[:, 0::2, 0::2], h[:, 1::2, 0::2], h[:, 0::2, 1::2], h[:, 1::2, 1::2]]
+    return torch.cat(parts, -1).view(b, -1, 4 * c)
+
+
+def test_patch_merging_after_windows():
+    linear = torch.nn.Linear(16, 16).to(DEVICE)
+    with torch.no_grad():
+        _check(lambda w, r: _windows_merged(w, r, linear), torch.randn(8, 16, 16), torch.randn(2, 64, 16))
+
+
+def _fill_then_scaled_rows(x, s):
+    """A fill of another shape first in a kernel whose other stage reads a value per row over a
+    unit dim (MobileViT's backward): the row tiles took the fill's shape for the kernel's and
+    failed to lower."""
+    return torch.zeros(2, 32, 2, 2, device=x.device), x * s
+
+
+def test_a_fill_of_another_shape_before_row_tiles():
+    args = (torch.randn(8, 1, 32, device=DEVICE), torch.randn(8, 1, 1, device=DEVICE))
+    torch._dynamo.reset()
+    out = tilefuse.compile(_fill_then_scaled_rows, fallback="error")(*args)
+    for got, ref in zip(out, _fill_then_scaled_rows(*args)):
+        torch.testing.assert_close(got, ref)

@@ -12,6 +12,7 @@ from ..ir.dtypes import DType
 from ..ir.expr import Expr, Index, cast, out_index, red_index
 from ..ir.graph import Extern, ExternResult, Graph, Pointwise, Reduce, TensorArg
 from ..ir.monoid import Monoid, monoid
+from ..ir.symbolic import mod as index_mod
 from .cudnn_attention_grad import REPLACEMENTS as _SAFER_CALLS
 from .reinplace import mutates_input
 from .values import BufferValue, TensorValue
@@ -56,9 +57,9 @@ def plain_sympy(e):
     if isinstance(e, _tf.CeilDiv):
         return sympy.ceiling(args[0] / args[1])
     if isinstance(e, _tf.ModularIndexing):
-        return sympy.Mod(sympy.floor(args[0] / args[1]), args[2])
+        return index_mod(sympy.floor(args[0] / args[1]), args[2])
     if isinstance(e, (_tf.PythonMod, _tf.Mod)):
-        return sympy.Mod(args[0], args[1])
+        return index_mod(args[0], args[1])
     if isinstance(e, (_tf.IntTrueDiv, _tf.FloatTrueDiv)):
         return args[0] / args[1]
     if isinstance(e, (_tf.PowByNatural, _tf.FloatPow)):

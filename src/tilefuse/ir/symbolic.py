@@ -12,6 +12,30 @@ import math
 import sympy
 
 
+class Mod(sympy.Mod):
+    """sympy's `Mod` without its rewrite of a product holding a `Mod`, which is wrong: sympy
+    (1.14 and before) turns `Mod(2*Mod(a, 4), 4)` into `2*Mod(a, 4)` (a = 2: 4 where the value
+    is 0) and `Mod(128*Mod(x, 3), 356)` into a square (sympy issues 28744, 29757). A Swin
+    transformer's patch merging after shifted windows composes such indices and read the
+    wrong rows. Here such a product only has the common factor of its coefficient and the
+    modulus taken out (`Mod(g*x, g*m) = g*Mod(x, m)` for integers: `Mod(2*Mod(a, 4), 4)` is
+    `2*Mod(a, 2)`) and is otherwise left as written; everything else evaluates as sympy's.
+    Every index `Mod` tilefuse builds is this one (`mod`), and the index simplifier turns a
+    plain sympy `Mod` into it, so rebuilding an expression (`subs`, `xreplace`) evaluates
+    with these rules."""
+
+    @classmethod
+    def eval(cls, p, q):
+        if p.is_Mul and any(isinstance(f, sympy.Mod) for f in p.args) and not (p.is_number and q.is_number):
+            coeff, rest = p.as_coeff_Mul()
+            if q.is_Integer and coeff.is_Integer and int(q) > 0:
+                g = math.gcd(int(coeff), int(q))
+                if g > 1:
+                    return g * cls(sympy.Integer(int(coeff) // g) * rest, sympy.Integer(int(q) // g))
+            return None
+        return super().eval(p, q)
+
+
 def floordiv(a, b) -> sympy.Expr:
     a, b = sympy.sympify(a), sympy.sympify(b)
     if b == 1:
@@ -23,7 +47,7 @@ def mod(a, b) -> sympy.Expr:
     a, b = sympy.sympify(a), sympy.sympify(b)
     if b == 1:
         return sympy.Integer(0)
-    return sympy.Mod(a, b)
+    return Mod(a, b)
 
 
 def unravel_sym(flat, shape) -> tuple:
@@ -136,7 +160,7 @@ def simplify_index(expr, ranges: dict) -> sympy.Expr:
                 if lo >= 0 and hi < d:
                     return rest
                 if rest != a and lo >= 0:
-                    return sympy.Mod(rest, m)
+                    return Mod(rest, m)
         return e
 
     prev = None
@@ -193,7 +217,9 @@ def _postorder_rewrite(e, fn):
     if e.is_Atom:
         return e
     args = [_postorder_rewrite(a, fn) for a in e.args]
-    if any(a is not b for a, b in zip(args, e.args)):
+    if type(e) is sympy.Mod:  # (sympy's own: rebuilt as tilefuse's, whose rules are right)
+        e = Mod(*args)
+    elif any(a is not b for a, b in zip(args, e.args)):
         e = e.func(*args)
     return fn(e)
 

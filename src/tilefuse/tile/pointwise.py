@@ -65,9 +65,10 @@ _MAX_COLUMN_BLOCKS = 65535
 
 
 def _row_tiles(graph: Graph, plan: KernelPlan, options: LoweringOptions, block: int):
-    """(tile, order, k) when a pointwise kernel should walk its output as 2-D tiles instead of
-    flat runs, else None: `tile` the (rows, columns) per program, `order` the output's dims in
-    storage order, `order[k:]` the dims that make one row.
+    """(tile, shape, order, k) when a pointwise kernel should walk its output as 2-D tiles
+    instead of flat runs, else None: `tile` the (rows, columns) per program, `shape` the shape
+    of the stages that read memory (a fill beside them may have another shape of the same
+    size), `order` its dims in storage order, `order[k:]` the dims that make one row.
 
     The row is the innermost storage dims over which every operand is uniform: each one reads
     all of them or none. So a bias per column is read at the column index, contiguously, not
@@ -106,7 +107,7 @@ def _row_tiles(graph: Graph, plan: KernelPlan, options: LoweringOptions, block: 
             break
         tile = _tile_for(row, block, options)
         if tile is not None:
-            best = (tile, order, k)
+            best = (tile, shape, order, k)
     return best
 
 
@@ -196,11 +197,10 @@ def _column_block(row: int, block: int) -> int | None:
 def _lower_rows(graph: Graph, plan: KernelPlan, options: LoweringOptions, tiling: tuple, warps: int) -> TileKernel:
     """`lower_pointwise` over [YBLOCK rows, CBLOCK columns] tiles (`_row_tiles`): one program
     per block of rows, and on a GPU per block of columns too (the grid's second axis)."""
-    (per_program, columns), order, k = tiling
+    (per_program, columns), shape, order, k = tiling
     b = KernelBuilder(graph, plan.name, options.divisor_checks)
     b.tile_symbols |= {"pid", "pid_c", "yindex", "cindex"}
     n = plan.parallel
-    shape = graph[plan.stages[0].node].shape
     row = static_int(sympy.Mul(*(shape[d] for d in order[k:])))
     rows = sympy.sympify(n) / row
     b.size_params(n)

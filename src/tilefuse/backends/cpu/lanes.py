@@ -15,6 +15,7 @@ from __future__ import annotations
 import sympy
 
 from ...ir.expr import Binary, Cast, Const, Index, Var, transform, walk
+from ...ir.symbolic import Mod
 from ...tile.ir import (Arange, ArgReduceTile, Assign, BroadcastTile, DotTile, For, Full, Let, LoadTile, ProgramId,
                         ReduceTile, TileKernel, statements, stmt_exprs)
 
@@ -102,7 +103,7 @@ class Lanes:
                 return None
             x = self._resolve(x)
             split = None if x is None else self._split(x, c)
-            return None if split is None else sympy.Mod(split[0], c) + split[1]
+            return None if split is None else Mod(split[0], c) + split[1]
         return None
 
     def _split(self, x, c):

@@ -1,0 +1,172 @@
+"""Hugging Face architectures the benchmark's zoo does not hold, from tiny configs with random
+weights, through tilefuse on this machine's default target: inference outputs and a training
+step's gradients (dropout off) against the same model in fp64 (fp32 where an op has no fp64
+kernel: grouped MoE products), each beside eager fp32's own error. A model that raises is a
+FAIL with the error; one further from the reference than a few times eager's error is BAD.
+
+    PYTHONPATH=src python scripts/sweep_hf_models.py [all|Name,Name,...] [infer,train]
+
+Found on 2026-12-05: Swin's patch merging read wrong rows (sympy's Mod rewrite, fixed in
+`ir.symbolic.Mod`); every other model here matched eager.
+"""
+import sys
+import time
+import warnings
+
+import torch
+import transformers
+
+import tilefuse
+
+W = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=97)
+
+
+def cfg(name, **kw):
+    return getattr(transformers, name + "Config")(**{**W, **kw})
+
+
+CASES = {
+    "Mistral": lambda: (transformers.MistralForCausalLM, cfg("Mistral", num_key_value_heads=2, sliding_window=8)),
+    "Qwen2": lambda: (transformers.Qwen2ForCausalLM, cfg("Qwen2", num_key_value_heads=2)),
+    "Qwen3": lambda: (transformers.Qwen3ForCausalLM, cfg("Qwen3", num_key_value_heads=2, head_dim=8)),
+    "Phi3": lambda: (transformers.Phi3ForCausalLM, cfg("Phi3", num_key_value_heads=2, pad_token_id=0)),
+    "GPTNeoX": lambda: (transformers.GPTNeoXForCausalLM, cfg("GPTNeoX")),
+    "OPT": lambda: (transformers.OPTForCausalLM, transformers.OPTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=64, vocab_size=97, word_embed_proj_dim=32)),
+    "Bloom": lambda: (transformers.BloomForCausalLM, transformers.BloomConfig(hidden_size=32, n_layer=2, n_head=4, vocab_size=97)),
+    "GPTJ": lambda: (transformers.GPTJForCausalLM, transformers.GPTJConfig(n_embd=32, n_layer=2, n_head=4, vocab_size=97, rotary_dim=4, n_positions=64)),
+    "Falcon": lambda: (transformers.FalconForCausalLM, cfg("Falcon")),
+    "Mixtral": lambda: (transformers.MixtralForCausalLM, cfg("Mixtral", num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)),
+    "Qwen2Moe": lambda: (transformers.Qwen2MoeForCausalLM, cfg("Qwen2Moe", num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=32)),
+    "Phi": lambda: (transformers.PhiForCausalLM, cfg("Phi")),
+    "StableLm": lambda: (transformers.StableLmForCausalLM, cfg("StableLm", num_key_value_heads=2)),
+    "Olmo": lambda: (transformers.OlmoForCausalLM, cfg("Olmo")),
+    "Cohere": lambda: (transformers.CohereForCausalLM, cfg("Cohere")),
+    "Gemma": lambda: (transformers.GemmaForCausalLM, cfg("Gemma", num_key_value_heads=2, head_dim=8)),
+    "Gemma3": lambda: (transformers.Gemma3ForCausalLM, transformers.Gemma3TextConfig(**W, num_key_value_heads=2, head_dim=8, sliding_window=8)),
+    "DistilBert": lambda: (transformers.DistilBertForMaskedLM, transformers.DistilBertConfig(dim=32, n_layers=2, n_heads=4, hidden_dim=64, vocab_size=97)),
+    "Roberta": lambda: (transformers.RobertaForMaskedLM, cfg("Roberta")),
+    "Electra": lambda: (transformers.ElectraForMaskedLM, cfg("Electra", embedding_size=16)),
+    "Albert": lambda: (transformers.AlbertForMaskedLM, cfg("Albert", embedding_size=16)),
+    "DebertaV2": lambda: (transformers.DebertaV2ForMaskedLM, cfg("DebertaV2")),
+    "MPNet": lambda: (transformers.MPNetForMaskedLM, cfg("MPNet")),
+    "Bart": lambda: (transformers.BartForConditionalGeneration, transformers.BartConfig(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=97)),
+    "Whisper": lambda: (transformers.WhisperForConditionalGeneration, transformers.WhisperConfig(
+        d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+        encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=97, num_mel_bins=8, max_source_positions=16,
+        max_target_positions=32, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)),
+    "ConvNext": lambda: (transformers.ConvNextForImageClassification, transformers.ConvNextConfig(hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1], num_labels=5)),
+    "Swin": lambda: (transformers.SwinForImageClassification, transformers.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=4, num_labels=5)),
+    "ResNet": lambda: (transformers.ResNetForImageClassification, transformers.ResNetConfig(hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1], embedding_size=8, num_labels=5)),
+    "MobileViT": lambda: (transformers.MobileViTForImageClassification, transformers.MobileViTConfig(
+        image_size=32, patch_size=2, hidden_sizes=[16, 24, 32], neck_hidden_sizes=[8, 8, 16, 16, 24, 24, 32],
+        num_attention_heads=2, num_labels=5)),
+    "CLIPText": lambda: (transformers.CLIPTextModel, transformers.CLIPTextConfig(**W)),
+    "Mamba": lambda: (transformers.MambaForCausalLM, transformers.MambaConfig(
+        hidden_size=32, num_hidden_layers=2, vocab_size=97, state_size=4, expand=2, conv_kernel=3)),
+}
+
+#: models whose attention mask pads the start of the second sequence
+PADDED = ("Roberta", "DistilBert", "Electra", "Albert", "DebertaV2", "MPNet", "CLIPText")
+
+
+def inputs_for(name, B=2, T=11):
+    g = torch.Generator().manual_seed(0)
+    if name in ("ConvNext", "ResNet", "Swin", "MobileViT"):
+        return {"pixel_values": torch.randn(B, 3, 32, 32, generator=g)}
+    if name == "Whisper":
+        return {"input_features": torch.randn(B, 8, 32, generator=g),
+                "decoder_input_ids": torch.randint(3, 97, (B, 7), generator=g)}
+    ids = torch.randint(3, 97, (B, T), generator=g)
+    if name == "Mamba":
+        return {"input_ids": ids}
+    mask = torch.ones(B, T, dtype=torch.long)
+    if name in PADDED:
+        mask[1, :3] = 0
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    if name == "Bart":
+        inputs["decoder_input_ids"] = torch.randint(3, 97, (B, 7), generator=g)
+    return inputs
+
+
+def first(out):
+    return out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
+
+
+def build(name):
+    """(model, its copy as the reference, the reference's dtype): dropout off, SDPA attention
+    where the model has it."""
+    cls, config = CASES[name]()
+    for k, v in list(vars(config).items()):
+        if ("dropout" in k or "layerdrop" in k or k.endswith("_pdrop") or k == "drop_path_rate") \
+                and isinstance(v, float):
+            setattr(config, k, 0.0)
+    torch.manual_seed(0)
+    try:
+        config._attn_implementation = "sdpa"
+        model = cls(config)
+    except ValueError:
+        config._attn_implementation = "eager"
+        model = cls(config)
+    ref = cls(config)
+    ref.load_state_dict(model.state_dict())
+    try:  # fp64 where every op has an fp64 kernel
+        ref.double()(**{k: (v.double() if v.is_floating_point() else v) for k, v in inputs_for(name).items()})
+        return model, ref, torch.float64
+    except RuntimeError:
+        return model, ref.float(), torch.float32
+
+
+def run(name, train):
+    model, ref, dtype = build(name)
+    model.train(train)
+    ref.train(train)
+    inputs = inputs_for(name)
+    ref_inputs = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in inputs.items()}
+    torch._dynamo.reset()
+    compiled = tilefuse.compile(model, fallback="error")
+    with torch.set_grad_enabled(train):
+        out = first(compiled(**inputs))
+        expected = first(ref(**ref_inputs))
+        with torch.no_grad():
+            eager = first(model(**inputs))
+    err = (out.double() - expected).abs().max().item()
+    eager_err = (eager.double() - expected).abs().max().item()
+    msg = f"out err {err:.2e} (eager {eager_err:.2e})"
+    ok = err <= max(4 * eager_err, 1e-5)
+    if train:
+        out.double().square().mean().backward()
+        expected.square().mean().backward()
+        scale = max(q.grad.abs().max().item() for q in ref.parameters() if q.grad is not None)
+        worst, worst_name = 0.0, None
+        for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+            if p.grad is None and q.grad is None:
+                continue
+            if p.grad is None or q.grad is None:
+                ok = False
+                msg += f"; no gradient for {n}"
+                continue
+            d = (p.grad.double() - q.grad.double()).abs().max().item() / scale
+            if d > worst:
+                worst, worst_name = d, n
+        msg += f"; worst gradient error {worst:.2e} of the largest ({worst_name})"
+        ok = ok and worst < 1e-4
+    return ok, msg
+
+
+def main():
+    names = sys.argv[1].split(",") if len(sys.argv) > 1 and sys.argv[1] != "all" else list(CASES)
+    modes = sys.argv[2].split(",") if len(sys.argv) > 2 else ["infer", "train"]
+    warnings.simplefilter("ignore")
+    for name in names:
+        for mode in modes:
+            t = time.perf_counter()
+            try:
+                ok, msg = run(name, mode == "train")
+                status = "OK  " if ok else "BAD "
+            except Exception as err:  # noqa: BLE001 - every model is tried and reported
+                status, msg = "FAIL", f"{type(err).__name__}: {str(err)[:300]}"
+            print(f"{status} {name:10s} {mode:5s} {time.perf_counter() - t:5.1f}s {msg}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
