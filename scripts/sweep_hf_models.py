@@ -4,7 +4,10 @@ step's gradients (dropout off) against the same model in fp64 (fp32 where an op 
 kernel: grouped MoE products), each beside eager fp32's own error. A model that raises is a
 FAIL with the error; one further from the reference than a few times eager's error is BAD.
 
-    PYTHONPATH=src python scripts/sweep_hf_models.py [all|Name,Name,...] [infer,train]
+    PYTHONPATH=src python scripts/sweep_hf_models.py [all|Name,Name,...] [infer,train] [--dynamic]
+
+`--dynamic` compiles with `dynamic=True` and runs three sequence lengths (11, 7, 16) through
+the one compiled model (image models: three batch sizes), each checked the same way.
 
 Found on 2026-12-05: Swin's patch merging read wrong rows (sympy's Mod rewrite, fixed in
 `ir.symbolic.Mod`); every other model here matched eager.
@@ -70,6 +73,8 @@ PADDED = ("Roberta", "DistilBert", "Electra", "Albert", "DebertaV2", "MPNet", "C
 
 
 def inputs_for(name, B=2, T=11):
+    """The model's inputs: B sequences of T tokens (the second padded at its start where the
+    model takes a padding mask), B images of 32×32."""
     g = torch.Generator().manual_seed(0)
     if name in ("ConvNext", "ResNet", "Swin", "MobileViT"):
         return {"pixel_values": torch.randn(B, 3, 32, 32, generator=g)}
@@ -116,14 +121,27 @@ def build(name):
         return model, ref.float(), torch.float32
 
 
-def run(name, train):
+def run(name, train, dynamic=False):
     model, ref, dtype = build(name)
     model.train(train)
     ref.train(train)
-    inputs = inputs_for(name)
-    ref_inputs = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in inputs.items()}
     torch._dynamo.reset()
-    compiled = tilefuse.compile(model, fallback="error")
+    compiled = tilefuse.compile(model, fallback="error", dynamic=True if dynamic else None)
+    sizes = [(2, 11), (2, 7), (2, 16)] if dynamic else [(2, 11)]
+    if dynamic and name in ("ConvNext", "ResNet", "Swin", "MobileViT"):
+        sizes = [(2, 11), (3, 11), (5, 11)]
+    messages, ok = [], True
+    for B, T in sizes:
+        size_ok, msg = _check(model, ref, dtype, compiled, train, inputs_for(name, B, T))
+        ok = ok and size_ok
+        messages.append((f"B{B} T{T}: " if dynamic else "") + msg)
+    return ok, "; ".join(messages)
+
+
+def _check(model, ref, dtype, compiled, train, inputs):
+    model.zero_grad(set_to_none=True)
+    ref.zero_grad(set_to_none=True)
+    ref_inputs = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in inputs.items()}
     with torch.set_grad_enabled(train):
         out = first(compiled(**inputs))
         expected = first(ref(**ref_inputs))
@@ -154,14 +172,16 @@ def run(name, train):
 
 
 def main():
-    names = sys.argv[1].split(",") if len(sys.argv) > 1 and sys.argv[1] != "all" else list(CASES)
-    modes = sys.argv[2].split(",") if len(sys.argv) > 2 else ["infer", "train"]
+    dynamic = "--dynamic" in sys.argv
+    args = [a for a in sys.argv[1:] if a != "--dynamic"]
+    names = args[0].split(",") if args and args[0] != "all" else list(CASES)
+    modes = args[1].split(",") if len(args) > 1 else ["infer", "train"]
     warnings.simplefilter("ignore")
     for name in names:
         for mode in modes:
             t = time.perf_counter()
             try:
-                ok, msg = run(name, mode == "train")
+                ok, msg = run(name, mode == "train", dynamic)
                 status = "OK  " if ok else "BAD "
             except Exception as err:  # noqa: BLE001 - every model is tried and reported
                 status, msg = "FAIL", f"{type(err).__name__}: {str(err)[:300]}"

@@ -106,3 +106,62 @@ def test_a_fill_of_another_shape_before_row_tiles():
     out = tilefuse.compile(_fill_then_scaled_rows, fallback="error")(*args)
     for got, ref in zip(out, _fill_then_scaled_rows(*args)):
         torch.testing.assert_close(got, ref)
+
+
+class _ChannelsFirstNorm(torch.nn.LayerNorm):
+    def forward(self, x):
+        return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+class _ConvNextBlock(torch.nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.dw = torch.nn.Conv2d(c, c, 7, padding=3, groups=c)
+        self.norm = torch.nn.LayerNorm(c)
+        self.up = torch.nn.Linear(c, 4 * c)
+        self.down = torch.nn.Linear(4 * c, c)
+        self.gamma = torch.nn.Parameter(torch.rand(c))
+
+    def forward(self, x):
+        h = self.dw(x).permute(0, 2, 3, 1)
+        h = self.gamma * self.down(torch.nn.functional.gelu(self.up(self.norm(h))))
+        return x + h.permute(0, 3, 1, 2)
+
+
+class _ConvNextLike(torch.nn.Module):
+    """ConvNeXt's stem, blocks and downsampling: convolutions over channels-last views."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 8, 4, stride=4)
+        self.norm = _ChannelsFirstNorm(8)
+        self.b1 = _ConvNextBlock(8)
+        self.down_norm = _ChannelsFirstNorm(8)
+        self.down = torch.nn.Conv2d(8, 16, 2, stride=2)
+        self.b2 = _ConvNextBlock(16)
+
+    def forward(self, x):
+        x = self.b1(self.norm(self.stem(x)))
+        return self.b2(self.down(self.down_norm(x)))
+
+
+def test_symbolic_convolution_outputs_keep_their_traced_layout():
+    """With `dynamic=True` a training forward returned convolution outputs in the layout ATen
+    gave them (contiguous) where the trace had channels-last; the backward, compiled against
+    the traced strides, read them transposed (gradients 160% off on ConvNeXt). Outputs of ATen
+    calls whose traced strides have symbols are now made to conform at run time."""
+    torch.manual_seed(0)
+    model = _ConvNextLike().to(DEVICE)
+    ref = _ConvNextLike().to(DEVICE)
+    ref.load_state_dict(model.state_dict())
+    ref.double()
+    torch._dynamo.reset()
+    compiled = tilefuse.compile(model, fallback="error", dynamic=True)
+    for batch in (2, 3):
+        model.zero_grad()
+        ref.zero_grad()
+        x = torch.randn(batch, 3, 32, 32, device=DEVICE)
+        compiled(x).square().mean().backward()
+        ref(x.double()).square().mean().backward()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad.double(), q.grad, atol=1e-5 * q.grad.abs().max().item(), rtol=1e-4)

@@ -85,6 +85,15 @@ class CompiledGraph:
         promised = {n.name: promised_strides(n) for n in graph.nodes.values() if isinstance(n, (Extern, ExternResult))}
         self.promised = {name: tuple(int(st) for st in strides) for name, strides in promised.items()
                          if strides is not None}
+        #: ATen results returned by the graph whose traced strides have symbols: the kernels
+        #: here read them at whatever strides they come, but the graph's caller (a training
+        #: backward compiled against the traced layout, AOTAutograd's views) expects the traced
+        #: ones, so they are conformed to them, evaluated for each call's sizes
+        outputs = set(graph.output_names())
+        self.promised_symbolic = {
+            n.name: tuple(n.strides) for n in graph.nodes.values()
+            if isinstance(n, (Extern, ExternResult)) and n.name in outputs and n.name not in self.promised
+            and getattr(n, "strides", None) is not None and len(n.strides) == len(n.shape)}
         self.externs: dict = {}  # node name -> PreparedExtern
         self.symbol_sources = symbol_sources(graph)
         # (name, position, 0-dim): only a 0-dim tensor may come on the CPU to a GPU graph
@@ -235,17 +244,32 @@ class CompiledGraph:
             call = self.externs.setdefault(step.name, PreparedExtern(self.graph[step.name]))
         node = call.node
         result = call(buffers, env)
-        buffers[node.name] = self._conform(node.name, result)
+        buffers[node.name] = self._conform(node.name, result, env)
         for name, item in self.extern_results.get(node.name, ()):
-            buffers[name] = self._conform(name, result[item])
             bind_result_sizes(self.graph[name].shape, result[item], env)
+            buffers[name] = self._conform(name, result[item], env)
 
-    def _conform(self, name: str, value):
-        """An ATen result in the layout the kernels that read it were compiled for
-        (`ir.storage.promised_strides`): the traced layout, which the call nearly always
-        returns; a copy into it when it does not."""
+    def promised_layout(self, name: str, env: dict) -> tuple | None:
+        """The strides ATen result `name` must have for these sizes (`promised`,
+        `promised_symbolic`), or None where any will do."""
         promised = self.promised.get(name)
-        if promised is None or not isinstance(value, torch.Tensor):
+        if promised is None and name in self.promised_symbolic:
+            try:
+                promised = tuple(int(symbolic.evaluate(st, env)) for st in self.promised_symbolic[name])
+            except (KeyError, TypeError, ValueError):  # a symbol these sizes do not bind
+                return None
+        return promised
+
+    def _conform(self, name: str, value, env: dict | None = None):
+        """An ATen result in the layout the kernels that read it were compiled for
+        (`ir.storage.promised_strides`), or that the graph's caller expects of an output: the
+        traced layout, which the call nearly always returns; a copy into it when it does not."""
+        if not isinstance(value, torch.Tensor):
+            return value
+        promised = self.promised.get(name)
+        if promised is None and name in self.promised_symbolic:
+            promised = self.promised_layout(name, env or {})
+        if promised is None:
             return value
         if all(n == 1 or st == want for n, st, want in zip(value.shape, value.stride(), promised)):
             return value

@@ -209,20 +209,20 @@ def _emit_extern(src: _Source, cg, step, env: dict) -> bool:
     # (the binding without `PreparedExtern`'s fallback to the overload: the general calls that
     # ran before this function was generated have settled which one parses these arguments)
     src.emit(f"r = {src.name_of(prepared._call, 'f')}({', '.join(args + kwargs)})  # {step.name}")
-    _emit_conformed(src, cg, node.name, "r")
+    _emit_conformed(src, cg, node.name, "r", env)
     for name, item in cg.extern_results.get(node.name, ()):
-        _emit_conformed(src, cg, name, f"r[{item!r}]")
+        _emit_conformed(src, cg, name, f"r[{item!r}]", env)
     return True
 
 
-def _emit_conformed(src: _Source, cg, name: str, value: str) -> None:
-    promised = cg.promised.get(name)
+def _emit_conformed(src: _Source, cg, name: str, value: str, env: dict) -> None:
+    promised = cg.promised_layout(name, env)
     if promised is None:
         src.emit(f"b[{name!r}] = {value}")
         return
     src.emit(f"v = {value}")
     src.emit(f"b[{name!r}] = v if not isinstance(v, Tensor) or v.stride() == {tuple(promised)!r} "
-             f"else cg._conform({name!r}, v)")
+             f"else cg._conform({name!r}, v, env)")
 
 
 def _extern_arg(obj, src: _Source, env: dict) -> str:
