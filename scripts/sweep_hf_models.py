@@ -114,8 +114,9 @@ def build(name):
         model = cls(config)
     ref = cls(config)
     ref.load_state_dict(model.state_dict())
-    try:  # fp64 where every op has an fp64 kernel
-        ref.double()(**{k: (v.double() if v.is_floating_point() else v) for k, v in inputs_for(name).items()})
+    try:  # fp64 where every op has an fp64 kernel (tried in eval mode: a batch norm's statistics stay)
+        with torch.no_grad():
+            ref.double().eval()(**{k: (v.double() if v.is_floating_point() else v) for k, v in inputs_for(name).items()})
         return model, ref, torch.float64
     except RuntimeError:
         return model, ref.float(), torch.float32
