@@ -167,10 +167,7 @@ def _runner(name, gm, compiled, report, settings: dict, options: Options, infere
         except CheckError:  # an index out of range, a division by zero: the program's own error, as in eager
             raise
         except Exception as err:  # noqa: BLE001 - the first launch also compiles the kernels
-            eager_out = gm.forward(*args)  # if eager fails too, the error is the program's own
-            with _process_settings(settings):
-                state["runner"] = _fail("running", name, err, gm.forward, options, gm, args)
-            return eager_out
+            return _eager_after_failure(name, gm, err, args, settings, options, state)
         if state["first"]:
             state["first"] = False
             if options.verify:
@@ -181,6 +178,16 @@ def _runner(name, gm, compiled, report, settings: dict, options: Options, infere
         return out
 
     return run
+
+
+def _eager_after_failure(name, gm, err: BaseException, args, settings: dict, options: Options, state: dict):
+    """A compiled graph's call failed: the graph `gm` runs eagerly instead (if that fails too,
+    the error is the program's own and is raised), `_fail` reports the failure (or raises it,
+    with fallback "error"), and later calls run eagerly (`state["runner"]`)."""
+    eager_out = gm.forward(*args)
+    with _process_settings(settings):
+        state["runner"] = _fail("running", name, err, gm.forward, options, gm, args)
+    return eager_out
 
 
 def _static_inputs() -> list:
@@ -285,10 +292,7 @@ def _front_training_runner(name, gm, record: dict, forward, backward, settings: 
         except CheckError:  # the program's own error, as in eager
             raise
         except Exception as err:  # noqa: BLE001 - the first launch also loads the kernels
-            eager_out = gm.forward(*args)  # if eager fails too, the error is the program's own
-            with _process_settings(settings):
-                state["runner"] = _fail("running", name, err, gm.forward, options, gm, args)
-            return eager_out
+            return _eager_after_failure(name, gm, err, args, settings, options, state)
         state["runner"] = function
         return out
 
