@@ -269,8 +269,8 @@ class CompiledGraph:
         promised = self.promised.get(name)
         if promised is None and name in self.promised_symbolic:
             promised = self.promised_layout(name, env or {})
-        if promised is None:
-            return value
+        if promised is None or any(n > 1 and st == 0 for n, st in zip(value.shape, promised)):
+            return value  # (an expanded layout cannot be copied into)
         if all(n == 1 or st == want for n, st, want in zip(value.shape, value.stride(), promised)):
             return value
         return torch.empty_strided(value.shape, promised, dtype=value.dtype, device=value.device).copy_(value)
