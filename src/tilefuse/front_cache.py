@@ -377,6 +377,5 @@ def store(front_key: str, record: dict, views: list) -> bool:
     return front_cache().put(front_key, {"entry.json": json.dumps(record).encode(), "views.json": encoded_views})
 
 
-__all__ = ["key", "load", "store", "plain_runtime", "plain_training", "backward_function", "TrainingEntry", "conditions",
-           "compile_state",
-           "front_cache", "FORMAT"]
+__all__ = ["key", "load", "store", "plain_runtime", "plain_training", "backward_function", "TrainingEntry",
+           "conditions", "compile_state", "front_cache", "FORMAT"]

@@ -16,8 +16,8 @@ class Mod(sympy.Mod):
     """sympy's `Mod` without its rewrite of a product holding a `Mod`, which is wrong: sympy
     (1.14 and before) turns `Mod(2*Mod(a, 4), 4)` into `2*Mod(a, 4)` (a = 2: 4 where the value
     is 0) and `Mod(128*Mod(x, 3), 356)` into a square (sympy issues 28744, 29757). A Swin
-    transformer's patch merging after shifted windows composes such indices and read the
-    wrong rows. Here such a product only has the common factor of its coefficient and the
+    transformer's patch merging, fused after its attention windows are put back in place,
+    composes such indices and read the wrong rows. Here such a product only has the common factor of its coefficient and the
     modulus taken out (`Mod(g*x, g*m) = g*Mod(x, m)` for integers: `Mod(2*Mod(a, 4), 4)` is
     `2*Mod(a, 2)`) and is otherwise left as written; everything else evaluates as sympy's.
     Every index `Mod` tilefuse builds is this one (`mod`), and the index simplifier turns a
