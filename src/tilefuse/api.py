@@ -228,7 +228,6 @@ def _from_front_cache(front: str, gm: torch.fx.GraphModule, settings: dict):
     from . import front_cache, graph_cache
 
     t0 = time.perf_counter()
-    training = False
     with _process_settings(settings):  # (the compile's cache directory)
         record = front_cache.load(front)
         if record is None:

@@ -190,6 +190,5 @@ def store(key: str, compiled: CompiledGraph, report) -> bool:
     return graph_cache().put(key, {"graph.json": data})
 
 
-__all__ = ["graph_key", "load", "store", "source_hash", "graph_cache", "attribute_key", "describe_input", "knobs_in_key",
-           "Unkeyable",
-           "FORMAT"]
+__all__ = ["graph_key", "load", "store", "source_hash", "graph_cache", "attribute_key", "describe_input",
+           "knobs_in_key", "Unkeyable", "FORMAT"]

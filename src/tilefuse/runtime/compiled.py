@@ -266,9 +266,7 @@ class CompiledGraph:
         traced layout, which the call nearly always returns; a copy into it when it does not."""
         if not isinstance(value, torch.Tensor):
             return value
-        promised = self.promised.get(name)
-        if promised is None and name in self.promised_symbolic:
-            promised = self.promised_layout(name, env or {})
+        promised = self.promised_layout(name, env or {})
         if promised is None or any(n > 1 and st == 0 for n, st in zip(value.shape, promised)):
             return value  # (an expanded layout cannot be copied into)
         if all(n == 1 or st == want for n, st, want in zip(value.shape, value.stride(), promised)):
