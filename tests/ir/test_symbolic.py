@@ -88,3 +88,70 @@ def test_composed_indices_keep_their_values(composed, extent):
     for y in range(extent):
         assert evaluate(e, {Y: y}) == value([y]), (e, y)
         assert evaluate(simplified, {Y: y}) == value([y]), (e, simplified, y)
+
+
+S = sympy.Symbol("s0", integer=True, positive=True)
+
+
+def _sized_tree(draw, depth):
+    """Like `_tree`, over y and a size symbol s0 (as a dynamic-shape graph indexes), with
+    negative coefficients and divisors and moduli that are multiples of s0."""
+    if depth == 0 or draw(st.integers(0, 3)) == 0:
+        leaf = draw(st.sampled_from(["y", "s", "c"]))
+        if leaf == "y":
+            return Y, (lambda env: env["y"])
+        if leaf == "s":
+            return S, (lambda env: env["s"])
+        c = draw(st.integers(-9, 9))
+        return sympy.Integer(c), (lambda env: c)
+    op = draw(st.sampled_from(["add", "sub", "mul", "mul_s", "div", "mod", "mod_s", "div_s"]))
+    a, fa = _sized_tree(draw, depth - 1)
+    if op in ("add", "sub"):
+        b, fb = _sized_tree(draw, depth - 1)
+        sign = 1 if op == "add" else -1
+        return a + sign * b, (lambda env: fa(env) + sign * fb(env))
+    c = draw(st.integers(1, 12))
+    if op == "mul":
+        return -c * a, (lambda env: -c * fa(env))
+    if op == "mul_s":
+        return c * S * a, (lambda env: c * env["s"] * fa(env))
+    if op == "div":
+        return floordiv(a, c), (lambda env: fa(env) // c)
+    if op == "div_s":
+        return floordiv(a, c * S), (lambda env: fa(env) // (c * env["s"]))
+    if op == "mod":
+        return mod(a, c), (lambda env: fa(env) % c)
+    return mod(a, c * S), (lambda env: fa(env) % (c * env["s"]))
+
+
+@st.composite
+def _sized(draw):
+    return _sized_tree(draw, 4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_sized(), st.integers(1, 7), st.integers(2, 30))
+def test_indices_over_sizes_keep_their_values(sized, s, extent):
+    """Moduli that are multiples of a size symbol take tilefuse's quick rules, not sympy's
+    polynomial gcd: their values stay Python's for every size and index."""
+    e, value = sized
+    simplified = simplify_index(e, {Y: extent})
+    for y in range(extent):
+        env = {"y": y, "s": s}
+        assert evaluate(e, {Y: y, S: s}) == value(env), (e, s, y)
+        assert evaluate(simplified, {Y: y, S: s}) == value(env), (e, simplified, s, y)
+
+
+def test_quick_rules_match_sympy_on_index_shapes():
+    """The quick path gives sympy's simplifications on the shapes index arithmetic makes."""
+    from tilefuse.ir.symbolic import Mod
+
+    assert Mod(S * X + Y, S) == Mod(Y, S)
+    assert Mod(7 * S * X + 14 * Y, 7 * S) == 7 * Mod(2 * Y, S)
+    assert Mod(S - 1, S) == S - 1
+    assert Mod(9 * X, 8) == Mod(X, 8)
+    assert Mod(X + Mod(Y, 16), 8) == Mod(X + Y, 8)
+    assert Mod(Mod(X, 4), 8) == Mod(X, 4)
+    assert Mod(S * X + S, S) == 0
+    assert Mod(X - 9, 8) == Mod(X + 7, 8)
+    assert Mod(S * S * X + S * Y, S * S) == S * Mod(S * X + Y, S)

@@ -74,15 +74,20 @@ def _candidates(graph: Graph, schedule: GraphPlan) -> set:
             if isinstance(graph[name], (Pointwise, Reduce)) and 2 <= graph[name].rank <= MAX_RANK}
 
 
-def _cost(loads, strides) -> tuple[int, int]:
-    """(index divisions, loads not at unit stride along their reader's innermost index)."""
+def _cost(loads, strides, bound=None) -> tuple[int, int]:
+    """(index divisions, loads not at unit stride along their reader's innermost index). With
+    `bound`, the count stops once it is known not to beat it (the result is then only known
+    not to be below `bound`)."""
     divisions = strided = 0
     for load, ranges in loads:
         if not all(isinstance(c, Index) for c in load.index):
             continue
-        off = sum((c.expr * st for c, st in zip(load.index, strides)), sympy.Integer(0))
-        divisions += _divisions(simplify_index(sympy.expand(off), ranges))
+        off = sympy.expand(sum((c.expr * st for c, st in zip(load.index, strides)), sympy.Integer(0)))
+        if _divisions(off):  # (simplifying removes divisions, never adds them)
+            divisions += _divisions(simplify_index(off, ranges))
         strided += not _unit_stride(off, ranges)
+        if bound is not None and divisions > bound[0]:
+            break
     return divisions, strided
 
 
@@ -95,7 +100,7 @@ def _unit_stride(offset, ranges: dict) -> bool:
         return True
     origin = {s: 0 for s in ranges}  # (index symbols only: a symbolic size may divide)
     try:
-        step = offset.subs({**origin, inner[-1]: 1}) - offset.subs(origin)
+        step = offset.xreplace({**origin, inner[-1]: 1}) - offset.xreplace(origin)  # (xreplace: subs is slow)
     except (ZeroDivisionError, TypeError):
         return True  # (undecided: no preference)
     return step == 1
@@ -238,8 +243,10 @@ def assign_layouts(graph: Graph, schedule: GraphPlan) -> None:
             continue  # (with the innermost dim kept, strided reads stay strided: not worth the search)
         for last in innermost:
             for outer in itertools.permutations([d for d in range(rank) if d != last]):
+                if best_cost == (0, 0):
+                    break  # (nothing beats it: the first order to reach it wins)
                 order = (*outer, last)
-                cost = _cost(reads, strides_for(shape, order))
+                cost = _cost(reads, strides_for(shape, order), best_cost)
                 if cost < best_cost:
                     best, best_cost = order, cost
         if best != row_major:

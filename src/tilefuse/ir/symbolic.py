@@ -33,7 +33,103 @@ class Mod(sympy.Mod):
                 if g > 1:
                     return g * cls(sympy.Integer(int(coeff) // g) * rest, sympy.Integer(int(q) // g))
             return None
+        quick = _index_mod(cls, p, q)
+        if quick is not _UNDECIDED:
+            return quick
         return super().eval(p, q)
+
+
+_UNDECIDED = object()
+
+
+def _index_mod(cls, p, q):
+    """`Mod(p, q)` for index arithmetic, where sympy's own rules are slow: sympy extracts a
+    common factor with a polynomial gcd on every evaluation, which took most of a dynamic-shape
+    compile's planning. Here p is a sum of integer-coefficient terms over integer atoms and q
+    a positive monomial (`7`, `s0`, `4*s0*s1`); the same rules apply with the gcd of monomials:
+    terms that are multiples of q dropped, an inner `Mod` by a multiple of q unwrapped, a
+    constant or a coefficient of q's size or more reduced, and the common factor of p's terms
+    and q taken out. Any integer-valued factor counts as an atom (`floor(s0/4)`, a sum), so
+    `Mod((a + b)*n + c, n)` is `Mod(c, n)`. Anything else is `_UNDECIDED` and left to sympy."""
+    q_coeff, q_mono = q.as_coeff_Mul()
+    if not (q_coeff.is_Integer and int(q_coeff) > 0):
+        return _UNDECIDED  # (each rule holds for any non-zero q; sympy cannot tell `s0 // 4 > 0`)
+    q_powers = _monomial_powers(q_mono)
+    if q_powers is None:
+        return _UNDECIDED
+    if p.is_Integer:
+        if p == 0:
+            return sympy.Integer(0)
+        return sympy.Integer(int(p) % int(q)) if q.is_Integer else _UNDECIDED
+    terms, changed, pending = [], False, list(sympy.Add.make_args(p))
+    while pending:
+        c, m = pending.pop().as_coeff_Mul()
+        if not c.is_Integer:
+            return _UNDECIDED
+        c = int(c)
+        if isinstance(m, sympy.Mod) and _divides(m.args[1], q_coeff, q_powers):
+            pending.extend(sympy.Add.make_args(c * m.args[0]))  # c*Mod(y, k*q) ≡ c*y (mod q)
+            changed = True
+            continue
+        powers = _monomial_powers(m)
+        if powers is None:
+            return _UNDECIDED
+        if c % int(q_coeff) == 0 and all(powers.get(b, 0) >= e for b, e in q_powers.items()):
+            changed = True  # a multiple of q
+            continue
+        if q.is_Integer and abs(c) >= int(q):
+            c, changed = c % int(q), True
+        terms.append((c, m, powers))
+    if not terms:
+        return sympy.Integer(0)
+    if len(terms) == 1 and isinstance(terms[0][1], sympy.Mod) and terms[0][0] == 1:
+        inner = terms[0][1].args[1]  # Mod(Mod(x, k), q) with 0 < k <= q is Mod(x, k)
+        if inner.is_Integer and q.is_Integer and 0 < int(inner) <= int(q):
+            return terms[0][1]
+    g = math.gcd(int(q_coeff), *(c for c, _, _ in terms))
+    common = dict(q_powers)
+    for _, _, powers in terms:
+        common = {b: min(e, powers[b]) for b, e in common.items() if b in powers}
+    if g > 1 or common:
+        factor = sympy.Integer(g) * sympy.Mul(*(b**e for b, e in common.items()))
+        rest = sympy.Add(*(sympy.Integer(c // g) * m / (factor / g) for c, m, _ in terms))
+        return factor * cls(rest, q / factor)
+    if changed:
+        return cls(sympy.Add(*(sympy.Integer(c) * m for c, m, _ in terms)), q)
+    return None
+
+
+def _monomial_powers(m):
+    """{atom: power} of an integer-valued monomial with positive integer powers, or None."""
+    powers = {}
+    for f in sympy.Mul.make_args(m):
+        if f == 1:
+            continue
+        base, e = f.as_base_exp()
+        if not (e.is_Integer and int(e) > 0 and not base.is_Number and _integer_valued(base)):
+            return None
+        powers[base] = powers.get(base, 0) + int(e)
+    return powers
+
+
+def _integer_valued(e) -> bool:
+    """Whether an index expression is an integer: sympy cannot tell for `floor(a / n)`, whose
+    argument is not known to be real while n might be 0."""
+    if isinstance(e, (sympy.floor, sympy.ceiling)):
+        return True
+    if e.is_Add or e.is_Mul or isinstance(e, sympy.Mod):
+        return all(a.is_Integer or _integer_valued(a) for a in e.args)
+    if e.is_Pow:
+        return e.exp.is_Integer and int(e.exp) >= 0 and _integer_valued(e.base)
+    return e.is_integer is True
+
+
+def _divides(x, q_coeff, q_powers) -> bool:
+    """Whether q (q_coeff times the monomial q_powers) divides x, read term by term."""
+    c, m = x.as_coeff_Mul()
+    powers = _monomial_powers(m)
+    return (c.is_Integer and int(c) % int(q_coeff) == 0 and powers is not None
+            and all(powers.get(b, 0) >= e for b, e in q_powers.items()))
 
 
 def floordiv(a, b) -> sympy.Expr:
@@ -176,6 +272,9 @@ def _recombine_divmod(e):
     if not e.is_Add:
         return e
     terms = list(sympy.Add.make_args(e))
+    floors = {sympy.expand(f) for t in terms for f in _floors_of(t)}
+    if not floors:
+        return e  # (nothing to recombine with: the common case, decided without expanding)
     changed = True
     while changed:
         changed = False
@@ -187,9 +286,12 @@ def _recombine_divmod(e):
             m = mods[0]
             rest = sympy.Mul(*[f for f in sympy.Mul.make_args(core) if f is not m])
             a, d = m.args
-            target = coeff * rest * d * sympy.floor(a / d)
+            quotient = sympy.expand(sympy.floor(a / d))
+            if quotient not in floors:
+                continue
+            target = coeff * rest * d * quotient
             for u in terms:
-                if u is not t and sympy.expand(u - target) == 0:
+                if u is not t and quotient in map(sympy.expand, _floors_of(u)) and sympy.expand(u - target) == 0:
                     terms.remove(u)
                     terms.remove(t)
                     terms.append(coeff * rest * a)
@@ -198,6 +300,10 @@ def _recombine_divmod(e):
             if changed:
                 break
     return sympy.Add(*terms)
+
+
+def _floors_of(term):
+    return [f for f in sympy.Mul.make_args(term) if isinstance(f, sympy.floor)]
 
 
 def _split_multiple(num, den):
