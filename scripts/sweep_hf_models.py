@@ -64,20 +64,37 @@ CASES = {
         image_size=32, patch_size=2, hidden_sizes=[16, 24, 32], neck_hidden_sizes=[8, 8, 16, 16, 24, 24, 32],
         num_attention_heads=2, num_labels=5)),
     "CLIPText": lambda: (transformers.CLIPTextModel, transformers.CLIPTextConfig(**W)),
+    "ModernBert": lambda: (transformers.ModernBertForMaskedLM, cfg("ModernBert", global_attn_every_n_layers=2, local_attention=4, pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)),
+    "GPTBigCode": lambda: (transformers.GPTBigCodeForCausalLM, transformers.GPTBigCodeConfig(n_embd=32, n_layer=2, n_head=4, vocab_size=97, multi_query=True, bos_token_id=1, eos_token_id=2)),
+    "CodeGen": lambda: (transformers.CodeGenForCausalLM, transformers.CodeGenConfig(n_embd=32, n_layer=2, n_head=4, vocab_size=97, rotary_dim=4, n_positions=64)),
+    "Starcoder2": lambda: (transformers.Starcoder2ForCausalLM, cfg("Starcoder2", num_key_value_heads=2)),
+    "Granite": lambda: (transformers.GraniteForCausalLM, cfg("Granite", num_key_value_heads=2, embedding_multiplier=2.0, residual_multiplier=0.5, logits_scaling=4.0)),
+    "Dinov2": lambda: (transformers.Dinov2Model, transformers.Dinov2Config(**W, image_size=32, patch_size=4)),
+    "Beit": lambda: (transformers.BeitForImageClassification, transformers.BeitConfig(**W, image_size=32, patch_size=4, use_relative_position_bias=True, num_labels=5)),
+    "Segformer": lambda: (transformers.SegformerForSemanticSegmentation, transformers.SegformerConfig(
+        num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32], patch_sizes=[7, 3], strides=[4, 2],
+        num_attention_heads=[1, 2], mlp_ratios=[2, 2], decoder_hidden_size=32, num_labels=5)),
+    "Wav2Vec2": lambda: (transformers.Wav2Vec2ForCTC, transformers.Wav2Vec2Config(
+        **W, conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_feat_extract_layers=2,
+        num_conv_pos_embeddings=8, num_conv_pos_embedding_groups=4, pad_token_id=0)),
     "Mamba": lambda: (transformers.MambaForCausalLM, transformers.MambaConfig(
         hidden_size=32, num_hidden_layers=2, vocab_size=97, state_size=4, expand=2, conv_kernel=3)),
 }
 
 #: models whose attention mask pads the start of the second sequence
-PADDED = ("Roberta", "DistilBert", "Electra", "Albert", "DebertaV2", "MPNet", "CLIPText")
+PADDED = ("Roberta", "DistilBert", "Electra", "Albert", "DebertaV2", "MPNet", "CLIPText", "ModernBert")
+#: models of 32×32 images (their dynamic runs vary the batch)
+IMAGES = ("ConvNext", "ResNet", "Swin", "MobileViT", "Dinov2", "Beit", "Segformer")
 
 
 def inputs_for(name, B=2, T=11):
     """The model's inputs: B sequences of T tokens (the second padded at its start where the
     model takes a padding mask), B images of 32×32."""
     g = torch.Generator().manual_seed(0)
-    if name in ("ConvNext", "ResNet", "Swin", "MobileViT"):
+    if name in IMAGES:
         return {"pixel_values": torch.randn(B, 3, 32, 32, generator=g)}
+    if name == "Wav2Vec2":
+        return {"input_values": torch.randn(B, 40 * T, generator=g)}
     if name == "Whisper":
         return {"input_features": torch.randn(B, 8, 32, generator=g),
                 "decoder_input_ids": torch.randint(3, 97, (B, 7), generator=g)}
@@ -129,7 +146,7 @@ def run(name, train, dynamic=False):
     torch._dynamo.reset()
     compiled = tilefuse.compile(model, fallback="error", dynamic=True if dynamic else None)
     sizes = [(2, 11), (2, 7), (2, 16)] if dynamic else [(2, 11)]
-    if dynamic and name in ("ConvNext", "ResNet", "Swin", "MobileViT"):
+    if dynamic and name in IMAGES:
         sizes = [(2, 11), (3, 11), (5, 11)]
     messages, ok = [], True
     for B, T in sizes:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from tilefuse.frontend.lowerings.views import reshape_groups, reshape_map
 from tilefuse.ir.expr import Index
-from tilefuse.ir.symbolic import evaluate, mod
+from tilefuse.ir.symbolic import evaluate, floordiv, mod
 
 
 def _check_map(old, new, env=None):
@@ -54,7 +54,7 @@ def test_split_and_merge_forms():
     split = _check_map((35, 13), (5, 7, 13))
     assert [c.expr for c in split] == [7 * i0 + i1, i2]
     merge = _check_map((5, 7, 13), (35, 13))
-    assert [c.expr for c in merge] == [sympy.floor(i0 / 7), mod(i0, 7), i1]
+    assert [c.expr for c in merge] == [floordiv(i0, 7), mod(i0, 7), i1]
     ones = _check_map((5, 1, 7), (35, 1))
     assert ones[1].expr == 0
 
@@ -64,7 +64,7 @@ S, T = sympy.symbols("s0 s1", integer=True, positive=True)
 
 @pytest.mark.parametrize("s,t", [(8, 3), (12, 5), (4, 1)])
 def test_symbolic_split_is_affine(s, t):
-    new = (sympy.floor(S / 4), 4, T)
+    new = (floordiv(S, 4), 4, T)
     assert reshape_groups((S, T), new) == [([0], [0, 1]), ([1], [2])]
     idx = _check_map((S, T), new, {S: s, T: t})
     assert all(not c.expr.has(sympy.floor, sympy.Mod) for c in idx)
@@ -74,7 +74,7 @@ def test_symbolic_split_is_affine(s, t):
 def test_floor_sizes_in_two_groups_are_merged(s, t):
     # view(s//4, 4, -1) of an (s, t) tensor: valid for s=5, t=4 as (1, 4, 5), where pairing
     # (s) with (s//4, 4) would be wrong
-    new = (sympy.floor(S / 4), 4, sympy.floor(S * T / (4 * sympy.floor(S / 4))))
+    new = (floordiv(S, 4), 4, floordiv(S * T, 4 * floordiv(S, 4)))
     if (s * t) % (4 * (s // 4)):
         pytest.skip("not a valid view for these sizes")
     assert len(reshape_groups((S, T), new)) == 1

@@ -104,7 +104,7 @@ def _sized_tree(draw, depth):
             return S, (lambda env: env["s"])
         c = draw(st.integers(-9, 9))
         return sympy.Integer(c), (lambda env: c)
-    op = draw(st.sampled_from(["add", "sub", "mul", "mul_s", "div", "mod", "mod_s", "div_s"]))
+    op = draw(st.sampled_from(["add", "sub", "mul", "mul_s", "mul_sum", "div", "mod", "mod_s", "mod_sum", "div_s"]))
     a, fa = _sized_tree(draw, depth - 1)
     if op in ("add", "sub"):
         b, fb = _sized_tree(draw, depth - 1)
@@ -115,6 +115,10 @@ def _sized_tree(draw, depth):
         return -c * a, (lambda env: -c * fa(env))
     if op == "mul_s":
         return c * S * a, (lambda env: c * env["s"] * fa(env))
+    if op == "mul_sum":  # a size that is a sum, as a padded or convolved extent is
+        return c * (S + 1) * a, (lambda env: c * (env["s"] + 1) * fa(env))
+    if op == "mod_sum":
+        return mod(a, c * (S + 1)), (lambda env: fa(env) % (c * (env["s"] + 1)))
     if op == "div":
         return floordiv(a, c), (lambda env: fa(env) // c)
     if op == "div_s":
@@ -155,3 +159,23 @@ def test_quick_rules_match_sympy_on_index_shapes():
     assert Mod(S * X + S, S) == 0
     assert Mod(X - 9, 8) == Mod(X + 7, 8)
     assert Mod(S * S * X + S * Y, S * S) == S * Mod(S * X + Y, S)
+    # a common factor that is a sum: sympy distributes an integer into it (3*(s0 + 1) is
+    # 3*s0 + 3), so the modulus left is built from exponents, not by dividing
+    s1 = sympy.Symbol("s1", integer=True, positive=True)
+    for coeff in (3, 9):
+        e = Mod(coeff * X * (S + 1), 6 * s1 * (S + 1))
+        assert not any(a.is_Rational and not a.is_Integer for a in sympy.preorder_traversal(e)), e
+        for s, t, x in [(1, 1, 2), (2, 3, 7), (4, 1, 5), (3, 2, 11)]:
+            assert evaluate(e, {X: x, S: s, s1: t}) == (coeff * x * (s + 1)) % (6 * t * (s + 1))
+
+
+def test_a_quotient_sympy_calls_an_integer_keeps_its_floor():
+    """sympy 1.14 calls `y*(2*s0 + 2)/10` an integer (it weighs only the 2s) and its `floor`
+    returned the fraction; tilefuse's `Floor` decides index quotients itself."""
+    e = floordiv(Y * (2 * S + 2), 10)
+    for s in range(1, 6):
+        for y in range(12):
+            assert evaluate(e, {Y: y, S: s}) == (y * (2 * s + 2)) // 10, (e, s, y)
+    assert floordiv(4 * Y + X, 4) == Y + floordiv(X, 4)
+    assert floordiv(S * X + Y, S) == X + floordiv(Y, S)
+    assert floordiv(6 * Y, 3) == 2 * Y

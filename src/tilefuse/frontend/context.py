@@ -12,6 +12,7 @@ from ..ir.dtypes import DType
 from ..ir.expr import Expr, Index, cast, out_index, red_index
 from ..ir.graph import Extern, ExternResult, Graph, Pointwise, Reduce, TensorArg
 from ..ir.monoid import Monoid, monoid
+from ..ir.symbolic import Floor, floordiv
 from ..ir.symbolic import mod as index_mod
 from .cudnn_attention_grad import REPLACEMENTS as _SAFER_CALLS
 from .reinplace import mutates_input
@@ -53,11 +54,11 @@ def plain_sympy(e):
         return e
     args = [plain_sympy(a) for a in e.args]
     if isinstance(e, _tf.FloorDiv):
-        return sympy.floor(args[0] / args[1])
+        return floordiv(args[0], args[1])
     if isinstance(e, _tf.CeilDiv):
         return sympy.ceiling(args[0] / args[1])
     if isinstance(e, _tf.ModularIndexing):
-        return index_mod(sympy.floor(args[0] / args[1]), args[2])
+        return index_mod(floordiv(args[0], args[1]), args[2])
     if isinstance(e, (_tf.PythonMod, _tf.Mod)):
         return index_mod(args[0], args[1])
     if isinstance(e, (_tf.IntTrueDiv, _tf.FloatTrueDiv)):
@@ -67,13 +68,17 @@ def plain_sympy(e):
     if isinstance(e, (_tf.ToFloat, _tf.Identity, _tf.TruncToFloat)):
         return args[0]
     if isinstance(e, (_tf.FloorToInt, _tf.TruncToInt)):  # sizes are non-negative: trunc == floor
-        return sympy.floor(args[0])
+        return Floor(args[0])
     if isinstance(e, _tf.CeilToInt):
         return sympy.ceiling(args[0])
     if isinstance(e, _tf.Max):
         return sympy.Max(*args)
     if isinstance(e, _tf.Min):
         return sympy.Min(*args)
+    if type(e) is sympy.floor:  # (sympy's own, whose integer test of a product is wrong)
+        return Floor(args[0])
+    if type(e) is sympy.Mod:
+        return index_mod(args[0], args[1])
     if any(x is not y for x, y in zip(args, e.args)):
         return e.func(*args)
     return e

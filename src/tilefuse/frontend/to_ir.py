@@ -16,6 +16,7 @@ import torch.fx
 
 from .. import logs
 from ..ir.graph import Constant, Graph, Input, ScalarInput
+from ..ir.symbolic import floordiv
 from ..ir.symbolic import mod as index_mod
 from . import lowerings  # noqa: F401  (registers every lowering)
 from .context import LoweringContext, ir_dtype, shape_of, strides_of, sym_expr
@@ -28,7 +29,7 @@ from .values import BufferValue, TensorValue
 _SYM_OPS = {
     operator.add: operator.add, operator.sub: operator.sub, operator.mul: operator.mul,
     operator.truediv: operator.truediv, operator.neg: operator.neg, operator.pow: operator.pow,
-    operator.floordiv: lambda a, b: sympy.floor(sympy.sympify(a) / b),
+    operator.floordiv: floordiv,
     operator.mod: lambda a, b: index_mod(a, b),
     torch.sym_float: lambda a: a, torch.sym_int: lambda a: sympy.floor(a),
     math.sqrt: sympy.sqrt, torch.sym_sqrt if hasattr(torch, "sym_sqrt") else math.sqrt: sympy.sqrt,

@@ -91,9 +91,12 @@ def _index_mod(cls, p, q):
     for _, _, powers in terms:
         common = {b: min(e, powers[b]) for b, e in common.items() if b in powers}
     if g > 1 or common:
-        factor = sympy.Integer(g) * sympy.Mul(*(b**e for b, e in common.items()))
-        rest = sympy.Add(*(sympy.Integer(c // g) * m / (factor / g) for c, m, _ in terms))
-        return factor * cls(rest, q / factor)
+        # (each quotient from the exponents: dividing by g*(a + b) would not cancel, as sympy
+        # distributes g into the sum)
+        common_atoms = sympy.Mul(*(b**e for b, e in common.items()))
+        rest = sympy.Add(*(sympy.Integer(c // g) * (m / common_atoms) for c, m, _ in terms))
+        modulus = sympy.Integer(int(q_coeff) // g) * sympy.Mul(*(b**(e - common.get(b, 0)) for b, e in q_powers.items()))
+        return sympy.Integer(g) * common_atoms * cls(rest, modulus)
     if changed:
         return cls(sympy.Add(*(sympy.Integer(c) * m for c, m, _ in terms)), q)
     return None
@@ -132,11 +135,44 @@ def _divides(x, q_coeff, q_powers) -> bool:
             and all(powers.get(b, 0) >= e for b, e in q_powers.items()))
 
 
+class Floor(sympy.floor):
+    """sympy's `floor` without its trust in sympy's integer test of a product, which is wrong:
+    sympy (1.14) calls `y*(2*s0 + 2)/10` an integer, weighing only the factors of 2 in the
+    numerator against the 10, so `floor(y*(2*s0 + 2)/10)` became that fraction. An index
+    quotient is decided here instead: an argument made of integers is its own floor, and the
+    terms of an integer numerator that the (integer or monomial) denominator divides are taken
+    out (`floor((4*y + x)/4)` is `y + floor(x/4)`); anything else stays as written. Every
+    index floor tilefuse builds is this one (`floordiv`), and the index simplifier rebuilds a
+    plain sympy `floor` as it, as it does `Mod`."""
+
+    def _sympystr(self, printer):  # (printed as sympy's own)
+        return f"floor({printer._print(self.args[0])})"
+
+    @classmethod
+    def eval(cls, arg):
+        if arg.is_Number:
+            return super().eval(arg)
+        if _integer_valued(arg):
+            return arg
+        num, den = arg.as_numer_denom()
+        d_coeff, d_mono = den.as_coeff_Mul()
+        d_powers = _monomial_powers(d_mono) if d_coeff.is_Integer and int(d_coeff) > 0 else None
+        if d_powers is None or not _integer_valued(num):
+            return None
+        whole, rest = [], []
+        for t in sympy.Add.make_args(num):
+            (whole if _divides(t, d_coeff, d_powers) else rest).append(t)
+        if not whole:
+            return None
+        quotient = sympy.Add(*whole) / den
+        return quotient + cls(sympy.Add(*rest) / den) if rest else quotient
+
+
 def floordiv(a, b) -> sympy.Expr:
     a, b = sympy.sympify(a), sympy.sympify(b)
     if b == 1:
         return a
-    return sympy.floor(a / b)
+    return Floor(a / b)
 
 
 def mod(a, b) -> sympy.Expr:
@@ -238,7 +274,7 @@ def simplify_index(expr, ranges: dict) -> sympy.Expr:
                 if lo >= 0 and hi < d:
                     return q
                 if q != 0 and lo >= 0:
-                    return q + sympy.floor(rest / d)
+                    return q + Floor(rest / d)
         if isinstance(e, sympy.Mod):
             a, m = e.args
             if not m.is_Integer and m.is_positive:
@@ -286,7 +322,7 @@ def _recombine_divmod(e):
             m = mods[0]
             rest = sympy.Mul(*[f for f in sympy.Mul.make_args(core) if f is not m])
             a, d = m.args
-            quotient = sympy.expand(sympy.floor(a / d))
+            quotient = sympy.expand(Floor(a / d))
             if quotient not in floors:
                 continue
             target = coeff * rest * d * quotient
@@ -325,6 +361,8 @@ def _postorder_rewrite(e, fn):
     args = [_postorder_rewrite(a, fn) for a in e.args]
     if type(e) is sympy.Mod:  # (sympy's own: rebuilt as tilefuse's, whose rules are right)
         e = Mod(*args)
+    elif type(e) is sympy.floor:
+        e = Floor(*args)
     elif any(a is not b for a, b in zip(args, e.args)):
         e = e.func(*args)
     return fn(e)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import sympy
 
 from ..fusion.plan import KernelPlan
-from ..ir.symbolic import unravel_sym
+from ..ir.symbolic import floordiv, unravel_sym
 from ..ir import dtypes as dt
 from ..ir.expr import Const, Expr, Index, Load, Var, binary, cast, out_index, walk, where
 from ..ir.graph import Graph
@@ -95,7 +95,7 @@ class BlockSummary:
         flat = sympy.Integer(0)
         for p, extent, c in zip(self.positions, self.batch, self._divisors):
             value = sympy.sympify(batch_vals[p])
-            flat = flat * sympy.sympify(extent) + (sympy.floor(value / c) if c != 1 else value)
+            flat = flat * sympy.sympify(extent) + floordiv(value, c)
         return flat
 
     @property
@@ -189,8 +189,11 @@ def batch_divisor(cond: Expr, symbol, extent) -> int:
     if size % c:
         return 1
     placeholder = sympy.Dummy("outer", integer=True, nonnegative=True)
-    atom = sympy.floor(symbol / c)
-    if any(symbol in expr.xreplace({atom: placeholder}).free_symbols for expr in exprs):
+
+    def outer(expr):  # floor(symbol / c), as whichever floor class built it
+        return expr.xreplace({f: placeholder for f in expr.atoms(sympy.floor) if f.args[0] == symbol / c})
+
+    if any(symbol in outer(expr).free_symbols for expr in exprs):
         return 1  # the coordinate is read some other way too
     return c
 

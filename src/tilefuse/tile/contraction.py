@@ -14,7 +14,7 @@ import sympy
 from ..fusion.plan import KernelPlan, PlanKind
 from ..ir.expr import Cast, Const, Expr, Index, Load, Var, cast, out_index, red_index, where
 from ..ir.graph import Graph
-from ..ir.symbolic import contiguous_strides, mod, unravel_sym
+from ..ir.symbolic import contiguous_strides, floordiv, mod, unravel_sym
 from .builder import KernelBuilder, land
 from .common import (LoweringOptions, bound_check, dot_accumulator, dot_operand, index_values, lane_ranges, mapped,
                      needs_int64, pow2, static_int, tile_symbol)
@@ -184,11 +184,11 @@ def lower_contraction(graph: Graph, plan: KernelPlan, options: LoweringOptions) 
         b.push_block(tiles.body)
         b.emit(Let("pid", Index(tile_symbol("tile"))))
     pid, pid_b = tile_symbol("pid"), tile_symbol("pid_b")
-    group = sympy.floor(pid / (G * num_n))
+    group = floordiv(pid, G * num_n)
     first_m = group * G
     size_m = sympy.Min(num_m - first_m, G)
     b.emit(Let("pid_m", Index(first_m + mod(pid, size_m))))
-    b.emit(Let("pid_n", Index(sympy.floor(mod(pid, G * num_n) / size_m))))
+    b.emit(Let("pid_n", Index(floordiv(mod(pid, G * num_n), size_m))))
     b.emit(Arange("rm", Index(tile_symbol("pid_m") * BM), "BLOCK_M", 0, 2))
     b.emit(Arange("rn", Index(tile_symbol("pid_n") * BN), "BLOCK_N", 1, 2))
     rm, rn = tile_symbol("rm"), tile_symbol("rn")

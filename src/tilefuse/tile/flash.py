@@ -24,7 +24,7 @@ from ..fusion.plan import KernelPlan, PlanKind, StageKind
 from ..ir.expr import Const, Expr, Index, Load, Var, binary, cast, out_index, red_index, transform, where
 from ..ir.graph import Graph
 from ..ir.monoid import SUM
-from ..ir.symbolic import contiguous_strides, unravel_sym
+from ..ir.symbolic import contiguous_strides, floordiv, unravel_sym
 from .builder import KernelBuilder, land
 from .block_summary import key_ranges, lower_summary, summary_for
 from .score_guard import guarded_ranges, lower_guard
@@ -144,7 +144,7 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
                           f"row block and skipped")
     if splits > 1:
         # split s walks its own whole number of key tiles: [s·chunk, (s+1)·chunk)
-        chunk = sympy.floor((N + splits * bn - 1) / (splits * bn)) * bn
+        chunk = floordiv(N + splits * bn - 1, splits * bn) * bn
         start = sympy.Max(start, tile_symbol("pid_s") * chunk)
         stop = sympy.Min(stop, (tile_symbol("pid_s") + 1) * chunk)
     row_values = {st.node for st in reduces}
@@ -622,10 +622,10 @@ def _interior_keys(info, row, key, start, stop, bn):
     lo = tile_symbol("pid") * tile_symbol("BLOCK_M")
     first, last = start, stop
     if lower is not None:
-        ceil_tile = sympy.floor((lower.subs(HI, lo + tile_symbol("BLOCK_M") - 1) + bn - 1) / bn) * bn
+        ceil_tile = floordiv(lower.subs(HI, lo + tile_symbol("BLOCK_M") - 1) + bn - 1, bn) * bn
         first = sympy.Min(stop, sympy.Max(start, ceil_tile))
     if upper is not None:
-        floor_tile = sympy.floor((upper.subs(LO, lo) + 1) / bn) * bn
+        floor_tile = floordiv(upper.subs(LO, lo) + 1, bn) * bn
         last = sympy.Max(first, sympy.Min(stop, floor_tile))
     return first, last, _without_mask(masked)
 
@@ -656,7 +656,7 @@ def live_keys(info, row, key, M, N):
     lo = tile_symbol("pid") * tile_symbol("BLOCK_M")
     if lower is not None:
         first = sympy.Max(0, lower.subs(LO, lo))
-        start = sympy.floor(first / tile_symbol("BLOCK_N")) * tile_symbol("BLOCK_N")
+        start = floordiv(first, tile_symbol("BLOCK_N")) * tile_symbol("BLOCK_N")
     if upper is not None:
         stop = sympy.Min(N, upper.subs(HI, lo + tile_symbol("BLOCK_M") - 1) + 1)
     return start, stop

@@ -15,7 +15,7 @@ from __future__ import annotations
 import sympy
 
 from ...ir.expr import Binary, Cast, Const, Index, Var, transform, walk
-from ...ir.symbolic import Mod
+from ...ir.symbolic import Floor, Mod
 from ...tile.ir import (Arange, ArgReduceTile, Assign, BroadcastTile, DotTile, For, Full, Let, LoadTile, ProgramId,
                         ReduceTile, TileKernel, statements, stmt_exprs)
 
@@ -96,7 +96,7 @@ class Lanes:
         if isinstance(e, sympy.floor):
             arg = self._resolve(e.args[0])
             split = None if arg is None else self._split(arg, 1)
-            return None if split is None else sympy.floor(split[0])
+            return None if split is None else Floor(split[0])
         if isinstance(e, sympy.Mod):
             x, c = e.args
             if not (c.is_Integer and int(c) > 0):
