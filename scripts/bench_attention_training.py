@@ -52,7 +52,7 @@ def naive(kind, seq, heads, device):
         return torch.softmax(torch.tanh(scores(q, k) / CAP) * CAP, dim=-1) @ v
 
     def alibi(q, k, v):
-        return torch.softmax(scores(q, k) + slopes * distance, dim=-1) @ v
+        return torch.softmax(scores(q, k) + (slopes * distance).to(q.dtype), dim=-1) @ v
 
     return {"plain": plain, "causal": causal, "causal_tril": causal_tril,
             "softcap": softcap, "alibi": alibi}[kind], slopes

@@ -179,3 +179,30 @@ def test_a_quotient_sympy_calls_an_integer_keeps_its_floor():
     assert floordiv(4 * Y + X, 4) == Y + floordiv(X, 4)
     assert floordiv(S * X + Y, S) == X + floordiv(Y, S)
     assert floordiv(6 * Y, 3) == 2 * Y
+
+
+def test_quotients_inside_min_max_and_ceilings_keep_their_values():
+    """The same wrong integer test reached `floor` through `Min`/`Max`/`Piecewise` and sympy's
+    `ceiling`; a floor by 1 of a fraction is still a floor."""
+    from tilefuse.ir.symbolic import ceildiv
+
+    frac = Y * (2 * S + 2) / 10
+    cases = [(floordiv(sympy.Min(100, Y * (2 * S + 2)), 10), lambda y, s: min(100, y * (2 * s + 2)) // 10),
+             (floordiv(sympy.Max(0, Y * (2 * S + 2)), 10), lambda y, s: max(0, y * (2 * s + 2)) // 10),
+             (ceildiv(Y * (2 * S + 2), 10), lambda y, s: -((-y * (2 * s + 2)) // 10)),
+             (floordiv(frac, 1), lambda y, s: (y * (2 * s + 2)) // 10),
+             (floordiv(sympy.Min(100, frac), 1), lambda y, s: min(100 * 10, y * (2 * s + 2)) // 10),
+             (floordiv(sympy.Piecewise((frac, Y > 0), (0, True)), 1), lambda y, s: (y * (2 * s + 2)) // 10),
+             (floordiv(S, 2) * 0 + floordiv(S * Y, 4) + ceildiv(S + 8 * Y, 8), lambda y, s: (s * y) // 4 - ((-(s + 8 * y)) // 8))]
+    for e, value in cases:
+        for s in range(1, 6):
+            for y in range(9):
+                assert evaluate(e, {Y: y, S: s}) == value(y, s), (e, s, y)
+
+
+def test_a_mod_of_a_fraction_does_not_recurse_without_end():
+    from tilefuse.ir.symbolic import Mod
+
+    z = sympy.Symbol("z", integer=True)
+    s1 = sympy.Symbol("s1", integer=True, positive=True)
+    Mod(5 * z / 2 - 16, (S + 1) * (2 * s1 + 2) ** 2)  # (sympy's rules called back forever)

@@ -12,7 +12,7 @@ from ..ir.dtypes import DType
 from ..ir.expr import Expr, Index, cast, out_index, red_index
 from ..ir.graph import Extern, ExternResult, Graph, Pointwise, Reduce, TensorArg
 from ..ir.monoid import Monoid, monoid
-from ..ir.symbolic import Floor, floordiv
+from ..ir.symbolic import Ceiling, Floor, ceildiv, floordiv
 from ..ir.symbolic import mod as index_mod
 from .cudnn_attention_grad import REPLACEMENTS as _SAFER_CALLS
 from .reinplace import mutates_input
@@ -56,7 +56,7 @@ def plain_sympy(e):
     if isinstance(e, _tf.FloorDiv):
         return floordiv(args[0], args[1])
     if isinstance(e, _tf.CeilDiv):
-        return sympy.ceiling(args[0] / args[1])
+        return ceildiv(args[0], args[1])
     if isinstance(e, _tf.ModularIndexing):
         return index_mod(floordiv(args[0], args[1]), args[2])
     if isinstance(e, (_tf.PythonMod, _tf.Mod)):
@@ -70,13 +70,15 @@ def plain_sympy(e):
     if isinstance(e, (_tf.FloorToInt, _tf.TruncToInt)):  # sizes are non-negative: trunc == floor
         return Floor(args[0])
     if isinstance(e, _tf.CeilToInt):
-        return sympy.ceiling(args[0])
+        return Ceiling(args[0])
     if isinstance(e, _tf.Max):
         return sympy.Max(*args)
     if isinstance(e, _tf.Min):
         return sympy.Min(*args)
     if type(e) is sympy.floor:  # (sympy's own, whose integer test of a product is wrong)
         return Floor(args[0])
+    if type(e) is sympy.ceiling:
+        return Ceiling(args[0])
     if type(e) is sympy.Mod:
         return index_mod(args[0], args[1])
     if any(x is not y for x, y in zip(args, e.args)):

@@ -16,7 +16,7 @@ import torch.fx
 
 from .. import logs
 from ..ir.graph import Constant, Graph, Input, ScalarInput
-from ..ir.symbolic import floordiv
+from ..ir.symbolic import Floor, floordiv
 from ..ir.symbolic import mod as index_mod
 from . import lowerings  # noqa: F401  (registers every lowering)
 from .context import LoweringContext, ir_dtype, shape_of, strides_of, sym_expr
@@ -31,7 +31,7 @@ _SYM_OPS = {
     operator.truediv: operator.truediv, operator.neg: operator.neg, operator.pow: operator.pow,
     operator.floordiv: floordiv,
     operator.mod: lambda a, b: index_mod(a, b),
-    torch.sym_float: lambda a: a, torch.sym_int: lambda a: sympy.floor(a),
+    torch.sym_float: lambda a: a, torch.sym_int: Floor,  # (sizes are not negative: truncation is the floor)
     math.sqrt: sympy.sqrt, torch.sym_sqrt if hasattr(torch, "sym_sqrt") else math.sqrt: sympy.sqrt,
     torch.sym_max: sympy.Max, torch.sym_min: sympy.Min,
     operator.eq: sympy.Eq, operator.ne: sympy.Ne, operator.lt: sympy.Lt, operator.le: sympy.Le,

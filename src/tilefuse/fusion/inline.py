@@ -73,7 +73,7 @@ class Inliner:
                 self.reasons[node.name] = "graph output"
             elif node.name in extern_read:
                 self.reasons[node.name] = "read by an extern call"
-            elif _narrowing_conversion(node) and isinstance(self.graph[node.body.x.buffer], Reduce) \
+            elif narrowing_conversion(node) and isinstance(self.graph[node.body.x.buffer], Reduce) \
                     and len(self.users[node.body.x.buffer]) == 1 and _reads_in_order(node, self.graph):
                 # bf16(acc) of a kernel's fp32 result: its producer stores it narrow (half the
                 # bytes) instead of every consumer reading the fp32 result and rounding it
@@ -210,7 +210,7 @@ class Inliner:
             if len(users) != 1:
                 continue
             conversion = self.graph[next(iter(users))]
-            if not (_narrowing_conversion(conversion) and conversion.body.x.buffer == name
+            if not (narrowing_conversion(conversion) and conversion.body.x.buffer == name
                     and _reads_in_order(conversion, self.graph)):
                 continue
             del self.reasons[name]
@@ -274,7 +274,7 @@ class Inliner:
         producer (`float32(q)` of a bf16 `q = x + b`) keeps that producer's rounding, so the
         dot reads the operands eager reads."""
         if (isinstance(f, Cast) and isinstance(f.x, Load) and f.x.dtype.is_low_precision
-                and f.x.buffer in self.inlined and not _narrowing_conversion(self.graph[f.x.buffer])):
+                and f.x.buffer in self.inlined and not narrowing_conversion(self.graph[f.x.buffer])):
             return Cast(self._substitute_rounded(f.x), f.dtype)
         return self._substitute_rounded(f)
 
@@ -282,7 +282,7 @@ class Inliner:
         """`e` with inlined producers other than explicit narrowing conversions substituted,
         intermediate rounding skipped."""
         def fn(n):
-            if isinstance(n, Load) and n.buffer in self.inlined and not _narrowing_conversion(self.graph[n.buffer]):
+            if isinstance(n, Load) and n.buffer in self.inlined and not narrowing_conversion(self.graph[n.buffer]):
                 return self._at(self._with_rounding(n.buffer), n)
             return None
 
@@ -367,7 +367,7 @@ def _index_ranges(node) -> dict:
     return ranges
 
 
-def _narrowing_conversion(node) -> bool:
+def narrowing_conversion(node) -> bool:
     """A node that only converts a wider float to bfloat16/float16: `x.to(dtype)`."""
     body = node.body
     return (isinstance(node, Pointwise) and isinstance(body, Cast) and body.dtype.is_low_precision

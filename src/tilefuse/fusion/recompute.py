@@ -28,7 +28,7 @@ from ..ir.expr import Cast, Expr, Index, Load, binary, count_ops, free_symbols, 
 from ..ir.graph import Graph, Pointwise, Scatter
 from ..ir.rewrite import substitute_index
 from .flash import K0, MAX_HELD, FlashInfo, Sibling, _static
-from .inline import is_contraction_like
+from .inline import is_contraction_like, narrowing_conversion
 from .plan import Contraction, KernelPlan, PlanKind, Stage, StageKind
 
 MAX_WEIGHT_OPS = 160  # the recomputed weights' size (ops per score tile) at most
@@ -195,11 +195,13 @@ def _merged(primary: KernelPlan, sibling: KernelPlan, mapping: dict, graph: Grap
 
 def _expand(expr: Expr, graph: Graph, depth: int = 0, memo: dict | None = None) -> Expr:
     """`expr` with every pointwise node it reads substituted by its body, recursively (`memo`:
-    expanded loads, shared by the calls of one pass)."""
+    expanded loads, shared by the calls of one pass) — but for explicit narrowing conversions
+    (`x.to(bfloat16)`), which stay loads for `_keep_conversions`."""
     memo = {} if memo is None else memo
 
     def fn(e):
-        if isinstance(e, Load) and e.buffer in graph.nodes and isinstance(graph[e.buffer], Pointwise):
+        if isinstance(e, Load) and e.buffer in graph.nodes and isinstance(graph[e.buffer], Pointwise) \
+                and not narrowing_conversion(graph[e.buffer]):
             if e not in memo:
                 node = graph[e.buffer]
                 body = substitute_index(node.body, dict(zip(out_index(node.rank), e.index)))
@@ -243,8 +245,26 @@ def _weights(factor: Expr, graph: Graph, memo: dict) -> Expr:
     expanded = _expand(factor, graph, memo=memo)
     if isinstance(expanded, Cast) and isinstance(expanded.x, Cast) and expanded.x.dtype.is_low_precision:
         inner = expanded.x
-        return Cast(Cast(skip_intermediate_rounding(inner.x), inner.dtype), expanded.dtype)
-    return skip_intermediate_rounding(expanded)
+        return Cast(Cast(_keep_conversions(inner.x, graph, memo), inner.dtype), expanded.dtype)
+    return _keep_conversions(expanded, graph, memo)
+
+
+def _keep_conversions(expanded: Expr, graph: Graph, memo: dict, depth: int = 0) -> Expr:
+    """An expanded expression with the rounding between fused ops skipped and its explicit
+    narrowing conversions then substituted, rounding kept: the forward's kernel rounds a bias
+    written `bias.to(bfloat16)` and not the sum it is added to, and the scores recomputed here
+    must be those same values (a bias of -3000 rounded in one and not in the other put
+    exp(±8) into the gradients)."""
+    def fn(e):
+        if isinstance(e, Load) and e.buffer in graph.nodes and isinstance(graph[e.buffer], Pointwise) \
+                and narrowing_conversion(graph[e.buffer]) and depth < 64:
+            node = graph[e.buffer]
+            body = substitute_index(node.body, dict(zip(out_index(node.rank), e.index)))
+            inner = _keep_conversions(_expand(body.x, graph, memo=memo), graph, memo, depth + 1)
+            return Cast(inner, body.dtype)
+        return None
+
+    return transform(skip_intermediate_rounding(expanded), fn)
 
 
 def _try(out_k: KernelPlan, graph: Graph, by_node: dict, note, reach: dict, expanded: dict) -> KernelPlan | None:

@@ -36,7 +36,17 @@ class Mod(sympy.Mod):
         quick = _index_mod(cls, p, q)
         if quick is not _UNDECIDED:
             return quick
-        return super().eval(p, q)
+        global _SYMPY_MOD_DEPTH
+        if _SYMPY_MOD_DEPTH >= 8:
+            return None  # (sympy's rules call back into this class: on a fraction, without end)
+        _SYMPY_MOD_DEPTH += 1
+        try:
+            return super().eval(p, q)
+        finally:
+            _SYMPY_MOD_DEPTH -= 1
+
+
+_SYMPY_MOD_DEPTH = 0
 
 
 _UNDECIDED = object()
@@ -116,15 +126,18 @@ def _monomial_powers(m):
 
 
 def _integer_valued(e) -> bool:
-    """Whether an index expression is an integer: sympy cannot tell for `floor(a / n)`, whose
-    argument is not known to be real while n might be 0."""
-    if isinstance(e, (sympy.floor, sympy.ceiling)):
+    """Whether an index expression is an integer, read from its structure: sympy cannot tell
+    for `floor(a / n)` (its argument is not known to be real while n might be 0), and its own
+    test of a product is wrong (`y*(2*s0 + 2)/10`), so only atoms are asked."""
+    if e.is_Integer or isinstance(e, (sympy.floor, sympy.ceiling)):
         return True
-    if e.is_Add or e.is_Mul or isinstance(e, sympy.Mod):
-        return all(a.is_Integer or _integer_valued(a) for a in e.args)
+    if e.is_Add or e.is_Mul or isinstance(e, (sympy.Mod, sympy.Min, sympy.Max)):
+        return all(_integer_valued(a) for a in e.args)
     if e.is_Pow:
         return e.exp.is_Integer and int(e.exp) >= 0 and _integer_valued(e.base)
-    return e.is_integer is True
+    if isinstance(e, sympy.Piecewise):
+        return all(_integer_valued(value) for value, _ in e.args)
+    return (e.is_Symbol or e.is_Atom) and e.is_integer is True
 
 
 def _divides(x, q_coeff, q_powers) -> bool:
@@ -150,29 +163,49 @@ class Floor(sympy.floor):
 
     @classmethod
     def eval(cls, arg):
-        if arg.is_Number:
-            return super().eval(arg)
-        if _integer_valued(arg):
-            return arg
-        num, den = arg.as_numer_denom()
-        d_coeff, d_mono = den.as_coeff_Mul()
-        d_powers = _monomial_powers(d_mono) if d_coeff.is_Integer and int(d_coeff) > 0 else None
-        if d_powers is None or not _integer_valued(num):
-            return None
-        whole, rest = [], []
-        for t in sympy.Add.make_args(num):
-            (whole if _divides(t, d_coeff, d_powers) else rest).append(t)
-        if not whole:
-            return None
-        quotient = sympy.Add(*whole) / den
-        return quotient + cls(sympy.Add(*rest) / den) if rest else quotient
+        return super().eval(arg) if arg.is_Number else _integer_quotient(cls, arg)
+
+
+class Ceiling(sympy.ceiling):
+    """sympy's `ceiling`, with index quotients decided as `Floor` decides them (sympy's own
+    has the same trust in its integer test)."""
+
+    def _sympystr(self, printer):  # (printed as sympy's own)
+        return f"ceiling({printer._print(self.args[0])})"
+
+    @classmethod
+    def eval(cls, arg):
+        return super().eval(arg) if arg.is_Number else _integer_quotient(cls, arg)
+
+
+def _integer_quotient(cls, arg):
+    """`cls(arg)` (a floor or ceiling) where arg is an integer numerator over a positive integer
+    or monomial denominator: arg itself if it is an integer, else the numerator's terms that
+    the denominator divides taken out (`cls(q + r/d)` is `q + cls(r/d)` for an integer q), else
+    None (left as written)."""
+    if _integer_valued(arg):
+        return arg
+    num, den = arg.as_numer_denom()
+    d_coeff, d_mono = den.as_coeff_Mul()
+    d_powers = _monomial_powers(d_mono) if d_coeff.is_Integer and int(d_coeff) > 0 else None
+    if d_powers is None or not _integer_valued(num):
+        return None
+    whole, rest = [], []
+    for t in sympy.Add.make_args(num):
+        (whole if _divides(t, d_coeff, d_powers) else rest).append(t)
+    if not whole:
+        return None
+    quotient = sympy.Add(*whole) / den
+    return quotient + cls(sympy.Add(*rest) / den) if rest else quotient
 
 
 def floordiv(a, b) -> sympy.Expr:
-    a, b = sympy.sympify(a), sympy.sympify(b)
-    if b == 1:
-        return a
-    return Floor(a / b)
+    """`a // b` of index expressions (`a` itself where b is 1 and a an integer)."""
+    return Floor(sympy.sympify(a) / sympy.sympify(b))
+
+
+def ceildiv(a, b) -> sympy.Expr:
+    return Ceiling(sympy.sympify(a) / sympy.sympify(b))
 
 
 def mod(a, b) -> sympy.Expr:
@@ -363,6 +396,8 @@ def _postorder_rewrite(e, fn):
         e = Mod(*args)
     elif type(e) is sympy.floor:
         e = Floor(*args)
+    elif type(e) is sympy.ceiling:
+        e = Ceiling(*args)
     elif any(a is not b for a, b in zip(args, e.args)):
         e = e.func(*args)
     return fn(e)

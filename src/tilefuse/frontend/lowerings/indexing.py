@@ -15,7 +15,7 @@ import torch
 
 from ...ir import dtypes as dt
 from ...ir.expr import Binary, CheckedIndex, Expr, Index, Where, binary, cast, const
-from ...ir.symbolic import mod
+from ...ir.symbolic import floordiv, mod
 from ..registry import Unsupported, lowering
 from ..values import ViewValue, ix, ix_add
 from .common import (as_int, broadcast_index, broadcast_shapes, canonical_dim, copy_of, is_tensor, out_shape,
@@ -254,7 +254,7 @@ def slice_scatter(ctx, x, src, dim=0, start=None, end=None, step=1):
         else:
             cond = _and(cond, Binary("eq", Index(mod(i.expr - s, step)) if isinstance(i, Index) else
                                      binary("mod", binary("sub", i, ix(s)), ix(step)), const(0), dt.bool_))
-            sub[d] = Index(sympy.floor((i.expr - s) / step)) if isinstance(i, Index) else \
+            sub[d] = Index(floordiv(i.expr - s, step)) if isinstance(i, Index) else \
                 binary("floordiv", binary("sub", i, ix(s)), ix(step))
         if cond is None:
             return cast(src.load(tuple(sub)), out)
