@@ -93,6 +93,32 @@ def test_patch_merging_after_windows():
         _check(lambda w, r: _windows_merged(w, r, linear), torch.randn(8, 16, 16), torch.randn(2, 64, 16))
 
 
+def _padded_windows(x, linear, window=4):
+    """Swin's window attention input: a feature map padded to a multiple of the window
+    (`(window - w % window) % window`, a size Dynamo writes as `w + Mod(-w, window)`), cut
+    into windows, a linear layer per window, put back and cropped."""
+    b, h, w, c = x.shape
+    pad_h, pad_w = (window - h % window) % window, (window - w % window) % window
+    x = torch.nn.functional.pad(x, (0, 0, 0, pad_w, 0, pad_h))
+    hp, wp = x.shape[1], x.shape[2]
+    windows = x.view(b, hp // window, window, wp // window, window, c).transpose(2, 3).reshape(-1, window * window, c)
+    y = linear(windows).view(b, hp // window, wp // window, window, window, c).transpose(2, 3).reshape(b, hp, wp, c)
+    return y[:, :h, :w].contiguous()
+
+
+def test_padded_windows_with_dynamic_sizes():
+    """Sizes rounded up to a window are folded to `window*ceiling(w/window)`; the values
+    stay right for sizes that need padding and sizes that do not, in one compiled graph."""
+    linear = torch.nn.Linear(8, 8).to(DEVICE)
+    fn = lambda x: _padded_windows(x, linear)  # noqa: E731
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="tilefuse", dynamic=True)
+    with torch.no_grad():
+        for shape in ((2, 9, 9, 8), (3, 8, 8, 8), (1, 13, 13, 8)):
+            x = torch.randn(shape, device=DEVICE)
+            torch.testing.assert_close(compiled(x), fn(x))
+
+
 def _fill_then_scaled_rows(x, s):
     """A fill of another shape first in a kernel whose other stage reads a value per row over a
     unit dim (MobileViT's backward): the row tiles took the fill's shape for the kernel's and

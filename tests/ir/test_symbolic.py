@@ -104,7 +104,8 @@ def _sized_tree(draw, depth):
             return S, (lambda env: env["s"])
         c = draw(st.integers(-9, 9))
         return sympy.Integer(c), (lambda env: c)
-    op = draw(st.sampled_from(["add", "sub", "mul", "mul_s", "mul_sum", "div", "mod", "mod_s", "mod_sum", "div_s"]))
+    op = draw(st.sampled_from(["add", "sub", "mul", "mul_s", "mul_sum", "div", "mod", "mod_s", "mod_sum", "div_s",
+                               "pad", "pad_s", "trim"]))
     a, fa = _sized_tree(draw, depth - 1)
     if op in ("add", "sub"):
         b, fb = _sized_tree(draw, depth - 1)
@@ -125,6 +126,12 @@ def _sized_tree(draw, depth):
         return floordiv(a, c * S), (lambda env: fa(env) // (c * env["s"]))
     if op == "mod":
         return mod(a, c), (lambda env: fa(env) % c)
+    if op == "pad":  # rounded up to a multiple, as a window partition pads a size
+        return a + mod(-a, c), (lambda env: fa(env) + (-fa(env)) % c)
+    if op == "pad_s":
+        return a + mod(-a, c * S), (lambda env: fa(env) + (-fa(env)) % (c * env["s"]))
+    if op == "trim":
+        return 2 * a - 2 * mod(a, c), (lambda env: 2 * fa(env) - 2 * (fa(env) % c))
     return mod(a, c * S), (lambda env: fa(env) % (c * env["s"]))
 
 
@@ -206,3 +213,34 @@ def test_a_mod_of_a_fraction_does_not_recurse_without_end():
     z = sympy.Symbol("z", integer=True)
     s1 = sympy.Symbol("s1", integer=True, positive=True)
     Mod(5 * z / 2 - 16, (S + 1) * (2 * s1 + 2) ** 2)  # (sympy's rules called back forever)
+
+
+def test_a_size_rounded_to_a_multiple_becomes_a_ceiling():
+    """`x + (-x) % k` (Swin's padding of a size to its window) is `k*ceiling(x/k)`, so the
+    window count `padded // k` and `padded // (padded // k)` divide exactly instead of
+    leaving nested divisions in every index."""
+    from tilefuse.ir.symbolic import Ceiling, fold_mod_complement
+
+    n = floordiv(S, 4)
+    padded = fold_mod_complement(n + mod(-n, 7))
+    assert padded == 7 * Ceiling(n / 7)
+    assert floordiv(padded, floordiv(padded, 7)) == 7
+    assert simplify_index(Y + n + mod(-n, 7), {Y: 3}) == Y + 7 * Ceiling(n / 7)
+    assert fold_mod_complement(n + mod(n, 7)) == n + mod(n, 7)  # not a complement: unchanged
+    assert fold_mod_complement(3 - 2 * mod(Y, S) + 2 * Y) == 3 + 2 * S * floordiv(Y, S)
+    for s in range(1, 40):
+        assert evaluate(padded, {S: s}) == s // 4 + (-(s // 4)) % 7
+        for y in range(-5, 9):
+            folded = fold_mod_complement(3 - 2 * mod(Y, S) + 2 * Y)
+            assert evaluate(folded, {S: s, Y: y}) == 3 - 2 * (y % s) + 2 * y
+
+
+def test_dynamos_padded_sizes_reach_the_ir_as_ceilings():
+    """A size Dynamo computes as `x + PythonMod(-x, k)` arrives in the IR folded."""
+    from torch.utils._sympy.functions import FloorDiv, PythonMod
+
+    from tilefuse.frontend.context import plain_sympy
+    from tilefuse.ir.symbolic import Ceiling
+
+    x = FloorDiv(S, 4)
+    assert plain_sympy(x + PythonMod(-x, 4)) == 4 * Ceiling(floordiv(S, 4) / 4)

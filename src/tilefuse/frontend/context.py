@@ -12,7 +12,7 @@ from ..ir.dtypes import DType
 from ..ir.expr import Expr, Index, cast, out_index, red_index
 from ..ir.graph import Extern, ExternResult, Graph, Pointwise, Reduce, TensorArg
 from ..ir.monoid import Monoid, monoid
-from ..ir.symbolic import Ceiling, Floor, ceildiv, floordiv
+from ..ir.symbolic import Ceiling, Floor, ceildiv, floordiv, fold_mod_complement
 from ..ir.symbolic import mod as index_mod
 from .cudnn_attention_grad import REPLACEMENTS as _SAFER_CALLS
 from .reinplace import mutates_input
@@ -82,8 +82,8 @@ def plain_sympy(e):
     if type(e) is sympy.Mod:
         return index_mod(args[0], args[1])
     if any(x is not y for x, y in zip(args, e.args)):
-        return e.func(*args)
-    return e
+        e = e.func(*args)
+    return fold_mod_complement(e) if e.is_Add else e
 
 
 def sym_expr(x):

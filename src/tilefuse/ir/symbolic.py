@@ -199,6 +199,29 @@ def _integer_quotient(cls, arg):
     return quotient + cls(sympy.Add(*rest) / den) if rest else quotient
 
 
+def fold_mod_complement(e):
+    """`c*Mod(u, k) - c*u` in a sum as `-c*k*floor(u/k)` (a ceiling where u is negated):
+    rounding to a multiple, as `x + (k - x % k) % k` pads a size, is `k*ceiling(x/k)`, which
+    later quotients divide exactly (`padded // (padded // k)` is `k`), where the Mod form
+    leaves every division written out. Only a sum that holds each term of `-c*u` as written
+    changes; anything else is returned as it is."""
+    if not e.is_Add:
+        return e
+    for t in sympy.Add.make_args(e):
+        c, core = t.as_coeff_Mul()
+        if not isinstance(core, sympy.Mod):
+            continue
+        u, k = core.args
+        others = e - t
+        if not set(sympy.Add.make_args(-c * u)) <= set(sympy.Add.make_args(others)):
+            continue
+        rest = others + c * u
+        if u.could_extract_minus_sign():
+            return fold_mod_complement(rest + c * k * Ceiling(-u / k))
+        return fold_mod_complement(rest - c * k * Floor(u / k))
+    return e
+
+
 def floordiv(a, b) -> sympy.Expr:
     """`a // b` of index expressions (`a` itself where b is 1 and a an integer)."""
     return Floor(sympy.sympify(a) / sympy.sympify(b))
@@ -286,6 +309,8 @@ def simplify_index(expr, ranges: dict) -> sympy.Expr:
         return expr
 
     def rewrite(e):
+        if e.is_Add:
+            return fold_mod_complement(e)
         if isinstance(e, sympy.floor):
             num, den = e.args[0].as_numer_denom()
             if not den.is_Integer and den.is_positive:
