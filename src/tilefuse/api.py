@@ -99,7 +99,8 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, settings
     # the compile's options: the configuration as it is now (a backward graph compiles later,
     # under the configuration of that moment) with the compile's own settings over it
     options = config.options(settings)
-    views = output_views.find(gm, _read_by_tilefuse_from(gm, kind, inference))
+    views = output_views.find(gm, _read_by_tilefuse_from(gm, kind, inference),
+                              sole_views_from=0 if kind == "backward" else None)
     try:
         with _process_settings(settings):
             compiled, report = compile_fx(output_views.compiled_as_bases(gm, views), _device_of(gm), name, options,

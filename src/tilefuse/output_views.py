@@ -122,7 +122,8 @@ def _data_dependent(val) -> bool:
                for x in (*val.shape, *val.stride(), val.storage_offset()))
 
 
-def find(gm: torch.fx.GraphModule, structural_from: int | None = None) -> list[OutputView]:
+def find(gm: torch.fx.GraphModule, structural_from: int | None = None,
+         sole_views_from: int | None = None) -> list[OutputView]:
     """The outputs of `gm` that are views, with their bases. Two ways to know: the meta values
     share storage (views AOTAutograd recorded), or — for outputs from position
     `structural_from` on (None: none) — the output is a chain of view ops (`VIEW_OPS`) from a
@@ -131,7 +132,11 @@ def find(gm: torch.fx.GraphModule, structural_from: int | None = None) -> list[O
     The second kind is not a view to AOTAutograd, so it is made only where nothing but
     tilefuse reads it: the tensors a training forward saves for its backward (a user's output
     made a view would refuse in-place ops, or share memory with a saved tensor), and the
-    outputs of an inference graph."""
+    outputs of an inference graph. From `sole_views_from` on (a backward's gradients), an
+    output that is the only view of an intermediate value no larger than it is made from that
+    value too: its storage is its own, as a fresh tensor's is, so nothing can tell it from the
+    copy a kernel would make (eager returns the same view: the gradient of `k` in
+    `q @ k.transpose(-1, -2)` is the transposed product)."""
     from .frontend.context import sym_expr
 
     def strides_of(val):
@@ -165,6 +170,13 @@ def find(gm: torch.fx.GraphModule, structural_from: int | None = None) -> list[O
         elif ref in owners and owners[ref] != k and vals[owners[ref]].dtype == val.dtype:
             kind, base = "output", owners[ref]
             base_strides = strides_of(vals[base])
+        elif sole_views_from is not None and k >= sole_views_from and ref not in inputs \
+                and not (ref in owners and owners[ref] != k):
+            start, replay = _view_chain(node)
+            if start is not None and start.op == "call_function" and start not in first_output \
+                    and _is_base(start.meta.get("val")) and not _data_dependent(val):
+                of_values.setdefault(start, []).append((k, val, replay))
+            continue
         elif ref in inputs or (ref in owners and owners[ref] != k) or structural_from is None \
                 or k < structural_from:
             continue  # (a view that reinterprets the dtype is computed by the graph)
@@ -184,6 +196,9 @@ def find(gm: torch.fx.GraphModule, structural_from: int | None = None) -> list[O
                                 sym_expr(val.storage_offset()), None, replay,
                                 as_base=not _data_dependent(val), base_strides=base_strides))
     for start, views in of_values.items():
+        sole = sole_views_from is not None and views[0][0] >= sole_views_from
+        if sole and len(views) > 1:
+            continue  # (two gradients sharing a storage: accumulating into one would change the other)
         if _not_larger(start.meta["val"], [val for _, val, _ in views]):
             found += [OutputView(k, "output", k, (), (), 0, start.name, replay) for k, val, replay in views]
     # made in this order: views replayed on their bases first (another output may view one)

@@ -117,6 +117,46 @@ def test_training_forward_copies_no_views():
     assert not copies, copies
 
 
+@pytest.mark.parametrize("target", ["cpu", "interpret"])
+def test_a_gradient_that_views_a_product_is_made_from_it(target):
+    """The gradient of `k` in `q @ k.transpose(-1, -2)` is the transposed product `qᵀ·dS`, as
+    eager returns it: the backward stores the product and gives its view back, with no kernel
+    copying it into the gradient, eager's strides and values; bf16 on the Triton path."""
+    def attention(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2) * 0.25, -1) @ v
+
+    dtype = torch.bfloat16 if target == "interpret" else torch.float32
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 3, 19, 16, generator=gen).to(dtype).requires_grad_() for _ in range(3))
+    do = torch.randn(2, 3, 19, 16, generator=gen).to(dtype)
+    torch._dynamo.reset()
+    compiled = tilefuse.compile(attention, target=target, fallback="error")
+    for _ in range(2):
+        got = torch.autograd.grad(compiled(q, k, v), (q, k, v), do)
+    want = torch.autograd.grad(attention(q, k, v), (q, k, v), do)
+    fp32 = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    ref = torch.autograd.grad(attention(*fp32), fp32, do.float())
+    for g, w, r in zip(got, want, ref):
+        assert g.stride() == w.stride()
+        assert (g.float() - r).abs().max() <= 2 * (w.float() - r).abs().max() + 1e-5
+    backward = [r for r in tilefuse.last_compilations().reports if r.graph_name.startswith("backward")][-1]
+    copies = [k.name for k in backward.kernels if k.ops and set(k.ops) <= VIEW_ONLY_OPS]
+    assert not copies, copies
+
+
+def test_two_gradients_viewing_one_value_are_copies():
+    """Two outputs of a backward that are pieces of one value would share its storage
+    (accumulating into one gradient in place would change the other): neither is made a view."""
+    def fn(x):
+        y = x * 2
+        return y[:, :3], y[:, 3:]
+
+    gm = _traced(fn, torch.randn(5, 7))
+    assert output_views.find(gm, None, sole_views_from=0) == []
+    (view,) = output_views.find(_traced(lambda x: (x * 2).t(), torch.randn(5, 7)), None, sole_views_from=0)
+    assert view.base_node is not None and view.replay
+
+
 GPU_RULES = {"matmul": "aten", "target": "interpret", "fallback": "error"}
 
 
