@@ -145,7 +145,10 @@ class CppPrinter(NestPrinter):
         return [f"if ({p.expr(s.mask)}) {line}" if s.mask is not None else line]
 
     def _check_element(self, s, p, target) -> list[str]:
-        return [f"{self.flag(s)} |= !({p.expr(s.ok)});"]
+        # (a set, not `flag |= !ok`: GCC 13.3 at -O2 and above, with AVX-512 on an Intel host,
+        # vectorised that `|=` of a negated bool in a `simd reduction` loop wrongly and raised
+        # for in-range indices; GCC 12 and the conditional form are right)
+        return [f"if (!({p.expr(s.ok)})) {self.flag(s)} = 1;"]
 
     def _assign(self, s, p, target) -> list[str]:
         t = ctype(self.sh.dtype[s.name])
