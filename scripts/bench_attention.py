@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import time
 
 import torch
@@ -175,6 +176,7 @@ def write_results(out: str, stem: str, rows: list, header: list, cells) -> None:
     """`rows` as `stem`.json and as a Markdown table `stem`.md in `out` (also printed): the
     first three columns are each row's case, shape and backend, the rest `cells(row)`, or the
     row's error."""
+    os.makedirs(out, exist_ok=True)
     with open(f"{out}/{stem}.json", "w") as f:
         json.dump(rows, f, indent=1)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * 3 + "---:|" * (len(header) - 3)]

@@ -2,14 +2,16 @@
 forward and backward) next to FlexAttention (compiled, the same variant as a score_mod or a
 block mask) and SDPA's FlashAttention-2 where it applies, in one run.
 
-    PYTHONPATH=src python scripts/bench_attention_training.py --out DIR [--cases plain,alibi] [--shapes 4,32,4096,128] [--inductor]
+    PYTHONPATH=src python scripts/bench_attention_training.py --out DIR [--cases plain,alibi] [--shapes 4,32,4096,128] [--inductor] [--profile]
 
 A step is `out = attention(q, k, v)` then `autograd.grad(out, (q, k, v), dO)`. TFLOP/s count
 3.5 · 4·B·H·S²·D (the forward's work and the backward's 2.5×; halved for causal). The error
 column is the worst of dq, dk, dv on batch element 0 against an fp32 computation of the naive
 program, relative to that gradient's largest magnitude; `eager-bf16` is eager PyTorch's own
 error on the same element, the bar the compiled gradients are held to. Writes
-attention_training.json and .md into DIR.
+attention_training.json and .md into DIR. With `--profile`, each row also holds the device time
+of every kernel of one step (`kernels`: name, calls, µs per step), printed under the row, so the
+forward's and the backward's kernels are compared with the peers' by their own times.
 """
 from __future__ import annotations
 
@@ -111,6 +113,7 @@ def main():
     p.add_argument("--cases", default=",".join(CASES))
     p.add_argument("--shapes", default=";".join(",".join(map(str, s)) for s in SHAPES))
     p.add_argument("--inductor", action="store_true", help="also Inductor on the naive code (materialises S×S)")
+    p.add_argument("--profile", action="store_true", help="also the device time of each kernel of a step")
     args = p.parse_args()
     shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes.split(";")]
     rows = []
@@ -141,10 +144,16 @@ def main():
                     del grads
                     m = measure(step, (q, k, v, do), torch.device("cuda"))
                     row.update(ms=m["p50_ms"], p99_ms=m["p99_ms"], tflops=flops / m["p50_ms"] / 1e9)
+                    if args.profile:
+                        from profile_workload import profile
+                        kernels, _, _ = profile(step, (q, k, v, do), iters=5)
+                        row["kernels"] = [dict(r, kernel=r["kernel"][:90]) for r in kernels[:8]]
                 except Exception as e:  # noqa: BLE001
                     row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
                 rows.append(row)
-                print(json.dumps(row), flush=True)
+                print(json.dumps({k: x for k, x in row.items() if k != "kernels"}), flush=True)
+                for r in row.get("kernels", []):
+                    print(f"    {r['us']:9.1f} us  x{r['calls']:.0f}  {r['kernel']}", flush=True)
             del runs
             torch.cuda.empty_cache()
     write_results(args.out, "attention_training", rows,
