@@ -77,6 +77,25 @@ def test_attention_backward_is_products_over_recomputed_scores(dtype, masked):
     _close_to_fp64(attention_backward, inputs, dtype)
 
 
+@pytest.mark.parametrize("d", [16, 20], ids=["d16", "d20-padded"])
+def test_a_backward_product_reads_the_score_tile_transposed(d):
+    """On Triton each operand is loaded once per key tile: the dK/dV kernel's `dSᵀ·Q` and
+    `Pᵀ·dO` take the tiles its scores `K·Qᵀ` and `V·dOᵀ` loaded, transposed, and the dQ
+    kernel's `dS·K` the Kᵀ of its scores (FlashAttention's `tl.trans`); the C++ backend
+    loads them as before. Values against fp64, a padded head dim included."""
+    inputs = _attention_inputs(torch.float32, t=37, d=d, masked=False)
+    for target, transposes in (("interpret", {2, 1}), ("cpu", {0})):
+        torch._dynamo.reset()
+        report = tilefuse.explain(attention_backward, *inputs, options={"target": target, "fallback": "error"})
+        flash = [k for k in report.kernels if k.kind == "flash"]
+        assert {k.tile_ir.count("transpose(") for k in flash} == transposes, str(report)
+        torch._dynamo.reset()
+        got = tilefuse.compile(attention_backward, target=target, fallback="error")(*inputs)
+        ref = attention_backward(*(x.double() if x is not None and x.is_floating_point() else x for x in inputs))
+        for g, r in zip(got, ref):
+            assert (g.double() - r).abs().max().item() <= 1e-5 * max(1.0, r.abs().max().item())
+
+
 def test_an_index_mask_bounds_the_loops():
     """A causal mask written with positions skips by the loop bounds, with no pre-kernel:
     dQ's rows visit the keys up to the diagonal, dK's and dV's rows the queries from it."""

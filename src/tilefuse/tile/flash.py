@@ -28,7 +28,8 @@ from ..ir.symbolic import contiguous_strides, floordiv, unravel_sym
 from .builder import KernelBuilder, land
 from .block_summary import key_ranges, lower_summary, summary_for
 from .score_guard import guarded_ranges, lower_guard
-from .ir import Arange, Assign, DotTile, For, Full, KernelKind, ProgramId, ReduceTile, Scratch, TileKernel
+from .ir import (Arange, Assign, DotTile, For, Full, KernelKind, ProgramId, ReduceTile, Scratch, TileKernel,
+                 TransposeTile)
 from .family import KernelFamily
 from .common import (LoweringOptions, bound_check, combine, dot_accumulator, dot_operand, full_tile, identity_const,
                      index_values, lane_ranges, mapped, needs_int64, pow2, rebase, static_int, tile_symbol)
@@ -162,10 +163,15 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
         b.emit(Arange("rjb", Index(tile_symbol("joffset")), "BLOCK_N", 0, 2))
         j_ok = bound_check(b, rj, N, bn, "jmask")
         jb_ok = bound_check(b, rjb, N, bn, "jbmask")
+        key_tiles = []  # (what each score's key tile reads, at a value tile's coordinates; the tile)
         for sc, (q_tile, q_dtype), kk_ok in zip(scores, q_tiles, kk_oks):
             k_expr, k_dtype = dot_operand(sc.k)
             k_mask = land(kk_ok, j_ok)
             k_tile = _zero_masked(b, b.value(at(k_expr, 0, 0, rj, tile_symbol(sc.kk)), mask=k_mask), k_mask, "k")
+            if options.target.transposes_tiles and sc.width == dn and sympy.sympify(sc.extent - DN) == 0:
+                read = _plain_read(b, at(k_expr, 0, 0, rjb, rn))
+                if read is not None:
+                    key_tiles.append((read, k_tile))
             # the scores stay in fp32 (fp64) registers (never rounded to the graph's dtype: they never reach memory)
             b.bound[sc.name] = _dot(b, "s", ("BLOCK_M", "BLOCK_N"), q_tile, k_tile, accd,
                                     q_dtype if q_dtype == k_dtype and not options.target.interpret else accd)
@@ -208,7 +214,16 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
             p_tile = b.value(at(exp_as_exp2(pull_scales(a_expr), row_values), rm, 0, rj), mask=tile_mask)
             p_tile = _zero_masked(b, p_tile, tile_mask, "p")
             v_mask = land(jb_ok, n_ok)
-            v_tile = _zero_masked(b, b.value(at(v_expr, 0, rn, rjb), mask=v_mask), v_mask, "v")
+            v_read = at(v_expr, 0, rn, rjb)
+            read = _plain_read(b, v_read) if key_tiles else None
+            same = next((tile for k_read, tile in key_tiles if read is not None and k_read == read), None)
+            if same is not None:
+                # a score's key tile reads these values the other way round (the backward's
+                # Qᵀ for `K·Qᵀ` and Q for `dSᵀ·Q`): one load, transposed, as FlashAttention does
+                v_tile = Var(b.fresh("vt"), same.dtype)
+                b.emit(TransposeTile(v_tile.name, same))
+            else:
+                v_tile = _zero_masked(b, b.value(v_read, mask=v_mask), v_mask, "v")
             return _dot(b, "pv", ("BLOCK_M", "BLOCK_DN"), p_tile, v_tile, accd,
                         a_dtype if a_dtype == v_dtype and not options.target.interpret else accd)
 
@@ -273,6 +288,15 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
                       grid=(sympy.ceiling(M / tile_symbol("BLOCK_M")), nbatch), body=b.body, num_warps=warps,
                       num_stages=stages, reads=b.reads, writes=b.writes, kind=KernelKind.FLASH,
                       plan=plan, scratch=summary.scratch() if summary is not None else {})
+
+
+def _plain_read(b: KernelBuilder, e: Expr):
+    """(buffer, dtype, element offset) of a load at an index formula, else None: two such
+    reads are the same elements when these are equal (offsets simplified, so that
+    `view[3*floor(p/3) + Mod(p, 3), ...]` and `view[p, ...]` compare equal)."""
+    if not (isinstance(e, Load) and all(isinstance(c, Index) for c in e.index)):
+        return None
+    return e.buffer, e.dtype, b.offset(e.buffer, e.index).expr
 
 
 def _zero_masked(b: KernelBuilder, tile, mask, prefix: str):

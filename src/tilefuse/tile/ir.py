@@ -86,6 +86,15 @@ class BroadcastTile(Stmt):
 
 
 @dataclass
+class TransposeTile(Stmt):
+    """name = value transposed (a 2-D tile read the other way round: one load serves a dot
+    that takes its rows and another that takes its columns)."""
+
+    name: str
+    value: Expr
+
+
+@dataclass
 class LoadTile(Stmt):
     name: str
     buffer: str
@@ -228,7 +237,7 @@ def expr_names(e: Expr) -> set[str]:
 
 def stmt_exprs(s: Stmt) -> list:
     """The expressions a statement reads, its own only (a loop's bounds, not its body)."""
-    if isinstance(s, (Let, Assign, BroadcastTile, ReduceTile)):
+    if isinstance(s, (Let, Assign, BroadcastTile, ReduceTile, TransposeTile)):
         return [s.value]
     if isinstance(s, Arange):
         return [s.start]
@@ -348,6 +357,8 @@ def _stmt(s, pad: str, out: list) -> None:
         out.append(f"{pad}{s.name} {'=' if isinstance(s, Let) else '<-'} {format_expr(s.value)}")
     elif isinstance(s, BroadcastTile):
         out.append(f"{pad}{s.name} = broadcast({format_expr(s.value)}, {list(s.shape)})")
+    elif isinstance(s, TransposeTile):
+        out.append(f"{pad}{s.name} = transpose({format_expr(s.value)})")
     elif isinstance(s, Full):
         out.append(f"{pad}{s.name} = full({list(s.shape)}, {s.value}, {s.dtype})")
     elif isinstance(s, LoadTile):

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from ..ir.expr import Cast, Var, Where
 from .ir import (Arange, ArgReduceTile, BroadcastTile, DescriptorLoad, DotTile, For, Full, Let, LoadTile,
-                 MakeDescriptor, ReduceTile, TileKernel, expr_names)
+                 MakeDescriptor, ReduceTile, TileKernel, TransposeTile, expr_names)
 
 @dataclass(frozen=True)
 class Limits:
@@ -95,6 +95,8 @@ def tile_shapes(kernel: TileKernel) -> dict[str, tuple]:
                 shapes[s.name] = tuple(ext(d) for d in s.shape)
             elif isinstance(s, Let):
                 shapes[s.name] = of(s.value)
+            elif isinstance(s, TransposeTile):
+                shapes[s.name] = tuple(reversed(of(s.value)))
             elif isinstance(s, LoadTile):
                 shapes[s.name] = _broadcast(of(s.offset), of(s.mask) if s.mask is not None else (1,))
             elif isinstance(s, (ReduceTile, ArgReduceTile)):

@@ -44,6 +44,8 @@ class Target:
     sm_count: int = 0
     #: blocks are read through tensor descriptors (Hopper's TMA, and a Triton that builds them)
     tma: bool = False
+    #: tiles can be transposed in registers (`TransposeTile`; Triton's `tl.trans`)
+    transposes_tiles: bool = True
     #: what one program may use (`tile.limits`; None: not checked)
     limits: Limits | None = None
     #: how messages name it ("C++", "the Triton interpreter")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sympy
 
 from .ir import (Arange, ArgReduceTile, Assign, BroadcastTile, DescriptorLoad, DotTile, For, Full, Let, LoadTile,
-                 MakeDescriptor, ProgramId, ReduceTile, StoreTile, TileKernel, expr_names, stmt_exprs)
+                 MakeDescriptor, ProgramId, ReduceTile, StoreTile, TileKernel, TransposeTile, expr_names, stmt_exprs)
 
 
 class TileVerificationError(ValueError):
@@ -42,7 +42,7 @@ def verify_tile_kernel(k: TileKernel) -> TileKernel:
             if isinstance(s, For):
                 check(s.body, set(scope) | {s.var}, f" (loop over {s.var})")
             elif isinstance(s, (Let, Arange, BroadcastTile, LoadTile, ReduceTile, ArgReduceTile, Full, ProgramId,
-                                MakeDescriptor, DescriptorLoad)):
+                                MakeDescriptor, DescriptorLoad, TransposeTile)):
                 scope.add(s.name)
             elif isinstance(s, DotTile):
                 if s.name not in scope:

@@ -13,7 +13,7 @@ from ...ir.expr import Binary, Cast, Const, Expr, Index, Unary, Var, Where
 from ...ir.monoid import SUM
 from ...tile.ir import (Arange, ArgReduceTile, Assign, BroadcastTile, Check, Comment, DescriptorLoad, DotTile, For,
                         Full, Let, LoadTile, MakeDescriptor, ProgramId, ReduceTile, StoreTile, TileKernel,
-                        check_message)
+                        TransposeTile, check_message)
 from ...tile.variants import all_kernels
 from ..dispatch import handler
 from .helpers import HELPERS, InterpretUnsupported, unary_call
@@ -246,6 +246,9 @@ class TritonPrinter:
         shape = ", ".join(str(d) for d in s.shape)
         out.append(f"{pad}{s.name} = tl.broadcast_to({self.expr(s.value)}, [{shape}])")
 
+    def _transpose(self, s: TransposeTile, pad: str, indent: int, out: list) -> None:
+        out.append(f"{pad}{s.name} = tl.trans({self.expr(s.value)})")
+
     def _load(self, s: LoadTile, pad: str, indent: int, out: list) -> None:
         ptr = f"ptr_{s.buffer} + {self.expr(s.offset)}"
         hint = f", eviction_policy=\"evict_{s.eviction}\"" if s.eviction and not self.interpret else ""
@@ -352,6 +355,7 @@ _EXPR = {Var: TritonPrinter._var, Const: TritonPrinter._const, Index: TritonPrin
 #: statement -> its printer
 _STMT = {ProgramId: TritonPrinter._program_id, Arange: TritonPrinter._arange, Let: TritonPrinter._let,
          Assign: TritonPrinter._let, Full: TritonPrinter._full, BroadcastTile: TritonPrinter._broadcast,
+         TransposeTile: TritonPrinter._transpose,
          LoadTile: TritonPrinter._load, StoreTile: TritonPrinter._store, ReduceTile: TritonPrinter._reduce,
          ArgReduceTile: TritonPrinter._arg_reduce, DotTile: TritonPrinter._dot,
          MakeDescriptor: TritonPrinter._make_descriptor, DescriptorLoad: TritonPrinter._descriptor_load,
