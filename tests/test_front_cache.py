@@ -399,3 +399,35 @@ def test_a_backward_compiled_under_other_knobs_is_not_stored(tmp_path, monkeypat
         return True
 
     assert _served_twice(_train_step, step, tmp_path, monkeypatch) == [(1, True), (1, True)]
+
+
+def _scores(q, k):
+    return (q @ k.transpose(-1, -2)).sin().sum()
+
+
+def _transposed(x):
+    return x.t() + torch.ones(x.shape[1], x.shape[0])
+
+
+@pytest.mark.parametrize("fn,shapes", [(_scores, ((2, 4, 4), (2, 5, 4))), (_transposed, ((4, 5),))],
+                         ids=["view-of-a-product", "view-of-a-tangent"])
+def test_a_backward_whose_gradients_are_views_is_served_with_them(tmp_path, monkeypatch, fn, shapes):
+    """A backward that gives a gradient back as a view — of a product (the gradient of `k` in
+    `q @ k.transpose(-1, -2)`) or of the incoming gradient — is rebuilt the same way from the
+    front cache: its views are in the entry (served without them, the gradient came back
+    untransposed: wrong values, or a shape autograd refused)."""
+    def step(compiled):
+        args = [torch.randn(s, requires_grad=True) for s in shapes]
+        ref_args = [a.detach().double().requires_grad_() for a in args]
+        out = compiled(*args)
+        incoming = torch.randn(out.shape)  # (a non-scalar output's gradient: the tangent it views)
+        got = torch.autograd.grad(out, args, incoming)
+        want = torch.autograd.grad(fn(*ref_args), ref_args, incoming.double())
+        return got, want
+
+    results = _served_twice(fn, step, tmp_path, monkeypatch, target="cpu")
+    assert [count for count, _ in results] == [1, 0]
+    for _, (got, want) in results:
+        for g, w in zip(got, want):
+            assert g.shape == w.shape
+            torch.testing.assert_close(g.double(), w, atol=1e-5, rtol=1e-5)

@@ -127,7 +127,7 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, settings
         else:
             from .front_cache import conditions
 
-            front.backward_compiled(gm, report.graph_key, conditions(options))
+            front.backward_compiled(gm, report.graph_key, conditions(options), views)
 
         def ran_once():
             with _process_settings(settings):
@@ -276,12 +276,17 @@ def _front_training_runner(name, gm, record: dict, forward, backward, settings: 
     for report in (fw_report, bw_report):
         _record(report, gm, settings, options)
     rebuild_views = output_views.Rebuilder(record["views"]) if record["views"] else None
+    rebuild_grads = output_views.Rebuilder(record["backward_views"]) if record["backward_views"] else None
 
     def run_forward(*args):
         out = fw(*args)
         return rebuild_views(fw, args, out) if rebuild_views else out
 
-    function = autograd_runner(run_forward, bw, record)
+    def run_backward(*args):  # (saved tensors, then gradients: the backward graph's inputs)
+        out = bw(*args)
+        return rebuild_grads(bw, args, out) if rebuild_grads else out
+
+    function = autograd_runner(run_forward, run_backward, record)
     state = {"runner": None}
 
     def run(*args):

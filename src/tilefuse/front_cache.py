@@ -49,8 +49,8 @@ from .runtime import artifact
 from .backends.targets import sm_count
 from .tune.tuner import real_tensors
 
-#: what an entry holds; a change of it misses
-FORMAT = 2
+#: what an entry holds; a change of it misses (3: a training entry's backward views)
+FORMAT = 3
 
 _caches: dict[str, DiskCache] = {}
 
@@ -281,6 +281,7 @@ class TrainingEntry:
         self.conditions = conditions  # what the key holds of the compile's knobs and state
         self.record: dict | None = None
         self.views: list = []
+        self.backward_views: list = []
         self.ran: set = set()
         self.refused = False
 
@@ -294,8 +295,10 @@ class TrainingEntry:
                        "deterministic": torch.are_deterministic_algorithms_enabled(), **function}
         self.views = list(views)
 
-    def backward_compiled(self, gm, graph_key: str | None, conditions: list) -> None:
-        """The backward compiled (when it first ran) under `conditions` (`conditions()`)."""
+    def backward_compiled(self, gm, graph_key: str | None, conditions: list, views: list = ()) -> None:
+        """The backward compiled (when it first ran) under `conditions` (`conditions()`); `views`:
+        its outputs made as views after the call (a gradient that views an intermediate or a
+        tangent), which the entry keeps as it keeps the forward's."""
         if self.record is None or not graph_key:
             self.refused = True
             return
@@ -310,6 +313,7 @@ class TrainingEntry:
             logs.log("cache", "front cache: training graph not stored: its backward takes other arguments")
             return
         self.record.update(backward_key=graph_key, **half)
+        self.backward_views = list(views)
 
     def ran_once(self, kind: str) -> None:
         """The `kind` graph ("forward", "backward") ran once; the entry is written when both have."""
@@ -317,7 +321,7 @@ class TrainingEntry:
         if self.refused or self.ran != {"forward", "backward"} or "backward_key" not in (self.record or {}):
             return
         self.refused = True  # (written once)
-        store(self.front_key, self.record, self.views)
+        store(self.front_key, self.record, self.views, self.backward_views)
 
 
 def load(front_key: str) -> dict | None:
@@ -336,6 +340,9 @@ def load(front_key: str) -> dict | None:
         if record.get("kind", "inference") == "training":
             _check_training(record)
         record["views"] = [OutputView(**fields) for fields in artifact.decode(files["views.json"])]
+        if record.get("kind", "inference") == "training":
+            record["backward_views"] = [OutputView(**fields)
+                                        for fields in artifact.decode(files["backward_views.json"])]
         return record
     except (KeyError, TypeError, ValueError, UnicodeDecodeError, AttributeError) as err:
         # (ArtifactError is a ValueError)
@@ -364,17 +371,19 @@ def _check_training(record: dict) -> None:
             raise ValueError(f"a tangent layout that does not read: {sizes}, {strides}, {dtype}")
 
 
-def store(front_key: str, record: dict, views: list) -> bool:
+def store(front_key: str, record: dict, views: list, backward_views: list | None = None) -> bool:
     """Write the entry `record` (its graph keys, the inputs CUDA graphs keep in place; a training
     entry's function shape) under `front_key`, with the outputs rebuilt as views after the call
-    (`output_views`)."""
+    (`output_views`): the graph's, and a training entry's backward's (`backward_views`)."""
     try:
         with real_tensors():
-            encoded_views = artifact.encode([v._asdict() for v in views])
+            files = {"views.json": artifact.encode([v._asdict() for v in views])}
+            if backward_views is not None:
+                files["backward_views.json"] = artifact.encode([v._asdict() for v in backward_views])
     except artifact.ArtifactError as err:
         logs.log("cache", "front cache: entry not written (%s)", err)
         return False
-    return front_cache().put(front_key, {"entry.json": json.dumps(record).encode(), "views.json": encoded_views})
+    return front_cache().put(front_key, {"entry.json": json.dumps(record).encode(), **files})
 
 
 __all__ = ["key", "load", "store", "plain_runtime", "plain_training", "backward_function", "TrainingEntry",
