@@ -53,7 +53,10 @@ def _fmt(e, helpers: set, f64: bool = False) -> str:
         return f"_floordiv({format_sympy(num)}, {format_sympy(den)})"
     if isinstance(e, sympy.ceiling):
         num, den = e.args[0].as_numer_denom()
-        return f"tl.cdiv({format_sympy(num)}, {format_sympy(den)})"
+        if num.is_nonnegative:  # (index denominators are positive: sizes, block sizes)
+            return f"tl.cdiv({format_sympy(num)}, {format_sympy(den)})"
+        helpers.add("floordiv")  # (tl.cdiv rounds a negative numerator the wrong way)
+        return f"(-_floordiv({format_sympy(-num)}, {format_sympy(den)}))"
     if isinstance(e, sympy.Mod):
         a, m = e.args
         if a.is_nonnegative and m.is_positive:
