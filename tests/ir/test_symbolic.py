@@ -244,3 +244,25 @@ def test_dynamos_padded_sizes_reach_the_ir_as_ceilings():
 
     x = FloorDiv(S, 4)
     assert plain_sympy(x + PythonMod(-x, 4)) == 4 * Ceiling(floordiv(S, 4) / 4)
+
+
+def test_index_quotients_rebuild_as_expression_trees():
+    """`sympy_to_expr` (an index holding a gathered value, rebuilt as an expression) keeps
+    floor, ceiling and modulo semantics for negative and positive values: a padded size folded
+    to a ceiling (`fold_mod_complement`) no longer stops the rebuild."""
+    import torch
+
+    from tilefuse.ir import dtypes as dt
+    from tilefuse.ir.expr import Load
+    from tilefuse.ir.interpret import Evaluator
+    from tilefuse.ir.rewrite import sympy_to_expr
+    from tilefuse.ir.symbolic import Ceiling, fold_mod_complement
+
+    g = sympy.Symbol("g", integer=True)
+    values = torch.arange(-13, 14)
+    gathered = Load("idx", (), dt.int64)
+    for e in (Ceiling(g / 4), floordiv(g, 3), mod(g, 5), fold_mod_complement(g + mod(-g, 4)) + Y):
+        tree = sympy_to_expr(e, {g: gathered})
+        got = Evaluator({"idx": values}, {Y: 2})(tree)
+        want = [int(evaluate(e, {g: int(v), Y: 2})) for v in values]
+        assert got.tolist() == want, e

@@ -15,7 +15,7 @@ from .expr import Expr, Index, binary, const, transform, unary
 
 def sympy_to_expr(e: sympy.Expr, mapping: dict, dtype=dt.int64) -> Expr:
     """Turn a sympy expression into an expression tree of `dtype`, replacing symbols in
-    `mapping` by their expressions: integer index arithmetic (+, *, floor division, modulo)
+    `mapping` by their expressions: integer index arithmetic (+, *, floor and ceiling division, modulo)
     and, for float dtypes, the exp/log/power terms that derived repairs contain."""
     e = sympy.sympify(e)
     if e in mapping:
@@ -39,6 +39,9 @@ def sympy_to_expr(e: sympy.Expr, mapping: dict, dtype=dt.int64) -> Expr:
     if isinstance(e, sympy.floor):
         num, den = e.args[0].as_numer_denom()
         return binary("floordiv", sub(num), sub(den))
+    if isinstance(e, sympy.ceiling):  # ceil(n/d) = -floor(-n/d)
+        num, den = e.args[0].as_numer_denom()
+        return binary("sub", const(0, dtype), binary("floordiv", sub(-num), sub(den)))
     if isinstance(e, sympy.Mod):
         return binary("mod", sub(e.args[0]), sub(e.args[1]))
     if dtype.is_float and isinstance(e, (sympy.exp, sympy.log)):
