@@ -84,7 +84,7 @@ def _index_mod(cls, p, q):
         powers = _monomial_powers(m)
         if powers is None:
             return _UNDECIDED
-        if c % int(q_coeff) == 0 and all(powers.get(b, 0) >= e for b, e in q_powers.items()):
+        if _is_multiple(c, powers, q_coeff, q_powers):
             changed = True  # a multiple of q
             continue
         if q.is_Integer and abs(c) >= int(q):
@@ -141,11 +141,15 @@ def _integer_valued(e) -> bool:
 
 
 def _divides(x, q_coeff, q_powers) -> bool:
-    """Whether q (q_coeff times the monomial q_powers) divides x, read term by term."""
+    """Whether q (q_coeff times the monomial q_powers) divides the term x."""
     c, m = x.as_coeff_Mul()
     powers = _monomial_powers(m)
-    return (c.is_Integer and int(c) % int(q_coeff) == 0 and powers is not None
-            and all(powers.get(b, 0) >= e for b, e in q_powers.items()))
+    return c.is_Integer and powers is not None and _is_multiple(int(c), powers, q_coeff, q_powers)
+
+
+def _is_multiple(c: int, powers: dict, q_coeff, q_powers: dict) -> bool:
+    """Whether c times the monomial `powers` is a multiple of q_coeff times `q_powers`."""
+    return c % int(q_coeff) == 0 and all(powers.get(b, 0) >= e for b, e in q_powers.items())
 
 
 class Floor(sympy.floor):
