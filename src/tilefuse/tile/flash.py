@@ -163,7 +163,7 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
         b.emit(Arange("rjb", Index(tile_symbol("joffset")), "BLOCK_N", 0, 2))
         j_ok = bound_check(b, rj, N, bn, "jmask")
         jb_ok = bound_check(b, rjb, N, bn, "jbmask")
-        key_tiles = []  # (what each score's key tile reads, at a value tile's coordinates; the tile)
+        key_tiles = {}  # what each score's key tile reads, at a value tile's coordinates -> the tile
         for sc, (q_tile, q_dtype), kk_ok in zip(scores, q_tiles, kk_oks):
             k_expr, k_dtype = dot_operand(sc.k)
             k_mask = land(kk_ok, j_ok)
@@ -171,7 +171,7 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
             if options.target.transposes_tiles and sc.width == dn and sympy.sympify(sc.extent - DN) == 0:
                 read = _plain_read(b, at(k_expr, 0, 0, rjb, rn))
                 if read is not None:
-                    key_tiles.append((read, k_tile))
+                    key_tiles.setdefault(read, k_tile)
             # the scores stay in fp32 (fp64) registers (never rounded to the graph's dtype: they never reach memory)
             b.bound[sc.name] = _dot(b, "s", ("BLOCK_M", "BLOCK_N"), q_tile, k_tile, accd,
                                     q_dtype if q_dtype == k_dtype and not options.target.interpret else accd)
@@ -215,8 +215,7 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
             p_tile = _zero_masked(b, p_tile, tile_mask, "p")
             v_mask = land(jb_ok, n_ok)
             v_read = at(v_expr, 0, rn, rjb)
-            read = _plain_read(b, v_read) if key_tiles else None
-            same = next((tile for k_read, tile in key_tiles if read is not None and k_read == read), None)
+            same = key_tiles.get(_plain_read(b, v_read)) if key_tiles else None
             if same is not None:
                 # a score's key tile reads these values the other way round (the backward's
                 # Qᵀ for `K·Qᵀ` and Q for `dSᵀ·Q`): one load, transposed, as FlashAttention does
