@@ -266,3 +266,17 @@ def test_index_quotients_rebuild_as_expression_trees():
         got = Evaluator({"idx": values}, {Y: 2})(tree)
         want = [int(evaluate(e, {g: int(v), Y: 2})) for v in values]
         assert got.tolist() == want, e
+
+
+def test_a_modulo_by_a_negative_number_is_bounded_by_its_sign():
+    """Python's `x % -3` lies in (-3, 0]: the simplifier's bounds follow the modulus's sign (they
+    put it in [0, -4], and `floor(Mod(x, -3)/4)` became 0 where it is -1); ceilings are bounded
+    as floors are."""
+    from tilefuse.ir.symbolic import Ceiling, Mod
+
+    assert bounds(Mod(Y, -3), {Y: 10}) == (-2, 0)
+    assert bounds(Ceiling(Y / 4), {Y: 10}) == (0, 3)
+    for e in (floordiv(Mod(Y, -3), 4), floordiv(Mod(Y, -3) + 2, 3), mod(Mod(Y, -3), 5), Ceiling(Y / 4) - 1):
+        simplified = simplify_index(e, {Y: 10})
+        for y in range(10):
+            assert evaluate(simplified, {Y: y}) == evaluate(e, {Y: y}), (e, simplified, y)

@@ -292,17 +292,17 @@ def bounds(expr: sympy.Expr, ranges: dict) -> tuple[float, float]:
                 return -math.inf, math.inf
             lo, hi = min(cands), max(cands)
         return lo, hi
-    if isinstance(expr, sympy.floor):
-        inner = expr.args[0]
-        num, den = inner.as_numer_denom()
+    if isinstance(expr, (sympy.floor, sympy.ceiling)):
+        num, den = expr.args[0].as_numer_denom()
         if den.is_Integer and int(den) > 0:
-            a, b = bounds(num, ranges)
-            return (a // int(den) if not math.isinf(a) else a), (b // int(den) if not math.isinf(b) else b)
+            d, up = int(den), isinstance(expr, sympy.ceiling)
+            quotient = (lambda v: -((-v) // d)) if up else (lambda v: v // d)
+            return tuple(v if math.isinf(v) else quotient(v) for v in bounds(num, ranges))
     if isinstance(expr, sympy.Mod):
         m = expr.args[1]
-        if m.is_Integer:
-            return 0, int(m) - 1
-        return 0, math.inf
+        if m.is_Integer and int(m) != 0:  # (Python's sign: that of the modulus)
+            return (0, int(m) - 1) if int(m) > 0 else (int(m) + 1, 0)
+        return (0, math.inf) if m.is_positive else (-math.inf, math.inf)
     return -math.inf, math.inf
 
 
