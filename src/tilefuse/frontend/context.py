@@ -12,7 +12,7 @@ from ..ir.dtypes import DType
 from ..ir.expr import Expr, Index, cast, out_index, red_index
 from ..ir.graph import Extern, ExternResult, Graph, Pointwise, Reduce, TensorArg
 from ..ir.monoid import Monoid, monoid
-from ..ir.symbolic import Ceiling, Floor, ceildiv, floordiv, fold_mod_complement
+from ..ir.symbolic import Ceiling, Floor, as_index_function, ceildiv, floordiv, fold_mod_complement
 from ..ir.symbolic import mod as index_mod
 from .cudnn_attention_grad import REPLACEMENTS as _SAFER_CALLS
 from .reinplace import mutates_input
@@ -75,12 +75,9 @@ def plain_sympy(e):
         return sympy.Max(*args)
     if isinstance(e, _tf.Min):
         return sympy.Min(*args)
-    if type(e) is sympy.floor:  # (sympy's own, whose integer test of a product is wrong)
-        return Floor(args[0])
-    if type(e) is sympy.ceiling:
-        return Ceiling(args[0])
-    if type(e) is sympy.Mod:
-        return index_mod(args[0], args[1])
+    ours = as_index_function(e, args)  # (sympy's own floor trusts its wrong integer test)
+    if ours is not None:
+        return ours
     if any(x is not y for x, y in zip(args, e.args)):
         e = e.func(*args)
     return fold_mod_complement(e) if e.is_Add else e

@@ -421,15 +421,23 @@ def _postorder_rewrite(e, fn):
     if e.is_Atom:
         return e
     args = [_postorder_rewrite(a, fn) for a in e.args]
-    if type(e) is sympy.Mod:  # (sympy's own: rebuilt as tilefuse's, whose rules are right)
-        e = Mod(*args)
-    elif type(e) is sympy.floor:
-        e = Floor(*args)
-    elif type(e) is sympy.ceiling:
-        e = Ceiling(*args)
+    ours = as_index_function(e, args)
+    if ours is not None:
+        e = ours
     elif any(a is not b for a, b in zip(args, e.args)):
         e = e.func(*args)
     return fn(e)
+
+
+#: sympy's own index functions and tilefuse's, whose rules are right (`Mod`, `Floor`, `Ceiling`)
+_INDEX_FUNCTIONS = {sympy.Mod: lambda p, q: mod(p, q), sympy.floor: lambda x: Floor(x),
+                    sympy.ceiling: lambda x: Ceiling(x)}
+
+
+def as_index_function(e, args):
+    """`e` (sympy's own `Mod`, `floor` or `ceiling`) rebuilt over `args` as tilefuse's, else None."""
+    make = _INDEX_FUNCTIONS.get(type(e))
+    return make(*args) if make is not None else None
 
 
 def evaluate(expr, env: dict):
