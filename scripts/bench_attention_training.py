@@ -9,7 +9,8 @@ A step is `out = attention(q, k, v)` then `autograd.grad(out, (q, k, v), dO)`. T
 column is the worst of dq, dk, dv on batch element 0 against an fp32 computation of the naive
 program, relative to that gradient's largest magnitude; `eager-bf16` is eager PyTorch's own
 error on the same element, the bar the compiled gradients are held to. Writes
-attention_training.json and .md into DIR. With `--profile`, each row also holds the device time
+attention_training.json and .md into DIR. `--configs` adds a tilefuse row per flash configuration
+(every flash kernel of the step takes it). With `--profile`, each row also holds the device time
 of every kernel of one step (`kernels`: name, calls, µs per step), printed under the row, so the
 forward's and the backward's kernels are compared with the peers' by their own times.
 """
@@ -60,7 +61,7 @@ def naive(kind, seq, heads, device):
             "softcap": softcap, "alibi": alibi}[kind], slopes
 
 
-def peers(kind, shape, inductor):
+def peers(kind, shape, inductor, configs=()):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     b, h, s, d = shape
@@ -90,6 +91,8 @@ def peers(kind, shape, inductor):
     if inductor:
         out["inductor"] = torch.compile(fn)
     out["tilefuse"] = torch.compile(fn, backend="tilefuse")
+    for cfg in configs:  # every flash kernel of the step (forward, dQ, dK/dV) with these tiles
+        out[f"tilefuse[{cfg}]"] = torch.compile(fn, backend="tilefuse", options={"flash_config": cfg})
     return out, fn
 
 
@@ -114,6 +117,8 @@ def main():
     p.add_argument("--shapes", default=";".join(",".join(map(str, s)) for s in SHAPES))
     p.add_argument("--inductor", action="store_true", help="also Inductor on the naive code (materialises S×S)")
     p.add_argument("--profile", action="store_true", help="also the device time of each kernel of a step")
+    p.add_argument("--configs", default="", help="also tilefuse with each flash_config, ';'-separated "
+                   "('BLOCK_M,BLOCK_N,warps,stages'): with --profile, a sweep of each kernel's tiles")
     args = p.parse_args()
     shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes.split(";")]
     rows = []
@@ -124,7 +129,7 @@ def main():
                    for _ in range(3))
         do = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen)
         for kind in args.cases.split(","):
-            runs, fn = peers(kind, shape, args.inductor)
+            runs, fn = peers(kind, shape, args.inductor, [c for c in args.configs.split(";") if c])
             one = [t[:1].detach().float().requires_grad_() for t in (q, k, v)]
             ref = torch.autograd.grad(fn(*one), one, do[:1].float())
             eager_one = [t[:1].detach().clone().requires_grad_() for t in (q, k, v)]
@@ -132,7 +137,7 @@ def main():
             del one, eager_one
             flops = 3.5 * 4 * b * h * s * s * d * (0.5 if kind.startswith("causal") else 1.0)
             for name, attention in runs.items():
-                torch._dynamo.reset() if name == "tilefuse" else None
+                torch._dynamo.reset() if name.startswith("tilefuse") else None
                 row = {"case": kind, "shape": list(shape), "backend": name, "eager_bf16_err": eager_err}
                 try:
                     step = step_of(attention)

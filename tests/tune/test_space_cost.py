@@ -206,11 +206,15 @@ def test_skinny_products_get_narrow_tiles_that_keep_every_sm_streaming():
     assert min(s["BLOCK_M"] for s in schedule_space(graph, plan, GPU).schedules()) >= 64
 
 
-def test_products_over_recomputed_scores_keep_tiles_that_fit_registers():
+@pytest.mark.parametrize("head", [64, 128])
+def test_products_over_recomputed_scores_keep_tiles_that_fit_registers(head):
     """The attention backward's kernels hold two score tiles, the weights computed from them
     and (dKᵀ with dV) two accumulators: 128×128 tiles spill there (measured 2–3× slower on the
     H200, docs/benchmarks.md, twentieth section), so the space leaves them out, while the
-    forward's flash kernel (one score tile, one accumulator) keeps them."""
+    forward's flash kernel (one score tile, one accumulator) keeps them. 128×64 tiles of 8
+    warps stay in (the fastest dK/dV kernel at head dim 128 on an H100, twenty-eighth section,
+    which a count of three live score tiles and of separately staged Q and dO had left out)
+    and are the rules' choice but for dK/dV at a narrow head (64×64, 4 warps)."""
     import torch
 
     import tilefuse
@@ -227,7 +231,7 @@ def test_products_over_recomputed_scores_keep_tiles_that_fit_registers():
     def forward(q, k, v):
         return torch.softmax(q @ k.transpose(-1, -2) * 0.125, -1) @ v
 
-    q, k, v, o, do = (torch.randn(1, 2, 256, 64, dtype=torch.bfloat16) for _ in range(5))
+    q, k, v, o, do = (torch.randn(1, 2, 256, head, dtype=torch.bfloat16) for _ in range(5))
     lse = torch.randn(1, 2, 256, 1)
     with config.patch(graph_cache=False), recorded_lowerings() as seen:
         torch._dynamo.reset()
@@ -237,8 +241,15 @@ def test_products_over_recomputed_scores_keep_tiles_that_fit_registers():
     flash = [(graph, plan) for graph, plan, _ in seen if plan.kind == "flash"]
     assert sorted(len(plan.flash.siblings) for _, plan in flash) == [0, 0, 1]  # (forward, dQ, dKᵀ with dV)
     for graph, plan in flash:
-        largest = max(s["BLOCK_M"] * s["BLOCK_N"] for s in schedule_space(graph, plan, GPU).schedules())
+        space = schedule_space(graph, plan, GPU)
+        largest = max(s["BLOCK_M"] * s["BLOCK_N"] for s in space.schedules())
         assert largest == (128 * 128 if not plan.flash.scores else 128 * 64), (plan.name, largest)
+        if plan.flash.scores:
+            tiles = {"BLOCK_M": 128, "BLOCK_N": 64, "warps": 8, "stages": 3}
+            assert any(all(s[k] == x for k, x in tiles.items()) for s in space.schedules()), plan.name
+            if plan.flash.siblings and head < 128:
+                tiles = {"BLOCK_M": 64, "BLOCK_N": 64, "warps": 4, "stages": 3}
+            assert {k: space.default[k] for k in tiles} == tiles, (plan.name, space.default)
 
 
 def test_programs_that_move_too_few_bytes_are_latency_bound():

@@ -368,9 +368,13 @@ def _tiles_schedule(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
     low = dot_operand(plan.flash.q)[1].is_low_precision
     bm, bn, warps, stages = _default_tiles(low, head, static_int(M), options, static_int(N))
     if plan.flash.scores and low and not options.target.on_cpu and not options.target.interpret:
-        # a product over recomputed scores holds two or three dot operands per key tile: the
-        # best of a sweep on the H200 (docs/benchmarks.md, the attention backward)
-        bm, bn, warps, stages = min(bm, 64), 32, 4, 3
+        # products over recomputed scores (the attention backward), the best of a sweep on an
+        # H100 (docs/benchmarks.md, twenty-eighth section): 128 rows of 64 keys with 8 warps,
+        # except two accumulators (dK and dV) of a narrow head, which take 64 rows of 4 warps
+        two_accumulators = bool(plan.flash.siblings)
+        bm, bn, warps, stages = (64, 64, 4, 3) if two_accumulators and head < 128 else (128, 64, 8, 3)
+        if static_int(M) is not None:
+            bm = min(bm, max(16, pow2(static_int(M))))
     if options.flash_config:
         from ..config import knob
 
@@ -388,7 +392,12 @@ def flash_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     dn = max(16, pow2(static_int(DN)))
     dk = sum(sc.width for sc in score_products(plan))  # every score product's key tile is pipelined
     products = 1 + len(plan.flash.siblings)  # (and every product's value tile)
-    tiles = 1 + len(plan.flash.scores) if plan.flash.scores else 1
+    # value tiles a score's key tile already holds (taken transposed: the backward's Q and dO)
+    # take no buffers of their own; tile.fit checks the lowered kernel's exact count
+    staged = products - _values_shared_with_keys(plan, options)
+    # fp32 score tiles alive at once: Triton reuses the registers of a tile once the next one
+    # (the probabilities from the scores, dS from dP) is made from it
+    tiles = min(2, 1 + len(plan.flash.scores)) if plan.flash.scores else 1
     low = dot_operand(plan.flash.q)[1].is_low_precision
     item = 2 if low else 4
     rows = static_int(M)
@@ -409,17 +418,29 @@ def flash_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
         if rows is not None and s["BLOCK_M"] > max(1 if options.target.on_cpu else 16, pow2(rows)):
             return False
         # K and V tiles pipelined over the stages, the Q tile once (tile.limits measures the same)
-        smem = s["stages"] * s["BLOCK_N"] * (dk + dn * products) * item + s["BLOCK_M"] * dk * item
-        # fp32 values per thread: the accumulators, and the score tiles with the weights
-        # computed from them (a recomputing plan holds each score and its weights at once)
+        smem = s["stages"] * s["BLOCK_N"] * (dk + dn * staged) * item + s["BLOCK_M"] * dk * item
+        # fp32 values per thread: the accumulators and the score tiles alive at once
         regs = s["BLOCK_M"] * (dn * products + s["BLOCK_N"] * tiles) // (32 * s["warps"])
-        return smem <= smem_limit and regs <= 192
+        # score tiles over 128×64 spill in the backward's kernels (128×128: 2–3× slower on the
+        # H200, docs/benchmarks.md, twentieth section), whatever the count above says
+        small_scores = not plan.flash.scores or s["BLOCK_M"] * s["BLOCK_N"] <= 128 * 64
+        return smem <= smem_limit and regs <= 192 and small_scores
 
     nbatch = static_int(sympy.Mul(*batch)) if batch else 1
     sizes = {"M": rows, "N": static_int(N), "D": max(dn, dk), "batch": nbatch,
              "dots": len(score_products(plan)) + products}
     return ScheduleSpace("flash", knobs, default, sizes=sizes, itemsize=item, valid=valid,
                          plan_kind=PlanKind.FLASH)
+
+
+def _values_shared_with_keys(plan: KernelPlan, options: LoweringOptions) -> int:
+    """How many of the plan's products read their values from a buffer that a score's key
+    operand reads too (the lowering then transposes the key tile where the reads agree)."""
+    if not options.target.transposes_tiles or not plan.flash.scores:
+        return 0
+    keys = {e.buffer for e in (dot_operand(sc.k)[0] for sc in score_products(plan)) if isinstance(e, Load)}
+    values = [plan.flash.b, *(sib.b for sib in plan.flash.siblings)]
+    return sum(1 for v in values if isinstance(dot_operand(v)[0], Load) and dot_operand(v)[0].buffer in keys)
 
 
 def _default_tiles(low_precision: bool, head_block: int, rows, options: LoweringOptions, keys=None) -> tuple:
