@@ -206,6 +206,8 @@ def _fw_metadata():
 #: (front key, Dynamo's argument count, autocast on) of the inference graph AOTAutograd is
 #: compiling (`_aot` sets it around the trace)
 _front_key: contextvars.ContextVar = contextvars.ContextVar("tilefuse_front_key", default=None)
+#: the index formulas of the Dynamo graph being compiled, described (for its graphs' reports)
+_index_formulas: contextvars.ContextVar = contextvars.ContextVar("tilefuse_index_formulas", default=())
 
 
 def _remember_front(gm: torch.fx.GraphModule, report: CompileReport, views, mutated: list, static: list) -> None:
@@ -338,6 +340,7 @@ def _record(report: CompileReport, gm: torch.fx.GraphModule, settings: dict, opt
     """Keep the report for `last_compilations()` and a running `explain`, and write it under
     `TILEFUSE_DEBUG_DIR` when that is set."""
     report.settings = dict(settings)
+    report.index_formulas = list(_index_formulas.get())
     if logs.enabled("compile_time", logging.INFO):
         from .compile_profile import report_text
 
@@ -403,6 +406,25 @@ def _boxed(fn):
 
 
 def _aot(gm: torch.fx.GraphModule, example_inputs, settings: dict):
+    """Dynamo's graph compiled, its captured tensors that are index formulas computed rather
+    than read (`frontend.index_constants`: guarded per call, with a compile that reads them
+    when a guard fails)."""
+    if settings.get("index_constants", config.index_constants):
+        from .frontend import index_constants
+
+        formulas = index_constants.find(gm, example_inputs)
+        if formulas:
+            token = _index_formulas.set(tuple(f.describe() for f in formulas))
+            try:
+                compiled = _aot_compiled(index_constants.substituted(gm, formulas), example_inputs, settings)
+            finally:
+                _index_formulas.reset(token)
+            return index_constants.Guarded(compiled, formulas, example_inputs,
+                                           lambda args: _aot_compiled(gm, args, settings))
+    return _aot_compiled(gm, example_inputs, settings)
+
+
+def _aot_compiled(gm: torch.fx.GraphModule, example_inputs, settings: dict):
     """Dynamo's graph compiled: from the front cache where it holds the graph (no trace), else
     traced by AOTAutograd into the graphs tilefuse compiles."""
     training = _training(example_inputs)
@@ -480,6 +502,7 @@ def _partitioner(settings: dict):
 
     def partition(joint, inputs, **kwargs):
         _recompute_counter_based_randomness(joint)
+        _recompute_input_free_values(joint)
         if min_cut:  # common subexpressions merged by tilefuse's pass, not AOTAutograd's (joint_cse)
             eliminate_common_subexpressions(joint)
             with functorch_config.patch(cse=False):
@@ -505,6 +528,28 @@ def _recompute_counter_based_randomness(joint: torch.fx.GraphModule) -> None:
     for node in joint.graph.nodes:
         if node.op == "call_function" and node.target is uniform:
             node.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
+
+
+def _recompute_input_free_values(joint: torch.fx.GraphModule) -> None:
+    """Values computed from no input — a mask or a distance from `arange`, what
+    `frontend.index_constants` makes of a captured `tril` buffer — are recomputed by the
+    backward, never saved: the partition otherwise saves a T×T mask that the backward's
+    kernels compute from indices for free (it bans recomputing what the backward reads in a
+    kernel it cannot fuse into, such as the attention chain's). Only ops AOTAutograd itself
+    counts as cheap to recompute (index arithmetic, comparisons, pointwise, views)."""
+    from torch._functorch import partitioners
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    try:
+        cheap = partitioners.get_default_op_list().is_recomputable
+    except (AttributeError, TypeError):  # (a PyTorch without the helper: nothing marked)
+        return
+    free: set = set()
+    for node in joint.graph.nodes:
+        if node.op != "call_function" or any(a not in free for a in node.all_input_nodes) or not cheap(node):
+            continue
+        free.add(node)
+        node.meta.setdefault("recompute", CheckpointPolicy.MUST_RECOMPUTE)
 
 
 def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None = None,

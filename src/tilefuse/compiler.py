@@ -86,6 +86,8 @@ class CompileReport:
     #: the graph cache's key under which this graph is stored ("": none; `front_cache` names it)
     graph_key: str = ""
     cuda_graphs: str = ""  # how the graph runs under the cuda_graphs knob ("": the knob is off)
+    #: captured tensors computed from their index formulas (`frontend.index_constants`), described
+    index_formulas: list = field(default_factory=list)
 
 
 class _Stages:

@@ -231,6 +231,13 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "pre-kernel lists, per block of query rows, the key tiles that are partly or wholly live; the "
          "attention kernel visits only those and reads no mask on the wholly live ones; off: every key "
          "tile is visited and masked"),
+    Knob("index_constants", bool, True,
+         "tensors the compiled code captures rather than takes as arguments (a module's buffers, "
+         "globals, closures) whose values follow an index formula — a tril or band mask, a distance or "
+         "position table — are computed from the indices instead of read: attention then skips the "
+         "masked tiles as for a mask written with indices, and reads no bias table. Each call checks that "
+         "the tensor is the one verified and unwritten since (its version counter), else verifies it "
+         "again; one that no longer follows its formula sends later calls to a compile that reads it"),
     Knob("attention_backward", bool, True,
          "training: each attention chain (softmax of a score function of q·kᵀ, times v) becomes one "
          "autograd function: the forward saves the softmax's row max and log-sum, never the probabilities, "

@@ -147,6 +147,8 @@ class Explanation:
             out.append(f"  compilation failed: {failure} (the graph ran as the fallback knob says)")
         if getattr(r, "cuda_graphs", ""):
             out.append(f"  CUDA graphs: {r.cuda_graphs}")
+        for formula in getattr(r, "index_formulas", ()):
+            out.append(f"  computed from indices, not read (guarded per call): {formula}")
         if getattr(r, "cached", ""):
             out.append(f"  loaded from the graph cache ({r.cached}): the kernels of the compile that stored it")
         tags = {graph_tag_of(k.name)[0] for k in r.kernels}

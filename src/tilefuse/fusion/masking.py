@@ -51,7 +51,9 @@ def _fill(e: Expr, limit: float = FILL_LIMIT):
 
 
 def _condition(e: Expr) -> Expr:
-    """Look through bool casts of 0/1 selections: cast(where(c, 1, 0), bool) → c."""
+    """Look through bool casts of 0/1 selections: cast(where(c, 1, 0), bool) → c, and through
+    comparisons of a selection between two constants with one of them: `where(c, 1, 0) == 0`
+    (nanoGPT's `tril == 0` once the buffer is a formula, `frontend.index_constants`) → not c."""
     while True:
         if isinstance(e, Cast) and e.dtype.is_bool:
             e = e.x
@@ -60,8 +62,35 @@ def _condition(e: Expr) -> Expr:
         elif isinstance(e, Where) and isinstance(e.a, Const) and isinstance(e.b, Const) \
                 and e.a.value not in (0, False) and e.b.value in (0, False):
             e = e.cond
+        elif (picked := _selected(e)) is not None:
+            e = picked
         else:
             return e
+
+
+def _selected(e: Expr):
+    """`sel == x` / `sel != x` for a selection `sel` between two constants (or a boolean, a
+    selection between True and False) and a constant x matching one side only: the condition
+    (or its negation) under which the comparison holds; else None."""
+    if not (isinstance(e, Binary) and e.op in ("eq", "ne") and isinstance(e.b, Const) and e.b.value != "nan"):
+        return None
+    sel = e.a
+    if isinstance(sel, Where) and isinstance(sel.a, Const) and isinstance(sel.b, Const):
+        cond, on_true, on_false = sel.cond, sel.a.value, sel.b.value
+    elif sel.dtype.is_bool:
+        cond, on_true, on_false = sel, True, False
+    else:
+        return None
+    if "nan" in (on_true, on_false):
+        return None
+    hit_true, hit_false = on_true == e.b.value, on_false == e.b.value
+    if e.op == "ne":
+        hit_true, hit_false = not hit_true, not hit_false
+    if hit_true and not hit_false:
+        return cond
+    if hit_false and not hit_true:
+        return _negate(cond)
+    return None
 
 
 def _disjuncts(c: Expr) -> list:

@@ -1,0 +1,310 @@
+"""Captured tensors whose values are an index formula, computed from the indices instead of read.
+
+Models keep masks and position tables as tensors made once: nanoGPT's
+`register_buffer("bias", torch.tril(torch.ones(T, T)))`, an ALiBi distance `(j - i).float()`,
+a sliding-window mask, `arange` tensors built outside the compiled function. Read from memory,
+such a mask is data: attention can skip its dead tiles only through a run-time block summary,
+and a bias table is loaded per tile (ALiBi's 4096×4096 distance for every head). As a formula it
+is what `torch.where(j > i, ...)` written with indices is: block skipping decided when the
+kernel is built, no mask loaded, a bias computed in registers.
+
+`find` reads the values of each candidate once at compile time and fits one of two families
+over the tensor's dims of more than one element (one or two of them, `r` and `k`):
+
+- **affine**: `c + a·r + b·k` with integer coefficients, not constant (distances, positions);
+- **band**: one value where `lo <= k - r <= hi` and another elsewhere, either bound possibly
+  absent (`tril`, `triu`, sliding windows; bool, 0/1 or 0/-inf).
+
+A fit counts only if the formula, evaluated by the very operations put into the graph, equals
+the tensor exactly (`torch.equal`). Candidates are the tensors the compiled code captures rather
+than takes as arguments (a module's buffers, globals, closures: Dynamo's source of the input is
+not a local of the frame), static in shape, contiguous, not parameters, not written by the graph.
+
+`substituted` replaces the uses of each such input with the formula's nodes; the input stays a
+graph input. `Guarded` makes the promise safe at run time: a call whose tensor is the one
+verified, at the version verified (PyTorch bumps a tensor's version on every in-place write),
+runs the substituted graph; any other tensor is verified again (one read of it and a wait for
+the device), and one that no longer follows its formula — or that keeps changing — sends every
+later call to a compile of the original graph, which reads the tensor.
+"""
+from __future__ import annotations
+
+import operator
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from .. import logs
+
+aten = torch.ops.aten
+
+#: larger tensors are not read at compile time (64 Mi elements: a 8192² fp32 table is 256 MB)
+MAX_ELEMENTS = 1 << 26
+
+#: verifications after the first before a guard gives up on its tensor (it changes every call)
+MAX_RECHECKS = 8
+
+
+@dataclass(frozen=True)
+class IndexFormula:
+    """The values of graph input `position`: `kind` "affine" with `terms` (c, a[, b]), or
+    "band" with `terms` (lo, hi, inside, outside) (lo/hi None: no bound)."""
+
+    position: int
+    source: str
+    shape: tuple
+    dtype: torch.dtype
+    device: torch.device
+    dims: tuple  # the tensor's dims of more than one element (r, then k)
+    kind: str
+    terms: tuple
+
+    def build(self, call):
+        """The formula as a chain of ATen calls: `call(op, *args)` runs one (eagerly, or as a
+        node of an FX graph), so the graph computes exactly what `evaluate` verified."""
+        sizes = [self.shape[d] for d in self.dims]
+        ranks = [call(aten.arange.start_step, 0, n, 1, dtype=torch.int64, device=self.device) for n in sizes]
+        if len(ranks) == 2:
+            ranks = [call(aten.view.default, ranks[0], [sizes[0], 1]), call(aten.view.default, ranks[1], [1, sizes[1]])]
+        if self.kind == "affine":
+            parts = [x if a == 1 else call(aten.mul.Tensor, x, a) for x, a in zip(ranks, self.terms[1:]) if a != 0]
+            value = parts[0] if len(parts) == 1 else call(aten.add.Tensor, *parts)
+            if self.terms[0] != 0:
+                value = call(aten.add.Tensor, value, self.terms[0])
+            if len(parts) < len(ranks):  # (a dim the values do not depend on)
+                value = call(aten.clone.default, call(aten.expand.default, value, sizes),
+                             memory_format=torch.contiguous_format)
+            value = call(aten._to_copy.default, value, dtype=self.dtype)
+        else:
+            lo, hi, inside, outside = self.terms
+            offset = call(aten.sub.Tensor, ranks[1], ranks[0])
+            conds = ([call(aten.ge.Scalar, offset, lo)] if lo is not None else []) + \
+                    ([call(aten.le.Scalar, offset, hi)] if hi is not None else [])
+            cond = conds[0] if len(conds) == 1 else call(aten.logical_and.default, *conds) if conds else \
+                call(aten.ge.Scalar, offset, -(sizes[0] + sizes[1]))
+            if self.dtype == torch.bool:
+                value = cond if inside else call(aten.logical_not.default, cond)
+            else:
+                value = call(aten.where.self, cond,
+                             call(aten.scalar_tensor.default, inside, dtype=self.dtype, device=self.device),
+                             call(aten.scalar_tensor.default, outside, dtype=self.dtype, device=self.device))
+        return call(aten.view.default, value, list(self.shape))
+
+    def evaluate(self) -> torch.Tensor:
+        with torch.no_grad():
+            return self.build(lambda op, *args, **kwargs: op(*args, **kwargs))
+
+    def matches(self, t) -> bool:
+        """Whether tensor `t` holds exactly this formula's values."""
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != self.shape or t.dtype != self.dtype \
+                or t.device != self.device or not t.is_contiguous():
+            return False
+        with torch.no_grad():
+            return bool(torch.equal(self.evaluate(), t))
+
+    def describe(self) -> str:
+        names = "rk"[:len(self.dims)]
+        if self.kind == "affine":
+            parts = [str(self.terms[0])] + [f"{a}·{n}" for a, n in zip(self.terms[1:], names)]
+            return f"{self.source} = {' + '.join(parts)}"
+        lo, hi, inside, outside = self.terms
+        bounds = " and ".join(b for b in ((f"k - r >= {lo}" if lo is not None else ""),
+                                          (f"k - r <= {hi}" if hi is not None else "")) if b) or "always"
+        return f"{self.source} = {inside} where {bounds}, else {outside}"
+
+
+def _source(node) -> str | None:
+    """Where Dynamo found the input (`L['self']._buffers['bias']`, a global, a closure's cell),
+    or None for a local of the compiled frame, an argument above all (a different tensor may
+    come each call)."""
+    arg = node.meta.get("grapharg")
+    source = getattr(arg, "source", None)
+    if source is None or (type(source).__name__ == "LocalSource"
+                          and not getattr(source, "is_derefed_cell_contents", False)):
+        return None
+    try:
+        return source.name() if callable(source.name) else str(source.name)
+    except Exception:  # noqa: BLE001 - a name is only for messages
+        return type(source).__name__
+
+
+def _written(gm: torch.fx.GraphModule) -> set:
+    """Placeholders that an in-place operation of the graph may write (through any value made
+    from them: a conservative reading of aliasing)."""
+    inplace = [n for n in gm.graph.nodes if n.args and isinstance(n.args[0], torch.fx.Node) and (
+        n.target is operator.setitem or (n.op in ("call_method", "call_function") and _inplace_name(n.target))
+        or "out" in n.kwargs)]
+    written = set()
+    for node in inplace:
+        stack, seen = [node.args[0]], set()
+        while stack:
+            x = stack.pop()
+            if x in seen:
+                continue
+            seen.add(x)
+            if x.op == "placeholder":
+                written.add(x)
+            stack.extend(a for a in x.all_input_nodes)
+    return written
+
+
+def _inplace_name(target) -> bool:
+    name = target if isinstance(target, str) else getattr(target, "__name__", "")
+    return name.endswith("_") and not name.endswith("__")
+
+
+def _candidates(gm: torch.fx.GraphModule, example_inputs):
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(example_inputs):
+        return
+    written = _written(gm)
+    for position, (node, t) in enumerate(zip(placeholders, example_inputs)):
+        if not node.users or node in written or not isinstance(t, torch.Tensor):
+            continue
+        if isinstance(t, torch.nn.Parameter) or t.requires_grad or type(t) is not torch.Tensor \
+                or t.is_sparse or t.is_quantized or t.is_complex() or not t.is_contiguous():
+            continue
+        if any(not isinstance(d, int) for d in t.shape) or t.numel() < 2 or t.numel() > MAX_ELEMENTS:
+            continue
+        fake = node.meta.get("example_value")
+        if fake is not None and any(not isinstance(d, int) for d in fake.shape):
+            continue  # (a dynamic size: the formula would hold for one size only)
+        source = _source(node)
+        if source is not None:
+            yield position, source, t
+
+
+def fit(position: int, source: str, t: torch.Tensor) -> IndexFormula | None:
+    """The formula `t`'s values follow, verified exactly, or None."""
+    dims = tuple(d for d, n in enumerate(t.shape) if n > 1)
+    if not 1 <= len(dims) <= 2:
+        return None
+    base = dict(position=position, source=source, shape=tuple(t.shape), dtype=t.dtype, device=t.device, dims=dims)
+    with torch.no_grad():
+        x = t.reshape([t.shape[d] for d in dims])
+        for make in (_affine, _band):
+            try:
+                candidates = make(x)
+            except (RuntimeError, ValueError, OverflowError):
+                continue
+            for terms in candidates:
+                formula = IndexFormula(**base, kind=make.__name__[1:], terms=terms)
+                if formula.matches(t):
+                    return formula
+    return None
+
+
+def _affine(x: torch.Tensor) -> list:
+    """The affine terms the first elements imply (a candidate, verified by the caller)."""
+    if x.dtype == torch.bool:
+        return []
+    corner = x[(0,) * x.dim()]
+    steps = [x[(1, 0)] if x.dim() == 2 else x[1]] + ([x[(0, 1)]] if x.dim() == 2 else [])
+    values = torch.stack([corner, *steps]).double().tolist()
+    if not all(v == v and abs(v) < 2 ** 53 and v == int(v) for v in values):
+        return []
+    c = int(values[0])
+    coeffs = [int(v) - c for v in values[1:]]
+    if not any(coeffs):
+        return []  # a constant: more often a buffer about to be written (a cache) than a formula
+    return [(c, *coeffs)]
+
+
+def _band(x: torch.Tensor) -> list:
+    """Band terms for a tensor of two values: one candidate per value as the band's."""
+    if x.dim() != 2:
+        return []
+    first = x[0, 0]
+    inside = x == first
+    others = x[~inside]
+    if others.numel() == 0:
+        return []
+    second = others[0]
+    if not bool(((x == second) | inside).all()):
+        return []
+    rows, cols = x.shape
+    offset = torch.arange(cols, device=x.device)[None, :] - torch.arange(rows, device=x.device)[:, None]
+    found = []
+    for value, other, band in ((first, second, inside), (second, first, ~inside)):
+        live = offset[band]
+        lo, hi = int(live.min()), int(live.max())
+        found.append((lo if lo > -(rows - 1) else None, hi if hi < cols - 1 else None, value.item(), other.item()))
+    return found
+
+
+def find(gm: torch.fx.GraphModule, example_inputs) -> list[IndexFormula]:
+    """The inputs of Dynamo's graph `gm` that are index formulas, by the values of `example_inputs`."""
+    found = []
+    for position, source, t in _candidates(gm, example_inputs):
+        try:
+            formula = fit(position, source, t)
+        except Exception as err:  # noqa: BLE001 - recognising a formula is an optimisation
+            logs.log("graph", "index constants: %s not fitted: %s: %s", source, type(err).__name__, err)
+            continue
+        if formula is not None:
+            logs.log("graph", "index constants: %s", formula.describe())
+            found.append(formula)
+    return found
+
+
+def substituted(gm: torch.fx.GraphModule, formulas: list[IndexFormula]) -> torch.fx.GraphModule:
+    """A copy of `gm` whose uses of each formula's input compute the formula instead."""
+    graph = torch.fx.Graph()
+    env: dict = {}
+    out = graph.graph_copy(gm.graph, env)
+    graph.output(out)
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    last = placeholders[-1]
+    for formula in formulas:
+        placeholders[formula.position].replace_all_uses_with(_emit_after(graph, last, formula))
+    graph.lint()
+    made = torch.fx.GraphModule(gm, graph)
+    made.meta.update(gm.meta)
+    return made
+
+
+def _emit_after(graph: torch.fx.Graph, anchor, formula: IndexFormula):
+    """The formula's nodes, in order, after `anchor` (before the graph's first computation)."""
+    cursor = [anchor]
+
+    def call(op, *args, **kwargs):
+        with graph.inserting_after(cursor[0]):
+            n = graph.call_function(op, args, kwargs)
+        cursor[0] = n
+        return n
+
+    return formula.build(call)
+
+
+class Guarded:
+    """The compiled graph that assumes `formulas`, with the check of each call (see the module's
+    docstring); `fallback()` compiles the graph that reads the tensors instead."""
+
+    def __init__(self, compiled, formulas: list[IndexFormula], example_inputs, fallback):
+        self.compiled = compiled
+        self.formulas = formulas
+        self.fallback = fallback
+        self.verified = [(weakref.ref(example_inputs[f.position]), example_inputs[f.position]._version)
+                         for f in formulas]
+        self.rechecks = 0
+
+    def __call__(self, *args):
+        if self.formulas:
+            for (ref, version), f in zip(self.verified, self.formulas):
+                t = args[f.position]
+                if t is not ref() or t._version != version:
+                    self._recheck(args)
+                    break
+        return self.compiled(*args)
+
+    def _recheck(self, args) -> None:
+        self.rechecks += 1
+        changed = [f for f in self.formulas if not f.matches(args[f.position])]
+        if changed or self.rechecks > MAX_RECHECKS:
+            why = (f"{changed[0].source} no longer follows its formula" if changed
+                   else f"the tensors changed {self.rechecks} times")
+            logs.log("graph", "index constants: %s: the graph is compiled again to read them", why)
+            self.compiled, self.formulas = self.fallback(list(args)), []
+            return
+        self.verified = [(weakref.ref(args[f.position]), args[f.position]._version) for f in self.formulas]

@@ -1,0 +1,217 @@
+"""Captured tensors whose values are an index formula (`frontend.index_constants`): which fit
+and which do not, the compiled programs (checked against eager at fp64), the mask analysis they
+reach, and the guard that keeps a changed tensor from being read as its old formula."""
+import math
+
+import pytest
+import torch
+
+import tilefuse
+from lowered_plans import recorded_lowerings
+from tilefuse.config import config
+from tilefuse.frontend import index_constants
+from tilefuse.frontend.index_constants import Guarded, fit
+
+
+def _fit(t):
+    formula = fit(0, "t", t)
+    if formula is not None:
+        assert torch.equal(formula.evaluate(), t)  # (what the graph computes is the tensor)
+    return formula
+
+
+@pytest.mark.parametrize("rows,cols", [(7, 7), (37, 53), (53, 37)])
+def test_masks_and_tables_that_are_formulas(rows, cols):
+    i, j = torch.arange(rows)[:, None], torch.arange(cols)[None, :]
+    ones = torch.ones(rows, cols)
+    cases = {
+        "tril": torch.tril(ones).view(1, 1, rows, cols),
+        "tril bool": torch.tril(ones).bool(),
+        "triu masked": torch.triu(ones, diagonal=1).bool(),  # True where masked
+        "window": ((j <= i) & (i - j < 4)).float(),
+        "shifted": torch.tril(ones, diagonal=-2),
+        "additive": torch.zeros(rows, cols).masked_fill(j > i, float("-inf")),
+        "finite fill": torch.zeros(rows, cols, dtype=torch.bfloat16).masked_fill(j > i + 1, torch.finfo(torch.bfloat16).min),
+        "distance": (j - i).float(),
+        "scaled distance": (3 * i - 2 * j + 5).to(torch.int32),
+        "row index": torch.arange(rows)[:, None],
+        "expanded positions": torch.arange(cols).expand(1, -1),
+    }
+    for name, t in cases.items():
+        formula = _fit(t)
+        assert formula is not None, name
+        assert formula.kind == ("affine" if name in ("distance", "scaled distance", "row index",
+                                                     "expanded positions") else "band"), name
+
+
+def test_tensors_that_are_not_formulas():
+    g = torch.Generator().manual_seed(1)
+    tril = torch.tril(torch.ones(17, 17))
+    almost = tril.clone()
+    almost[11, 3] = 0.0  # one element off the band
+    holes = (torch.rand(17, 17, generator=g) > 0.5).float()
+    nan = (torch.arange(17)[None, :] - torch.arange(17)[:, None]).float()
+    nan[4, 4] = float("nan")
+    for name, t in {"one element off": almost, "random mask": holes, "random": torch.randn(17, 5, generator=g),
+                    "zeros (a cache)": torch.zeros(9, 9), "ones": torch.ones(9, 9), "with a nan": nan,
+                    "inverse frequencies": 1.0 / (10000 ** (torch.arange(0, 16, 2).float() / 16)),
+                    "three dims vary": torch.arange(24).view(2, 3, 4)}.items():
+        assert _fit(t) is None, name
+
+
+class _Causal(torch.nn.Module):
+    """nanoGPT's attention: a `tril` buffer and `masked_fill`."""
+
+    def __init__(self, block, heads, dim, dtype=torch.float64):
+        super().__init__()
+        self.heads = heads
+        self.proj = torch.nn.Linear(dim, 3 * dim, dtype=dtype)
+        self.register_buffer("bias", torch.tril(torch.ones(block, block, dtype=dtype)).view(1, 1, block, block))
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.proj(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
+        return (torch.softmax(att, dim=-1) @ v).transpose(1, 2).reshape(b, t, c)
+
+
+def _flash_plans(fn, *args):
+    torch._dynamo.reset()
+    with config.patch(graph_cache=False), recorded_lowerings() as seen:
+        report = tilefuse.explain(fn, *args)
+    return [plan for _, plan, _ in seen if plan.kind == "flash"], report
+
+
+def test_a_tril_buffer_is_a_causal_formula():
+    from tilefuse.fusion.masking import live_key_range
+    from tilefuse.ir.expr import out_index, red_index
+
+    model = _Causal(block=160, heads=2, dim=64, dtype=torch.float32)
+    x = torch.randn(2, 131, 64)  # (fewer tokens than the buffer's rows)
+    with torch.no_grad():
+        plans, report = _flash_plans(model, x)
+    assert len(plans) == 1 and plans[0].flash.masked is not None
+    assert "k - r <= 0" in str(report), str(report)
+    # the mask is a formula: no block summary is computed, and the key loop of a block of
+    # rows stops at the diagonal (an upper bound on the live keys, as `where(j > i, ...)` gets)
+    assert "summary" not in str(report), str(report)
+    (key,) = red_index(1)
+    bounds = [live_key_range(plans[0].flash.masked, row, key) for row in out_index(4)]
+    assert any(upper is not None for _, upper in bounds), plans[0].flash.masked
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(model, backend="tilefuse")(x)
+        expected = model.double()(x.double())
+    torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_the_training_step_of_a_tril_buffer():
+    model = _Causal(block=24, heads=2, dim=16)
+    x = torch.randn(2, 19, 16, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(2, 19, 16, dtype=torch.float64)
+    expected = torch.autograd.grad(model(x), (x, *model.parameters()), dy)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="tilefuse")
+    got = torch.autograd.grad(compiled(x), (x, *model.parameters()), dy)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-9, atol=1e-9)
+
+
+def test_alibi_distance_from_a_closure():
+    seq, heads = 45, 3
+    i, j = torch.arange(seq)[:, None], torch.arange(seq)[None, :]
+    distance = (j - i).double()
+    slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)], dtype=torch.float64).view(heads, 1, 1)
+
+    def alibi(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2) / 4.0 + slopes * distance, dim=-1) @ v
+
+    q, k, v = (torch.randn(2, heads, seq, 16, dtype=torch.float64) for _ in range(3))
+    plans, report = _flash_plans(alibi, q, k, v)
+    assert len(plans) == 1 and "L['distance'] = 0 + -1·r + 1·k" in str(report), str(report)
+    from tilefuse.ir.expr import Load, walk
+
+    read = {e.buffer for e in walk(plans[0].flash.masked) if isinstance(e, Load)}
+    assert len(read) == 2, plans[0].flash.masked  # the scores and the slopes: no distance table
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(alibi, backend="tilefuse")(q, k, v), alibi(q, k, v),
+                               rtol=1e-10, atol=1e-10)
+
+
+def test_arguments_and_written_buffers_are_read_as_data():
+    def masked(x, mask):  # the mask is an argument: another one may come next call
+        return torch.softmax(x.masked_fill(mask == 0, float("-inf")), -1)
+
+    class Cache(torch.nn.Module):  # a buffer the graph writes
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("cache", torch.tril(torch.ones(6, 6)))
+
+        def forward(self, x, pos):
+            self.cache.index_copy_(0, pos, x)
+            return self.cache.sum(-1)
+
+    seen = []
+    real = index_constants.fit
+    index_constants.fit = lambda *a: seen.append(a[1]) or real(*a)
+    try:
+        torch._dynamo.reset()
+        x = torch.randn(5, 5)
+        torch.compile(masked, backend="tilefuse")(x, torch.tril(torch.ones(5, 5)))
+        torch._dynamo.reset()
+        torch.compile(Cache(), backend="tilefuse")(torch.randn(1, 6), torch.tensor([2]))
+    finally:
+        index_constants.fit = real
+    assert seen == [], seen
+
+
+def test_a_buffer_written_after_compiling_is_read_again():
+    model = _Causal(block=16, heads=2, dim=8)
+    x = torch.randn(2, 16, 8, dtype=torch.float64)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="tilefuse")
+    torch.testing.assert_close(compiled(x), model(x))
+    # the same values in a new tensor: verified again, still the formula
+    model.bias = torch.tril(torch.ones(16, 16, dtype=torch.float64)).view(1, 1, 16, 16)
+    torch.testing.assert_close(compiled(x), model(x))
+    # a window now: the buffer no longer follows the formula it was compiled with
+    with torch.no_grad():
+        model.bias.copy_(model.bias.triu(-3))
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-10, atol=1e-10)
+    model.bias[0, 0, 9, 2] = 1.0  # (written again, after the fallback: read as data)
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-10, atol=1e-10)
+
+
+def test_the_guard_verifies_a_changed_tensor_once_and_then_gives_up():
+    tril = torch.tril(torch.ones(6, 6))
+    formula = fit(1, "tril", tril)
+    calls, fallbacks = [], []
+    guarded = Guarded(lambda *a: calls.append("fast") or "fast", [formula], [None, tril],
+                      lambda args: fallbacks.append(len(args)) or (lambda *a: "slow"))
+    x = torch.randn(2)
+    assert guarded(x, tril) == "fast" and guarded.rechecks == 0
+    assert guarded(x, tril.clone()) == "fast" and guarded.rechecks == 1  # (another tensor, same values)
+    tril.add_(0)  # an in-place write: the version moves
+    assert guarded(x, tril) == "fast" and guarded.rechecks == 2
+    for n in range(index_constants.MAX_RECHECKS):  # a new tensor every call: verified each time, up to a bound
+        guarded(x, torch.tril(torch.ones(6, 6)))
+    assert fallbacks == [2] and guarded(x, tril) == "slow"
+    guarded = Guarded(lambda *a: "fast", [formula], [None, tril], lambda args: (lambda *a: "slow"))
+    assert guarded(x, torch.ones(6, 6)) == "slow"
+
+
+def test_the_knob_turns_it_off():
+    seen = []
+    real = index_constants.find
+    index_constants.find = lambda *a: seen.append(1) or real(*a)
+    try:
+        torch._dynamo.reset()
+        model = _Causal(block=8, heads=2, dim=8)
+        x = torch.randn(1, 8, 8, dtype=torch.float64)
+        out = tilefuse.compile(model, index_constants=False)(x)
+    finally:
+        index_constants.find = real
+    assert seen == []
+    torch.testing.assert_close(out, model(x))
