@@ -75,6 +75,9 @@ class KernelBuilder:
         self.bound: dict[str, Var] = {}  # node name -> in-register value (kernel members)
         self.tile_symbols: set[str] = set()
         self.index_ranges: dict = {}  # tile symbol -> extent, for index simplification
+        #: tile coordinate -> the extent it is bound-checked against (`common.bound_check`) or
+        #: the grid gives it: where a load's index stays in range, no `where` guards it
+        self.coordinate_extents: dict = {}
         self.scratch: dict = {}  # name -> tile.ir.Scratch: temporaries outside the graph
         #: a 2-D tile's whole mask and the mask of each of its axes (`restrict_masks`)
         self.tile_mask: Expr | None = None
@@ -227,8 +230,8 @@ class KernelBuilder:
         if isinstance(e, Where):
             c = self.value(e.cond, mask, guard)
             not_c = self.let(unary("logical_not", c), "tmp")
-            a = self.value(e.a, mask, land(guard, c) if _needs_guard(e.a, e.cond) else guard)
-            b = self.value(e.b, mask, land(guard, not_c) if _needs_guard(e.b, e.cond) else guard)
+            a = self.value(e.a, mask, land(guard, c) if self._needs_guard(e.a, e.cond) else guard)
+            b = self.value(e.b, mask, land(guard, not_c) if self._needs_guard(e.b, e.cond) else guard)
             return self.let(Where(c, a, b, e.dtype))
         if isinstance(e, (Unary, Binary, Cast)):
             kids = tuple(self.value(k, mask, guard) for k in e.children())
@@ -297,35 +300,57 @@ class KernelBuilder:
         self.emit(StoreTile(name, off, v, mask, node.dtype))
 
 
+    def _needs_guard(self, branch: Expr, cond: Expr) -> bool:
+        """Whether a branch's loads must be masked by the selection's condition: they may be
+        out of range where the branch is not taken. A condition on positions can guard index
+        arithmetic (`cat`: `where(i < 48, a[i], b[i - 48])`); one on data alone cannot, so an
+        affine load under it reads in range everywhere its tile's bounds do — it is then loaded
+        unmasked by the data (a value per row stays a [rows, 1] load, and one mask tile is read
+        once, not once per branch). So does a load whose index is in range for every
+        coordinate in its bounds (the backward's row statistics per key under a causal mask
+        `where(j > i, 0, dS)`: a [1, keys] load, not one per score). Gathers keep the guard
+        (their positions are data)."""
+        loads = [n for n in walk(branch) if isinstance(n, Load)]
+        if not loads:
+            return False
+        if any(not isinstance(c, Index) for n in loads for c in n.index):
+            return True
+
+        def on_positions(x) -> bool:
+            if isinstance(x, Index):
+                return True
+            if isinstance(x, Load):
+                return False  # (a load's own index picks the datum: the datum is what is tested)
+            return any(on_positions(k) for k in x.children())
+
+        return on_positions(cond) and not all(self._reads_in_range(n) for n in loads)
+
+    def _reads_in_range(self, load: Load) -> bool:
+        """Whether every component of the load's index lies within its buffer's dim for every
+        tile coordinate within its extent (`coordinate_extents`)."""
+        from ..ir.symbolic import bounds
+
+        if load.buffer in self.bound:
+            return True  # (a value held in registers: nothing is read)
+        if load.buffer not in self.graph.nodes:
+            return False
+        shape = self.graph[load.buffer].shape
+        if len(shape) != len(load.index):
+            return False
+        for comp, size in zip(load.index, shape):
+            expr = sympy.sympify(comp.expr)
+            if not expr.free_symbols <= set(self.coordinate_extents):
+                return False
+            lo, hi = bounds(expr, self.coordinate_extents)
+            size = sympy.sympify(size)
+            if not (size.is_Integer and lo >= 0 and hi < int(size)):
+                return False
+        return True
+
 def _has_load(e: Expr) -> bool:
     from ..ir.expr import walk
 
     return any(isinstance(n, Load) for n in walk(e))
-
-
-def _needs_guard(branch: Expr, cond: Expr) -> bool:
-    """Whether a branch's loads must be masked by the selection's condition: they may be out
-    of range where the branch is not taken. A condition on positions can guard index
-    arithmetic (`cat`: `where(i < 48, a[i], b[i - 48])`); one on data alone cannot, so an
-    affine load under it reads in range everywhere its tile's bounds do — it is then loaded
-    unmasked by the data (a value per row stays a [rows, 1] load, and one mask tile is read
-    once, not once per branch). Gathers keep the guard (their positions are data)."""
-    from ..ir.expr import walk
-
-    loads = [n for n in walk(branch) if isinstance(n, Load)]
-    if not loads:
-        return False
-    if any(not isinstance(c, Index) for n in loads for c in n.index):
-        return True
-
-    def on_positions(x) -> bool:
-        if isinstance(x, Index):
-            return True
-        if isinstance(x, Load):
-            return False  # (a load's own index picks the datum: the datum is what is tested)
-        return any(on_positions(k) for k in x.children())
-
-    return on_positions(cond)
 
 
 __all__ = ["KernelBuilder", "known_strides", "tile_symbol", "land"]

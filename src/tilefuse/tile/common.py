@@ -76,6 +76,8 @@ def uniform_layout(graph: Graph, stages, parallel) -> tuple | None:
 def bound_check(b: KernelBuilder, index, extent, block: int, name: str):
     """`index < extent` as a mask, or None when every block is full (static extent that the
     block divides): unmasked loads and stores vectorise better."""
+    if isinstance(index, sympy.Symbol):
+        b.coordinate_extents[index] = extent
     ext = static_int(extent)
     if ext is not None and ext > 0 and ext % block == 0:
         return None

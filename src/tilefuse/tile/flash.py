@@ -96,6 +96,7 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
     wide = needs_int64(M, N, DN, *batch_shape) or any(needs_int64(M, sc.extent, *batch_shape) for sc in scores)
     b.emit(ProgramId("pid", 0, wide=wide))
     b.emit(ProgramId("pid_b", 1, wide=wide))
+    b.coordinate_extents[tile_symbol("pid_b")] = sympy.Mul(*batch_shape)  # (the grid's second dim)
     if splits > 1:
         b.emit(ProgramId("pid_s", 2))
     b.emit(Arange("rm", Index(tile_symbol("pid") * tile_symbol("BLOCK_M")), "BLOCK_M", 0, 2))
