@@ -1,6 +1,7 @@
-"""Attention with a mask read from a tensor on the CPU (C++ kernels): the unmasked program, a
-`tril` buffer (causal) and a 128-wide window from a bool buffer, with and without the block
-summary, and Inductor on the same code. Each variant is measured three times, interleaved;
+"""Attention with a mask from a captured tensor on the CPU (C++ kernels): the unmasked program,
+a `tril` buffer (causal) and a 128-wide window from a bool buffer — as the index formulas they
+are (the default), read as data with the block summary and without it — and Inductor on the
+same code. Each variant is measured three times, interleaved;
 the best median counts (a shared host is noisy).
 
     PYTHONPATH=src python scripts/bench_cpu_masks.py [--shape 1,8,2048,64]
@@ -38,8 +39,11 @@ def main():
 
     compiled = {}
     for name, fn in (("plain", plain), ("tril", causal_tril), ("window128", windowed)):
-        variants = {"tilefuse": {"block_summary": True}} if name == "plain" else \
-            {"tilefuse": {"block_summary": True}, "tilefuse-no-summary": {"block_summary": False}}
+        # the buffers are captured: by default their formulas (`index_constants`); read as data,
+        # with the block summary and without it
+        variants = {"tilefuse": {}} if name == "plain" else \
+            {"tilefuse": {}, "tilefuse-data": {"index_constants": False},
+             "tilefuse-data-no-summary": {"index_constants": False, "block_summary": False}}
         for label, options in variants.items():
             torch._dynamo.reset()
             c = torch.compile(fn, backend="tilefuse", options=options)
