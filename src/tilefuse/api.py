@@ -420,7 +420,7 @@ def _aot(gm: torch.fx.GraphModule, example_inputs, settings: dict):
             finally:
                 _index_formulas.reset(token)
             return index_constants.Guarded(compiled, formulas, example_inputs,
-                                           lambda args: _aot_compiled(gm, args, settings))
+                                           lambda args: _aot_compiled(gm, args, settings), gm)
     return _aot_compiled(gm, example_inputs, settings)
 
 

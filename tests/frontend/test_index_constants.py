@@ -55,6 +55,7 @@ def test_tensors_that_are_not_formulas():
     for name, t in {"one element off": almost, "random mask": holes, "random": torch.randn(17, 5, generator=g),
                     "zeros (a cache)": torch.zeros(9, 9), "ones": torch.ones(9, 9), "with a nan": nan,
                     "inverse frequencies": 1.0 / (10000 ** (torch.arange(0, 16, 2).float() / 16)),
+                    "signed zeros": -(torch.arange(9)[None, :] - torch.arange(9)[:, None]).float(),
                     "three dims vary": torch.arange(24).view(2, 3, 4)}.items():
         assert _fit(t) is None, name
 
@@ -179,7 +180,8 @@ def test_a_buffer_written_after_compiling_is_read_again():
     # a window now: the buffer no longer follows the formula it was compiled with
     with torch.no_grad():
         model.bias.copy_(model.bias.triu(-3))
-    torch.testing.assert_close(compiled(x), model(x), rtol=1e-10, atol=1e-10)
+    with pytest.warns(UserWarning, match="no longer follows the formula"):
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-10, atol=1e-10)
     model.bias[0, 0, 9, 2] = 1.0  # (written again, after the fallback: read as data)
     torch.testing.assert_close(compiled(x), model(x), rtol=1e-10, atol=1e-10)
 
@@ -189,17 +191,26 @@ def test_the_guard_verifies_a_changed_tensor_once_and_then_gives_up():
     formula = fit(1, "tril", tril)
     calls, fallbacks = [], []
     guarded = Guarded(lambda *a: calls.append("fast") or "fast", [formula], [None, tril],
-                      lambda args: fallbacks.append(len(args)) or (lambda *a: "slow"))
+                      lambda args: fallbacks.append(len(args)) or (lambda *a: "slow"), None)
     x = torch.randn(2)
     assert guarded(x, tril) == "fast" and guarded.rechecks == 0
     assert guarded(x, tril.clone()) == "fast" and guarded.rechecks == 1  # (another tensor, same values)
     tril.add_(0)  # an in-place write: the version moves
     assert guarded(x, tril) == "fast" and guarded.rechecks == 2
-    for n in range(index_constants.MAX_RECHECKS):  # a new tensor every call: verified each time, up to a bound
-        guarded(x, torch.tril(torch.ones(6, 6)))
+    with pytest.warns(UserWarning, match="changed"):
+        for n in range(index_constants.MAX_RECHECKS):  # a new tensor every call: verified each time, up to a bound
+            guarded(x, torch.tril(torch.ones(6, 6)))
     assert fallbacks == [2] and guarded(x, tril) == "slow"
-    guarded = Guarded(lambda *a: "fast", [formula], [None, tril], lambda args: (lambda *a: "slow"))
-    assert guarded(x, torch.ones(6, 6)) == "slow"
+    guarded = Guarded(lambda *a: "fast", [formula], [None, tril], lambda args: (lambda *a: "slow"), None)
+    with pytest.warns(UserWarning, match="no longer follows"):
+        assert guarded(x, torch.ones(6, 6)) == "slow"
+
+    def failing(args):
+        raise RuntimeError("boom")
+
+    guarded = Guarded(lambda *a: "fast", [formula], [None, tril], failing, lambda *a: "eager")
+    with pytest.warns(UserWarning, match="runs eagerly"):
+        assert guarded(x, torch.ones(6, 6)) == "eager"
 
 
 def test_the_knob_turns_it_off():
@@ -215,3 +226,126 @@ def test_the_knob_turns_it_off():
         index_constants.find = real
     assert seen == []
     torch.testing.assert_close(out, model(x))
+
+
+class _Writes(torch.nn.Module):
+    """A captured position table that the graph itself writes, in the ways PyTorch spells it."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.how = how
+        base = torch.arange(16, dtype=torch.float64).view(2, 8)
+        self.register_buffer("pos", base[0])
+        self.register_buffer("other", base[1])  # (shares pos's storage)
+
+    def forward(self, x):
+        if self.how == "foreach":
+            torch._foreach_add_([self.pos], 8.0)
+        elif self.how == "out":
+            torch.add(x, 1.0, out=self.pos)
+        elif self.how == "aten":
+            torch.ops.aten.add_.Tensor(self.pos, 8.0)
+        elif self.how == "iadd":
+            self.pos += 8
+        elif self.how == "alias":  # a write to another buffer in the same storage
+            self.other.fill_(5.0)
+        return x + self.pos
+
+
+@pytest.mark.parametrize("how", ["foreach", "out", "aten", "iadd", "alias"])
+def test_buffers_the_graph_writes_stay_data(how):
+    import copy
+
+    model, expected_model = _Writes(how), _Writes(how)
+    expected_model.load_state_dict(model.state_dict())
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="tilefuse")
+    x = torch.randn(8, dtype=torch.float64)
+    for _ in range(2):
+        torch.testing.assert_close(compiled(x), expected_model(x))
+        for a, b in zip(model.buffers(), expected_model.buffers()):
+            assert torch.equal(a, b), how
+
+
+def test_a_returned_view_of_a_buffer_aliases_it():
+    class Positions(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("pos", torch.arange(16).view(1, 16))
+
+        def forward(self, x):
+            return x + 1, self.pos[:, : x.shape[1]]
+
+    model = Positions()
+    torch._dynamo.reset()
+    _, view = torch.compile(model, backend="tilefuse")(torch.zeros(1, 8, dtype=torch.long))
+    view[0, 0] = 100
+    assert model.pos[0, 0] == 100
+
+
+def test_dynamic_shapes_and_inference_tensors_are_read_as_data():
+    seen = []
+    real = index_constants.fit
+    index_constants.fit = lambda *a: seen.append(a[1]) or real(*a)
+    try:
+        model = _Causal(block=24, heads=2, dim=8)
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="tilefuse", dynamic=True)
+        for t in (9, 17):
+            x = torch.randn(2, t, 8, dtype=torch.float64)
+            torch.testing.assert_close(compiled(x), model(x))
+        with torch.inference_mode():
+            frozen = _Causal(block=24, heads=2, dim=8)
+            x = torch.randn(2, 11, 8, dtype=torch.float64)
+            torch._dynamo.reset()
+            torch.testing.assert_close(torch.compile(frozen, backend="tilefuse")(x), frozen(x))
+    finally:
+        index_constants.fit = real
+    assert seen == [], seen
+
+
+def test_items_of_containers_passed_in_are_read_as_data():
+    def masked(x, batch):
+        return x.masked_fill(batch["mask"] == 0, 0.0)
+
+    seen = []
+    real = index_constants.fit
+    index_constants.fit = lambda *a: seen.append(a[1]) or real(*a)
+    try:
+        torch._dynamo.reset()
+        x = torch.randn(8, 8)
+        torch.compile(masked, backend="tilefuse")(x, {"mask": torch.tril(torch.ones(8, 8))})
+    finally:
+        index_constants.fit = real
+    assert seen == [], seen
+
+
+def test_the_backward_reads_its_row_statistics_once_per_key_under_a_causal_formula():
+    """The attention backward's per-key statistics (max, log-sum, the row term) under
+    `where(j > i, 0, dS)` are [1, keys] loads, not guarded [rows, keys] ones (a guard made the
+    kernels need more shared memory than an H100 has; docs/benchmarks.md, twenty-eighth section)."""
+    import re
+
+    seq, dim = 96, 32
+    i, j = torch.arange(seq)[:, None], torch.arange(seq)[None, :]
+
+    def causal(q, k, v):
+        s = q @ k.transpose(-1, -2) / math.sqrt(dim)
+        return torch.softmax(torch.where(j > i, float("-inf"), s), dim=-1) @ v
+
+    q, k, v = (torch.randn(2, 2, seq, dim, requires_grad=True) for _ in range(3))
+    torch._dynamo.reset()
+    report = tilefuse.explain(causal, q, k, v, options={"target": "interpret", "graph_cache": False})
+    backward = [kk.name for r in report.reports for kk in r.kernels if "flash" in kk.name and "backward" in kk.name]
+    assert len(backward) == 2, backward
+    per_key_guarded = re.compile(r"tl\.broadcast\(ptr_\w+ \+ \(rj \+ \(\d+ \* pid_b\)\), tmp")
+    for name in backward:
+        assert not per_key_guarded.search(report.source(name)), report.source(name)
+    torch._dynamo.reset()
+    dy = torch.randn(2, 2, seq, dim)
+    got = torch.autograd.grad(torch.compile(causal, backend="tilefuse", options={"target": "interpret"})(q, k, v),
+                              (q, k, v), dy)
+    exact = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    want = torch.autograd.grad(causal(*exact), exact, dy.double())
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.double(), w, rtol=1e-4, atol=1e-5)

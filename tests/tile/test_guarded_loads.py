@@ -37,7 +37,9 @@ def test_an_index_that_may_leave_its_buffer_keeps_the_guard():
     b = _builder()
     # `cat`: where(j < 48, short[j], other[j - 48]): short's index passes its 48 elements
     assert b._needs_guard(Load("short", (Index(RJ),), dt.float32), Binary("lt", Index(RJ), Index(sympy.Integer(48)), dt.bool_))
-    # an offset index, and a coordinate of unknown extent
+    # an offset index (one past the last element, one before the first), and a coordinate of
+    # unknown extent
+    assert b._needs_guard(Load("stats", (Index(PID), Index(RJ + 1)), dt.float32), _causal())
     assert b._needs_guard(Load("stats", (Index(PID), Index(RJ - 3)), dt.float32), _causal())
     assert b._needs_guard(Load("stats", (Index(tile_symbol("other")), Index(RJ)), dt.float32), _causal())
     # a condition on data never guards an affine load

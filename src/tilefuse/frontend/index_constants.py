@@ -16,20 +16,28 @@ over the tensor's dims of more than one element (one or two of them, `r` and `k`
   absent (`tril`, `triu`, sliding windows; bool, 0/1 or 0/-inf).
 
 A fit counts only if the formula, evaluated by the very operations put into the graph, equals
-the tensor exactly (`torch.equal`). Candidates are the tensors the compiled code captures rather
-than takes as arguments (a module's buffers, globals, closures: Dynamo's source of the input is
-not a local of the frame), static in shape, contiguous, not parameters, not written by the graph.
+the tensor exactly (`torch.equal`, and the signs of its zeros). Candidates are the tensors the
+compiled code captures rather than takes as arguments — a module's buffers and attributes,
+globals, closure cells; not a local of the frame, nor an item of a container reached from one
+(`batch["mask"]`) — in graphs of static shapes, contiguous, not parameters, not inference
+tensors (they keep no version), not written by the graph (any op that may mutate, conservatively
+through any value made from them), not sharing memory with another input, and not returned
+(as a view) by the graph.
 
 `substituted` replaces the uses of each such input with the formula's nodes; the input stays a
 graph input. `Guarded` makes the promise safe at run time: a call whose tensor is the one
 verified, at the version verified (PyTorch bumps a tensor's version on every in-place write),
 runs the substituted graph; any other tensor is verified again (one read of it and a wait for
 the device), and one that no longer follows its formula — or that keeps changing — sends every
-later call to a compile of the original graph, which reads the tensor.
+later call, with a warning, to a compile of the original graph, which reads the tensor (or, if
+that compile fails, to the graph run eagerly). Writes that bypass the version counter
+(`buffer.data.copy_(...)`, `buffer.data = ...`, writes through `.numpy()`) are not seen: after
+such a write, `torch._dynamo.reset()` or the `index_constants` knob off.
 """
 from __future__ import annotations
 
 import operator
+import warnings
 import weakref
 from dataclasses import dataclass
 
@@ -39,11 +47,12 @@ from .. import logs
 
 aten = torch.ops.aten
 
-#: larger tensors are not read at compile time (64 Mi elements: a 8192² fp32 table is 256 MB)
-MAX_ELEMENTS = 1 << 26
+#: larger tensors are not read at compile time (16 Mi elements: a 4096² table; verifying one
+#: builds the formula at full size with int64 intermediates)
+MAX_ELEMENTS = 1 << 24
 
 #: verifications after the first before a guard gives up on its tensor (it changes every call)
-MAX_RECHECKS = 8
+MAX_RECHECKS = 4
 
 
 @dataclass(frozen=True)
@@ -101,7 +110,11 @@ class IndexFormula:
                 or t.device != self.device or not t.is_contiguous():
             return False
         with torch.no_grad():
-            return bool(torch.equal(self.evaluate(), t))
+            made = self.evaluate()
+            if not torch.equal(made, t):
+                return False
+            # (equal counts -0.0 as 0.0; a table of signed zeros stays a table)
+            return not t.dtype.is_floating_point or torch.equal(torch.signbit(made), torch.signbit(t))
 
     def describe(self) -> str:
         names = "rk"[:len(self.dims)]
@@ -115,29 +128,47 @@ class IndexFormula:
 
 
 def _source(node) -> str | None:
-    """Where Dynamo found the input (`L['self']._buffers['bias']`, a global, a closure's cell),
-    or None for a local of the compiled frame, an argument above all (a different tensor may
-    come each call)."""
+    """Where Dynamo found the input (`L['self']._buffers['bias']`, a module's or object's
+    attribute, a global, a closure's cell), or None for a local of the compiled frame (an
+    argument above all: a different tensor may come each call) or an item of a container
+    reached from one (`L['batch']['mask']`: a dict of per-call data)."""
     arg = node.meta.get("grapharg")
     source = getattr(arg, "source", None)
-    if source is None or (type(source).__name__ == "LocalSource"
-                          and not getattr(source, "is_derefed_cell_contents", False)):
+    if source is None:
         return None
+    from torch._dynamo import source as sources
+
+    link = source
+    while link is not None:
+        if isinstance(link, sources.LocalSource) and link is source and not getattr(link, "is_derefed_cell_contents", False):
+            return None
+        if isinstance(link, (sources.GetItemSource, sources.DictGetItemSource)) \
+                and not _module_container(getattr(link, "base", None)):
+            return None
+        link = getattr(link, "base", None)
     try:
         return source.name() if callable(source.name) else str(source.name)
     except Exception:  # noqa: BLE001 - a name is only for messages
         return type(source).__name__
 
 
+def _module_container(base) -> bool:
+    """Whether an item is taken from a module's own registry (`_buffers`, `_modules`, ...)."""
+    from torch._dynamo import source as sources
+
+    return isinstance(base, sources.AttrSource) and getattr(base, "member", "") in (
+        "_buffers", "_modules", "_parameters")
+
+
 def _written(gm: torch.fx.GraphModule) -> set:
-    """Placeholders that an in-place operation of the graph may write (through any value made
-    from them: a conservative reading of aliasing)."""
-    inplace = [n for n in gm.graph.nodes if n.args and isinstance(n.args[0], torch.fx.Node) and (
-        n.target is operator.setitem or (n.op in ("call_method", "call_function") and _inplace_name(n.target))
-        or "out" in n.kwargs)]
+    """Placeholders that an operation of the graph may write: every input reachable from any
+    argument of an op that may mutate (in-place, `out=`, `setitem`, a mutable ATen schema), a
+    conservative reading of aliasing."""
     written = set()
-    for node in inplace:
-        stack, seen = [node.args[0]], set()
+    for node in gm.graph.nodes:
+        if node.op not in ("call_method", "call_function") or not _may_write(node):
+            continue
+        stack, seen = list(node.all_input_nodes), set()
         while stack:
             x = stack.pop()
             if x in seen:
@@ -145,31 +176,111 @@ def _written(gm: torch.fx.GraphModule) -> set:
             seen.add(x)
             if x.op == "placeholder":
                 written.add(x)
-            stack.extend(a for a in x.all_input_nodes)
+            stack.extend(x.all_input_nodes)
     return written
 
 
-def _inplace_name(target) -> bool:
-    name = target if isinstance(target, str) else getattr(target, "__name__", "")
+def _may_write(node) -> bool:
+    target = node.target
+    if target is operator.setitem or "out" in node.kwargs:
+        return True
+    schema = getattr(target, "_schema", None)
+    if schema is not None and getattr(schema, "is_mutable", False):
+        return True
+    if isinstance(target, torch._ops.OpOverload):
+        name = target.overloadpacket.__name__
+    else:
+        name = target if isinstance(target, str) else getattr(target, "__name__", "")
     return name.endswith("_") and not name.endswith("__")
+
+
+def _aliased_by_outputs(gm: torch.fx.GraphModule) -> set:
+    """Placeholders whose storage a graph output shares (a view of a buffer returned: the
+    caller's writes through it must reach the buffer), by Dynamo's fake example values; every
+    placeholder when an output has none."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    outs = [x for x in torch.fx.node.map_arg(output.args, lambda n: n) for x in _flat(x)]
+    storages = []
+    for out in outs:
+        value = out.meta.get("example_value") if isinstance(out, torch.fx.Node) else None
+        if isinstance(out, torch.fx.Node) and not isinstance(value, torch.Tensor):
+            if value is None:
+                return set(placeholders)
+            continue
+        if isinstance(value, torch.Tensor):
+            storages.append(_storage(value))
+    aliased = set()
+    for p in placeholders:
+        value = p.meta.get("example_value")
+        if not isinstance(value, torch.Tensor):
+            continue
+        if _storage(value) in storages:
+            aliased.add(p)
+    return aliased
+
+
+def _flat(x):
+    if isinstance(x, (list, tuple)):
+        for y in x:
+            yield from _flat(y)
+    elif isinstance(x, dict):
+        for y in x.values():
+            yield from _flat(y)
+    else:
+        yield x
+
+
+def _storage(t: torch.Tensor):
+    try:
+        return t.untyped_storage()._cdata
+    except Exception:  # noqa: BLE001 - a tensor without storage aliases nothing
+        return None
+
+
+def _shares_storage(t: torch.Tensor, others) -> bool:
+    """Whether another input's memory overlaps `t`'s (a write through it would change `t`)."""
+    start, end = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+    for o in others:
+        if o is t or not isinstance(o, torch.Tensor) or o.device != t.device or o.numel() == 0:
+            continue
+        try:
+            o_start = o.untyped_storage().data_ptr()
+            o_end = o_start + o.untyped_storage().nbytes()
+        except Exception:  # noqa: BLE001
+            return True
+        if o_start < end and start < o_end:
+            return True
+    return False
+
+
+def _symbolic(gm: torch.fx.GraphModule, example_inputs) -> bool:
+    """Whether the graph takes symbolic sizes (a dynamic-shape graph: its fallback could not be
+    compiled for one call's sizes)."""
+    if any(isinstance(x, torch.SymInt) or not isinstance(x, (torch.Tensor, int, float, bool)) and x is not None
+           for x in example_inputs):
+        return True
+    for node in gm.graph.nodes:
+        value = node.meta.get("example_value") if node.op == "placeholder" else None
+        if isinstance(value, torch.SymInt) or isinstance(value, torch.Tensor) and any(
+                not isinstance(d, int) for d in (*value.shape, *value.stride())):
+            return True
+    return False
 
 
 def _candidates(gm: torch.fx.GraphModule, example_inputs):
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    if len(placeholders) != len(example_inputs):
+    if len(placeholders) != len(example_inputs) or _symbolic(gm, example_inputs):
         return
-    written = _written(gm)
+    skip = _written(gm) | _aliased_by_outputs(gm)
     for position, (node, t) in enumerate(zip(placeholders, example_inputs)):
-        if not node.users or node in written or not isinstance(t, torch.Tensor):
+        if not node.users or node in skip or not isinstance(t, torch.Tensor):
             continue
         if isinstance(t, torch.nn.Parameter) or t.requires_grad or type(t) is not torch.Tensor \
-                or t.is_sparse or t.is_quantized or t.is_complex() or not t.is_contiguous():
+                or t.is_sparse or t.is_quantized or t.is_complex() or not t.is_contiguous() or t.is_inference():
+            continue  # (an inference tensor has no version counter to guard it by)
+        if t.numel() < 2 or t.numel() > MAX_ELEMENTS or _shares_storage(t, example_inputs):
             continue
-        if any(not isinstance(d, int) for d in t.shape) or t.numel() < 2 or t.numel() > MAX_ELEMENTS:
-            continue
-        fake = node.meta.get("example_value")
-        if fake is not None and any(not isinstance(d, int) for d in fake.shape):
-            continue  # (a dynamic size: the formula would hold for one size only)
         source = _source(node)
         if source is not None:
             yield position, source, t
@@ -279,12 +390,14 @@ def _emit_after(graph: torch.fx.Graph, anchor, formula: IndexFormula):
 
 class Guarded:
     """The compiled graph that assumes `formulas`, with the check of each call (see the module's
-    docstring); `fallback()` compiles the graph that reads the tensors instead."""
+    docstring); `fallback(args)` compiles the graph that reads the tensors instead, and where
+    that fails `eager` (Dynamo's graph) runs them."""
 
-    def __init__(self, compiled, formulas: list[IndexFormula], example_inputs, fallback):
+    def __init__(self, compiled, formulas: list[IndexFormula], example_inputs, fallback, eager):
         self.compiled = compiled
         self.formulas = formulas
         self.fallback = fallback
+        self.eager = eager
         self.verified = [(weakref.ref(example_inputs[f.position]), example_inputs[f.position]._version)
                          for f in formulas]
         self.rechecks = 0
@@ -300,11 +413,20 @@ class Guarded:
 
     def _recheck(self, args) -> None:
         self.rechecks += 1
-        changed = [f for f in self.formulas if not f.matches(args[f.position])]
-        if changed or self.rechecks > MAX_RECHECKS:
-            why = (f"{changed[0].source} no longer follows its formula" if changed
-                   else f"the tensors changed {self.rechecks} times")
-            logs.log("graph", "index constants: %s: the graph is compiled again to read them", why)
-            self.compiled, self.formulas = self.fallback(list(args)), []
+        tensors = [args[f.position] for f in self.formulas]
+        untracked = [f for f, t in zip(self.formulas, tensors) if isinstance(t, torch.Tensor) and t.is_inference()]
+        changed = untracked or [f for f, t in zip(self.formulas, tensors) if not f.matches(t)]
+        if not changed and self.rechecks <= MAX_RECHECKS:
+            self.verified = [(weakref.ref(t), t._version) for t in tensors]
             return
-        self.verified = [(weakref.ref(args[f.position]), args[f.position]._version) for f in self.formulas]
+        why = (f"{changed[0].source} no longer follows the formula it was compiled with" if changed
+               else f"the tensors read as formulas changed {self.rechecks} times")
+        warnings.warn(f"tilefuse: {why}; the graph is compiled again to read them (the index_constants "
+                      "knob turns formulas off)", stacklevel=3)
+        self.formulas = []
+        try:
+            self.compiled = self.fallback(list(args))
+        except Exception as err:  # noqa: BLE001 - the graph still runs, as eager runs it
+            warnings.warn(f"tilefuse: compiling it again failed ({type(err).__name__}: {err}); it runs eagerly",
+                          stacklevel=3)
+            self.compiled = self.eager

@@ -17,7 +17,8 @@ import random
 
 import sympy
 
-from ..ir.expr import Binary, Cast, Const, Expr, Index, Load, Unary, Var, Where, transform, walk
+from ..ir import dtypes as dt
+from ..ir.expr import Binary, Cast, Const, Expr, Index, Load, Unary, Var, Where, round_to, transform, walk
 from ..ir.monoid import ANY, MAX, MIN, SUM, Monoid
 
 _REL = {"gt": sympy.StrictGreaterThan, "ge": sympy.GreaterThan, "lt": sympy.StrictLessThan, "le": sympy.LessThan}
@@ -83,7 +84,12 @@ def _selected(e: Expr):
         return None
     if "nan" in (on_true, on_false):
         return None
-    hit_true, hit_false = on_true == e.b.value, on_false == e.b.value
+    # the comparison's values as the program holds them: the selection's constants rounded to
+    # its dtype, then both sides to the type they are compared in (1 + 1e-9 is 1.0 in fp32)
+    common = dt.promote(sel.dtype, e.b.dtype)
+    on_true, on_false = (_rounded(_rounded(v, sel.dtype), common) for v in (on_true, on_false))
+    x = _rounded(_rounded(e.b.value, e.b.dtype), common)
+    hit_true, hit_false = on_true == x, on_false == x
     if e.op == "ne":
         hit_true, hit_false = not hit_true, not hit_false
     if hit_true and not hit_false:
@@ -91,6 +97,10 @@ def _selected(e: Expr):
     if hit_false and not hit_true:
         return _negate(cond)
     return None
+
+
+def _rounded(v, dtype):
+    return round_to(float(v), dtype) if dtype.is_float and not isinstance(v, bool) else v
 
 
 def _disjuncts(c: Expr) -> list:

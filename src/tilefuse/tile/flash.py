@@ -373,7 +373,10 @@ def _tiles_schedule(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
         # H100 (docs/benchmarks.md, twenty-eighth section): 128 rows of 64 keys with 8 warps,
         # except two accumulators (dK and dV) of a narrow head, which take 64 rows of 4 warps
         two_accumulators = bool(plan.flash.siblings)
-        bm, bn, warps, stages = (64, 64, 4, 3) if two_accumulators and head < 128 else (128, 64, 8, 3)
+        if head >= 256:  # (wider heads: the earlier rule, which their registers allow)
+            bm, bn, warps, stages = 64, 32, 4, 3
+        else:
+            bm, bn, warps, stages = (64, 64, 4, 3) if two_accumulators and head < 128 else (128, 64, 8, 3)
         if static_int(M) is not None:
             bm = min(bm, max(16, pow2(static_int(M))))
     if options.flash_config:
