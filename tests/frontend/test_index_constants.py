@@ -349,3 +349,42 @@ def test_the_backward_reads_its_row_statistics_once_per_key_under_a_causal_formu
     want = torch.autograd.grad(causal(*exact), exact, dy.double())
     for g, w in zip(got, want):
         torch.testing.assert_close(g.double(), w, rtol=1e-4, atol=1e-5)
+
+
+def test_a_cache_written_beside_a_causal_mask_leaves_the_mask_a_formula():
+    """gpt-fast's layout: the graph writes the KV cache at `input_pos` and reads the
+    `causal_mask` attribute gathered by the same positions; only the cache is data."""
+
+    class Decoder(torch.nn.Module):
+        def __init__(self, seq=16, dim=8):
+            super().__init__()
+            self.proj = torch.nn.Linear(dim, dim, dtype=torch.float64)
+            for layer in range(2):
+                self.register_buffer(f"k_cache{layer}", torch.zeros(1, seq, dim, dtype=torch.float64))
+            self.causal_mask = torch.tril(torch.ones(seq, seq, dtype=torch.bool))
+
+        def forward(self, x, input_pos):
+            for cache in (self.k_cache0, self.k_cache1):  # (the second layer's cache write
+                k = self.proj(x)                          # depends on the mask through x)
+                cache[:, input_pos] = k
+                mask = self.causal_mask[None, input_pos]
+                s = (k @ cache.transpose(-1, -2)).masked_fill(~mask, float("-inf"))
+                x = torch.softmax(s, -1) @ cache
+            return x
+
+    model, twin = Decoder(), Decoder()
+    twin.load_state_dict(model.state_dict())
+    found = []
+    real = index_constants.find
+    index_constants.find = lambda *a: found.extend(f.source for f in real(*a)) or real(*a)
+    try:
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="tilefuse")
+        with torch.no_grad():
+            for pos in (torch.arange(0, 5), torch.arange(5, 9)):
+                x = torch.randn(1, len(pos), 8, dtype=torch.float64)
+                torch.testing.assert_close(compiled(x, pos), twin(x, pos))
+                torch.testing.assert_close(model.k_cache1, twin.k_cache1)
+    finally:
+        index_constants.find = real
+    assert found and all("causal_mask" in f for f in found), found

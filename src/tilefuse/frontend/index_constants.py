@@ -161,14 +161,14 @@ def _module_container(base) -> bool:
 
 
 def _written(gm: torch.fx.GraphModule) -> set:
-    """Placeholders that an operation of the graph may write: every input reachable from any
-    argument of an op that may mutate (in-place, `out=`, `setitem`, a mutable ATen schema), a
-    conservative reading of aliasing."""
+    """Placeholders that an operation of the graph may write: every input reachable from a
+    value an op writes (`setitem`'s target, an in-place op's first argument, an `out=`, the
+    arguments a mutable ATen schema writes) — through any op, a conservative reading of views."""
     written = set()
     for node in gm.graph.nodes:
-        if node.op not in ("call_method", "call_function") or not _may_write(node):
+        if node.op not in ("call_method", "call_function"):
             continue
-        stack, seen = list(node.all_input_nodes), set()
+        stack, seen = list(_write_targets(node)), set()
         while stack:
             x = stack.pop()
             if x in seen:
@@ -180,13 +180,26 @@ def _written(gm: torch.fx.GraphModule) -> set:
     return written
 
 
-def _may_write(node) -> bool:
-    target = node.target
-    if target is operator.setitem or "out" in node.kwargs:
-        return True
+def _write_targets(node) -> list:
+    """The graph values `node` may write."""
+    target, targets = node.target, []
+    if "out" in node.kwargs:
+        targets.append(node.kwargs["out"])
     schema = getattr(target, "_schema", None)
     if schema is not None and getattr(schema, "is_mutable", False):
-        return True
+        for k, arg in enumerate(schema.arguments):
+            if arg.alias_info is not None and arg.alias_info.is_write:
+                targets.append(node.args[k] if k < len(node.args) else node.kwargs.get(arg.name))
+    if target is operator.setitem or target in _IN_PLACE_OPERATORS or _inplace_name(target):
+        targets.append(node.args[0] if node.args else None)
+    return [x for t in targets for x in _flat(t) if isinstance(x, torch.fx.Node)]
+
+
+_IN_PLACE_OPERATORS = frozenset(getattr(operator, f"i{name}") for name in (
+    "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor", "lshift", "rshift", "matmul"))
+
+
+def _inplace_name(target) -> bool:
     if isinstance(target, torch._ops.OpOverload):
         name = target.overloadpacket.__name__
     else:
