@@ -412,11 +412,16 @@ def _aot(gm: torch.fx.GraphModule, example_inputs, settings: dict):
     if settings.get("index_constants", config.index_constants):
         from .frontend import index_constants
 
-        formulas = index_constants.find(gm, example_inputs)
+        try:
+            formulas = index_constants.find(gm, example_inputs)
+            substituted = index_constants.substituted(gm, formulas) if formulas else None
+        except Exception as err:  # noqa: BLE001 - formulas are an optimisation: the graph compiles without
+            logs.log("graph", "index constants: none (%s: %s)", type(err).__name__, err)
+            formulas = []
         if formulas:
             token = _index_formulas.set(tuple(f.describe() for f in formulas))
             try:
-                compiled = _aot_compiled(index_constants.substituted(gm, formulas), example_inputs, settings)
+                compiled = _aot_compiled(substituted, example_inputs, settings)
             finally:
                 _index_formulas.reset(token)
             return index_constants.Guarded(compiled, formulas, example_inputs,

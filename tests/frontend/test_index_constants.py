@@ -196,7 +196,10 @@ def test_the_guard_verifies_a_changed_tensor_once_and_then_gives_up():
     assert guarded(x, tril) == "fast" and guarded.rechecks == 0
     assert guarded(x, tril.clone()) == "fast" and guarded.rechecks == 1  # (another tensor, same values)
     tril.add_(0)  # an in-place write: the version moves
-    assert guarded(x, tril) == "fast" and guarded.rechecks == 2
+    assert guarded(x, tril) == "fast" and guarded.rechecks == 2  # (on consecutive calls)
+    assert guarded(x, tril) == "fast" and guarded.rechecks == 2  # (verified: nothing to check)
+    tril.add_(0)
+    assert guarded(x, tril) == "fast" and guarded.rechecks == 1  # (a streak starts again)
     with pytest.warns(UserWarning, match="changed"):
         for n in range(index_constants.MAX_RECHECKS):  # a new tensor every call: verified each time, up to a bound
             guarded(x, torch.tril(torch.ones(6, 6)))
@@ -234,7 +237,7 @@ class _Writes(torch.nn.Module):
     def __init__(self, how):
         super().__init__()
         self.how = how
-        base = torch.arange(16, dtype=torch.float64).view(2, 8)
+        base = torch.arange(16, dtype=torch.float64).view(2, 8) - 4
         self.register_buffer("pos", base[0])
         self.register_buffer("other", base[1])  # (shares pos's storage)
 
@@ -249,10 +252,15 @@ class _Writes(torch.nn.Module):
             self.pos += 8
         elif self.how == "alias":  # a write to another buffer in the same storage
             self.other.fill_(5.0)
+        elif self.how == "relu":  # a functional call that writes its input
+            torch.nn.functional.relu(self.pos, inplace=True)
+        elif self.how == "view_iadd":
+            p = self.pos[:4]
+            p += 1
         return x + self.pos
 
 
-@pytest.mark.parametrize("how", ["foreach", "out", "aten", "iadd", "alias"])
+@pytest.mark.parametrize("how", ["foreach", "out", "aten", "iadd", "alias", "relu", "view_iadd"])
 def test_buffers_the_graph_writes_stay_data(how):
     import copy
 
@@ -388,3 +396,30 @@ def test_a_cache_written_beside_a_causal_mask_leaves_the_mask_a_formula():
     finally:
         index_constants.find = real
     assert found and all("causal_mask" in f for f in found), found
+
+
+def test_a_mask_combined_with_and_stays_a_formula_and_odd_inputs_compile():
+    class Padded(torch.nn.Module):  # Hugging Face's way: causal & padding
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("bias", torch.tril(torch.ones(8, 8, dtype=torch.bool)))
+
+        def forward(self, x, pad):
+            keep = self.bias & pad[:, None, :]
+            return x.masked_fill(~keep, -1.0)
+
+    found = []
+    real = index_constants.find
+    index_constants.find = lambda *a: found.extend(f.source for f in real(*a)) or real(*a)
+    try:
+        model = Padded()
+        x, pad = torch.randn(2, 8, 8), torch.rand(2, 8) > 0.3
+        torch._dynamo.reset()
+        torch.testing.assert_close(torch.compile(model, backend="tilefuse")(x, pad), model(x, pad))
+    finally:
+        index_constants.find = real
+    assert found and "bias" in found[0], found
+    if torch.backends.mkldnn.is_available():  # (an input without storage: its memory cannot be compared)
+        tril = torch.tril(torch.ones(4, 4))
+        assert index_constants._shares_storage(tril, [torch.randn(4, 4).to_mkldnn()])
+        assert index_constants._shares_storage(torch.randn(4, 4).to_mkldnn(), [tril])

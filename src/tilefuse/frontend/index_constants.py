@@ -31,7 +31,8 @@ runs the substituted graph; any other tensor is verified again (one read of it a
 the device), and one that no longer follows its formula — or that keeps changing — sends every
 later call, with a warning, to a compile of the original graph, which reads the tensor (or, if
 that compile fails, to the graph run eagerly). Writes that bypass the version counter
-(`buffer.data.copy_(...)`, `buffer.data = ...`, writes through `.numpy()`) are not seen: after
+(`buffer.data.copy_(...)`, `buffer.data = ...`, writes through `.numpy()`, DLPack or another
+tensor `set_` to its storage) are not seen: after
 such a write, `torch._dynamo.reset()` or the `index_constants` knob off.
 """
 from __future__ import annotations
@@ -190,7 +191,8 @@ def _write_targets(node) -> list:
         for k, arg in enumerate(schema.arguments):
             if arg.alias_info is not None and arg.alias_info.is_write:
                 targets.append(node.args[k] if k < len(node.args) else node.kwargs.get(arg.name))
-    if target is operator.setitem or target in _IN_PLACE_OPERATORS or _inplace_name(target):
+    if target is operator.setitem or target in _IN_PLACE_OPERATORS or _inplace_name(target) \
+            or node.kwargs.get("inplace") is True:  # (`F.relu(x, inplace=True)`)
         targets.append(node.args[0] if node.args else None)
     return [x for t in targets for x in _flat(t) if isinstance(x, torch.fx.Node)]
 
@@ -200,11 +202,27 @@ _IN_PLACE_OPERATORS = frozenset(getattr(operator, f"i{name}") for name in (
 
 
 def _inplace_name(target) -> bool:
+    """An in-place method or op by PyTorch's naming (`add_`, `aten.add_.Tensor`); Python's
+    `operator.and_`/`or_`/`not_` are not."""
     if isinstance(target, torch._ops.OpOverload):
         name = target.overloadpacket.__name__
+    elif isinstance(target, str):
+        name = target
+    elif getattr(target, "__module__", "") in ("_operator", "operator"):
+        return False
     else:
-        name = target if isinstance(target, str) else getattr(target, "__name__", "")
+        name = getattr(target, "__name__", "")
     return name.endswith("_") and not name.endswith("__")
+
+
+def _written_while_traced(node) -> bool:
+    """Whether Dynamo's fake value of a placeholder was written while the graph was traced
+    (its version moved): any write, however it was spelt."""
+    value = node.meta.get("example_value")
+    try:
+        return isinstance(value, torch.Tensor) and value._version > 0
+    except Exception:  # noqa: BLE001 - a value without a version: say written
+        return True
 
 
 def _aliased_by_outputs(gm: torch.fx.GraphModule) -> set:
@@ -252,15 +270,19 @@ def _storage(t: torch.Tensor):
 
 
 def _shares_storage(t: torch.Tensor, others) -> bool:
-    """Whether another input's memory overlaps `t`'s (a write through it would change `t`)."""
-    start, end = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+    """Whether another input's memory overlaps `t`'s (a write through it would change `t`);
+    True where it cannot be told."""
+    try:
+        start, end = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+    except Exception:  # noqa: BLE001
+        return True
     for o in others:
         if o is t or not isinstance(o, torch.Tensor) or o.device != t.device or o.numel() == 0:
             continue
         try:
             o_start = o.untyped_storage().data_ptr()
             o_end = o_start + o.untyped_storage().nbytes()
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - (an mkldnn or other storage-less tensor)
             return True
         if o_start < end and start < o_end:
             return True
@@ -287,16 +309,17 @@ def _candidates(gm: torch.fx.GraphModule, example_inputs):
         return
     skip = _written(gm) | _aliased_by_outputs(gm)
     for position, (node, t) in enumerate(zip(placeholders, example_inputs)):
-        if not node.users or node in skip or not isinstance(t, torch.Tensor):
+        if not node.users or node in skip or not isinstance(t, torch.Tensor) or _written_while_traced(node):
+            continue
+        source = _source(node)
+        if source is None:
             continue
         if isinstance(t, torch.nn.Parameter) or t.requires_grad or type(t) is not torch.Tensor \
                 or t.is_sparse or t.is_quantized or t.is_complex() or not t.is_contiguous() or t.is_inference():
             continue  # (an inference tensor has no version counter to guard it by)
         if t.numel() < 2 or t.numel() > MAX_ELEMENTS or _shares_storage(t, example_inputs):
             continue
-        source = _source(node)
-        if source is not None:
-            yield position, source, t
+        yield position, source, t
 
 
 def fit(position: int, source: str, t: torch.Tensor) -> IndexFormula | None:
@@ -413,19 +436,23 @@ class Guarded:
         self.eager = eager
         self.verified = [(weakref.ref(example_inputs[f.position]), example_inputs[f.position]._version)
                          for f in formulas]
-        self.rechecks = 0
+        self.rechecks = 0  # verifications on consecutive calls (a tensor that changes every call)
+        self._checked_last_call = False
 
     def __call__(self, *args):
         if self.formulas:
+            checked = False
             for (ref, version), f in zip(self.verified, self.formulas):
                 t = args[f.position]
                 if t is not ref() or t._version != version:
                     self._recheck(args)
+                    checked = True
                     break
+            self._checked_last_call = checked
         return self.compiled(*args)
 
     def _recheck(self, args) -> None:
-        self.rechecks += 1
+        self.rechecks = self.rechecks + 1 if self._checked_last_call else 1
         tensors = [args[f.position] for f in self.formulas]
         untracked = [f for f, t in zip(self.formulas, tensors) if isinstance(t, torch.Tensor) and t.is_inference()]
         changed = untracked or [f for f, t in zip(self.formulas, tensors) if not f.matches(t)]
@@ -433,7 +460,7 @@ class Guarded:
             self.verified = [(weakref.ref(t), t._version) for t in tensors]
             return
         why = (f"{changed[0].source} no longer follows the formula it was compiled with" if changed
-               else f"the tensors read as formulas changed {self.rechecks} times")
+               else f"the tensors read as formulas changed on {self.rechecks} calls in a row")
         warnings.warn(f"tilefuse: {why}; the graph is compiled again to read them (the index_constants "
                       "knob turns formulas off)", stacklevel=3)
         self.formulas = []
