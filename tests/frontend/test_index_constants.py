@@ -13,6 +13,20 @@ from tilefuse.frontend import index_constants
 from tilefuse.frontend.index_constants import Guarded, fit
 
 
+def _fits_tried(monkeypatch) -> list:
+    """The sources of the tensors `fit` is asked about from now on (in this test)."""
+    seen, real = [], index_constants.fit
+    monkeypatch.setattr(index_constants, "fit", lambda *a: seen.append(a[1]) or real(*a))
+    return seen
+
+
+def _formulas_found(monkeypatch) -> list:
+    """The sources of the formulas `find` returns from now on (in this test)."""
+    found, real = [], index_constants.find
+    monkeypatch.setattr(index_constants, "find", lambda *a: found.extend(f.source for f in real(*a)) or real(*a))
+    return found
+
+
 def _fit(t):
     formula = fit(0, "t", t)
     if formula is not None:
@@ -141,7 +155,7 @@ def test_alibi_distance_from_a_closure():
                                rtol=1e-10, atol=1e-10)
 
 
-def test_arguments_and_written_buffers_are_read_as_data():
+def test_arguments_and_written_buffers_are_read_as_data(monkeypatch):
     def masked(x, mask):  # the mask is an argument: another one may come next call
         return torch.softmax(x.masked_fill(mask == 0, float("-inf")), -1)
 
@@ -154,17 +168,11 @@ def test_arguments_and_written_buffers_are_read_as_data():
             self.cache.index_copy_(0, pos, x)
             return self.cache.sum(-1)
 
-    seen = []
-    real = index_constants.fit
-    index_constants.fit = lambda *a: seen.append(a[1]) or real(*a)
-    try:
-        torch._dynamo.reset()
-        x = torch.randn(5, 5)
-        torch.compile(masked, backend="tilefuse")(x, torch.tril(torch.ones(5, 5)))
-        torch._dynamo.reset()
-        torch.compile(Cache(), backend="tilefuse")(torch.randn(1, 6), torch.tensor([2]))
-    finally:
-        index_constants.fit = real
+    seen = _fits_tried(monkeypatch)
+    torch._dynamo.reset()
+    torch.compile(masked, backend="tilefuse")(torch.randn(5, 5), torch.tril(torch.ones(5, 5)))
+    torch._dynamo.reset()
+    torch.compile(Cache(), backend="tilefuse")(torch.randn(1, 6), torch.tensor([2]))
     assert seen == [], seen
 
 
@@ -216,17 +224,13 @@ def test_the_guard_verifies_a_changed_tensor_once_and_then_gives_up():
         assert guarded(x, torch.ones(6, 6)) == "eager"
 
 
-def test_the_knob_turns_it_off():
+def test_the_knob_turns_it_off(monkeypatch):
     seen = []
-    real = index_constants.find
-    index_constants.find = lambda *a: seen.append(1) or real(*a)
-    try:
-        torch._dynamo.reset()
-        model = _Causal(block=8, heads=2, dim=8)
-        x = torch.randn(1, 8, 8, dtype=torch.float64)
-        out = tilefuse.compile(model, index_constants=False)(x)
-    finally:
-        index_constants.find = real
+    monkeypatch.setattr(index_constants, "find", lambda *a: seen.append(1) or [])
+    torch._dynamo.reset()
+    model = _Causal(block=8, heads=2, dim=8)
+    x = torch.randn(1, 8, 8, dtype=torch.float64)
+    out = tilefuse.compile(model, index_constants=False)(x)
     assert seen == []
     torch.testing.assert_close(out, model(x))
 
@@ -291,40 +295,29 @@ def test_a_returned_view_of_a_buffer_aliases_it():
     assert model.pos[0, 0] == 100
 
 
-def test_dynamic_shapes_and_inference_tensors_are_read_as_data():
-    seen = []
-    real = index_constants.fit
-    index_constants.fit = lambda *a: seen.append(a[1]) or real(*a)
-    try:
-        model = _Causal(block=24, heads=2, dim=8)
+def test_dynamic_shapes_and_inference_tensors_are_read_as_data(monkeypatch):
+    seen = _fits_tried(monkeypatch)
+    model = _Causal(block=24, heads=2, dim=8)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="tilefuse", dynamic=True)
+    for t in (9, 17):
+        x = torch.randn(2, t, 8, dtype=torch.float64)
+        torch.testing.assert_close(compiled(x), model(x))
+    with torch.inference_mode():
+        frozen = _Causal(block=24, heads=2, dim=8)
+        x = torch.randn(2, 11, 8, dtype=torch.float64)
         torch._dynamo.reset()
-        compiled = torch.compile(model, backend="tilefuse", dynamic=True)
-        for t in (9, 17):
-            x = torch.randn(2, t, 8, dtype=torch.float64)
-            torch.testing.assert_close(compiled(x), model(x))
-        with torch.inference_mode():
-            frozen = _Causal(block=24, heads=2, dim=8)
-            x = torch.randn(2, 11, 8, dtype=torch.float64)
-            torch._dynamo.reset()
-            torch.testing.assert_close(torch.compile(frozen, backend="tilefuse")(x), frozen(x))
-    finally:
-        index_constants.fit = real
+        torch.testing.assert_close(torch.compile(frozen, backend="tilefuse")(x), frozen(x))
     assert seen == [], seen
 
 
-def test_items_of_containers_passed_in_are_read_as_data():
+def test_items_of_containers_passed_in_are_read_as_data(monkeypatch):
     def masked(x, batch):
         return x.masked_fill(batch["mask"] == 0, 0.0)
 
-    seen = []
-    real = index_constants.fit
-    index_constants.fit = lambda *a: seen.append(a[1]) or real(*a)
-    try:
-        torch._dynamo.reset()
-        x = torch.randn(8, 8)
-        torch.compile(masked, backend="tilefuse")(x, {"mask": torch.tril(torch.ones(8, 8))})
-    finally:
-        index_constants.fit = real
+    seen = _fits_tried(monkeypatch)
+    torch._dynamo.reset()
+    torch.compile(masked, backend="tilefuse")(torch.randn(8, 8), {"mask": torch.tril(torch.ones(8, 8))})
     assert seen == [], seen
 
 
@@ -359,7 +352,7 @@ def test_the_backward_reads_its_row_statistics_once_per_key_under_a_causal_formu
         torch.testing.assert_close(g.double(), w, rtol=1e-4, atol=1e-5)
 
 
-def test_a_cache_written_beside_a_causal_mask_leaves_the_mask_a_formula():
+def test_a_cache_written_beside_a_causal_mask_leaves_the_mask_a_formula(monkeypatch):
     """gpt-fast's layout: the graph writes the KV cache at `input_pos` and reads the
     `causal_mask` attribute gathered by the same positions; only the cache is data."""
 
@@ -382,23 +375,18 @@ def test_a_cache_written_beside_a_causal_mask_leaves_the_mask_a_formula():
 
     model, twin = Decoder(), Decoder()
     twin.load_state_dict(model.state_dict())
-    found = []
-    real = index_constants.find
-    index_constants.find = lambda *a: found.extend(f.source for f in real(*a)) or real(*a)
-    try:
-        torch._dynamo.reset()
-        compiled = torch.compile(model, backend="tilefuse")
-        with torch.no_grad():
-            for pos in (torch.arange(0, 5), torch.arange(5, 9)):
-                x = torch.randn(1, len(pos), 8, dtype=torch.float64)
-                torch.testing.assert_close(compiled(x, pos), twin(x, pos))
-                torch.testing.assert_close(model.k_cache1, twin.k_cache1)
-    finally:
-        index_constants.find = real
+    found = _formulas_found(monkeypatch)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="tilefuse")
+    with torch.no_grad():
+        for pos in (torch.arange(0, 5), torch.arange(5, 9)):
+            x = torch.randn(1, len(pos), 8, dtype=torch.float64)
+            torch.testing.assert_close(compiled(x, pos), twin(x, pos))
+            torch.testing.assert_close(model.k_cache1, twin.k_cache1)
     assert found and all("causal_mask" in f for f in found), found
 
 
-def test_a_mask_combined_with_and_stays_a_formula_and_odd_inputs_compile():
+def test_a_mask_combined_with_and_stays_a_formula_and_odd_inputs_compile(monkeypatch):
     class Padded(torch.nn.Module):  # Hugging Face's way: causal & padding
         def __init__(self):
             super().__init__()
@@ -408,16 +396,11 @@ def test_a_mask_combined_with_and_stays_a_formula_and_odd_inputs_compile():
             keep = self.bias & pad[:, None, :]
             return x.masked_fill(~keep, -1.0)
 
-    found = []
-    real = index_constants.find
-    index_constants.find = lambda *a: found.extend(f.source for f in real(*a)) or real(*a)
-    try:
-        model = Padded()
-        x, pad = torch.randn(2, 8, 8), torch.rand(2, 8) > 0.3
-        torch._dynamo.reset()
-        torch.testing.assert_close(torch.compile(model, backend="tilefuse")(x, pad), model(x, pad))
-    finally:
-        index_constants.find = real
+    found = _formulas_found(monkeypatch)
+    model = Padded()
+    x, pad = torch.randn(2, 8, 8), torch.rand(2, 8) > 0.3
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(model, backend="tilefuse")(x, pad), model(x, pad))
     assert found and "bias" in found[0], found
     if torch.backends.mkldnn.is_available():  # (an input without storage: its memory cannot be compared)
         tril = torch.tril(torch.ones(4, 4))
