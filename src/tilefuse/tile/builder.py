@@ -347,10 +347,5 @@ class KernelBuilder:
                 return False
         return True
 
-def _has_load(e: Expr) -> bool:
-    from ..ir.expr import walk
-
-    return any(isinstance(n, Load) for n in walk(e))
-
 
 __all__ = ["KernelBuilder", "known_strides", "tile_symbol", "land"]
