@@ -92,8 +92,29 @@ def bmm_with_reshapes(q, k, v):
     return torch.bmm(torch.softmax(s, -1), v.reshape(b * h, -1, d)).reshape(b, h, t, d)
 
 
+def einsum_products(q, k, v):
+    s = torch.einsum("bhqd,bhkd->bhqk", q, k) * 0.25
+    return torch.einsum("bhqk,bhkd->bhqd", torch.softmax(s, -1), v)
+
+
+def mask_before_the_scale(q, k, v):
+    s = q @ k.transpose(-1, -2)
+    i = torch.arange(s.shape[-2], device=q.device)[:, None]
+    j = torch.arange(s.shape[-1], device=q.device)[None, :]
+    return torch.softmax(s.masked_fill(j > i, float("-inf")) * 0.25, -1) @ v
+
+
+def causal_bias_table(q, k, v):  # an additive mask made in the function
+    s = q @ k.transpose(-1, -2) * 0.25
+    i = torch.arange(s.shape[-2], device=q.device)[:, None]
+    j = torch.arange(s.shape[-1], device=q.device)[None, :]
+    bias = torch.zeros(s.shape[-2], s.shape[-1], device=q.device, dtype=s.dtype).masked_fill(j > i, float("-inf"))
+    return torch.softmax(s + bias, -1) @ v
+
+
 SPELLINGS = [normalised_after_the_product, normalised_after_without_keepdim, explicit_exp_and_division,
-             scale_before_the_product, log_softmax_exp, bmm_with_reshapes]
+             scale_before_the_product, log_softmax_exp, bmm_with_reshapes, einsum_products, mask_before_the_scale,
+             causal_bias_table]
 
 
 # equivalent spellings (normalised after the product, exp and max by hand, the scale split over the
