@@ -414,7 +414,7 @@ def _aot(gm: torch.fx.GraphModule, example_inputs, settings: dict):
 
         try:
             formulas = index_constants.find(gm, example_inputs)
-            substituted = index_constants.substituted(gm, formulas) if formulas else None
+            substituted = index_constants.substituted(gm, formulas) if formulas else gm
         except Exception as err:  # noqa: BLE001 - formulas are an optimisation: the graph compiles without
             logs.log("graph", "index constants: none (%s: %s)", type(err).__name__, err)
             formulas = []
