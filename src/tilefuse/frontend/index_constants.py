@@ -231,7 +231,7 @@ def _aliased_by_outputs(gm: torch.fx.GraphModule) -> set:
     placeholder when an output has none."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     output = next(n for n in gm.graph.nodes if n.op == "output")
-    outs = [x for x in torch.fx.node.map_arg(output.args, lambda n: n) for x in _flat(x)]
+    outs = list(_flat(output.args))
     storages = []
     for out in outs:
         value = out.meta.get("example_value") if isinstance(out, torch.fx.Node) else None
@@ -307,12 +307,14 @@ def _candidates(gm: torch.fx.GraphModule, example_inputs):
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(example_inputs) or _symbolic(gm, example_inputs):
         return
-    skip = _written(gm) | _aliased_by_outputs(gm)
+    skip = None  # (the graph's writes and aliases, worked out once a captured tensor is found)
     for position, (node, t) in enumerate(zip(placeholders, example_inputs)):
-        if not node.users or node in skip or not isinstance(t, torch.Tensor) or _written_while_traced(node):
+        source = _source(node) if node.users and isinstance(t, torch.Tensor) else None
+        if source is None or _written_while_traced(node):
             continue
-        source = _source(node)
-        if source is None:
+        if skip is None:
+            skip = _written(gm) | _aliased_by_outputs(gm)
+        if node in skip:
             continue
         if isinstance(t, torch.nn.Parameter) or t.requires_grad or type(t) is not torch.Tensor \
                 or t.is_sparse or t.is_quantized or t.is_complex() or not t.is_contiguous() or t.is_inference():
@@ -398,9 +400,7 @@ def find(gm: torch.fx.GraphModule, example_inputs) -> list[IndexFormula]:
 def substituted(gm: torch.fx.GraphModule, formulas: list[IndexFormula]) -> torch.fx.GraphModule:
     """A copy of `gm` whose uses of each formula's input compute the formula instead."""
     graph = torch.fx.Graph()
-    env: dict = {}
-    out = graph.graph_copy(gm.graph, env)
-    graph.output(out)
+    graph.output(graph.graph_copy(gm.graph, {}))
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     last = placeholders[-1]
     for formula in formulas:
