@@ -409,6 +409,14 @@ def _aot(gm: torch.fx.GraphModule, example_inputs, settings: dict):
     """Dynamo's graph compiled, its captured tensors that are index formulas computed rather
     than read (`frontend.index_constants`: guarded per call, with a compile that reads them
     when a guard fails)."""
+    layouts = sorted({str(t.layout) for t in example_inputs if isinstance(t, torch.Tensor) and t.layout != torch.strided})
+    if layouts:  # (mkldnn or sparse tensors: kernels read strided memory; the graph runs as written)
+        options = config.options(settings)
+        msg = f"tilefuse compiles strided tensors only; this graph's inputs include {', '.join(layouts)} tensors"
+        if options.fallback == "error":
+            raise TilefuseError(msg)
+        warnings.warn(msg + "\nrunning this graph eagerly", TilefuseFallbackWarning, stacklevel=2)
+        return gm.forward
     if settings.get("index_constants", config.index_constants):
         from .frontend import index_constants
 

@@ -160,3 +160,27 @@ def test_reproducer_is_a_standalone_script(monkeypatch, tmp_path):
     out = subprocess.run([sys.executable, path], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "compiled and ran" in out.stdout
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="PyTorch built without oneDNN")
+def test_inputs_of_another_layout_run_eagerly_with_the_reason():
+    """Kernels read strided memory: a graph given mkldnn tensors runs as written (eager gives
+    the right values for this program) and says why once; with fallback "error" it raises."""
+    def program(x):
+        return x.to_dense() * 2, torch.relu(x).to_dense()
+
+    x = torch.randn(5, 7).to_mkldnn()
+    torch._dynamo.reset()
+    with tilefuse.config.patch(fallback="eager"), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled = torch.compile(program, backend="tilefuse")
+        outs = [compiled(x) for _ in range(2)]
+    for out in outs:
+        for got, want in zip(out, program(x)):
+            assert torch.equal(got, want)
+    fallbacks = [str(w.message) for w in caught if issubclass(w.category, TilefuseFallbackWarning)]
+    assert len(fallbacks) == 1 and "torch._mkldnn" in fallbacks[0]
+    torch._dynamo.reset()
+    with tilefuse.config.patch(fallback="error"), pytest.raises(Exception) as info:
+        torch.compile(program, backend="tilefuse")(x)
+    assert "strided tensors only" in str(_tilefuse_error(info.value))

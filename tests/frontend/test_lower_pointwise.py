@@ -159,6 +159,17 @@ def test_int8_uint8():
     check(lambda a, u: (a + 1, u + 1, a * 2, u // 3, a.to(torch.float32) * u, u > 100), a, u)
 
 
+def test_integer_scalars_out_of_the_tensor_types_range():
+    """Eager casts an integer scalar to the tensor's integer type with wrap-around: a uint8
+    tensor `== -1` compares with 255, `> 300` with 44, an int8 one `== 200` with -56."""
+    u = torch.randint(0, 256, (41,), dtype=torch.uint8)
+    u[:6] = torch.tensor([0, 43, 44, 45, 254, 255], dtype=torch.uint8)
+    a = u.to(torch.int8)
+    check(lambda u, a: (u == -1, u > 300, u < -2, u != 256, u >= -300, a == 200, a < 130, a > -129,
+                        torch.where(u == -1, a, -a), (u + 300) > 100, u - 300,
+                        (a.to(torch.int16) * 300) < 0, (a // 3) == -43), u, a)
+
+
 def test_where_and_masked_fill():
     x, y = rand(7, 13), rand(13)
     m = rand(7, 1, dtype=torch.bool)

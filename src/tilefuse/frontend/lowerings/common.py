@@ -156,10 +156,19 @@ def round_scalar(value, dtype: DType):
     if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
         return value
     if dtype.is_int:
-        return int(value)
+        return wrap_int(int(value), dtype)
     if dtype == dt.float64:
         return float(value)
     return torch.tensor(value, dtype=torch_dtype(dtype)).item()
+
+
+def wrap_int(value: int, dtype: DType) -> int:
+    """`value` as a `dtype` integer holds it: PyTorch casts an integer scalar operand to the
+    tensor's integer type with wrap-around (`uint8_tensor == -1` compares with 255, `> 300` with
+    44)."""
+    bits = 8 * dtype.itemsize
+    value %= 1 << bits
+    return value - (1 << bits) if dtype.kind == "i" and value >= 1 << (bits - 1) else value
 
 
 def scalar(value, dtype: DType | None = None, round_to: DType | None = None) -> Expr:
@@ -181,7 +190,9 @@ def scalar(value, dtype: DType | None = None, round_to: DType | None = None) -> 
     if dtype.is_int and isinstance(value, float):
         if math.isnan(value) or math.isinf(value):
             raise Unsupported(f"cannot represent {value} as {dtype}")
-        return const(int(value), dtype)  # truncation, like a float → int cast
+        return const(wrap_int(int(value), dtype), dtype)  # truncation, like a float → int cast
+    if dtype.is_int and isinstance(value, int):
+        return const(wrap_int(value, dtype), dtype)
     return const(value, dtype)
 
 
