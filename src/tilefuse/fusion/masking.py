@@ -395,6 +395,31 @@ def unmasked(body: Expr) -> Expr:
     return body
 
 
+def without_mask(body: Expr):
+    """The rewrite of a kernel body for tiles where the masked score expression `body` is
+    masked nowhere: `body` becomes `unmasked(body)`, and every other selection on the mask's
+    condition (the backward's `where(c, 0, dS)`, the gradient of the masking itself) keeps its
+    live branch — those tiles then evaluate no condition at all."""
+    live = unmasked(body)
+    cond = masked_condition(body)
+    false = [] if cond is None else [cond, *_disjuncts(cond)]  # (c false: each disjunct of c false)
+    true = [t for t in (_negate(f) for f in false) if t is not None]
+
+    def fold(n):
+        if not isinstance(n, Where):
+            return None
+        c = _condition(n.cond)
+        if isinstance(c, Const) and not c.dtype.is_float:
+            return _cast(n.a if c.value else n.b, n.dtype)
+        if any(c == f for f in false):
+            return _cast(n.b, n.dtype)
+        if any(c == t for t in true):
+            return _cast(n.a, n.dtype)
+        return None
+
+    return lambda e: transform(transform(e, lambda n: live if n == body else None), fold)
+
+
 def _cast(e: Expr, dtype):
     from ..ir.expr import cast
 
@@ -557,4 +582,4 @@ def diagonal_keeps_rows_live(body: Expr, row: sympy.Symbol, key: sympy.Symbol, d
     return diagonal_exists and _diagonal_is_live(cond, row, key)
 
 
-__all__ = ["mask_facts", "mask_and_fill", "score_scale", "SOFT_FILL_LIMIT", "diagonal_keeps_rows_live", "vanishes_when_masked", "live_key_range", "full_key_range", "unmasked", "masked_condition", "LO", "HI"]
+__all__ = ["mask_facts", "mask_and_fill", "score_scale", "SOFT_FILL_LIMIT", "diagonal_keeps_rows_live", "vanishes_when_masked", "live_key_range", "full_key_range", "unmasked", "without_mask", "masked_condition", "LO", "HI"]

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import sympy
 
 from ..fusion.flash import K0
-from ..fusion.masking import diagonal_keeps_rows_live, unmasked
+from ..fusion.masking import diagonal_keeps_rows_live, without_mask
 from ..fusion.plan import KernelPlan, PlanKind, StageKind
-from ..ir.expr import Const, Expr, Index, Load, Var, binary, cast, out_index, red_index, transform, where
+from ..ir.expr import Const, Expr, Index, Load, Var, binary, cast, out_index, red_index, where
 from ..ir.graph import Graph
 from ..ir.monoid import SUM
 from ..ir.symbolic import contiguous_strides, floordiv, unravel_sym
@@ -94,8 +94,16 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
     for e in (M, DN, N, *(sc.extent for sc in scores), *batch_shape):
         b.size_params(e)
     wide = needs_int64(M, N, DN, *batch_shape) or any(needs_int64(M, sc.extent, *batch_shape) for sc in scores)
-    b.emit(ProgramId("pid", 0, wide=wide))
-    b.emit(ProgramId("pid_b", 1, wide=wide))
+    outs = out_index(o_node.rank)
+    (r0,) = red_index(1)
+    start, stop = live_keys(info, outs[con.m_dim], r0, M, N)
+    trend = _work_trend(start, stop, M, bm, bn) if splits == 1 and summary is None else 0
+    reverse, group = trend > 0, _launch_group(N, DN, scores, batch_shape) if trend else 0
+    if trend:
+        plan.notes.append(f"{o_node.name}: row blocks visit unequal numbers of key tiles: programs launch "
+                          f"{'last' if reverse else 'first'} block first, by groups of {group} batch elements")
+    b.emit(ProgramId("pid", 0, wide=wide, reverse=reverse, group=group))
+    b.emit(ProgramId("pid_b", 1, wide=wide, group=group))
     b.coordinate_extents[tile_symbol("pid_b")] = sympy.Mul(*batch_shape)  # (the grid's second dim)
     if splits > 1:
         b.emit(ProgramId("pid_s", 2))
@@ -106,8 +114,6 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
         b.emit(Arange(sc.kk, Index(sympy.Integer(0)), sc.block, 0, 2))
     rm, rn, rj, rjb = (tile_symbol(n) for n in ("rm", "rn", "rj", "rjb"))
     batch_vals = unravel_sym(tile_symbol("pid_b"), batch_shape) if batch_shape else ()
-    outs = out_index(o_node.rank)
-    (r0,) = red_index(1)
 
     coords, at = coordinates(con, o_node, batch_vals)
 
@@ -139,7 +145,6 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
         sibling_accs.append(Var(b.fresh("acc"), accd))
         b.emit(Full(sibling_accs[-1].name, ("BLOCK_M", "BLOCK_DN"), 0.0, accd))
 
-    start, stop = live_keys(info, outs[con.m_dim], r0, M, N)
     b.tile_symbols |= {"BLOCK_N"}
     if (start != 0 or stop != N) and splits == 1 and summary is None:
         plan.notes.append(f"{o_node.name}: key tiles outside [{start}, {stop}) are fully masked for the "
@@ -243,7 +248,7 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
         if summary.guard is not None:
             lo, flo, fhi, hi = guarded_ranges(b, summary, (lo, flo, fhi, hi), N)
         key_loop(lo, flo, lambda e: e)
-        key_loop(flo, fhi, _without_mask(info.masked))
+        key_loop(flo, fhi, without_mask(info.masked))
         key_loop(fhi, hi, lambda e: e)
         plan.notes.append(f"{o_node.name}: the mask reads tensor data: {plan.name}_summary classifies each tile "
                           f"once per call, {plan.name}_ranges gives each block of rows its live keys (masked) and "
@@ -675,14 +680,9 @@ def _interior_keys(info, row, key, start, stop, bn):
     if upper is not None:
         floor_tile = floordiv(upper.subs(LO, lo) + 1, bn) * bn
         last = sympy.Max(first, sympy.Min(stop, floor_tile))
-    return first, last, _without_mask(masked)
+    return first, last, without_mask(masked)
 
 
-def _without_mask(masked):
-    """The rewrite of a body that drops the mask from the masked score expression (the body
-    of tiles where the mask holds nowhere)."""
-    live = unmasked(masked)
-    return lambda e: transform(e, lambda n: live if n == masked else None)
 
 
 def _finished(value, node):
@@ -690,6 +690,41 @@ def _finished(value, node):
     if node.combiner.logical:
         return binary("ne", value, Const(0, value.dtype))
     return cast(value, node.dtype)
+
+
+def _work_trend(start, stop, M, bm: int, bn: int) -> int:
+    """+1 where the last block of rows visits more key tiles than the first (a causal mask's
+    forward and dQ kernels), -1 where fewer (its dK/dV kernel), 0 where as many or unknown.
+    Launched in the natural order, the longest programs of the first kind would start last,
+    and the grid's last wave would wait on them."""
+    if not sympy.sympify(M).is_Integer:
+        return 0
+    blocks = -(-int(M) // bm)
+    if blocks < 2:
+        return 0
+    sizes = {tile_symbol("BLOCK_M"): bm, tile_symbol("BLOCK_N"): bn}
+    work = [sympy.sympify(stop - start).subs({**sizes, tile_symbol("pid"): p}) for p in (0, blocks - 1)]
+    if not all(w.is_Integer for w in work) or int(work[0]) == int(work[1]):
+        return 0
+    return 1 if int(work[1]) > int(work[0]) else -1
+
+
+#: the bytes of streamed operands (keys and values of a batch element) that the programs
+#: running at once may share through the L2 cache (a fraction of a data-centre GPU's 40-60 MB)
+L2_SHARE = 8 << 20
+
+
+def _launch_group(N, DN, scores, batch_shape) -> int:
+    """How many batch elements launch together (`ProgramId.group`): as many as keep their
+    streamed operands within L2_SHARE, at least 1 (the natural order: one batch element's
+    blocks after another's), 0 for one batch element or symbolic sizes."""
+    nbatch = sympy.Mul(*batch_shape) if batch_shape else sympy.Integer(1)
+    widths = [sympy.sympify(sc.extent) for sc in scores] + [sympy.sympify(DN)]
+    if not (nbatch.is_Integer and int(nbatch) > 1 and sympy.sympify(N).is_Integer
+            and all(w.is_Integer for w in widths)):
+        return 0
+    streamed = int(N) * sum(int(w) for w in widths) * 2  # (bf16/fp16: the operands that matter here)
+    return max(1, min(int(nbatch), L2_SHARE // max(streamed, 1)))
 
 
 def live_keys(info, row, key, M, N):

@@ -47,6 +47,16 @@ class ProgramId(Stmt):
     name: str
     axis: int
     wide: bool = False  # 64-bit: index arithmetic of this kernel may pass 2**31
+    #: programs numbered from the end of the axis (`n - 1 - id`): the launch order then starts
+    #: with the programs of most work (a causal flash kernel's last row blocks), so that the
+    #: grid's last wave holds short programs rather than one long one
+    reverse: bool = False
+    #: > 0 on both axes of a 2-D grid: programs launch in groups of `group` indices of axis 1
+    #: (batch elements), axis 0 slowest within a group — every batch element's first block,
+    #: then every one's second, ... With `reverse` on axis 0 the launch order runs from the
+    #: heaviest blocks of a group to the lightest, while the operands the group streams stay
+    #: few enough to be reused from the L2 cache (one group's batch elements at a time)
+    group: int = 0
 
 
 @dataclass
@@ -350,7 +360,8 @@ class TileKernel:
 # ------------------------------------------------------------------------------ text
 def _stmt(s, pad: str, out: list) -> None:
     if isinstance(s, ProgramId):
-        out.append(f"{pad}{s.name} = program_id({s.axis})")
+        order = (" reversed" if s.reverse else "") + (f" grouped by {s.group}" if s.group else "")
+        out.append(f"{pad}{s.name} = program_id({s.axis}){order}")
     elif isinstance(s, Arange):
         out.append(f"{pad}{s.name} = {format_expr(s.start)} + range({s.block}) @axis{s.axis}/{s.ndim}")
     elif isinstance(s, (Let, Assign)):

@@ -109,7 +109,7 @@ class CppPrinter(NestPrinter):
         handler(_SINGLE, s, CppUnsupported, "cannot print {} as C++")(self, s, self.printer(), indent)
 
     def _program_id(self, s, p, indent) -> None:
-        self.emit(f"{s.name} = tf_pid{s.axis};", indent)
+        self.emit(f"{s.name} = tf_grid[{s.axis}] - 1 - tf_pid{s.axis};" if s.reverse else f"{s.name} = tf_pid{s.axis};", indent)
 
     def _arange(self, s, p, indent) -> None:
         self.emit(f"{s.name} = {p.expr(s.start)};", indent)

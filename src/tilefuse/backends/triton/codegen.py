@@ -226,7 +226,12 @@ class TritonPrinter:
 
     def _program_id(self, s: ProgramId, pad: str, indent: int, out: list) -> None:
         wide = ".to(tl.int64)" if s.wide else ""
-        out.append(f"{pad}{s.name} = tl.program_id({s.axis}){wide}")
+        if s.group:
+            self.helpers.add("grouped_program")
+            out.append(f"{pad}{s.name} = _grouped_program({s.axis}, {s.group}, {s.reverse}){wide}")
+            return
+        pid = f"tl.program_id({s.axis}){wide}"
+        out.append(f"{pad}{s.name} = tl.num_programs({s.axis}){wide} - 1 - {pid}" if s.reverse else f"{pad}{s.name} = {pid}")
 
     def _arange(self, s: Arange, pad: str, indent: int, out: list) -> None:
         rng = f"tl.arange(0, {s.block})"

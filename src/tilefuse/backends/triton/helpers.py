@@ -44,6 +44,23 @@ def _philox_uniform(seed, offset):
 
 # name -> source of a @triton.jit helper; emitted only when a kernel uses it
 HELPERS = {
+    "grouped_program": """
+@triton.jit
+def _grouped_program(axis: tl.constexpr, group: tl.constexpr, reverse: tl.constexpr):
+    # tile.ir.ProgramId.group: the program at this launch position (axis 0 fastest) is block
+    # `launch // count` (reversed: counted from the last) of batch element `first + launch % count`
+    blocks = tl.num_programs(0)
+    launch = tl.program_id(1) * blocks + tl.program_id(0)
+    first = (launch // (group * blocks)) * group
+    count = tl.minimum(tl.num_programs(1) - first, group)
+    rest = launch - first * blocks
+    if axis == 0:
+        block = rest // count
+        if reverse:
+            block = blocks - 1 - block
+        return block
+    return first + rest % count
+""",
     "maximum": """
 @triton.jit
 def _maximum(a, b):

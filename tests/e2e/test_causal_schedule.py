@@ -1,0 +1,98 @@
+"""The causal flash kernels' schedule, forward and backward: interior key tiles evaluate no
+condition at all (the backward's `where(mask, 0, dS)` included, not only the masked scores),
+and kernels whose later row blocks visit more keys launch those first. Gradients are checked
+against an fp64 reference with blocks small enough that every loop runs."""
+import math
+
+import pytest
+import torch
+
+import tilefuse
+from tilefuse.ir.expr import Binary, Const, Index, walk
+from tilefuse.tile.ir import For, ProgramId, TileKernel, statements, stmt_exprs
+
+MASKS = {
+    "causal": lambda i, j: j > i,
+    "causal_offset": lambda i, j: j > i + 5,
+    "window": lambda i, j: (j > i) | (i - j > 24),
+}
+
+
+def _attention(mask):
+    def fn(q, k, v):
+        s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        i = torch.arange(s.shape[-2])[:, None]
+        j = torch.arange(s.shape[-1])[None, :]
+        return torch.softmax(torch.where(mask(i, j), float("-inf"), s), dim=-1) @ v
+    return fn
+
+
+def _compares_positions(loop: For) -> bool:
+    """Whether a loop's body evaluates a comparison between positions (a mask)."""
+    for s in statements(loop.body):
+        for e in stmt_exprs(s):
+            for n in walk(e):
+                if isinstance(n, Binary) and n.op in ("gt", "ge", "lt", "le") and not any(
+                        isinstance(x, Const) or isinstance(x, Index) and not x.expr.free_symbols for x in (n.a, n.b)):
+                    return True  # (a bound check compares a position with a size: not a mask)
+    return False
+
+
+def _flash_kernels(seen) -> list:
+    return [k for _, _, _, tks in seen for k in tks if isinstance(k, TileKernel) and "flash" in k.name
+            and "summary" not in k.name]
+
+
+@pytest.mark.parametrize("mask,l2_share", [(m, None) for m in MASKS] + [("causal", 4 * 77 * 32 * 2)],
+                         ids=lambda x: str(x))
+def test_causal_training_gradients_and_interior_loops(mask, l2_share, monkeypatch):
+    """(With `l2_share` the six batch elements of the forward and dQ kernels launch in groups
+    of 4 and 2.)"""
+    if l2_share is not None:
+        monkeypatch.setattr("tilefuse.tile.flash.L2_SHARE", l2_share)
+    torch.manual_seed(0)
+    fn = _attention(MASKS[mask])
+    q, k, v = (torch.randn(2, 3, 77, 16, requires_grad=True) for _ in range(3))
+    d_out = torch.randn(2, 3, 77, 16)
+    torch._dynamo.reset()
+    seen = []
+    import tilefuse.compiler as compiler
+
+    real = compiler._lower
+
+    def record(graph, plan, options):
+        tks = real(graph, plan, options)
+        seen.append((graph, plan, options, tks))
+        return tks
+
+    compiler._lower = record
+    try:
+        with tilefuse.config.patch(flash_config="16,16,4,1", graph_cache=False):
+            out = torch.compile(fn, backend="tilefuse")(q, k, v)
+            grads = torch.autograd.grad(out, (q, k, v), d_out)
+    finally:
+        compiler._lower = real
+    ref_args = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref_out = fn(*ref_args)
+    refs = torch.autograd.grad(ref_out, ref_args, d_out.double())
+    torch.testing.assert_close(out.double(), ref_out, atol=1e-4, rtol=1e-4)
+    for g, r in zip(grads, refs):
+        torch.testing.assert_close(g.double(), r, atol=1e-4, rtol=1e-4)
+
+    kernels = _flash_kernels(seen)
+    assert len(kernels) >= 3  # the forward, dK/dV and dQ
+    for kern in kernels:
+        loops = [s for s in statements(kern.body) if isinstance(s, For)]
+        if mask != "window":  # (a window's rows have a masked prologue and epilogue around the interior)
+            assert len(loops) == 2, kern.name
+        assert any(not _compares_positions(lp) for lp in loops), f"{kern.name}: every loop evaluates the mask"
+        assert any(_compares_positions(lp) for lp in loops), kern.name
+    if mask == "causal":
+        reversed_ = {k.name: next(s for s in k.body if isinstance(s, ProgramId) and s.name == "pid").reverse
+                     for k in kernels}
+        # the forward and dQ (rows visit keys up to their own position: later blocks do more)
+        # run last block first; dK/dV (keys visited by later rows) keeps the natural order
+        assert sorted(reversed_.values()) == [False, True, True], reversed_
+        groups = {s.group for k in kernels for s in k.body if isinstance(s, ProgramId)}
+        # (the dK/dV kernel streams three operands, the others two: their groups differ)
+        assert groups == {6} if l2_share is None else 4 in groups and max(groups) < 6, groups
