@@ -35,6 +35,7 @@ BAD_AND_GOOD = {
     "flash_config": ("64,64,4", ("64,32,4,2", "64,32,4,2")),
     "flash_split": ("-1", ("4", 4)),
     "block_summary": ("half", ("off", False)),
+    "flash_launch_groups": ("grouped", ("on", True)),
     "index_constants": ("sometimes", ("off", False)),
     "recompute": ("some", ("no", False)),
     "attention_backward": ("sometimes", ("off", False)),

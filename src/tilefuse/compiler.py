@@ -177,6 +177,7 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None,
                                column_tiles=options.column_tiles,
                                flash_config=options.flash_config, flash_split=options.flash_split,
                                block_summary=options.block_summary,
+                               flash_launch_groups=options.flash_launch_groups,
                                matmul=options.matmul,
                                # eager CUDA does not raise on an integer division by zero: only CPU tensors check
                                divisor_checks=device.type == "cpu" and options.index_checks,

@@ -226,6 +226,11 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("flash_split", int, 0,
          "key ranges per block of query rows in attention kernels (split and merge): 0 chooses by "
          "occupancy, 1 never splits, k > 1 forces k", minimum=0, maximum=1024),
+    Knob("flash_launch_groups", bool, False,
+         "attention kernels whose blocks of rows visit unequal numbers of key tiles (causal) launch in "
+         "groups of batch elements whose keys and values fit 8 MB of L2, every element's heaviest block "
+         "first across the group (tested, not yet timed on a GPU); off: one batch element's blocks after "
+         "another's, each element's heaviest first"),
     Knob("block_summary", bool, True,
          "attention whose mask is read from tensor data (a tril buffer, a padding mask): a small "
          "pre-kernel lists, per block of query rows, the key tiles that are partly or wholly live; the "

@@ -31,6 +31,7 @@ class LoweringOptions:
     flash_config: str = ""
     flash_split: int = 0  # key ranges per block of rows in attention kernels (0: by occupancy)
     block_summary: bool = True  # masks read from data: a pre-kernel lists the key tiles to visit
+    flash_launch_groups: bool = False  # causal attention kernels launch by groups of batch elements
     schedule: Schedule | None = None  # a schedule of the plan's space (tuned, fitted): over the rules, knob by knob
     matmul: str = "auto"  # plain matmuls: "auto" (measured), "generated", "aten"
     divisor_checks: bool = False  # an integer division by zero raises (CPU tensors, as eager does there)

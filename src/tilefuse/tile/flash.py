@@ -98,10 +98,12 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
     (r0,) = red_index(1)
     start, stop = live_keys(info, outs[con.m_dim], r0, M, N)
     trend = _work_trend(start, stop, M, bm, bn) if splits == 1 and summary is None else 0
-    reverse, group = trend > 0, _launch_group(N, DN, scores, batch_shape) if trend else 0
+    reverse = trend > 0
+    group = _launch_group(N, DN, scores, batch_shape) if trend and options.flash_launch_groups else 0
     if trend:
         plan.notes.append(f"{o_node.name}: row blocks visit unequal numbers of key tiles: programs launch "
-                          f"{'last' if reverse else 'first'} block first, by groups of {group} batch elements")
+                          f"{'last' if reverse else 'first'} block first"
+                          + (f", by groups of {group} batch elements" if group else ""))
     b.emit(ProgramId("pid", 0, wide=wide, reverse=reverse, group=group))
     b.emit(ProgramId("pid_b", 1, wide=wide, group=group))
     b.coordinate_extents[tile_symbol("pid_b")] = sympy.Mul(*batch_shape)  # (the grid's second dim)
