@@ -43,6 +43,38 @@ def _flash_kernels(seen) -> list:
             and "summary" not in k.name]
 
 
+def _train(fn, args, d_out, **cfg):
+    """The compiled output and gradients, and the flash kernels the compile lowered."""
+    import tilefuse.compiler as compiler
+
+    torch._dynamo.reset()
+    seen = []
+    real = compiler._lower
+
+    def record(graph, plan, options):
+        tks = real(graph, plan, options)
+        seen.append((graph, plan, options, tks))
+        return tks
+
+    compiler._lower = record
+    try:
+        with tilefuse.config.patch(flash_config="16,16,4,1", graph_cache=False, **cfg):
+            out = torch.compile(fn, backend="tilefuse")(*args)
+            grads = torch.autograd.grad(out, args, d_out)
+    finally:
+        compiler._lower = real
+    return out, grads, _flash_kernels(seen)
+
+
+def _assert_matches_fp64(fn, args, d_out, out, grads):
+    ref_args = [t.detach().double().requires_grad_() for t in args]
+    ref_out = fn(*ref_args)
+    refs = torch.autograd.grad(ref_out, ref_args, d_out.double())
+    torch.testing.assert_close(out.double(), ref_out, atol=1e-4, rtol=1e-4)
+    for g, r in zip(grads, refs):
+        torch.testing.assert_close(g.double(), r, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("mask,groups,l2_share", [(m, False, None) for m in MASKS] + [
     ("causal", True, None), ("causal", True, 4 * 77 * 32 * 2)], ids=lambda x: str(x))
 def test_causal_training_gradients_and_interior_loops(mask, groups, l2_share, monkeypatch):
@@ -54,32 +86,8 @@ def test_causal_training_gradients_and_interior_loops(mask, groups, l2_share, mo
     fn = _attention(MASKS[mask])
     q, k, v = (torch.randn(2, 3, 77, 16, requires_grad=True) for _ in range(3))
     d_out = torch.randn(2, 3, 77, 16)
-    torch._dynamo.reset()
-    seen = []
-    import tilefuse.compiler as compiler
-
-    real = compiler._lower
-
-    def record(graph, plan, options):
-        tks = real(graph, plan, options)
-        seen.append((graph, plan, options, tks))
-        return tks
-
-    compiler._lower = record
-    try:
-        with tilefuse.config.patch(flash_config="16,16,4,1", graph_cache=False, flash_launch_groups=groups):
-            out = torch.compile(fn, backend="tilefuse")(q, k, v)
-            grads = torch.autograd.grad(out, (q, k, v), d_out)
-    finally:
-        compiler._lower = real
-    ref_args = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    ref_out = fn(*ref_args)
-    refs = torch.autograd.grad(ref_out, ref_args, d_out.double())
-    torch.testing.assert_close(out.double(), ref_out, atol=1e-4, rtol=1e-4)
-    for g, r in zip(grads, refs):
-        torch.testing.assert_close(g.double(), r, atol=1e-4, rtol=1e-4)
-
-    kernels = _flash_kernels(seen)
+    out, grads, kernels = _train(fn, (q, k, v), d_out, flash_launch_groups=groups)
+    _assert_matches_fp64(fn, (q, k, v), d_out, out, grads)
     assert len(kernels) >= 3  # the forward, dK/dV and dQ
     for kern in kernels:
         loops = [s for s in statements(kern.body) if isinstance(s, For)]
@@ -99,3 +107,44 @@ def test_causal_training_gradients_and_interior_loops(mask, groups, l2_share, mo
             assert sizes == {0}, sizes
         else:
             assert sizes == {6} if l2_share is None else 4 in sizes and max(sizes) < 6, sizes
+
+
+def _spelled(kind):
+    """Masks spelt as models spell them, each with interior tiles once its blocks are small."""
+    def fn(q, k, v):
+        s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        i = torch.arange(s.shape[-2])[:, None]
+        j = torch.arange(s.shape[-1])[None, :]
+        if kind == "keep_mask":  # SDPA's boolean keep-mask as a selection
+            s = torch.where(j <= i, s, float("-inf"))
+        elif kind == "additive_finfo_min":  # Hugging Face's additive causal mask
+            s = s + torch.where(j > i, torch.finfo(torch.float32).min, 0.0)
+        elif kind == "masked_fill_window":
+            s = s.masked_fill((j > i) | (j < i - 30), float("-inf"))
+        elif kind == "prefix_lm":  # a prefix every row sees: a disjunct with no unit bound
+            s = s.masked_fill((j > i) & (j >= 9), float("-inf"))
+        elif kind == "bottom_right":  # more keys than rows: causal aligned to the last key
+            s = s.masked_fill(j > i + (s.shape[-1] - s.shape[-2]), float("-inf"))
+        return torch.softmax(s, dim=-1) @ v
+    return fn
+
+
+@pytest.mark.parametrize("kind", ["keep_mask", "additive_finfo_min", "masked_fill_window", "prefix_lm",
+                                  "bottom_right"])
+def test_mask_spellings_train_like_eager(kind):
+    """Gradients of the spellings against fp64, with 16×16 tiles: every interior, diagonal
+    and skipped range of each kernel is exercised."""
+    torch.manual_seed(1)
+    fn = _spelled(kind)
+    keys = 93 if kind == "bottom_right" else 77
+    q = torch.randn(1, 2, 77, 16, requires_grad=True)
+    k, v = (torch.randn(1, 2, keys, 16, requires_grad=True) for _ in range(2))
+    d_out = torch.randn(1, 2, 77, 16)
+    out, grads, kernels = _train(fn, (q, k, v), d_out, fallback="error")
+    _assert_matches_fp64(fn, (q, k, v), d_out, out, grads)
+    assert len(kernels) >= 3
+    for kern in kernels:
+        loops = [s for s in statements(kern.body) if isinstance(s, For)]
+        unmasked = [lp for lp in loops if not _compares_positions(lp)]
+        # a prefix-LM mask (a conjunction) has no interior range: every tile evaluates it
+        assert (not unmasked) if kind == "prefix_lm" else unmasked, kern.name
