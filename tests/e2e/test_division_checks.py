@@ -78,6 +78,18 @@ def test_integer_division_matches_eager_and_raises_on_zero(op, dtype, backend):
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_unsigned_divisor_at_the_types_maximum(backend):
+    """255 is `(uint8)-1`: the signed special case of a -1 divisor must not take it (`u // 255`
+    gave -u, `u % 255` 0). A scalar -1 is 255 for a uint8 tensor, as eager casts it."""
+    u = torch.tensor([0, 1, 100, 200, 254, 255, 37, 128], dtype=torch.uint8)
+    fns = (lambda u: u // 255, lambda u: u // -1, lambda u: u % -1, lambda u: u % 255,
+           lambda u: torch.fmod(u, 255), lambda u: u // u.flip(0).clamp(min=1) + u % torch.full_like(u, 255))
+    for fn in fns:
+        with tilefuse.config.patch(target=backend, fallback="error"):
+            assert torch.equal(_compiled(fn, backend)(u), fn(u))
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_division_by_a_zero_scalar_raises(backend):
     a = torch.arange(-6, 7, dtype=torch.int32)
     for fn in (lambda a: a // 0 + 1, lambda a: torch.remainder(a, 0) * 2, lambda a: torch.fmod(a, 0) - 1):

@@ -153,6 +153,8 @@ def _negate(c: Expr):
         return Binary("logical_or" if c.op == "logical_and" else "logical_and", a, b, c.dtype)
     if isinstance(c, Const):
         return Const(not c.value, c.dtype)
+    if isinstance(c, Unary) and c.op == "logical_not":  # (not not x is x)
+        return _condition(c.x)
     if c.dtype.is_bool:  # (a comparison of loaded data, ...): no bound reads it, but it stays a disjunct
         return Unary("logical_not", c, c.dtype)
     return None
@@ -398,8 +400,8 @@ def unmasked(body: Expr) -> Expr:
 def without_mask(body: Expr):
     """The rewrite of a kernel body for tiles where the masked score expression `body` is
     masked nowhere: `body` becomes `unmasked(body)`, and every other selection on the mask's
-    condition (the backward's `where(c, 0, dS)`, the gradient of the masking itself) keeps its
-    live branch — those tiles then evaluate no condition at all."""
+    condition, a disjunct of it or its negation (the backward's `where(c, 0, dS)`, the gradient
+    of the masking itself) keeps its live branch: those tiles evaluate none of them."""
     live = unmasked(body)
     cond = masked_condition(body)
     false = [] if cond is None else [cond, *_disjuncts(cond)]  # (c false: each disjunct of c false)

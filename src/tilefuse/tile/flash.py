@@ -67,7 +67,7 @@ def _block_summary(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     M, N, _, _, _ = _flash_sizes(graph, plan)
     o_node = graph[plan.contraction_stage.node]
     row, (key,) = out_index(o_node.rank)[plan.contraction.m_dim], red_index(1)
-    rows_live = diagonal_keeps_rows_live(info.masked, row, key, sympy.sympify(N - M).is_nonnegative is True)
+    rows_live = diagonal_keeps_rows_live(info.masked, row, key, _diagonal_exists(info, M, N))
     return summary_for(graph, plan, options, schedule["BLOCK_M"], schedule["BLOCK_N"], rows_live)
 
 
@@ -685,8 +685,6 @@ def _interior_keys(info, row, key, start, stop, bn):
     return first, last, without_mask(masked)
 
 
-
-
 def _finished(value, node):
     """A carried value as the reduction's result dtype (any/all accumulate as int32)."""
     if node.combiner.logical:
@@ -729,6 +727,16 @@ def _launch_group(N, DN, scores, batch_shape) -> int:
     return max(1, min(int(nbatch), L2_SHARE // max(streamed, 1)))
 
 
+def _diagonal_exists(info, M, N) -> bool:
+    """Whether every softmax row i has a key j = i: there are at least as many keys as rows.
+    An attention kernel's rows are the queries; a recomputing plan's (the attention backward)
+    may be the keys — dK/dV walks the queries — so there both counts must be equal."""
+    keys_cover = sympy.sympify(N - M).is_nonnegative is True
+    if info.scores:
+        return keys_cover and sympy.sympify(M - N).is_nonnegative is True
+    return keys_cover
+
+
 def live_keys(info, row, key, M, N):
     """The key range a block of query rows must visit (block skipping of masked tiles)."""
     from ..fusion.masking import HI, LO, live_key_range
@@ -737,7 +745,7 @@ def live_keys(info, row, key, M, N):
     masked = info.masked
     if masked is None or not info.skippable:
         return start, stop  # no mask, or some reduction still needs the masked keys: skip nothing
-    lower, upper = live_key_range(masked, row, key, diagonal_exists=sympy.sympify(N - M).is_nonnegative is True)
+    lower, upper = live_key_range(masked, row, key, diagonal_exists=_diagonal_exists(info, M, N))
     lo = tile_symbol("pid") * tile_symbol("BLOCK_M")
     if lower is not None:
         first = sympy.Max(0, lower.subs(LO, lo))

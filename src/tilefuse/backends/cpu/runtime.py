@@ -174,19 +174,22 @@ template <class T> TF_INLINE T tf_max(T a, T b) { return (a > b || a != a) ? a :
 template <class T> TF_INLINE T tf_min(T a, T b) { return (a < b || a != a) ? a : b; }
 template <class T> TF_INLINE T tf_imin(T a, T b) { return a < b ? a : b; }
 template <class T> TF_INLINE T tf_imax(T a, T b) { return a > b ? a : b; }
+/* a signed divisor of -1 (whose quotient of the minimum would overflow); an unsigned type's
+   maximum is (T)-1 too, and divides as any other value */
+#define TF_MINUS_ONE(T, b) ((T)-1 < (T)0 && (b) == (T)-1)
 template <class T> TF_INLINE T tf_floordiv(T a, T b) {
   if (b == 0) return 0;
-  if (b == (T)-1) return (T)(0 - a);
+  if (TF_MINUS_ONE(T, b)) return (T)(0 - a);
   T q = a / b;
   return q - (T)(((a % b) != 0) && ((a < 0) != (b < 0)));
 }
 template <class T> TF_INLINE T tf_ceildiv(T a, T b) { return -tf_floordiv<T>(-a, b); }
 template <class T> TF_INLINE T tf_remainder(T a, T b) {
-  if (b == 0 || b == (T)-1) return 0;
+  if (b == 0 || TF_MINUS_ONE(T, b)) return 0;
   T r = a % b;
   return (r != 0 && ((r < 0) != (b < 0))) ? (T)(r + b) : r;
 }
-template <class T> TF_INLINE T tf_ifmod(T a, T b) { return (b == 0 || b == (T)-1) ? (T)0 : (T)(a % b); }
+template <class T> TF_INLINE T tf_ifmod(T a, T b) { return (b == 0 || TF_MINUS_ONE(T, b)) ? (T)0 : (T)(a % b); }
 template <class T> TF_INLINE T tf_fremainder(T a, T b) {
   T r = tfm_fmod(a, b);
   return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
