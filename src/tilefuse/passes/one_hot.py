@@ -33,10 +33,8 @@ def _expanded(graph: Graph, e: Expr, depth: int = 0) -> Expr:
         return e
 
     def fn(n):
-        if not (isinstance(n, Load) and all(isinstance(c, Index) for c in n.index)):
-            return None
-        src = graph.nodes.get(n.buffer)
-        if not isinstance(src, Pointwise):
+        src = _plain_producer(graph, n)
+        if src is None:
             return None
         body = substitute_index(src.body, dict(zip(out_index(src.rank), n.index)))
         if body.dtype != src.dtype:
@@ -44,6 +42,32 @@ def _expanded(graph: Graph, e: Expr, depth: int = 0) -> Expr:
         return _expanded(graph, body, depth + 1)
 
     return transform(e, fn)
+
+
+def _plain_producer(graph: Graph, n: Expr):
+    """The pointwise node a load at plain indices reads (what `_expanded` substitutes), or None."""
+    if isinstance(n, Load) and all(isinstance(c, Index) for c in n.index):
+        src = graph.nodes.get(n.buffer)
+        return src if isinstance(src, Pointwise) else None
+    return None
+
+
+def _compares_for_equality(graph: Graph, e: Expr, memo: dict, depth: int = 0) -> bool:
+    """Whether `e` or a producer `_expanded` would substitute into it holds an `==` or `!=`
+    (a selection needs one): most sums hold none, and are not expanded at all. `memo` holds
+    each producer's answer, found with the full MAX_DEPTH below it (a superset of what a deeper
+    expansion reaches: a False is never wrong)."""
+    for n in walk(e):
+        if isinstance(n, Binary) and n.op in ("eq", "ne"):
+            return True
+        src = _plain_producer(graph, n)
+        if src is not None and depth < MAX_DEPTH:
+            if src.name not in memo:
+                memo[src.name] = False  # (a cycle cannot occur in a graph; this guards the recursion)
+                memo[src.name] = _compares_for_equality(graph, src.body, memo, 1)
+            if memo[src.name]:
+                return True
+    return False
 
 
 def _selection(f: Expr, r) -> tuple[Expr, Expr, Expr] | None:
@@ -102,9 +126,10 @@ def _collapsed(node: Reduce, expanded: Expr) -> Expr | None:
 def collapse_one_hot_sums(graph: Graph) -> Graph:
     """Rewrite each sum over one index of a one-hot selection into the selected term."""
     rewritten: dict[str, Pointwise] = {}
+    compares: dict = {}
     for node in graph.nodes.values():
         if not (isinstance(node, Reduce) and node.combiner == SUM and len(node.ranges) == 1
-                and node.body.dtype.is_float):
+                and node.body.dtype.is_float and _compares_for_equality(graph, node.body, compares)):
             continue
         expanded = _expanded(graph, node.body)
         if count_ops(expanded) > MAX_OPS:
