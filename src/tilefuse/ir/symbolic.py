@@ -306,11 +306,31 @@ def bounds(expr: sympy.Expr, ranges: dict) -> tuple[float, float]:
     return -math.inf, math.inf
 
 
+#: simplify_index's results by (expression, the ranges of its own symbols): a model's layers
+#: ask for the same index expressions over and over
+_SIMPLIFIED: dict = {}
+_SIMPLIFIED_LIMIT = 16384
+
+
 def simplify_index(expr, ranges: dict) -> sympy.Expr:
     """Remove divisions/modulos that the symbols' ranges make redundant."""
     expr = sympy.sympify(expr)
     if expr.is_Atom:
         return expr
+    try:  # (only the ranges of the expression's own symbols are read)
+        key = (expr, frozenset((s, ranges[s]) for s in expr.free_symbols if s in ranges))
+        hash(key)
+    except TypeError:  # (a range that cannot be a key: simplified without the memo)
+        return _simplify_index(expr, ranges)
+    found = _SIMPLIFIED.get(key)
+    if found is None:
+        if len(_SIMPLIFIED) >= _SIMPLIFIED_LIMIT:
+            _SIMPLIFIED.clear()
+        found = _SIMPLIFIED[key] = _simplify_index(expr, ranges)
+    return found
+
+
+def _simplify_index(expr: sympy.Expr, ranges: dict) -> sympy.Expr:
 
     def rewrite(e):
         if e.is_Add:
