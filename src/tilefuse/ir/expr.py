@@ -74,6 +74,12 @@ class Expr:
     def __str__(self) -> str:
         return format_expr(self)
 
+    def __getstate__(self):
+        # the cached hash stays in its process (a string's hash differs from one to the next)
+        state = dict(self.__dict__)
+        state.pop("_hash", None)
+        return state
+
 
 @dataclass(frozen=True, eq=True)
 class Const(Expr):
@@ -202,6 +208,25 @@ class CheckedIndex(Expr):
 
     def rebuild(self, children):
         return CheckedIndex(children[0], self.size, self.op, self.dim, self.wrap, self.error, self.dtype)
+
+
+def _cached(generated_hash):
+    """A node's hash, computed once: the dataclass's own hashes the fields, the children's
+    hashes with them, so every dictionary lookup of a deep expression (a transform's memo,
+    CSE) would walk its whole tree again."""
+    def __hash__(self):
+        try:
+            return self.__dict__["_hash"]
+        except KeyError:
+            h = generated_hash(self)
+            object.__setattr__(self, "_hash", h)
+            return h
+
+    return __hash__
+
+
+for _node in (Const, Index, Load, Var, Unary, Binary, Where, Cast, CheckedIndex):
+    _node.__hash__ = _cached(_node.__hash__)
 
 
 # ---------------------------------------------------------------- construction helpers
