@@ -53,19 +53,18 @@ def _plain_producer(graph: Graph, n: Expr):
 
 
 def _compares_for_equality(graph: Graph, e: Expr, memo: dict, depth: int = 0) -> bool:
-    """Whether `e` or a producer `_expanded` would substitute into it holds an `==` or `!=`
-    (a selection needs one): most sums hold none, and are not expanded at all. `memo` holds
-    each producer's answer, found with the full MAX_DEPTH below it (a superset of what a deeper
-    expansion reaches: a False is never wrong)."""
+    """Whether `_expanded(graph, e, depth)` would hold an `==` or `!=` (a selection needs one):
+    most sums hold none, and are not expanded at all. `memo` answers each (producer, depth)
+    once."""
     for n in walk(e):
         if isinstance(n, Binary) and n.op in ("eq", "ne"):
             return True
         src = _plain_producer(graph, n)
         if src is not None and depth < MAX_DEPTH:
-            if src.name not in memo:
-                memo[src.name] = False  # (a cycle cannot occur in a graph; this guards the recursion)
-                memo[src.name] = _compares_for_equality(graph, src.body, memo, 1)
-            if memo[src.name]:
+            key = (src.name, depth + 1)
+            if key not in memo:
+                memo[key] = _compares_for_equality(graph, src.body, memo, depth + 1)
+            if memo[key]:
                 return True
     return False
 
