@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import tilefuse
+from lowered_plans import recorded_lowerings
 from tilefuse.ir.expr import Binary, Const, Index, walk
 from tilefuse.tile.ir import For, ProgramId, TileKernel, statements, stmt_exprs
 
@@ -38,32 +39,15 @@ def _compares_positions(loop: For) -> bool:
     return False
 
 
-def _flash_kernels(seen) -> list:
-    return [k for _, _, _, tks in seen for k in tks if isinstance(k, TileKernel) and "flash" in k.name
-            and "summary" not in k.name]
-
-
 def _train(fn, args, d_out, **cfg):
     """The compiled output and gradients, and the flash kernels the compile lowered."""
-    import tilefuse.compiler as compiler
-
     torch._dynamo.reset()
-    seen = []
-    real = compiler._lower
-
-    def record(graph, plan, options):
-        tks = real(graph, plan, options)
-        seen.append((graph, plan, options, tks))
-        return tks
-
-    compiler._lower = record
-    try:
-        with tilefuse.config.patch(flash_config="16,16,4,1", graph_cache=False, **cfg):
-            out = torch.compile(fn, backend="tilefuse")(*args)
-            grads = torch.autograd.grad(out, args, d_out)
-    finally:
-        compiler._lower = real
-    return out, grads, _flash_kernels(seen)
+    lowered: list = []
+    with recorded_lowerings(lowered), tilefuse.config.patch(flash_config="16,16,4,1", graph_cache=False, **cfg):
+        out = torch.compile(fn, backend="tilefuse")(*args)
+        grads = torch.autograd.grad(out, args, d_out)
+    return out, grads, [k for k in lowered if isinstance(k, TileKernel) and "flash" in k.name
+                        and "summary" not in k.name]
 
 
 def _assert_matches_fp64(fn, args, d_out, out, grads):
