@@ -57,8 +57,11 @@ def naive(kind, seq, heads, device):
     def alibi(q, k, v):
         return torch.softmax(scores(q, k) + (slopes * distance).to(q.dtype), dim=-1) @ v
 
+    def alibi_f32(q, k, v):  # the softmax in fp32, the bias not rounded
+        return torch.softmax(scores(q, k).float() + slopes * distance, dim=-1).to(q.dtype) @ v
+
     return {"plain": plain, "causal": causal, "causal_tril": causal_tril,
-            "softcap": softcap, "alibi": alibi}[kind], slopes
+            "softcap": softcap, "alibi": alibi, "alibi_f32": alibi_f32}[kind], slopes
 
 
 def peers(kind, shape, inductor, configs=()):
@@ -81,7 +84,7 @@ def peers(kind, shape, inductor, configs=()):
             out["flex"] = lambda q, k, v: flex(q, k, v, block_mask=mask)
         elif kind == "softcap":
             out["flex"] = lambda q, k, v: flex(q, k, v, score_mod=lambda x, b_, h_, qi, ki: torch.tanh(x / CAP) * CAP)
-        elif kind == "alibi":
+        elif kind in ("alibi", "alibi_f32"):
             flat = slopes.view(-1)
             out["flex"] = lambda q, k, v: flex(q, k, v, score_mod=lambda x, b_, h_, qi, ki: x + flat[h_] * (ki - qi))
         else:
@@ -106,7 +109,7 @@ def relative_error(grads, ref):
     return max(((g[:1].float() - r).abs().max() / r.abs().max()).item() for g, r in zip(grads, ref))
 
 
-CASES = ["plain", "causal", "causal_tril", "softcap", "alibi"]
+CASES = ["plain", "causal", "causal_tril", "softcap", "alibi", "alibi_f32"]
 SHAPES = [(4, 32, 4096, 128), (4, 32, 4096, 64)]
 
 

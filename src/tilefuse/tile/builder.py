@@ -21,7 +21,8 @@ from ..ir.expr import (Binary, Cast, CheckedIndex, Const, Expr, Index, Load, Una
 from ..ir.graph import Constant, Extern, ExternResult, Graph, Input
 from ..ir.storage import promised_strides
 from ..ir.symbolic import contiguous_strides, simplify_index
-from .ir import Check, LoadTile, Let, Param, StoreTile
+from .index_casts import per_axis_cast
+from .ir import Arange, Check, LoadTile, Let, Param, StoreTile
 
 
 def tile_symbol(name: str) -> sympy.Symbol:
@@ -78,6 +79,7 @@ class KernelBuilder:
         #: tile coordinate -> the extent it is bound-checked against (`common.bound_check`) or
         #: the grid gives it: where a load's index stays in range, no `where` guards it
         self.coordinate_extents: dict = {}
+        self.axes: dict = {}  # arange symbol -> the tile axis it runs along
         self.scratch: dict = {}  # name -> tile.ir.Scratch: temporaries outside the graph
         #: a 2-D tile's whole mask and the mask of each of its axes (`restrict_masks`)
         self.tile_mask: Expr | None = None
@@ -119,6 +121,8 @@ class KernelBuilder:
         return f"{prefix}{self.counter}"
 
     def emit(self, stmt) -> None:
+        if isinstance(stmt, Arange):
+            self.axes[tile_symbol(stmt.name)] = stmt.axis
         self.blocks[-1].append(stmt)
 
     def push_block(self, block: list) -> None:
@@ -233,6 +237,8 @@ class KernelBuilder:
             a = self.value(e.a, mask, land(guard, c) if self._needs_guard(e.a, e.cond) else guard)
             b = self.value(e.b, mask, land(guard, not_c) if self._needs_guard(e.b, e.cond) else guard)
             return self.let(Where(c, a, b, e.dtype))
+        if isinstance(e, Cast) and (narrow := per_axis_cast(e, self.axes, self.coordinate_extents)) is not None:
+            return self.value(narrow, mask, guard)  # converted per row and per column, then added
         if isinstance(e, (Unary, Binary, Cast)):
             kids = tuple(self.value(k, mask, guard) for k in e.children())
             if isinstance(e, Binary) and e.op in _DIVISIONS and self.divisor_checks and not e.dtype.is_float:
