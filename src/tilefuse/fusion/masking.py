@@ -20,6 +20,7 @@ import sympy
 from ..ir import dtypes as dt
 from ..ir.expr import Binary, Cast, Const, Expr, Index, Load, Unary, Var, Where, round_to, transform, walk
 from ..ir.monoid import ANY, MAX, MIN, SUM, Monoid
+from ..ir.symbolic import smax, smin
 
 _REL = {"gt": sympy.StrictGreaterThan, "ge": sympy.GreaterThan, "lt": sympy.StrictLessThan, "le": sympy.LessThan}
 
@@ -312,11 +313,11 @@ def live_key_range(body: Expr, row: sympy.Symbol, key: sympy.Symbol, diagonal_ex
         if positive:
             first_dead = c0 + (1 if strict else 0)  # j >= i + first_dead is masked
             bound = HI + first_dead - 1  # the last live key of the block's last row
-            upper = bound if upper is None else sympy.Min(upper, bound)
+            upper = bound if upper is None else smin(upper, bound)
         else:
             last_dead = c0 - (1 if strict else 0)  # j <= i + last_dead is masked
             bound = LO + last_dead + 1
-            lower = bound if lower is None else sympy.Max(lower, bound)
+            lower = bound if lower is None else smax(lower, bound)
     return lower, upper
 
 
@@ -369,9 +370,9 @@ def full_key_range(body: Expr, row: sympy.Symbol, key: sympy.Symbol):
             return None
         above, c = bound
         if above:  # dead where j >= i + c: live for all rows while j <= LO + c - 1
-            upper = LO + c - 1 if upper is None else sympy.Min(upper, LO + c - 1)
+            upper = LO + c - 1 if upper is None else smin(upper, LO + c - 1)
         else:  # dead where j <= i + c: live for all rows from HI + c + 1
-            lower = HI + c + 1 if lower is None else sympy.Max(lower, HI + c + 1)
+            lower = HI + c + 1 if lower is None else smax(lower, HI + c + 1)
     return lower, upper
 
 

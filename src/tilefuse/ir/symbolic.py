@@ -7,6 +7,7 @@ when `i0 < 4`), which is what keeps folded reshapes cheap in generated code.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import sympy
@@ -224,6 +225,23 @@ def fold_mod_complement(e):
             return fold_mod_complement(rest + c * k * Ceiling(-u / k))
         return fold_mod_complement(rest - c * k * Floor(u / k))
     return e
+
+
+@functools.lru_cache(maxsize=4096)
+def _min_max(kind, args: tuple) -> sympy.Expr:
+    return (sympy.Min if kind == "min" else sympy.Max)(*args)
+
+
+def smin(*args) -> sympy.Expr:
+    """`sympy.Min(*args)`, remembered: sympy decides which argument is smaller by comparing
+    them under their assumptions (milliseconds for expressions of floors and ceilings), and the
+    layers of a model ask for the same bounds of their kernels again and again."""
+    return _min_max("min", tuple(sympy.sympify(a) for a in args))
+
+
+def smax(*args) -> sympy.Expr:
+    """`sympy.Max(*args)`, remembered (see `smin`)."""
+    return _min_max("max", tuple(sympy.sympify(a) for a in args))
 
 
 def floordiv(a, b) -> sympy.Expr:

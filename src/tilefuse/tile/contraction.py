@@ -14,7 +14,7 @@ import sympy
 from ..fusion.plan import KernelPlan, PlanKind
 from ..ir.expr import Cast, Const, Expr, Index, Load, Var, cast, out_index, red_index, where
 from ..ir.graph import Graph
-from ..ir.symbolic import contiguous_strides, floordiv, mod, unravel_sym
+from ..ir.symbolic import contiguous_strides, floordiv, mod, smin, unravel_sym
 from .builder import KernelBuilder, land
 from .common import (LoweringOptions, bound_check, dot_accumulator, dot_operand, index_values, lane_ranges, mapped,
                      needs_int64, pow2, static_int, tile_symbol)
@@ -186,7 +186,9 @@ def lower_contraction(graph: Graph, plan: KernelPlan, options: LoweringOptions) 
     pid, pid_b = tile_symbol("pid"), tile_symbol("pid_b")
     group = floordiv(pid, G * num_n)
     first_m = group * G
-    size_m = sympy.Min(num_m - first_m, G)
+    # (GROUP_M and the block counts are launch constants: sympy could never order them, and
+    # trying costs tens of milliseconds per shape)
+    size_m = sympy.Min(num_m - first_m, G, evaluate=False)
     b.emit(Let("pid_m", Index(first_m + mod(pid, size_m))))
     b.emit(Let("pid_n", Index(floordiv(mod(pid, G * num_n), size_m))))
     b.emit(Arange("rm", Index(tile_symbol("pid_m") * BM), "BLOCK_M", 0, 2))
@@ -261,7 +263,7 @@ def lower_contraction(graph: Graph, plan: KernelPlan, options: LoweringOptions) 
     if persistent:
         b.pop_block()
     nbatch = sympy.Mul(*batch_shape) if batch_shape else sympy.Integer(1)
-    grid = (sympy.Min(tile_symbol("NUM_SMS"), num_m * num_n), 1) if persistent else (num_m * num_n, nbatch)
+    grid = (smin(tile_symbol("NUM_SMS"), num_m * num_n), 1) if persistent else (num_m * num_n, nbatch)
     return TileKernel(plan.name, b.finish_params(), constexprs, numel=M * N * nbatch, grid=grid, body=b.body,
                       num_warps=schedule.warps, num_stages=schedule.stages, reads=b.reads, writes=b.writes,
                       kind=KernelKind.CONTRACTION, plan=plan)

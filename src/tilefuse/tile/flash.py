@@ -24,7 +24,7 @@ from ..fusion.plan import KernelPlan, PlanKind, StageKind
 from ..ir.expr import Const, Expr, Index, Load, Var, binary, cast, out_index, red_index, where
 from ..ir.graph import Graph
 from ..ir.monoid import SUM
-from ..ir.symbolic import contiguous_strides, floordiv, unravel_sym
+from ..ir.symbolic import contiguous_strides, floordiv, smax, smin, unravel_sym
 from .builder import KernelBuilder, land
 from .block_summary import key_ranges, lower_summary, summary_for
 from .score_guard import guarded_ranges, lower_guard
@@ -154,8 +154,8 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
     if splits > 1:
         # split s walks its own whole number of key tiles: [s·chunk, (s+1)·chunk)
         chunk = floordiv(N + splits * bn - 1, splits * bn) * bn
-        start = sympy.Max(start, tile_symbol("pid_s") * chunk)
-        stop = sympy.Min(stop, (tile_symbol("pid_s") + 1) * chunk)
+        start = smax(start, tile_symbol("pid_s") * chunk)
+        stop = smin(stop, (tile_symbol("pid_s") + 1) * chunk)
     row_values = {st.node for st in reduces}
     low_inputs = all(dot_operand(sc.q)[1].is_low_precision and dot_operand(sc.k)[1].is_low_precision
                      for sc in scores)
@@ -678,10 +678,10 @@ def _interior_keys(info, row, key, start, stop, bn):
     first, last = start, stop
     if lower is not None:
         ceil_tile = floordiv(lower.subs(HI, lo + tile_symbol("BLOCK_M") - 1) + bn - 1, bn) * bn
-        first = sympy.Min(stop, sympy.Max(start, ceil_tile))
+        first = smin(stop, smax(start, ceil_tile))
     if upper is not None:
         floor_tile = floordiv(upper.subs(LO, lo) + 1, bn) * bn
-        last = sympy.Max(first, sympy.Min(stop, floor_tile))
+        last = smax(first, smin(stop, floor_tile))
     return first, last, without_mask(masked)
 
 
@@ -748,10 +748,10 @@ def live_keys(info, row, key, M, N):
     lower, upper = live_key_range(masked, row, key, diagonal_exists=_diagonal_exists(info, M, N))
     lo = tile_symbol("pid") * tile_symbol("BLOCK_M")
     if lower is not None:
-        first = sympy.Max(0, lower.subs(LO, lo))
+        first = smax(0, lower.subs(LO, lo))
         start = floordiv(first, tile_symbol("BLOCK_N")) * tile_symbol("BLOCK_N")
     if upper is not None:
-        stop = sympy.Min(N, upper.subs(HI, lo + tile_symbol("BLOCK_M") - 1) + 1)
+        stop = smin(N, upper.subs(HI, lo + tile_symbol("BLOCK_M") - 1) + 1)
     return start, stop
 
 

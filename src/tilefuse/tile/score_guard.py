@@ -32,7 +32,7 @@ import sympy
 
 from ..fusion.masking import score_scale
 from ..fusion.plan import KernelPlan, StageKind
-from ..ir.symbolic import unravel_sym
+from ..ir.symbolic import smin, unravel_sym
 from ..ir import dtypes as dt
 from ..ir.expr import Const, Index, Load, Var, binary, cast, where
 from ..ir.graph import Graph
@@ -157,7 +157,7 @@ def lower_guard(graph: Graph, plan: KernelPlan, options: LoweringOptions, summar
     kk_ok = bound_check(b, kk, DK, dk, "kkmask")
     running = Var(b.fresh("kmax"), dt.float32)
     b.emit(Full(running.name, (1, 1), 0.0, dt.float32))
-    loop = For("joffset", Index(pid_k * KEY_CHUNK), Index(sympy.Min(sympy.sympify(N), (pid_k + 1) * KEY_CHUNK)),
+    loop = For("joffset", Index(pid_k * KEY_CHUNK), Index(smin(sympy.sympify(N), (pid_k + 1) * KEY_CHUNK)),
                "BLOCK_N")
     b.emit(loop)
     b.push_block(loop.body)
