@@ -21,7 +21,7 @@ forward0`, holds its kernels'.) Kernels the compiler derives from a plan add a s
 `forward_3fa2c1_extern_convolution_buf3`.
 
 The planner names its plans `kernel<N>` while it works and its decisions say so; `name_kernels`
-gives the final names once the plans are complete, and `rename_text` rewrites those decisions.
+gives the final names once the plans are complete, and `renamer` rewrites those decisions.
 """
 from __future__ import annotations
 
@@ -121,13 +121,15 @@ def name_kernels(graph: Graph, steps: list, inlined: set, planned: dict) -> dict
     return mapping
 
 
-def rename_text(text: str, mapping: dict) -> str:
-    """`text` with every provisional kernel name of `mapping` (a whole word) replaced."""
+def renamer(mapping: dict):
+    """A function of a text: the text with every provisional kernel name of `mapping` (a whole
+    word) replaced. (One pattern for all the texts of a graph: built per text, it cost a
+    second per training graph.)"""
     if not mapping:
-        return text
+        return lambda text: text
     names = sorted(mapping, key=len, reverse=True)
     pattern = re.compile(r"\b(?:" + "|".join(re.escape(n) for n in names) + r")\b")
-    return pattern.sub(lambda m: mapping[m.group(0)], text)
+    return lambda text: pattern.sub(lambda m: mapping[m.group(0)], text)
 
 
-__all__ = ["kernel_name", "kind_label", "ops_part", "kernel_origin", "name_kernels", "rename_text", "MAX_OPS_CHARS"]
+__all__ = ["kernel_name", "kind_label", "ops_part", "kernel_origin", "name_kernels", "renamer", "MAX_OPS_CHARS"]

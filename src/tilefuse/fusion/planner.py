@@ -34,7 +34,7 @@ from .plan import Contraction, ExternStep, KernelPlan, PlanKind, GraphPlan, Stag
 from .flash import fuse_flash
 from .recompute import fuse_recomputed_scores
 from .moments import derive_moments
-from .naming import name_kernels, rename_text
+from .naming import name_kernels, renamer
 from .repair import NoRepair, derive_rolling_update
 from .schedule import schedule_passes
 
@@ -166,10 +166,10 @@ class Planner:
 
     def name_kernels(self, planned: dict) -> None:
         """Final kernel names (`fusion.naming`), in the plans and in what the decisions say."""
-        mapping = name_kernels(self.graph, self.steps, self.inliner.inlined, planned)
-        self.decisions = [rename_text(d, mapping) for d in self.decisions]
+        rename = renamer(name_kernels(self.graph, self.steps, self.inliner.inlined, planned))
+        self.decisions = [rename(d) for d in self.decisions]
         for k in self.kernels():
-            k.notes = [rename_text(n, mapping) for n in k.notes]
+            k.notes = [rename(n) for n in k.notes]
 
     def place_reduce(self, node: Reduce) -> None:
         body = self.inliner.body(node.name)
