@@ -27,7 +27,7 @@ import torch
 from . import logs, output_views
 from .compiler import CompileReport, compile_fx
 from .config import KNOBS, Options, config, resolve_options
-from .errors import CheckError, ConfigError, TilefuseError, TilefuseFallbackWarning, UnknownOptionError
+from .errors import CheckError, ConfigError, ProgramError, TilefuseError, TilefuseFallbackWarning, UnknownOptionError
 
 if TYPE_CHECKING:
     from .explanation import Explanation
@@ -107,6 +107,12 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, settings
                                           inference=inference)
     except (ConfigError, UnknownOptionError):
         raise  # the user's error, not ours: never an eager fallback
+    except ProgramError as err:  # the program's own error: eager raises it when the graph runs
+        report = CompileReport(name, graph_ir=f"(runs as written: {err})")
+        report.runs_as_written = str(err)
+        _record(report, gm, settings, options)
+        logs.log("graph", "%s runs as written: %s (eager raises this when it runs)", name, err)
+        return _boxed(gm.forward)
     except Exception as err:  # noqa: BLE001 - every failure falls back or raises clearly
         report = CompileReport(name, graph_ir=f"(compilation failed: {type(err).__name__}: {err})")
         report.failure = f"{type(err).__name__}: {err}"

@@ -79,6 +79,7 @@ class CompileReport:
     stage_seconds: dict = field(default_factory=dict)
     plans: str = ""  # the kernel plans as text (GraphPlan.describe)
     failure: str = ""  # why compilation failed (the graph then ran as the fallback knob says)
+    runs_as_written: str = ""  # the program's own error found while compiling (`ProgramError`)
     settings: dict = field(default_factory=dict)  # the options it was compiled with
     tuning: dict = field(default_factory=dict)  # how plans got their schedule: source -> count
     tune_phases: dict = field(default_factory=dict)  # the tune stage's seconds by phase (`TuneOutcome.phases`)

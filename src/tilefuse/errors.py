@@ -12,7 +12,7 @@ from __future__ import annotations
 __all__ = [
     "TilefuseError", "TilefuseFallbackWarning", "ConfigError", "ConfigWarning", "UnknownOptionError",
     "CheckError", "IndexCheckError", "OutOfRangeIndexError", "OutOfRangeRuntimeError", "DivisionByZeroError",
-    "CacheWarning",
+    "ProgramError", "CacheWarning",
 ]
 
 
@@ -73,6 +73,13 @@ class OutOfRangeRuntimeError(IndexCheckError, RuntimeError, IndexError):
 class DivisionByZeroError(CheckError, RuntimeError):
     """An integer division or remainder by zero on CPU tensors: a `RuntimeError` whose message
     is eager's, "ZeroDivisionError" (the kernel that found it is in the exception's notes)."""
+
+
+class ProgramError(Exception):
+    """Found while compiling: the graph does what eager PyTorch refuses when it runs (a scalar
+    its tensor's type cannot hold, as in `uint8_tensor.masked_fill(m, 300)`). The graph then
+    runs as written, so the caller gets eager's own error at the point eager raises it — not a
+    tilefuse failure, and no fallback warning."""
 
 
 # ------------------------------------------------------------------------------ the disk cache

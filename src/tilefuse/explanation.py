@@ -145,6 +145,8 @@ class Explanation:
         failure = getattr(r, "failure", "")
         if failure:
             out.append(f"  compilation failed: {failure} (the graph ran as the fallback knob says)")
+        if getattr(r, "runs_as_written", ""):
+            out.append(f"  runs as written: {r.runs_as_written} (eager PyTorch raises this error when the graph runs)")
         if getattr(r, "cuda_graphs", ""):
             out.append(f"  CUDA graphs: {r.cuda_graphs}")
         for formula in getattr(r, "index_formulas", ()):

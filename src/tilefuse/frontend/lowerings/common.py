@@ -162,6 +162,41 @@ def round_scalar(value, dtype: DType):
     return torch.tensor(value, dtype=torch_dtype(dtype)).item()
 
 
+#: the C++ names eager's overflow message gives each type
+_C_NAMES = {"uint8": "uint8_t", "int8": "int8_t", "int16": "int16_t", "int32": "int", "int64": "int64_t",
+            "float16": "c10::Half", "bfloat16": "c10::BFloat16", "float32": "float", "float64": "double"}
+
+
+def check_scalar_fits(value, dtype: DType) -> None:
+    """Raise `ProgramError` where eager refuses to convert the scalar `value` to `dtype` (c10's
+    `checked_convert`, as `fill_`, `full`, `masked_fill`, `clamp` and `add`'s alpha do): an
+    integer outside the type's range (an unsigned type also takes negatives down to −max, which
+    wrap), a float beyond a float type's finite range (infinities and NaN pass), and for an
+    integer type any float outside its range, infinities and NaN included. Bools take anything.
+    Other ops (`x + 300`, comparisons) wrap silently in eager too: `wrap_int`."""
+    from ...errors import ProgramError
+
+    value = py(value)
+    if dtype.is_bool or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return  # (a symbolic value is checked by nothing: eager sees only its run-time value)
+    if dtype.is_int:
+        info = torch.iinfo(torch_dtype(dtype))
+        if isinstance(value, int):
+            low = -info.max if info.min == 0 else info.min
+            bad = value > info.max or value < low
+        else:
+            bad = math.isnan(value) or not info.min <= value <= info.max
+    elif dtype.is_float and isinstance(value, float) and math.isfinite(value) and dtype != dt.float64:
+        info = torch.finfo(torch_dtype(dtype))
+        bad = not info.min <= value <= info.max
+    elif dtype.is_float and isinstance(value, int) and dtype != dt.float64:
+        bad = abs(value) > torch.finfo(torch_dtype(dtype)).max
+    else:
+        bad = False
+    if bad:
+        raise ProgramError(f"value cannot be converted to type {_C_NAMES.get(dtype.name, dtype.name)} without overflow")
+
+
 def wrap_int(value: int, dtype: DType) -> int:
     """`value` as a `dtype` integer holds it: PyTorch casts an integer scalar operand to the
     tensor's integer type with wrap-around (`uint8_tensor == -1` compares with 255, `> 300` with

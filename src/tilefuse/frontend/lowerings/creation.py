@@ -11,14 +11,18 @@ import torch
 from ...ir import dtypes as dt
 from ...ir.expr import Index, binary, cast
 from ..registry import lowering
-from .common import out_shape, overloads, pointwise, py, scalar, sym
+from .common import check_scalar_fits, out_shape, overloads, pointwise, py, scalar, sym
 
 aten = torch.ops.aten
 prims = torch.ops.prims
 
 
-def fill(ctx, value):
+def fill(ctx, value, checked: bool = True):
+    """A tensor of `value`; `checked`: refused where eager refuses the value for the type
+    (`torch.full((2,), 300, dtype=torch.uint8)`)."""
     out = ctx.out_dtype
+    if checked:
+        check_scalar_fits(value, out)
     return pointwise(ctx, out_shape(ctx), out, lambda idx: scalar(value, out))
 
 
@@ -46,7 +50,8 @@ def ones(ctx, *args, **kwargs):
 
 @lowering(aten.scalar_tensor.default)
 def scalar_tensor(ctx, value, **kwargs):
-    return fill(ctx, value)
+    # eager's scalar_tensor checks integer types and fp32, not fp16/bf16 (which take `inf`)
+    return fill(ctx, value, checked=ctx.out_dtype.is_int or ctx.out_dtype == dt.float32)
 
 
 def _range(ctx, start, step):

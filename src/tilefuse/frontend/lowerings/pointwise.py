@@ -14,8 +14,8 @@ import torch
 from ...ir import dtypes as dt
 from ...ir.expr import Binary, Expr, Where, binary, cast, const, unary, where
 from ..registry import Unsupported, lowering
-from .common import (broadcast_load, copy_of, elementwise, finfo, is_scalar_value, is_tensor, out_shape,
-                     pointwise, promoted_dtype, py, scalar)
+from .common import (broadcast_load, check_scalar_fits, copy_of, elementwise, finfo, is_scalar_value, is_tensor,
+                     out_shape, pointwise, promoted_dtype, py, scalar)
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -152,6 +152,7 @@ def relu(ctx, x):
 
 def _add_sub(op):
     def lower(ctx, a, b, alpha=1):
+        check_scalar_fits(alpha, ctx.out_dtype)
         if is_scalar_value(alpha, 1):
             return elementwise(ctx, (a, b), lambda x, y: binary(op, x, y))
         return elementwise(ctx, (a, b), lambda x, y: binary(op, x, binary("mul", y, lit(py(alpha), y))))
@@ -369,6 +370,8 @@ def where_(ctx, cond, a, b):
 
 @lowering(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
 def masked_fill(ctx, x, mask, value):
+    if not is_tensor(value):
+        check_scalar_fits(value, ctx.out_dtype)
     return where_(ctx, mask, value, x)
 
 
@@ -383,6 +386,9 @@ def clamp_expr(v: Expr, lo, hi) -> Expr:
 
 @lowering(aten.clamp.default, aten.clamp.Tensor)
 def clamp(ctx, x, min=None, max=None):
+    for bound in (min, max):
+        if bound is not None and not is_tensor(bound):
+            check_scalar_fits(bound, ctx.out_dtype)
     operands = [x] + [b for b in (min, max) if b is not None]
 
     def body(v, *bounds):

@@ -1,0 +1,88 @@
+"""Scalars a tensor's type cannot hold: where eager PyTorch refuses them (`fill_`, `full`,
+`masked_fill`, `clamp`, `add`'s alpha, `scalar_tensor` for `where`), the compiled program raises
+eager's own error; where eager takes them (an unsigned type takes negatives down to −max, a
+float type takes infinities and NaN), the compiled program computes what eager computes.
+
+The oracle is eager PyTorch running the graph tilefuse is given: AOTAutograd's trace with
+tilefuse's decompositions, run op by op. (The trace may already have converted a scalar: fp16's
+`masked_fill(m, 1e5)`, which eager refuses, is traced as `scalar_tensor(1e5, dtype=float16)`,
+which eager takes; every backend of `torch.compile` sees the latter.) Each case is compared
+with that run, never with a hard-coded verdict."""
+import random
+
+import pytest
+import torch
+from torch._dynamo.backends.common import aot_autograd
+
+import tilefuse
+from tilefuse.api import _decompositions
+
+MASK = torch.tensor([True, False, True, False, False])
+OPS = {
+    "masked_fill": lambda x, v: x.masked_fill(MASK, v),
+    "full": lambda x, v: torch.full((5,), v, dtype=x.dtype) + x,
+    "fill_": lambda x, v: x.clone().fill_(v),
+    "clamp_max": lambda x, v: x.clamp(max=v),
+    "add_alpha": lambda x, v: torch.add(x, x, alpha=v),
+    "where": lambda x, v: torch.where(MASK, x, v),
+}
+DTYPES = [torch.uint8, torch.int8, torch.int32, torch.float16, torch.bfloat16, torch.float32]
+VALUES = [300, -1, -255, -256, 2 ** 40, 1.5, -1.0, 1e5, 1e39, float("inf"), float("nan")]
+
+
+def _run(fn, x, v):
+    try:
+        return fn(x, v), None
+    except RuntimeError as err:
+        return None, str(err).splitlines()[0]
+
+
+def _traced_eager(fn):
+    """`fn` as the graph tilefuse would be given, run eagerly op by op."""
+    torch._dynamo.reset()
+    return torch.compile(fn, backend=aot_autograd(fw_compiler=lambda gm, _: gm.forward, decompositions=_decompositions()))
+
+
+def _cases(op):
+    """Every dtype with up to four values drawn afresh: two eager refuses for overflow and two
+    it takes, where there are such (values eager refuses for another reason, as a float alpha
+    for an integer tensor, are left out: tracing refuses them before tilefuse sees the graph)."""
+    rng = random.Random()
+    out = []
+    for dtype in DTYPES:
+        x = torch.tensor([3, 0, 7, 1, 2]).to(dtype)
+        errors = {v: _run(_traced_eager(OPS[op]), x, v)[1] for v in VALUES}
+        refused = [v for v in VALUES if errors[v] is not None and "without overflow" in errors[v]]
+        taken = [v for v in VALUES if errors[v] is None]
+        picked = rng.sample(refused, min(2, len(refused))) + rng.sample(taken, min(2, len(taken)))
+        out += [(dtype, v) for v in picked]
+    return out
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_out_of_range_scalars_behave_as_in_eager(op):
+    fn = OPS[op]
+    for dtype, value in _cases(op):
+        x = torch.tensor([3, 0, 7, 1, 2]).to(dtype)
+        want, want_err = _run(_traced_eager(fn), x, value)
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, backend="tilefuse", options={"fallback": "error", "graph_cache": False})
+        got, got_err = _run(compiled, x, value)
+        where = f"{op}({dtype}, {value!r})"
+        if want_err is not None:
+            assert got_err is not None and "without overflow" in got_err, f"{where}: eager raised {want_err!r}, got {got}"
+            assert got_err == want_err, where
+        else:
+            assert got_err is None, f"{where}: eager gave {want}, compiled raised {got_err!r}"
+            # (bf16/fp16 `x + alpha·y` may round its product before the sum in eager's CPU kernel)
+            torch.testing.assert_close(got, want, equal_nan=True, atol=0, rtol=2 ** -7, msg=where)
+
+
+def test_the_error_is_explained_and_needs_no_fallback():
+    x = torch.tensor([3, 0, 7], dtype=torch.uint8)
+    torch._dynamo.reset()
+    fn = lambda x: x.masked_fill(x > 2, 300)  # noqa: E731
+    with pytest.raises(RuntimeError, match="uint8_t without overflow"):
+        torch.compile(fn, backend="tilefuse", options={"fallback": "error"})(x)
+    text = str(tilefuse.last_compilations(1))
+    assert "runs as written: value cannot be converted to type uint8_t without overflow" in text
