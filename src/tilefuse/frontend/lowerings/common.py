@@ -163,34 +163,37 @@ def round_scalar(value, dtype: DType):
 
 
 #: the C++ names eager's overflow message gives each type
-_C_NAMES = {"uint8": "uint8_t", "int8": "int8_t", "int16": "int16_t", "int32": "int", "int64": "int64_t",
-            "float16": "c10::Half", "bfloat16": "c10::BFloat16", "float32": "float", "float64": "double"}
+_C_NAMES = {"uint8": "uint8_t", "uint16": "uint16_t", "uint32": "uint32_t", "uint64": "uint64_t", "int8": "int8_t",
+            "int16": "int16_t", "int32": "int", "int64": "int64_t", "float32": "float"}
 
 
 def check_scalar_fits(value, dtype: DType) -> None:
     """Raise `ProgramError` where eager refuses to convert the scalar `value` to `dtype` (c10's
-    `checked_convert`, as `fill_`, `full`, `masked_fill`, `clamp` and `add`'s alpha do): an
-    integer outside the type's range (an unsigned type also takes negatives down to −max, which
-    wrap), a float beyond a float type's finite range (infinities and NaN pass), and for an
-    integer type any float outside its range, infinities and NaN included. Bools take anything.
-    Other ops (`x + 300`, comparisons) wrap silently in eager too: `wrap_int`."""
+    `checked_convert`, as `fill_`, `full`, `masked_fill`, `clamp`, `hardtanh` and `add`'s alpha
+    do). For an integer type: an integer outside its range (an unsigned type also takes
+    negatives down to −max, which wrap) or a float outside it, compared in double as c10 does
+    (infinities and NaN included). For fp32: a finite value beyond its range. Eager wraps other
+    scalars silently (`x + 300`, comparisons: `wrap_int`).
+
+    Not checked, so the value converts as IEEE says (to ±inf): fp16 and bf16, where eager's
+    verdict depends on the device and the size (CPU fills a one-element tensor without the
+    check, CUDA clamps fp16 by a float bound), and symbolic values, which eager sees only as
+    numbers at run time."""
     from ...errors import ProgramError
 
     value = py(value)
     if dtype.is_bool or isinstance(value, bool) or not isinstance(value, (int, float)):
-        return  # (a symbolic value is checked by nothing: eager sees only its run-time value)
+        return
     if dtype.is_int:
         info = torch.iinfo(torch_dtype(dtype))
         if isinstance(value, int):
             low = -info.max if info.min == 0 else info.min
             bad = value > info.max or value < low
         else:
-            bad = math.isnan(value) or not info.min <= value <= info.max
-    elif dtype.is_float and isinstance(value, float) and math.isfinite(value) and dtype != dt.float64:
-        info = torch.finfo(torch_dtype(dtype))
-        bad = not info.min <= value <= info.max
-    elif dtype.is_float and isinstance(value, int) and dtype != dt.float64:
-        bad = abs(value) > torch.finfo(torch_dtype(dtype)).max
+            bad = math.isnan(value) or value < float(info.min) or value > float(info.max)
+    elif dtype == dt.float32:
+        big = float(torch.finfo(torch.float32).max)
+        bad = abs(value) > big if isinstance(value, int) else math.isfinite(value) and abs(value) > big
     else:
         bad = False
     if bad:

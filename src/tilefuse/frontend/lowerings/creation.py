@@ -17,12 +17,11 @@ aten = torch.ops.aten
 prims = torch.ops.prims
 
 
-def fill(ctx, value, checked: bool = True):
-    """A tensor of `value`; `checked`: refused where eager refuses the value for the type
+def fill(ctx, value):
+    """A tensor of `value`, refused where eager refuses the value for the type
     (`torch.full((2,), 300, dtype=torch.uint8)`)."""
     out = ctx.out_dtype
-    if checked:
-        check_scalar_fits(value, out)
+    check_scalar_fits(value, out)
     return pointwise(ctx, out_shape(ctx), out, lambda idx: scalar(value, out))
 
 
@@ -50,8 +49,7 @@ def ones(ctx, *args, **kwargs):
 
 @lowering(aten.scalar_tensor.default)
 def scalar_tensor(ctx, value, **kwargs):
-    # eager's scalar_tensor checks integer types and fp32, not fp16/bf16 (which take `inf`)
-    return fill(ctx, value, checked=ctx.out_dtype.is_int or ctx.out_dtype == dt.float32)
+    return fill(ctx, value)
 
 
 def _range(ctx, start, step):

@@ -19,8 +19,8 @@ from ...ir.expr import Expr, binary, cast, unary, where
 from ...ir.monoid import MAX, SUM
 from ..registry import Unsupported, lowering
 from ..values import TensorValue, ViewValue
-from .common import (broadcast_load, canonical_dim, elementwise, meta_dtype, meta_shape, pointwise, py,
-                     scalar)
+from .common import (broadcast_load, canonical_dim, check_scalar_fits, elementwise, meta_dtype, meta_shape,
+                     pointwise, py, scalar)
 from .pointwise import clamp_expr, lit
 from .reductions import Plan, reduce_value, var_value
 
@@ -60,6 +60,8 @@ def mish(ctx, x):
 
 @lowering(aten.hardtanh.default)
 def hardtanh(ctx, x, min_val=-1.0, max_val=1.0):
+    for bound in (min_val, max_val):
+        check_scalar_fits(bound, ctx.out_dtype)  # (as clamp's bounds)
     return elementwise(ctx, (x,), lambda v: clamp_expr(v, py(min_val), py(max_val)))
 
 
