@@ -169,11 +169,11 @@ _C_NAMES = {"uint8": "uint8_t", "uint16": "uint16_t", "uint32": "uint32_t", "uin
 
 def check_scalar_fits(value, dtype: DType) -> None:
     """Raise `ProgramError` where eager refuses to convert the scalar `value` to `dtype` (c10's
-    `checked_convert`, as `fill_`, `full`, `masked_fill`, `clamp`, `hardtanh` and `add`'s alpha
-    do). For an integer type: an integer outside its range (an unsigned type also takes
-    negatives down to −max, which wrap) or a float outside it, compared in double as c10 does
-    (infinities and NaN included). For fp32: a finite value beyond its range. Eager wraps other
-    scalars silently (`x + 300`, comparisons: `wrap_int`).
+    `checked_convert`, as `fill_`, `full`, `masked_fill`, `clamp`, `hardtanh`, `add`'s alpha and
+    an integer tensor's `pow` exponent do). For an integer type: an integer outside its range
+    (an unsigned type also takes negatives down to −max, which wrap) or a float outside it,
+    compared in double as c10 does (infinities and NaN included). For fp32: a finite value
+    beyond its range. Eager wraps other scalars silently (`x + 300`, comparisons: `wrap_int`).
 
     Not checked, so the value converts as IEEE says (to ±inf): fp16 and bf16, where eager's
     verdict depends on the device and the size (CPU fills a one-element tensor without the

@@ -11,6 +11,7 @@ import math
 
 import torch
 
+from ...errors import ProgramError
 from ...ir import dtypes as dt
 from ...ir.expr import Binary, Expr, Where, binary, cast, const, unary, where
 from ..registry import Unsupported, lowering
@@ -241,6 +242,10 @@ def pow_expr(x: Expr, e) -> Expr:
 @lowering(aten.pow.Tensor_Scalar)
 def pow_tensor_scalar(ctx, x, exponent):
     exponent = py(exponent)
+    if ctx.out_dtype.is_int and isinstance(exponent, int) and not isinstance(exponent, bool):
+        if exponent < 0:  # (eager's own refusal, for every integer type)
+            raise ProgramError("Integers to negative integer powers are not allowed.")
+        check_scalar_fits(exponent, ctx.out_dtype)  # (uint8 ** 300 is refused as well)
     if is_scalar_value(exponent, 1) and ctx.out_dtype == x.dtype:
         return copy_of(ctx, x)
     if isinstance(exponent, (int, float)):
