@@ -123,8 +123,8 @@ def name_kernels(graph: Graph, steps: list, inlined: set, planned: dict) -> dict
 
 def renamer(mapping: dict):
     """A function of a text: the text with every provisional kernel name of `mapping` (a whole
-    word) replaced. (One pattern for all the texts of a graph: built per text, it cost a
-    second per training graph.)"""
+    word) replaced. (One pattern for all the texts of a graph: built per text, it cost
+    0.2 s of a training graph's planning.)"""
     if not mapping:
         return lambda text: text
     names = sorted(mapping, key=len, reverse=True)

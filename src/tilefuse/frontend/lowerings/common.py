@@ -13,6 +13,7 @@ import sympy
 import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
+from ...errors import ProgramError
 from ...ir import dtypes as dt
 from ...ir.dtypes import DType
 from ...ir.expr import Expr, Index, as_expr, cast, const, out_index, red_index, transform
@@ -179,8 +180,6 @@ def check_scalar_fits(value, dtype: DType) -> None:
     verdict depends on the device and the size (CPU fills a one-element tensor without the
     check, CUDA clamps fp16 by a float bound), and symbolic values, which eager sees only as
     numbers at run time."""
-    from ...errors import ProgramError
-
     value = py(value)
     if dtype.is_bool or isinstance(value, bool) or not isinstance(value, (int, float)):
         return
