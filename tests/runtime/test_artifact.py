@@ -25,10 +25,16 @@ def roundtrip(value):
 
 
 def _tree(e):
-    """A sympy tree's nodes in order, each as its type and, for a leaf, its value (not srepr:
-    it prints a symbol's assumptions in the order of whichever equal symbol sympy cached first,
-    which depends on the tests run before)."""
-    return [(type(n), n if not n.args else None) for n in sympy.preorder_traversal(e)]
+    """A sympy tree as nested (type, children) pairs, each leaf with its value (not srepr: it
+    prints a symbol's assumptions in the order of whichever equal symbol sympy cached first,
+    which depends on the tests run before). Min, Max, And and Or hold their arguments as a set and list
+    them in an order that depends on the same cache, so their children compare as a multiset."""
+    if not e.args:
+        return (type(e), e)
+    children = [_tree(a) for a in e.args]
+    if isinstance(e, sympy.core.operations.LatticeOp):
+        children.sort(key=repr)
+    return (type(e), tuple(children))
 
 
 def test_plain_values():
