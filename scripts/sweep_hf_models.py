@@ -13,13 +13,13 @@ Found on 2026-12-05: Swin's patch merging read wrong rows (sympy's Mod rewrite, 
 `ir.symbolic.Mod`); every other model here matched eager.
 """
 import sys
-import time
 import warnings
 
 import torch
 import transformers
 
 import tilefuse
+from model_check import compare, sweep
 
 W = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=97)
 
@@ -151,43 +151,10 @@ def run(name, train, dynamic=False):
         sizes = [(2, 11), (3, 11), (5, 11)]
     messages, ok = [], True
     for B, T in sizes:
-        size_ok, msg = _check(model, ref, dtype, compiled, train, inputs_for(name, B, T))
+        size_ok, msg = compare(model, ref, dtype, compiled, train, inputs_for(name, B, T), first)
         ok = ok and size_ok
         messages.append((f"B{B} T{T}: " if dynamic else "") + msg)
     return ok, "; ".join(messages)
-
-
-def _check(model, ref, dtype, compiled, train, inputs):
-    model.zero_grad(set_to_none=True)
-    ref.zero_grad(set_to_none=True)
-    ref_inputs = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in inputs.items()}
-    with torch.set_grad_enabled(train):
-        out = first(compiled(**inputs))
-        expected = first(ref(**ref_inputs))
-        with torch.no_grad():
-            eager = first(model(**inputs))
-    err = (out.double() - expected).abs().max().item()
-    eager_err = (eager.double() - expected).abs().max().item()
-    msg = f"out err {err:.2e} (eager {eager_err:.2e})"
-    ok = err <= max(4 * eager_err, 1e-5)
-    if train:
-        out.double().square().mean().backward()
-        expected.square().mean().backward()
-        scale = max(q.grad.abs().max().item() for q in ref.parameters() if q.grad is not None)
-        worst, worst_name = 0.0, None
-        for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
-            if p.grad is None and q.grad is None:
-                continue
-            if p.grad is None or q.grad is None:
-                ok = False
-                msg += f"; no gradient for {n}"
-                continue
-            d = (p.grad.double() - q.grad.double()).abs().max().item() / scale
-            if d > worst:
-                worst, worst_name = d, n
-        msg += f"; worst gradient error {worst:.2e} of the largest ({worst_name})"
-        ok = ok and worst < 1e-4
-    return ok, msg
 
 
 def main():
@@ -196,15 +163,7 @@ def main():
     names = args[0].split(",") if args and args[0] != "all" else list(CASES)
     modes = args[1].split(",") if len(args) > 1 else ["infer", "train"]
     warnings.simplefilter("ignore")
-    for name in names:
-        for mode in modes:
-            t = time.perf_counter()
-            try:
-                ok, msg = run(name, mode == "train", dynamic)
-                status = "OK  " if ok else "BAD "
-            except Exception as err:  # noqa: BLE001 - every model is tried and reported
-                status, msg = "FAIL", f"{type(err).__name__}: {str(err)[:300]}"
-            print(f"{status} {name:10s} {mode:5s} {time.perf_counter() - t:5.1f}s {msg}", flush=True)
+    sweep(names, modes, lambda name, train: run(name, train, dynamic))
 
 
 if __name__ == "__main__":

@@ -379,15 +379,8 @@ def _verify(name, gm, compiled, report, args, out, state, options: Options, befo
     copies of them, never on the program's own tensors)."""
     from .verify_mode import verify_graph
 
-    if before:
-        ref_args = list(args)
-        for k, t in before.items():
-            ref_args[k] = t.clone()
-        args_for_check = ref_args
-    else:
-        args_for_check = args
     try:
-        result = verify_graph(name, gm.forward, compiled, args_for_check, out, report)
+        result = verify_graph(name, gm.forward, compiled, args, out, report, before)
     except Exception as err:  # noqa: BLE001 - a broken check must not break the program
         logs.log("runtime", "verify of %s could not run: %s: %s", name, type(err).__name__, err)
         return out

@@ -151,11 +151,11 @@ def find_diverging_kernel(compiled, args, report=None) -> KernelDivergence | Non
                 snapshots[n] = _cpu(buffers[n])
         order.append((k, step))
 
+    base = _initial_buffers(graph, args)  # before the run: it may write its inputs
     compiled.run(list(args), on_step=record)
     env = bind_symbols(graph, args)
-    base = _initial_buffers(graph, args)
     try:
-        whole = evaluate_nodes(graph, list(graph.nodes), base, env)
+        whole = evaluate_nodes(graph, list(graph.nodes), {k: _cpu(v) for k, v in base.items()}, env)  # (writes inputs)
     except Exception:  # noqa: BLE001 - only used for the report's second figure
         whole = {}
     kernels = {k.name: k for k in (report.kernels if report is not None else [])}
@@ -186,13 +186,23 @@ def find_diverging_kernel(compiled, args, report=None) -> KernelDivergence | Non
     return None
 
 
-def verify_graph(name: str, eager_fn, compiled, args, out, report=None) -> VerifyResult:
-    """Apply the fp64 rule to `out` (the compiled outputs for `args`) against `eager_fn` (the
-    captured ATen graph run eagerly); on a mismatch, find the first diverging kernel."""
+def _as_found(args, before: dict | None) -> list:
+    """The call's inputs with each input the graph writes replaced by a fresh copy of its value
+    before the call (`before`: position -> that value), so every run starts where it did."""
     args = list(args)
-    eager = eager_fn(*args)
+    for k, t in (before or {}).items():
+        args[k] = t.clone()
+    return args
+
+
+def verify_graph(name: str, eager_fn, compiled, args, out, report=None, before: dict | None = None) -> VerifyResult:
+    """Apply the fp64 rule to `out` (the compiled outputs for `args`) against `eager_fn` (the
+    captured ATen graph run eagerly); on a mismatch, find the first diverging kernel.
+    `before`: copies of the inputs the graph writes, as the call found them; the eager, fp64
+    and bisecting runs each start from those (never from the program's own tensors)."""
+    eager = eager_fn(*_as_found(args, before))
     try:
-        ref = eager_fn(*to_fp64(args))
+        ref = eager_fn(*to_fp64(_as_found(args, before)))
     except Exception:  # noqa: BLE001 - some graphs cannot run in fp64 (dtype-specific ops)
         ref = None
     mismatch = compare_outputs(out, eager, ref)
@@ -203,7 +213,7 @@ def verify_graph(name: str, eager_fn, compiled, args, out, report=None) -> Verif
         result.note = "(this compiled graph cannot be bisected)"
         return result
     try:
-        result.divergence = find_diverging_kernel(compiled, args, report)
+        result.divergence = find_diverging_kernel(compiled, _as_found(args, before), report)
     except Exception as err:  # noqa: BLE001 - the report must not hide the mismatch
         result.note = f"(bisecting the kernels failed: {type(err).__name__}: {err})"
         return result

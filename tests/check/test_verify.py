@@ -64,6 +64,24 @@ def test_names_the_first_diverging_kernel(kernel, nodes, monkeypatch):
     assert "  from test_verify.py:" in msg and "torch.relu(x @ w)" in msg, msg
 
 
+def counted(x, w, calls):
+    calls.add_(1)  # as a batch norm counts its batches in training: the graph writes an input
+    return torch.relu(x @ w).sum(0) * 2
+
+
+def test_an_input_the_graph_writes_is_read_as_it_was_before_the_call(monkeypatch):
+    """The bisection replays the kernels from the inputs as the call found them: a graph that
+    increments an input is not reported as diverging at the increment (it was, reading the
+    input after the compiled call had written it), but at the kernel that is wrong."""
+    _miscompile(monkeypatch, r"forward_[0-9a-f]{6}_red_relu_sum_mul_\d")
+    torch._dynamo.reset()
+    calls = torch.tensor(7)
+    with tilefuse.config.patch(verify=True, fallback="error"), pytest.raises(TilefuseError) as info:
+        torch.compile(counted, backend="tilefuse")(*_args(), calls)
+    msg = str(info.value)
+    assert re.search(r"first diverging kernel: forward_[0-9a-f]{6}_red_relu_sum_mul_\d ", msg), msg
+
+
 def test_eager_mode_warns_and_returns_eager_results(monkeypatch):
     _miscompile(monkeypatch, REDUCTION, delta=5.0)
     torch._dynamo.reset()
