@@ -167,3 +167,34 @@ def test_plans_are_not_merged_when_one_reads_the_other_through_its_score_factors
     assert "one kernel with" not in "\n".join(report.reports[0].decisions), str(report)
     torch._dynamo.reset()
     _close_to_fp64(fn, args, torch.float32)
+
+
+def test_deep_chains_read_twice_are_sized_without_walking_them_as_trees():
+    """A chain of pointwise nodes each reading the one before twice (a residual stream's
+    gradient) is a tree of 2^80 nodes when its producers are substituted: the recompute pass
+    sizes it by names (`_expanded_ops`), and every walk that needs a set or a bound stops early
+    (a ResMLP training step spent minutes counting such a tree)."""
+    from irgraphs import GraphBuilder
+
+    from tilefuse.fusion.recompute import _expanded_ops
+    from tilefuse.ir import dtypes as dt
+    from tilefuse.ir.expr import count_ops, free_symbols, walk_unique
+
+    g = GraphBuilder()
+    v = g.input("x", (5,))
+    for k in range(80):
+        prev = v
+        v = g.ctx.pointwise((5,), dt.float32, lambda i, p=prev, k=k: p.load(i) * p.load(i) + float(k))
+    last = g.graph[v.name].body
+    sizes = {}
+    assert _expanded_ops(last, g.graph, sizes, limit=160) == 161
+    first = g.graph.nodes[list(g.graph.nodes)[1]]  # x * x + 0: two ops
+    assert _expanded_ops(first.body, g.graph, {}) == 2
+    second = g.graph.nodes[list(g.graph.nodes)[2]]  # (x*x+0) * (x*x+0) + 1: 2 + 2·2
+    assert _expanded_ops(second.body, g.graph, {}) == 6
+
+    from tilefuse.fusion.recompute import _expand
+    whole = _expand(last, g.graph)  # a DAG: shared subtrees are the same objects
+    assert count_ops(whole, limit=1000) == 1001
+    assert len(list(walk_unique(whole))) < 80 * 8
+    assert free_symbols(whole)  # (its index symbols, found visiting each node once)

@@ -324,6 +324,21 @@ def walk(e: Expr) -> Iterator[Expr]:
         stack.extend(reversed(node.children()))
 
 
+def walk_unique(e: Expr) -> Iterator[Expr]:
+    """Pre-order traversal visiting each node object once: an expression whose producers were
+    substituted shares its subtrees, and walked as a tree it can be exponentially large (a
+    residual MLP's backward took minutes)."""
+    seen: set = set()
+    stack = [e]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        yield node
+        stack.extend(reversed(node.children()))
+
+
 def transform(e: Expr, fn: Callable[[Expr], Expr | None], memo: dict | None = None) -> Expr:
     """Bottom-up rewrite. `fn` sees a node whose children are already rewritten and returns
     a replacement or None to keep it."""
@@ -411,14 +426,22 @@ def buffers_read(e: Expr) -> set[str]:
 
 def free_symbols(e: Expr) -> set[sympy.Symbol]:
     out: set = set()
-    for n in walk(e):
+    for n in walk_unique(e):
         if isinstance(n, Index):
             out |= n.expr.free_symbols
     return out
 
 
-def count_ops(e: Expr) -> int:
-    return sum(1 for n in walk(e) if isinstance(n, (Unary, Binary, Where)))
+def count_ops(e: Expr, limit: int | None = None) -> int:
+    """The operations of `e` as a tree (a shared subtree counts at each use, as a kernel that
+    inlines it computes it); past `limit`, the count stops there and returns `limit + 1`."""
+    count = 0
+    for n in walk(e):
+        if isinstance(n, (Unary, Binary, Where)):
+            count += 1
+            if limit is not None and count > limit:
+                break
+    return count
 
 
 def index_symbol(prefix: str, k: int) -> sympy.Symbol:

@@ -131,7 +131,7 @@ def collapse_one_hot_sums(graph: Graph) -> Graph:
                 and node.body.dtype.is_float and _compares_for_equality(graph, node.body, compares)):
             continue
         expanded = _expanded(graph, node.body)
-        if count_ops(expanded) > MAX_OPS:
+        if count_ops(expanded, limit=MAX_OPS) > MAX_OPS:
             continue
         body = _collapsed(node, expanded)
         if body is not None:
