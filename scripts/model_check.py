@@ -6,11 +6,12 @@ import time
 import torch
 
 
-def compare(model, ref, dtype, compiled, train, inputs, first=lambda out: out):
+def compare(model, ref, dtype, compiled, train, inputs, first=lambda out: out, stats=None):
     """(ok, message) for one call: the output within a few times eager's error of the reference;
     in training, every parameter's gradient of mean(out²) within 1e-4 of the largest reference
     gradient (or a few times eager's own error, where batch statistics over few values make
-    the model ill-conditioned), and none missing."""
+    the model ill-conditioned), and none missing. `stats` (a dict), if given, receives the
+    worst gradient errors: "worst" (compiled) and "eager_worst"."""
     model.zero_grad(set_to_none=True)
     ref.zero_grad(set_to_none=True)
     ref_inputs = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in inputs.items()}
@@ -40,11 +41,14 @@ def compare(model, ref, dtype, compiled, train, inputs, first=lambda out: out):
                 msg += f"; no gradient for {n}"
                 continue
             d = (grads[n].double() - q.grad.double()).abs().max().item() / scale
-            eager_worst = max(eager_worst, (p.grad.double() - q.grad.double()).abs().max().item() / scale)
+            if p.grad is not None:
+                eager_worst = max(eager_worst, (p.grad.double() - q.grad.double()).abs().max().item() / scale)
             if d > worst:
                 worst, worst_name = d, n
         msg += f"; worst gradient error {worst:.2e} of the largest ({worst_name}; eager {eager_worst:.2e})"
         ok = ok and worst < max(1e-4, 4 * eager_worst)
+        if stats is not None:
+            stats.update(worst=worst, eager_worst=eager_worst)
     return ok, msg
 
 

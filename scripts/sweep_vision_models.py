@@ -7,7 +7,8 @@ missing is reported, not fatal).
     PYTHONPATH=src:scripts python scripts/sweep_vision_models.py [all|name,name,...] [infer,train]
 
 Names are `timm:<model>` or `tv:<model>`; `all` is the list below. A training step that misses
-on the first input is tried on three more draws (see `run`).
+on the first input is tried on three more draws and passes only where it passes them all and
+eager itself misses the bound on one of them (see `run`).
 
 Found on 2026-12-06: a ResMLP training step compiled for minutes (the recompute pass walked a
 residual chain's gradient as a tree; fixed); verify mode named a batch norm's counter as the
@@ -108,21 +109,26 @@ def run(name, train):
     compiled = tilefuse.compile(model, fallback="error")
     first = (lambda out: out[0] if isinstance(out, (tuple, list)) else out)
 
-    def check(seed):
+    def check(seed, stats=None):
         x = torch.randn(4, 3, size, size, generator=torch.Generator().manual_seed(seed))
-        return compare(model, ref, torch.float64, lambda x: compiled(x), train, {"x": x}, first)
+        return compare(model, ref, torch.float64, lambda x: compiled(x), train, {"x": x}, first, stats)
 
-    ok, msg = check(1)
-    if ok or not train:
+    first_stats: dict = {}
+    ok, msg = check(1, first_stats)
+    if ok or not train or "worst" not in first_stats:
         return ok, msg
     # A training step of ReLU-family activations after batch norms is ill-conditioned: a value
     # within rounding of the kink takes the other branch in one of the runs (fp32 or fp64),
-    # and the gradient behind it moves by a large step. Such a miss is judged on more draws:
-    # one where eager misses as badly and tilefuse does not is a boundary, not a bug.
-    again = [check(seed) for seed in (2, 3, 4)]
-    if all(good for good, _ in again):
-        return True, msg + "; on 3 more draws OK: " + " | ".join(m.split("; ", 1)[1] for _, m in again)
-    return False, msg + "; on more draws: " + " | ".join(m for _, m in again)
+    # and the gradient behind it moves by a large step. Such a miss is judged on three more
+    # draws: it is a boundary, not a bug, where tilefuse passes all of them and eager itself
+    # misses the oracle's bound (1e-4 of the largest gradient) on one of them.
+    stats = [{} for _ in range(3)]
+    again = [check(seed, st) for seed, st in zip((2, 3, 4), stats)]
+    eager_misses = max(st.get("eager_worst", 0.0) for st in stats)
+    detail = " | ".join(m.split("; ", 1)[1] for _, m in again)
+    if all(good for good, _ in again) and eager_misses >= 1e-4:
+        return True, msg + "; a boundary: on 3 more draws OK, eager missing as far: " + detail
+    return False, msg + "; on 3 more draws: " + detail
 
 
 def main():

@@ -169,32 +169,28 @@ def test_plans_are_not_merged_when_one_reads_the_other_through_its_score_factors
     _close_to_fp64(fn, args, torch.float32)
 
 
-def test_deep_chains_read_twice_are_sized_without_walking_them_as_trees():
+def test_deep_chains_read_twice_are_counted_without_walking_them_as_trees():
     """A chain of pointwise nodes each reading the one before twice (a residual stream's
-    gradient) is a tree of 2^80 nodes when its producers are substituted: the recompute pass
-    sizes it by names (`_expanded_ops`), and every walk that needs a set or a bound stops early
-    (a ResMLP training step spent minutes counting such a tree)."""
+    gradient) is a tree of 2^60 nodes once its producers are substituted, and a DAG of a few
+    hundred: the recompute pass expands it as the DAG, and every walk over it that needs a set
+    or a bound visits shared nodes once or stops early (a ResMLP training step spent minutes
+    counting such a tree)."""
     from irgraphs import GraphBuilder
 
-    from tilefuse.fusion.recompute import _expanded_ops
+    from tilefuse.fusion.recompute import _expand, _scores_in
     from tilefuse.ir import dtypes as dt
     from tilefuse.ir.expr import count_ops, free_symbols, walk_unique
 
     g = GraphBuilder()
     v = g.input("x", (5,))
-    for k in range(80):
+    for k in range(60):
         prev = v
         v = g.ctx.pointwise((5,), dt.float32, lambda i, p=prev, k=k: p.load(i) * p.load(i) + float(k))
-    last = g.graph[v.name].body
-    sizes = {}
-    assert _expanded_ops(last, g.graph, sizes, limit=160) == 161
-    first = g.graph.nodes[list(g.graph.nodes)[1]]  # x * x + 0: two ops
-    assert _expanded_ops(first.body, g.graph, {}) == 2
-    second = g.graph.nodes[list(g.graph.nodes)[2]]  # (x*x+0) * (x*x+0) + 1: 2 + 2·2
-    assert _expanded_ops(second.body, g.graph, {}) == 6
-
-    from tilefuse.fusion.recompute import _expand
-    whole = _expand(last, g.graph)  # a DAG: shared subtrees are the same objects
+    whole = _expand(g.graph[v.name].body, g.graph)
     assert count_ops(whole, limit=1000) == 1001
-    assert len(list(walk_unique(whole))) < 80 * 8
-    assert free_symbols(whole)  # (its index symbols, found visiting each node once)
+    nodes = list(walk_unique(whole))
+    assert len(nodes) < 60 * 8
+    assert sum(1 for n in nodes if type(n).__name__ == "Binary") == 120  # each link's mul and add, once
+    assert free_symbols(whole) and _scores_in(whole, g.graph) == set()
+    second = _expand(g.graph.nodes[list(g.graph.nodes)[2]].body, g.graph)  # (x*x+0)*(x*x+0)+1
+    assert count_ops(second) == 6 and count_ops(second, limit=3) == 4

@@ -23,8 +23,8 @@ from dataclasses import replace
 
 import sympy
 
-from ..ir.expr import Binary, Cast, Expr, Index, Load, Unary, Where, binary, count_ops, free_symbols, out_index, \
-    red_index, skip_intermediate_rounding, transform, walk, walk_unique
+from ..ir.expr import Cast, Expr, Index, Load, binary, count_ops, free_symbols, out_index, red_index, \
+    skip_intermediate_rounding, transform, walk, walk_unique
 from ..ir.graph import Graph, Pointwise, Scatter
 from ..ir.rewrite import substitute_index
 from .flash import K0, MAX_HELD, FlashInfo, Sibling, _static
@@ -42,10 +42,9 @@ def fuse_recomputed_scores(steps: list, graph: Graph, outputs: set, note) -> lis
     merged = {}  # original kernel -> its flash plan
     reach: dict = {}  # buffer -> whether a small product is read through pointwise nodes from it
     expanded: dict = {}  # `_weights`'s memo of expanded bodies
-    sizes: dict = {}  # buffer -> ops of its body with its pointwise producers substituted
     for k in [s for s in steps if isinstance(s, KernelPlan)]:
         if k.kind == PlanKind.CONTRACTION and k.flash is None:
-            plan = _try(k, graph, by_node, lambda msg: None, reach, expanded, sizes)
+            plan = _try(k, graph, by_node, lambda msg: None, reach, expanded)
             if plan is not None:
                 merged[k.name] = (k, plan)
     # recompute only where it removes the materialisation: a product whose score products
@@ -229,30 +228,6 @@ def _reaches_small_product(expr: Expr, graph: Graph, reach: dict) -> bool:
     return any(reaches(e.buffer) for e in walk_unique(expr) if isinstance(e, Load))
 
 
-def _expanded_ops(expr: Expr, graph: Graph, sizes: dict, limit: int = MAX_WEIGHT_OPS) -> int:
-    """The operations `_weights(expr)` will hold, counted by names alone (`sizes`: each
-    buffer's count, memoised, capped at `limit + 1`): every pointwise producer is substituted
-    at each of its reads, and only conversions differ (they are not counted)."""
-    def of(name: str) -> int:
-        if name not in sizes:
-            sizes[name] = 0  # (acyclic: never read while computed)
-            sizes[name] = count(graph[name].body)
-        return sizes[name]
-
-    def count(e: Expr) -> int:
-        total = 0
-        for n in walk(e):
-            if isinstance(n, (Unary, Binary, Where)):
-                total += 1
-            elif isinstance(n, Load) and isinstance(graph.nodes.get(n.buffer), Pointwise):
-                total += of(n.buffer)
-            if total > limit:
-                return limit + 1
-        return total
-
-    return count(expr)
-
-
 def _small_product(node) -> bool:
     return is_contraction_like(node) and len(node.ranges) == 1 and _static(node.ranges[0]) is not None \
         and _static(node.ranges[0]) <= MAX_HELD
@@ -292,8 +267,7 @@ def _keep_conversions(expanded: Expr, graph: Graph, memo: dict, depth: int = 0) 
     return transform(skip_intermediate_rounding(expanded), fn)
 
 
-def _try(out_k: KernelPlan, graph: Graph, by_node: dict, note, reach: dict, expanded: dict,
-         sizes: dict) -> KernelPlan | None:
+def _try(out_k: KernelPlan, graph: Graph, by_node: dict, note, reach: dict, expanded: dict) -> KernelPlan | None:
     con = out_k.contraction
     o_stage = out_k.stages[0]
     o_node = graph[o_stage.node]
@@ -312,10 +286,7 @@ def _try(out_k: KernelPlan, graph: Graph, by_node: dict, note, reach: dict, expa
         n_sym = outs[held]
         if _static(o_node.shape[held]) is None or _static(o_node.shape[held]) > MAX_HELD:
             return None
-        if _expanded_ops(factor, graph, sizes) > MAX_WEIGHT_OPS:
-            note(f"{o_node.name}: weights not recomputed: over {MAX_WEIGHT_OPS} ops")
-            return None  # (before expanding: expanded, a residual chain's weights can be huge)
-        weights = _weights(factor, graph, expanded)
+        weights = _weights(factor, graph, expanded)  # (a DAG: its walks below visit shared nodes once or stop early)
         names = sorted(_scores_in(weights, graph))
         ops = count_ops(weights, limit=MAX_WEIGHT_OPS)
         if len(names) > MAX_SCORES or ops > MAX_WEIGHT_OPS:
