@@ -78,6 +78,13 @@ SECONDS_PER_CANDIDATE = 0.04
 #: CPU seconds a candidate's compile costs (a Triton kernel: LLVM and ptxas, 0.5–2 s on an H200
 #: host; the compile workers share them out)
 COMPILE_S_PER_CANDIDATE = 1.0
+#: a candidate whose compile in a worker has run this many times as long as the longest finished
+#: compile of another candidate of its plan (and at least `STRAGGLER_MIN_S`) is left out: a
+#: kernel that compiles several times longer than its siblings is usually one whose registers
+#: spill (T5's decoder attention on an H100: its two candidates compiled in 3.3 s and 9.8 s, one
+#: of them with 4.4 KB of stack), and the plan's compile would wait for it
+STRAGGLER_FACTOR = 1.5
+STRAGGLER_MIN_S = 2.0
 #: at most this many samples per candidate (the bandit's bookkeeping grows with the samples, and a
 #: fast kernel would otherwise take thousands within the budget)
 SAMPLES_PER_CANDIDATE = {"1": 6, "max": 16}
@@ -617,6 +624,11 @@ class _Bench:
                 logs.log("tune", "%s: %d candidate(s) not built within %.0f s", self.plan.name, len(ranked) - k,
                          budget_s)
                 break
+            late = self._straggling(schedule, [s for _, s in ranked if s != schedule])
+            if late is not None:
+                failed.append((schedule, late))
+                logs.log("tune", "%s: candidate %s left out: %s", self.plan.name, describe(schedule), late)
+                continue
             try:
                 self._kernels(schedule)
             except Exception as err:  # noqa: BLE001 — a candidate that fails is dropped, not fatal
@@ -625,6 +637,37 @@ class _Bench:
             else:
                 ok.append((predicted, schedule))
         return ok, failed
+
+    def _compile_states(self, schedule: Schedule) -> list:
+        """`compiling()` of the schedule's loaded kernels that compile in a worker."""
+        return [launch.compiling() for launch in self.loaded.get(schedule, ())
+                if getattr(launch, "compiling", None) is not None]
+
+    def _compiled_in(self, schedule: Schedule) -> float | None:
+        """Seconds the workers took to compile the schedule's kernels, once all are done (None
+        before, or where no worker compiled them)."""
+        states = self._compile_states(schedule)
+        if not states or not all(done and took is not None for done, _, took in states):
+            return None
+        return max(took for _, _, took in states)
+
+    def _straggling(self, schedule: Schedule, others: list, poll_s: float = 0.01) -> str | None:
+        """Wait while the schedule's kernels compile in workers: None once they are done (or
+        none compiles there), or why the candidate is left out — one of its compiles has run
+        `STRAGGLER_FACTOR` times as long as the longest finished compile of another candidate
+        of the plan (and `STRAGGLER_MIN_S`). A compile still queued for a worker is waited for."""
+        while True:
+            states = self._compile_states(schedule)
+            if all(done for done, _, _ in states):
+                return None
+            running = max((r for done, r, _ in states if not done and r is not None), default=0.0)
+            finished = [t for t in map(self._compiled_in, others) if t is not None]
+            if finished:
+                allowed = max(STRAGGLER_MIN_S, STRAGGLER_FACTOR * max(finished))
+                if running > allowed:
+                    return (f"still compiling after {running:.1f} s, over the {allowed:.1f} s allowed (the "
+                            f"longest compile of another candidate: {max(finished):.1f} s)")
+            time.sleep(poll_s)
 
     def _buffer(self, name, spec):
         if name in self.buffers:

@@ -140,6 +140,17 @@ def wait(future: Future) -> str:
     return digest
 
 
+def compile_state(future: Future | None) -> tuple[bool, float | None, float | None]:
+    """(done, seconds a worker has been compiling it so far or None while it is queued, seconds
+    its compile took once done) of a submitted compile; (True, None, None) for none."""
+    if future is None:
+        return True, None, None
+    if future.done():
+        return True, None, getattr(future, "took", None)
+    started = getattr(future, "started", None)
+    return False, (None if started is None else time.monotonic() - started), None
+
+
 def launched(expected: str, compiled) -> None:
     """Count whether a first launch used the binary its worker compiled (`expected`, a cache
     hash) — a miss means the launch compiled it again: the two keys differ."""
@@ -437,6 +448,7 @@ class _Worker:
                 self.pool.counts["failed" if error else "compiled"] += 1
                 self.pool.busy_s += took
                 self.pool.last_progress = time.monotonic()
+            future.took = took
             future.set_result((error, reply[3]))
             logs.log("cache", "compile worker: %s in %.2f s", task[2], took)
 
@@ -472,4 +484,4 @@ def _ended(stream) -> bool:
     return bool(poller.poll(0))
 
 
-__all__ = ["start", "submit", "wait", "launched", "stats", "worker_count", "MAX_WORKERS", "WAIT_S"]
+__all__ = ["start", "submit", "wait", "compile_state", "launched", "stats", "worker_count", "MAX_WORKERS", "WAIT_S"]
