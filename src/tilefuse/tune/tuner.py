@@ -386,7 +386,9 @@ def _measure(p: PreparedTuning, progress=None) -> TuneOutcome:
     out = search_candidates(ranked, p.bench.measure, TuningCache(), p.key, p.level, p.kind, p.name,
                             levels=p.levels, failures=failures, progress=progress, budget_s=p.budget_s)
     add_phase(p.phases, "measure", time.perf_counter() - t1)
-    tried = {schedule for _, schedule in ranked} | {schedule for schedule, _ in failures}
+    # (a candidate left out while it compiled has usually finished by now: it may be raced below)
+    left_out = getattr(p.bench, "left_out", set())
+    tried = {schedule for _, schedule in ranked} | {schedule for schedule, _ in failures if schedule not in left_out}
     left = [c for c in p.ranked if c[1] not in tried]
     expected = min(predicted for predicted, _ in ranked)
     # (a CPU's kernels only rank by the model's times, which are a GPU's: no ratio to trust there)
@@ -577,6 +579,8 @@ class _Bench:
         self.timer = self.target.timer(device)  # (GPU: holds its L2 flush buffer while this plan is measured)
         self.lowerings: dict = {}
         self.check = self.target.check if self.target.limits is not None else None
+        self.compile_s: dict = {}  # schedule -> seconds its kernels took in the workers (those built)
+        self.left_out: set = set()  # schedules `ready` left out while they still compiled
 
     def lowered(self, schedule: Schedule) -> list:
         """The plan's tile kernels under `schedule` (lowered once); under `impl=split` the
@@ -624,11 +628,14 @@ class _Bench:
                 logs.log("tune", "%s: %d candidate(s) not built within %.0f s", self.plan.name, len(ranked) - k,
                          budget_s)
                 break
-            late = self._straggling(schedule, [s for _, s in ranked if s != schedule])
+            out = {s for s, _ in failed}
+            late = self._straggling(schedule, [s for _, s in ranked if s != schedule and s not in out])
             if late is not None:
                 failed.append((schedule, late))
+                self.left_out.add(schedule)
                 logs.log("tune", "%s: candidate %s left out: %s", self.plan.name, describe(schedule), late)
                 continue
+            took = self._compiled_in(schedule)  # (read before the first launch, which ends the worker's part)
             try:
                 self._kernels(schedule)
             except Exception as err:  # noqa: BLE001 — a candidate that fails is dropped, not fatal
@@ -636,29 +643,41 @@ class _Bench:
                 logs.log("tune", "%s: candidate %s failed: %s", self.plan.name, describe(schedule), failed[-1][1])
             else:
                 ok.append((predicted, schedule))
+                if took is not None:
+                    self.compile_s[schedule] = took
         return ok, failed
 
-    def _compile_states(self, schedule: Schedule) -> list:
-        """`compiling()` of the schedule's loaded kernels that compile in a worker."""
-        return [launch.compiling() for launch in self.loaded.get(schedule, ())
-                if getattr(launch, "compiling", None) is not None]
+    def _compile_states(self, schedule: Schedule) -> list | None:
+        """`compiling()` of the schedule's loaded kernels that compile in a worker; None where
+        one of them cannot be relied on (the pool closed, or no worker ready yet)."""
+        states = [launch.compiling() for launch in self.loaded.get(schedule, ())
+                  if getattr(launch, "compiling", None) is not None]
+        return None if any(state is None for state in states) else states
 
     def _compiled_in(self, schedule: Schedule) -> float | None:
-        """Seconds the workers took to compile the schedule's kernels, once all are done (None
-        before, or where no worker compiled them)."""
+        """Seconds the workers took to compile the schedule's kernels: remembered once it was
+        built, else known once every compile succeeded (None before, or where no worker compiled
+        them)."""
+        if schedule in self.compile_s:
+            return self.compile_s[schedule]
         states = self._compile_states(schedule)
         if not states or not all(done and took is not None for done, _, took in states):
             return None
         return max(took for _, _, took in states)
 
-    def _straggling(self, schedule: Schedule, others: list, poll_s: float = 0.01) -> str | None:
+    def _straggling(self, schedule: Schedule, others: list, poll_s: float = 0.02) -> str | None:
         """Wait while the schedule's kernels compile in workers: None once they are done (or
-        none compiles there), or why the candidate is left out — one of its compiles has run
+        none compiles there, or the pool cannot be relied on: the launch's `compile_pool.wait`
+        decides then), or why the candidate is left out — one of its compiles has run
         `STRAGGLER_FACTOR` times as long as the longest finished compile of another candidate
-        of the plan (and `STRAGGLER_MIN_S`). A compile still queued for a worker is waited for."""
-        while True:
+        of the plan (`others`, those not failed; and at least `STRAGGLER_MIN_S`). A compile
+        still queued for a worker is waited for."""
+        from ..backends.triton.compile_pool import WAIT_S
+
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < WAIT_S:  # (past it, `wait` gives the pool up)
             states = self._compile_states(schedule)
-            if all(done for done, _, _ in states):
+            if states is None or all(done for done, _, _ in states):
                 return None
             running = max((r for done, r, _ in states if not done and r is not None), default=0.0)
             finished = [t for t in map(self._compiled_in, others) if t is not None]
@@ -668,6 +687,7 @@ class _Bench:
                     return (f"still compiling after {running:.1f} s, over the {allowed:.1f} s allowed (the "
                             f"longest compile of another candidate: {max(finished):.1f} s)")
             time.sleep(poll_s)
+        return None
 
     def _buffer(self, name, spec):
         if name in self.buffers:

@@ -140,13 +140,18 @@ def wait(future: Future) -> str:
     return digest
 
 
-def compile_state(future: Future | None) -> tuple[bool, float | None, float | None]:
+def compile_progress(future: Future | None) -> tuple[bool, float | None, float | None] | None:
     """(done, seconds a worker has been compiling it so far or None while it is queued, seconds
-    its compile took once done) of a submitted compile; (True, None, None) for none."""
+    its compile took once it succeeded) of a submitted compile; (True, None, None) for none; None
+    where the pool cannot be relied on to finish it (closed, or no worker ready yet: `wait`
+    decides then, taking it back or giving up)."""
     if future is None:
         return True, None, None
     if future.done():
         return True, None, getattr(future, "took", None)
+    pool = getattr(future, "pool", None)
+    if pool is None or pool.closed or not pool.ready_at:
+        return None
     started = getattr(future, "started", None)
     return False, (None if started is None else time.monotonic() - started), None
 
@@ -448,7 +453,7 @@ class _Worker:
                 self.pool.counts["failed" if error else "compiled"] += 1
                 self.pool.busy_s += took
                 self.pool.last_progress = time.monotonic()
-            future.took = took
+            future.took = None if error else took  # (a failed compile says nothing of how long one takes)
             future.set_result((error, reply[3]))
             logs.log("cache", "compile worker: %s in %.2f s", task[2], took)
 
@@ -484,4 +489,4 @@ def _ended(stream) -> bool:
     return bool(poller.poll(0))
 
 
-__all__ = ["start", "submit", "wait", "compile_state", "launched", "stats", "worker_count", "MAX_WORKERS", "WAIT_S"]
+__all__ = ["start", "submit", "wait", "compile_progress", "launched", "stats", "worker_count", "MAX_WORKERS", "WAIT_S"]

@@ -238,10 +238,11 @@ class TritonKernel:
                                             self.kernel.name, args, options)
         return self._warming is not None
 
-    def compiling(self) -> tuple[bool, float | None, float | None]:
-        """Its compile in a worker (`compile_pool.compile_state`): (done, seconds running so far,
-        seconds it took); done for a kernel no worker compiles."""
-        return compile_pool.compile_state(self._warming)
+    def compiling(self) -> tuple[bool, float | None, float | None] | None:
+        """Its compile in a worker (`compile_pool.compile_progress`): (done, seconds running so
+        far, seconds it took); done for a kernel no worker compiles (or, after its first launch,
+        no longer does); None where the pool cannot be relied on."""
+        return compile_pool.compile_progress(self._warming)
 
     def __call__(self, buffers: dict, env: dict) -> None:
         sized = self._shape(env)
