@@ -22,8 +22,10 @@ class _Compile:
     `TritonKernel.compiling` does: done with no time once launched (the launch ends the worker's
     part), no time for a failed compile, None while the pool cannot be relied on."""
 
-    def __init__(self, start: float, seconds: float, failed: bool = False, unreliable: bool = False):
+    def __init__(self, start: float, seconds: float, failed: bool = False, unreliable: bool = False,
+                 launch_fails: bool = False):
         self.start, self.seconds, self.failed, self.unreliable = start, seconds, failed, unreliable
+        self.launch_fails = launch_fails
         self.launched = False
 
     def compiling(self):
@@ -49,10 +51,10 @@ def _bench(compiles: dict):
     def kernels(schedule):  # the real one waits for the compile, then launches the kernels once
         while not all(k.unreliable or k.compiling()[0] for k in compiles[schedule]):
             time.sleep(0.002)
-        if any(k.failed for k in compiles[schedule]):
-            raise RuntimeError("the compile failed")
         for k in compiles[schedule]:
-            k.launched = True
+            k.launched = True  # (a launch ends the worker's part, failed or not)
+        if any(k.failed or k.launch_fails for k in compiles[schedule]):
+            raise RuntimeError("the compile failed")
         bench.waited.append(schedule)
 
     bench._kernels = kernels
@@ -144,3 +146,44 @@ def test_a_left_out_candidate_can_still_be_raced():
     out = tuner._measure(p)
     assert bench.left_out == {B} and bench.waited == [A, B]
     assert out.schedule == B
+
+
+def test_stragglers_are_built_after_all_when_nothing_else_runs():
+    now = time.monotonic()
+    compiles = {A: [_Compile(now, 0.4)], B: [_Compile(now, 0.01, launch_fails=True)]}
+    bench = _bench(compiles)
+    ok, failed = bench.ready([(1.0, A), (2.0, B)])
+    assert _built(ok) == [A] and [s for s, _ in failed] == [B]
+
+
+def test_a_straggler_left_out_is_no_reference_once_it_finishes(monkeypatch):
+    """C is left out against A's compile and finishes while D, queued late, compiles: D is
+    judged against A (allowed 0.25 s) and left out, not against C's 0.3 s (allowed 0.45 s)."""
+    monkeypatch.setattr(tuner, "STRAGGLER_MIN_S", 0.25)
+    now = time.monotonic()
+    compiles = {A: [_Compile(now, 0.02)], C: [_Compile(now, 0.3)], D: [_Compile(now + 0.28, 0.35)]}
+    ok, failed = _bench(compiles).ready([(1.0, A), (2.0, C), (3.0, D)])
+    assert _built(ok) == [A] and [s for s, _ in failed] == [C, D]
+
+
+def test_the_pool_reports_a_compile_as_it_goes():
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    from tilefuse.backends.triton.compile_pool import compile_progress
+
+    assert compile_progress(None) == (True, None, None)
+    future = Future()
+    future.pool = SimpleNamespace(closed=False, ready_at=[0.5])
+    future.started = None
+    assert compile_progress(future) == (False, None, None)  # queued
+    future.started = time.monotonic() - 1.5
+    done, running, took = compile_progress(future)
+    assert not done and 1.4 < running < 60 and took is None
+    future.pool.ready_at = []  # no worker ready yet: `wait` takes it back
+    assert compile_progress(future) is None
+    future.pool.ready_at, future.pool.closed = [0.5], True
+    assert compile_progress(future) is None
+    future.took = 2.5
+    future.set_result(("", "digest"))
+    assert compile_progress(future) == (True, None, 2.5)

@@ -407,7 +407,10 @@ def _measure(p: PreparedTuning, progress=None) -> TuneOutcome:
             logs.log("tune", "%s: none of the %d left ran: %s", p.name, len(left),
                      "; ".join(f"{describe(c)}: {e}" for c, e in more_failures[:3]))
             return out
-        # the survivor races the new ones (its samples so far were its own search's)
+        # the survivor races the new ones (its samples so far were its own search's); a candidate
+        # left out before and built or failed now is no longer reported as left out
+        retried = {c for _, c in more} | {c for c, _ in more_failures}
+        failures = [f for f in failures if f[0] not in retried]
         survivor = [c for c in ranked if c[1] == out.schedule]
         t3 = time.perf_counter()
         out = search_candidates(survivor + more, p.bench.measure, TuningCache(), p.key, p.level, p.kind, p.name,
@@ -616,11 +619,13 @@ class _Bench:
             except Exception as err:  # noqa: BLE001 — `ready` meets the error again and drops the candidate
                 logs.log("tune", "%s: candidate %s did not load: %s", self.plan.name, describe(schedule), err)
 
-    def ready(self, ranked: list, budget_s: float = math.inf) -> tuple[list, list]:
+    def ready(self, ranked: list, budget_s: float = math.inf, stragglers: bool = True) -> tuple[list, list]:
         """Each candidate built and run once, in rank order, outside the measuring budget, until
         `budget_s` is spent (compiles in workers overlap, so this is the wait for the slowest; in
         this process they add up, and the best-ranked that were built are measured): (the ranked
-        candidates that ran, [(schedule, error)] for those that did not)."""
+        candidates that ran, [(schedule, error)] for those that did not). `stragglers`: leave out
+        a candidate whose compile straggles (`_straggling`); when nothing else ran, those are
+        built after all."""
         ok, failed = [], []
         t0 = time.perf_counter()
         for k, (predicted, schedule) in enumerate(ranked):
@@ -629,7 +634,8 @@ class _Bench:
                          budget_s)
                 break
             out = {s for s, _ in failed}
-            late = self._straggling(schedule, [s for _, s in ranked if s != schedule and s not in out])
+            late = self._straggling(schedule, [s for _, s in ranked if s != schedule and s not in out]) \
+                if stragglers else None
             if late is not None:
                 failed.append((schedule, late))
                 self.left_out.add(schedule)
@@ -645,6 +651,12 @@ class _Bench:
                 ok.append((predicted, schedule))
                 if took is not None:
                     self.compile_s[schedule] = took
+        if not ok and stragglers and any(s in self.left_out for s, _ in failed):
+            # (the others failed to run after all: the stragglers are waited for, as without the rule)
+            again = [c for c in ranked if c[1] in self.left_out]
+            ok, more = self.ready(again, budget_s, stragglers=False)
+            done = {s for _, s in ok} | {s for s, _ in more}
+            failed = [f for f in failed if f[0] not in done] + more
         return ok, failed
 
     def _compile_states(self, schedule: Schedule) -> list | None:
