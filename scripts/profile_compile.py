@@ -6,6 +6,12 @@ functions that took the time.
 
 Writes `compile_<workload>.txt` (the reports and the cProfile tables) and
 `compile_<workload>.pstats` (for `python -m pstats` or snakeviz) under OUT_DIR.
+
+cProfile times the main thread by the wall clock: while the threads that serve the compile
+workers hold the GIL, the main thread's time is charged to whatever it was running, so a
+function can look slow that is not (`precompile_kernel` at 22 ms a kernel in one T5
+profile, where making a kernel's meta buffers in a fake-tensor mode takes under a millisecond). The `compile_time` report's stages and phases are timed without the profiler's
+call accounting; trust them first, and `TILEFUSE_LOGS=tune,cache` for per-compile times.
 """
 from __future__ import annotations
 
