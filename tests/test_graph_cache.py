@@ -271,3 +271,30 @@ def test_programs_loaded_from_the_cache_match_eager(tmp_path, name):
             torch.testing.assert_close(got, want, atol=tol, rtol=tol)
         for got, want in zip(args, expected_args):  # in-place writes happened as in eager
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not hasattr(torch.backends.cuda.matmul, "fp32_precision"),
+                    reason="a PyTorch without the per-backend fp32_precision API")
+def test_a_program_that_mixed_the_tf32_apis_compiles(tmp_path):
+    """Setting `allow_tf32` and then a backend's `fp32_precision` makes
+    `torch.get_float32_matmul_precision` raise ("mix of the legacy and new APIs"); eager runs on,
+    and so must a compile: the keys read each backend's precision instead, and the graph cached
+    under the global setting is not the one loaded under the mixed one."""
+    before = torch.get_float32_matmul_precision()
+    args = mlp_inputs()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        _, reports = compile_and_run(mlp, *args, target="cpu", cache_dir=str(tmp_path))
+        assert not reports[-1].cached
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        with pytest.raises(RuntimeError, match="mix of the legacy and new APIs"):
+            torch.get_float32_matmul_precision()
+        assert "cuda.matmul=tf32" in graph_cache.matmul_precision()
+        out, reports = compile_and_run(mlp, *args, target="cpu", cache_dir=str(tmp_path))
+        torch.testing.assert_close(out.double(), reference(mlp, *args), atol=1e-4, rtol=1e-4)
+        assert not reports[-1].cached  # another precision: another entry
+        _, reports = compile_and_run(mlp, *args, target="cpu", cache_dir=str(tmp_path))
+        assert reports[-1].cached
+    finally:
+        torch.set_float32_matmul_precision(before)

@@ -154,7 +154,7 @@ def compile_state() -> list:
     default dtype, float32 matmul precision, the attention back ends, AOTAutograd's config (a
     training graph's backward compiles later: its entry is written only if this is unchanged)."""
     return [torch.are_deterministic_algorithms_enabled(), str(torch.get_default_dtype()),
-            torch.get_float32_matmul_precision(), _attention_backends(), _aot_config()]
+            graph_cache.matmul_precision(), _attention_backends(), _aot_config()]
 
 
 def _autocast_state() -> list:

@@ -97,7 +97,28 @@ def _key_parts(gm, device, kind, sm_count: int, options: Options) -> list:
             inputs.append([node.target, attribute_key(gm, node.target)])
     knobs = knobs_in_key(options)
     return ["tilefuse-graph", FORMAT, environment_fingerprint(), source_hash(), kind, device.type, sm_count,
-            torch.get_float32_matmul_precision(), knobs, gm.code, inputs, [_guards(e) for e in shape_envs]]
+            matmul_precision(), knobs, gm.code, inputs, [_guards(e) for e in shape_envs]]
+
+
+#: the per-backend float32 precisions PyTorch's newer API sets (`torch.backends.<path>.fp32_precision`)
+_FP32_PRECISIONS = ("cuda.matmul", "cudnn.conv", "cudnn.rnn", "mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn")
+
+
+def matmul_precision() -> str:
+    """The float32 matmul precision, as a cache key reads it: PyTorch's global setting, or each
+    backend's own where a program mixed the legacy API (`allow_tf32`) with the per-backend one
+    (`fp32_precision`) — `torch.get_float32_matmul_precision` then refuses to name one, and a
+    compile must not fail for a setting eager runs with."""
+    try:
+        return torch.get_float32_matmul_precision()
+    except RuntimeError:
+        parts = []
+        for path in _FP32_PRECISIONS:
+            backend = torch.backends
+            for name in path.split("."):
+                backend = getattr(backend, name, None)
+            parts.append(f"{path}={getattr(backend, 'fp32_precision', None)}")
+        return "per-backend: " + ", ".join(parts)
 
 
 def knobs_in_key(options: Options) -> dict:
@@ -191,4 +212,4 @@ def store(key: str, compiled: CompiledGraph, report) -> bool:
 
 
 __all__ = ["graph_key", "load", "store", "source_hash", "graph_cache", "attribute_key", "describe_input",
-           "knobs_in_key", "Unkeyable", "FORMAT"]
+           "knobs_in_key", "matmul_precision", "Unkeyable", "FORMAT"]
