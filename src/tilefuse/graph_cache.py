@@ -100,8 +100,9 @@ def _key_parts(gm, device, kind, sm_count: int, options: Options) -> list:
             matmul_precision(), knobs, gm.code, inputs, [_guards(e) for e in shape_envs]]
 
 
-#: the per-backend float32 precisions PyTorch's newer API sets (`torch.backends.<path>.fp32_precision`)
-_FP32_PRECISIONS = ("cuda.matmul", "cudnn.conv", "cudnn.rnn", "mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn")
+#: the float32 precisions PyTorch's newer API sets (`torch.backends[.<path>].fp32_precision`:
+#: the global one, then each backend's)
+_FP32_PRECISIONS = ("", "cuda.matmul", "cudnn.conv", "cudnn.rnn", "mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn")
 
 
 def matmul_precision() -> str:
@@ -115,9 +116,13 @@ def matmul_precision() -> str:
         parts = []
         for path in _FP32_PRECISIONS:
             backend = torch.backends
-            for name in path.split("."):
+            for name in filter(None, path.split(".")):
                 backend = getattr(backend, name, None)
-            parts.append(f"{path}={getattr(backend, 'fp32_precision', None)}")
+            try:
+                value = getattr(backend, "fp32_precision", None)
+            except RuntimeError as err:  # (a getter that refuses the mix too)
+                value = f"unreadable: {err}"[:80]
+            parts.append(f"{path or 'global'}={value}")
         return "per-backend: " + ", ".join(parts)
 
 
