@@ -170,11 +170,11 @@ def test_the_pool_reports_a_compile_as_it_goes():
     from concurrent.futures import Future
     from types import SimpleNamespace
 
-    from tilefuse.backends.triton.compile_pool import compile_progress
+    from tilefuse.backends.triton.compile_pool import WAIT_S, compile_progress
 
     assert compile_progress(None) == (True, None, None)
     future = Future()
-    future.pool = SimpleNamespace(closed=False, ready_at=[0.5])
+    future.pool = SimpleNamespace(closed=False, ready_at=[0.5], last_progress=time.monotonic())
     future.started = None
     assert compile_progress(future) == (False, None, None)  # queued
     future.started = time.monotonic() - 1.5
@@ -183,6 +183,11 @@ def test_the_pool_reports_a_compile_as_it_goes():
     future.pool.ready_at = []  # no worker ready yet: `wait` takes it back
     assert compile_progress(future) is None
     future.pool.ready_at, future.pool.closed = [0.5], True
+    assert compile_progress(future) is None
+    future.pool.closed = False
+    future.started = time.monotonic() - WAIT_S - 1  # a compile past the pool's patience
+    assert compile_progress(future) is None
+    future.started, future.pool.last_progress = None, time.monotonic() - WAIT_S - 1  # a queue standing still
     assert compile_progress(future) is None
     future.took = 2.5
     future.set_result(("", "digest"))

@@ -684,10 +684,7 @@ class _Bench:
         `STRAGGLER_FACTOR` times as long as the longest finished compile of another candidate
         of the plan (`others`, those not failed; and at least `STRAGGLER_MIN_S`). A compile
         still queued for a worker is waited for."""
-        from ..backends.triton.compile_pool import WAIT_S
-
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < WAIT_S:  # (past it, `wait` gives the pool up)
+        while True:
             states = self._compile_states(schedule)
             if states is None or all(done for done, _, _ in states):
                 return None
@@ -699,7 +696,6 @@ class _Bench:
                     return (f"still compiling after {running:.1f} s, over the {allowed:.1f} s allowed (the "
                             f"longest compile of another candidate: {max(finished):.1f} s)")
             time.sleep(poll_s)
-        return None
 
     def _buffer(self, name, spec):
         if name in self.buffers:

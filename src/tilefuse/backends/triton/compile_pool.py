@@ -143,8 +143,8 @@ def wait(future: Future) -> str:
 def compile_progress(future: Future | None) -> tuple[bool, float | None, float | None] | None:
     """(done, seconds a worker has been compiling it so far or None while it is queued, seconds
     its compile took once it succeeded) of a submitted compile; (True, None, None) for none; None
-    where the pool cannot be relied on to finish it (closed, or no worker ready yet: `wait`
-    decides then, taking it back or giving up)."""
+    where the pool cannot be relied on to finish it — closed, no worker ready yet, a compile or a
+    queue standing still past `WAIT_S`: `wait` decides then (taking it back, or giving up)."""
     if future is None:
         return True, None, None
     if future.done():
@@ -152,8 +152,11 @@ def compile_progress(future: Future | None) -> tuple[bool, float | None, float |
     pool = getattr(future, "pool", None)
     if pool is None or pool.closed or not pool.ready_at:
         return None
+    now = time.monotonic()
     started = getattr(future, "started", None)
-    return False, (None if started is None else time.monotonic() - started), None
+    if (started is not None and now - started > WAIT_S) or (started is None and now - pool.last_progress > WAIT_S):
+        return None
+    return False, (None if started is None else now - started), None
 
 
 def launched(expected: str, compiled) -> None:
