@@ -162,3 +162,51 @@ def test_cross_entropy_with_integer_targets_is_one_pass():
         out = torch.compile(fn, backend="tilefuse")(x, t)
     ref = fn(x.double(), t)
     assert (out.double() - ref).abs().max() <= 2 * (fn(x, t).double() - ref).abs().max() + 1e-5
+
+
+def _rebasing_by_simplify(g, r, old, new, cs):
+    """The derivation's verdict by `simplify` alone (what `_rebasing` did before its cheaper
+    first steps): the oracle for them."""
+    T = sympy.Symbol("T")
+    g_new, g_old = g.subs(r, new), g.subs(r, old)
+    factor = sympy.simplify(sympy.powsimp(g_new / g_old, force=True))
+    if factor.free_symbols & cs or not (factor.is_positive and factor.is_finite):
+        return False, None
+    h = T * factor
+    a, b = sympy.symbols("a b", real=True)
+    ok = sympy.simplify(sympy.powsimp(sympy.expand(h.subs(T, g_old) - g_new), force=True)) == 0 and \
+        sympy.simplify(h.subs(T, a + b) - h.subs(T, a) - h.subs(T, b)) == 0
+    return ok, factor if ok else None
+
+
+_R, _OLD, _NEW = (sympy.Symbol(n, real=True) for n in ("r", "r_old", "r_new"))
+_C0, _C1 = (sympy.Symbol(n, real=True) for n in ("c0", "c1"))
+
+
+@pytest.mark.parametrize("g", [
+    sympy.exp(_C0 - _R), sympy.exp(2 * _C0 - 2 * _R), _C1 * sympy.exp(_C0 - _R), (_C0 - _R) ** 2,
+    sympy.exp(_C0 * _R), _C0 / sympy.exp(_R), sympy.exp(_C0) * sympy.exp(-_R) * _C1 ** 2,
+    sympy.exp(sympy.tanh(_C0) - _R / 3), _C0 - _R, sympy.exp(_C0 - _R) + _C1, (_C0 - _R) * sympy.exp(-_R),
+    sympy.exp(-(_C0 - _R) ** 2), sympy.exp(_C0 - _R) / (1 + sympy.exp(-_R)), _R * sympy.exp(_C0),
+])
+def test_the_cheap_proofs_agree_with_simplify(g):
+    """`_rebasing` proves a data-dependent factor by evaluating it and an identity by expanding
+    before it calls `simplify`: each verdict and factor is the one `simplify` alone gives."""
+    from tilefuse.fusion import repair as repair_mod
+
+    cs = frozenset({_C0, _C1})
+    why, factor = repair_mod._rebasing.__wrapped__(g, (_R,), (_OLD,), (_NEW,), cs)
+    ok, expected = _rebasing_by_simplify(g, _R, _OLD, _NEW, cs)
+    assert (why == "") == ok, (why, g)
+    if ok:
+        assert sympy.simplify(factor - expected) == 0
+
+
+def test_a_factor_that_varies_with_the_data_is_shown_by_evaluation():
+    from tilefuse.fusion.repair import _varies_with_data
+
+    cs = frozenset({_C0})
+    assert _varies_with_data(((_C0 - _NEW) / (_C0 - _OLD)) ** 2, cs)
+    assert not _varies_with_data(sympy.exp(_C0 - _NEW) / sympy.exp(_C0 - _OLD), cs)  # exp(r_old - r_new)
+    assert not _varies_with_data(sympy.exp(_NEW - _OLD), cs)  # no data at all
+    assert not _varies_with_data(_C0 / (_C0 - _C0), cs)  # not a finite number: no proof

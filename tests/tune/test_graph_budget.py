@@ -97,9 +97,11 @@ def test_an_unmeasured_plan_is_the_models_choice():
     assert not p.bench.compiling
 
 
-def _prepare_graph(monkeypatch, names, fake_prepare, pool=True, **knobs):
+def _prepare_graph(monkeypatch, names, fake_prepare, pool=True, same=None, bases=None, **knobs):
     """`compiler._prepare_tuning` over contraction plans named `names`, each prepared by
-    `fake_prepare(step)` (a stand-in for `tuner.prepare_tuning`), with or without compile workers."""
+    `fake_prepare(step)` (a stand-in for `tuner.prepare_tuning`), with or without compile workers.
+    `same`: {plan: an earlier plan it is identical to (the same dedupe key)}; `bases` receives
+    each plan's (kernels, notes, dedupe key)."""
     import contextlib
     from types import SimpleNamespace
 
@@ -116,6 +118,9 @@ def _prepare_graph(monkeypatch, names, fake_prepare, pool=True, **knobs):
     monkeypatch.setattr(compiler, "prepare_tuning", prepare)
     monkeypatch.setattr(compile_pool, "start", lambda *a: pool)
     monkeypatch.setattr(compiler, "_statically_empty", lambda graph, step: False)
+    same = same or {}
+    monkeypatch.setattr(compiler, "_keyed_lowering", lambda graph, step, lowering, options, stage:
+                        ([], [], "plan-" + same.get(step.name, step.name)))
     steps = []
     for name in names:
         k = KernelPlan(name, PlanKind.CONTRACTION, parallel=1)
@@ -123,7 +128,8 @@ def _prepare_graph(monkeypatch, names, fake_prepare, pool=True, **knobs):
         steps.append(k)
     lowering = SimpleNamespace(target=SimpleNamespace(on_cpu=False, interpret=False))
     return compiler._prepare_tuning(None, steps, lowering, config.options({"autotune": "1", **knobs}), None,
-                                    lambda name: contextlib.nullcontext(), SimpleNamespace(now=lambda msg: None))
+                                    lambda name: contextlib.nullcontext(), SimpleNamespace(now=lambda msg: None),
+                                    {} if bases is None else bases)
 
 
 def test_the_compiler_shares_a_graphs_budget_among_its_plans(monkeypatch):
@@ -226,3 +232,69 @@ def test_a_plan_that_cannot_start_keeps_its_time_and_never_raises():
     p.bench.misfit, p.unmeasured, p.seconds = misfit, broken, 0.25
     out = p.try_start(0.2)
     assert out.source == "rules" and "the model failed too" in out.note and out.seconds >= 0.25
+
+
+def test_a_plan_identical_to_an_earlier_one_is_not_prepared_but_weighs_as_a_copy(monkeypatch):
+    """Every layer after a model's first repeats its plans: those are reused (`_reuse`), so
+    `_prepare_tuning` neither lowers their candidates nor ranks their spaces — it records their
+    base lowering and key for `_compile_steps` — and each counts as one more copy of the first
+    in the graph's budget: three copies of a plan outweigh one plan predicted twice as slow."""
+    prepared = []
+
+    def fake_prepare(step):
+        prepared.append(step.name)
+        p = _prepared()
+        p.name, p.key = step.name, "tuning-" + step.name
+        p.ranked = [({"a": 1e-4, "b": 2e-4}[step.name], s) for _, s in p.ranked]
+        return p
+
+    names = ("a", "b", "a2", "a3")
+    bases: dict = {}
+    out = _prepare_graph(monkeypatch, names, fake_prepare, same={"a2": "a", "a3": "a"}, bases=bases,
+                         tuning_budget_ms=100)
+    assert prepared == ["a", "b"] and set(out) == {"a", "b"}
+    assert set(bases) == set(names) and bases["a3"][2] == bases["a"][2] != bases["b"][2]
+    assert out["a"].budget_s > out["b"].budget_s  # 3 copies x 1e-4 against 1 x 2e-4
+    assert out["a"].budget_s == pytest.approx(0.1 * 3 / 5, rel=1e-2)
+    # without the copies, the slower plan takes the larger share
+    prepared.clear()
+    out = _prepare_graph(monkeypatch, ("a", "b"), fake_prepare, tuning_budget_ms=100)
+    assert out["a"].budget_s < out["b"].budget_s
+
+
+def test_repeated_layers_are_prepared_once_and_compile_right(monkeypatch):
+    """The whole path on the interpreter, with the graph's preparation switched on (it runs on
+    GPUs): a stack of identical layers prepares each distinct plan once, the later layers take
+    the base lowering and key recorded for them, and the result is eager's."""
+    import torch
+
+    import tilefuse
+    from tilefuse import compiler
+    from tilefuse.backends.triton import compile_pool
+
+    calls = []
+    real_prepare = compiler.prepare_tuning
+
+    def counting(graph, step, lowering, **kw):
+        calls.append(step.name)
+        return real_prepare(graph, step, lowering, **kw)
+
+    monkeypatch.setattr(compiler, "_tunes_on_device", lambda target, options: True)
+    monkeypatch.setattr(compiler, "prepare_tuning", counting)
+    monkeypatch.setattr(compile_pool, "start", lambda *a: False)
+    keyed = []
+    real_keyed = compiler._keyed_lowering
+    monkeypatch.setattr(compiler, "_keyed_lowering", lambda *a: keyed.append(a[1].name) or real_keyed(*a))
+
+    def layers(x, w):
+        for _ in range(4):
+            x = torch.nn.functional.layer_norm(torch.tanh(x @ w) + x, (x.shape[-1],))
+        return x
+
+    x, w = torch.randn(6, 24), torch.randn(24, 24) / 5
+    with tilefuse.config.patch(target="interpret", graph_cache=False, fallback="error"):
+        torch._dynamo.reset()
+        out = torch.compile(layers, backend="tilefuse")(x, w)
+    torch.testing.assert_close(out, layers(x.double(), w.double()).float(), rtol=1e-4, atol=1e-4)
+    assert calls and len(calls) < len(keyed) / 2, (calls, keyed)
+    assert len(keyed) == len(set(keyed))  # each plan lowered once for its key, not again in `_compile_steps`
