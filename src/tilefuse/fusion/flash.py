@@ -58,10 +58,11 @@ def fuse_flash(steps: list, graph: Graph, outputs: set, note) -> list:
     """Merge score/reduction/output kernel triples into flash kernels; returns new steps."""
     kernels = [s for s in steps if isinstance(s, KernelPlan)]
     by_node = {st.node: k for k in kernels for st in k.stages}
+    loads: dict = {}  # id(a stage's body) -> (the body, the buffers it loads): `_readers` walks each once
     for out_k in kernels:
         if out_k.kind != PlanKind.CONTRACTION:
             continue
-        merged = _try_merge(out_k, by_node, graph, outputs, steps, note)
+        merged = _try_merge(out_k, by_node, graph, outputs, steps, note, loads)
         if merged is None:
             continue
         score_k, red_k, flash = merged
@@ -70,21 +71,26 @@ def fuse_flash(steps: list, graph: Graph, outputs: set, note) -> list:
     return steps
 
 
-def _readers(steps: list, graph: Graph) -> dict:
+def _readers(steps: list, graph: Graph, loads: dict | None = None) -> dict:
+    """{buffer: the nodes that read it}. `loads` memoises each stage body's loads (every layer's
+    merge asks again, over steps that are mostly unchanged)."""
     readers: dict = {}
+    loads = {} if loads is None else loads
     for k in steps:
         if isinstance(k, KernelPlan):
             for st in k.stages:
-                for e in walk(st.body):
-                    if isinstance(e, Load):
-                        readers.setdefault(e.buffer, set()).add(st.node)
+                found = loads.get(id(st.body))
+                if found is None or found[0] is not st.body:
+                    found = loads[id(st.body)] = (st.body, {e.buffer for e in walk(st.body) if isinstance(e, Load)})
+                for name in found[1]:
+                    readers.setdefault(name, set()).add(st.node)
         else:
             for name in graph[k.node].inputs():
                 readers.setdefault(name, set()).add(k.node)
     return readers
 
 
-def _try_merge(out_k: KernelPlan, by_node: dict, graph: Graph, outputs: set, steps: list, note):
+def _try_merge(out_k: KernelPlan, by_node: dict, graph: Graph, outputs: set, steps: list, note, loads=None):
     o_stage = out_k.stages[0]
     o_node = graph[o_stage.node]
     con = out_k.contraction
@@ -98,13 +104,13 @@ def _try_merge(out_k: KernelPlan, by_node: dict, graph: Graph, outputs: set, ste
                 continue
             if red_k.stage(f_name).kind != StageKind.FULL:
                 continue
-            merged = _check(out_k, red_k, f_name, side, by_node, graph, outputs, steps, note)
+            merged = _check(out_k, red_k, f_name, side, by_node, graph, outputs, steps, note, loads)
             if merged is not None:
                 return merged
     return None
 
 
-def _check(out_k, red_k, f_name, side, by_node, graph, outputs, steps, note):
+def _check(out_k, red_k, f_name, side, by_node, graph, outputs, steps, note, loads=None):
     con = out_k.contraction
     o_node = graph[out_k.stages[0].node]
     reduces = [s for s in red_k.stages if s.kind == StageKind.REDUCE]
@@ -127,7 +133,7 @@ def _check(out_k, red_k, f_name, side, by_node, graph, outputs, steps, note):
         return None
     s_name = score_names[0]
     score_k = by_node[s_name]
-    readers = _readers(steps, graph)
+    readers = _readers(steps, graph, loads)
     internal = {st.node for st in red_k.stages} | {s_name, out_k.stages[0].node}
     # may read the finished reductions (`(e @ v) / e.sum(-1)`), as may the row statistics (`others`)
     epilogue = {st.node for st in out_k.stages[1:]}
