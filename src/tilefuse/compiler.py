@@ -433,7 +433,9 @@ def _prepare_tuning(graph, steps, lowering, options: Options, device, stage, pro
 
     A plan identical to an earlier one (the same dedupe key: every layer of a model after the
     first) is not prepared at all: it reuses that plan's kernels (`_reuse`), and only counts
-    as one more copy of it in the budget's weights. Each plan's base lowering and key go into
+    as one more copy of it in the budget's weights (a copy of a tuning-cache hit as one more
+    cached plan; one that an earlier graph tuned, by its measured time); should the reuse fail,
+    it takes the first's unmeasured choice or finds its stored result. Each plan's base lowering and key go into
     `bases` for `_compile_steps`, which would otherwise lower it again. (Preparing is a lowering,
     a source and a ranking of the schedule space: about 18 ms a plan, 1.9 s for the 103 repeated
     plans of a 12-layer BERT.)"""
@@ -443,7 +445,10 @@ def _prepare_tuning(graph, steps, lowering, options: Options, device, stage, pro
         return {}
     pool = compile_pool.start()
     out, first, copies, again = {}, {}, {}, []
-    seen: dict = {}  # dedupe key -> the tuning key of its first plan in this graph (None: not measured)
+    seen: dict = {}  # dedupe key -> the first plan of this graph with it
+    tuning_key: dict = {}  # plan -> its tuning key (those prepared for measuring)
+    copy_of: list = []  # (plan, the earlier plan of this graph it repeats)
+    earlier: list = []  # measured times of plans an earlier graph tuned that this graph repeats
     for step in steps:
         if isinstance(step, ExternStep) or (isinstance(step, KernelPlan) and _statically_empty(graph, step)):
             continue
@@ -451,11 +456,16 @@ def _prepare_tuning(graph, steps, lowering, options: Options, device, stage, pro
             continue
         bases[step.name] = _keyed_lowering(graph, step, lowering, options, stage)
         key = bases[step.name][2]
-        if key in seen or dedupe.lookup(key) is not None:  # reused, not tuned (an earlier graph's: published)
-            if seen.get(key) in copies:  # one more copy of a measured plan: weighs more in the budget
-                copies[seen[key]] += 1
+        if key in seen:
+            copy_of.append((step.name, seen[key]))
             continue
-        seen[key] = None
+        shared = dedupe.lookup(key)
+        if shared is not None:  # an earlier graph's plan: reused; its time counts as a cached plan's
+            tuned = shared.tuned
+            if isinstance(tuned, TuneOutcome) and tuned.source in ("cache", "measured") and tuned.best_time:
+                earlier.append(tuned.best_time)
+            continue
+        seen[key] = step.name
         with stage("tune"):
             views = _library_views(step.library)
             progress.now(f"ranking the schedules of {step.name}")
@@ -463,12 +473,17 @@ def _prepare_tuning(graph, steps, lowering, options: Options, device, stage, pro
             p = prepare_tuning(graph, step, lowering, level=options.autotune, device=device, aten=aten, start=False)
             if isinstance(p, PreparedTuning):
                 copies[p.key] = copies.get(p.key, 0) + 1
-                seen[key] = p.key
+                tuning_key[step.name] = p.key
                 if p.key in first:  # the same kernel as an earlier plan: shared, or a tuning-cache hit by its turn
                     again.append((step.name, first[p.key]))
                     continue
                 first[p.key] = step.name
             out[step.name] = p
+    for name, same in copy_of:
+        if same in tuning_key:  # one more copy of a measured plan: weighs more in the budget
+            copies[tuning_key[same]] += 1
+        else:  # the first's outcome (a tuning-cache hit counts in the graph's time once per copy)
+            out[name] = replace(out[same], seconds=0.0, phases={})
     with stage("tune"):
         prepared = [(name, p) for name, p in out.items() if isinstance(p, PreparedTuning)]
         total = options.tuning_budget_ms / 1000 if options.autotune == "1" else 0.0
@@ -478,6 +493,7 @@ def _prepare_tuning(graph, steps, lowering, options: Options, device, stage, pro
             # plans found in the tuning cache count in the graph's time (a share of 0 each): what
             # is negligible does not change once the heavy plans are cached
             cached = [o.best_time or 0.0 for o in out.values() if isinstance(o, TuneOutcome) and o.source == "cache"]
+            cached += earlier
             shares = allot_budgets([p.predicted * copies[p.key] for _, p in prepared] + cached, total,
                                    [plan_budget(p) for _, p in prepared] + [0.0] * len(cached))[:len(prepared)]
         per_candidate = candidate_seconds(compile_pool.worker_count() if pool else 1)
@@ -492,8 +508,10 @@ def _prepare_tuning(graph, steps, lowering, options: Options, device, stage, pro
             if not pool:
                 continue  # (started, and compiled in this process, when `tune_plan` reaches it)
             out[name] = p.try_start(share) or p
-        for name, same in again:  # a copy of an unmeasured plan: the same choice (nothing stored to find)
-            if not isinstance(out[same], PreparedTuning):
+        for name, same in again + [c for c in copy_of if c[1] in tuning_key]:
+            # a copy of an unmeasured plan: the same choice (nothing stored to find) should its
+            # reuse fail; a copy of a measured one finds the stored result
+            if not isinstance(out.get(same), (PreparedTuning, type(None))):
                 out[name] = replace(out[same], seconds=0.0, phases={})
     return out
 

@@ -298,3 +298,51 @@ def test_repeated_layers_are_prepared_once_and_compile_right(monkeypatch):
     torch.testing.assert_close(out, layers(x.double(), w.double()).float(), rtol=1e-4, atol=1e-4)
     assert calls and len(calls) < len(keyed) / 2, (calls, keyed)
     assert len(keyed) == len(set(keyed))  # each plan lowered once for its key, not again in `_compile_steps`
+
+
+def test_copies_of_a_cached_or_unmeasured_plan_keep_its_weight_and_choice(monkeypatch):
+    """A repeated plan skipped before preparation weighs as its first did when each copy was
+    prepared: copies of a tuning-cache hit count in the graph's time once each (so a light plan
+    beside three cached copies stays negligible, as with the copies prepared), and a copy of a
+    plan left unmeasured takes the same choice, should its reuse fail."""
+    def fake_prepare(step):
+        if step.name.startswith("a"):
+            return TuneOutcome(_space().default, "cache", best_time=1e-3)
+        p = _prepared()
+        p.name, p.key = step.name, "tuning-" + step.name
+        p.ranked = [({"b": 3e-6, "tiny": 1e-9}[step.name.rstrip("0123456789")], s) for _, s in p.ranked]
+        return p
+
+    names = ("a", "a2", "a3", "b")
+    prepared_each = _prepare_graph(monkeypatch, names, fake_prepare, tuning_budget_ms=100)
+    skipped = _prepare_graph(monkeypatch, names, fake_prepare, same={"a2": "a", "a3": "a"}, tuning_budget_ms=100)
+    assert prepared_each["b"].source == skipped["b"].source == "model"  # negligible either way
+    assert [skipped[n].source for n in ("a2", "a3")] == ["cache", "cache"]
+    # without the copies' weight the same light plan is measured
+    assert isinstance(_prepare_graph(monkeypatch, ("a", "b"), fake_prepare, tuning_budget_ms=100)["b"],
+                      PreparedTuning)
+    # a copy of a plan too light to measure: the first's choice, not a measurement of its own
+    out = _prepare_graph(monkeypatch, ("a", "tiny", "tiny2"), fake_prepare, same={"tiny2": "tiny"},
+                         tuning_budget_ms=100)
+    assert out["tiny"].source == "model" and out["tiny2"].source == "model"
+    assert out["tiny2"].schedule == out["tiny"].schedule and out["tiny2"].seconds == 0.0
+
+
+def test_a_plan_an_earlier_graph_tuned_counts_by_its_measured_time(monkeypatch):
+    """A plan published by an earlier graph is reused without preparing it; its measured time
+    weighs in this graph's like a tuning-cache hit's."""
+    from tilefuse import dedupe
+
+    def fake_prepare(step):
+        p = _prepared()
+        p.name, p.key = step.name, "tuning-" + step.name
+        p.ranked = [(1e-6, s) for _, s in p.ranked]
+        return p
+
+    key = "plan-from-earlier"
+    earlier = dedupe.Shared("earlier_plan", [], [], TuneOutcome(_space().default, "measured", best_time=1e-3), [])
+    monkeypatch.setattr(dedupe, "lookup", lambda k: earlier if k == key else None)
+    out = _prepare_graph(monkeypatch, ("from-earlier", "b"), fake_prepare, tuning_budget_ms=100)
+    assert "from-earlier" not in out and out["b"].source == "model"
+    monkeypatch.setattr(dedupe, "lookup", lambda k: None)
+    assert isinstance(_prepare_graph(monkeypatch, ("b",), fake_prepare, tuning_budget_ms=100)["b"], PreparedTuning)
