@@ -434,11 +434,11 @@ def _prepare_tuning(graph, steps, lowering, options: Options, device, stage, pro
     A plan identical to an earlier one (the same dedupe key: every layer of a model after the
     first) is not prepared at all: it reuses that plan's kernels (`_reuse`), and only counts
     as one more copy of it in the budget's weights (a copy of a tuning-cache hit as one more
-    cached plan; one that an earlier graph tuned, by its measured time); should the reuse fail,
-    it takes the first's unmeasured choice or finds its stored result. Each plan's base lowering and key go into
-    `bases` for `_compile_steps`, which would otherwise lower it again. (Preparing is a lowering,
-    a source and a ranking of the schedule space: about 18 ms a plan, 1.9 s for the 103 repeated
-    plans of a 12-layer BERT.)"""
+    cached plan; one that an earlier graph tuned, by its measured time); should the reuse
+    fail, it takes the first's unmeasured choice or finds its stored result. Each plan's base
+    lowering and key go into `bases` for `_compile_steps`, which would otherwise lower it
+    again. (Preparing is a lowering, a source and a ranking of the schedule space: about 18 ms
+    a plan, 1.9 s for the 103 repeated plans of a 12-layer BERT.)"""
     from .backends.triton import compile_pool
 
     if not _tunes_on_device(lowering.target, options):
@@ -511,8 +511,9 @@ def _prepare_tuning(graph, steps, lowering, options: Options, device, stage, pro
         for name, same in again + [c for c in copy_of if c[1] in tuning_key]:
             # a copy of an unmeasured plan: the same choice (nothing stored to find) should its
             # reuse fail; a copy of a measured one finds the stored result
-            if not isinstance(out.get(same), (PreparedTuning, type(None))):
-                out[name] = replace(out[same], seconds=0.0, phases={})
+            chosen = out.get(same)
+            if chosen is not None and not isinstance(chosen, PreparedTuning):
+                out[name] = replace(chosen, seconds=0.0, phases={})
     return out
 
 
