@@ -431,3 +431,84 @@ def test_a_backward_whose_gradients_are_views_is_served_with_them(tmp_path, monk
         for g, w in zip(got, want):
             assert g.shape == w.shape
             torch.testing.assert_close(g.double(), w, atol=1e-5, rtol=1e-5)
+
+
+class LeanRunners:
+    """How many compiled graphs were handed to Dynamo without AOTAutograd's wrapper."""
+
+    def __init__(self, monkeypatch):
+        self.count = 0
+        real = api._without_grad
+
+        def counted(*args, **kwargs):
+            self.count += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(api, "_without_grad", counted)
+
+
+def test_a_plain_inference_graph_runs_without_aotautograds_wrapper_from_its_first_compile(tmp_path, monkeypatch):
+    """A cold compile of a plain inference graph hands Dynamo the runner a warm process would
+    take from the front cache: no AOTAutograd wrapper per call, the caller's grad mode kept
+    around the call and off inside it, eager's values on new data."""
+    lean = LeanRunners(monkeypatch)
+    traces = TracesCounted(monkeypatch)
+    torch._dynamo.reset()
+    fn = tilefuse.compile(logits_view, fallback="error", cache_dir=str(tmp_path), graph_cache=True)
+    for _ in range(3):
+        args = (torch.randn(3, 7, 24), torch.randn(24, 17))
+        out = fn(*args)
+        _close(out, logits_view, args)
+    assert traces.count == 1 and lean.count == 1  # traced (a cold compile), then handed over lean
+    assert torch.is_grad_enabled() and not out.requires_grad
+    with torch.no_grad():
+        assert fn(torch.randn(3, 7, 24), torch.randn(24, 17)).shape == (3, 7, 17)
+    assert torch.is_grad_enabled()
+
+
+def mutating(x, cache):
+    cache.add_(x)
+    return cache * 2
+
+
+def aliasing(x):
+    return torch.relu(x).t(), x.view(-1)
+
+
+@pytest.mark.parametrize("fn,make", [
+    (mutating, lambda: (torch.randn(4, 5), torch.randn(4, 5))),
+    (aliasing, lambda: (torch.randn(4, 5),)),
+])
+def test_graphs_whose_wrapper_does_work_keep_it(tmp_path, monkeypatch, fn, make):
+    """An input written in place or an output that aliases an input: AOTAutograd's wrapper
+    does work for those, and they keep it; the results are eager's."""
+    lean = LeanRunners(monkeypatch)
+    torch._dynamo.reset()
+    compiled = tilefuse.compile(fn, fallback="error", cache_dir=str(tmp_path), graph_cache=True)
+    args = make()
+    expected_args = [a.clone() for a in args]
+    out = compiled(*args)
+    ref = fn(*expected_args)
+    for o, r in zip(out if isinstance(out, tuple) else [out], ref if isinstance(ref, tuple) else [ref]):
+        torch.testing.assert_close(o, r)
+    for a, r in zip(args, expected_args):
+        torch.testing.assert_close(a, r)
+    assert lean.count == 0
+
+
+def test_a_plain_graph_traced_under_autocast_runs_as_eager_autocast(tmp_path, monkeypatch):
+    """Traced under autocast, the graph holds its casts; run without AOTAutograd's wrapper it
+    runs with autocast off inside (as that wrapper does), and gives eager autocast's result."""
+    def fn(x, w):
+        return torch.softmax(x @ w, -1) + x.sum(-1, keepdim=True)
+
+    lean = LeanRunners(monkeypatch)
+    torch._dynamo.reset()
+    compiled = tilefuse.compile(fn, fallback="error", cache_dir=str(tmp_path), graph_cache=True)
+    x, w = torch.randn(6, 32), torch.randn(32, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = compiled(x, w)
+        ref = fn(x, w)
+        assert torch.is_autocast_enabled("cpu")
+    assert lean.count == 1 and out.dtype == ref.dtype
+    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)

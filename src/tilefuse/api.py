@@ -124,9 +124,10 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, settings
     mutated = _mutated_inputs(gm)
     static = _static_inputs()
     ran_once = None
+    plain = False
     if inference:
         with _process_settings(settings):  # (the entry goes where the compile's cache is)
-            _remember_front(gm, report, views, mutated, static)
+            plain = _remember_front(gm, report, views, mutated, static)
     elif front is not None:
         if kind == "forward":
             front.forward_compiled(_fw_metadata(), gm, gm.meta.get(SAVED_FROM), report.graph_key, views, mutated)
@@ -138,8 +139,11 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, settings
         def ran_once():
             with _process_settings(settings):
                 front.ran_once(kind)
-    return _boxed(_runner(name, gm, compiled, report, settings, options, inference, views, mutated, static,
-                          ran_once))
+    run = _runner(name, gm, compiled, report, settings, options, inference, views, mutated, static, ran_once)
+    lean = _lean_inference.get()
+    if plain and lean is not None:
+        lean["runner"] = run  # (Dynamo calls it without AOTAutograd's wrapper: `_aot_compiled`)
+    return _boxed(run)
 
 
 def _runner(name, gm, compiled, report, settings: dict, options: Options, inference: bool, views, mutated: list,
@@ -212,24 +216,31 @@ def _fw_metadata():
 #: (front key, Dynamo's argument count, autocast on) of the inference graph AOTAutograd is
 #: compiling (`_aot` sets it around the trace)
 _front_key: contextvars.ContextVar = contextvars.ContextVar("tilefuse_front_key", default=None)
+#: where the inference compiler leaves the runner of a plain inference graph for `_aot_compiled`
+#: to return in place of AOTAutograd's wrapper (a dict while an eligible graph traces)
+_lean_inference: contextvars.ContextVar = contextvars.ContextVar("tilefuse_lean_inference", default=None)
 #: the index formulas of the Dynamo graph being compiled, described (for its graphs' reports)
 _index_formulas: contextvars.ContextVar = contextvars.ContextVar("tilefuse_index_formulas", default=())
 
 
-def _remember_front(gm: torch.fx.GraphModule, report: CompileReport, views, mutated: list, static: list) -> None:
+def _remember_front(gm: torch.fx.GraphModule, report: CompileReport, views, mutated: list, static: list) -> bool:
     """Point the front cache's entry of the Dynamo graph being compiled at the graph cache's
-    entry of this compiled graph, where AOTAutograd's wrapper around it does nothing."""
+    entry of this compiled graph, where AOTAutograd's wrapper around it does nothing. True
+    where that wrapper does nothing (whether or not the graph cache holds the graph)."""
     from . import front_cache
 
     pending = _front_key.get()
     _front_key.set(None)  # (one inference graph per trace: this one)
-    if pending is None or mutated or not report.graph_key:
-        return
+    if pending is None or mutated:
+        return False
     front, dynamo_inputs, autocast = pending
     placeholders = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
-    if front_cache.plain_runtime(_fw_metadata(), placeholders, dynamo_inputs):
+    if not front_cache.plain_runtime(_fw_metadata(), placeholders, dynamo_inputs):
+        return False
+    if report.graph_key:
         record = {"graph_key": report.graph_key, "static_inputs": [int(k) for k in static], "autocast": autocast}
         front_cache.store(front, record, views)
+    return True
 
 
 def _from_front_cache(front: str, gm: torch.fx.GraphModule, settings: dict):
@@ -261,11 +272,20 @@ def _from_front_cache(front: str, gm: torch.fx.GraphModule, settings: dict):
     run = _runner(name, gm, compiled, report, settings, options, True, record["views"], [],
                   record.get("static_inputs", []), autocast_off=bool(record.get("autocast")))
 
-    def without_grad(*args):  # (as AOTAutograd's wrapper runs an inference graph)
+    return _without_grad(run)
+
+
+def _without_grad(run, autocast_off: bool = False):
+    """`run` as AOTAutograd's wrapper runs a plain inference graph: with grad off, and with
+    autocast off where the graph was traced under it (the trace holds its casts)."""
+    def without_grad(*args):
         grad = torch.is_grad_enabled()
         if grad:
             torch._C._set_grad_enabled(False)
         try:
+            if autocast_off:
+                with torch._C._DisableAutocast():
+                    return run(*args)
             return run(*args)
         finally:
             if grad:
@@ -463,10 +483,19 @@ def _aot_compiled(gm: torch.fx.GraphModule, example_inputs, settings: dict):
 
         entry = TrainingEntry(front, len(example_inputs), autocast, conditions(config.options(settings)))
     token = _front_key.set(None if front is None or training else (front, len(example_inputs), autocast))
+    lean: dict | None = {} if front is not None and not training else None
+    lean_token = _lean_inference.set(lean)
     try:
-        return _traced(gm, example_inputs, settings, entry)
+        traced = _traced(gm, example_inputs, settings, entry)
     finally:
         _front_key.reset(token)
+        _lean_inference.reset(lean_token)
+    if lean and lean.get("runner") is not None:
+        # a plain inference graph: Dynamo calls it as a warm process would from the front cache,
+        # without AOTAutograd's runtime wrapper (a few microseconds a call, which passes
+        # arguments and results through unchanged for such a graph)
+        return _without_grad(lean["runner"], autocast_off=autocast)
+    return traced
 
 
 def _front_key_of(gm, example_inputs, settings: dict, training: bool) -> str | None:
