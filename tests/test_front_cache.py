@@ -512,3 +512,25 @@ def test_a_plain_graph_traced_under_autocast_runs_as_eager_autocast(tmp_path, mo
         assert torch.is_autocast_enabled("cpu")
     assert lean.count == 1 and out.dtype == ref.dtype
     torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_a_graph_returning_a_tensor_subclass_keeps_aotautograds_wrapper(tmp_path, monkeypatch):
+    """A tensor subclass built inside the graph from plain inputs: AOTAutograd compiles its
+    flattened inner tensors and its wrapper rebuilds the subclass, so the graph is never keyed
+    for the front cache (nor handed over without that wrapper), in the first process or a
+    later one."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    def g(a, b):
+        return TwoTensor(a * 2, b + 1)
+
+    lean = LeanRunners(monkeypatch)
+    for _ in range(2):  # a cold compile, then one that would find a front-cache entry
+        torch._dynamo.reset()
+        compiled = tilefuse.compile(g, fallback="error", cache_dir=str(tmp_path), graph_cache=True, fullgraph=True)
+        a, b = torch.randn(3), torch.randn(3)
+        out = compiled(a, b)
+        assert isinstance(out, TwoTensor)
+        torch.testing.assert_close(out.a, a * 2)
+        torch.testing.assert_close(out.b, b + 1)
+    assert lean.count == 0

@@ -141,8 +141,10 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, settings
                 front.ran_once(kind)
     run = _runner(name, gm, compiled, report, settings, options, inference, views, mutated, static, ran_once)
     lean = _lean_inference.get()
-    if plain and lean is not None:
-        lean["runner"] = run  # (Dynamo calls it without AOTAutograd's wrapper: `_aot_compiled`)
+    if inference and lean is not None:
+        lean["compiles"] = lean.get("compiles", 0) + 1
+        if plain:
+            lean["runner"] = run  # (Dynamo calls it without AOTAutograd's wrapper: `_aot_compiled`)
     return _boxed(run)
 
 
@@ -490,7 +492,7 @@ def _aot_compiled(gm: torch.fx.GraphModule, example_inputs, settings: dict):
     finally:
         _front_key.reset(token)
         _lean_inference.reset(lean_token)
-    if lean and lean.get("runner") is not None:
+    if lean and lean.get("runner") is not None and lean["compiles"] == 1:  # (the trace's one graph)
         # a plain inference graph: Dynamo calls it as a warm process would from the front cache,
         # without AOTAutograd's runtime wrapper (a few microseconds a call, which passes
         # arguments and results through unchanged for such a graph)

@@ -49,8 +49,9 @@ from .runtime import artifact
 from .backends.targets import sm_count
 from .tune.tuner import real_tensors
 
-#: what an entry holds; a change of it misses (3: a training entry's backward views)
-FORMAT = 3
+#: what an entry holds; a change of it misses (3: a training entry's backward views; 4: graphs
+#: returning a tensor subclass are no longer keyed, their stored entries dropped)
+FORMAT = 4
 
 _caches: dict[str, DiskCache] = {}
 
@@ -91,6 +92,9 @@ def _ineligible(gm, example_inputs, training: bool, options: Options) -> str | N
         why = _opaque(node)
         if why is not None:
             return why
+    for k, value in enumerate(_output_values(gm)):
+        if is_traceable_wrapper_subclass(value):  # (its metadata is the flattened inner tensors')
+            return f"output {k} is a tensor subclass, which AOTAutograd's wrapper rebuilds"
     for k, x in enumerate(example_inputs):
         if isinstance(x, torch.Tensor):
             if is_traceable_wrapper_subclass(x):
@@ -117,6 +121,13 @@ def _nodes_within(gm: torch.fx.GraphModule):
 
 #: operator namespaces whose implementations come with PyTorch's version (or tilefuse's source)
 _KNOWN_NAMESPACES = frozenset({"aten", "prims", "tilefuse"})
+
+
+def _output_values(gm) -> list:
+    """The example values Dynamo recorded for its graph's outputs (None where it recorded none)."""
+    outputs = gm.graph.output_node().args[0] if gm.graph.nodes else ()
+    outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
+    return [o.meta.get("example_value") if isinstance(o, torch.fx.Node) else None for o in outputs]
 
 
 def _opaque(node) -> str | None:
