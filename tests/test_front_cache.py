@@ -14,18 +14,28 @@ import tilefuse
 from tilefuse import api, front_cache
 
 
-class TracesCounted:
-    """How many times AOTAutograd traced a graph inside the block."""
+class CallsCounted:
+    """How many times `owner.attribute` was called while the test ran."""
 
-    def __init__(self, monkeypatch):
+    def __init__(self, monkeypatch, owner, attribute: str):
         self.count = 0
-        real = aot_autograd.aot_module_simplified
+        real = getattr(owner, attribute)
 
         def counted(*args, **kwargs):
             self.count += 1
             return real(*args, **kwargs)
 
-        monkeypatch.setattr(aot_autograd, "aot_module_simplified", counted)
+        monkeypatch.setattr(owner, attribute, counted)
+
+
+def TracesCounted(monkeypatch):  # noqa: N802 — reads as the count it is
+    """How many times AOTAutograd traced a graph."""
+    return CallsCounted(monkeypatch, aot_autograd, "aot_module_simplified")
+
+
+def LeanRunners(monkeypatch):  # noqa: N802
+    """How many compiled graphs were handed to Dynamo without AOTAutograd's wrapper."""
+    return CallsCounted(monkeypatch, api, "_without_grad")
 
 
 def compiled_twice(fn, make_args, tmp_path, monkeypatch, **options):
@@ -431,20 +441,6 @@ def test_a_backward_whose_gradients_are_views_is_served_with_them(tmp_path, monk
         for g, w in zip(got, want):
             assert g.shape == w.shape
             torch.testing.assert_close(g.double(), w, atol=1e-5, rtol=1e-5)
-
-
-class LeanRunners:
-    """How many compiled graphs were handed to Dynamo without AOTAutograd's wrapper."""
-
-    def __init__(self, monkeypatch):
-        self.count = 0
-        real = api._without_grad
-
-        def counted(*args, **kwargs):
-            self.count += 1
-            return real(*args, **kwargs)
-
-        monkeypatch.setattr(api, "_without_grad", counted)
 
 
 def test_a_plain_inference_graph_runs_without_aotautograds_wrapper_from_its_first_compile(tmp_path, monkeypatch):
