@@ -73,14 +73,15 @@ def fuse_flash(steps: list, graph: Graph, outputs: set, note) -> list:
 
 def _readers(steps: list, graph: Graph, loads: dict | None = None) -> dict:
     """{buffer: the nodes that read it}. `loads` memoises each stage body's loads (every layer's
-    merge asks again, over steps that are mostly unchanged)."""
+    merge asks again, over steps that are mostly unchanged); it holds each body, so no id in it
+    is reused while it lives."""
     readers: dict = {}
     loads = {} if loads is None else loads
     for k in steps:
         if isinstance(k, KernelPlan):
             for st in k.stages:
                 found = loads.get(id(st.body))
-                if found is None or found[0] is not st.body:
+                if found is None:
                     found = loads[id(st.body)] = (st.body, {e.buffer for e in walk(st.body) if isinstance(e, Load)})
                 for name in found[1]:
                     readers.setdefault(name, set()).add(st.node)
