@@ -115,6 +115,80 @@ def test_a_narrowing_conversion_is_stored_by_its_producer_only_when_read_in_orde
     assert (reasons.get(narrow.name, "").startswith("narrowing conversion")) == (not transposed), reasons
 
 
+@pytest.mark.parametrize("source", ["row", "input", "extern"])
+def test_a_rounded_operand_of_a_realised_tensor_is_stored_by_its_source(source):
+    """bf16(x) of a realised fp32 `x` that two products read (autocast's rounding of a residual
+    gradient before a layer's products) is stored by x's own kernel — here a norm's full-row
+    output, joining the norm's row pass — and read by both products as it is; the rounding of
+    an input or of an extern's result stays inlined into each product."""
+    from irgraphs import GraphBuilder
+    from tilefuse.fusion import plan_graph
+    from tilefuse.fusion.inline import Inliner
+    from tilefuse.ir import dtypes as dt
+    from tilefuse.ir.expr import cast, unary
+
+    g = GraphBuilder("g")
+    a = g.input("a", (9, 13), dt.float32, strides="contiguous")
+    w1 = g.input("w1", (13, 5), dt.bfloat16, strides="contiguous")
+    w2 = g.input("w2", (13, 4), dt.bfloat16, strides="contiguous")
+    if source == "row":
+        ss = g.ctx.reduce((9,), (13,), "sum", lambda i, r: a.load((i[0], r[0])) * a.load((i[0], r[0])), dt.float32)
+        x = g.ctx.pointwise((9, 13), dt.float32, lambda i: a.load(i) * unary("rsqrt", ss.load((i[0],)) + 1.0))
+    elif source == "input":
+        x = a
+    else:
+        from tilefuse.frontend.context import BufferValue
+        from tilefuse.ir.graph import Extern, TensorArg
+
+        g.graph.add(Extern("ext", dt.float32, (9, 13), target=torch.ops.aten.cumsum.default,
+                           target_name="aten.cumsum.default", args=(TensorArg(a.name), 1)))
+        x = BufferValue("ext", dt.float32, (9, 13))
+    narrow = g.ctx.pointwise((9, 13), dt.bfloat16, lambda i: cast(x.load(i), dt.bfloat16))
+    products = [g.ctx.reduce((9, n), (13,), "sum", lambda i, r, w=w: cast(narrow.load((i[0], r[0])), dt.float32)
+                             * cast(w.load((r[0], i[1])), dt.float32), dt.float32) for w, n in ((w1, 5), (w2, 4))]
+    graph = g.output(*products, *([x] if source == "row" else []))
+    inliner = Inliner(graph)
+    stored = narrow.name not in inliner.inlined
+    assert stored == (source == "row"), inliner.reasons
+    if stored:
+        assert inliner.reasons[narrow.name].startswith("rounded operand of a product"), inliner.reasons
+        schedule = plan_graph(graph)
+        norm = next(k for k in schedule.kernels if narrow.name in k.stores)
+        assert x.name in norm.stores and ss.name in {s.node for s in norm.stages}, schedule.decisions
+
+
+def rounded_residual_products(x, g, w1, w2, low=torch.bfloat16):
+    """A norm's fp32 output (returned: realised) rounded to bf16 for two products (`low`: the
+    dtype the products run in; the fp64 reference rounds and widens again)."""
+    h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) + g
+    hb = h.to(torch.bfloat16).to(low)
+    return hb @ w1, hb @ w2, h
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_a_norms_rounded_output_is_stored_by_the_norm_for_its_products(backend):
+    """End to end: the bf16 copy is a second store of the norm's kernel (no kernel of its own,
+    no conversion per product), and every result follows eager under the fp64 rule."""
+    torch.manual_seed(0)
+    args = (torch.randn(37, 48), torch.randn(37, 48), torch.randn(48, 20).bfloat16(), torch.randn(48, 11).bfloat16())
+    with config.patch(target=backend):
+        torch._dynamo.reset()
+        report = tilefuse.explain(rounded_residual_products, *args)
+        kinds = sorted(k.kind for k in report.kernels)  # (a product may run in the library)
+        assert len(kinds) == 3 and kinds[-1] == "reduction", str(report)
+        assert all(k in ("aten-matmul", "contraction") for k in kinds[:2]), str(report)
+        norm = next(k for k in report.kernels if k.kind == "reduction")
+        assert "to_copy" in norm.ops, str(report)
+        torch._dynamo.reset()
+        outs = torch.compile(rounded_residual_products, backend="tilefuse")(*args)
+    refs = rounded_residual_products(*(a.double() for a in args), low=torch.float64)
+    eagers = rounded_residual_products(*args)
+    for out, ref, eager in zip(outs, refs, eagers):
+        err, eager_err = ((t.double() - ref).abs().max().item() for t in (out, eager))
+        assert out.dtype == eager.dtype
+        assert err <= 2 * eager_err + 1e-4 * (1 + ref.abs().max().item()), (err, eager_err)
+
+
 @pytest.mark.parametrize("saved", [False, True])
 def test_a_costly_prologue_read_rounded_is_stored_rounded(saved):
     """A costly fp32 value (exp) whose one reader rounds it to bf16 for two products (autocast's

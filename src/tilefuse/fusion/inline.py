@@ -93,6 +93,7 @@ class Inliner:
         self._break_shared_chains()
         self._store_rounded_products_before_reductions()
         self._store_narrow_prologues(costly_prologues)
+        self._store_rounded_operands()
 
     def _store_rounded_products_before_reductions(self) -> None:
         """A product's rounded result — `bf16(x @ wᵀ + b)`, eager's `addmm` — that would be
@@ -218,6 +219,31 @@ class Inliner:
             if conversion.name in self.inlined:
                 self.inlined.discard(conversion.name)
                 self.reasons[conversion.name] = "narrowing conversion of a costly prologue: stored narrow by its producer"
+            moved = True
+        if moved:
+            self._forget_bodies()
+
+    def _store_rounded_operands(self) -> None:
+        """`bf16(x)` of a realised fp32 `x` that a product reads (autocast's rounding of a
+        residual stream's gradient before the products of the layer below) is stored by `x`'s
+        own kernel, once, instead of being inlined into each product: a library product would
+        convert it with a copy kernel of its own per call (two or three per layer), and a
+        generated one re-reads the fp32 tensor once per output tile where the bf16 copy is
+        half the bytes. A conversion of an input or of an extern's result stays inlined (it
+        would be a kernel of its own), as does one that reorders `x` (not its kernel's epilogue)."""
+        moved = False
+        for node in self.graph.nodes.values():
+            name = node.name
+            if name not in self.inlined or not narrowing_conversion(node):
+                continue
+            source = node.body.x.buffer
+            producer = self.graph.nodes.get(source)
+            if (not isinstance(producer, (Pointwise, Reduce)) or source in self.inlined
+                    or not any(is_contraction_like(self.graph[u]) for u in self.users[name])
+                    or not _reads_in_order(node, self.graph)):
+                continue
+            self.inlined.discard(name)
+            self.reasons[name] = "rounded operand of a product: stored narrow by its source's kernel, read by each product"
             moved = True
         if moved:
             self._forget_bodies()

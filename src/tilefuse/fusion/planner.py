@@ -317,14 +317,18 @@ class Planner:
         return repair
 
     def place_pointwise(self, node: Pointwise) -> None:
-        body = self.inliner.body(node.name)
-        deps = self.deps(body)
+        own_body = self.inliner.body(node.name)
+        own_deps = self.deps(own_body)
         size = numel(node.shape)
-        candidates = sorted({self.where[d] for d in deps}, reverse=True)
+        candidates = sorted({self.where[d] for d in own_deps}, reverse=True)
         for kidx in candidates:
             k = self.steps[kidx]
             if not isinstance(k, KernelPlan) or k.kind == PlanKind.POINTWISE:
                 continue
+            # a full-row output of k read here is recomputed from k's own values (the bf16 copy of
+            # a norm's output that a product reads: a second store of the same row)
+            body = self.through_full_rows(own_body, k) if k.kind == PlanKind.REDUCTION else own_body
+            deps = self.deps(body) if body is not own_body else own_deps
             anchors = {s.node for s in k.stages
                        if s.kind in (StageKind.REDUCE, StageKind.CONTRACTION, StageKind.ROW)}
             if not self.reachable_before(deps, kidx, anchors):
@@ -349,13 +353,13 @@ class Planner:
                         self.note(f"{node.name}: full-row output of {k.name} (pass {level})", k)
                         return
             self.note(f"{node.name}: not fused into {k.name}: it does not read the kernel's results at the kernel's own position")
-        k = self.horizontal_partner(size, deps)
+        k = self.horizontal_partner(size, own_deps)
         if k is not None:
-            self.add(k, Stage(node.name, StageKind.POINTWISE, body))
+            self.add(k, Stage(node.name, StageKind.POINTWISE, own_body))
             self.note(f"{node.name}: joins {k.name}: same iteration space, reads nothing it computes", k)
             return
         k = self.new_kernel(PlanKind.POINTWISE, size)
-        self.add(k, Stage(node.name, StageKind.POINTWISE, body))
+        self.add(k, Stage(node.name, StageKind.POINTWISE, own_body))
         self.note(f"{node.name}: pointwise -> {k.name}", k)
 
     def horizontal_partner(self, size, deps: set) -> KernelPlan | None:
