@@ -75,6 +75,23 @@ def test_a_second_compile_skips_aotautograd(tmp_path, monkeypatch, target):
     assert "front cache" in report.stage_seconds and report.cached
 
 
+def test_dynamos_graph_names_the_device_of_its_inputs():
+    """The front cache serves Dynamo's graph, whose placeholders hold `example_value`, not
+    AOTAutograd's `val`: the graphs it loads run where the inputs are (a GPU graph loaded for
+    the CPU allocated its buffers there, and its first launch failed in every warm process)."""
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append(api._device_of(gm))
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(lambda x, y: x * 2 + y, backend=backend)(torch.randn(3, device="meta"), torch.randn(3, device="meta"))
+    torch._dynamo.reset()
+    torch.compile(lambda x: x * 2, backend=backend)(torch.randn(3))
+    assert seen == [torch.device("meta"), torch.device("cpu")], seen
+
+
 def _mutates(cache, pos, new):
     cache.index_copy_(0, pos, new)
     return cache.sum(0) * 2

@@ -60,9 +60,11 @@ def _decompositions(training: bool = False):
 
 
 def _device_of(gm: torch.fx.GraphModule) -> torch.device:
+    """Where the graph's tensors live: the first input not on the CPU (an AOTAutograd graph's
+    placeholders hold their values as `val`, Dynamo's as `example_value`)."""
     for node in gm.graph.nodes:
         if node.op == "placeholder":
-            val = node.meta.get("val")
+            val = node.meta.get("val", node.meta.get("example_value"))
             if isinstance(val, torch.Tensor) and val.device.type != "cpu":
                 return val.device
     return torch.device("cpu")
