@@ -115,12 +115,13 @@ def test_a_narrowing_conversion_is_stored_by_its_producer_only_when_read_in_orde
     assert (reasons.get(narrow.name, "").startswith("narrowing conversion")) == (not transposed), reasons
 
 
-@pytest.mark.parametrize("source", ["row", "input", "extern"])
+@pytest.mark.parametrize("source", ["row", "input", "extern", "pointwise"])
 def test_a_rounded_operand_of_a_realised_tensor_is_stored_by_its_source(source):
     """bf16(x) of a realised fp32 `x` that two products read (autocast's rounding of a residual
     gradient before a layer's products) is stored by x's own kernel — here a norm's full-row
     output, joining the norm's row pass — and read by both products as it is; the rounding of
-    an input or of an extern's result stays inlined into each product."""
+    an input, of an extern's result or of a pointwise kernel's output (which a stored
+    conversion would not join: a kernel of its own) stays inlined into each product."""
     from irgraphs import GraphBuilder
     from tilefuse.fusion import plan_graph
     from tilefuse.fusion.inline import Inliner
@@ -136,6 +137,8 @@ def test_a_rounded_operand_of_a_realised_tensor_is_stored_by_its_source(source):
         x = g.ctx.pointwise((9, 13), dt.float32, lambda i: a.load(i) * unary("rsqrt", ss.load((i[0],)) + 1.0))
     elif source == "input":
         x = a
+    elif source == "pointwise":
+        x = g.ctx.pointwise((9, 13), dt.float32, lambda i: unary("tanh", a.load(i)) * 2.0 + a.load(i))
     else:
         from tilefuse.frontend.context import BufferValue
         from tilefuse.ir.graph import Extern, TensorArg
@@ -146,7 +149,7 @@ def test_a_rounded_operand_of_a_realised_tensor_is_stored_by_its_source(source):
     narrow = g.ctx.pointwise((9, 13), dt.bfloat16, lambda i: cast(x.load(i), dt.bfloat16))
     products = [g.ctx.reduce((9, n), (13,), "sum", lambda i, r, w=w: cast(narrow.load((i[0], r[0])), dt.float32)
                              * cast(w.load((r[0], i[1])), dt.float32), dt.float32) for w, n in ((w1, 5), (w2, 4))]
-    graph = g.output(*products, *([x] if source == "row" else []))
+    graph = g.output(*products, *([x] if source in ("row", "pointwise") else []))
     inliner = Inliner(graph)
     stored = narrow.name not in inliner.inlined
     assert stored == (source == "row"), inliner.reasons
@@ -166,21 +169,25 @@ def rounded_residual_products(x, g, w1, w2, low=torch.bfloat16):
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
-def test_a_norms_rounded_output_is_stored_by_the_norm_for_its_products(backend):
+@pytest.mark.parametrize("width,row_limit,dynamic", [(48, 8192, False), (300, 64, False), (45, 8192, True)])
+def test_a_norms_rounded_output_is_stored_by_the_norm_for_its_products(backend, width, row_limit, dynamic):
     """End to end: the bf16 copy is a second store of the norm's kernel (no kernel of its own,
-    no conversion per product), and every result follows eager under the fp64 rule."""
+    no conversion per product), and every result follows eager under the fp64 rule — with the
+    row held whole, looped over in tiles (the stores in the pass after the sum), and with
+    symbolic sizes."""
     torch.manual_seed(0)
-    args = (torch.randn(37, 48), torch.randn(37, 48), torch.randn(48, 20).bfloat16(), torch.randn(48, 11).bfloat16())
-    with config.patch(target=backend):
+    args = (torch.randn(37, width), torch.randn(37, width), torch.randn(width, 20).bfloat16(),
+            torch.randn(width, 11).bfloat16())
+    with config.patch(target=backend, persistent_reduction_limit=row_limit):
         torch._dynamo.reset()
-        report = tilefuse.explain(rounded_residual_products, *args)
+        report = tilefuse.explain(rounded_residual_products, *args, dynamic=dynamic)
         kinds = sorted(k.kind for k in report.kernels)  # (a product may run in the library)
         assert len(kinds) == 3 and kinds[-1] == "reduction", str(report)
         assert all(k in ("aten-matmul", "contraction") for k in kinds[:2]), str(report)
         norm = next(k for k in report.kernels if k.kind == "reduction")
         assert "to_copy" in norm.ops, str(report)
         torch._dynamo.reset()
-        outs = torch.compile(rounded_residual_products, backend="tilefuse")(*args)
+        outs = torch.compile(rounded_residual_products, backend="tilefuse", dynamic=dynamic)(*args)
     refs = rounded_residual_products(*(a.double() for a in args), low=torch.float64)
     eagers = rounded_residual_products(*args)
     for out, ref, eager in zip(outs, refs, eagers):
@@ -311,3 +318,40 @@ def test_prologue_keeps_the_operands_precision(case, dtype):
     eager = fn(*args)
     err, eager_err = ((t.double() - ref).abs().max().item() for t in (out, eager))
     assert err <= 2 * eager_err + 1e-2 * (1 + ref.abs().max().item()), (err, eager_err)
+
+
+def full_row_chain(a, links: int):
+    """A norm's output, then `links` realised sums each reading the last at its own position
+    and flipped (returned, so each is stored)."""
+    x = a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + 1e-6)
+    outs = [x]
+    for _ in range(links):
+        x = x + x.flip(-1) * 0.5
+        outs.append(x)
+    return outs
+
+
+def test_a_chain_of_full_rows_is_not_recomputed_link_by_link():
+    """A pointwise node joins a reduction's kernel through its full-row outputs only while that
+    adds few operations: each link of this chain reads the last twice, and recomputed it would
+    double the body per link (minutes to compile at 20 links). Results follow eager."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from tilefuse.frontend.to_ir import lower_fx
+    from tilefuse.fusion.inline import MAX_SHARED_OPS
+    from tilefuse.fusion.planner import plan_graph
+    from tilefuse.ir.expr import count_ops
+    from tilefuse.passes import run_passes
+
+    torch.manual_seed(0)
+    a = torch.randn(13, 64)
+    graph = run_passes(lower_fx(make_fx(lambda t: full_row_chain(t, 8))(a), "g"))
+    limit = 4 * MAX_SHARED_OPS
+    for plan in plan_graph(graph).kernels:
+        for stage in plan.stages:
+            assert count_ops(stage.body, limit) <= limit, (plan.name, stage.node)
+    with config.patch(target="cpu"):
+        torch._dynamo.reset()
+        outs = torch.compile(full_row_chain, backend="tilefuse")(a, 8)
+    for out, ref in zip(outs, full_row_chain(a.double(), 8)):
+        torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)

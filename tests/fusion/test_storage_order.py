@@ -168,23 +168,26 @@ def test_an_aten_result_in_another_layout_than_traced_is_made_to_conform():
     assert torch.equal(out, arg * 2)
 
 
-def heads_for_an_aten_call(x, w, generated_reader):
+def heads_for_an_aten_call(x, w, generated_reader, flipped=False):
     """A product's result viewed as heads, [B, S, H·D] read back as [B, H, S, D] (the gradient
     of an attention's output handed to its backward), then read by an ATen call (`cumsum`,
     which tilefuse does not lower) or by a generated kernel only."""
     y = (x @ w).view(2, 7, 3, 4).transpose(1, 2) * 1.5
+    if flipped:
+        y = y.flip(2)
     return y.sum(-1) if generated_reader else torch.cumsum(y, -1) + 1
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
-@pytest.mark.parametrize("generated_reader", [False, True])
-def test_a_reshaped_read_is_stored_in_its_source_order_for_an_aten_call(backend, generated_reader):
+@pytest.mark.parametrize("generated_reader,flipped", [(False, False), (True, False), (False, True)])
+def test_a_reshaped_read_is_stored_in_its_source_order_for_an_aten_call(backend, generated_reader, flipped):
     """For an ATen call the reshaped buffer takes the order its source's storage runs through
-    it (its kernel is then a straight copy, and the call gets the strides eager would give it);
-    a generated reader is left to the divisions-and-strides choice, which keeps row-major here."""
+    it (its kernel is then a straight copy, and the call gets the strides eager would give it),
+    also where a dim is read backwards (`flip`: the sequence stays outside the heads); a
+    generated reader is left to the divisions-and-strides choice, which keeps row-major here."""
     torch.manual_seed(0)
     x, w = torch.randn(14, 5), torch.randn(5, 12)
-    fn = lambda a, b: heads_for_an_aten_call(a, b, generated_reader)  # noqa: E731
+    fn = lambda a, b: heads_for_an_aten_call(a, b, generated_reader, flipped)  # noqa: E731
     with config.patch(target=backend):
         decisions = _decisions(fn, x, w)
         assert any("(d0, d2, d1, d3) order" in d for d in decisions) == (not generated_reader), decisions

@@ -225,20 +225,21 @@ class Inliner:
 
     def _store_rounded_operands(self) -> None:
         """`bf16(x)` of a realised fp32 `x` that a product reads (autocast's rounding of a
-        residual stream's gradient before the products of the layer below) is stored by `x`'s
-        own kernel, once, instead of being inlined into each product: a library product would
-        convert it with a copy kernel of its own per call (two or three per layer), and a
-        generated one re-reads the fp32 tensor once per output tile where the bf16 copy is
-        half the bytes. A conversion of an input or of an extern's result stays inlined (it
-        would be a kernel of its own), as does one that reorders `x` (not its kernel's epilogue)."""
+        residual stream's gradient before the products of the layer below) is stored once, by
+        the reduction or product kernel that computes `x` (a norm's row pass; a product's
+        epilogue), instead of being inlined into each product: a library product would convert
+        it with a copy kernel of its own per call (two or three per layer), and a generated one
+        re-reads the fp32 tensor once per output tile where the bf16 copy is half the bytes.
+        Where no such kernel computes `x` (an input, an extern's result, a pointwise kernel's
+        output) the conversion stays inlined: stored, it would be a kernel of its own. So does
+        one that reorders `x` (not its kernel's epilogue)."""
         moved = False
         for node in self.graph.nodes.values():
             name = node.name
             if name not in self.inlined or not narrowing_conversion(node):
                 continue
             source = node.body.x.buffer
-            producer = self.graph.nodes.get(source)
-            if (not isinstance(producer, (Pointwise, Reduce)) or source in self.inlined
+            if (source in self.inlined or not self._in_a_reduction_kernel(source)
                     or not any(is_contraction_like(self.graph[u]) for u in self.users[name])
                     or not _reads_in_order(node, self.graph)):
                 continue
@@ -247,6 +248,16 @@ class Inliner:
             moved = True
         if moved:
             self._forget_bodies()
+
+    def _in_a_reduction_kernel(self, name: str) -> bool:
+        """Whether a reduction's or a product's kernel computes the node, so that a conversion
+        of it can be one more store there: a reduction, or a pointwise node whose body reads
+        one (a norm's output, stored by the row pass; a product's epilogue)."""
+        node = self.graph.nodes.get(name)
+        if isinstance(node, Reduce):
+            return True
+        return isinstance(node, Pointwise) and any(
+            isinstance(e, Load) and isinstance(self.graph.nodes.get(e.buffer), Reduce) for e in walk(self.body(name)))
 
     def _feeds_contraction(self, name: str) -> bool:
         """A contraction reads the node, directly or through conversions of it (`float32(x)` of a

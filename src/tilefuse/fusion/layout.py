@@ -201,7 +201,7 @@ def _reshaped_read_orders(body, shape, graph: Graph):
         rest = sympy.expand(offset - sum((c * sym for c, sym in zip(coefs, symbols)), sympy.Integer(0)))
         if rest.free_symbols & set(symbols) or any(c.free_symbols & set(symbols) for c in coefs):
             continue
-        order = storage_order(shape, coefs)
+        order = storage_order(shape, [abs(c) for c in coefs])  # (a flipped dim runs backwards, in its place)
         if order is not None:
             yield order
 

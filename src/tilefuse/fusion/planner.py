@@ -24,12 +24,12 @@ import sympy
 
 from .. import logs
 from ..config import KNOBS
-from ..ir.expr import Binary, Expr, Index, Load, free_symbols, out_index, red_index, transform, walk
+from ..ir.expr import Binary, Expr, Index, Load, count_ops, free_symbols, out_index, red_index, transform, walk
 from ..ir.graph import Extern, ExternResult, Graph, Pointwise, Reduce, Scatter
 from ..ir.monoid import SUM
 from ..ir.rewrite import substitute_index
 from ..ir.symbolic import ravel_sym, simplify_index, unravel_sym
-from .inline import Inliner
+from .inline import MAX_SHARED_OPS, Inliner
 from .plan import Contraction, ExternStep, KernelPlan, PlanKind, GraphPlan, Stage, StageKind
 from .flash import fuse_flash
 from .recompute import fuse_recomputed_scores
@@ -326,8 +326,14 @@ class Planner:
             if not isinstance(k, KernelPlan) or k.kind == PlanKind.POINTWISE:
                 continue
             # a full-row output of k read here is recomputed from k's own values (the bf16 copy of
-            # a norm's output that a product reads: a second store of the same row)
+            # a norm's output that a product reads: a second store of the same row), while that
+            # adds few operations: a chain of full rows, each reading the last, would grow a body
+            # per link (and two reads of the last, twice over)
             body = self.through_full_rows(own_body, k) if k.kind == PlanKind.REDUCTION else own_body
+            if body is not own_body:
+                limit = count_ops(own_body, MAX_SHARED_OPS) + MAX_SHARED_OPS
+                if count_ops(body, limit) > limit:
+                    body = own_body
             deps = self.deps(body) if body is not own_body else own_deps
             anchors = {s.node for s in k.stages
                        if s.kind in (StageKind.REDUCE, StageKind.CONTRACTION, StageKind.ROW)}
