@@ -23,7 +23,7 @@ import sympy
 from ..ir.bounds import prune_checks
 from ..ir.dtypes import float_widens
 from ..ir.expr import (Cast, Expr, Index, Load, Unary, Where, count_ops, out_index, red_index,
-                       skip_intermediate_rounding, transform, walk)
+                       skip_intermediate_rounding, transform, walk, walk_unique)
 from ..ir.graph import Extern, ExternResult, Graph, Pointwise, Reduce
 from ..ir.monoid import SUM
 from ..ir.rewrite import substitute_index
@@ -257,7 +257,7 @@ class Inliner:
         if isinstance(node, Reduce):
             return True
         return isinstance(node, Pointwise) and any(
-            isinstance(e, Load) and isinstance(self.graph.nodes.get(e.buffer), Reduce) for e in walk(self.body(name)))
+            isinstance(e, Load) and isinstance(self.graph.nodes.get(e.buffer), Reduce) for e in walk_unique(self.body(name)))
 
     def _feeds_contraction(self, name: str) -> bool:
         """A contraction reads the node, directly or through conversions of it (`float32(x)` of a
