@@ -2,15 +2,20 @@
 # First calls in fresh processes, cold then warm twice, for each workload and backend, each
 # backend with its own fresh cache directories:
 #   scripts/warm_first_calls.sh DEVICE "nanogpt nanogpt_train" "inductor tilefuse" > log
-# Prints the `== ... first call` line of each process (scripts/first_call_phases.py).
+# Prints the `== ... first call` line of each process (scripts/first_call_phases.py), and for a
+# process that printed none, its last lines (the error that stopped it).
 device=$1; workloads=$2; backends=$3
 for w in $workloads; do
   for b in $backends; do
     c=$(mktemp -d)
     for phase in cold warm warm; do
       echo -n "$phase "
-      TORCHINDUCTOR_CACHE_DIR=$c/ind TRITON_CACHE_DIR=$c/triton TILEFUSE_CACHE_DIR=$c/tf \
-        PYTHONPATH=src python scripts/first_call_phases.py "$w" "$b" "$device" 2>&1 | grep "^== " || echo "== $w $b failed"
+      out=$(TORCHINDUCTOR_CACHE_DIR=$c/ind TRITON_CACHE_DIR=$c/triton TILEFUSE_CACHE_DIR=$c/tf \
+        PYTHONPATH=src python scripts/first_call_phases.py "$w" "$b" "$device" 2>&1)
+      if ! grep "^== " <<<"$out"; then
+        echo "== $w $b failed:"
+        tail -n 8 <<<"$out" | sed 's/^/     /'
+      fi
     done
     rm -rf "$c"
   done
