@@ -3,12 +3,13 @@
 # backend with its own fresh cache directories:
 #   scripts/warm_first_calls.sh DEVICE "nanogpt nanogpt_train" "inductor tilefuse" > log
 # Prints the `== ... first call` line of each process (scripts/first_call_phases.py), and for a
-# process that printed none, its last lines (the error that stopped it).
+# process that printed none, its last lines (the error that stopped it). PHASES="cold warm"
+# runs one warm process instead of two.
 device=$1; workloads=$2; backends=$3
 for w in $workloads; do
   for b in $backends; do
     c=$(mktemp -d)
-    for phase in cold warm warm; do
+    for phase in ${PHASES:-cold warm warm}; do
       echo -n "$phase "
       out=$(TORCHINDUCTOR_CACHE_DIR=$c/ind TRITON_CACHE_DIR=$c/triton TILEFUSE_CACHE_DIR=$c/tf \
         PYTHONPATH=src python scripts/first_call_phases.py "$w" "$b" "$device" 2>&1)
