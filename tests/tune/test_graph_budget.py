@@ -346,3 +346,48 @@ def test_a_plan_an_earlier_graph_tuned_counts_by_its_measured_time(monkeypatch):
     assert "from-earlier" not in out and out["b"].source == "model"
     monkeypatch.setattr(dedupe, "lookup", lambda k: None)
     assert isinstance(_prepare_graph(monkeypatch, ("b",), fake_prepare, tuning_budget_ms=100)["b"], PreparedTuning)
+
+
+def test_a_plans_best_candidates_compile_before_the_next_plan_is_lowered(monkeypatch):
+    """With compile workers, a prepared plan's best two fitting candidates start compiling at
+    once (`PreparedTuning.start_early`), before the graph's later plans — repeats included — are
+    lowered and its budget is shared; `start` then submits the rest. Without workers nothing
+    starts early."""
+    events = []
+
+    class Recording(_Bench):
+        def precompile(self, schedules):
+            events.append(("compile", list(schedules)))
+            super().precompile(schedules)
+
+    def fake_prepare(step):
+        events.append(("prepare", step.name))
+        p = _prepared()
+        p.name, p.key, p.bench = step.name, "tuning-" + step.name, Recording()
+        return p
+
+    out = _prepare_graph(monkeypatch, ("a", "b"), fake_prepare, tuning_budget_ms=600)
+    assert [e[0] for e in events[:4]] == ["prepare", "compile", "prepare", "compile"], events
+    first = events[1][1]
+    fitting = [s for _, s in _prepared().ranked if not _too_big(s)]
+    assert first == fitting[:tuner.MIN_KEPT] and any(_too_big(s) for _, s in _prepared().ranked[:2])
+    # the share decides the rest: every kept candidate is compiling, the early ones among them
+    for name in ("a", "b"):
+        p = out[name]
+        assert p.started and {s for _, s in p.ranked} <= set(p.bench.compiling)
+        assert set(first) <= {s for _, s in p.ranked}
+    events.clear()
+    _prepare_graph(monkeypatch, ("a", "b"), fake_prepare, pool=False, tuning_budget_ms=600)
+    assert [e[0] for e in events] == ["prepare", "prepare"]
+
+
+def test_an_early_start_that_fails_leaves_the_plan_to_its_start(monkeypatch):
+    p = _prepared()
+
+    def misfit(schedule):
+        raise ValueError("a lowering bug")
+
+    p.bench.misfit = misfit
+    p.start_early()
+    assert not p.bench.compiling and not p.started
+    assert p.try_start(0.2).source == "rules"

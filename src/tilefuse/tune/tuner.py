@@ -73,6 +73,9 @@ SUSPECT_RATIO = 32.0
 MIN_SHARE_S = 0.02
 #: a plan under this fraction of its graph's predicted time is not measured (the model chooses)
 NEGLIGIBLE = 0.002
+#: the fewest candidates a measured plan keeps, however small its share: the first of them start
+#: compiling as soon as the plan is ranked (`PreparedTuning.start_early`)
+MIN_KEPT = 2
 #: seconds of measurement per candidate kept (a plan with a small share measures fewer)
 SECONDS_PER_CANDIDATE = 0.04
 #: CPU seconds a candidate's compile costs (a Triton kernel: LLVM and ptxas, 0.5–2 s on an H200
@@ -171,7 +174,7 @@ class PreparedTuning:
         if budget_s is not None and self.kind != "memory":
             # (a memory-bound kernel keeps its candidates: they compile in a fraction of a second,
             # and the model ranks their tiles worst — a layer norm's backward ran 1.8x slower with two)
-            keep = max(2, min(keep, int(budget_s / self.candidate_s + 0.5)))
+            keep = max(MIN_KEPT, min(keep, int(budget_s / self.candidate_s + 0.5)))
         with real_tensors():
             everything = rank(self.space, self.ceilings)
             head = rank(self.space, keep=keep, scored=everything) if keep < len(self.ranked) else self.ranked
@@ -180,6 +183,31 @@ class PreparedTuning:
         add_phase(self.phases, "check", t1 - t0)
         self.bench.precompile([schedule for _, schedule in self.ranked])
         self.started = True
+        add_phase(self.phases, "submit", time.perf_counter() - t1)
+        self.seconds += time.perf_counter() - t0
+
+    def start_early(self) -> None:
+        """Start compiling the model's best `MIN_KEPT` candidates that fit, before the graph's
+        budget is shared: whatever its share, `start` keeps at least those (a plan left
+        unmeasured wasted their compiles). The graph's other plans are lowered and ranked
+        meanwhile, so its compiles begin that much sooner; `start` submits the rest."""
+        if self.started:
+            return
+        t0 = time.perf_counter()
+        try:
+            head = []
+            with real_tensors():
+                for _, schedule in self.ranked:
+                    if len(head) == MIN_KEPT:
+                        break
+                    if not self.bench.misfit(schedule):
+                        head.append(schedule)
+        except Exception as err:  # noqa: BLE001 — `try_start` meets it again and decides
+            logs.log("tune", "%s: not started early: %s: %s", self.name, type(err).__name__, err)
+            return
+        t1 = time.perf_counter()
+        add_phase(self.phases, "check", t1 - t0)
+        self.bench.precompile(head)
         add_phase(self.phases, "submit", time.perf_counter() - t1)
         self.seconds += time.perf_counter() - t0
 
