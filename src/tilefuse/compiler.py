@@ -428,9 +428,9 @@ def _prepare_tuning(graph, steps, lowering, options: Options, device, stage, pro
     the graph's measuring budget is shared first (`tuner.allot_budgets`): a plan with a
     negligible share is the model's choice. Where there are compile workers, every measured
     plan's candidates start compiling (in `compile_pool`'s workers) before the first is
-    measured, so the graph's compiles run side by side — the best two of a plan as soon as it is
-    ranked (`PreparedTuning.start_early`), the rest once the budget is shared; without workers
-    each plan starts when its turn comes (`tune_plan`).
+    measured, so the graph's compiles run side by side — those a plan keeps whatever its share as
+    soon as it is ranked (`PreparedTuning.start_early`), the rest once the budget is shared;
+    without workers each plan starts when its turn comes (`tune_plan`).
 
     A plan identical to an earlier one (the same dedupe key: every layer of a model after the
     first) is not prepared at all: it reuses that plan's kernels (`_reuse`), and only counts
@@ -479,7 +479,7 @@ def _prepare_tuning(graph, steps, lowering, options: Options, device, stage, pro
                     again.append((step.name, first[p.key]))
                     continue
                 first[p.key] = step.name
-                if pool:  # (its best candidates compile while the graph's other plans are lowered)
+                if pool:  # (its surest candidates compile while the graph's other plans are lowered)
                     p.start_early()
             out[step.name] = p
     for name, same in copy_of:

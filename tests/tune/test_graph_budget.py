@@ -97,11 +97,12 @@ def test_an_unmeasured_plan_is_the_models_choice():
     assert not p.bench.compiling
 
 
-def _prepare_graph(monkeypatch, names, fake_prepare, pool=True, same=None, bases=None, **knobs):
+def _prepare_graph(monkeypatch, names, fake_prepare, pool=True, same=None, bases=None, events=None, **knobs):
     """`compiler._prepare_tuning` over contraction plans named `names`, each prepared by
     `fake_prepare(step)` (a stand-in for `tuner.prepare_tuning`), with or without compile workers.
     `same`: {plan: an earlier plan it is identical to (the same dedupe key)}; `bases` receives
-    each plan's (kernels, notes, dedupe key)."""
+    each plan's (kernels, notes, dedupe key); `events` gets ("lower", plan) for each plan's base
+    lowering."""
     import contextlib
     from types import SimpleNamespace
 
@@ -119,8 +120,12 @@ def _prepare_graph(monkeypatch, names, fake_prepare, pool=True, same=None, bases
     monkeypatch.setattr(compile_pool, "start", lambda *a: pool)
     monkeypatch.setattr(compiler, "_statically_empty", lambda graph, step: False)
     same = same or {}
-    monkeypatch.setattr(compiler, "_keyed_lowering", lambda graph, step, lowering, options, stage:
-                        ([], [], "plan-" + same.get(step.name, step.name)))
+    def keyed(graph, step, lowering, options, stage):
+        if events is not None:
+            events.append(("lower", step.name))
+        return [], [], "plan-" + same.get(step.name, step.name)
+
+    monkeypatch.setattr(compiler, "_keyed_lowering", keyed)
     steps = []
     for name in names:
         k = KernelPlan(name, PlanKind.CONTRACTION, parallel=1)
@@ -349,13 +354,19 @@ def test_a_plan_an_earlier_graph_tuned_counts_by_its_measured_time(monkeypatch):
 
 
 def test_a_plans_best_candidates_compile_before_the_next_plan_is_lowered(monkeypatch):
-    """With compile workers, a prepared plan's best two fitting candidates start compiling at
-    once (`PreparedTuning.start_early`), before the graph's later plans — repeats included — are
-    lowered and its budget is shared; `start` then submits the rest. Without workers nothing
-    starts early."""
+    """With compile workers, a prepared plan's candidates that every `start` keeps (the model's
+    cut to two, those that fit) start compiling at once (`PreparedTuning.start_early`), before the
+    graph's later plans — repeats included — are lowered and its budget is shared; `start`
+    then submits the rest its share keeps. Without workers nothing starts early."""
     events = []
 
+    def fits(schedule):  # no limit: the model's two best are not the cut to two (the default is in it)
+        return None
+
     class Recording(_Bench):
+        def misfit(self, schedule):
+            return fits(schedule)
+
         def precompile(self, schedules):
             events.append(("compile", list(schedules)))
             super().precompile(schedules)
@@ -364,21 +375,25 @@ def test_a_plans_best_candidates_compile_before_the_next_plan_is_lowered(monkeyp
         events.append(("prepare", step.name))
         p = _prepared()
         p.name, p.key, p.bench = step.name, "tuning-" + step.name, Recording()
+        if step.name == "b":  # a light plan: its share keeps only two candidates
+            p.ranked = [(t / 30, s) for t, s in p.ranked]
         return p
 
-    out = _prepare_graph(monkeypatch, ("a", "b"), fake_prepare, tuning_budget_ms=600)
-    assert [e[0] for e in events[:4]] == ["prepare", "compile", "prepare", "compile"], events
-    first = events[1][1]
-    fitting = [s for _, s in _prepared().ranked if not _too_big(s)]
-    assert first == fitting[:tuner.MIN_KEPT] and any(_too_big(s) for _, s in _prepared().ranked[:2])
-    # the share decides the rest: every kept candidate is compiling, the early ones among them
-    for name in ("a", "b"):
-        p = out[name]
-        assert p.started and {s for _, s in p.ranked} <= set(p.bench.compiling)
-        assert set(first) <= {s for _, s in p.ranked}
+    out = _prepare_graph(monkeypatch, ("a", "b", "a2"), fake_prepare, same={"a2": "a"}, events=events,
+                         tuning_budget_ms=600)
+    kinds = [e[0] for e in events]
+    assert kinds == ["lower", "prepare", "compile", "lower", "prepare", "compile", "lower", "compile", "compile"], \
+        events  # each plan's early compiles come before the next plan's lowering, a2's repeat included
+    early = {"a": events[2][1], "b": events[5][1]}
+    fitting = [s for _, s in rank(_space(), NOMINAL, keep=tuner.MIN_KEPT) if not fits(s)]
+    assert early["a"] == early["b"] == fitting and len(fitting) == tuner.MIN_KEPT
+    assert [s for _, s in _prepared().ranked[:2]] != fitting  # (not merely the two best predicted)
+    assert len(out["b"].ranked) == tuner.MIN_KEPT  # (the light plan's share keeps the fewest)
+    for name in ("a", "b"):  # whatever the share, every early candidate is among those kept
+        assert set(early[name]) <= {s for _, s in out[name].ranked} <= set(out[name].bench.compiling)
     events.clear()
-    _prepare_graph(monkeypatch, ("a", "b"), fake_prepare, pool=False, tuning_budget_ms=600)
-    assert [e[0] for e in events] == ["prepare", "prepare"]
+    _prepare_graph(monkeypatch, ("a", "b"), fake_prepare, pool=False, events=events, tuning_budget_ms=600)
+    assert [e[0] for e in events] == ["lower", "prepare", "lower", "prepare"]
 
 
 def test_an_early_start_that_fails_leaves_the_plan_to_its_start(monkeypatch):
@@ -391,3 +406,30 @@ def test_an_early_start_that_fails_leaves_the_plan_to_its_start(monkeypatch):
     p.start_early()
     assert not p.bench.compiling and not p.started
     assert p.try_start(0.2).source == "rules"
+
+
+def test_lowering_candidates_leaves_the_plans_notes_as_they_were():
+    """Checking and loading candidates lowers them, which annotates the plan; outside
+    `prepare_tuning` (an early start, a start after the budget is shared) those notes are taken
+    off again: only the final lowering's belong in the compile report."""
+    from types import SimpleNamespace
+
+    class Annotating(_Bench):
+        def __init__(self):
+            super().__init__()
+            self.plan = SimpleNamespace(notes=["the plan's own"])
+
+        def misfit(self, schedule):
+            self.plan.notes.append(f"lowered {schedule}")
+            return None
+
+        def precompile(self, schedules):
+            self.plan.notes.append("loaded")
+            super().precompile(schedules)
+
+    p = _prepared()
+    p.bench = Annotating()
+    p.start_early()
+    assert p.bench.compiling and p.bench.plan.notes == ["the plan's own"]
+    p.start(0.2)
+    assert p.started and p.bench.plan.notes == ["the plan's own"]

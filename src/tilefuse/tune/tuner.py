@@ -17,8 +17,8 @@ kernel: the library's product among them; a memory-bound plan keeps its level's 
 cheap to compile). Every plan is measured at least briefly — the model's error on one
 kernel (a layer norm's backward predicted at 12 µs ran 49–84 µs by its tiles) is larger than
 its margins — except those under `NEGLIGIBLE` of the graph's predicted time: the model
-chooses their schedules, and none of their candidates is lowered or compiled
-(`allot_budgets`, `PreparedTuning.start`).
+chooses their schedules, and only the candidates started early are lowered and compiled
+(`allot_budgets`, `PreparedTuning.start_early`, `PreparedTuning.start`).
 
 Tuning is two steps, so that a graph's compiles overlap: `prepare_tuning` ranks a plan's
 candidates and starts compiling their kernels (Triton: in `compile_pool`'s worker processes;
@@ -175,39 +175,39 @@ class PreparedTuning:
             # (a memory-bound kernel keeps its candidates: they compile in a fraction of a second,
             # and the model ranks their tiles worst — a layer norm's backward ran 1.8x slower with two)
             keep = max(MIN_KEPT, min(keep, int(budget_s / self.candidate_s + 0.5)))
-        with real_tensors():
+        with real_tensors(), _notes_kept(self.bench):
             everything = rank(self.space, self.ceilings)
             head = rank(self.space, keep=keep, scored=everything) if keep < len(self.ranked) else self.ranked
             self.ranked = _fitting(head, everything, keep, self.bench.misfit, self.name)
         t1 = time.perf_counter()
         add_phase(self.phases, "check", t1 - t0)
-        self.bench.precompile([schedule for _, schedule in self.ranked])
+        with _notes_kept(self.bench):
+            self.bench.precompile([schedule for _, schedule in self.ranked])
         self.started = True
         add_phase(self.phases, "submit", time.perf_counter() - t1)
         self.seconds += time.perf_counter() - t0
 
     def start_early(self) -> None:
-        """Start compiling the model's best `MIN_KEPT` candidates that fit, before the graph's
-        budget is shared: whatever its share, `start` keeps at least those (a plan left
-        unmeasured wasted their compiles). The graph's other plans are lowered and ranked
-        meanwhile, so its compiles begin that much sooner; `start` submits the rest."""
+        """Start compiling the candidates every `start` keeps, before the graph's budget is
+        shared: those of the model's cut to `MIN_KEPT` (the best, or the rules' default and the
+        best of each kind of kernel) that fit the target. A cut to more candidates contains
+        them, and a plan keeps at least `MIN_KEPT`, so whatever its share `start` keeps these
+        (a plan the budget leaves unmeasured wasted their compiles). The graph's other plans are
+        lowered and ranked meanwhile, so its compiles begin that much sooner."""
         if self.started:
             return
         t0 = time.perf_counter()
         try:
-            head = []
-            with real_tensors():
-                for _, schedule in self.ranked:
-                    if len(head) == MIN_KEPT:
-                        break
-                    if not self.bench.misfit(schedule):
-                        head.append(schedule)
+            with real_tensors(), _notes_kept(self.bench):
+                cut = rank(self.space, self.ceilings, keep=MIN_KEPT)
+                head = [schedule for _, schedule in cut if not self.bench.misfit(schedule)]
         except Exception as err:  # noqa: BLE001 — `try_start` meets it again and decides
             logs.log("tune", "%s: not started early: %s: %s", self.name, type(err).__name__, err)
             return
         t1 = time.perf_counter()
         add_phase(self.phases, "check", t1 - t0)
-        self.bench.precompile(head)
+        with _notes_kept(self.bench):
+            self.bench.precompile(head)
         add_phase(self.phases, "submit", time.perf_counter() - t1)
         self.seconds += time.perf_counter() - t0
 
@@ -237,6 +237,19 @@ class PreparedTuning:
         """The model's choice instead of a measurement."""
         return TuneOutcome(choose_without_measuring(self.space, self.ceilings), "model", self.seconds, note=why,
                            phases=dict(self.phases))
+
+
+@contextlib.contextmanager
+def _notes_kept(bench):
+    """Lowering candidates annotates the plan: its notes as they were before (only the final
+    lowering's belong in the compile report), as `prepare_tuning` keeps them."""
+    plan = getattr(bench, "plan", None)
+    notes = list(plan.notes) if plan is not None else None
+    try:
+        yield
+    finally:
+        if plan is not None:
+            plan.notes[:] = notes
 
 
 def prepare_tuning(graph, plan, options: LoweringOptions, *, level: str, device,
