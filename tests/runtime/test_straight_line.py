@@ -16,7 +16,7 @@ from tilefuse.backends.inline_call import SKIP, STREAM, Buf, Expect, InlineCall
 from tilefuse.compiler import compile_ir
 from tilefuse.config import config
 from tilefuse.ir import dtypes as dt
-from tilefuse.ir.expr import size_symbol, unary
+from tilefuse.ir.expr import cast, size_symbol, unary
 
 needs_cxx = pytest.mark.skipif(find_compiler() is None, reason="no C++ compiler")
 
@@ -151,6 +151,43 @@ def test_dead_buffers_of_the_same_layout_are_reused():
             expected = reference(x.double())
             torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
     assert "'s memory" in compiled.generated_call().__tilefuse_source__
+
+
+def _squared(e):
+    return e * e
+
+
+def _reshaped_graph():
+    """a[i, j] = Σk x[i, j, k] (4 × 6), read by a product c = a @ w (a dies), then b[j, i] =
+    Σk tanh(y[j, i, k]) (6 × 4: as many bytes as a), and d[j, i] = Σk y[j, i, k]² in float64."""
+    g = GraphBuilder("reshaped")
+    x = g.input("x", (4, 6, 64), strides="contiguous")
+    w = g.input("w", (6, 5), strides="contiguous")
+    y = g.input("y", (6, 4, 48), strides="contiguous")
+    a = g.ctx.reduce((4, 6), (64,), "sum", lambda i, r: x.load((i[0], i[1], r[0])), dt.float32)
+    c = g.ctx.reduce((4, 5), (6,), "sum", lambda i, r: a.load((i[0], r[0])) * w.load((r[0], i[1])), dt.float32)
+    b = g.ctx.reduce((6, 4), (48,), "sum", lambda i, r: unary("tanh", y.load((i[0], i[1], r[0]))), dt.float32)
+    d = g.ctx.reduce((6, 4), (48,), "sum", lambda i, r: _squared(cast(y.load((i[0], i[1], r[0])), dt.float64)),
+                     dt.float64)
+    return g.output(c, b, d)
+
+
+@pytest.mark.parametrize("target", _targets())
+def test_a_dead_buffer_of_as_many_bytes_is_reused_in_another_layout(target):
+    """A buffer of another shape over as many bytes of the same type takes a dead buffer's
+    memory, viewed in its own layout (`as_strided`); one of another type does not."""
+    compiled = _compile(_reshaped_graph(), target)
+    gen = torch.Generator().manual_seed(11)
+    for _ in range(3):
+        x, w, y = (torch.randn(*shape, generator=gen) for shape in ((4, 6, 64), (6, 5), (6, 4, 48)))
+        c, b, d = compiled(x, w, y)
+        torch.testing.assert_close(c, (x.double().sum(-1) @ w.double()).float(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(b, torch.tanh(y.double()).sum(-1).float(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(d, (y.double() ** 2).sum(-1), rtol=1e-12, atol=1e-12)
+        assert b.shape == (6, 4) and b.stride() == (4, 1)
+    source = compiled.generated_call().__tilefuse_source__
+    assert re.search(r"\['buf\d+'\] = b\.pop\('buf\d+'\)\.as_strided\(\(6, 4\), \(4, 1\)\)", source), source
+    assert source.count("as_strided") == 1, source  # (d: float64, a new buffer)
 
 
 class _Inlined:

@@ -11,8 +11,8 @@ launcher answered (`backends.inline_call`: a Triton binary's own launcher with t
 strides and grid in place, a C++ kernel's function with its sizes packed — through the fast
 call where it was built (`backends.cpu.fast_call`) —, the library product with its views'
 integers bound), every ATen call written out with its sizes as integers, every buffer dropped
-after its last use, the outputs returned; dead buffers' memory goes to later buffers of the
-same layout.
+after its last use, the outputs returned; dead buffers' memory goes to later buffers of as
+many bytes of the same type (viewed in their own layout).
 `TILEFUSE_LOGS=runtime` prints each function; `generated_wrapper=False` turns them off.
 
 What a function cannot know in advance, it checks as it goes:
@@ -133,7 +133,11 @@ def generate(cg, env: dict, records: list):
                     shape, strides, dtype = allocations[name]
                     layouts[name] = strides
                     if name in reuse:
-                        src.emit(f"b[{name!r}] = b.pop({reuse[name]!r})  # {step.name}: {reuse[name]}'s memory")
+                        old = reuse[name]
+                        taken = f"b.pop({old!r})"
+                        if allocations[old][:2] != (shape, strides):  # the same bytes, another layout
+                            taken += f".as_strided({shape!r}, {strides!r})"
+                        src.emit(f"b[{name!r}] = {taken}  # {step.name}: {old}'s memory")
                         continue
                     src.emit(f"b[{name!r}] = empty_strided({shape!r}, {strides!r}, "
                              f"dtype={src.name_of(dtype, 'd')}, device=device)  # {step.name}")
@@ -262,23 +266,34 @@ def _allocations(cg, env: dict) -> dict:
 
 
 def _reuse(cg, allocations: dict) -> dict:
-    """new buffer -> a dead buffer of the same shape, strides and dtype whose memory it takes,
-    as Inductor's wrapper reuses buffers: an allocation saved per pair. Only buffers this call
-    allocated and no ATen call read (its result may be a view of them) are reused."""
+    """new buffer -> a dead buffer of the same dtype and the same number of bytes whose memory
+    it takes (viewed in its own shape and strides where those differ), as Inductor's wrapper
+    reuses buffers: an allocation saved per pair. Only buffers this call allocated and no ATen
+    call read (its result may be a view of them) are reused."""
     seen_by_aten = {name for step in cg.steps if not hasattr(step, "launch") for name in step.reads}
-    dead: dict = {}  # layout -> buffers dead and not yet taken
+    dead: dict = {}  # (bytes, dtype) -> buffers dead and not yet taken, the same layout's last
     reuse = {}
     for k, step in enumerate(cg.steps):
         if hasattr(step, "launch"):
             for name in step.writes:
                 if name in allocations:
-                    spare = dead.get(allocations[name])
-                    if spare:
-                        reuse[name] = spare.pop()
+                    spare = dead.get(_footprint(allocations[name]))
+                    if spare:  # (one of the same layout first: no view to make)
+                        same = [s for s in spare if allocations[s] == allocations[name]]
+                        reuse[name] = same[-1] if same else spare[-1]
+                        spare.remove(reuse[name])
         for name in cg.free_after[k]:
             if name in allocations and name not in seen_by_aten:
-                dead.setdefault(allocations[name], []).append(name)
+                dead.setdefault(_footprint(allocations[name]), []).append(name)
     return reuse
+
+
+def _footprint(allocation) -> tuple:
+    """(bytes an allocation spans, dtype): a buffer of another layout over as many bytes of the
+    same type can take its memory."""
+    shape, strides, dtype = allocation
+    span = 0 if any(int(n) == 0 for n in shape) else 1 + sum((int(n) - 1) * int(st) for n, st in zip(shape, strides))
+    return span * dtype.itemsize, dtype
 
 
 def _named(env: dict):
