@@ -157,9 +157,10 @@ def _squared(e):
     return e * e
 
 
-def _reshaped_graph():
+def _reshaped_graph(b_is_output: bool):
     """a[i, j] = Σk x[i, j, k] (4 × 6), read by a product c = a @ w (a dies), then b[j, i] =
-    Σk tanh(y[j, i, k]) (6 × 4: as many bytes as a), and d[j, i] = Σk y[j, i, k]² in float64."""
+    Σk tanh(y[j, i, k]) (6 × 4: as many bytes as a) — an output, or read by e[j] = max_i b[j, i]
+    and f[i] = Σj b[j, i] — and d[j, i] = Σk y[j, i, k]² in float64."""
     g = GraphBuilder("reshaped")
     x = g.input("x", (4, 6, 64), strides="contiguous")
     w = g.input("w", (6, 5), strides="contiguous")
@@ -169,25 +170,37 @@ def _reshaped_graph():
     b = g.ctx.reduce((6, 4), (48,), "sum", lambda i, r: unary("tanh", y.load((i[0], i[1], r[0]))), dt.float32)
     d = g.ctx.reduce((6, 4), (48,), "sum", lambda i, r: _squared(cast(y.load((i[0], i[1], r[0])), dt.float64)),
                      dt.float64)
-    return g.output(c, b, d)
+    if b_is_output:
+        return g.output(c, b, d)
+    e = g.ctx.reduce((6,), (4,), "max", lambda i, r: b.load((i[0], r[0])), dt.float32)
+    f = g.ctx.reduce((4,), (6,), "sum", lambda i, r: b.load((r[0], i[0])), dt.float32)
+    return g.output(c, e, d, f)
+
+
+def _reshaped_reference(x, w, y, b_is_output: bool):
+    x, w, y = x.double(), w.double(), y.double()
+    b = torch.tanh(y).sum(-1)
+    c, d = (x.sum(-1) @ w).float(), (y ** 2).sum(-1)
+    return (c, b.float(), d) if b_is_output else (c, b.amax(-1).float(), d, b.sum(0).float())
 
 
 @pytest.mark.parametrize("target", _targets())
-def test_a_dead_buffer_of_as_many_bytes_is_reused_in_another_layout(target):
+@pytest.mark.parametrize("b_is_output", [False, True], ids=["intermediate", "output"])
+def test_a_dead_buffer_of_as_many_bytes_is_reused_in_another_layout(target, b_is_output):
     """A buffer of another shape over as many bytes of the same type takes a dead buffer's
-    memory, viewed in its own layout (`as_strided`); one of another type does not."""
-    compiled = _compile(_reshaped_graph(), target)
+    memory in its own layout (a tensor of its own over that storage, not a view: a graph output
+    too); one of another type does not."""
+    compiled = _compile(_reshaped_graph(b_is_output), target)
     gen = torch.Generator().manual_seed(11)
     for _ in range(3):
         x, w, y = (torch.randn(*shape, generator=gen) for shape in ((4, 6, 64), (6, 5), (6, 4, 48)))
-        c, b, d = compiled(x, w, y)
-        torch.testing.assert_close(c, (x.double().sum(-1) @ w.double()).float(), rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(b, torch.tanh(y.double()).sum(-1).float(), rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(d, (y.double() ** 2).sum(-1), rtol=1e-12, atol=1e-12)
-        assert b.shape == (6, 4) and b.stride() == (4, 1)
+        out = compiled(x, w, y)
+        for got, want in zip(out, _reshaped_reference(x, w, y, b_is_output)):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert not any(t._is_view() for t in out)
     source = compiled.generated_call().__tilefuse_source__
-    assert re.search(r"\['buf\d+'\] = b\.pop\('buf\d+'\)\.as_strided\(\(6, 4\), \(4, 1\)\)", source), source
-    assert source.count("as_strided") == 1, source  # (d: float64, a new buffer)
+    taken = re.findall(r"\['buf\d+'\] = reinterpret\(b\.pop\('buf\d+'\), \(6, 4\), \(4, 1\), 0\)", source)
+    assert len(taken) == 1 and source.count("reinterpret(") == 1, source  # (d: float64, a new buffer)
 
 
 class _Inlined:

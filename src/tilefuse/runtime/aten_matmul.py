@@ -135,7 +135,10 @@ class _Sized:
 
 try:  # a view by sizes, strides and an offset from the tensor's own, without the dispatcher
     from torch._C._dynamo.guards import _reinterpret_tensor as _reinterpret  # (Inductor's `reinterpret_tensor`)
+    REINTERPRETS_AS_NEW = True  # (its result is a tensor of its own over the storage, not a view)
 except ImportError:  # pragma: no cover - older PyTorch
+    REINTERPRETS_AS_NEW = False
+
     def _reinterpret(t, sizes, strides, delta):
         return torch.as_strided(t, sizes, strides, t.storage_offset() + delta)
 

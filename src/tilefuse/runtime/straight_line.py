@@ -12,7 +12,7 @@ strides and grid in place, a C++ kernel's function with its sizes packed — thr
 call where it was built (`backends.cpu.fast_call`) —, the library product with its views'
 integers bound), every ATen call written out with its sizes as integers, every buffer dropped
 after its last use, the outputs returned; dead buffers' memory goes to later buffers of as
-many bytes of the same type (viewed in their own layout).
+many bytes of the same type (reinterpreted in their own layout).
 `TILEFUSE_LOGS=runtime` prints each function; `generated_wrapper=False` turns them off.
 
 What a function cannot know in advance, it checks as it goes:
@@ -37,6 +37,7 @@ from .. import logs
 from ..backends.inline_call import SKIP, STREAM, Buf, InlineCall
 from ..ir.graph import Extern, ExternResult
 from ..ir.interpret import output_value
+from .aten_matmul import REINTERPRETS_AS_NEW, _reinterpret
 
 
 def plannable(graph) -> bool:
@@ -120,7 +121,7 @@ def generate(cg, env: dict, records: list):
     for name, target in cg.in_place.items():
         src.emit(f"b[{name!r}] = b[{target!r}]")
     src.names.update(empty_strided=torch.empty_strided, device=cg.device, Tensor=torch.Tensor,
-                     num_threads=torch.get_num_threads)
+                     num_threads=torch.get_num_threads, reinterpret=_reinterpret)
     allocations = _allocations(cg, env)
     reuse = _reuse(cg, allocations)
     reused = set(reuse.values())  # popped where their memory is taken, not where they die
@@ -136,7 +137,7 @@ def generate(cg, env: dict, records: list):
                         old = reuse[name]
                         taken = f"b.pop({old!r})"
                         if allocations[old][:2] != (shape, strides):  # the same bytes, another layout
-                            taken += f".as_strided({shape!r}, {strides!r})"
+                            taken = f"reinterpret({taken}, {shape!r}, {strides!r}, 0)"
                         src.emit(f"b[{name!r}] = {taken}  # {step.name}: {old}'s memory")
                         continue
                     src.emit(f"b[{name!r}] = empty_strided({shape!r}, {strides!r}, "
@@ -267,10 +268,14 @@ def _allocations(cg, env: dict) -> dict:
 
 def _reuse(cg, allocations: dict) -> dict:
     """new buffer -> a dead buffer of the same dtype and the same number of bytes whose memory
-    it takes (viewed in its own shape and strides where those differ), as Inductor's wrapper
+    it takes (in its own shape and strides where those differ), as Inductor's wrapper
     reuses buffers: an allocation saved per pair. Only buffers this call allocated and no ATen
-    call read (its result may be a view of them) are reused."""
+    call read (its result may be a view of them) are reused. The memory is taken as a tensor of
+    its own (Inductor's `reinterpret_tensor`); where PyTorch has no such call it would be a view,
+    and then a graph output takes only a buffer of its own layout (a view would reach the caller:
+    autograd refuses in-place writes to a view made inside a custom function's forward)."""
     seen_by_aten = {name for step in cg.steps if not hasattr(step, "launch") for name in step.reads}
+    outputs = {out for out in cg.graph.outputs if isinstance(out, str)}
     dead: dict = {}  # (bytes, dtype) -> buffers dead and not yet taken, the same layout's last
     reuse = {}
     for k, step in enumerate(cg.steps):
@@ -278,8 +283,8 @@ def _reuse(cg, allocations: dict) -> dict:
             for name in step.writes:
                 if name in allocations:
                     spare = dead.get(_footprint(allocations[name]))
-                    if spare:  # (one of the same layout first: no view to make)
-                        same = [s for s in spare if allocations[s] == allocations[name]]
+                    same = [s for s in spare or () if allocations[s] == allocations[name]]
+                    if same or (spare and (REINTERPRETS_AS_NEW or name not in outputs)):  # (the same layout first)
                         reuse[name] = same[-1] if same else spare[-1]
                         spare.remove(reuse[name])
         for name in cg.free_after[k]:
