@@ -203,6 +203,23 @@ def test_a_dead_buffer_of_as_many_bytes_is_reused_in_another_layout(target, b_is
     assert len(taken) == 1 and source.count("reinterpret(") == 1, source  # (d: float64, a new buffer)
 
 
+@needs_cxx
+def test_without_a_reinterpreting_call_only_the_same_layout_is_reused(monkeypatch):
+    """Where PyTorch offers no `_reinterpret_tensor`, memory taken in another layout would be a
+    view, which could reach the caller (as an output, or through a chain of takers): only
+    buffers of the same layout are reused then."""
+    from tilefuse.runtime import straight_line
+
+    monkeypatch.setattr(straight_line, "REINTERPRETS_AS_NEW", False)
+    compiled = _compile(_reshaped_graph(False), "cpu")
+    gen = torch.Generator().manual_seed(12)
+    for _ in range(3):
+        x, w, y = (torch.randn(*shape, generator=gen) for shape in ((4, 6, 64), (6, 5), (6, 4, 48)))
+        for got, want in zip(compiled(x, w, y), _reshaped_reference(x, w, y, False)):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert "reinterpret(" not in compiled.generated_call().__tilefuse_source__
+
+
 class _Inlined:
     """A stand-in launcher that answers `inline` with a call of its own, recording what the
     generated function passes, and launches the real kernel."""

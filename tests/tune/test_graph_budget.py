@@ -417,10 +417,13 @@ def test_lowering_candidates_leaves_the_plans_notes_as_they_were():
     class Annotating(_Bench):
         def __init__(self):
             super().__init__()
-            self.plan = SimpleNamespace(notes=["the plan's own"])
+            epilogue = SimpleNamespace(notes=["the epilogue's own"])  # (`impl=split` lowers it)
+            self.plan = SimpleNamespace(notes=["the plan's own"],
+                                        library=SimpleNamespace(split=SimpleNamespace(epilogue=epilogue)))
 
         def misfit(self, schedule):
             self.plan.notes.append(f"lowered {schedule}")
+            self.plan.library.split.epilogue.notes.append("its epilogue lowered")
             return None
 
         def precompile(self, schedules):
@@ -433,3 +436,4 @@ def test_lowering_candidates_leaves_the_plans_notes_as_they_were():
     assert p.bench.compiling and p.bench.plan.notes == ["the plan's own"]
     p.start(0.2)
     assert p.started and p.bench.plan.notes == ["the plan's own"]
+    assert p.bench.plan.library.split.epilogue.notes == ["the epilogue's own"]

@@ -271,11 +271,10 @@ def _reuse(cg, allocations: dict) -> dict:
     it takes (in its own shape and strides where those differ), as Inductor's wrapper
     reuses buffers: an allocation saved per pair. Only buffers this call allocated and no ATen
     call read (its result may be a view of them) are reused. The memory is taken as a tensor of
-    its own (Inductor's `reinterpret_tensor`); where PyTorch has no such call it would be a view,
-    and then a graph output takes only a buffer of its own layout (a view would reach the caller:
-    autograd refuses in-place writes to a view made inside a custom function's forward)."""
+    its own (Inductor's `reinterpret_tensor`); where PyTorch has no such call it would be a view
+    (which could reach the caller as an output: autograd refuses in-place writes to a view made
+    inside a custom function's forward), and then only a buffer of the same layout is reused."""
     seen_by_aten = {name for step in cg.steps if not hasattr(step, "launch") for name in step.reads}
-    outputs = {out for out in cg.graph.outputs if isinstance(out, str)}
     dead: dict = {}  # (bytes, dtype) -> buffers dead and not yet taken, the same layout's last
     reuse = {}
     for k, step in enumerate(cg.steps):
@@ -284,7 +283,7 @@ def _reuse(cg, allocations: dict) -> dict:
                 if name in allocations:
                     spare = dead.get(_footprint(allocations[name]))
                     same = [s for s in spare or () if allocations[s] == allocations[name]]
-                    if same or (spare and (REINTERPRETS_AS_NEW or name not in outputs)):  # (the same layout first)
+                    if same or (spare and REINTERPRETS_AS_NEW):  # (the same layout first)
                         reuse[name] = same[-1] if same else spare[-1]
                         spare.remove(reuse[name])
         for name in cg.free_after[k]:

@@ -241,15 +241,18 @@ class PreparedTuning:
 
 @contextlib.contextmanager
 def _notes_kept(bench):
-    """Lowering candidates annotates the plan: its notes as they were before (only the final
-    lowering's belong in the compile report), as `prepare_tuning` keeps them."""
+    """Lowering candidates annotates the plan (and, for `impl=split`, its epilogue's plan): their
+    notes as they were before (only the final lowering's belong in the compile report), as
+    `prepare_tuning` keeps them."""
     plan = getattr(bench, "plan", None)
-    notes = list(plan.notes) if plan is not None else None
+    split = getattr(getattr(plan, "library", None), "split", None)
+    plans = [p for p in (plan, getattr(split, "epilogue", None)) if p is not None]
+    kept = [list(p.notes) for p in plans]
     try:
         yield
     finally:
-        if plan is not None:
-            plan.notes[:] = notes
+        for p, notes in zip(plans, kept):
+            p.notes[:] = notes
 
 
 def prepare_tuning(graph, plan, options: LoweringOptions, *, level: str, device,
