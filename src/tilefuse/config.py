@@ -160,7 +160,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "autotune=1: milliseconds of measurement per graph, shared among its kernels by their "
          "predicted time, with fewer candidates for a smaller share (at least 20 ms and two "
          "candidates each; a kernel under 0.2% of the graph's predicted time takes the cost model's "
-         "choice and compiles no candidates); 0: every kernel measures for its own budget",
+         "choice, measuring none of its candidates; with compile workers two of them were already "
+         "compiling); 0: every kernel measures for its own budget",
          minimum=0, maximum=3_600_000),
     Knob("fallback", str, "eager",
          "on an internal failure: eager runs that graph eagerly with a warning and a reproducer; "
