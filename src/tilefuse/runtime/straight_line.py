@@ -275,7 +275,7 @@ def _reuse(cg, allocations: dict) -> dict:
     (which could reach the caller as an output: autograd refuses in-place writes to a view made
     inside a custom function's forward), and then only a buffer of the same layout is reused."""
     seen_by_aten = {name for step in cg.steps if not hasattr(step, "launch") for name in step.reads}
-    dead: dict = {}  # (bytes, dtype) -> buffers dead and not yet taken, the same layout's last
+    dead: dict = {}  # (bytes, dtype) -> buffers dead and not yet taken, in the order they died
     reuse = {}
     for k, step in enumerate(cg.steps):
         if hasattr(step, "launch"):

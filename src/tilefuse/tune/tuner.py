@@ -179,13 +179,8 @@ class PreparedTuning:
             everything = rank(self.space, self.ceilings)
             head = rank(self.space, keep=keep, scored=everything) if keep < len(self.ranked) else self.ranked
             self.ranked = _fitting(head, everything, keep, self.bench.misfit, self.name)
-        t1 = time.perf_counter()
-        add_phase(self.phases, "check", t1 - t0)
-        with _notes_kept(self.bench):
-            self.bench.precompile([schedule for _, schedule in self.ranked])
+        self._submit(t0, [schedule for _, schedule in self.ranked])
         self.started = True
-        add_phase(self.phases, "submit", time.perf_counter() - t1)
-        self.seconds += time.perf_counter() - t0
 
     def start_early(self) -> None:
         """Start compiling the candidates every `start` keeps, before the graph's budget is
@@ -204,10 +199,14 @@ class PreparedTuning:
         except Exception as err:  # noqa: BLE001 — `try_start` meets it again and decides
             logs.log("tune", "%s: not started early: %s: %s", self.name, type(err).__name__, err)
             return
+        self._submit(t0, head)
+
+    def _submit(self, t0: float, schedules: list) -> None:
+        """Count the check since `t0`, then start compiling `schedules` (the submit phase)."""
         t1 = time.perf_counter()
         add_phase(self.phases, "check", t1 - t0)
         with _notes_kept(self.bench):
-            self.bench.precompile(head)
+            self.bench.precompile(schedules)
         add_phase(self.phases, "submit", time.perf_counter() - t1)
         self.seconds += time.perf_counter() - t0
 
