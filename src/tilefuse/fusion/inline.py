@@ -33,6 +33,9 @@ TRANSCENDENTAL = frozenset("exp exp2 log log2 log10 log1p expm1 sin cos tan asin
                            "tanh asinh acosh atanh sigmoid erf erfc lgamma pow".split())
 MAX_SHARED_OPS = 24  # a body shared by several consumers is recomputed up to this size
 MAX_PROLOGUE_OPS = 3  # contraction operand prologues are recomputed once per output tile
+#: a prologue reading two operand-sized buffers (`dropout_backward(g) = g * mask * 1/(1-p)`) is
+#: realised where its product re-reads the operand for more than this many output columns
+MAX_WIDE_PROLOGUE_COLUMNS = 128
 #: a link of a chain of shared bodies is realised from this many elements on; a smaller one
 #: once its body reads MAX_CHAIN_READS buffers (below that, recomputing the chain costs less
 #: than the launch and the buffer realising it would add)
@@ -80,6 +83,10 @@ class Inliner:
                 self.reasons[node.name] = "narrowing conversion of a kernel result: stored by its producer"
             elif self._feeds_contraction(node.name) and (count_ops(body) > MAX_PROLOGUE_OPS or _costly(body)):
                 self.reasons[node.name] = "costly prologue of a contraction: computed once, in its producer's kernel"
+                costly_prologues.append(node.name)
+            elif self._feeds_contraction(node.name) and self._wide_prologue(node, body):
+                self.reasons[node.name] = ("prologue of a contraction reading several operand-sized buffers: computed "
+                                           "once, in its producer's kernel, not re-read per tile of output columns")
                 costly_prologues.append(node.name)
             elif self._feeds_contraction(node.name) and self._epilogue_of_contraction(node):
                 self.reasons[node.name] = ("epilogue of a contraction and operand of another: stored once by its "
@@ -185,16 +192,17 @@ class Inliner:
                 return True
         return False
 
-    def _full_size_reads(self, name: str, size) -> int:
-        """How many distinct buffers the node's inlined body reads that are at least an eighth
-        of its size (a bias or a norm's weight re-read costs little); unknown sizes count."""
+    def _full_size_reads(self, name: str, size, share: int = 8) -> int:
+        """How many distinct buffers the node's inlined body reads that are at least a
+        `share`-th of its size (by default an eighth: a bias or a norm's weight re-read costs
+        little); unknown sizes count."""
         count = 0
         for buffer in {e.buffer for e in walk(self.body(name)) if isinstance(e, Load)}:
             if buffer not in self.graph.nodes:
                 count += 1
                 continue
             other = _static_numel(self.graph[buffer])
-            if size is None or other is None or 8 * other >= size:
+            if size is None or other is None or share * other >= size:
                 count += 1
         return count
 
@@ -269,6 +277,33 @@ class Inliner:
             if _conversion_of(user, name) and self._feeds_contraction(u):
                 return True
         return False
+
+    def _wide_prologue(self, node, body: Expr) -> bool:
+        """A product re-reads its operand once per tile of output columns; inlined there, a
+        body that reads two or more operand-sized buffers (a dropout's backward: the gradient
+        and the mask; a sum of two streams) multiplies that traffic, where stored once (narrow,
+        by the kernel that computes it) each re-read is one narrow tensor. This holds whatever
+        the body's size, so the decision does not depend on how much of the body earlier
+        decisions inlined (a layer whose input gradient was stored would otherwise recompute
+        its dropout in both products, its neighbours not). A product with few output columns
+        (one tile's worth) reads the operand about once, and keeps the prologue."""
+        size = _static_numel(node)
+        if self._full_size_reads(node.name, size, share=1) < 2:
+            return False
+        return any(columns is None or columns > MAX_WIDE_PROLOGUE_COLUMNS for columns in self._output_columns(node))
+
+    def _output_columns(self, node):
+        """For each contraction reading the node (directly or through conversions): how many
+        output elements each operand element contributes to, the product's extent on its
+        other side (None: not static)."""
+        size = _static_numel(node)
+        for u in self.users[node.name]:
+            user = self.graph[u]
+            if is_contraction_like(user):
+                out, k = _static_numel(user), user.reduction_numel
+                yield (out * int(k) // size) if size and out is not None and getattr(k, "is_Integer", False) else None
+            elif _conversion_of(user, node.name):
+                yield from self._output_columns(user)
 
     def _epilogue_of_contraction(self, node) -> bool:
         """The node reads a contraction's result (a product's bias add, scale or activation)."""
