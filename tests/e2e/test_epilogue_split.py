@@ -3,6 +3,7 @@
 fused kernel by the tuner (`impl=split`), forced by `matmul="aten"`. Here on the Triton
 interpreter (the GPU code path, with the library's product run by ATen on the CPU), against
 eager and an fp64 reference."""
+import copy
 import math
 
 import pytest
@@ -65,6 +66,50 @@ def test_the_epilogue_reads_the_rounded_sum_not_the_product():
     ex = _run(lambda x, w, b: gelu_tanh(torch.addmm(b, x, w)), [x, w, b])
     epilogue = ex.kernels[1]
     assert "arg0_1" not in epilogue.source and "ptr_buf4" in epilogue.source, epilogue.source
+
+
+class _AutocastBlock(torch.nn.Module):
+    """BERT's feed-forward block as a training step runs it: fp32 parameters under bf16
+    autocast (the biases rounded to bf16 before `addmm`), the first product's biased sum saved
+    for the GELU's backward, dropout and a residual after the second."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(d, 3 * d + 5), torch.nn.Linear(3 * d + 5, d)
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = F.gelu(self.up(x))
+            return (F.dropout(self.down(h), 0.1, training=self.training) + x).float()
+
+
+def test_an_autocast_training_step_splits_its_products():
+    """Both forward products split (the bias's conversion goes to the library call, the stored
+    sum leaves the epilogue) and the step's gradients match eager's within its own error, on
+    the first call and on later ones (the generated call, converting the bias itself)."""
+    torch.manual_seed(0)
+    block = _AutocastBlock(24).eval()  # dropout off: the same step in eager and compiled
+    x, grad = torch.randn(3, 13, 24), torch.randn(3, 13, 24)
+
+    def step(module, inputs):
+        module.zero_grad(set_to_none=True)
+        inputs = inputs.clone().requires_grad_()
+        out = module(inputs)
+        (out * grad).sum().backward()
+        return [out, inputs.grad] + [p.grad for p in module.parameters()]
+
+    torch._dynamo.reset()
+    ex = tilefuse.explain(block, x.clone().requires_grad_(), options=SPLIT)
+    forward = ex.reports[0].kernels
+    assert [k.kind for k in forward].count("aten-matmul") == 2, ex
+    torch._dynamo.reset()
+    compiled = torch.compile(copy.deepcopy(block), backend="tilefuse", options=dict(SPLIT, fallback="error"))
+    for _ in range(3):  # (the first call runs each step the general way, later ones the generated call)
+        got = step(compiled, x)
+    eager = step(copy.deepcopy(block), x)
+    ref = step(copy.deepcopy(block).double(), x.double())
+    for g, e, r in zip(got, eager, ref):
+        assert (g.double() - r).abs().max() <= 2 * (e.double() - r).abs().max() + 1e-6
 
 
 def test_symbolic_sizes_split():

@@ -3,7 +3,8 @@
 Pointwise chains fuse by substitution: a consumer's load of an inlined producer is replaced
 by the producer's body at the loaded index. A pointwise node is *realised* (written to
 memory) instead when it is a graph output, an extern reads it, it would be recomputed by a
-contraction's inner loop with a costly prologue, it is the epilogue of one product and an
+contraction's inner loop with a costly prologue or one reading two operand-sized buffers (a
+dropout's backward: re-read per tile of output columns), it is the epilogue of one product and an
 operand of another (`linear(x) + b` feeding `q @ kᵀ`: stored once, narrow, by the first
 product's kernel), several consumers would recompute a large body, or it is a link of a chain
 of shared bodies (a transformer's residual stream `h = h + f(norm(h))`: inlined throughout,

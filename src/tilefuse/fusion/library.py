@@ -27,7 +27,10 @@ with a bias folded in where there is one, in cuBLAS; the rest of the epilogue as
 pointwise kernel — is measured against the fused kernel (`ProductChoice.split`, the
 contraction space's `impl=split`): a fused epilogue is free only while the product's main
 loop hides it, and with a short K or a costly epilogue (GPT-2's tanh GELU after a K = 768
-product) the library's product plus one pass over its result is faster.
+product) the library's product plus one pass over its result is faster. Under autocast the
+bias is an fp32 parameter rounded to bf16 first: the call takes it with that conversion. Where
+the plan stores the biased sum itself (a training step saves a GELU's input for its backward),
+the library writes that buffer and the epilogue reads it back.
 """
 from __future__ import annotations
 
@@ -36,7 +39,8 @@ from dataclasses import dataclass
 import sympy
 
 from ..ir.expr import Binary, Cast, Load, subs_index, transform, walk
-from .matmul_views import MatmulViews, biased_product_views, describe, matmul_views, product_views
+from .matmul_views import (MatmulViews, biased_product_views, describe, matmul_views, product_views,
+                           through_conversions)
 from .plan import KernelPlan, PlanKind, GraphPlan, Stage, StageKind
 
 #: plain matmuls (nothing fused) at least this many multiply-adds run in ATen's matmul on CPU
@@ -117,20 +121,24 @@ def split_epilogue(graph, plan: KernelPlan, users: dict | None = None, biased: b
     rounds `addmm`'s result (a fused kernel keeps the sum in fp32)."""
     if plan.kind != PlanKind.CONTRACTION or len(plan.stages) < 2 or plan.flash is not None:
         return None
-    epilogue = plan.stages[1:]
-    names = {st.node for st in epilogue}
-    if any(st.kind != StageKind.ROW or {e.buffer for e in walk(st.body) if isinstance(e, Load)} & names
-           for st in epilogue):
-        return None
     product = graph[plan.stages[0].node]
-    views = product_views(graph, plan)
-    bodies = [st.body for st in epilogue]
+    views, summed = product_views(graph, plan), None
     if views is None:
         found = biased_product_views(graph, plan, users if users is not None else graph.users()) if biased else None
         if found is None:
             return None
         views, summed = found
-        bodies = [_read_sum(body, product, summed) for body in bodies]
+    # the library writes the biased sum; a stage storing it (BERT's `gelu(dense(h))` in a
+    # training step, which saves the sum for the backward) leaves the epilogue, whose other
+    # stages read it back
+    epilogue = [st for st in plan.stages[1:] if summed is None or st.node != summed.name]
+    names = {st.node for st in epilogue}
+    if not epilogue or any(st.kind != StageKind.ROW or {e.buffer for e in walk(st.body) if isinstance(e, Load)} & names
+                           for st in epilogue):
+        return None
+    bodies = [st.body for st in epilogue]
+    if summed is not None:
+        bodies = [_read_sum(graph, body, product, summed) for body in bodies]
         if any(product.name in {e.buffer for e in walk(body) if isinstance(e, Load)} for body in bodies):
             return None  # the product is read without the bias too: it has no buffer of its own
     stages = [Stage(st.node, StageKind.POINTWISE, body, store=True) for st, body in zip(epilogue, bodies)]
@@ -139,10 +147,11 @@ def split_epilogue(graph, plan: KernelPlan, users: dict | None = None, biased: b
                                            notes=[f"epilogue of {plan.name} after its product {views.out} (ATen)"]))
 
 
-def _read_sum(body, product, summed):
+def _read_sum(graph, body, product, summed):
     """`body` with each `product[idx] + bias(idx)` — the sum node `summed` computes at its own
-    index, here at `idx` — replaced by a read of `summed` at `idx`."""
-    inner = summed.body.x if isinstance(summed.body, Cast) else summed.body
+    index, here at `idx` — replaced by a read of `summed` at `idx`. The bias is compared as
+    the plan's bodies hold it, with conversion nodes (autocast's cast of the bias) inlined."""
+    inner = through_conversions(graph, summed.body.x if isinstance(summed.body, Cast) else summed.body)
     own = [c.expr for c in next(e for e in walk(inner) if isinstance(e, Load) and e.buffer == product.name).index]
 
     def fn(e):

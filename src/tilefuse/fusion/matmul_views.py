@@ -14,7 +14,8 @@ before the call; an exact one (an upcast) is dropped, so the common case copies 
 A bias vector added to every row of the product, the whole epilogue (`addmm`, `F.linear` with
 a bias: the product accumulated in fp32, the bias added, one rounding to the operands' dtype),
 is folded into the call: `torch.addmm(bias, a, b)`, which cuBLAS and MKL run with the bias in
-their own epilogue. So is a constant the product is multiplied by before its rounding (T5's
+their own epilogue. A bias that autocast rounds first (an fp32 parameter `.to(bfloat16)`, inlined,
+or a conversion node of its own) is passed with that conversion, applied before the call. So is a constant the product is multiplied by before its rounding (T5's
 tied head scales its input, and `passes.scales` moves the scale past the sum): the library's
 alpha, `torch.addmm(out, a, b, beta=0, alpha=c)`.
 """
@@ -26,7 +27,7 @@ import sympy
 
 from ..fusion.plan import PlanKind
 from ..ir import dtypes as dt
-from ..ir.expr import Binary, Cast, Const, Index, Load, out_index, red_index
+from ..ir.expr import Binary, Cast, Const, Index, Load, out_index, red_index, subs_index, transform
 from ..ir.symbolic import contiguous_strides
 
 
@@ -228,9 +229,10 @@ def _bias_add(graph, node, plan, stage) -> MatmulViews | None:
             break
     else:
         return None
-    fbias = _plain_load(bias)
-    if fbias is None or fbias[1] or fbias[2] != out.dtype or not _reshaped_read(graph, node, out, product):
-        return None
+    fbias = _plain_load(through_conversions(graph, bias))
+    if fbias is None or fbias[1] not in ([], [out.dtype]) or fbias[2] != out.dtype \
+            or not _reshaped_read(graph, node, out, product):
+        return None  # (a bias rounded to the output's dtype is addmm's: autocast's bias)
     n_index = product.index[c.n_dim].expr
     if not isinstance(n_index, sympy.Symbol):
         return None
@@ -248,7 +250,27 @@ def _bias_add(graph, node, plan, stage) -> MatmulViews | None:
         dims.append(aff)
     reshaped = out.shape != node.shape
     return replace(views, out=out.name, out_shape=tuple(node.shape) if reshaped else None,
-                   bias=OperandView(fbias[0].buffer, tuple(dims)))
+                   bias=OperandView(fbias[0].buffer, tuple(dims), casts=tuple(fbias[1])))
+
+
+def through_conversions(graph, e):
+    """`e` with each load of a node that only converts another float buffer (`x.to(bfloat16)`
+    of a parameter, autocast's cast of a bias) replaced by that conversion of the buffer it
+    reads: what a library call can read where the converted node has no buffer of its own."""
+    from ..ir.graph import Pointwise
+
+    def fn(x):
+        if not isinstance(x, Load):
+            return None
+        node = graph.nodes.get(x.buffer)
+        body = node.body if isinstance(node, Pointwise) else None
+        if not (isinstance(body, Cast) and isinstance(body.x, Load) and body.dtype.is_float
+                and body.x.dtype.is_float and len(x.index) == node.rank):
+            return None
+        own = out_index(node.rank)
+        return subs_index(body, {s: c.expr for s, c in zip(own, x.index)})
+
+    return transform(e, fn)
 
 
 def _scaled(graph, node, plan, stage) -> MatmulViews | None:

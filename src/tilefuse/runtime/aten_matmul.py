@@ -147,13 +147,14 @@ class _Direct:
     """A product for the generated call, for buffers with the strides it was made for (the call
     checks them at its entry): each view's sizes, strides and offset from its buffer's own
     offset are worked out once, so a call makes at most one view per operand and calls the
-    library. Only for what needs no conversion and writes its output in place in one call."""
+    library. Only for operands that need no conversion (a bias may: autocast rounds an fp32 one
+    per call, as eager does) and an output written in place in one call."""
 
-    __slots__ = ("a", "b", "out", "bias", "alpha", "mm")
+    __slots__ = ("a", "b", "out", "bias", "bias_casts", "alpha", "mm")
 
     @staticmethod
     def make(z: "_Sized", a, b, out, bias=None) -> "_Direct | None":
-        if z.a.casts or z.b.casts or (z.bias is not None and z.bias.casts):
+        if z.a.casts or z.b.casts:
             return None
         av, bv = z.a.view(a), z.b.view(b)
         o = out.view(z.out_shape) if z.out_shape is not None else out
@@ -163,7 +164,9 @@ class _Direct:
             return None
         d = _Direct()
         d.a, d.b, d.out = _relayout(a, av), _relayout(b, bv), _relayout(out, o)
-        d.bias = _relayout(bias, z.bias.view(bias)) if z.bias is not None else None
+        # (a bias autocast rounds, an fp32 parameter: converted per call, as eager's autocast does)
+        d.bias_casts = z.bias.casts if z.bias is not None else ()
+        d.bias = _relayout(bias, z.bias.strided(bias)) if z.bias is not None else None
         d.alpha = z.alpha
         d.mm = av.dim() == 2 and bias is None and z.alpha == 1.0  # (matmul's dispatch skipped)
         return d
@@ -172,8 +175,12 @@ class _Direct:
         a, b, out = _apply(self.a, a), _apply(self.b, b), _apply(self.out, out)
         if self.mm:
             torch.mm(a, b, out=out)
-        else:
-            _product(_apply(self.bias, bias) if bias is not None else None, a, b, self.alpha, out)
+            return
+        if bias is not None:
+            bias = _apply(self.bias, bias)
+            for dtype in self.bias_casts:
+                bias = bias.to(dtype)
+        _product(bias, a, b, self.alpha, out)
 
 
 def _relayout(t: torch.Tensor, view: torch.Tensor):
@@ -212,6 +219,14 @@ class _Operand:
         self._layouts: dict = {}  # (buffer strides, offset) -> (view strides, view offset)
 
     def view(self, t: torch.Tensor) -> torch.Tensor:
+        """The operand as the library takes it: the view, converted."""
+        v = self.strided(t)
+        for dtype in self.casts:
+            v = v.to(dtype)
+        return v
+
+    def strided(self, t: torch.Tensor) -> torch.Tensor:
+        """The view of `t` for these sizes, before any conversion."""
         key = (t.stride(), t.storage_offset())
         layout = self._layouts.get(key)
         if layout is None:
@@ -221,10 +236,7 @@ class _Operand:
             if len(self._layouts) >= MAX_LAYOUTS:  # (offsets that move every call: keep it bounded)
                 self._layouts.clear()
             self._layouts[key] = layout
-        v = t if layout[0] is None else torch.as_strided(t, self.sizes, *layout)
-        for dtype in self.casts:
-            v = v.to(dtype)
-        return v
+        return t if layout[0] is None else torch.as_strided(t, self.sizes, *layout)
 
     def _layout(self, t, st: tuple, offset: int) -> tuple:
         if self.flat is not None:
