@@ -117,6 +117,20 @@ class TuneOutcome:
         return f"schedule {describe(self.schedule)} — {what}{best}{why}"
 
 
+def shallower_pipeline(schedule: Schedule, err: Exception) -> Schedule | None:
+    """The schedule with one pipeline stage fewer, for a candidate Triton refused for want of
+    shared memory (None for any other failure, or one stage already). The limits check counts a
+    product's pipelined operands; a persistent kernel whose epilogue loads tiles of its own (a
+    residual, a dropout mask) holds those while the next tile's operands load, so Triton may
+    need more than that — as the runtime does for a refused launch, the same tiles with a
+    shallower pipeline are tried instead of dropping the candidate."""
+    stages = schedule.get("stages")
+    if type(err).__name__ != "OutOfResources" or "shared memory" not in str(err) \
+            or not isinstance(stages, int) or stages <= 1:
+        return None
+    return schedule.replace(stages=stages - 1)
+
+
 _ceilings: dict = {}
 
 
@@ -671,7 +685,11 @@ class _Bench:
         built after all."""
         ok, failed = [], []
         t0 = time.perf_counter()
-        for k, (predicted, schedule) in enumerate(ranked):
+        ranked = list(ranked)  # (a candidate refused for shared memory is followed by a shallower one)
+        k = -1
+        while k + 1 < len(ranked):
+            k += 1
+            predicted, schedule = ranked[k]
             if ok and time.perf_counter() - t0 > budget_s:
                 logs.log("tune", "%s: %d candidate(s) not built within %.0f s", self.plan.name, len(ranked) - k,
                          budget_s)
@@ -690,6 +708,10 @@ class _Bench:
             except Exception as err:  # noqa: BLE001 — a candidate that fails is dropped, not fatal
                 failed.append((schedule, f"{type(err).__name__}: {err}"[:500]))
                 logs.log("tune", "%s: candidate %s failed: %s", self.plan.name, describe(schedule), failed[-1][1])
+                shallower = shallower_pipeline(schedule, err)
+                if shallower is not None and all(shallower != s for _, s in ranked):
+                    ranked.insert(k + 1, (predicted, shallower))
+                    logs.log("tune", "%s: trying %s instead", self.plan.name, describe(shallower))
             else:
                 ok.append((predicted, schedule))
                 if took is not None:
