@@ -79,6 +79,33 @@ def test_consumers_read_the_padded_product():
         _fp64_close(fn, (x, w, b), out)
 
 
+def _head_gradients(logits, w, h, scale):
+    """A language model head's backward: the loss's gradient of the logits (a softmax, written
+    by a generated kernel) read by the products for the input's and the weight's gradients."""
+    grad = torch.softmax(logits.float(), -1).to(logits.dtype) * scale
+    return grad @ w, grad.t() @ h
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_unaligned_operand_a_generated_kernel_writes_is_padded(dtype):
+    """Both products read the gradient (rows of 301 or 1001 elements); it is stored with padded
+    rows by its own kernel, and the library's calls read it through them."""
+    n = 301 if dtype == torch.float32 else 1001
+    args = [torch.randn(37, n).to(dtype), (torch.randn(n, 24) / 5).to(dtype), torch.randn(37, 24).to(dtype),
+            torch.tensor(3.0).to(dtype)]
+    decisions, ex = _padding_decisions(_head_gradients, args, GPU_RULES)
+    assert any("library product reads 16-byte aligned rows" in d for d in decisions), decisions
+    assert [k.kind for k in ex.kernels].count("aten-matmul") == 2, ex
+    torch._dynamo.reset()
+    compiled = tilefuse.compile(_head_gradients, options=GPU_RULES)
+    for _ in range(3):  # (the general first call, then the generated call)
+        outs = compiled(*args)
+    for k in range(2):
+        ref = _head_gradients(*[t.double() for t in args])[k]
+        eager_err = (_head_gradients(*args)[k].double() - ref).abs().max().item()
+        assert (outs[k].double() - ref).abs().max().item() <= 2 * eager_err + 1e-5 * ref.abs().max().item()
+
+
 def test_training_graphs_keep_their_output_layouts():
     """A forward graph whose outputs the backward reads keeps eager's strides; the product
     and its gradients are right."""

@@ -11,6 +11,11 @@ next multiple) and nothing is copied: the runtime (`runtime.aten_matmul`) comput
 columns up to the last multiple of 16 bytes in one library call, whose leading dimensions are
 all aligned, and the few columns left (at most 7 for bf16) in a second, small one.
 
+The same holds for what a library product reads: an operand computed by a generated kernel
+(a language model's logits gradient, written by the loss's backward and read by the head's two
+gradient products) gets rows padded too, so the library's calls see aligned leading dimensions
+where they would otherwise fall back to the slow kernel and lose the race to the generated one.
+
 Only buffers nobody else fixes are padded: intermediates, and the outputs of an inference
 graph (a training graph's outputs are saved for the backward, which was traced with their
 eager strides). A buffer an ATen call reads keeps its layout. The generated kernel is still
@@ -20,7 +25,7 @@ from __future__ import annotations
 
 import sympy
 
-from ..ir.graph import Extern, ExternResult, Graph, Input
+from ..ir.graph import Extern, ExternResult, Graph, Input, Pointwise, Reduce
 from ..ir.storage import padded_row, row_padded_strides
 from ..ir.symbolic import contiguous_strides
 from .matmul_views import matmul_views
@@ -46,21 +51,29 @@ def pad_library_rows(graph: Graph, schedule: GraphPlan, free_outputs: bool) -> N
             views = split.views if split is not None else None
         if views is None or views.batch or tuple(views.order) != tuple(range(len(views.order))):
             continue
-        name = views.out
-        node = graph[name]
-        if isinstance(node, Input) or name in fixed or (name in outputs and not free_outputs):
-            continue
-        traced = graph.output_strides.get(name)
-        if traced is not None and tuple(traced) != tuple(contiguous_strides(node.shape)):
-            continue  # a layout chosen for a reason of its own
-        if sympy.sympify(node.shape[-1]) != sympy.sympify(views.sizes[-2]):
-            continue  # (a reshape that splits the rows)
-        row = padded_row(node.shape[-1], node.dtype.itemsize)
-        if row is None:
-            continue
-        graph.output_strides[name] = row_padded_strides(node.shape, row)
-        schedule.decisions.append(f"{name}: rows padded from {node.shape[-1]} to {row} elements, so that a "
-                                  f"library product writes 16-byte aligned rows")
+        if sympy.sympify(graph[views.out].shape[-1]) == sympy.sympify(views.sizes[-2]):  # (not a reshape splitting rows)
+            _pad(graph, schedule, views.out, "writes", fixed, outputs, free_outputs)
+        for operand in (views.a, views.b):
+            if operand.flat is None and isinstance(graph[operand.buffer], (Pointwise, Reduce)):
+                _pad(graph, schedule, operand.buffer, "reads", fixed, outputs, free_outputs)
+
+
+def _pad(graph: Graph, schedule: GraphPlan, name: str, how: str, fixed: set, outputs: set, free_outputs: bool) -> None:
+    """Pad the rows of buffer `name` where they are not 16-byte multiples and nothing else fixes
+    its layout (an input, an extern's read, a training graph's output, strides traced for a
+    reason of their own)."""
+    node = graph[name]
+    if isinstance(node, Input) or name in fixed or (name in outputs and not free_outputs) or not node.shape:
+        return
+    traced = graph.output_strides.get(name)
+    if traced is not None and tuple(traced) != tuple(contiguous_strides(node.shape)):
+        return  # a layout chosen for a reason of its own (or padded already)
+    row = padded_row(node.shape[-1], node.dtype.itemsize)
+    if row is None:
+        return
+    graph.output_strides[name] = row_padded_strides(node.shape, row)
+    schedule.decisions.append(f"{name}: rows padded from {node.shape[-1]} to {row} elements, so that a "
+                              f"library product {how} 16-byte aligned rows")
 
 
 __all__ = ["pad_library_rows"]
