@@ -72,3 +72,22 @@ def test_a_product_with_one_tile_of_columns_keeps_the_prologue(target):
     decisions = _decisions(dropout_backward_then_products, inputs, target)
     assert not any(REASON in d for d in decisions), decisions
     _check(dropout_backward_then_products, inputs, target)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_symbolic_sizes_keep_the_prologue(target):
+    """With symbolic rows neither the operand's size nor the product's columns are known: the
+    rule stays out (`(x * s) @ w` reads one operand-sized buffer and a vector)."""
+    def scaled_product(x, s, w):
+        return (x * s) @ w
+
+    w = torch.randn(40, 160, device=DEVICE) / 7
+    torch._dynamo.reset()
+    with tilefuse.config.patch(target=target, fallback="error", autotune="0"):
+        ex = tilefuse.explain(scaled_product, torch.randn(37, 40, device=DEVICE), torch.randn(40, device=DEVICE), w,
+                              dynamic=True)
+        assert not any(REASON in d for r in ex.reports for d in r.decisions), ex
+        compiled = torch.compile(scaled_product, backend="tilefuse", dynamic=True)
+        for rows in (37, 53):
+            x, s = torch.randn(rows, 40, device=DEVICE), torch.randn(40, device=DEVICE)
+            torch.testing.assert_close(compiled(x, s, w), scaled_product(x, s, w), atol=1e-4, rtol=1e-4)

@@ -22,6 +22,7 @@ def _bench(fits):
     bench = object.__new__(tuner._Bench)
     bench.plan = type("Plan", (), {"name": "kernel0"})()
     bench.loaded, bench.compile_s, bench.left_out, bench.built = {}, {}, set(), []
+    bench.schedules = None
 
     def kernels(schedule):
         if not fits(schedule):
@@ -59,3 +60,15 @@ def test_a_shallower_schedule_already_ranked_is_not_tried_twice():
     bench = _bench(lambda s: s["stages"] <= 4)
     ok, failed = bench.ready([(1.0, WIDE), (2.0, shallower)])
     assert [s for _, s in ok] == [shallower] and bench.built == [shallower]
+
+
+def test_a_shallower_schedule_outside_the_space_is_not_tried():
+    """The tuning cache accepts only the space's configurations: a winner at two stages from a
+    space of three to five would be re-tuned at every compile, so it is not offered."""
+    space = {WIDE.replace(stages=n) for n in (3, 4, 5)} | {NARROW}
+    assert tuner.shallower_pipeline(WIDE, _refusal(300_000), space) == WIDE.replace(stages=4)
+    assert tuner.shallower_pipeline(NARROW, _refusal(300_000), space) is None
+    bench = _bench(lambda s: s["stages"] <= 2)
+    bench.schedules = space
+    ok, failed = bench.ready([(1.0, WIDE)])
+    assert ok == [] and [s["stages"] for s, _ in failed] == [5, 4, 3]

@@ -85,7 +85,7 @@ class Inliner:
             elif self._feeds_contraction(node.name) and (count_ops(body) > MAX_PROLOGUE_OPS or _costly(body)):
                 self.reasons[node.name] = "costly prologue of a contraction: computed once, in its producer's kernel"
                 costly_prologues.append(node.name)
-            elif self._feeds_contraction(node.name) and self._wide_prologue(node, body):
+            elif self._feeds_contraction(node.name) and self._wide_prologue(node):
                 self.reasons[node.name] = ("prologue of a contraction reading several operand-sized buffers: computed "
                                            "once, in its producer's kernel, not re-read per tile of output columns")
                 costly_prologues.append(node.name)
@@ -279,19 +279,22 @@ class Inliner:
                 return True
         return False
 
-    def _wide_prologue(self, node, body: Expr) -> bool:
+    def _wide_prologue(self, node) -> bool:
         """A product re-reads its operand once per tile of output columns; inlined there, a
         body that reads two or more operand-sized buffers (a dropout's backward: the gradient
         and the mask; a sum of two streams) multiplies that traffic, where stored once (narrow,
-        by the kernel that computes it) each re-read is one narrow tensor. This holds whatever
-        the body's size, so the decision does not depend on how much of the body earlier
-        decisions inlined (a layer whose input gradient was stored would otherwise recompute
-        its dropout in both products, its neighbours not). A product with few output columns
-        (one tile's worth) reads the operand about once, and keeps the prologue."""
+        by the kernel that computes it) each re-read is one narrow tensor. This holds however
+        few operations the body has — a stored input gradient makes the dropout after it a
+        three-operation body, where an inlined one makes it a costly prologue, and BERT's
+        layers recomputed it in both FFN products or stored it as their neighbours had decided.
+        A product with few output columns (one tile's worth; a row sum such as a softmax's
+        backward has one) reads the operand about once, and keeps the prologue. Only static
+        sizes are judged: with symbolic ones neither count is known, and the rule stays out."""
         size = _static_numel(node)
-        if self._full_size_reads(node.name, size, share=1) < 2:
+        if size is None or self._full_size_reads(node.name, size, share=1) < 2:
             return False
-        return any(columns is None or columns > MAX_WIDE_PROLOGUE_COLUMNS for columns in self._output_columns(node))
+        return any(columns is not None and columns > MAX_WIDE_PROLOGUE_COLUMNS
+                   for columns in self._output_columns(node))
 
     def _output_columns(self, node):
         """For each contraction reading the node (directly or through conversions): how many

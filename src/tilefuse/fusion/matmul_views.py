@@ -254,18 +254,20 @@ def _bias_add(graph, node, plan, stage) -> MatmulViews | None:
 
 
 def through_conversions(graph, e):
-    """`e` with each load of a node that only converts another float buffer (`x.to(bfloat16)`
-    of a parameter, autocast's cast of a bias) replaced by that conversion of the buffer it
-    reads: what a library call can read where the converted node has no buffer of its own."""
-    from ..ir.graph import Pointwise
+    """`e` with each load of a node that only converts a graph input (`x.to(bfloat16)` of a
+    parameter, autocast's cast of a bias) replaced by that conversion of the input: what a
+    library call can read where the converted node has no buffer of its own (an input always
+    has one; another node may have been inlined)."""
+    from ..ir.graph import Input, Pointwise
 
     def fn(x):
-        if not isinstance(x, Load):
+        if not isinstance(x, Load) or not all(isinstance(c, Index) for c in x.index):
             return None
         node = graph.nodes.get(x.buffer)
         body = node.body if isinstance(node, Pointwise) else None
         if not (isinstance(body, Cast) and isinstance(body.x, Load) and body.dtype.is_float
-                and body.x.dtype.is_float and len(x.index) == node.rank):
+                and body.x.dtype.is_float and len(x.index) == node.rank
+                and isinstance(graph.nodes.get(body.x.buffer), Input)):
             return None
         own = out_index(node.rank)
         return subs_index(body, {s: c.expr for s, c in zip(own, x.index)})
@@ -333,7 +335,7 @@ def biased_product_views(graph, plan, users: dict):
     product's own positions (`addmm`'s decomposition leaves one behind the inlined epilogue)
     and the views compute it as one `addmm` into that node's buffer; None when there is none.
     `users`: the graph's readers of each buffer (`Graph.users()`)."""
-    from ..ir.graph import Pointwise
+    from ..ir.graph import Input, Pointwise
     from .plan import Stage, StageKind
 
     if plan.kind != PlanKind.CONTRACTION or not plan.stages:
@@ -344,7 +346,9 @@ def biased_product_views(graph, plan, users: dict):
         if not isinstance(summed, Pointwise) or tuple(summed.shape) != tuple(node.shape):
             continue
         views = _bias_add(graph, node, plan, Stage(summed.name, StageKind.ROW, summed.body))
-        if views is not None and views.out_shape is None:
+        # (the sum's own body reads the bias as the graph holds it: only an input is sure to have
+        # a buffer at the call, where another node may have been inlined into its readers)
+        if views is not None and views.out_shape is None and isinstance(graph.nodes.get(views.bias.buffer), Input):
             return views, summed
     return None
 
@@ -386,7 +390,7 @@ def describe(views: MatmulViews) -> str:
         return f"view of {v.buffer}" + "".join(f".to({d})" for d in v.casts)
 
     if views.bias is not None:
-        return f"{views.out} = torch.addmm(view of {views.bias.buffer}, {operand(views.a)}, {operand(views.b)})"
+        return f"{views.out} = torch.addmm({operand(views.bias)}, {operand(views.a)}, {operand(views.b)})"
     if views.alpha != 1.0:
         return f"{views.out} = torch.addmm({views.out}, {operand(views.a)}, {operand(views.b)}, beta=0, alpha={views.alpha!r})"
     return f"{views.out} = torch.matmul({operand(views.a)}, {operand(views.b)})"

@@ -117,18 +117,20 @@ class TuneOutcome:
         return f"schedule {describe(self.schedule)} — {what}{best}{why}"
 
 
-def shallower_pipeline(schedule: Schedule, err: Exception) -> Schedule | None:
+def shallower_pipeline(schedule: Schedule, err: Exception, schedules=None) -> Schedule | None:
     """The schedule with one pipeline stage fewer, for a candidate Triton refused for want of
-    shared memory (None for any other failure, or one stage already). The limits check counts a
-    product's pipelined operands; a persistent kernel whose epilogue loads tiles of its own (a
-    residual, a dropout mask) holds those while the next tile's operands load, so Triton may
-    need more than that — as the runtime does for a refused launch, the same tiles with a
-    shallower pipeline are tried instead of dropping the candidate."""
+    shared memory (None for any other failure, one stage already, or a stage count outside
+    `schedules`, the space's configurations: the tuning cache accepts only those). The limits
+    check counts a product's pipelined operands; a persistent kernel whose epilogue loads tiles
+    of its own (a residual, a dropout mask) holds those while the next tile's operands load, so
+    Triton may need more than that — as the runtime does for a refused launch, the same tiles
+    with a shallower pipeline are tried instead of dropping the candidate."""
     stages = schedule.get("stages")
     if type(err).__name__ != "OutOfResources" or "shared memory" not in str(err) \
             or not isinstance(stages, int) or stages <= 1:
         return None
-    return schedule.replace(stages=stages - 1)
+    shallower = schedule.replace(stages=stages - 1)
+    return shallower if schedules is None or shallower in schedules else None
 
 
 _ceilings: dict = {}
@@ -357,6 +359,7 @@ def _prepare(graph, plan, options: LoweringOptions, level: str, device, aten):
         extra["host"] = cpu_description()
     key = tuning_key(source, space.sizes, dtypes, {"name": ceilings.name, "kind": space.kind}, extra=extra)
     bench = _Bench(graph, plan, options, device, aten)
+    bench.schedules = space.schedules()  # (a shallower retry stays a configuration the cache accepts)
     with real_tensors():
         found = candidates(space, key, level, ceilings, TuningCache(), plan.name, levels=levels,
                            misfit=bench.misfit, fit=False)
@@ -641,6 +644,7 @@ class _Bench:
         self.check = self.target.check if self.target.limits is not None else None
         self.compile_s: dict = {}  # schedule -> seconds its kernels took in the workers (those built)
         self.left_out: set = set()  # schedules `ready` left out while they still compiled
+        self.schedules = None  # the space's configurations (None: any), for `shallower_pipeline`
 
     def lowered(self, schedule: Schedule) -> list:
         """The plan's tile kernels under `schedule` (lowered once); under `impl=split` the
@@ -708,7 +712,7 @@ class _Bench:
             except Exception as err:  # noqa: BLE001 — a candidate that fails is dropped, not fatal
                 failed.append((schedule, f"{type(err).__name__}: {err}"[:500]))
                 logs.log("tune", "%s: candidate %s failed: %s", self.plan.name, describe(schedule), failed[-1][1])
-                shallower = shallower_pipeline(schedule, err)
+                shallower = shallower_pipeline(schedule, err, self.schedules)
                 if shallower is not None and all(shallower != s for _, s in ranked):
                     ranked.insert(k + 1, (predicted, shallower))
                     logs.log("tune", "%s: trying %s instead", self.plan.name, describe(shallower))
