@@ -597,8 +597,14 @@ def _split(step, split, steps: list, report, pending: list, shared, tune_s: floa
                       f"{split.epilogue.name}" + (f" (as {shared.plan})" if shared is not None and shared.plan != step.name
                                                    else ""))
     steps.append(aten)
-    report.kernels.append(KernelReport(step.name, "aten-matmul", step.members, what, "", step.notes, tune_s,
-                                       compile_seconds=compile_s))
+    reused = shared is not None and shared.plan != step.name
+    kr = KernelReport(step.name, "aten-matmul", step.members, what, "", step.notes, tune_s,
+                      compile_seconds=compile_s, shares=shared.plan if reused else "")
+    report.kernels.append(kr)
+    if shared is not None and not reused:
+        shared.reports.append(kr)  # (later layers' products count as its copies: `explain`'s distinct kernels)
+    elif reused and shared.reports:
+        shared.reports[0].shared_by += 1
     epilogue = replace(split.epilogue, notes=list(split.epilogue.notes))
     epilogue.library = ProductChoice(GENERATED)
     pending.insert(0, epilogue)

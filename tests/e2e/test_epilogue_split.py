@@ -155,6 +155,45 @@ def test_a_gathered_operand_beside_a_converted_bias_plans():
     assert (out.double() - ref).abs().max().item() <= 2 * eager_err + 1e-5
 
 
+def test_layers_that_split_alike_share_the_first_layers_product(monkeypatch):
+    """Where the tuner chooses the split (`impl=split`, faked here: the interpreter measures
+    nothing), a later layer's identical plan reuses the first's choice; its library product is
+    reported as the first's copy, so `explain` counts one distinct product, not one a layer."""
+    from tilefuse import compiler
+    from tilefuse.tile.schedule import Schedule
+    from tilefuse.tune.tuner import TuneOutcome
+
+    real = compiler.tune_plan
+
+    def split_when_offered(graph, step, *args, **kwargs):
+        choice = getattr(step, "library", None)
+        if choice is not None and choice.split is not None:
+            return TuneOutcome(Schedule(impl="split"), "measured")
+        return real(graph, step, *args, **kwargs)
+
+    monkeypatch.setattr(compiler, "tune_plan", split_when_offered)
+
+    class Layers(torch.nn.Module):
+        def __init__(self, d, n):
+            super().__init__()
+            self.linears = torch.nn.ModuleList(torch.nn.Linear(d, d) for _ in range(n))
+
+        def forward(self, x):  # (layers over one input: chained, two products fuse into one kernel)
+            return tuple(gelu_tanh(linear(x)) for linear in self.linears)
+
+    torch.manual_seed(0)
+    model, x = Layers(40, 3).to(torch.bfloat16), torch.randn(29, 40).to(torch.bfloat16)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        ex = tilefuse.explain(model, x, options={"target": "interpret", "matmul": "auto", "autotune": "1"})
+    products = [k for k in ex.reports[0].kernels if k.kind == "aten-matmul"]
+    assert len(products) == 3, ex
+    assert products[0].shares == "" and products[0].shared_by == 2, ex
+    assert [k.shares for k in products[1:]] == [products[0].name] * 2, ex
+    distinct = sum(1 for k in ex.reports[0].kernels if not k.shares)
+    assert distinct == 2, ex  # one product, one epilogue
+
+
 def test_symbolic_sizes_split():
     fn = lambda x, w, b: gelu_tanh(F.linear(x, w, b))  # noqa: E731
     w, b = torch.randn(45, 24) * 0.3, torch.randn(45)
