@@ -633,6 +633,9 @@ class _Bench:
     them on synthetic buffers of the plan's shapes (random floats; zeros for integer and
     boolean inputs, so that any index they hold is in range)."""
 
+    #: the space's configurations (None: any), for `shallower_pipeline`
+    schedules = None
+
     def __init__(self, graph, plan, options, device, aten=None):
         self.graph, self.plan, self.options, self.device, self.aten = graph, plan, options, device, aten
         self.target = options.target
@@ -644,7 +647,6 @@ class _Bench:
         self.check = self.target.check if self.target.limits is not None else None
         self.compile_s: dict = {}  # schedule -> seconds its kernels took in the workers (those built)
         self.left_out: set = set()  # schedules `ready` left out while they still compiled
-        self.schedules = None  # the space's configurations (None: any), for `shallower_pipeline`
 
     def lowered(self, schedule: Schedule) -> list:
         """The plan's tile kernels under `schedule` (lowered once); under `impl=split` the
