@@ -476,7 +476,11 @@ def _aot_compiled(gm: torch.fx.GraphModule, example_inputs, settings: dict):
         with _process_settings(settings):
             compile_pool.start()  # the workers start (import Triton) while AOTAutograd traces
         launcher.prefetch_triton_key()
-    if training and settings.get("attention_backward", config.attention_backward):
+    from .frontend import flex_attention
+
+    chains = settings.get("attention_backward", config.attention_backward)
+    flex_attention.decompose(gm, training, chains)
+    if training and chains:
         from .frontend.attention_chains import rewrite
 
         rewrite(gm)

@@ -252,6 +252,9 @@ class ChainFunctions:
     #: seed apart from other chains' of its graph (`random_ops.seed`)
     dropout: float = 0.0
     tag: int = 0
+    #: a row whose scores are all −inf gives probabilities 0 (`aten._safe_softmax`, as
+    #: FlexAttention's definition has it) instead of NaN, and no gradient
+    safe_rows: bool = False
 
 
 class _AttentionChain(torch.autograd.Function):
@@ -261,13 +264,19 @@ class _AttentionChain(torch.autograd.Function):
         x = _softmax_input(s, fns.softmax_dtype)
         m = x.amax(-1, keepdim=True)
         total = torch.exp(x - m).sum(-1, keepdim=True)
-        p = (torch.exp(x - m) / total).to(fns.softmax_dtype)
+        p = torch.exp(x - m) / total
+        dead = (m == float("-inf")) if fns.safe_rows else None
+        if dead is not None:
+            p = torch.where(dead, 0.0, p)
+        p = p.to(fns.softmax_dtype)
         seed = torch.ops.tilefuse.seed(q, fns.tag) if fns.dropout else None
         keep = _keep_scale(seed, p.shape, fns.dropout) if fns.dropout else None
         o = fns.output(p, v, keep)
         # m and log l apart, not their sum: in a row masked throughout by a finite fill
         # (finfo.min) m + log l rounds to m, and exp(s − lse) would give 1, not 1/T
         log_total = torch.log(total)
+        if dead is not None:  # (the backward's exp((s − m) − log l) is then 0 on such a row)
+            m, log_total = torch.where(dead, 0.0, m), torch.where(dead, float("inf"), log_total)
         device = q.device.type
         ctx.autocast = (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
         ctx.fns = fns
