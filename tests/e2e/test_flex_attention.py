@@ -173,3 +173,23 @@ def test_half_precision_training_products_stay_half_precision(monkeypatch):
         assert body.count("float32(") == 2, line  # both factors upcast from bf16
     kinds = [k.kind for k in report.reports[1].kernels]
     assert kinds.count("flash") >= 2 and "contraction" not in kinds, kinds  # no product materialises scores
+
+
+def test_autocast():
+    # under autocast the op converts q, k and v to autocast's dtype (where this PyTorch's op
+    # has that rule) and computes the rest as without it
+    import importlib
+
+    hop = importlib.import_module("torch._higher_order_ops.flex_attention")
+    score_mod, mask_mod = _variant("alibi")
+    fn = _program(score_mod, mask_mod)
+    args = _inputs()
+    rounded = hasattr(hop, "_flex_attention_autocast_impl")
+    ref = fn(*((a.to(torch.bfloat16) if rounded else a).double() for a in args))
+    torch._dynamo.reset()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = tilefuse.compile(fn)(*args)
+        eager = fn(*args)
+    assert got.dtype == eager.dtype
+    err, eager_err = (got.double() - ref).abs().max().item(), (eager.double() - ref).abs().max().item()
+    assert err <= 4 * eager_err + 1e-5, (err, eager_err)

@@ -21,8 +21,8 @@ The op's other results are produced where the graph reads them: the log-sum-exp 
 maximum of the masked scores, in base 2 as the op returns them (the public function converts),
 −inf for a row masked throughout. Grouped-query attention repeats key and value per group;
 key and value with batch 1 broadcast over the query's batch. Under autocast q, k and v are
-first converted to autocast's dtype, as the op's autocast rule does, and the rest runs with
-autocast off.
+first converted to autocast's dtype where this PyTorch's op has an autocast rule that does so,
+and the rest runs with autocast off.
 
 In a training graph (with `attention_backward`) the chain is the attention-chain rewrite's
 autograd function (`attention_chains._AttentionChain`): its backward recomputes the scores
@@ -226,8 +226,9 @@ def _flex_math(query, key, value, score_mod, block_mask, scale, kernel_options, 
     """The flex_attention op's results (`outputs` of them: output, log-sum-exp, row max)."""
     device = query.device.type
     if torch.is_autocast_enabled(device):
-        dtype = torch.get_autocast_dtype(device)
-        query, key, value = (t.to(dtype) if t.is_floating_point() else t for t in (query, key, value))
+        if _autocast_casts_inputs():
+            dtype = torch.get_autocast_dtype(device)
+            query, key, value = (t.to(dtype) if t.is_floating_point() else t for t in (query, key, value))
         with torch.autocast(device, enabled=False):
             return _flex_math(query, key, value, score_mod, block_mask, scale, kernel_options,
                               score_mod_other_buffers, mask_mod_other_buffers, outputs=outputs, chain=chain,
@@ -254,6 +255,16 @@ def _flex_math(query, key, value, score_mod, block_mask, scale, kernel_options, 
     p = torch.ops.aten._safe_softmax(s, -1)
     out = _weighted_values(query.dtype, p, value, None)
     return (out, *_row_statistics(s)[: outputs - 1])
+
+
+@functools.lru_cache(maxsize=None)
+def _autocast_casts_inputs() -> bool:
+    """Whether this PyTorch's flex_attention op has an autocast rule (it converts q, k and v
+    to autocast's dtype); without one, eager computes on the inputs as given."""
+    import importlib
+
+    module = importlib.import_module("torch._higher_order_ops.flex_attention")  # (the package's
+    return hasattr(module, "_flex_attention_autocast_impl")                      # name is the op)
 
 
 def _working(dtype: torch.dtype) -> torch.dtype:
