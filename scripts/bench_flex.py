@@ -3,8 +3,10 @@ replaced by its definition, `frontend.flex_attention`), forward and forward + ba
 process. The same user code for both: `flex_attention(q, k, v, score_mod=..., block_mask=...)`.
 
     PYTHONPATH=src python scripts/bench_flex.py [--shape 4,16,4096,128] [--variants causal,alibi,...]
+    PYTHONPATH=src python scripts/bench_flex.py --device cpu --shape 2,8,1024,64 --dtype float32
 
-Prints per variant and backend the median time (CUDA events, 20 calls after warm-up), the
+Prints per variant and backend the median time (CUDA events, or the host's clock on a CPU; 20
+calls after warm-up; a CPU runs the forward only: eager FlexAttention has no CPU backward), the
 dense-equivalent TFLOP/s (4·B·H·L·S·D forward, 2.5× that for forward + backward) and the
 largest difference from eager's FlexAttention in fp32 beside eager bf16's own.
 """
@@ -32,9 +34,24 @@ def variants(B, H, S, device):
     }
 
 
+_DEVICE = ["cuda"]
+
+
+def _sync():
+    if _DEVICE[0] == "cuda":
+        torch.cuda.synchronize()
+
+
 def timed(fn, calls=20):
     for _ in range(3):
         fn()
+    if not torch.cuda.is_available() or _DEVICE[0] == "cpu":
+        times = []
+        for _ in range(calls):
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1e3)
+        return sorted(times)[len(times) // 2]
     torch.cuda.synchronize()
     times = []
     for _ in range(calls):
@@ -53,11 +70,16 @@ def main() -> int:
     ap.add_argument("--variants", default="causal,alibi,softcap,window256,document")
     ap.add_argument("--backends", default="inductor,tilefuse")
     ap.add_argument("--no-backward", action="store_true")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default="bfloat16")
     args = ap.parse_args()
     B, H, S, D = (int(x) for x in args.shape.split(","))
-    device = "cuda"
+    device = _DEVICE[0] = args.device
+    dtype = getattr(torch, args.dtype)
+    backward = not args.no_backward and device != "cpu"
     table = variants(B, H, S, device)
-    print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  shape B={B} H={H} S={S} D={D} bf16")
+    name_of = torch.cuda.get_device_name() if device == "cuda" else "CPU"
+    print(f"# {name_of}  torch {torch.__version__}  shape B={B} H={H} S={S} D={D} {args.dtype}")
     for name in args.variants.split(","):
         score_mod, mask_mod = table[name]
         block_mask = create_block_mask(mask_mod, B=None, H=None, Q_LEN=S, KV_LEN=S, device=device) \
@@ -67,8 +89,8 @@ def main() -> int:
             return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)
 
         g = torch.Generator(device=device).manual_seed(1)
-        q, k, v = (torch.randn(B, H, S, D, device=device, dtype=torch.bfloat16, generator=g) for _ in range(3))
-        do = torch.randn(B, H, S, D, device=device, dtype=torch.bfloat16, generator=g)
+        q, k, v = (torch.randn(B, H, S, D, device=device, dtype=dtype, generator=g) for _ in range(3))
+        do = torch.randn(B, H, S, D, device=device, dtype=dtype, generator=g)
         ref = torch.compile(program)(q.float(), k.float(), v.float())  # (eager flex materialises S² scores)
         flops = 4 * B * H * S * S * D
         for backend in args.backends.split(","):
@@ -76,18 +98,18 @@ def main() -> int:
             compiled = torch.compile(program, backend=backend)
             start = time.perf_counter()
             out = compiled(q, k, v)
-            torch.cuda.synchronize()
+            _sync()
             first = time.perf_counter() - start
             err = (out.float() - ref).abs().max().item()
             fwd = timed(lambda: compiled(q, k, v))
             line = f"{name:10s} {backend:9s} fwd {fwd:7.3f} ms {flops / fwd / 1e9:7.1f} TFLOP/s  err {err:.1e}  first {first:.1f} s"
-            if not args.no_backward:
+            if backward:
                 torch._dynamo.reset()
                 qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
                 trained = torch.compile(program, backend=backend)
                 start = time.perf_counter()
                 trained(qg, kg, vg).backward(do)
-                torch.cuda.synchronize()
+                _sync()
                 first_train = time.perf_counter() - start
 
                 def step():
