@@ -193,3 +193,54 @@ def test_autocast():
     assert got.dtype == eager.dtype
     err, eager_err = (got.double() - ref).abs().max().item(), (eager.double() - ref).abs().max().item()
     assert err <= 4 * eager_err + 1e-5, (err, eager_err)
+
+
+def test_training_log_sum_exp_gradient(monkeypatch):
+    # with return_lse the log-sum-exp carries its own gradient into dQ and dK
+    monkeypatch.setattr(fa, "_validate_device", lambda *args: None)
+    fn = _program(None, _variant("causal")[1], return_lse=True)
+    q, k, v = (t.double().requires_grad_() for t in _inputs())
+    weights = torch.randn(L, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+
+    def loss(out, lse):
+        return out.sum() + (lse * weights).sum()
+
+    ref = torch.autograd.grad(loss(*fn(q, k, v)), (q, k, v))
+    torch._dynamo.reset()
+    got = torch.autograd.grad(loss(*tilefuse.compile(fn)(q, k, v)), (q, k, v))
+    for g, r in zip(got, ref):
+        assert (g - r).abs().max() < 1e-10
+
+
+def test_score_function_not_finite_under_the_mask(monkeypatch):
+    # log1p(i - j) is NaN above the diagonal, where the mask drops the score: its gradient there
+    # is 0 (eager zeroes the scores' gradient under the mask), not 0 · NaN
+    monkeypatch.setattr(fa, "_validate_device", lambda *args: None)
+    fn = _program(lambda s, b, h, i, j: s * torch.log1p((i - j).to(s.dtype)), _variant("causal")[1])
+    q, k, v = (t.double().requires_grad_() for t in _inputs())
+    ref = torch.autograd.grad(fn(q, k, v).sum(), (q, k, v))
+    torch._dynamo.reset()
+    got = torch.autograd.grad(tilefuse.compile(fn)(q, k, v).sum(), (q, k, v))
+    for g, r in zip(got, ref):
+        assert torch.isfinite(g).all() and (g - r).abs().max() < 1e-10
+
+
+def test_tensor_fill_value_stays_an_extern():
+    # masked_fill with a value per head is one value per score under eager's vmap, a 4-D tensor
+    # on whole index tensors (which masked_fill refuses): the op is left to eager
+    fill = torch.randn(H)
+    fn = _program(lambda s, b, h, i, j: s.masked_fill(j > i, fill[h]), None)
+    args = _inputs()
+    _check(fn, args)
+    torch._dynamo.reset()
+    assert tilefuse.explain(fn, *args).externs
+
+
+def test_double_inputs_under_autocast_are_not_converted():
+    fn = _program(*_variant("alibi"))
+    args = tuple(a.double() for a in _inputs())
+    ref = fn(*args)
+    torch._dynamo.reset()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = tilefuse.compile(fn)(*args)
+    assert got.dtype == torch.float64 and (got - ref).abs().max() < 1e-10

@@ -143,6 +143,11 @@ def _not_elementwise(fn: torch.fx.GraphModule) -> str | None:
             if all(isinstance(i, (torch.fx.Node, int)) for i in items):
                 continue
             return "an index with slices"
+        if name == "masked_fill":
+            value = n.kwargs.get("value", n.args[2] if len(n.args) > 2 else None)
+            if isinstance(value, torch.fx.Node):
+                return "masked_fill with a tensor value"
+            continue
         if name in _SIZED:
             size = n.kwargs.get("size", n.args[1] if len(n.args) > 1 else None)
             if isinstance(size, (tuple, list)) and len(size) == 0:
@@ -173,10 +178,9 @@ def _check_broadcast(score_fn, mask_fn, node: torch.fx.Node) -> None:
     try:
         with torch.no_grad():
             results = (("score_mod", score_fn(scores, *idx, *score_bufs)), ("mask_mod", mask_fn(*idx, *mask_bufs)))
-    except Exception as err:  # noqa: BLE001 - what the meta call cannot run, the trace will report
-        logs.log("graph", "flex_attention: the score and mask functions not checked on meta tensors (%s: %s)",
-                 type(err).__name__, err)
-        return
+    except Exception as err:  # noqa: BLE001 - a function that fails on whole index tensors
+        raise _NotBroadcast(f"its score or mask function fails on whole index tensors ({type(err).__name__}: "
+                            f"{err})") from err
     for name, r in results:
         if not isinstance(r, torch.Tensor) or not _broadcasts(r.shape, shape):
             got = tuple(r.shape) if isinstance(r, torch.Tensor) else type(r).__name__
@@ -228,7 +232,7 @@ def _flex_math(query, key, value, score_mod, block_mask, scale, kernel_options, 
     if torch.is_autocast_enabled(device):
         if _autocast_casts_inputs():
             dtype = torch.get_autocast_dtype(device)
-            query, key, value = (t.to(dtype) if t.is_floating_point() else t for t in (query, key, value))
+            query, key, value = (_autocast(t, device, dtype) for t in (query, key, value))
         with torch.autocast(device, enabled=False):
             return _flex_math(query, key, value, score_mod, block_mask, scale, kernel_options,
                               score_mod_other_buffers, mask_mod_other_buffers, outputs=outputs, chain=chain,
@@ -241,20 +245,24 @@ def _flex_math(query, key, value, score_mod, block_mask, scale, kernel_options, 
     scores = functools.partial(_masked_scores, score_mod, block_mask[-1], scale,
                                len(score_mod_other_buffers))
     kt = key.transpose(-2, -1)
-    if chain and outputs >= 1:
+    if chain and outputs == 1:  # (a log-sum-exp read too carries its own gradient: differentiated as written)
         from .attention_chains import ChainFunctions, _call_chain
 
         fns = ChainFunctions(scores, functools.partial(_weighted_values, query.dtype), _working(query.dtype),
                              stack_trace, safe_rows=True)
-        out = _call_chain(fns, query, kt, value, *extras)
-        if outputs == 1:
-            return (out,)
-        s = scores(query.detach(), kt.detach(), *(e.detach() if isinstance(e, torch.Tensor) else e for e in extras))
-        return (out, *_row_statistics(s)[: outputs - 1])
+        return (_call_chain(fns, query, kt, value, *extras),)
     s = scores(query, kt, *extras)
     p = torch.ops.aten._safe_softmax(s, -1)
     out = _weighted_values(query.dtype, p, value, None)
     return (out, *_row_statistics(s)[: outputs - 1])
+
+
+def _autocast(t: torch.Tensor, device: str, dtype: torch.dtype) -> torch.Tensor:
+    """`t` as autocast's rule converts an input: a floating tensor on autocast's device, fp64
+    excepted, to autocast's dtype; anything else as it is."""
+    if t.is_floating_point() and t.device.type == device and t.dtype != torch.float64:
+        return t.to(dtype)
+    return t
 
 
 @functools.lru_cache(maxsize=None)
@@ -280,8 +288,12 @@ def _masked_scores(score_mod, mask_mod, scale, n_score_buffers: int, q, kt, *ext
         s = (q.to(working) @ kt.to(working)) * scale
     shape = s.shape
     b, h, i, j = _indices(shape, s.device)
-    modded = score_mod(s.to(working), b, h, i, j, *extras[:n_score_buffers])
     keep = mask_mod(b, h, i, j, *extras[n_score_buffers:])
+    # masked scores reach score_mod detached: their gradient is 0, not 0 times a derivative
+    # that may not be finite there (log1p(i - j) above the diagonal), as eager's backward zeroes
+    # the scores' gradient under the mask after score_mod's
+    s = s.to(working)
+    modded = score_mod(torch.where(keep, s, s.detach()), b, h, i, j, *extras[:n_score_buffers])
     return torch.where(keep, modded, torch.full((), float("-inf"), dtype=working, device=s.device))
 
 
