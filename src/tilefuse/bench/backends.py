@@ -51,15 +51,16 @@ class BackendUnavailable(Exception):
 
 def compiled_program(workload, backend: str) -> Callable:
     """The workload's timed program (its `step` around the call, if any) with the call compiled
-    by `backend` — "eager", "tilefuse", an Inductor mode's name, or any torch.compile backend —
+    by `backend` — "eager", "tilefuse" or "tilefuse-reduce-overhead", an Inductor mode's name,
+    or any torch.compile backend —
     after a Dynamo reset; for the scripts that profile or time backends side by side."""
     import tilefuse
 
     torch._dynamo.reset()
     if backend == "eager":
         run = workload.fn
-    elif backend == "tilefuse":
-        run = tilefuse.compile(workload.fn, fallback="error")
+    elif backend in TILEFUSE_MODES:
+        run = tilefuse.compile(workload.fn, mode=TILEFUSE_MODES[backend], fallback="error")
     elif backend in INDUCTOR_MODES:
         run = torch.compile(workload.fn, mode=INDUCTOR_MODES[backend])
     else:
