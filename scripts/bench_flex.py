@@ -45,7 +45,7 @@ def _sync():
 def timed(fn, calls=20):
     for _ in range(3):
         fn()
-    if not torch.cuda.is_available() or _DEVICE[0] == "cpu":
+    if _DEVICE[0] != "cuda":
         times = []
         for _ in range(calls):
             start = time.perf_counter()
@@ -102,7 +102,8 @@ def main() -> int:
             first = time.perf_counter() - start
             err = (out.float() - ref).abs().max().item()
             fwd = timed(lambda: compiled(q, k, v))
-            line = f"{name:10s} {backend:9s} fwd {fwd:7.3f} ms {flops / fwd / 1e9:7.1f} TFLOP/s  err {err:.1e}  first {first:.1f} s"
+            line = (f"{name:10s} {backend:9s} fwd {fwd:7.3f} ms {flops / fwd / 1e9:7.1f} TFLOP/s  "
+                    f"err {err:.1e}  first {first:.1f} s")
             if backward:
                 torch._dynamo.reset()
                 qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))

@@ -89,7 +89,8 @@ def _unsupported(gm: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
     if len(node.args) < 7:
         return f"an unknown signature ({len(node.args)} arguments)"
     q, k, v, score_mod, block_mask = node.args[:5]
-    for name, fn in (("score_mod", score_mod), ("mask_mod", block_mask[-1] if isinstance(block_mask, tuple) and block_mask else None)):
+    mask_mod = block_mask[-1] if isinstance(block_mask, tuple) and block_mask else None
+    for name, fn in (("score_mod", score_mod), ("mask_mod", mask_mod)):
         if not (isinstance(fn, torch.fx.Node) and fn.op == "get_attr"):
             return f"its {name} is not a graph of the module"
     shapes = [getattr(n.meta.get("example_value"), "shape", None) if isinstance(n, torch.fx.Node) else None
@@ -100,7 +101,7 @@ def _unsupported(gm: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
     if not isinstance(scale, (int, float, torch.fx.Node)) or \
             (isinstance(scale, torch.fx.Node) and isinstance(scale.meta.get("example_value"), torch.Tensor)):
         return f"a scale that is not a number ({type(scale).__name__})"
-    score_fn, mask_fn = getattr(gm, score_mod.target), getattr(gm, block_mask[-1].target)
+    score_fn, mask_fn = getattr(gm, score_mod.target), getattr(gm, mask_mod.target)
     for name, fn in (("score_mod", score_fn), ("mask_mod", mask_fn)):
         op = _not_elementwise(fn)
         if op is not None:
