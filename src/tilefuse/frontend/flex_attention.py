@@ -24,8 +24,9 @@ key and value with batch 1 broadcast over the query's batch. Under autocast q, k
 first converted to autocast's dtype where this PyTorch's op has an autocast rule that does so,
 and the rest runs with autocast off.
 
-In a training graph (with `attention_backward`) the chain is the attention-chain rewrite's
-autograd function (`attention_chains._AttentionChain`): its backward recomputes the scores
+In a training graph (with `attention_backward`) that reads the output alone, the chain is the
+attention-chain rewrite's autograd function (`attention_chains._AttentionChain`; a log-sum-exp
+the graph reads has a gradient of its own, and that graph is differentiated as written): its backward recomputes the scores
 tile by tile from the saved row statistics, and the score function's derivative comes from
 autograd through the user's graph, so a learnable bias captured by `score_mod` gets its
 gradient. Rows masked throughout keep the op's semantics there too: probabilities 0 and no
