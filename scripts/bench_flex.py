@@ -64,6 +64,15 @@ def timed(fn, calls=20):
     return sorted(times)[len(times) // 2]
 
 
+def _profile(fn, top):
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=top, max_name_column_width=60))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="4,16,4096,128")
@@ -72,6 +81,8 @@ def main() -> int:
     ap.add_argument("--no-backward", action="store_true")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--profile", type=int, default=0, metavar="TOP",
+                    help="also print the TOP GPU kernels of one forward + backward per backend")
     args = ap.parse_args()
     B, H, S, D = (int(x) for x in args.shape.split(","))
     device = _DEVICE[0] = args.device
@@ -91,7 +102,13 @@ def main() -> int:
         g = torch.Generator(device=device).manual_seed(1)
         q, k, v = (torch.randn(B, H, S, D, device=device, dtype=dtype, generator=g) for _ in range(3))
         do = torch.randn(B, H, S, D, device=device, dtype=dtype, generator=g)
-        ref = torch.compile(program)(q.float(), k.float(), v.float())  # (eager flex materialises S² scores)
+        # The fp32 reference runs through Inductor's template: eager flex materialises S² scores.
+        q32, k32, v32 = (t.float().requires_grad_(backward) for t in (q, k, v))
+        ref = torch.compile(program)(q32, k32, v32)
+        if backward:
+            ref.backward(do.float())
+            ref_grads = [t.grad for t in (q32, k32, v32)]
+        ref = ref.detach()
         flops = 4 * B * H * S * S * D
         for backend in args.backends.split(","):
             torch._dynamo.reset()
@@ -117,7 +134,15 @@ def main() -> int:
                     trained(qg, kg, vg).backward(do)
 
                 both = timed(step)
-                line += f"  | fwd+bwd {both:7.3f} ms {2.5 * flops / both / 1e9:7.1f} TFLOP/s  first {first_train:.1f} s"
+                for t in (qg, kg, vg):
+                    t.grad = None
+                step()
+                grad_err = max(((t.grad.float() - r).abs().max() / r.abs().max()).item()
+                               for t, r in zip((qg, kg, vg), ref_grads))
+                line += (f"  | fwd+bwd {both:7.3f} ms {2.5 * flops / both / 1e9:7.1f} TFLOP/s  "
+                         f"grad err {grad_err:.1e} (rel. to max)  first {first_train:.1f} s")
+                if args.profile:
+                    _profile(step, args.profile)
             print(line, flush=True)
     return 0
 

@@ -128,3 +128,33 @@ def test_a_mask_shared_by_layers_is_no_chain(target, monkeypatch):
     out = torch.compile(shared_mask_layers, backend="tilefuse", options={"target": target})(q, k, v, causal, documents)
     ref = shared_mask_layers(q.double(), k.double(), v.double(), causal.double(), documents)
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+def alternating_norms(x, steps):
+    """Steps that alternate a column sum and a row mean, each read back by the next step: every
+    intermediate is read by a reduction and by the next step's body, a chain of shared bodies
+    whose side reads are small (a row or a column)."""
+    for i in range(steps):
+        if i % 2 == 0:
+            x = torch.relu(x - x.sum(0, keepdim=True) * 0.01)
+        else:
+            x = torch.tanh(x - x.mean(1, keepdim=True))
+    return x
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_chain_of_costly_shared_bodies_is_not_recomputed_by_every_later_kernel(target):
+    """Inlined throughout, step k's kernel would recompute every earlier step's tanh (work
+    quadratic in the chain's length: a 20-step chain of 64×64 took 3× Inductor's time on a
+    CPU); a transcendental op weighs TRANSCENDENTAL_COST adds in the shared-body bound, so a
+    link is realised every few tanh."""
+    steps = 12
+    torch.manual_seed(0)
+    x = torch.randn(37, 45, device=DEVICE)
+    torch._dynamo.reset()
+    report = tilefuse.explain(alternating_norms, x, steps, options={"target": target})
+    computed = sum(repr(statement).count("op='tanh'") for k in report.kernels for statement in k.tile.body)
+    assert steps // 2 <= computed <= steps, (computed, [k.name for k in report.kernels])
+    torch._dynamo.reset()
+    out = torch.compile(alternating_norms, backend="tilefuse", options={"target": target})(x, steps)
+    torch.testing.assert_close(out.double(), alternating_norms(x.double(), steps), atol=1e-5, rtol=1e-5)

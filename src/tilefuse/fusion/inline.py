@@ -23,7 +23,7 @@ import sympy
 
 from ..ir.bounds import prune_checks
 from ..ir.dtypes import float_widens
-from ..ir.expr import (Cast, Expr, Index, Load, Unary, Where, count_ops, out_index, red_index,
+from ..ir.expr import (Binary, Cast, Expr, Index, Load, Unary, Where, count_ops, out_index, red_index,
                        skip_intermediate_rounding, transform, walk, walk_unique)
 from ..ir.graph import Extern, ExternResult, Graph, Pointwise, Reduce
 from ..ir.monoid import SUM
@@ -32,7 +32,13 @@ from ..ir.rewrite import substitute_index
 #: unary ops that cost far more than an add (a contraction prologue of these is realised)
 TRANSCENDENTAL = frozenset("exp exp2 log log2 log10 log1p expm1 sin cos tan asin acos atan sinh cosh "
                            "tanh asinh acosh atanh sigmoid erf erfc lgamma pow".split())
-MAX_SHARED_OPS = 24  # a body shared by several consumers is recomputed up to this size
+#: a body shared by several consumers is recomputed up to this cost (`compute_cost`: an add is
+#: 1, a transcendental op TRANSCENDENTAL_COST)
+MAX_SHARED_OPS = 24
+#: what one transcendental op costs against an add: a C++ kernel's vector tanh or exp is a
+#: polynomial of 15-25 instructions, a GPU's runs on the special-function units at a quarter
+#: of the adds' rate or less (and erf, pow, lgamma are longer everywhere)
+TRANSCENDENTAL_COST = 8
 MAX_PROLOGUE_OPS = 3  # contraction operand prologues are recomputed once per output tile
 #: a prologue reading two operand-sized buffers (`dropout_backward(g) = g * mask * 1/(1-p)`) is
 #: realised where its product re-reads the operand for more than this many output columns
@@ -45,13 +51,28 @@ MAX_CHAIN_READS = 6
 
 
 def is_contraction_like(node) -> bool:
-    from ..ir.expr import Binary
-
     return isinstance(node, Reduce) and node.combiner == SUM and isinstance(node.body, Binary) and node.body.op == "mul"
 
 
 def _costly(body: Expr) -> bool:
     return any(isinstance(e, Unary) and e.op in TRANSCENDENTAL for e in walk(body))
+
+
+def compute_cost(e: Expr, limit: int | None = None) -> int:
+    """What computing `e` once costs, as a tree (a shared subtree counts at each use, as a
+    kernel that inlines it computes it): 1 per operation, TRANSCENDENTAL_COST per
+    transcendental one. Past `limit`, the count stops and returns more than `limit`."""
+    cost = 0
+    for n in walk(e):
+        if isinstance(n, Unary) and n.op in TRANSCENDENTAL:
+            cost += TRANSCENDENTAL_COST
+        elif isinstance(n, (Unary, Binary, Where)):
+            cost += 1
+        else:
+            continue
+        if limit is not None and cost > limit:
+            break
+    return cost
 
 
 class Inliner:
@@ -92,8 +113,9 @@ class Inliner:
             elif self._feeds_contraction(node.name) and self._epilogue_of_contraction(node):
                 self.reasons[node.name] = ("epilogue of a contraction and operand of another: stored once by its "
                                            "producer, not recomputed per tile of the second product")
-            elif len(users) > 1 and count_ops(body) > MAX_SHARED_OPS:
-                self.reasons[node.name] = f"{len(users)} consumers would recompute {count_ops(body)} ops"
+            elif len(users) > 1 and compute_cost(body, MAX_SHARED_OPS) > MAX_SHARED_OPS:
+                self.reasons[node.name] = (f"{len(users)} consumers would recompute {count_ops(body)} ops "
+                                           f"(cost {compute_cost(body)})")
             elif not users:
                 self.reasons[node.name] = "unused"
             else:
