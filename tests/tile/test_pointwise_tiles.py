@@ -223,3 +223,43 @@ def test_a_flat_walk_divides_by_its_row_in_32_bits(row):
     torch._dynamo.reset()
     out = torch.compile(_bias_gelu, backend="tilefuse", options={"target": "cpu"})(x, b)
     torch.testing.assert_close(out.double(), _bias_gelu(x.double(), b.double()), atol=1e-5, rtol=1e-5)
+
+
+def _padded_affine(x):
+    return F.pad(x, (1, 2, 2, 1)) * 2 + 1
+
+
+def _shifted_sum(x):
+    return x[..., 1:, :-1] + x[..., :-1, 1:]
+
+
+def _upsampled(x):
+    return F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False) - 0.5
+
+
+@pytest.mark.parametrize("fn,shape", [(_padded_affine, (3, 5, 29, 30)), (_shifted_sum, (2, 7, 33, 40)),
+                                      (_upsampled, (2, 3, 13, 9))])
+def test_cpu_reads_at_other_positions_walk_rows_of_the_innermost_dim(fn, shape):
+    """On the CPU, a pointwise kernel reading an operand at other positions than its own (a
+    padded read, shifted windows, an interpolation's gathers) walks rows of its innermost dim:
+    the row's coordinates are computed once per row, the read is affine along it (no division
+    of each lane's flat position into coordinates). Odd sizes, checked against fp64."""
+    x = torch.randn(shape)
+    torch._dynamo.reset()
+    report = tilefuse.explain(fn, x, options={"target": "cpu"})
+    assert all("CBLOCK" in k.source for k in report.kernels if k.kind == "pointwise"), str(report)
+    torch._dynamo.reset()
+    out = torch.compile(fn, backend="tilefuse", options={"target": "cpu"})(x)
+    torch.testing.assert_close(out.double(), fn(x.double()), atol=1e-5, rtol=1e-5)
+
+
+def test_cpu_transposed_reads_keep_the_flat_walk():
+    """A read along another of the operand's dims than its innermost one (`a + b.t()`) would
+    gather at a large stride along each row: it stays flat."""
+    a, b = torch.randn(48, 80), torch.randn(80, 48)
+    fn = lambda a, b: (a + b.t()).relu()  # noqa: E731
+    torch._dynamo.reset()
+    report = tilefuse.explain(fn, a, b, options={"target": "cpu"})
+    assert "CBLOCK" not in _pointwise_source(report)
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(fn, backend="tilefuse", options={"target": "cpu"})(a, b), fn(a, b))

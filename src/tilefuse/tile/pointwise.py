@@ -89,7 +89,21 @@ def _row_tiles(graph: Graph, plan: KernelPlan, options: LoweringOptions, block: 
         return None
     uses = _dims_read(graph, plan, shape)
     if not any(len(u) < len(shape) for u in uses):
-        return None  # nothing broadcast: the flat walk
+        # nothing broadcast: the flat walk, unless on a CPU an operand is read at other
+        # positions than the output's own (a padded or shifted read, a transposed one): walked
+        # flat, each lane divides its position into coordinates and gathers; by rows of the
+        # innermost dim, its index is affine along the row (padding reads contiguously)
+        if options.target.on_cpu and _reads_elsewhere(graph, plan, shape, order):
+            row = static_int(shape[order[-1]])
+            if row is not None and row >= ROW_MIN:
+                # (any length: blocks of columns wasting the fewest lanes where no power of two fits)
+                tile = _tile_for(row, block, options)
+                if tile is None:
+                    columns = _column_block(row, block)
+                    tile = (max(1, block // columns), columns) if columns is not None else None
+                if tile is not None:
+                    return tile, shape, order, len(order) - 1
+        return None
     unit = {d for d, ext in enumerate(shape) if sympy.sympify(ext) == 1}  # (read by all or none alike)
     uses = [u - unit for u in uses]
     best = None
@@ -109,6 +123,35 @@ def _row_tiles(graph: Graph, plan: KernelPlan, options: LoweringOptions, block: 
         if tile is not None:
             best = (tile, shape, order, k)
     return best
+
+
+def _reads_elsewhere(graph: Graph, plan: KernelPlan, shape, order) -> bool:
+    """Whether some load of a buffer with several elements reads it at other positions than
+    the output's own flat walk would (another index than the output's coordinates, or a
+    buffer of another shape or storage order: a padded or shifted read, an interpolation's
+    gather), while no load reads along the output's innermost dim in another of its own dims
+    than its innermost one (a transposed read, which rows would gather at a large stride)."""
+    own = tuple(out_index(len(shape)))
+    along = own[order[-1]]
+    elsewhere = False
+    for st in plan.stages:
+        for e in walk(st.body):
+            if not (isinstance(e, Load) and e.buffer in graph.nodes and graph[e.buffer].rank > 0):
+                continue
+            source = graph[e.buffer]
+            identity = tuple(range(source.rank))
+            source_order = dense_order(source.shape, graph.output_strides.get(e.buffer)) or identity
+            index = tuple(getattr(c, "expr", None) for c in e.index)
+            if tuple(source.shape) == tuple(shape) and source_order == order and index == own:
+                continue
+            if len(e.index) != source.rank:
+                return False
+            for d, c in enumerate(e.index):
+                if d != source_order[-1] and any(isinstance(n, Index) and sympy.sympify(n.expr).has(along)
+                                                 for n in walk(c)):
+                    return False
+            elsewhere = True
+    return elsewhere
 
 
 def _shaped_stages(graph: Graph, plan: KernelPlan) -> list:
