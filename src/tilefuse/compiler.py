@@ -17,7 +17,7 @@ import torch
 
 from . import dedupe, graph_cache, logs
 from .summary_sharing import share_summaries
-from .backends.targets import sm_count, target_for
+from .backends.targets import parallel_units, target_for
 from .config import KNOBS, ConfigError, ConfigWarning, Options, config
 from .frontend.to_ir import lower_fx
 from .fusion import ExternStep, plan_graph
@@ -128,7 +128,7 @@ def compile_fx(gm: torch.fx.GraphModule, device: torch.device, name: str = "grap
     if backend == "cpu" and device.type != "cpu":
         raise ConfigError(f"target={backend!r} needs CPU tensors, not {device.type}; use 'triton'")
     kind = re.sub(r"\d+$", "", name) + ("-inference" if inference else "")
-    key = graph_cache.graph_key(gm, device, kind, sm_count(device), options) if options.graph_cache else None
+    key = graph_cache.graph_key(gm, device, kind, parallel_units(device), options) if options.graph_cache else None
     if key is not None:
         loaded = graph_cache.load(key, device, name)
         if loaded is not None:
@@ -160,8 +160,8 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None,
         target.require()
     with stage("passes"):
         graph = run_passes(graph)
-        if options.split_reductions and not target.on_cpu and not target.interpret:
-            graph = split_reductions(graph, target.sm_count)
+        if options.split_reductions and not target.interpret:
+            graph = split_reductions(graph, parallel_units(device) if target.on_cpu else target.sm_count)
         verify(graph)
     report.graph_ir = str(graph)
     with stage("fusion"):

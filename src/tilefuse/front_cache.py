@@ -46,7 +46,7 @@ from .config import Options, config
 from . import graph_cache
 from .graph_cache import Unkeyable, attribute_key
 from .runtime import artifact
-from .backends.targets import sm_count
+from .backends.targets import parallel_units
 from .tune.tuner import real_tensors
 
 #: what an entry holds; a change of it misses (3: a training entry's backward views; 4: graphs
@@ -155,7 +155,7 @@ def _key_parts(gm, example_inputs, options: Options) -> list:
     knobs = graph_cache.knobs_in_key(options)
     state = [torch.is_grad_enabled(), torch.is_inference_mode_enabled(), _autocast_state(), compile_state()]
     devices = sorted({x.device for x in example_inputs if isinstance(x, torch.Tensor)}, key=str)
-    machine = [[str(d), sm_count(d)] for d in devices]
+    machine = [[str(d), parallel_units(d)] for d in devices]
     return ["tilefuse-front", FORMAT, environment_fingerprint(), graph_cache.source_hash(), knobs, state, machine,
             gm.code, inputs, attributes]
 

@@ -70,7 +70,8 @@ def graph_key(gm: torch.fx.GraphModule, device: torch.device, kind: str, sm_coun
               options: Options) -> str | None:
     """The graph's key under the compile's `options`, or None when something it depends on
     cannot be named (the reason is logged): such a graph is compiled every time. `sm_count`:
-    the GPU's, as the lowering options have it (0 on a CPU)."""
+    what its plans spread over (`backends.targets.parallel_units`: the GPU's multiprocessors,
+    a CPU's threads)."""
     try:
         with real_tensors():  # (constants are hashed: outside the compile's fake-tensor mode)
             parts = _key_parts(gm, device, kind, sm_count, options)

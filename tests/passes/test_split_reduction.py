@@ -1,10 +1,12 @@
 """Long reductions with few outputs are split into partial reductions and a final one
-(`passes.split_reduction`, GPU targets): the split graph computes what the original does —
+(`passes.split_reduction`; a CPU splits by its threads): the split graph computes what the original does —
 checked with the reference interpreter and on the C++ backend — and only column-like sums,
 maxima and minima long enough to need it are split."""
 import pytest
 import sympy
 import torch
+
+import tilefuse
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from tilefuse.compiler import compile_ir
@@ -125,3 +127,37 @@ def test_a_dot_of_two_vectors_is_an_ordinary_sum():
     assert any("_part" in n.name for n in _reduces(split))
     torch.testing.assert_close(evaluate(split, [a, b])[0], torch.bmm(a.double(), b.double()).float(),
                                rtol=1e-4, atol=1e-3)
+
+
+def kl_loss(a, b):
+    """A loss summed to one value that reads each row's log-sum-exp at the reduced row."""
+    return torch.nn.functional.kl_div(torch.log_softmax(a, -1), torch.log_softmax(b, -1), log_target=True,
+                                      reduction="batchmean")
+
+
+def test_a_loss_splits_over_a_cpus_threads():
+    """Its row statistics come from earlier kernels (the sum reads the log-softmax, not a
+    reduction): the sum over 96·512 elements splits for two threads as for a GPU's SMs."""
+    a, b = torch.randn(96, 512), torch.randn(96, 512)
+    graph = _graph(kl_loss, a, b)
+    names = {n.name for n in _reduces(graph)}
+    split = split_reductions(graph, 2)
+    new = [n for n in _reduces(split) if n.name not in names]
+    assert len(new) == 1 and new[0].shape[0] == 8, new  # (4 programs per thread, 2 threads)
+    (got,), (want,) = evaluate(split, [a, b]), evaluate(_graph(kl_loss, a, b), [a, b])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("rows", [96, 37])
+def test_the_cpu_splits_a_loss_over_its_threads(rows, monkeypatch):
+    """End to end on the C++ backend with two threads (odd row counts: a split only where
+    the chunks divide the axis), against fp64."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    a, b = torch.randn(rows, 512), torch.randn(rows, 512)
+    torch._dynamo.reset()
+    report = tilefuse.explain(kl_loss, a, b, options={"target": "cpu"})
+    sums = [k for k in report.kernels if k.kind == "reduction"]
+    assert len(sums) == 3, [k.name for k in sums]  # the row statistics, the parts, their sum
+    torch._dynamo.reset()
+    out = torch.compile(kl_loss, backend="tilefuse", options={"target": "cpu"})(a, b)
+    torch.testing.assert_close(out.double(), kl_loss(a.double(), b.double()), rtol=1e-5, atol=1e-7)

@@ -55,6 +55,17 @@ def sm_count(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def parallel_units(device) -> int:
+    """What a plan spreads its programs over: the GPU's multiprocessors, or on a CPU the
+    threads PyTorch runs with (a compiled graph's plans, and so their cache keys, depend on
+    it: `passes.split_reduction`)."""
+    if getattr(device, "type", None) == "cuda":
+        return sm_count(device)
+    import torch
+
+    return torch.get_num_threads()
+
+
 def _tma_capable(device, backend: str) -> bool:
     """Hopper or newer, and a Triton that builds tensor descriptors in kernels."""
     if backend != "triton" or getattr(device, "type", None) != "cuda":

@@ -1,4 +1,5 @@
 """Long reductions with few outputs, split into partial reductions and a short final one.
+On a CPU the same, with its threads in place of SMs.
 
 A training step's bias gradients sum a [tokens, features] gradient over its 8192 rows into
 768–3072 values. One program per block of output columns leaves most of a GPU idle (3072
@@ -90,7 +91,8 @@ def _along_columns(node) -> bool:
 
 def split_reductions(graph: Graph, sm_count: int) -> Graph:
     """Split every long reduction with few outputs (see the module docstring) for a device of
-    `sm_count` SMs; a CPU target passes 0 (its threads walk rows, no split)."""
+    `sm_count` SMs; a CPU passes its threads (a loss summed to one value over 131072 elements
+    ran on one of them, 2.3 times slower than Inductor on two)."""
     rewritten: dict[str, list] = {}
     users = graph.users()
     for node in list(graph.nodes.values()):
