@@ -213,9 +213,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "row too large for its kernel on the target, with a warning)",
          minimum=1, maximum=65536),
     Knob("split_reductions", bool, True,
-         "GPU: a reduction of a long axis (4096 or more) into too few values to occupy the device (a "
-         "bias gradient's sum over the tokens) runs as partial reductions over ranges of the axis and "
-         "a short final one; off: one program per block of outputs walks the whole axis"),
+         "a reduction of a long axis (4096 or more) into too few values to occupy the device (a "
+         "bias gradient's sum over the tokens; on a CPU, a loss summed to one value over its threads) "
+         "runs as partial reductions over ranges of the axis and a short final one; off: one program "
+         "per block of outputs walks the whole axis"),
     Knob("column_tiles", bool, True,
          "a reduction that reads across its outputs (a bias gradient's sum over rows) walks a tile 64 "
          "outputs wide and a few rows deep, reading whole lines of memory (GPU and CPU); off: the row "
