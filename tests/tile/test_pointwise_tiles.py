@@ -253,13 +253,18 @@ def test_cpu_reads_at_other_positions_walk_rows_of_the_innermost_dim(fn, shape):
     torch.testing.assert_close(out.double(), fn(x.double()), atol=1e-5, rtol=1e-5)
 
 
-def test_cpu_transposed_reads_keep_the_flat_walk():
-    """A read along another of the operand's dims than its innermost one (`a + b.t()`) would
-    gather at a large stride along each row: it stays flat."""
-    a, b = torch.randn(48, 80), torch.randn(80, 48)
-    fn = lambda a, b: (a + b.t()).relu()  # noqa: E731
+@pytest.mark.parametrize("rows,cols,copied", [(48, 80, True), (64, 256, True), (37, 80, False), (48, 70, False)])
+def test_cpu_transposed_reads_walk_tiles_copied_by_register_transposes(rows, cols, copied):
+    """A read along another of the operand's dims than its innermost one (`a + b.t()`) walks
+    16 × 64 tiles (16 × 16 for a row of 80) whose transposed operand is copied by register
+    transposes before the loop (`tf_load_t`), not gathered lane by lane; where the tile
+    would be masked (37 rows) the copy is not made, and a row no multiple of 16 stays flat.
+    Every form matches."""
+    a, b = torch.randn(rows, cols), torch.randn(cols, rows)
+    fn = lambda a, b: (a + b.t()).relu() * 2  # noqa: E731
     torch._dynamo.reset()
     report = tilefuse.explain(fn, a, b, options={"target": "cpu"})
-    assert "CBLOCK" not in _pointwise_source(report)
+    src = _pointwise_source(report)
+    assert ("tf_load_t<" in src.split('extern "C"')[-1]) == copied, src[-3000:]
     torch._dynamo.reset()
     torch.testing.assert_close(torch.compile(fn, backend="tilefuse", options={"target": "cpu"})(a, b), fn(a, b))

@@ -93,7 +93,13 @@ def _row_tiles(graph: Graph, plan: KernelPlan, options: LoweringOptions, block: 
         # positions than the output's own (a padded or shifted read, a transposed one): walked
         # flat, each lane divides its position into coordinates and gathers; by rows of the
         # innermost dim, its index is affine along the row (padding reads contiguously)
-        if options.target.on_cpu and _reads_elsewhere(graph, plan, shape, order):
+        how = _reads_elsewhere(graph, plan, shape, order) if options.target.on_cpu else None
+        if how == "transposed":
+            row = static_int(shape[order[-1]])
+            # (the widest of 64, 32, 16 that divides the row: a masked tile is not copied)
+            columns = next((w for w in (TRANSPOSED_TILE[1], 32, 16) if row is not None and row % w == 0), None)
+            return ((TRANSPOSED_TILE[0], columns), shape, order, len(order) - 1) if columns else None
+        if how == "shifted":
             row = static_int(shape[order[-1]])
             if row is not None and row >= ROW_MIN:
                 # (any length: blocks of columns wasting the fewest lanes where no power of two fits)
@@ -125,15 +131,16 @@ def _row_tiles(graph: Graph, plan: KernelPlan, options: LoweringOptions, block: 
     return best
 
 
-def _reads_elsewhere(graph: Graph, plan: KernelPlan, shape, order) -> bool:
-    """Whether some load of a buffer with several elements reads it at other positions than
-    the output's own flat walk would (another index than the output's coordinates, or a
-    buffer of another shape or storage order: a padded or shifted read, an interpolation's
-    gather), while no load reads along the output's innermost dim in another of its own dims
-    than its innermost one (a transposed read, which rows would gather at a large stride)."""
+def _reads_elsewhere(graph: Graph, plan: KernelPlan, shape, order) -> str | None:
+    """How the stages read operands at other positions than the output's own flat walk would
+    (another index than the output's coordinates, or a buffer of another shape or storage
+    order): "transposed" where a load moves along the output's innermost dim in another of
+    its own dims than its innermost one (`a + b.t()`), else "shifted" (a padded or shifted
+    read, an interpolation's gather), or None where every load reads at the output's own
+    positions."""
     own = tuple(out_index(len(shape)))
     along = own[order[-1]]
-    elsewhere = False
+    how = None
     for st in plan.stages:
         for e in walk(st.body):
             if not (isinstance(e, Load) and e.buffer in graph.nodes and graph[e.buffer].rank > 0):
@@ -145,13 +152,19 @@ def _reads_elsewhere(graph: Graph, plan: KernelPlan, shape, order) -> bool:
             if tuple(source.shape) == tuple(shape) and source_order == order and index == own:
                 continue
             if len(e.index) != source.rank:
-                return False
+                return None
+            how = how or "shifted"
             for d, c in enumerate(e.index):
                 if d != source_order[-1] and any(isinstance(n, Index) and sympy.sympify(n.expr).has(along)
                                                  for n in walk(c)):
-                    return False
-            elsewhere = True
-    return elsewhere
+                    how = "transposed"
+    return how
+
+
+#: a CPU tile of a pointwise kernel with a transposed read: rows × columns, both multiples of
+#: 16, so that the C++ printer copies the operand's tile by register transposes
+#: (`backends.cpu.loop_plan.transposed_load`) instead of gathering it lane by lane
+TRANSPOSED_TILE = (16, 64)
 
 
 def _shaped_stages(graph: Graph, plan: KernelPlan) -> list:

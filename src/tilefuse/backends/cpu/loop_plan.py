@@ -291,7 +291,9 @@ class _Planner:
                 name = defines(s)
                 if name is None or name in g.reduced:
                     continue
-                if readers.get(name, set()) <= {id(g)}:
+                # (a tile read transposed stays an array: copied by register transposes before
+                # its nest, `transposed_load`, where a scalar of the nest would gather it)
+                if readers.get(name, set()) <= {id(g)} and self.transposed_load(s, g.shape) is None:
                     self.local.add(name)
 
     # ------------------------------------------------------------------ freezing
