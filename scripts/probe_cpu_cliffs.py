@@ -67,6 +67,13 @@ def _(x): return F.interpolate(x, scale_factor=2, mode="bilinear", align_corners
 @prog("pad_conv_like", torch.randn(4, 16, 30, 30))
 def _(x): return F.pad(x, (1, 1, 1, 1)) * 2 + 1
 
+@prog("alternating_chain", torch.randn(64, 64))
+def _(x):
+    """20 steps, each read by a reduction (a column sum or a row mean) and by the next step."""
+    for i in range(20):
+        x = torch.relu(x - x.sum(0, keepdim=True) * 0.01) if i % 2 == 0 else torch.tanh(x - x.mean(1, keepdim=True))
+    return x
+
 names = sys.argv[1].split(",") if len(sys.argv) > 1 else list(P)
 for name in names:
     fn, inputs = P[name]
