@@ -135,20 +135,26 @@ def kl_loss(a, b):
                                       reduction="batchmean")
 
 
-def test_a_loss_splits_over_a_cpus_threads():
-    """Its row statistics come from earlier kernels (the sum reads the log-softmax, not a
-    reduction): the sum over 96·512 elements splits for two threads as for a GPU's SMs."""
-    a, b = torch.randn(96, 512), torch.randn(96, 512)
+def test_a_cpu_splits_a_loss_not_a_column_sum():
+    """For a CPU (`columns=False`, its threads as SMs) the sum of a loss over 192·512 elements
+    splits (its row statistics come from earlier kernels: the sum reads the log-softmax), and
+    a sum over rows into 64 columns does not (the CPU's column tile reads each row
+    contiguously; the parts would gather); a GPU splits that one too."""
+    a, b = torch.randn(192, 512), torch.randn(192, 512)
+    assert len(_reduces(split_reductions(_graph(kl_loss, a[:96], b[:96]), 2, columns=False))) == 5  # (short)
     graph = _graph(kl_loss, a, b)
     names = {n.name for n in _reduces(graph)}
-    split = split_reductions(graph, 2)
+    split = split_reductions(graph, 2, columns=False)
     new = [n for n in _reduces(split) if n.name not in names]
     assert len(new) == 1 and new[0].shape[0] == 8, new  # (4 programs per thread, 2 threads)
     (got,), (want,) = evaluate(split, [a, b]), evaluate(_graph(kl_loss, a, b), [a, b])
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    g = torch.randn(4096, 64)
+    assert len(_reduces(split_reductions(_graph(lambda g: g.sum(0), g), 2, columns=False))) == 1
+    assert len(_reduces(split_reductions(_graph(lambda g: g.sum(0), g), 2))) == 2
 
 
-@pytest.mark.parametrize("rows", [96, 37])
+@pytest.mark.parametrize("rows", [192, 131])
 def test_the_cpu_splits_a_loss_over_its_threads(rows, monkeypatch):
     """End to end on the C++ backend with two threads (odd row counts: a split only where
     the chunks divide the axis), against fp64."""
@@ -158,6 +164,11 @@ def test_the_cpu_splits_a_loss_over_its_threads(rows, monkeypatch):
     report = tilefuse.explain(kl_loss, a, b, options={"target": "cpu"})
     sums = [k for k in report.kernels if k.kind == "reduction"]
     assert len(sums) == 3, [k.name for k in sums]  # the row statistics, the parts, their sum
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # (one thread: nothing to spread over)
+    torch._dynamo.reset()
+    report = tilefuse.explain(kl_loss, a, b, options={"target": "cpu"})
+    assert len([k for k in report.kernels if k.kind == "reduction"]) == 2
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     torch._dynamo.reset()
     out = torch.compile(kl_loss, backend="tilefuse", options={"target": "cpu"})(a, b)
     torch.testing.assert_close(out.double(), kl_loss(a.double(), b.double()), rtol=1e-5, atol=1e-7)

@@ -61,7 +61,8 @@ def _costly(body: Expr) -> bool:
 def compute_cost(e: Expr, limit: int | None = None) -> int:
     """What computing `e` once costs, as a tree (a shared subtree counts at each use, as a
     kernel that inlines it computes it): 1 per operation, TRANSCENDENTAL_COST per
-    transcendental one. Past `limit`, the count stops and returns more than `limit`."""
+    transcendental unary one (a binary `pow` or `atan2` counts 1, as `_costly` ignores them
+    too). Past `limit`, the count stops and returns more than `limit`."""
     cost = 0
     for n in walk(e):
         if isinstance(n, Unary) and n.op in TRANSCENDENTAL:

@@ -28,6 +28,9 @@ from ..ir.rewrite import substitute_index
 from ..ir.symbolic import unravel_sym
 
 MIN_LENGTH = 4096  # shorter axes are walked by one program per output block
+#: a CPU's: its threads start in microseconds, not a GPU's SMs in nanoseconds (a sum of 96 × 512
+#: floats split in eight took 21 µs against 16 whole, one of 1024 × 1024 58 against 87)
+CPU_MIN_LENGTH = 1 << 16
 PROGRAMS_PER_SM = 4  # the partial kernel's target occupancy: S·⌈X/COLUMNS⌉ ≥ this × SMs
 COLUMNS = 64  # the output block one program of the partial kernel covers (a coalesced row)
 MIN_CHUNK = 256  # each partial reduction walks at least this many elements
@@ -89,10 +92,13 @@ def _along_columns(node) -> bool:
     return True
 
 
-def split_reductions(graph: Graph, sm_count: int) -> Graph:
+def split_reductions(graph: Graph, sm_count: int, columns: bool = True) -> Graph:
     """Split every long reduction with few outputs (see the module docstring) for a device of
     `sm_count` SMs; a CPU passes its threads (a loss summed to one value over 131072 elements
-    ran on one of them, 2.3 times slower than Inductor on two)."""
+    ran on one of them, 2.3 times slower than Inductor on two) and `columns=False`: its column
+    tile walks whole rows contiguously, where the parts, their outputs flattened, would divide
+    each lane's position and gather (`x.sum(0)` over 4096 × 64: 5 times slower split), and
+    only axes of CPU_MIN_LENGTH split."""
     rewritten: dict[str, list] = {}
     users = graph.users()
     for node in list(graph.nodes.values()):
@@ -102,7 +108,10 @@ def split_reductions(graph: Graph, sm_count: int) -> Graph:
         outputs = sympy.Mul(*node.shape) if node.shape else sympy.Integer(1)
         if not (length.is_Integer and sympy.sympify(outputs).is_Integer):
             continue
-        s = splits_for(int(outputs), int(length), sm_count, _along_columns(node))
+        along_columns = _along_columns(node)
+        if not columns and (along_columns or int(length) < CPU_MIN_LENGTH):
+            continue
+        s = splits_for(int(outputs), int(length), sm_count, along_columns)
         if s <= 1:
             continue
         chunk = int(length) // s
