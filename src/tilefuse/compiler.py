@@ -160,9 +160,9 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None,
         target.require()
     with stage("passes"):
         graph = run_passes(graph)
-        if options.split_reductions and not target.interpret and not (target.on_cpu and parallel_units(device) < 2):
-            graph = split_reductions(graph, parallel_units(device) if target.on_cpu else target.sm_count,
-                                     columns=not target.on_cpu)
+        units = parallel_units(device) if target.on_cpu else target.sm_count
+        if options.split_reductions and not target.interpret and units > 1:
+            graph = split_reductions(graph, units, columns=not target.on_cpu)
         verify(graph)
     report.graph_ir = str(graph)
     with stage("fusion"):
