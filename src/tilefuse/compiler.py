@@ -166,7 +166,7 @@ def compile_ir(graph, device: torch.device, report: CompileReport | None = None,
         verify(graph)
     report.graph_ir = str(graph)
     with stage("fusion"):
-        schedule = plan_graph(graph, options.persistent_reduction_limit)
+        schedule = plan_graph(graph, options.persistent_reduction_limit, threads=units if target.on_cpu else 0)
         assign_layouts(graph, schedule)
         if not target.on_cpu and options.matmul != "generated":
             pad_library_rows(graph, schedule, free_outputs=inference)

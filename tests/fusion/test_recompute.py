@@ -194,3 +194,35 @@ def test_deep_chains_read_twice_are_counted_without_walking_them_as_trees():
     assert free_symbols(whole) and _scores_in(whole, g.graph) == set()
     second = _expand(g.graph.nodes[list(g.graph.nodes)[2]].body, g.graph)  # (x*x+0)*(x*x+0)+1
     assert count_ops(second) == 6 and count_ops(second, limit=3) == 4
+
+
+@pytest.mark.parametrize("rows, threads, fused", [(8, 2, False), (8, 1, True), (40, 2, True), (40, 4, False)])
+def test_a_cpu_product_too_few_rows_for_the_threads_stays_unfused(rows, threads, fused):
+    """On a CPU a flash kernel's programs are its blocks of rows (16 at least): with fewer
+    blocks than threads, the three products of a SwiGLU unfused spread over their columns too
+    (8 rows on 2 threads: 1.7× faster), and the plan says why."""
+    import torch.nn.functional as F
+
+    def swiglu(x, a, b, c):
+        return F.linear(F.silu(F.linear(x, a)) * F.linear(x, b), c)
+
+    torch.manual_seed(0)
+    x, a, b, c = (torch.randn(*s) / 8 for s in ((rows, 48), (72, 48), (72, 48), (40, 72)))
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch._dynamo.reset()
+        report = tilefuse.explain(swiglu, x, a, b, c, options={"target": "cpu"})
+        torch._dynamo.reset()
+        got = tilefuse.compile(swiglu, target="cpu")(x, a, b, c)
+    finally:
+        torch.set_num_threads(saved)
+        torch._dynamo.reset()
+    assert ("flash" in [k.kind for k in report.kernels]) == fused, str(report)
+    said = [d for d in report.reports[0].decisions if "block(s) of rows" in d]
+    assert bool(said) == (not fused), said
+    if fused and threads > 1:  # (and its rows split so that each thread has a block)
+        (kernel,) = report.kernels
+        assert "BLOCK_M=32" in str(kernel.tile), kernel.tile
+    ref = swiglu(*(t.double() for t in (x, a, b, c)))
+    assert (got.double() - ref).abs().max().item() < 1e-4

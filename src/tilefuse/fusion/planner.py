@@ -86,9 +86,10 @@ def match_contraction(node: Reduce, body: Expr) -> Contraction | None:
 
 
 class Planner:
-    def __init__(self, graph: Graph, persistent_reduction_limit: int):
+    def __init__(self, graph: Graph, persistent_reduction_limit: int, threads: int = 0):
         self.graph = graph
         self.persistent_reduction_limit = persistent_reduction_limit
+        self.threads = threads
         self.inliner = Inliner(graph)
         self.steps: list = []
         self.where: dict[str, int] = {}
@@ -155,7 +156,8 @@ class Planner:
         self.mark_stores()
         planned = {k.name: k.members for k in self.kernels()}
         self.steps = fuse_flash(self.steps, self.graph, set(self.graph.output_names()), self.note)
-        self.steps = fuse_recomputed_scores(self.steps, self.graph, set(self.graph.output_names()), self.note)
+        self.steps = fuse_recomputed_scores(self.steps, self.graph, set(self.graph.output_names()), self.note,
+                                            threads=self.threads)
         self.name_kernels(planned)
         for name, why in self.inliner.reasons.items():
             if why != "unused":
@@ -421,10 +423,12 @@ class Planner:
                     st.store = True  # realised for a reason the inliner recorded
 
 
-def plan_graph(graph: Graph, persistent_reduction_limit: int = KNOBS["persistent_reduction_limit"].default) -> GraphPlan:
+def plan_graph(graph: Graph, persistent_reduction_limit: int = KNOBS["persistent_reduction_limit"].default,
+               threads: int = 0) -> GraphPlan:
     """The graph's kernel plans; rows up to `persistent_reduction_limit` elements are held whole
-    in a tile (the knob's value: longer ones are walked tile by tile, with carried repairs)."""
-    return Planner(graph, persistent_reduction_limit).run()
+    in a tile (the knob's value: longer ones are walked tile by tile, with carried repairs).
+    `threads`: a CPU's threads (0: a GPU), which products over recomputed scores must fill."""
+    return Planner(graph, persistent_reduction_limit, threads).run()
 
 
 __all__ = ["plan_graph", "match_contraction", "X", "R"]

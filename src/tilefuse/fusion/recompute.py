@@ -34,17 +34,19 @@ from .plan import Contraction, KernelPlan, PlanKind, Stage, StageKind
 MAX_WEIGHT_OPS = 160  # the recomputed weights' size (ops per score tile) at most
 MAX_SCORES = 2  # score products per kernel (dS needs two: Q·Kᵀ and dO·Vᵀ)
 MAX_MERGED_HELD = 128  # largest held dim of plans merged into one kernel (`merge_siblings`)
+MIN_ROW_BLOCK = 16  # the fewest rows a CPU flash kernel's program takes (`tile.flash`) while they fill the threads
 
 
-def fuse_recomputed_scores(steps: list, graph: Graph, outputs: set, note) -> list:
-    """Products over recomputed score tiles, as flash plans; kernels left unread dropped."""
+def fuse_recomputed_scores(steps: list, graph: Graph, outputs: set, note, threads: int = 0) -> list:
+    """Products over recomputed score tiles, as flash plans; kernels left unread dropped.
+    `threads` (a CPU's; 0 on a GPU): a product whose blocks of rows are fewer is left unfused."""
     by_node = {st.node: k for k in steps if isinstance(k, KernelPlan) for st in k.stages}
     merged = {}  # original kernel -> its flash plan
     reach: dict = {}  # buffer -> whether a small product is read through pointwise nodes from it
     expanded: dict = {}  # `_weights`'s memo of expanded bodies
     for k in [s for s in steps if isinstance(s, KernelPlan)]:
         if k.kind == PlanKind.CONTRACTION and k.flash is None:
-            plan = _try(k, graph, by_node, lambda msg: None, reach, expanded)
+            plan = _try(k, graph, by_node, note, reach, expanded, threads)
             if plan is not None:
                 merged[k.name] = (k, plan)
     # recompute only where it removes the materialisation: a product whose score products
@@ -267,7 +269,8 @@ def _keep_conversions(expanded: Expr, graph: Graph, memo: dict, depth: int = 0) 
     return transform(skip_intermediate_rounding(expanded), fn)
 
 
-def _try(out_k: KernelPlan, graph: Graph, by_node: dict, note, reach: dict, expanded: dict) -> KernelPlan | None:
+def _try(out_k: KernelPlan, graph: Graph, by_node: dict, note, reach: dict, expanded: dict,
+         threads: int = 0) -> KernelPlan | None:
     con = out_k.contraction
     o_stage = out_k.stages[0]
     o_node = graph[o_stage.node]
@@ -285,6 +288,11 @@ def _try(out_k: KernelPlan, graph: Graph, by_node: dict, note, reach: dict, expa
         rows = con.m_dim if side == "a" else con.n_dim
         n_sym = outs[held]
         if _static(o_node.shape[held]) is None or _static(o_node.shape[held]) > MAX_HELD:
+            return None
+        blocks = _row_blocks(o_node, rows, con.batch_dims)
+        if blocks is not None and blocks < threads:
+            note(f"{o_node.name}: weights not recomputed: {blocks} block(s) of rows for {threads} threads "
+                 f"(the products unfused spread over their columns too)")
             return None
         weights = _weights(factor, graph, expanded)  # (a DAG: its walks below visit shared nodes once or stop early)
         names = sorted(_scores_in(weights, graph))
@@ -321,6 +329,18 @@ def _try(out_k: KernelPlan, graph: Graph, by_node: dict, note, reach: dict, expa
         plan.notes = out_k.notes + [what]
         return plan
     return None
+
+
+def _row_blocks(o_node, rows: int, batch_dims) -> int | None:
+    """How many programs a flash plan over `o_node`'s rows runs at most: blocks of
+    `MIN_ROW_BLOCK` rows times the batch (None: symbolic sizes)."""
+    extents = [_static(o_node.shape[d]) for d in (rows, *batch_dims)]
+    if None in extents:
+        return None
+    count = -(-extents[0] // MIN_ROW_BLOCK)
+    for e in extents[1:]:
+        count *= e
+    return count
 
 
 def _reads_written(expr: Expr, graph: Graph) -> bool:

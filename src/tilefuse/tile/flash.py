@@ -371,10 +371,12 @@ TILE_KNOBS = ("BLOCK_M", "BLOCK_N", "warps", "stages")
 def _tiles_schedule(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> Schedule:
     """BLOCK_M, BLOCK_N, warps and stages: a tuned schedule's, else TILEFUSE_FLASH_CONFIG's, else
     the rules'."""
-    M, N, DN, DK, _ = _flash_sizes(graph, plan)
+    M, N, DN, DK, batch = _flash_sizes(graph, plan)
     head = max(16, pow2(static_int(DN)), pow2(static_int(DK)))
     low = dot_operand(plan.flash.q)[1].is_low_precision
     bm, bn, warps, stages = _default_tiles(low, head, static_int(M), options, static_int(N))
+    if options.target.on_cpu:
+        bm = _rows_for_threads(bm, static_int(M), static_int(sympy.Mul(*batch)) if batch else 1, options.target.threads)
     if plan.flash.scores and low and not options.target.on_cpu and not options.target.interpret:
         # products over recomputed scores (the attention backward), the best of a sweep on an
         # H100 (docs/benchmarks.md, twenty-eighth section): 128 rows of 64 keys with 8 warps,
@@ -478,6 +480,17 @@ def _default_tiles(low_precision: bool, head_block: int, rows, options: Lowering
     elif rows is not None:
         bm = min(bm, max(16, pow2(rows)))
     return bm, bn, warps, stages
+
+
+def _rows_for_threads(bm: int, rows, nbatch, threads: int) -> int:
+    """A CPU's row tile, halved (down to 16 rows) while the programs are fewer than the threads:
+    one program runs on one thread, and a SwiGLU over 64 rows in one 64-row program left the
+    second core idle (1.6× slower than the three products unfused)."""
+    if rows is None or nbatch is None:
+        return bm
+    while bm > 16 and nbatch * -(-rows // bm) < threads:
+        bm //= 2
+    return bm
 
 
 def coordinates(con, o_node, batch_vals):

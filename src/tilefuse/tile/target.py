@@ -42,6 +42,8 @@ class Target:
     interpret: bool = False
     #: the GPU's multiprocessors (0: unknown, or not a GPU)
     sm_count: int = 0
+    #: a CPU's threads, those its kernels' programs are spread over (0: unknown, or not a CPU)
+    threads: int = 0
     #: blocks are read through tensor descriptors (Hopper's TMA, and a Triton that builds them)
     tma: bool = False
     #: tiles can be transposed in registers (`TransposeTile`; Triton's `tl.trans`)
