@@ -117,18 +117,18 @@ def test_pointwise_broadcasting_and_noncontiguous_inputs():
 
 
 def test_broadcast_operands_at_flattened_indices():
-    """Row and column broadcasts: rows that a power of two from 64 divides, or longer than a
-    block, are walked in tiles of rows × columns (each operand read once per row or column); a
-    row of 1000 is walked flat, its operands read at `mod`/`floor` of the flattened index, the
-    block start's part split off and the lane's part divided in 32 bits. fp32 and bf16, against
-    eager."""
-    for rows, cols in ((37, 4096), (5, 6144), (9, 1000), (3, 2048 * 3 + 16)):
+    """Row and column broadcasts: rows of 8 elements or more are walked in tiles of rows ×
+    columns (each operand read once per row or column; a row of 1000 in blocks masked at its
+    end); a row of 5 is walked flat, its operands read at `mod`/`floor` of the flattened index,
+    the block start's part split off and the lane's part divided in 32 bits. fp32 and bf16,
+    against eager."""
+    for rows, cols in ((37, 4096), (5, 6144), (9, 1000), (3, 2048 * 3 + 16), (301, 5)):
         for dtype in (torch.float32, torch.bfloat16):
             x, b, c = rand(rows, cols, dtype=dtype), rand(cols, dtype=dtype), rand(rows, 1, dtype=dtype)
             ex = run_cpu(lambda x, b, c: torch.tanh(x + b) * c, x, b, c)
             src = ex.kernels[0].source
-            assert ("CBLOCK" in src) == (cols != 1000), src
-            assert ("(int32_t)((xindex % 1000) + tf_j)" in src) == (cols == 1000), src
+            assert ("CBLOCK" in src) == (cols != 5), src
+            assert ("(int32_t)((xindex % 5) + tf_j)" in src) == (cols == 5), src
 
 
 def test_whole_blocks_run_without_their_bound_masks():
@@ -739,8 +739,9 @@ def test_gathered_weights_of_few_rows_are_stored_by_columns(rows, k):
 def test_pointwise_with_a_per_column_operand_walks_whole_rows(shape, dtype):
     """An operand broadcast over the leading dims (a bias per column) makes the pointwise kernel
     walk [rows, row] tiles: the bias is read at the inner loop's index, not gathered. Row counts
-    that do not fill the last program; a transposed input (walked in its storage order) and rows
-    short or not a power of two (tile extents are) keep the flat walk."""
+    that do not fill the last program; a transposed input (walked in its storage order) keeps
+    the flat walk; rows not a power of two walk blocks of columns masked at the row's end, rows
+    shorter than `ROW_MIN` the flat walk."""
     x, bias = rand(*shape, dtype=dtype), rand(shape[-1], dtype=dtype)
     ex = run_cpu(lambda x, b: F.gelu(x + b) * 2, x, bias)
     (k,) = ex.kernels
@@ -748,9 +749,9 @@ def test_pointwise_with_a_per_column_operand_walks_whole_rows(shape, dtype):
     assert f"% {shape[-1]})" not in k.source, k.source  # no modulo by the row length per lane
     # a transposed input: its result is stored in the input's order, walked flat
     run_cpu(lambda x, b: F.gelu(x + b) * 2, noncontig(*shape, dtype=dtype), bias)
-    for short in ((37, 96), (37, 48)):  # not a power of two, too short: the flat walk
-        ex = run_cpu(lambda x, b: F.gelu(x + b) * 2, rand(*short, dtype=dtype), rand(short[-1], dtype=dtype))
-        assert "CBLOCK" not in ex.kernels[0].source
+    for other, tiled in (((37, 96), True), ((37, 48), True), ((37, 7), False)):
+        ex = run_cpu(lambda x, b: F.gelu(x + b) * 2, rand(*other, dtype=dtype), rand(other[-1], dtype=dtype))
+        assert ("CBLOCK" in ex.kernels[0].source) == tiled
 
 
 @pytest.mark.parametrize("fn,operand", [
