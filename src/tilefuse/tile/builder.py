@@ -76,6 +76,9 @@ class KernelBuilder:
         self.bound: dict[str, Var] = {}  # node name -> in-register value (kernel members)
         self.tile_symbols: set[str] = set()
         self.index_ranges: dict = {}  # tile symbol -> extent, for index simplification
+        #: `(offset) -> offset`: applied to every load's and store's simplified offset (a
+        #: reduction walked in aligned runs, `reduction_runs`); None: none
+        self.offset_rewrite = None
         #: tile coordinate -> the extent it is bound-checked against (`common.bound_check`) or
         #: the grid gives it: where a load's index stays in range, no `where` guards it
         self.coordinate_extents: dict = {}
@@ -187,6 +190,8 @@ class KernelBuilder:
             for c, s in zip(index, strides):
                 off += c.expr * s
             off = simplify_index(sympy.expand(off), self.index_ranges)
+            if self.offset_rewrite is not None:
+                off = self.offset_rewrite(off)
             self.size_params(off)
             return Index(off)
         off: Expr = Index(sympy.Integer(0))

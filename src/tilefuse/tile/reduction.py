@@ -46,6 +46,7 @@ from .ir import (Arange, ArgReduceTile, Assign, For, Full, KernelKind, Let, Load
 from .common import (LoweringOptions, bound_check, combine, full_tile, identity_const, index_values, mapped, masked,
                      needs_int64, pow2, rebase, static_int, tile_symbol)
 from .family import KernelFamily
+from .reduction_runs import run_length, run_offset
 from .roofline import memory_time
 from .schedule import Schedule, schedule_over
 from .space import ScheduleSpace, halved, memory_bytes, warps_within
@@ -68,12 +69,33 @@ def reduction_rules(plan: KernelPlan, options: LoweringOptions, graph: Graph | N
     rstatic = static_int(Rn)
     if graph is not None and _column_tiled(graph, plan, options):
         return _column_rules(rstatic, P, options)
+    # a CPU walks an axis flattened over several dims (a batch norm's (N, H, W)) in tiles inside
+    # its contiguous runs, held whole or not: contiguous reads instead of a gather per lane
+    run = run_length(graph, plan, rstatic, P) if options.target.on_cpu and graph is not None and rstatic else None
+    if run is not None:
+        return Schedule(persistent=False, RBLOCK=run_tile(run), XBLOCK=1, warps=8, RUN=run)
     if rstatic is not None and rstatic <= options.persistent_reduction_limit:
         return _persistent_rules(pow2(rstatic), P, options)
     rblock, xblock, warps = (512 if options.target.interpret else 2048), 1, 8
     if options.target.on_cpu:
-        rblock = 4096
+        rblock = CPU_LOOPED_BLOCK
     return Schedule(persistent=False, RBLOCK=rblock, XBLOCK=xblock, warps=warps)
+
+
+#: the tile a CPU walks a long axis in
+CPU_LOOPED_BLOCK = 4096
+#: the widest tile of a run (`run_tile`): its lane accumulators stay in the L1 cache
+CPU_RUN_BLOCK = 1024
+
+
+def run_tile(run: int) -> int:
+    """The tile a CPU walks a run of `run` elements in: the widest power of two (from 16 up to
+    `CPU_RUN_BLOCK`) that masks at most a sixteenth of the run at its end, else the one that
+    masks the fewest (3136 = 56·56 in tiles of 256; 784 in 64; 49 in one of 64)."""
+    widths = [w for w in (1 << k for k in range(4, 11)) if w <= max(16, min(CPU_RUN_BLOCK, pow2(run)))]
+    waste = {w: -(-run // w) * w - run for w in widths}
+    fitting = [w for w in widths if 16 * waste[w] <= run]
+    return max(fitting) if fitting else min(widths, key=lambda w: (waste[w], -w))
 
 
 #: the GPU tile of a reduction that reads across its outputs: a coalesced row of 64 outputs,
@@ -234,7 +256,7 @@ def reduction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
             knobs = {"XBLOCK": tuple(x for x in (1, 2, 4, 8) + many if x <= rows and x * rb <= 65536) or (1,),
                      "warps": (1,)}
         else:
-            knobs = {"RBLOCK": (1024, 2048, 4096, 8192), "warps": (1,)}
+            knobs = {"RBLOCK": tuple(sorted({rules["RBLOCK"], 1024, 2048, 4096, 8192})), "warps": (1,)}
         return ScheduleSpace("memory", knobs, rules.pick(knobs), sizes=sizes, plan_kind=PlanKind.REDUCTION)
     if rules["persistent"]:
         rb = rules["RBLOCK"]
@@ -296,6 +318,7 @@ def _lower(graph: Graph, plan: KernelPlan, options: LoweringOptions, schedule: S
     b.size_params(Rn)
     x, r = tile_symbol("xindex"), tile_symbol("rindex")
     persistent, rblock, xblock, warps = schedule["persistent"], schedule["RBLOCK"], schedule["XBLOCK"], schedule.warps
+    run = 0 if persistent else schedule.get("RUN", 0)  # (`reduction_runs`: the axis walked run by run)
     b.emit(ProgramId("pid", 0, wide=needs_int64(P, Rn)))
     b.emit(Arange("xindex", Index(tile_symbol("pid") * tile_symbol("XBLOCK")), "XBLOCK", 0, 2))
     xmask = bound_check(b, x, P, xblock, "xmask")
@@ -368,14 +391,15 @@ def _lower(graph: Graph, plan: KernelPlan, options: LoweringOptions, schedule: S
                 b.store(st.node, out_index_of(st), b.value(body_of(st), mask=mask), mask)
             continue
         _looped_pass(b, graph, in_pass, fulls, repaired, Rn, rblock, xmask, r,
-                     body_of, out_index_of, finish, tile_reduce, moments)
+                     body_of, out_index_of, finish, tile_reduce, moments, run)
     row_stages(passes - 1)
     for st in reduces:
         if st.store:
             b.store(st.node, out_index_of(st), b.bound[st.node], xmask)
     if not persistent:
         _eviction_hints(b.body)
-    return TileKernel(plan.name, b.finish_params(), {"XBLOCK": xblock, "RBLOCK": rblock}, numel=P,
+    constexprs = {"XBLOCK": xblock, "RBLOCK": rblock, **({"RUN": run} if run else {})}
+    return TileKernel(plan.name, b.finish_params(), constexprs, numel=P,
                       grid=(sympy.ceiling(P / tile_symbol("XBLOCK")),), body=b.body, num_warps=warps,
                       reads=b.reads, writes=b.writes, kind=KernelKind.REDUCTION, plan=plan)
 
@@ -401,7 +425,7 @@ def _eviction_hints(body: list) -> None:
 
 
 def _looped_pass(b, graph, in_pass, fulls, repaired, Rn, rblock, xmask, r, body_of, out_index_of, finish,
-                 tile_reduce, moments):
+                 tile_reduce, moments, run: int = 0):
     from .ir import For
 
     expanded = [s for s in in_pass if s.node in moments.expanded]
@@ -423,11 +447,26 @@ def _looped_pass(b, graph, in_pass, fulls, repaired, Rn, rblock, xmask, r, body_
             idx = b.fresh("accidx")
             b.emit(Full(idx, shape, 0, dt.int64))
         state[st.node] = (Var(name, accd), idx)
-    loop = For("roffset", Index(sympy.Integer(0)), Index(Rn), "RBLOCK")
-    b.emit(loop)
-    b.push_block(loop.body)
-    b.emit(Arange("rindex", Index(tile_symbol("roffset")), "RBLOCK", 1, 2))
-    mask = land(xmask, bound_check(b, r, Rn, rblock, "rmask"))
+    if run:  # run by run (`reduction_runs`): offsets a scalar per run plus the position in it
+        rbase = tile_symbol("rbase")
+        b.tile_symbols.add("rbase")
+        outer = For("rbase", Index(sympy.Integer(0)), Index(Rn), "RUN")
+        b.emit(outer)
+        b.push_block(outer.body)
+        loop = For("roffset", Index(sympy.Integer(0)), Index(sympy.Integer(run)), "RBLOCK")
+        b.emit(loop)
+        b.push_block(loop.body)
+        b.offset_rewrite = lambda off: run_offset(off, r, rbase, run, Rn)
+        b.emit(Arange("rindex", Index(rbase + tile_symbol("roffset")), "RBLOCK", 1, 2))
+        # (a run that the tile does not divide: its last tile's lanes past the run's end)
+        within = b.let(binary("lt", Index(r), Index(rbase + run)), "rmask") if run % rblock else None
+        mask = land(xmask, within)
+    else:
+        loop = For("roffset", Index(sympy.Integer(0)), Index(Rn), "RBLOCK")
+        b.emit(loop)
+        b.push_block(loop.body)
+        b.emit(Arange("rindex", Index(tile_symbol("roffset")), "RBLOCK", 1, 2))
+        mask = land(xmask, bound_check(b, r, Rn, rblock, "rmask"))
     mask = b.let(mask, "mask") if mask is not None else None
     updates = []  # per-row states are assigned after every stage of the tile has read them
     running = {}  # producer -> (value before this tile, value after it)
@@ -459,7 +498,10 @@ def _looped_pass(b, graph, in_pass, fulls, repaired, Rn, rblock, xmask, r, body_
         b.emit(u)
     for st in fulls:
         b.store(st.node, out_index_of(st), b.value(body_of(st), mask=mask), mask)
+    b.offset_rewrite = None
     b.pop_block()
+    if run:
+        b.pop_block()
     moments.after_loop(expanded)
     for st in in_pass:
         node = graph[st.node]

@@ -21,7 +21,8 @@ def verify_tile_kernel(k: TileKernel) -> TileKernel:
     for name, value in k.constexprs.items():
         if name in k.exact_extents and value >= 1:
             continue
-        if name not in ("GROUP_M", "NUM_SMS") and (value < 1 or value & (value - 1)):
+        # (GROUP_M, NUM_SMS and a reduction's RUN, `reduction_runs`, are counts, not tile extents)
+        if name not in ("GROUP_M", "NUM_SMS", "RUN") and (value < 1 or value & (value - 1)):
             raise TileVerificationError(f"{k.name}: block size {name}={value} is not a power of two")
     defined = set(params) | set(k.constexprs)
 
