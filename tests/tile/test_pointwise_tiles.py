@@ -194,8 +194,8 @@ def _log_softmax_backward_like(x, lse, target, g):
 @pytest.mark.parametrize("row,tiled", [(768, True), (4160, True), (2053, True), (1000, True), (196, True), (7, False)])
 def test_cpu_rows_in_blocks_of_columns(row, tiled):
     """On the CPU a row that is not a power of two is walked in blocks of columns when a power
-    of two from 64 divides it (768 = 3·256, 4160 = 65·64), else in the blocks that mask the
-    fewest lanes at its end (2053, 1000 = 8·125, 196 = 14·14: walked flat, each lane divided
+    of two from 64 divides it (768 = 3·256, 4160 = 65·64), else in blocks of 64, the last one
+    masked (2053, 1000 = 8·125, 196 = 14·14: walked flat, each lane divided
     its index to read its row's values, a batch norm over 28×28 planes 30× slower than
     Inductor); a row shorter than `ROW_MIN` (7) stays flat. The per-row values are read once
     per row in the tiles, and every form matches."""

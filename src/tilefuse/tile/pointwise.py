@@ -57,6 +57,10 @@ def pointwise_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
 #: over channels-last images of 8 channels reads its per-channel terms contiguously, not
 #: gathered at `x % 8` lane by lane: 7% faster at 32 channels, as fast at 8)
 ROW_MIN = 8
+#: the column block of a CPU row that no power of two from 64 divides: its last block is masked,
+#: the others run whole (rows of 1000 in blocks of 1024 ran 1.2× slower than in 64s, 197 in 256s
+#: 1.15×; 16 or 32 pay the loop's overhead)
+CPU_RAGGED_COLUMNS = 64
 #: a GPU kernel walks rows × columns tiles only for rows of at least this many elements (shorter
 #: rows would leave most of a tile's columns masked; the flat walk packs them)
 GPU_ROW_MIN = 256
@@ -76,7 +80,7 @@ def _row_tiles(graph: Graph, plan: KernelPlan, options: LoweringOptions, block: 
     a batch norm's per-channel scale over NCHW's H·W — is read once per row of the tile, with
     no index division per element. On a CPU a tile holds whole rows (the row is the vectorised
     inner loop, a power of two up to `block`), or a block of columns of a few rows (any row
-    length from ROW_MIN up, its last block masked where no power of two divides it); on a GPU a
+    length from ROW_MIN up: blocks of 64 where no power of two from 64 divides it); on a GPU a
     program takes a block of columns of a few rows, any row length from GPU_ROW_MIN up."""
     if any(st.kind != StageKind.POINTWISE or not st.store for st in plan.stages):
         return None
@@ -209,15 +213,13 @@ def _tile_for(row: int, block: int, options: LoweringOptions):
         if not row & (row - 1) and row <= block:  # whole rows, a power of two of them
             return 1 << ((block // row).bit_length() - 1), row
         # blocks of columns (powers of two: tile extents are): one that divides the row (768 by
-        # 256), else those that mask the fewest lanes at its end. Walked flat, each element
+        # 256), else `CPU_RAGGED_COLUMNS`. Walked flat, each element
         # divided its index by the row to read its row's values — 64-bit divisions a vector loop
         # cannot do: a vocabulary's 32000 logits took 6.2 ms for 64 rows, a batch norm over
         # NCHW's 28×28 planes 30× Inductor's time
         columns = _dividing_block(row, block)
-        if columns is None:
-            columns = _column_block(row, block)
-        if columns is None:
-            return None
+        if columns is None:  # (only the last block of a row masked: GCC vectorises the others whole)
+            columns = min(CPU_RAGGED_COLUMNS, pow2(row))
         return max(1, block // columns), columns
     columns = _column_block(row, block)
     if row < GPU_ROW_MIN or columns is None:
