@@ -827,3 +827,17 @@ def test_pointwise_rows_ignore_unit_dims():
     ex = run_cpu(lambda y, s: torch.einsum("tkd,tk->td", y, s / s.sum(-1, keepdim=True)), y, s)
     (kernel,) = ex.kernels
     assert kernel.kind == "pointwise" and "constexpr int64_t CBLOCK = 64;" in kernel.source, kernel.source[-3000:]
+
+
+@pytest.mark.parametrize("cols", [1000, 77, 10001])
+def test_a_row_a_bound_mask_cuts_runs_unmasked_up_to_its_first_masked_lane(cols):
+    """A row whose tile runs past its end (1000 in a tile of 1024; every tile of a looped row of
+    10001) is printed twice per nest: unmasked up to the first lane the bound mask turns off
+    (a multiple of the reduction's 16 lanes), masked from there. Rows of odd lengths, max, sum
+    of exp and sums of a row's values, against fp64."""
+    x = rand(37, cols) * 4
+    ex = run_cpu(lambda x: x.logsumexp(-1) + x.mean(-1) * 0.1, x)
+    src = "\n".join(k.source.split('extern "C"')[-1] for k in ex.kernels)
+    assert "tf_jw = tf_clamp_lanes(" in src and "tf_jo < tf_jw" in src and "tf_jo = tf_jw" in src, src[-4000:]
+    unmasked = src.split("tf_jo < tf_jw")[1].split("tf_jo = tf_jw")[0]
+    assert "(true) ?" in unmasked and "_v) ? (float)(ptr_" not in unmasked, unmasked

@@ -41,8 +41,10 @@ class CppPrinter(NestPrinter):
         self.sh = plan.shapes
         self.lines: list[str] = []
         self.tmp = 0
-        #: bound masks printed as `true` (the whole-block version of the program: `function`)
+        #: bound masks printed as `true` (the whole-block version of the program: `function`;
+        #: the unmasked columns of a peeled nest: `NestPrinter.peeled_masks`)
         self.whole: frozenset = frozenset()
+        self._row_bounds: dict | None = None
 
     # ------------------------------------------------------------------ references
     def ref_in(self, loops: tuple, scope: set):
@@ -280,6 +282,32 @@ class CppPrinter(NestPrinter):
             except CppUnsupported:
                 continue
         return n, out
+
+    def row_bounds(self) -> dict:
+        """{mask: (arange, extent)} for each bound mask along a row (`arange + j < extent`, the
+        arange along the tile's second axis, the extent a function of the sizes alone), as C++
+        (`NestPrinter.peeled_masks`)."""
+        if self._row_bounds is not None:
+            return self._row_bounds
+        aranges = {st.name for st in statements(self.plan.kernel.body) if isinstance(st, Arange)}
+        sizes = {q.name for q in self.plan.kernel.params if q.kind == "size"}
+        p = self.printer()
+        out = {}
+        for st in statements(self.plan.kernel.body):
+            v = getattr(st, "value", None)
+            if not (isinstance(st, Let) and isinstance(v, Binary) and v.op == "lt" and isinstance(v.a, Index)
+                    and isinstance(v.b, Index)):
+                continue
+            x, extent = sympy.sympify(v.a.expr), sympy.sympify(v.b.expr)
+            if not (x.is_Symbol and x.name in aranges and self.sh.aranges.get(x.name) == 1) or \
+                    any(sym.name not in sizes for sym in extent.free_symbols):
+                continue
+            try:
+                out[st.name] = (x.name, p.index(extent))
+            except CppUnsupported:
+                continue
+        self._row_bounds = out
+        return out
 
     def function(self) -> str:
         """The kernel's `extern "C"` function (after the prelude that `_prelude` prints)."""

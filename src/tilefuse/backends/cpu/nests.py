@@ -15,6 +15,10 @@ from ...ir.monoid import ARGMAX, MAX, MIN, PROD, SUM
 from ...tile.ir import ArgReduceTile, ReduceTile
 from .exprs import CppUnsupported, ExprPrinter, const, ctype
 from .loop_plan import Nest
+from .shapes import reads
+
+#: rows shorter than this are not peeled (`NestPrinter.peeled_masks`): twice the code for little
+PEEL_MIN = 64
 
 
 class NestPrinter:
@@ -60,16 +64,49 @@ class NestPrinter:
                 vt = ctype(self.plan.shapes.dtype.get(s.name + "__v", s.value.dtype))
                 self.emit(f"{vt} {_lanes(s)}_v[{lanes}];", ind)
                 self.emit(f"for (int64_t tf_l = 0; tf_l < {lanes}; ++tf_l) {_lanes(s)}_v[tf_l] = {_vident(s)};", ind)
-        if d1 > 1 and not g.rows_inner:
+        peel = self.peeled_masks(g) if d1 > 1 and not g.rows_inner else {}
+        if peel:
+            # the row's lanes before the first that a bound mask turns off run unmasked (masked
+            # loads keep GCC from vectorising: a persistent row of 1000 in a 1024 tile, every
+            # tile of a looped row whose length the tile does not divide)
+            ends = [f"({extent}) - ({arange})" for arange, extent in peel.values()]
+            live = ends[0] if len(ends) == 1 else "tf_min_i64(" + ", ".join(ends) + ")"
+            self.emit(f"const int64_t tf_jw = tf_clamp_lanes({live}, {d1}, {lanes if row_reds else 1});", ind)
+            saved = self.whole
+            self.whole = saved | frozenset(peel)
+            self.nest_columns(g, d1, lanes, row_reds, simd, ind, (i, j), "0", "tf_jw")
+            self.whole = saved
+            self.nest_columns(g, d1, lanes, row_reds, simd, ind, (i, j), "tf_jw", str(d1))
+        else:
+            self.nest_columns(g, d1, lanes, row_reds, simd, ind, (i, j), "0", str(d1))
+        if g.rows_inner:
+            for _ in range(2):
+                ind -= 1
+                self.emit("}", ind)
+        for s in row_reds:
+            self.finish_lanes(s, lanes, ind, (i, j))
+        if d0 > 1 and not g.rows_inner:
+            ind -= 1
+            self.emit("}", ind)
+        for c in g.checks:
+            self.emit(f"if ({self.flag(c)}) tf_fail(tf_err, {self.plan.check_ids[id(c)]});", ind)
+        self.emit("}", indent)
+
+    def nest_columns(self, g: Nest, d1: int, lanes: int, row_reds, simd: str, ind: int, loops, start: str,
+                     stop: str) -> None:
+        """The nest's body over the columns `[start, stop)` of its row (all of them, or one side
+        of a peeled bound mask: `peeled_masks`), inside the row loop when there is one."""
+        i, j = loops
+        if d1 > 1 and not g.rows_inner:  # (rows inside: `nest` opened both loops)
             if row_reds:
-                self.emit(f"for (int64_t tf_jo = 0; tf_jo < {d1}; tf_jo += {lanes}) {{", ind)
+                self.emit(f"for (int64_t tf_jo = {start}; tf_jo < {stop}; tf_jo += {lanes}) {{", ind)
                 self.emit(simd, ind + 1)
                 self.emit(f"for (int64_t tf_jl = 0; tf_jl < {lanes}; ++tf_jl) {{", ind + 1)
                 self.emit("const int64_t tf_j = tf_jo + tf_jl;", ind + 2)
                 ind += 2
             else:
                 self.emit(simd, ind)
-                self.emit(f"for (int64_t tf_j = 0; tf_j < {d1}; ++tf_j) {{", ind)
+                self.emit(f"for (int64_t tf_j = {start}; tf_j < {stop}; ++tf_j) {{", ind)
                 ind += 1
         scope: set[str] = set()
         p = self.at((i, j), scope)
@@ -91,11 +128,7 @@ class NestPrinter:
             else:
                 for line in self.body_lines(s, p):
                     self.emit(line, ind)
-        if g.rows_inner:
-            for _ in range(2):
-                ind -= 1
-                self.emit("}", ind)
-        elif d1 > 1:
+        if d1 > 1 and not g.rows_inner:
             if row_reds:
                 ind -= 1
                 self.emit("}", ind)
@@ -103,14 +136,23 @@ class NestPrinter:
             else:
                 ind -= 1
             self.emit("}", ind)
-        for s in row_reds:
-            self.finish_lanes(s, lanes, ind, (i, j))
-        if d0 > 1 and not g.rows_inner:
-            ind -= 1
-            self.emit("}", ind)
-        for c in g.checks:
-            self.emit(f"if ({self.flag(c)}) tf_fail(tf_err, {self.plan.check_ids[id(c)]});", ind)
-        self.emit("}", indent)
+
+    def peeled_masks(self, g: Nest) -> dict:
+        """{mask: (arange, extent)}: the bound masks along the row (`arange + j < extent`,
+        `CppPrinter.row_bounds`) that this nest reads and no later nest reads from its array,
+        when its row is at least `PEEL_MIN` long: its columns are printed twice, unmasked up
+        to the first lane a mask turns off and as planned from there."""
+        bounds = self.row_bounds()
+        if not bounds or g.shape[1] < PEEL_MIN:
+            return {}
+        used: set = set()
+        for s in g.remat:
+            used |= reads(s)
+        for step in g.steps:
+            used |= reads(step.stmt)
+            if step.stored and step.stmt.name in bounds:
+                return {}  # (its array must hold every lane for the nests after this one)
+        return {m: b for m, b in bounds.items() if m in used and m not in self.whole}
 
     def transposed_load(self, t, shape, ind: int) -> None:
         s = t.stmt

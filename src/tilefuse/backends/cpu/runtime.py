@@ -174,6 +174,13 @@ template <class T> TF_INLINE T tf_max(T a, T b) { return (a > b || a != a) ? a :
 template <class T> TF_INLINE T tf_min(T a, T b) { return (a < b || a != a) ? a : b; }
 template <class T> TF_INLINE T tf_imin(T a, T b) { return a < b ? a : b; }
 template <class T> TF_INLINE T tf_imax(T a, T b) { return a > b ? a : b; }
+/* the columns of a row before the first that a bound mask turns off (`live` of them are in
+   range), within [0, n), rounded down to a multiple of `lanes` (a peeled nest: `nests.py`) */
+TF_INLINE int64_t tf_clamp_lanes(int64_t live, int64_t n, int64_t lanes) {
+  const int64_t w = live < 0 ? 0 : (live > n ? n : live);
+  return w - w % lanes;
+}
+TF_INLINE int64_t tf_min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
 /* a signed divisor of -1 (whose quotient of the minimum would overflow); an unsigned type's
    maximum is (T)-1 too, and divides as any other value */
 #define TF_MINUS_ONE(T, b) ((T)-1 < (T)0 && (b) == (T)-1)
