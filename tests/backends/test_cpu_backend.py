@@ -740,8 +740,9 @@ def test_pointwise_with_a_per_column_operand_walks_whole_rows(shape, dtype):
     """An operand broadcast over the leading dims (a bias per column) makes the pointwise kernel
     walk [rows, row] tiles: the bias is read at the inner loop's index, not gathered. Row counts
     that do not fill the last program; a transposed input (walked in its storage order) keeps
-    the flat walk; rows not a power of two walk blocks of columns masked at the row's end, rows
-    shorter than `ROW_MIN` the flat walk."""
+    the flat walk; a row no power of two from 64 divides walks blocks of 64 columns where the
+    last one masks at most an eighth of it (1000), else flat (96, 48), as rows shorter than
+    `ROW_MIN` do."""
     x, bias = rand(*shape, dtype=dtype), rand(shape[-1], dtype=dtype)
     ex = run_cpu(lambda x, b: F.gelu(x + b) * 2, x, bias)
     (k,) = ex.kernels
@@ -749,7 +750,7 @@ def test_pointwise_with_a_per_column_operand_walks_whole_rows(shape, dtype):
     assert f"% {shape[-1]})" not in k.source, k.source  # no modulo by the row length per lane
     # a transposed input: its result is stored in the input's order, walked flat
     run_cpu(lambda x, b: F.gelu(x + b) * 2, noncontig(*shape, dtype=dtype), bias)
-    for other, tiled in (((37, 96), True), ((37, 48), True), ((37, 7), False)):
+    for other, tiled in (((37, 1000), True), ((37, 96), False), ((37, 48), False), ((37, 7), False)):
         ex = run_cpu(lambda x, b: F.gelu(x + b) * 2, rand(*other, dtype=dtype), rand(other[-1], dtype=dtype))
         assert ("CBLOCK" in ex.kernels[0].source) == tiled
 

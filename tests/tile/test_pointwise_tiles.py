@@ -120,9 +120,10 @@ def batch_norm_relu(x, mean, var, w, b):
 @pytest.mark.parametrize("shape", [(2, 8, 32, 32), (3, 5, 16, 20), (2, 3, 7, 7)])
 def test_a_value_per_channel_over_nchw_makes_rows_of_h_times_w(target, shape):
     """Inference batch norm over NCHW: the per-channel statistics are uniform over H and W, so
-    a row is H·W long (the GPU tiles take any length from 256, the CPU's any length from
-    `ROW_MIN`: powers of two whole, 16×20 in blocks of 64 columns, 7×7 in one masked block of
-    64) and the statistics are read once per row."""
+    a row is H·W long (the GPU tiles take any length from 256, the CPU's powers of two from
+    `ROW_MIN` whole and planes of other sizes from `CPU_PLANE_MIN` in blocks of 64 columns:
+    16×20, 7×7 in one masked block — walked flat, each lane divided its index twice) and the
+    statistics are read once per row."""
     c = shape[1]
     x = torch.randn(shape)
     stats = (torch.randn(c), torch.rand(c) + 0.5, torch.randn(c), torch.randn(c))
@@ -191,14 +192,13 @@ def _log_softmax_backward_like(x, lse, target, g):
     return (torch.exp(x - lse[:, None]) - onehot) * g
 
 
-@pytest.mark.parametrize("row,tiled", [(768, True), (4160, True), (2053, True), (1000, True), (196, True), (7, False)])
+@pytest.mark.parametrize("row,tiled", [(768, True), (4160, True), (2053, True), (1000, True), (196, False), (7, False)])
 def test_cpu_rows_in_blocks_of_columns(row, tiled):
     """On the CPU a row that is not a power of two is walked in blocks of columns when a power
-    of two from 64 divides it (768 = 3·256, 4160 = 65·64), else in blocks of 64, the last one
-    masked (2053, 1000 = 8·125, 196 = 14·14: walked flat, each lane divided
-    its index to read its row's values, a batch norm over 28×28 planes 30× slower than
-    Inductor); a row shorter than `ROW_MIN` (7) stays flat. The per-row values are read once
-    per row in the tiles, and every form matches."""
+    of two from 64 divides it (768 = 3·256, 4160 = 65·64) or it is longer than a block (2053),
+    else in blocks of 64 where the last one masks at most an eighth of the row (1000 = 8·125);
+    196 (60 of 256 lanes masked) and a row shorter than `ROW_MIN` (7) stay flat. The per-row
+    values are read once per row in the tiles, and every form matches."""
     x, lse = torch.randn(37, row), torch.randn(37)
     target, g = torch.randint(0, row, (37,)), torch.tensor(0.7)
     args = (x, lse, target, g)
@@ -211,9 +211,10 @@ def test_cpu_rows_in_blocks_of_columns(row, tiled):
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("row", [7, 5, 3])
+@pytest.mark.parametrize("row", [100, 197, 7])
 def test_a_flat_walk_divides_by_its_row_in_32_bits(row):
-    """A row shorter than `ROW_MIN` is walked flat; a
+    """A row of one dim that blocks of 64 would mask much of, or shorter than `ROW_MIN`, is
+    walked flat; a
     broadcast operand's index `(x + j) / row` is the block start's quotient plus the lane's part
     divided in 32 bits (vectorisable), and matches at odd sizes."""
     x, b = torch.randn(53, row), torch.randn(row)
@@ -269,3 +270,19 @@ def test_cpu_transposed_reads_walk_tiles_copied_by_register_transposes(rows, col
     assert ("tf_load_t<" in src.split('extern "C"')[-1]) == copied, src[-3000:]
     torch._dynamo.reset()
     torch.testing.assert_close(torch.compile(fn, backend="tilefuse", options={"target": "cpu"})(a, b), fn(a, b))
+
+
+@pytest.mark.parametrize("shape,tiled", [((3, 5, 28, 28), True), ((2, 7, 7, 7), True), ((4, 6, 3, 3), False),
+                                         ((3, 4, 5, 5), True)])
+def test_cpu_planes_of_any_size_from_16_walk_tiles(shape, tiled):
+    """A value per channel over NCHW planes that no power of two from 64 divides: from
+    `CPU_PLANE_MIN` elements the plane walks blocks of 64 columns (flat, the channel was
+    `floor(floor(x / W) / H) % C` per lane); a 3×3 plane stays flat. Against fp64."""
+    x, b = torch.randn(shape), torch.randn(shape[1])
+    fn = lambda x, b: F.silu(x + b[:, None, None])  # noqa: E731
+    torch._dynamo.reset()
+    report = tilefuse.explain(fn, x, b, options={"target": "cpu"})
+    assert ("CBLOCK" in _pointwise_source(report)) == tiled
+    torch._dynamo.reset()
+    out = torch.compile(fn, backend="tilefuse", options={"target": "cpu"})(x, b)
+    torch.testing.assert_close(out.double(), fn(x.double(), b.double()), atol=1e-5, rtol=1e-5)

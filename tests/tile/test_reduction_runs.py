@@ -108,8 +108,24 @@ def test_symbolic_sizes_keep_the_flat_walk_and_match():
     """No run is chosen for a symbolic axis (its length is not known to divide): the flat walk
     still matches at two sizes."""
     torch._dynamo.reset()
+    report = tilefuse.explain(_var_mean_channels, torch.randn(3, 4, 9, 9), dynamic=True, options={"target": "cpu"})
+    assert _tiles(report) and not any("RUN=" in t for t in _tiles(report)), _tiles(report)
+    torch._dynamo.reset()
     compiled = tilefuse.compile(_var_mean_channels, target="cpu", dynamic=True)
     for shape in ((3, 4, 9, 9), (5, 4, 6, 11)):
         x = torch.randn(shape)
         for g, r in zip(compiled(x), _var_mean_channels(x.double())):
             torch.testing.assert_close(g.double(), r, atol=1e-5, rtol=1e-5)
+
+
+def test_a_short_run_divided_once_keeps_the_flat_walk():
+    """A value per row of 17 summed over the whole tensor is read at `floor(r / 17)`, one
+    division the flat walk does in 32 bits: no run (walked run by run, 1.8× slower); rows of
+    7×7 planes, divided twice, are walked run by run."""
+    torch._dynamo.reset()
+    short = tilefuse.explain(lambda x: (x - x.amax(-1, keepdim=True)).exp().sum(), torch.randn(3000, 17),
+                             options={"target": "cpu"})
+    assert not any("RUN=" in t for t in _tiles(short)), _tiles(short)
+    torch._dynamo.reset()
+    plane = tilefuse.explain(_var_mean_channels, torch.randn(4, 6, 7, 7), options={"target": "cpu"})
+    assert any("RUN=49" in t for t in _tiles(plane)), _tiles(plane)

@@ -61,6 +61,9 @@ ROW_MIN = 8
 #: the others run whole (rows of 1000 in blocks of 1024 ran 1.2× slower than in 64s, 197 in 256s
 #: 1.15×; 16 or 32 pay the loop's overhead)
 CPU_RAGGED_COLUMNS = 64
+#: the shortest row of several dims a CPU walks in ragged blocks (`_ragged_rows_pay`): a 3×3
+#: plane's per-channel value (a `silu(x + b[:, None, None])`) was 1.4× slower tiled than flat
+CPU_PLANE_MIN = 16
 #: a GPU kernel walks rows × columns tiles only for rows of at least this many elements (shorter
 #: rows would leave most of a tile's columns masked; the flat walk packs them)
 GPU_ROW_MIN = 256
@@ -129,7 +132,7 @@ def _row_tiles(graph: Graph, plan: KernelPlan, options: LoweringOptions, block: 
         row = static_int(sympy.Mul(*(shape[d] for d in order[k:])))
         if row is None:
             break
-        tile = _tile_for(row, block, options)
+        tile = _tile_for(row, block, options, spans_dims=len(group) > 1)
         if tile is not None:
             best = (tile, shape, order, k)
     return best
@@ -204,27 +207,44 @@ def _dims_read(graph: Graph, plan: KernelPlan, shape) -> list:
     return out
 
 
-def _tile_for(row: int, block: int, options: LoweringOptions):
+def _tile_for(row: int, block: int, options: LoweringOptions, spans_dims: bool = False):
     """(rows, columns) per program for rows of `row` elements, or None where the target walks
-    such rows flat."""
+    such rows flat; `spans_dims`: the row is made of several dims (a plane's H·W)."""
     if options.target.on_cpu:
         if row < ROW_MIN:
             return None
         if not row & (row - 1) and row <= block:  # whole rows, a power of two of them
             return 1 << ((block // row).bit_length() - 1), row
         # blocks of columns (powers of two: tile extents are): one that divides the row (768 by
-        # 256), else `CPU_RAGGED_COLUMNS`. Walked flat, each element
-        # divided its index by the row to read its row's values — 64-bit divisions a vector loop
-        # cannot do: a vocabulary's 32000 logits took 6.2 ms for 64 rows, a batch norm over
-        # NCHW's 28×28 planes 30× Inductor's time
+        # 256), or any row longer than a block (a vocabulary's 32000 logits: walked flat, each
+        # element divided its index by 32000 to read its row's values — four 64-bit divisions a
+        # vector loop cannot do, 6.2 ms for 64 rows)
         columns = _dividing_block(row, block)
-        if columns is None:  # (only the last block of a row masked: GCC vectorises the others whole)
-            columns = min(CPU_RAGGED_COLUMNS, pow2(row))
+        if columns is None and row > block:
+            columns = _column_block(row, block)
+        if columns is None and _ragged_rows_pay(row, spans_dims):
+            columns = min(CPU_RAGGED_COLUMNS, pow2(row))  # (only the last block of a row masked)
+        if columns is None:
+            return None
         return max(1, block // columns), columns
     columns = _column_block(row, block)
     if row < GPU_ROW_MIN or columns is None:
         return None
     return max(1, block // columns), columns
+
+
+def _ragged_rows_pay(row: int, spans_dims: bool) -> bool:
+    """Whether a CPU row of `row` elements within a block, no power of two from 64 dividing it,
+    walks blocks of `CPU_RAGGED_COLUMNS` columns rather than flat. A row of several dims (NCHW's
+    H·W) of at least `CPU_PLANE_MIN` elements does: walked flat, a value per row is read at
+    `floor(floor(x / W) / H) % C`, nested 64-bit divisions per lane (a batch norm over 28×28
+    planes took 1.9 ms against Inductor's 67 µs; 7×7, 171 against 32). A row of one dim does
+    where its last block masks at most an eighth of it (1000 in 64s: 393 → 245 µs for 512
+    rows): its flat walk divides in 32 bits, and a row of 65 or 129 in masked blocks of 64 ran
+    1.4–2.4× slower than flat under `tanh`."""
+    if spans_dims:
+        return row >= CPU_PLANE_MIN
+    return 8 * (-(-row // CPU_RAGGED_COLUMNS) * CPU_RAGGED_COLUMNS - row) <= row
 
 
 def _dividing_block(row: int, block: int) -> int | None:
