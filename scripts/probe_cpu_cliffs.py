@@ -67,6 +67,20 @@ def _(x): return F.interpolate(x, scale_factor=2, mode="bilinear", align_corners
 @prog("pad_conv_like", torch.randn(4, 16, 30, 30))
 def _(x): return F.pad(x, (1, 1, 1, 1)) * 2 + 1
 
+@prog("batchnorm_train_28", torch.randn(16, 32, 28, 28), torch.randn(32), torch.randn(32))
+def _(x, w, b): return F.relu(F.batch_norm(x, None, None, w, b, training=True))
+@prog("batchnorm_train_7", torch.randn(8, 256, 7, 7), torch.randn(256), torch.randn(256))
+def _(x, w, b): return F.relu(F.batch_norm(x, None, None, w, b, training=True))
+@prog("batchnorm_eval_28", torch.randn(16, 32, 28, 28), torch.randn(32), torch.rand(32) + 0.5, torch.randn(32),
+      torch.randn(32))
+def _(x, m, v, w, b): return F.relu(F.batch_norm(x, m, v, w, b, training=False))
+@prog("var_nchw_56", torch.randn(4, 64, 56, 56))
+def _(x): return torch.var(x, dim=(0, 2, 3))
+@prog("bias_gelu_1000", torch.randn(512, 1000), torch.randn(1000))
+def _(x, b): return F.gelu(x + b)
+@prog("swiglu_8rows", torch.randn(8, 256), torch.randn(512, 256), torch.randn(512, 256), torch.randn(256, 512))
+def _(x, a, b, c): return F.linear(F.silu(F.linear(x, a)) * F.linear(x, b), c)
+
 @prog("alternating_chain", torch.randn(64, 64))
 def _(x):
     """20 steps, each read by a reduction (a column sum or a row mean) and by the next step."""
