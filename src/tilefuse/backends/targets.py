@@ -22,7 +22,8 @@ def target_for(backend: str, device) -> Target:
     if backend == "cpu":
         from . import cpu
 
-        return Target("cpu", Machine.CPU, threads=parallel_units(device), limits=limits, title="C++", require=cpu.require_compiler, transposes_tiles=False,
+        return Target("cpu", Machine.CPU, threads=parallel_units(device), limits=limits, title="C++",
+                      require=cpu.require_compiler, transposes_tiles=False,
                       generate=cpu.generate, load=cpu.load_kernel, load_variant=cpu.CppKernel,
                       check=kernel_check("cpu", limits), timer=_HostTimer,
                       unsupported=cpu.CppUnsupported, fallback=target_for("interpret", device))

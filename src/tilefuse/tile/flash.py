@@ -21,6 +21,7 @@ import sympy
 from ..fusion.flash import K0
 from ..fusion.masking import diagonal_keeps_rows_live, without_mask
 from ..fusion.plan import KernelPlan, PlanKind, StageKind
+from ..fusion.recompute import MIN_ROW_BLOCK
 from ..ir.expr import Const, Expr, Index, Load, Var, binary, cast, out_index, red_index, where
 from ..ir.graph import Graph
 from ..ir.monoid import SUM
@@ -488,7 +489,7 @@ def _rows_for_threads(bm: int, rows, nbatch, threads: int) -> int:
     second core idle (1.6× slower than the three products unfused)."""
     if rows is None or nbatch is None:
         return bm
-    while bm > 16 and nbatch * -(-rows // bm) < threads:
+    while bm > MIN_ROW_BLOCK and nbatch * -(-rows // bm) < threads:
         bm //= 2
     return bm
 

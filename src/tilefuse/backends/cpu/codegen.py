@@ -266,22 +266,26 @@ class CppPrinter(NestPrinter):
         if any(isinstance(st, DotTile) for st in body):
             return n, {}  # (products plan their ragged tiles themselves; twice their code would cost compile time)
         p = self.printer()
-        sizes = {q.name for q in self.plan.kernel.params if q.kind == "size"}
         out = {}
-        for st in body:
-            v = getattr(st, "value", None)
-            if not (isinstance(st, Let) and isinstance(v, Binary) and v.op == "lt" and isinstance(v.a, Index)
-                    and isinstance(v.b, Index)):
-                continue
-            x, extent = sympy.sympify(v.a.expr), sympy.sympify(v.b.expr)
-            # (a bound: the arange against the space's extent, a function of the sizes alone)
-            if not (x.is_Symbol and x.name in aranges) or any(sym.name not in sizes for sym in extent.free_symbols):
-                continue
+        for st, x, extent in self._bound_lets(set(aranges)):
             try:
                 out[st.name] = f"({x.name} + {aranges[x.name].block} <= {p.index(extent)})"
             except CppUnsupported:
                 continue
         return n, out
+
+    def _bound_lets(self, aranges: set):
+        """(let, arange, extent) for each bound mask `arange < extent` of the kernel over one of
+        `aranges` (names), the extent a function of the sizes alone."""
+        sizes = {q.name for q in self.plan.kernel.params if q.kind == "size"}
+        for st in statements(self.plan.kernel.body):
+            v = getattr(st, "value", None)
+            if not (isinstance(st, Let) and isinstance(v, Binary) and v.op == "lt" and isinstance(v.a, Index)
+                    and isinstance(v.b, Index)):
+                continue
+            x, extent = sympy.sympify(v.a.expr), sympy.sympify(v.b.expr)
+            if x.is_Symbol and x.name in aranges and all(sym.name in sizes for sym in extent.free_symbols):
+                yield st, x, extent
 
     def row_bounds(self) -> dict:
         """{mask: (arange, extent)} for each bound mask along a row (`arange + j < extent`, the
@@ -289,19 +293,11 @@ class CppPrinter(NestPrinter):
         (`NestPrinter.peeled_masks`)."""
         if self._row_bounds is not None:
             return self._row_bounds
-        aranges = {st.name for st in statements(self.plan.kernel.body) if isinstance(st, Arange)}
-        sizes = {q.name for q in self.plan.kernel.params if q.kind == "size"}
+        along_rows = {st.name for st in statements(self.plan.kernel.body)
+                      if isinstance(st, Arange) and self.sh.aranges.get(st.name) == 1}
         p = self.printer()
         out = {}
-        for st in statements(self.plan.kernel.body):
-            v = getattr(st, "value", None)
-            if not (isinstance(st, Let) and isinstance(v, Binary) and v.op == "lt" and isinstance(v.a, Index)
-                    and isinstance(v.b, Index)):
-                continue
-            x, extent = sympy.sympify(v.a.expr), sympy.sympify(v.b.expr)
-            if not (x.is_Symbol and x.name in aranges and self.sh.aranges.get(x.name) == 1) or \
-                    any(sym.name not in sizes for sym in extent.free_symbols):
-                continue
+        for st, x, extent in self._bound_lets(along_rows):
             try:
                 out[st.name] = (x.name, p.index(extent))
             except CppUnsupported:
