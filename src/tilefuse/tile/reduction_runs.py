@@ -18,6 +18,8 @@ every load of a plan is contiguous.
 """
 from __future__ import annotations
 
+import weakref
+
 import sympy
 
 from ..ir.expr import Load, out_index, red_index, walk
@@ -118,7 +120,26 @@ def run_length(graph, plan, extent: int, rows) -> int | None:
     """The longest run (from `MIN_RUN`, dividing the static axis length `extent`) in which
     every load of the plan's stages is contiguous (`run_offset`), where some load is not
     contiguous along the flat axis; None when none gathers or no run makes them all
-    contiguous. `rows`: the count of the programs' rows."""
+    contiguous. `rows`: the count of the programs' rows. Remembered per graph (the rules are
+    asked for a plan's schedule several times: its space, its lowering, its variants)."""
+    key = (id(graph), tuple((st.node, st.kind, st.body) for st in plan.stages), extent, rows)
+    found = _FOUND.get(key)
+    if found is not None and found[0]() is graph:
+        return found[1]
+    if len(_FOUND) >= _FOUND_LIMIT:
+        _FOUND.clear()
+    answer = _run_length(graph, plan, extent, rows)
+    _FOUND[key] = (weakref.ref(graph), answer)
+    return answer
+
+
+#: (graph's id, stages, extent, rows) -> (a reference to the graph, run_length's answer); the
+#: reference tells a graph from a later one at the same address
+_FOUND: dict = {}
+_FOUND_LIMIT = 4096
+
+
+def _run_length(graph, plan, extent: int, rows) -> int | None:
     r = sympy.Symbol("tf_run_r", integer=True, nonnegative=True)
     x = sympy.Symbol("tf_run_x", integer=True, nonnegative=True)
     ranges = {x: rows, r: extent}
