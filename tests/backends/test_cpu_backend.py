@@ -89,6 +89,16 @@ def test_casts_round_like_eager():
     run_cpu(fn, x)
 
 
+def test_widened_integers_convert_to_float_exactly():
+    """int64 values that hold a bool or a 32-bit integer convert through int32 (`narrow_ints`):
+    the extremes of int32 and of int8, and a comparison widened as `one_hot` widens it."""
+    i = torch.tensor([-2**31, 2**31 - 1, -129, 127, 0, 1, -1, 16777217], dtype=torch.int32)
+    b = torch.randint(-128, 128, (8,), dtype=torch.int8)
+    x = rand(8)
+    run_cpu(lambda i, b, x: (i.long().float() * x, b.long().double() + x, (x > 0).long().float() * x,
+                             F.one_hot(i.abs().remainder(8).long(), 8).float()), i, b, x)
+
+
 def test_comparisons_and_logical_ops():
     a, b = rand(5, 7), rand(5, 7)
     run_cpu(lambda x, y: ((x > y) & (x < 1), (x >= y) | (y <= 0), (x == x) ^ (y != 0), torch.logical_not(x > 0)), a, b)

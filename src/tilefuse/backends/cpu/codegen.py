@@ -26,7 +26,7 @@ from ...tile.ir import (Arange, Assign, BroadcastTile, Check, Comment, DotTile, 
 from ...tile.variants import all_kernels
 from ..dispatch import handler
 from .dot import DOT_SOURCE, DotPlan, Operand, zeros_extent
-from .exprs import STORAGE, CppUnsupported, ExprPrinter, const, ctype, round_to
+from .exprs import STORAGE, CppUnsupported, ExprPrinter, const, ctype, narrow_ints, round_to
 from .loop_plan import Loop, LoopPlan, Nest, Single, plan_kernel
 from .nests import NestPrinter
 from .runtime import HEADER
@@ -39,6 +39,7 @@ class CppPrinter(NestPrinter):
     def __init__(self, plan: LoopPlan):
         self.plan = plan
         self.sh = plan.shapes
+        self.narrow = narrow_ints(plan.kernel)
         self.lines: list[str] = []
         self.tmp = 0
         #: bound masks printed as `true` (the whole-block version of the program: `function`;
@@ -74,7 +75,7 @@ class CppPrinter(NestPrinter):
         return ref
 
     def printer(self, loops=("0", "0"), scope=frozenset()) -> ExprPrinter:
-        return ExprPrinter(self.ref_in(loops, scope))
+        return ExprPrinter(self.ref_in(loops, scope), narrow=self.narrow)
 
     def at(self, loops: tuple, scope: set) -> ExprPrinter:
         """The printer of a loop nest's body (index arithmetic that knows its aligned aranges)."""
@@ -82,7 +83,7 @@ class CppPrinter(NestPrinter):
         for name, (block, d) in self.plan.aligned.items():
             if self.sh.shape[name][d] > 1:
                 aligned[name] = (block, loops[d])
-        return ExprPrinter(self.ref_in(loops, scope), aligned)
+        return ExprPrinter(self.ref_in(loops, scope), aligned, self.narrow)
 
     def flag(self, check) -> str:
         return f"tf_bad{self.plan.check_ids[id(check)]}"

@@ -82,12 +82,32 @@ def const(value, dtype) -> str:
     return _int_literal(int(value))
 
 
+def narrow_ints(kernel) -> frozenset:
+    """The kernel's int64 values defined as a cast of a bool or of a signed integer of at most
+    32 bits (a comparison widened for `one_hot`, an int32 index): their value fits int32."""
+    from ...tile.ir import Assign, Let, statements
+
+    out = set()
+    assigned = {s.name for s in statements(kernel.body) if isinstance(s, Assign)}
+    for s in statements(kernel.body):
+        if s.__class__ is Let and s.name in assigned:
+            continue
+        if isinstance(s, Let) and isinstance(s.value, Cast) and s.value.dtype == dt.int64:
+            src = s.value.x.dtype
+            if src.is_bool or (src.is_int and src.kind == "i" and src.itemsize <= 4) or \
+                    (src.is_int and src.kind == "u" and src.itemsize < 4):
+                out.add(s.name)
+    return frozenset(out)
+
+
 class ExprPrinter:
     """Prints expressions; `ref(name)` spells a tile variable or index symbol at the current
     element of the loop nest."""
 
-    def __init__(self, ref, aligned=None):
+    def __init__(self, ref, aligned=None, narrow=frozenset()):
         self.ref = ref
+        #: int64 tile values that hold a narrower integer or a bool (`narrow_ints`)
+        self.narrow = narrow
         #: arange name -> (block, the element's offset inside the block as C++) for aranges whose
         #: start is a multiple of their block: `(x + j) mod c` is `(x mod c) + j` and
         #: `floor((x + j) / c)` is `floor(x / c)` when the block divides c (a broadcast operand
@@ -187,6 +207,10 @@ class ExprPrinter:
         return text if e.dtype == dt.int64 else f"(({ctype(e.dtype)})({text}))"
 
     def _cast(self, e: Cast) -> str:
+        if e.dtype.is_float and e.x.dtype == dt.int64 and isinstance(e.x, Var) and e.x.name in self.narrow:
+            # (through int32, exactly: x86 before AVX-512 has no vector int64 -> float conversion,
+            # and one such cast kept a whole loop scalar: `one_hot(i).float()`)
+            return self.cast(f"(int32_t)({self.expr(e.x)})", dt.int32, e.dtype)
         return self.cast(self.expr(e.x), e.x.dtype, e.dtype)
 
     def _where(self, e: Where) -> str:
@@ -267,10 +291,13 @@ class ExprPrinter:
         op, t = e.op, e.dtype
         if op in _INFIX:
             return f"({a} {_INFIX[op]} {b})"
+        # (bitwise on bools: both sides are pure and eager evaluates both; the short-circuit
+        # `&&` is control flow, and GCC 12 turns a row-uniform operand of one into a select on
+        # a scalar condition that it cannot vectorise, keeping the whole loop scalar)
         if op == "logical_and":
-            return f"((bool)({a}) && (bool)({b}))"
+            return f"((bool)({a}) & (bool)({b}))"
         if op == "logical_or":
-            return f"((bool)({a}) || (bool)({b}))"
+            return f"((bool)({a}) | (bool)({b}))"
         if op == "logical_xor":
             return f"((bool)({a}) != (bool)({b}))"
         if op == "truediv":

@@ -75,6 +75,11 @@ class Nest:
     #: along the rows and strided along the columns (an operand tile read transposed through a
     #: gather, a MoE's `w1[experts]`), and nothing in the nest depends on the order
     rows_inner: bool = False
+    #: loads the row's columns read strided, backwards or gathered, at least one of them masked
+    #: (`_Planner.staged_loads`), and the statements their masks and offsets need, in order: a
+    #: scalar pass over the columns loads them into lane arrays that the vectorised pass reads
+    staged: tuple = ()
+    staged_inputs: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -148,7 +153,8 @@ class _Planner:
         self.skip: set[int] = set()  # ids of `acc = R + X` statements those dots replace
         self.folded: set[str] = set()  # names X of those dots (never stored)
         self.aligned = aligned_aranges(kernel, self.sh)
-        self.inplace = inplace_operands(kernel, self.sh, Lanes(kernel, self.sh, self.aligned), self.stmt_readers)
+        self.lanes = Lanes(kernel, self.sh, self.aligned)
+        self.inplace = inplace_operands(kernel, self.sh, self.lanes, self.stmt_readers)
         # (dot kernels keep their order: the accumulator folds in `dot.py` match neighbours)
         self.hoist = not any(isinstance(st, DotTile) for st in statements(kernel.body))
 
@@ -346,11 +352,59 @@ class _Planner:
                 steps.append(Step(s, "effect"))
         rows_inner = (simd and not reds and not transposed and d0 > 1 and d1 > 1
                       and self.rows_contiguous([s for s in g.stmts if id(s) not in dead]))
-        return Nest(shape=g.shape, steps=tuple(steps), remat=tuple(self.remat.get(id(g), ())),
+        remat = tuple(self.remat.get(id(g), ()))
+        staged, inputs = self.staged_loads(remat, steps) if simd and d1 > 1 and not rows_inner else ((), ())
+        return Nest(shape=g.shape, steps=tuple(steps), remat=remat,
                     transposed=tuple(transposed), checks=tuple(s for s in g.stmts if isinstance(s, Check)),
                     row_reductions=tuple(row_reds), col_reductions=tuple(col_reds),
                     lanes=(LANES if d1 % LANES == 0 else d1) if row_reds else d1, simd=simd,
-                    rows_inner=rows_inner)
+                    rows_inner=rows_inner, staged=staged, staged_inputs=inputs)
+
+    def staged_loads(self, remat: tuple, steps: list) -> tuple:
+        """(loads, inputs): when one of the nest's masked loads reads an address that moves
+        along the row by other than 0 or 1 element (a stride, a reversal, a gather), every load
+        of the nest that does, with the statements of the nest their masks and offsets read
+        (transitively), in order. GCC 12 vectorises no masked load but a contiguous one: one
+        such load keeps the whole row loop scalar, and its selects and NaN-propagating maxima
+        become branches (a 3×3 max-pool window over a padded input, stride 2: 3.7 ms where the
+        vectorised loop takes 0.5). The unmasked ones go too, since GCC sinks a load under the
+        selects that read it and then masks it. Loaded in a scalar pass of their own (index
+        arithmetic beside them), they leave the row loop vectorisable. Nothing is staged when
+        an input carries state (an `Assign`, a reduction) or nothing else would be left."""
+        loads, masked = [], False
+        for st in steps:
+            s = st.stmt
+            if st.role == "value" and isinstance(s, LoadTile):
+                strides = self.lanes.strides(s.offset)
+                if strides is None or strides[1] not in (0, 1):
+                    loads.append(s)
+                    masked = masked or s.mask is not None
+        if not masked:
+            return (), ()
+        defs = {defines(s): s for s in remat}
+        for st in steps:
+            name = defines(st.stmt)
+            if name is not None:
+                defs[name] = st.stmt
+        need: set = set()
+        todo = [n for s in loads for n in reads(s)]
+        while todo:
+            name = todo.pop()
+            s = defs.get(name)
+            if s is None or id(s) in need:
+                continue
+            need.add(id(s))
+            todo.extend(reads(s))
+        order = [s for s in remat] + [st.stmt for st in steps]
+        staged_ids = {id(s) for s in loads}
+        inputs = tuple(s for s in order if id(s) in need and id(s) not in staged_ids)
+        roles = {id(st.stmt): st.role for st in steps}
+        if any(isinstance(s, (Assign, ReduceTile, ArgReduceTile)) or roles.get(id(s), "value") != "value"
+               for s in inputs):
+            return (), ()
+        if len(steps) <= len(loads) + len([s for s in inputs if id(s) in roles]):
+            return (), ()
+        return tuple(loads), inputs
 
     def rows_contiguous(self, stmts) -> bool:
         """Every load and store of memory in `stmts` either moves one element per tile row and

@@ -97,6 +97,11 @@ class NestPrinter:
         """The nest's body over the columns `[start, stop)` of its row (all of them, or one side
         of a peeled bound mask: `peeled_masks`), inside the row loop when there is one."""
         i, j = loops
+        staged = {s.name: f"tf_staged_{s.name}" for s in g.staged}
+        if staged:  # (a scope of their own: a peeled row prints its columns twice)
+            self.emit("{", ind)
+            ind += 1
+            self.staged_pass(g, staged, ind, loops, start, stop)
         if d1 > 1 and not g.rows_inner:  # (rows inside: `nest` opened both loops)
             if row_reds:
                 self.emit(f"for (int64_t tf_jo = {start}; tf_jo < {stop}; tf_jo += {lanes}) {{", ind)
@@ -120,8 +125,11 @@ class NestPrinter:
                 self.accumulate(s, p, step.role, d1, ind, (i, j))
             elif step.role == "value":
                 array = p.ref(s.name) if step.stored else None
-                for line in self.body_lines(s, p, target=f"{s.name}_v"):
-                    self.emit(line, ind)
+                if s.name in staged:
+                    self.emit(f"const {ctype(self.sh.dtype[s.name])} {s.name}_v = {staged[s.name]}[{j}];", ind)
+                else:
+                    for line in self.body_lines(s, p, target=f"{s.name}_v"):
+                        self.emit(line, ind)
                 scope.add(s.name)
                 if array is not None and array != "true":  # ("true": a bound mask of a whole block)
                     self.emit(f"{array} = {s.name}_v;", ind)
@@ -136,6 +144,29 @@ class NestPrinter:
             else:
                 ind -= 1
             self.emit("}", ind)
+        if staged:
+            self.emit("}", ind - 1)
+
+    def staged_pass(self, g: Nest, staged: dict, ind: int, loops, start: str, stop: str) -> None:
+        """The scalar pass over the columns `[start, stop)` that loads the nest's staged loads
+        (`Planner.staged_loads`) into lane arrays, computing only what their masks and
+        offsets need."""
+        d1, (i, j) = g.shape[1], loops
+        for s in g.staged:
+            self.emit(f"alignas(64) {ctype(self.sh.dtype[s.name])} {staged[s.name]}[{d1}];", ind)
+        self.emit(f"for (int64_t {j} = {start}; {j} < {stop}; ++{j}) {{", ind)
+        scope: set[str] = set()
+        p = self.at((i, j), scope)
+        wanted = {id(s) for s in g.staged_inputs} | {id(s) for s in g.staged}
+        for s in list(g.remat) + [step.stmt for step in g.steps]:
+            if id(s) not in wanted:
+                continue
+            for line in self.body_lines(s, p, target=f"{s.name}_v"):
+                self.emit(line, ind + 1)
+            scope.add(s.name)
+            if s.name in staged:
+                self.emit(f"{staged[s.name]}[{j}] = {s.name}_v;", ind + 1)
+        self.emit("}", ind)
 
     def peeled_masks(self, g: Nest) -> dict:
         """{mask: (arange, extent)}: the bound masks along the row (`arange + j < extent`,

@@ -170,8 +170,11 @@ TF_HRED16(tf_hmax16f, TF_VMAX)
 TF_HRED16(tf_hmin16f, TF_VMIN)
 
 /* ---- PyTorch semantics ---------------------------------------------------------------- */
-template <class T> TF_INLINE T tf_max(T a, T b) { return (a > b || a != a) ? a : b; }
-template <class T> TF_INLINE T tf_min(T a, T b) { return (a < b || a != a) ? a : b; }
+/* NaN-propagating max and min, as two selects: in the one-select spelling `(a > b || a != a)`
+   GCC 12 merges the NaN test with a caller's select into a select of masks it cannot vectorise
+   (a where over maxima kept whole loops scalar, their selects as branches) */
+template <class T> TF_INLINE T tf_max(T a, T b) { const T m = a > b ? a : b; return a != a ? a : m; }
+template <class T> TF_INLINE T tf_min(T a, T b) { const T m = a < b ? a : b; return a != a ? a : m; }
 template <class T> TF_INLINE T tf_imin(T a, T b) { return a < b ? a : b; }
 template <class T> TF_INLINE T tf_imax(T a, T b) { return a > b ? a : b; }
 /* the columns of a row before the first that a bound mask turns off (`live` of them are in
