@@ -355,6 +355,10 @@ def _simplify_index(expr: sympy.Expr, ranges: dict) -> sympy.Expr:
             return fold_mod_complement(e)
         if isinstance(e, sympy.floor):
             num, den = e.args[0].as_numer_denom()
+            if isinstance(num, sympy.floor) and den.is_Integer and int(den) > 0:
+                # floor(floor(y) / d) == floor(y / d) for a positive integer d: an index
+                # unravelled dim by dim divides once (`x // 28 // 28` is `x // 784`)
+                return Floor(num.args[0] / den)
             if not den.is_Integer and den.is_positive:
                 # symbolic divisor: (q*den + r) // den == q when r is a symbol ranging over den
                 q, rest = _split_multiple(num, den)
@@ -400,6 +404,7 @@ def _simplify_index(expr: sympy.Expr, ranges: dict) -> sympy.Expr:
         prev = expr
         expr = _postorder_rewrite(expr, rewrite)
         expr = _postorder_rewrite(expr, _recombine_divmod)
+        expr = _postorder_rewrite(expr, _recombine_nested_mod)
     return expr
 
 
@@ -431,6 +436,47 @@ def _recombine_divmod(e):
                     terms.remove(u)
                     terms.remove(t)
                     terms.append(coeff * rest * a)
+                    changed = True
+                    break
+            if changed:
+                break
+    return sympy.Add(*terms)
+
+
+def _recombine_nested_mod(e):
+    """c*Mod(a, d) + c*d*Mod(floor(a/d), m) -> c*Mod(a, d*m) for positive integers d, m: the
+    offset of an element of a contiguous block unravelled dim by dim (`x % 3 + 3*(x // 3 % 3)`
+    is `x % 9`), which `_recombine_divmod` then folds with the block's own quotient."""
+    if not e.is_Add or not e.has(sympy.Mod):
+        return e
+    terms = list(sympy.Add.make_args(e))
+
+    def split(t):
+        coeff, core = t.as_coeff_Mul()
+        mods = [f for f in sympy.Mul.make_args(core) if isinstance(f, sympy.Mod)]
+        if len(mods) != 1:
+            return None
+        rest = sympy.Mul(*[f for f in sympy.Mul.make_args(core) if f is not mods[0]])
+        return coeff * rest, mods[0]
+
+    changed = True
+    while changed:
+        changed = False
+        parts = [(t, split(t)) for t in terms]
+        for t, pt in parts:
+            if pt is None or not (pt[1].args[1].is_Integer and int(pt[1].args[1]) > 0):
+                continue
+            k, (a, d) = pt[0], pt[1].args
+            quotient = sympy.expand(Floor(a / d))
+            for u, pu in parts:
+                if u is t or pu is None:
+                    continue
+                inner, m = pu[1].args
+                if (m.is_Integer and int(m) > 0 and isinstance(inner, sympy.floor)
+                        and sympy.expand(inner) == quotient and sympy.expand(pu[0] - k * d) == 0):
+                    terms.remove(t)
+                    terms.remove(u)
+                    terms.append(k * mod(a, d * m))
                     changed = True
                     break
             if changed:

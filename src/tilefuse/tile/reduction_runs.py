@@ -147,14 +147,18 @@ def _run_length(graph, plan, extent: int, rows) -> int | None:
     gathers = [c for c in gathers if not _lane_affine(c, r)]
     if not gathers:
         return None
-    # (a short run pays only for nested divisions, a plane's `floor(floor(r / W) / H)`: a
-    # value per row of 17 read at `floor(r / 17)` summed 1.8× slower run by run than flat)
+    # (a short run pays only where a gathered load moves along it — a plane's elements, read
+    # at `floor(r / (H·W))` and `r mod (H·W)` — or divides twice: a value per row of 17, read
+    # at `floor(r / 17)` and the same along the run, summed 1.8× slower run by run than flat)
     nested = any(_nested_division(c) for c in gathers)
     for run in _candidates(gathers, extent):
-        if run < SHORT_RUN and not nested:
+        found = [_in_runs(c, r, run, extent, {x: rows}) for c in gathers]
+        if any(f is None for f in found):
             continue
-        if all(_in_runs(c, r, run, extent, {x: rows}) is not None for c in gathers):
-            return run
+        moving = any(sympy.expand(f).coeff(_T) != 0 for f in found)
+        if run < SHORT_RUN and not (nested or moving):
+            continue
+        return run
     return None
 
 
