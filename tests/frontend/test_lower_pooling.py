@@ -1,0 +1,112 @@
+"""Max pooling lowered as an unrolled window (`frontend.lowerings.pooling`): values and indices
+equal to eager's, ties, NaN and -inf windows, padding, dilation, ceil mode, 2-D and 3-D, low
+precision, non-contiguous and symbolic inputs; then through the C++ backend, and trained."""
+import pytest
+import torch
+import torch.nn.functional as F
+from lowering_harness import check, rand
+
+F32, BF16 = torch.float32, torch.bfloat16
+
+# (kernel, stride, padding, dilation, ceil_mode)
+CONFIGS = [
+    (3, 2, 1, 1, False),  # ResNet's stem
+    (2, None, 0, 1, False),
+    (3, 1, 1, 1, False),
+    ((3, 2), (2, 1), (1, 0), 1, True),
+    (3, 2, 1, 2, False),
+    (2, 3, 1, 1, True),
+]
+
+
+def _pool(config, indices=True):
+    k, s, p, d, c = config
+    return lambda x: F.max_pool2d(x, k, s, p, d, ceil_mode=c, return_indices=indices)
+
+
+def _special(x):
+    """Ties (values rounded to halves), a NaN, and a corner of -inf (windows of -inf only)."""
+    x = (x * 2).round() / 2
+    x[..., 0, 0] = x[..., 1, 1] = float("nan")
+    x[..., -3:, -3:] = float("-inf")
+    return x
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_max_pool2d_values_and_indices(config):
+    check(_pool(config), rand(2, 3, 11, 13), names=["values", "indices"])
+    check(_pool(config), _special(rand(2, 3, 11, 13)), names=["values", "indices"])
+
+
+def test_max_pool2d_nan_and_ties_pick_as_eager():
+    x = torch.zeros(1, 1, 4, 4)
+    x[0, 0, 1, 1] = x[0, 0, 0, 1] = 5.0  # a tie: the first in the window wins
+    x[0, 0, 2, 2] = x[0, 0, 3, 3] = float("nan")  # two NaNs: the last wins
+    x[0, 0, 2, 3] = 9.0
+    check(_pool((2, 2, 0, 1, False)), x, names=["values", "indices"])
+    check(_pool((3, 1, 1, 1, False)), x, names=["values", "indices"])
+
+
+@pytest.mark.parametrize("dtype", [BF16, torch.float16])
+def test_max_pool2d_low_precision(dtype):
+    check(_pool(CONFIGS[0]), rand(2, 4, 9, 10, dtype=dtype), names=["values", "indices"])
+
+
+def test_max_pool2d_unbatched_noncontiguous_and_channels_last():
+    check(_pool(CONFIGS[0]), rand(3, 11, 13))
+    check(_pool(CONFIGS[3]), rand(2, 13, 11, 3).permute(0, 3, 2, 1))
+    check(_pool(CONFIGS[0]), rand(2, 5, 12, 12).to(memory_format=torch.channels_last))
+
+
+def test_max_pool2d_without_indices_fuses_with_its_producer():
+    rec = check(lambda x: F.max_pool2d(torch.relu(x) * 2, 3, 2, 1), rand(2, 3, 11, 13))
+    assert len(rec.graphs) == 1
+
+
+def test_max_pool2d_symbolic_shapes():
+    fn = _pool(CONFIGS[0])
+    check(fn, rand(2, 3, 11, 13), dynamic=True)
+
+
+def test_max_pool3d():
+    fn = lambda x: F.max_pool3d(x, 3, 2, 1, return_indices=True)  # noqa: E731
+    check(fn, rand(2, 2, 5, 7, 6), names=["values", "indices"])
+    check(fn, _special(rand(1, 2, 5, 7, 6)), names=["values", "indices"])
+
+
+def test_max_pool_of_integers():
+    check(_pool(CONFIGS[0]), torch.randint(-50, 50, (2, 3, 9, 8), dtype=torch.int32), names=["values", "indices"])
+
+
+def test_large_windows_stay_aten():
+    rec = check(lambda x: F.max_pool2d(x, 9, 4), rand(1, 2, 20, 20), allow_extern=("max_pool2d",))
+    assert [n.target_name for n in rec.externs()]
+
+
+# ---------------------------------------------------------------- the C++ backend
+
+
+@pytest.mark.parametrize("config", CONFIGS[:4])
+def test_compiled_max_pool_matches_eager_exactly(config):
+    torch._dynamo.reset()
+    fn = lambda x: tuple(_pool(config)(torch.relu(x) - 1))  # noqa: E731
+    x = _special(rand(2, 5, 11, 13))
+    expected = fn(x)
+    actual = torch.compile(fn, backend="tilefuse", options={"target": "cpu"})(x)
+    torch.testing.assert_close(actual[0], expected[0], equal_nan=True, rtol=0, atol=0)
+    assert torch.equal(actual[1], expected[1])
+
+
+def test_compiled_max_pool_trains():
+    torch._dynamo.reset()
+    conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+    x = rand(2, 3, 12, 11, low=-1, high=1)
+
+    def step(x):
+        y = F.max_pool2d(torch.relu(conv(x)), 3, 2, 1)
+        return (y * y).sum()
+
+    expected = torch.autograd.grad(step(x), conv.weight)[0]
+    loss = torch.compile(step, backend="tilefuse", options={"target": "cpu"})(x)
+    actual = torch.autograd.grad(loss, conv.weight)[0]
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
