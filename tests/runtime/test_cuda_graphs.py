@@ -106,6 +106,33 @@ def test_parameters_are_static():
     assert 0 not in runner.captures[()].owned and set(runner.captures[()].owned) == {1, 2, 3}
 
 
+def test_buffers_dynamo_marked_static_are_written_in_place():
+    """A module's buffers (a KV cache the step writes into) are marked static by Dynamo: read
+    and written where they are, never copied in and back; moved, they are captured again."""
+    compiled, _ = compiled_graph(step, *step_inputs())
+    runner = FakeRunner(compiled, static=[], mutated=[1])
+    weight = torch.randn(5, 3)
+    cache = step_inputs()[1]
+    torch._dynamo.mark_static_address(cache, guard=False)
+    ref_cache = cache.clone()
+    for k in range(4):
+        _, _, pos, x = step_inputs()
+        with torch.no_grad():
+            out = runner(weight, cache, pos, x)
+        expected = step(weight, ref_cache, pos, x)
+        torch.testing.assert_close(out[0], expected[0])
+        torch.testing.assert_close(cache, ref_cache)
+    assert runner.static == [1] and set(runner.captures[()].owned) == {0, 2, 3}
+    moved = ref_cache.clone()
+    torch._dynamo.mark_static_address(moved, guard=False)
+    _, _, pos, x = step_inputs()
+    with torch.no_grad():
+        out = runner(weight, moved, pos, x)
+    torch.testing.assert_close(out[0], step(weight, ref_cache, pos, x)[0])
+    torch.testing.assert_close(moved, ref_cache)
+    assert len(runner.recorded) == 2
+
+
 def test_symbolic_sizes_get_one_capture_per_size_up_to_the_bound(monkeypatch):
     monkeypatch.setattr(cuda_graphs, "MAX_CAPTURES", 2)
 

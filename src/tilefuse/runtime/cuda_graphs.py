@@ -2,9 +2,11 @@
 kernel launches, allocations and extern calls are captured once per input layout and replayed
 with one call, so a small step (decoding one token) costs the GPU's time, not Python's.
 
-* **Static inputs** (AOTAutograd's static input indices: the module's parameters and buffers;
-  any `nn.Parameter`) are used where they are. If one moves (a new tensor passed in its place),
-  the graph is captured again for the new addresses.
+* **Static inputs** (AOTAutograd's static input indices; any `nn.Parameter`; any tensor Dynamo
+  marked as a static address, which it does for a module's parameters and buffers, a static
+  KV cache among them) are used where they are. If one moves (a new tensor passed in its
+  place), the graph is captured again for the new addresses. (A buffer copied in and out of
+  the graph's own memory on every replay cost a gpt-fast decode step its whole KV cache twice.)
 * **Other tensor inputs** are copied, before each replay, into buffers the captured graph owns;
   those the graph writes into are copied back after it.
 * **Outputs** are copied out of the graph's memory (the next replay overwrites it), so every
@@ -123,7 +125,7 @@ class CudaGraphRunner:
                      for k in self.varying)
 
     def _capture(self, args, key):
-        self.static = sorted(set(self.static) | {k for k, a in enumerate(args) if isinstance(a, torch.nn.Parameter)})
+        self.static = sorted(set(self.static) | {k for k, a in enumerate(args) if _static_address(a)})
         reason = self._uncapturable(args)
         if reason:
             return self._refuse(reason)
@@ -182,6 +184,13 @@ class CudaGraphRunner:
         for k in self.mutated & owned.keys():
             _distinct(args[k]).copy_(_distinct(owned[k]))
         return [o.clone() if isinstance(o, torch.Tensor) else o for o in capture.outputs]
+
+
+def _static_address(a) -> bool:
+    """A parameter, or a tensor Dynamo marked as staying where it is (`mark_static_address`:
+    every buffer and parameter of a module it inlines)."""
+    return isinstance(a, torch.nn.Parameter) or (isinstance(a, torch.Tensor)
+                                                 and getattr(a, "_dynamo_static_input_type", None) is not None)
 
 
 def _has_expanded_dims(t: torch.Tensor) -> bool:
