@@ -80,6 +80,19 @@ def _(x): return torch.var(x, dim=(0, 2, 3))
 def _(x, b): return F.gelu(x + b)
 @prog("swiglu_8rows", torch.randn(8, 256), torch.randn(512, 256), torch.randn(512, 256), torch.randn(256, 512))
 def _(x, a, b, c): return F.linear(F.silu(F.linear(x, a)) * F.linear(x, b), c)
+@prog("channel_bias_3x3", torch.randn(64, 128, 3, 3), torch.randn(128))
+def _(x, b): return F.silu(x + b[:, None, None])
+@prog("strided_window_max", torch.randn(8, 64, 32, 32))
+def _(x):
+    """A 3×3 stride-2 maximum written with a pad and strided slices (no pooling op)."""
+    p = F.pad(torch.relu(x), (1, 1, 1, 1), value=float("-inf"))
+    out = p[..., 0:32:2, 0:32:2]
+    for dy in range(3):
+        for dx in range(3):
+            out = torch.maximum(out, p[..., dy:dy + 32:2, dx:dx + 32:2])
+    return out
+@prog("onehot_float", torch.randint(0, 512, (4096,)), torch.randn(4096, 512))
+def _(i, x): return (F.one_hot(i, 512).float() * x).sum(-1)
 
 @prog("alternating_chain", torch.randn(64, 64))
 def _(x):
