@@ -95,8 +95,31 @@ def test_widened_integers_convert_to_float_exactly():
     i = torch.tensor([-2**31, 2**31 - 1, -129, 127, 0, 1, -1, 16777217], dtype=torch.int32)
     b = torch.randint(-128, 128, (8,), dtype=torch.int8)
     x = rand(8)
-    run_cpu(lambda i, b, x: (i.long().float() * x, b.long().double() + x, (x > 0).long().float() * x,
-                             F.one_hot(i.abs().remainder(8).long(), 8).float()), i, b, x)
+    ex = run_cpu(lambda i, b, x: (i.long().float() * x, b.long().double() + x, (x > 0).long().float() * x,
+                                  F.one_hot(i.abs().remainder(8).long(), 8).float()), i, b, x)
+    assert any(re.search(r"\(float\)\(\(int32_t\)\(", k.source) for k in ex.kernels)
+
+
+def _strided_window_max(x):
+    p = F.pad(torch.relu(x), (1, 1, 1, 1), value=float("-inf"))
+    out = p[..., 0:16:2, 0:16:2]
+    for dy in range(3):
+        for dx in range(3):
+            out = torch.maximum(out, p[..., dy:dy + 16:2, dx:dx + 16:2])
+    return out
+
+
+@pytest.mark.parametrize("fn,make", [
+    (_strided_window_max, lambda: (rand(2, 3, 16, 16),)),
+    (lambda x: F.pad(x, (3, 2), value=-1.5)[..., ::2].sum(-1), lambda: (rand(5, 301),)),  # a peeled row reduction
+    (lambda x, i: torch.where(i > 0, F.pad(x, (1, 0))[:, ::3], 0.0).amax(-1) + F.pad(x, (1, 0))[:, ::3].mean(-1),
+     lambda: (rand(7, 200), torch.randint(-2, 3, (7, 67)))),
+])
+def test_strided_masked_loads_are_staged_and_match(fn, make):
+    """A masked load read at a stride keeps GCC from vectorising its loop: it is loaded in a
+    scalar pass first (`loop_plan.staged_loads`), and the results stay eager's."""
+    ex = run_cpu(fn, *make())
+    assert any("tf_staged_" in k.source for k in ex.kernels), [k.source for k in ex.kernels]
 
 
 def test_comparisons_and_logical_ops():

@@ -47,6 +47,14 @@ def test_max_pool2d_nan_and_ties_pick_as_eager():
     check(_pool((3, 1, 1, 1, False)), x, names=["values", "indices"])
 
 
+def test_max_pool2d_window_wholly_outside_the_input_starts_where_eager_does():
+    """Dilation 2 over padding 1 of a 1×1 input: positions -1 and 1 both miss it; eager's
+    index is the window's start stepped into the input (1 per dim: flat 2)."""
+    fn = lambda x: F.max_pool2d(x, 2, 1, padding=1, dilation=2, return_indices=True)  # noqa: E731
+    check(fn, rand(1, 1, 1, 1), names=["values", "indices"])
+    check(fn, rand(2, 3, 2, 3), names=["values", "indices"])
+
+
 @pytest.mark.parametrize("dtype", [BF16, torch.float16])
 def test_max_pool2d_low_precision(dtype):
     check(_pool(CONFIGS[0]), rand(2, 4, 9, 10, dtype=dtype), names=["values", "indices"])
@@ -86,11 +94,11 @@ def test_large_windows_stay_aten():
 # ---------------------------------------------------------------- the C++ backend
 
 
-@pytest.mark.parametrize("config", CONFIGS[:4])
+@pytest.mark.parametrize("config", CONFIGS)
 def test_compiled_max_pool_matches_eager_exactly(config):
     torch._dynamo.reset()
-    fn = lambda x: tuple(_pool(config)(torch.relu(x) - 1))  # noqa: E731
-    x = _special(rand(2, 5, 11, 13))
+    fn = lambda x: tuple(_pool(config)(x * 2 - 1))  # noqa: E731
+    x = _special(rand(2, 5, 11, 13))  # (ties, NaNs, windows of -inf only)
     expected = fn(x)
     actual = torch.compile(fn, backend="tilefuse", options={"target": "cpu"})(x)
     torch.testing.assert_close(actual[0], expected[0], equal_nan=True, rtol=0, atol=0)

@@ -280,3 +280,26 @@ def test_a_modulo_by_a_negative_number_is_bounded_by_its_sign():
         simplified = simplify_index(e, {Y: 10})
         for y in range(10):
             assert evaluate(simplified, {Y: y}) == evaluate(e, {Y: y}), (e, simplified, y)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 7), st.integers(1, 7), st.integers(1, 9), st.integers(-500, 500), st.integers(0, 4))
+def test_unravelled_blocks_recombine_and_nested_quotients_divide_once(d, e, m, xv, c):
+    """`c*Mod(x, d) + c*d*Mod(x // d, m)` is `c*Mod(x, d*m)`, and `x // d // e` is `x // (d*e)`,
+    negative x included; a contiguous block unravelled dim by dim becomes its flat index."""
+    exprs = [c * mod(X, d) + c * d * mod(floordiv(X, d), m), floordiv(floordiv(X, d), e),
+             mod(floordiv(floordiv(X, d), e), m) + 3 * mod(X, d)]
+    for expr in exprs:
+        s = simplify_index(expr, {})
+        assert evaluate(expr, {X: xv}) == evaluate(s, {X: xv}), (expr, s, xv)
+    assert simplify_index(c * mod(X, d) + c * d * mod(floordiv(X, d), m), {}) == c * mod(X, d * m)
+    flat = 1152 * floordiv(X, 1152) + mod(X, 3) + 9 * mod(floordiv(floordiv(X, 3), 3), 128) + 3 * mod(floordiv(X, 3), 3)
+    assert simplify_index(flat, {X: 64 * 1152}) == X
+
+
+def test_a_float_scaled_quotient_keeps_both_divisions():
+    """`floor(0.7*s) // 7` is not `floor(0.1*s)` in floating point (s = 10: 1, not 0)."""
+    s = sympy.Symbol("s0", integer=True, positive=True)
+    from tilefuse.ir.symbolic import Floor
+    e = floordiv(Floor(sympy.Float(0.7) * s), 7)
+    assert simplify_index(e, {}).has(sympy.Float) and evaluate(simplify_index(e, {}), {s: 10}) == 1

@@ -355,9 +355,10 @@ def _simplify_index(expr: sympy.Expr, ranges: dict) -> sympy.Expr:
             return fold_mod_complement(e)
         if isinstance(e, sympy.floor):
             num, den = e.args[0].as_numer_denom()
-            if isinstance(num, sympy.floor) and den.is_Integer and int(den) > 0:
+            if isinstance(num, sympy.floor) and den.is_Integer and int(den) > 0 and not num.has(sympy.Float):
                 # floor(floor(y) / d) == floor(y / d) for a positive integer d: an index
-                # unravelled dim by dim divides once (`x // 28 // 28` is `x // 784`)
+                # unravelled dim by dim divides once (`x // 28 // 28` is `x // 784`); not for a
+                # float-scaled y (`floor(0.7*s) // 7`), whose double rounding would change
                 return Floor(num.args[0] / den)
             if not den.is_Integer and den.is_positive:
                 # symbolic divisor: (q*den + r) // den == q when r is a symbol ranging over den
@@ -447,8 +448,8 @@ def _recombine_nested_mod(e):
     """c*Mod(a, d) + c*d*Mod(floor(a/d), m) -> c*Mod(a, d*m) for positive integers d, m: the
     offset of an element of a contiguous block unravelled dim by dim (`x % 3 + 3*(x // 3 % 3)`
     is `x % 9`), which `_recombine_divmod` then folds with the block's own quotient."""
-    if not e.is_Add or not e.has(sympy.Mod):
-        return e
+    if not e.is_Add or not e.has(sympy.Mod) or e.has(sympy.Float):
+        return e  # (a float-scaled size rounds differently once its divisors are merged)
     terms = list(sympy.Add.make_args(e))
 
     def split(t):

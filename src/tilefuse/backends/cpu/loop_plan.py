@@ -369,8 +369,12 @@ class _Planner:
         become branches (a 3×3 max-pool window over a padded input, stride 2: 3.7 ms where the
         vectorised loop takes 0.5). The unmasked ones go too, since GCC sinks a load under the
         selects that read it and then masks it. Loaded in a scalar pass of their own (index
-        arithmetic beside them), they leave the row loop vectorisable. Nothing is staged when
-        an input carries state (an `Assign`, a reduction) or nothing else would be left."""
+        arithmetic beside them), they leave the row loop vectorisable. Nothing is staged in a
+        nest that updates a carried value (an `Assign`) or stores to a buffer a staged load
+        reads, when an input is a reduction, or when nothing else would be left."""
+        if any(isinstance(st.stmt, Assign) for st in steps):
+            return (), ()  # (a carried value the staged pass would read before its update)
+        stored = {st.stmt.buffer for st in steps if isinstance(st.stmt, StoreTile)}
         loads, masked = [], False
         for st in steps:
             s = st.stmt
@@ -379,8 +383,8 @@ class _Planner:
                 if strides is None or strides[1] not in (0, 1):
                     loads.append(s)
                     masked = masked or s.mask is not None
-        if not masked:
-            return (), ()
+        if not masked or any(s.buffer in stored for s in loads):
+            return (), ()  # (nor a load of what the row stores: the pass would read it first)
         defs = {defines(s): s for s in remat}
         for st in steps:
             name = defines(st.stmt)
@@ -399,7 +403,7 @@ class _Planner:
         staged_ids = {id(s) for s in loads}
         inputs = tuple(s for s in order if id(s) in need and id(s) not in staged_ids)
         roles = {id(st.stmt): st.role for st in steps}
-        if any(isinstance(s, (Assign, ReduceTile, ArgReduceTile)) or roles.get(id(s), "value") != "value"
+        if any(isinstance(s, (ReduceTile, ArgReduceTile)) or roles.get(id(s), "value") != "value"
                for s in inputs):
             return (), ()
         if len(steps) <= len(loads) + len([s for s in inputs if id(s) in roles]):

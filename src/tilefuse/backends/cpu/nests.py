@@ -126,7 +126,8 @@ class NestPrinter:
             elif step.role == "value":
                 array = p.ref(s.name) if step.stored else None
                 if s.name in staged:
-                    self.emit(f"const {ctype(self.sh.dtype[s.name])} {s.name}_v = {staged[s.name]}[{j}];", ind)
+                    self.emit(f"const {ctype(self.sh.dtype[s.name])} {s.name}_v = "
+                              f"({ctype(self.sh.dtype[s.name])})({staged[s.name]}[{j}]);", ind)
                 else:
                     for line in self.body_lines(s, p, target=f"{s.name}_v"):
                         self.emit(line, ind)
@@ -152,8 +153,9 @@ class NestPrinter:
         (`Planner.staged_loads`) into lane arrays, computing only what their masks and
         offsets need."""
         d1, (i, j) = g.shape[1], loops
-        for s in g.staged:
-            self.emit(f"alignas(64) {ctype(self.sh.dtype[s.name])} {staged[s.name]}[{d1}];", ind)
+        for s in g.staged:  # (bool arrays as bytes, as `codegen` declares them)
+            t = "uint8_t" if self.sh.dtype[s.name].is_bool else ctype(self.sh.dtype[s.name])
+            self.emit(f"alignas(64) {t} {staged[s.name]}[{d1}];", ind)
         self.emit(f"for (int64_t {j} = {start}; {j} < {stop}; ++{j}) {{", ind)
         scope: set[str] = set()
         p = self.at((i, j), scope)

@@ -6,10 +6,11 @@ outermost), a position outside the input (padding, a ceil-mode window past the e
 off. The value and the index follow ATen's CPU and CUDA kernels exactly: a position is taken
 when its value is greater than the running maximum or is NaN (so the last NaN of a window
 wins, and of equal maxima the first); the running maximum starts at -inf and the index at the
-window's first position inside the input, which is what a window of -inf values returns:
-so the index is the first position holding the maximum, or the last NaN. The
-index is the flat position within the input's spatial plane, as ATen's is (its backward,
-`max_pool2d_with_indices_backward`, stays ATen's op and reads these indices).
+window's start stepped into the input by the dilation, which is what a window of -inf values
+(or one wholly outside the input) returns: so the index is the first position holding the
+maximum, or the last NaN. The index is the flat position within the input's spatial plane, as
+ATen's is (its backward, `max_pool2d_with_indices_backward`, stays ATen's op and reads these
+indices).
 
 Both results are pointwise values of the output's shape: the index is computed only where
 something reads it (inference graphs drop it), and the two fuse with what produces the input
@@ -62,15 +63,31 @@ def _lower(n: int, with_indices: bool):
         compute = dt.compute_dtype(x.dtype) if x.dtype.is_float else x.dtype
         lowest = const(float("-inf") if x.dtype.is_float else _int_min(x.dtype), compute)
 
-        def window(idx):
-            """Per position in ATen's order: (inside the input, flat index in the plane, value)."""
+        def coordinates(idx) -> list:
+            """Per spatial dim, the window's input coordinates in order."""
             out_pos = [idx[lead + d].expr if isinstance(idx[lead + d], Index) else None for d in range(n)]
             if any(p is None for p in out_pos):
                 raise Unsupported("max pool over a computed output index")
+            return [[out_pos[d] * stride[d] - padding[d] + k * dilation[d] for k in range(kernel[d])]
+                    for d in range(n)]
+
+        def start_index(idx) -> Expr:
+            """ATen's index before any position is taken: per dim, the window's first coordinate
+            that is not negative (its start stepped by the dilation), flattened."""
+            flat = None
+            for d, coords in enumerate(coordinates(idx)):
+                first = Index(coords[-1])
+                for c in reversed(coords[:-1]):
+                    first = Where(Binary("ge", Index(c), const(0), dt.bool_), Index(c), first, dt.int64)
+                flat = first if flat is None else Binary("add", Binary("mul", flat, ix(sizes[d]), dt.int64),
+                                                          first, dt.int64)
+            return flat
+
+        def window(idx):
+            """Per position in ATen's order: (inside the input, flat index in the plane, value)."""
             positions = [[]]
-            for d in range(n):
-                starts = out_pos[d] * stride[d] - padding[d]
-                positions = [p + [starts + k * dilation[d]] for p in positions for k in range(kernel[d])]
+            for coords_d in coordinates(idx):
+                positions = [p + [c] for p in positions for c in coords_d]
             for coords in positions:
                 inside = None
                 for d, c in enumerate(coords):
@@ -89,12 +106,13 @@ def _lower(n: int, with_indices: bool):
                 m = Binary("maximum", m, v, compute)
             return m
 
-        def argmax(positions, m: Expr) -> Expr:
+        def argmax(positions, m: Expr, start: Expr) -> Expr:
             """The flat index of `m` in the window, as ATen's kernels take it (a position
             replaces the running one when greater or NaN): the first position holding the
-            maximum, or the last NaN where the maximum is NaN. (Chained against the final
-            maximum, not the running one, which would double the expression per position.)"""
-            first = positions[0][1]
+            maximum, or the last NaN where the maximum is NaN, or `start` where no position
+            is taken. (Chained against the final maximum, not the running one, which would
+            double the expression per position.)"""
+            first = start
             for inside, flat, v in reversed(positions):
                 hit = Binary("logical_and", inside, Binary("eq", v, m, dt.bool_), dt.bool_)
                 first = Where(hit, flat, first, dt.int64)
@@ -112,7 +130,7 @@ def _lower(n: int, with_indices: bool):
 
         def index(idx):
             positions = list(window(idx))
-            return argmax(positions, maximum(positions))
+            return argmax(positions, maximum(positions), start_index(idx))
 
         indices = pointwise(ctx, meta_shape(ctx, 1), meta_dtype(ctx, 1), index)
         return values, indices
