@@ -31,6 +31,7 @@ BAD_AND_GOOD = {
     "graph_cache": ("sometimes", ("off", False)),
     "cuda_graphs": ("2", ("on", True)),
     "generated_wrapper": ("maybe", ("0", False)),
+    "kernel_runs": ("perhaps", ("off", False)),
     "persistent_reduction_limit": ("4194304", ("1024", 1024)),
     "flash_config": ("64,64,4", ("64,32,4,2", "64,32,4,2")),
     "flash_split": ("-1", ("4", 4)),

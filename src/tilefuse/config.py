@@ -202,6 +202,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "from a compiled graph's second call with a set of sizes, calls with those sizes run a "
          "generated straight-line function (allocations, launches with their arguments in place); off: "
          "every call walks the graph's steps (TILEFUSE_LOGS=runtime prints each function)"),
+    Knob("kernel_runs", bool, True,
+         "on the CPU, a generated call launches consecutive C++ kernels with one native call, in one "
+         "parallel region with a barrier between kernels (`fast_call.run_steps`); off: one call per kernel"),
     Knob("graph_cache", bool, True,
          "a graph compiled before (same FX graph, input layouts, knobs, versions, device) is loaded from "
          "the disk cache instead of compiled again"),

@@ -39,7 +39,7 @@ FORMAT = 1
 #: failure is reported, how many threads build it)
 NOT_IN_KEY = frozenset({"logs", "debug_dir", "cache_dir", "cache_lock_timeout", "cache_max_bytes",
                          "compile_threads", "fallback", "verify", "graph_cache", "cuda_graphs",
-                         "generated_wrapper"})
+                         "generated_wrapper", "kernel_runs"})
 
 _caches: dict[str, DiskCache] = {}
 

@@ -17,6 +17,10 @@ from tilefuse.backends import cpu
 from tilefuse.backends.cpu import toolchain
 from tilefuse.passes.unroll_reductions import UNROLL_MAX
 
+#: what starts a kernel's range function (its body: the entry after it only spreads its programs)
+RANGE_ATTRIBUTE = "__attribute__((noinline))"
+RANGE_FUNCTION = 'extern "C" void ' + RANGE_ATTRIBUTE
+
 pytestmark = pytest.mark.skipif(cpu.find_compiler() is None, reason="no C++ compiler")
 
 
@@ -335,7 +339,7 @@ def test_operands_read_in_place_without_a_register_block_are_copied_from_the_buf
     ex = run_cpu(attention, *(rand(1, 2, 128, 32) for _ in range(3)))
     flash = next(x for x in ex.kernels if x.kind == "flash")
     src = flash.source.split('extern "C" void')[1]
-    assert src.startswith(f" {flash.name}(") and "tf_dot_ikj<" in src and "tf_dot_rb" not in src, src
+    assert src.startswith(f" {RANGE_ATTRIBUTE} {flash.name}__programs(") and "tf_dot_ikj<" in src and "tf_dot_rb" not in src, src
     run_cpu(lambda x, y: torch.relu(x @ y), rand(128, 96), rand(96, 128), matmul="generated")
 
 
@@ -604,7 +608,7 @@ def test_vector_math_within_its_ulp_bound(op, ulps, ranges):
 def _arrays(src: str) -> list:
     import re
 
-    return re.findall(r"alignas\(64\) (?:float|uint8_t) (\w+)\[", src.split('extern "C" void')[-1])
+    return re.findall(r"alignas\(64\) (?:float|uint8_t) (\w+)\[", src.split(RANGE_FUNCTION)[-1])
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
@@ -871,7 +875,7 @@ def test_a_row_a_bound_mask_cuts_runs_unmasked_up_to_its_first_masked_lane(cols)
     of exp and sums of a row's values, against fp64."""
     x = rand(37, cols) * 4
     ex = run_cpu(lambda x: x.logsumexp(-1) + x.mean(-1) * 0.1, x)
-    src = "\n".join(k.source.split('extern "C"')[-1] for k in ex.kernels)
+    src = "\n".join(k.source.split(RANGE_FUNCTION)[-1] for k in ex.kernels)
     assert "tf_jw = tf_clamp_lanes(" in src and "tf_jo < tf_jw" in src and "tf_jo = tf_jw" in src, src[-4000:]
     unmasked = src.split("tf_jo < tf_jw")[1].split("tf_jo = tf_jw")[0]
     assert "(true) ?" in unmasked and "_v) ? (float)(ptr_" not in unmasked, unmasked

@@ -379,7 +379,7 @@ def test_cpu_kernels_launch_through_the_fast_call():
 def test_without_the_fast_call_kernels_launch_through_ctypes(monkeypatch):
     from tilefuse.backends.cpu import fast_call
 
-    monkeypatch.setattr(fast_call, "_state", {"launch": None})
+    monkeypatch.setattr(fast_call, "_state", {"module": None})
     source = _generated_source(6, 19, seed=22)
     assert ".data_ptr()" not in source and "b['x']" in source
 

@@ -104,6 +104,10 @@ def generate(cg, env: dict, records: list):
     guards = _unique(r.guard for r in inlined)
     setups = _unique(r.setup for r in inlined)
     streams = _unique(r.stream for r in inlined)
+    allocations = _allocations(cg, env)
+    reuse = _reuse(cg, allocations)
+    runs = _plan_runs(cg, records, allocations, reuse)
+    entry_checks = [c for run in runs.values() for c in run.entry_checks]
     if guards:
         src.emit("if not (" + " and ".join(f"{src.name_of(g, 'g')}()" for g in guards) + "):")
         src.emit("return None", 2)
@@ -120,16 +124,25 @@ def generate(cg, env: dict, records: list):
         src.emit(f"b[{name!r}] = {value}")
     for name, target in cg.in_place.items():
         src.emit(f"b[{name!r}] = b[{target!r}]")
+    if entry_checks:  # (nothing has run yet: the general way can take the call)
+        src.emit("if not (" + " and ".join(entry_checks) + "):")
+        src.emit("return None", 2)
     src.names.update(empty_strided=torch.empty_strided, device=cg.device, Tensor=torch.Tensor,
                      num_threads=torch.get_num_threads, reinterpret=_reinterpret)
-    allocations = _allocations(cg, env)
-    reuse = _reuse(cg, allocations)
     reused = set(reuse.values())  # popped where their memory is taken, not where they die
     layouts: dict = {}  # name -> strides, of what this function allocates
     for k, step in enumerate(cg.steps):
         record = records[k]
+        run = runs.get(k)
+        if run is not None and k == run.first and run.arena_bytes:
+            src.emit(f"arena = empty_strided(({run.arena_bytes},), (1,), dtype={src.name_of(torch.uint8, 'd')}, "
+                     f"device=device)  # {len(run.internal)} buffers of the run below")
+            src.emit("a = arena.data_ptr()")
         if hasattr(step, "launch"):
             for name in step.writes:
+                if run is not None and name in run.internal:
+                    layouts[name] = allocations[name][1]
+                    continue
                 if name not in cg.inputs:
                     shape, strides, dtype = allocations[name]
                     layouts[name] = strides
@@ -145,6 +158,8 @@ def generate(cg, env: dict, records: list):
             general = f"{src.name_of(step.launch, 'launch')}(b, env)"
             if record is SKIP:
                 src.emit(f"# {step.name}: nothing to compute for these sizes")
+            elif run is not None:
+                run.add(src, record)
             elif isinstance(record, InlineCall):
                 checks = _checks(record, layouts, cg.constants)
                 call = _direct_call(record, src) or \
@@ -160,6 +175,13 @@ def generate(cg, env: dict, records: list):
                 src.emit(f"{general}  # {step.name}")
         elif not _emit_extern(src, cg, step, env):
             src.emit(f"cg._extern({src.name_of(step, 'step')}, b, env)  # {step.name}")
+        if run is not None:  # a run's buffers live until it has run (their memory is not reused)
+            run.dead.extend(name for name in cg.free_after[k] if name not in reused and name not in run.internal)
+            if k == run.last:
+                run.emit(src)
+                for name in run.dead:
+                    src.emit(f"b.pop({name!r}, None)")
+            continue
         for name in cg.free_after[k]:
             if name not in reused:
                 src.emit(f"b.pop({name!r}, None)")
@@ -324,6 +346,11 @@ def _argument(a, src: _Source, stream_names: dict, record: InlineCall) -> str:
 def _checks(record: InlineCall, layouts: dict, constants: dict) -> list:
     """The conditions under which `record`'s call is valid, for the buffers this function
     cannot vouch for."""
+    return [condition for _, condition in _checked(record, layouts, constants)]
+
+
+def _checked(record: InlineCall, layouts: dict, constants: dict) -> list:
+    """`_checks` as (buffer name, condition) pairs."""
     checks = []
     for name, expect in record.expects.items():
         if name in layouts:  # allocated here: its strides are written out, its base aligned
@@ -332,10 +359,171 @@ def _checks(record: InlineCall, layouts: dict, constants: dict) -> list:
         elif name in constants:  # the same tensor every call
             continue
         if expect.strides is not None:
-            checks.append(f"b[{name!r}].stride() == {tuple(expect.strides)!r}")
+            checks.append((name, f"b[{name!r}].stride() == {tuple(expect.strides)!r}"))
         if expect.aligned:
-            checks.append(f"b[{name!r}].data_ptr() % 16 == 0")
+            checks.append((name, f"b[{name!r}].data_ptr() % 16 == 0"))
     return checks
+
+
+#: most bytes of buffers a run of kernels keeps alive past their last use (they die at its end)
+RUN_HELD_MAX_BYTES = 4 << 20
+
+
+class _Run:
+    """Consecutive C++ kernels launched by one `fast_call.run_steps` call: each launch adds its
+    step and takes its buffers' pointers where it stands (a buffer may die or lend its memory
+    to a later one before the run ends); the call comes after the last, then the buffers that
+    died within it are dropped."""
+
+    def __init__(self, runner, first: int, last: int, entry_checks: list):
+        self.runner, self.first, self.last, self.entry_checks = runner, first, last, entry_checks
+        self.internal: dict = {}  # buffer only the run's kernels use -> its offset in the run's arena
+        self.arena_bytes = 0
+        self.steps: list = []  # (range fn, sizes, grid, programs, parallel, first slot, count)
+        self.slots: list = []
+        self.pointers: dict = {}  # buffer name -> its position among the call's pointers
+        self.dead: list = []
+        self.labels: list = []
+
+    def add(self, src: _Source, record: InlineCall) -> None:
+        step = record.call.step()
+        src.name_of(record.call, "keep")  # (holds the arrays whose addresses are in the steps)
+        first = len(self.slots)
+        for a in record.args:
+            position = self.pointers.get(a.name)
+            if position is None:
+                position = self.pointers[a.name] = len(self.pointers)
+                if a.name in self.internal:
+                    offset = self.internal[a.name]
+                    src.emit(f"p{position} = a + {offset}" if offset else f"p{position} = a")
+                else:
+                    src.emit(f"p{position} = b[{a.name!r}].data_ptr()")
+            self.slots.append(position)
+        self.steps.append((step, first, len(record.args)))
+        self.labels.append(record.label)
+
+    def emit(self, src: _Source) -> None:
+        """The run's call. Its threads are woken once: where any kernel would spread over
+        threads on its own, or all of them together touch more than a serial kernel may
+        (`SERIAL_MAX_BYTES`), every kernel of more than one program shares its programs out
+        (the barrier after each is paid either way); else the run stays on the calling thread."""
+        import ctypes
+
+        from ..backends.cpu.fast_call import Step
+        from ..backends.cpu.launcher import SERIAL_MAX_BYTES
+
+        threaded = any(step.threaded for step, _, _ in self.steps) or \
+            sum(step.nbytes for step, _, _ in self.steps) > SERIAL_MAX_BYTES
+        table = (Step * len(self.steps))(*[
+            Step(step.fn, step.sizes, step.grid, step.programs, threaded and step.programs > 1, first, count, 0)
+            for step, first, count in self.steps])
+        slots = (ctypes.c_int64 * len(self.slots))(*self.slots)
+        src.name_of(table, "keep")
+        src.name_of(slots, "keep")
+        widest = max((step.programs for step, _, _ in self.steps), default=1) if threaded else 1
+        threads = "1" if widest <= 1 else f"min(num_threads(), {int(widest)})"
+        pointers = ", ".join(f"p{k}" for k in range(len(self.pointers)))
+        src.emit(f"{src.name_of(self.runner, 'run')}({ctypes.addressof(table)}, {len(self.steps)}, "
+                 f"{ctypes.addressof(slots)}, {threads}, {pointers})  # {', '.join(self.labels)}")
+
+
+def _plan_runs(cg, records: list, allocations: dict, reuse: dict) -> dict:
+    """step index -> its `_Run`, for the runs of at least two consecutive C++ launches that can
+    be steps (`_InlineLaunch.step`); an ATen call, a kernel that launches another way, a check
+    on a buffer that exists only as the call runs, or the run's limits (pointers, slots, bytes
+    held past their last use) end a run. A run's checks on the inputs move to the call's entry
+    (a failed one sends the call the general way, before anything ran)."""
+    from ..backends.cpu.fast_call import MAX_POINTERS, MAX_SLOTS, steps_runner
+
+    from ..config import config
+
+    if not config.kernel_runs:
+        return {}
+    runner = steps_runner() if any(_step_of(r) is not None for r in records) else None
+    if runner is None:
+        return {}
+    layouts = {name: allocation[1] for name, allocation in allocations.items()}
+    at_entry = {name for name, _, _ in cg.input_slots} | set(cg.in_place) | set(cg.constants)
+    runs: dict = {}
+    current: list = []  # step indices of the run being gathered
+    state = {"checks": [], "names": set(), "slots": 0, "held": 0, "launches": 0}
+
+    def close():
+        if state["launches"] >= 2:
+            run = _Run(runner, current[0], current[-1], state["checks"])
+            _place_internal(run, cg, current, allocations, reuse)
+            for k in current:
+                runs[k] = run
+        current.clear()
+        state.update(checks=[], names=set(), slots=0, held=0, launches=0)
+
+    for k, step in enumerate(cg.steps):
+        record = records[k]
+        if hasattr(step, "launch") and record is SKIP:
+            if current:
+                current.append(k)
+            continue
+        found = _step_of(record) if hasattr(step, "launch") else None
+        checks = _checked(record, layouts, cg.constants) if found is not None else []
+        if found is None or not all(name in at_entry for name, _ in checks):
+            close()
+            continue
+        names = {a.name for a in record.args}
+        if (len(state["names"] | names) > MAX_POINTERS or state["slots"] + len(record.args) > MAX_SLOTS):
+            close()
+        current.append(k)
+        state["checks"].extend(condition for _, condition in checks)
+        state["names"] |= names
+        state["slots"] += len(record.args)
+        state["launches"] += 1
+        state["held"] += sum(_bytes(allocations[name]) for name in cg.free_after[k] if name in allocations)
+        if state["held"] > RUN_HELD_MAX_BYTES:
+            close()
+    close()
+    return runs
+
+
+#: most bytes of one run's arena (`_place_internal`)
+RUN_ARENA_MAX_BYTES = 4 << 20
+#: an arena's buffers start at multiples of this (the allocator's own alignment)
+ARENA_ALIGN = 64
+
+
+def _place_internal(run: _Run, cg, steps: list, allocations: dict, reuse: dict) -> None:
+    """The buffers only the run's kernels use (allocated here, no output, no memory lent or
+    borrowed) go into one allocation for the run, the arena, each at its own offset: one
+    allocation per run instead of one per buffer, and no tensor object for them at all."""
+    inside = set(steps)
+    users: dict = {}
+    for k, step in enumerate(cg.steps):
+        for name in (*getattr(step, "writes", ()), *step.reads):
+            users.setdefault(name, set()).add(k)
+    shared = set(reuse) | set(reuse.values()) | set(cg.in_place) | set(cg.in_place.values())
+    outputs = {out for out in cg.graph.outputs if isinstance(out, str)}
+    offset = 0
+    for k in steps:
+        for name in getattr(cg.steps[k], "writes", ()):
+            if (name in run.internal or name not in allocations or name in shared or name in outputs
+                    or not users.get(name, set()) <= inside):
+                continue
+            size = -(-_bytes(allocations[name]) // ARENA_ALIGN) * ARENA_ALIGN
+            if offset + size > RUN_ARENA_MAX_BYTES:
+                continue
+            run.internal[name] = offset
+            offset += size
+    run.arena_bytes = offset
+
+
+def _step_of(record):
+    """What `record`'s launch offers as a step of a run (`_InlineLaunch.step`), or None."""
+    if not isinstance(record, InlineCall) or not all(isinstance(a, Buf) for a in record.args):
+        return None
+    step = getattr(record.call, "step", None)
+    return step() if step is not None else None
+
+
+def _bytes(allocation) -> int:
+    return _footprint(allocation)[0]
 
 
 __all__ = ["generate", "plannable"]

@@ -1,8 +1,11 @@
-"""Tile IR → C++ source: one `extern "C"` function per kernel, printed from its loop plan.
+"""Tile IR → C++ source: two `extern "C"` functions per kernel, printed from its loop plan.
 
 `loop_plan.plan_kernel` decides how the kernel runs (its loop nests, what stays in registers,
-what is recomputed, how each `dot` reads its operands); this module only spells that plan: the
-grid as an OpenMP-parallel loop over programs, the per-program declarations, and each planned
+what is recomputed, how each `dot` reads its operands); this module only spells that plan: a
+function running a range of the grid's programs on the calling thread (`<name>__programs`,
+what a graph's run of kernels calls from its one parallel region: `fast_call.run_steps`), the
+kernel's own entry spreading its programs over OpenMP threads through it, the per-program
+declarations, and each planned
 item in order — a loop nest (`nests.py`), a `dot` (the register-blocked micro-kernel or the
 plain loop of `dot.py`), a `For`, or a statement on its own. Each kind of statement has one
 handler (`_SINGLE` on its own, `_ELEMENT` for one element inside a nest). An index check
@@ -325,8 +328,11 @@ class CppPrinter(NestPrinter):
             body = self.lines
         self.lines = []
         out = []
-        out.append(f'extern "C" void {k.name}(void* const* tf_ptrs, const int64_t* tf_sizes, '
-                   f'const int64_t* tf_grid, int32_t tf_threads) {{')
+        # The programs [tf_begin, tf_end) on the calling thread: what a graph's run of kernels
+        # (`fast_call`'s `run_steps`) calls inside its one parallel region; the kernel's own
+        # entry below spreads its programs over threads through it.
+        out.append(f'extern "C" void __attribute__((noinline)) {k.name}{RANGE_SUFFIX}(void* const* tf_ptrs, '
+                   f'const int64_t* tf_sizes, const int64_t* tf_grid, int64_t tf_begin, int64_t tf_end) {{')
         for name, v in k.constexprs.items():
             out.append(f"  constexpr int64_t {name} = {int(v)};")
         nb = 0
@@ -342,10 +348,9 @@ class CppPrinter(NestPrinter):
             if q.kind == "size":
                 out.append(f"  const int64_t {q.name} = tf_sizes[{ns}];")
                 ns += 1
-        out.append("  (void)tf_sizes; (void)tf_threads;")
-        out.append("  const int64_t tf_g0 = tf_grid[0], tf_g1 = tf_grid[1], tf_n = tf_grid[0] * tf_grid[1] * tf_grid[2];")
-        out.append("  #pragma omp parallel for schedule(guided) num_threads(tf_threads) if(tf_n > 1 && tf_threads > 1)")
-        out.append("  for (int64_t tf_p = 0; tf_p < tf_n; ++tf_p) {")
+        out.append("  (void)tf_sizes;")
+        out.append("  const int64_t tf_g0 = tf_grid[0], tf_g1 = tf_grid[1];")
+        out.append("  for (int64_t tf_p = tf_begin; tf_p < tf_end; ++tf_p) {")
         out.append("    const int64_t tf_pid0 = tf_p % tf_g0, tf_pid1 = (tf_p / tf_g0) % tf_g1, tf_pid2 = tf_p / (tf_g0 * tf_g1);")
         out.append("    (void)tf_pid0; (void)tf_pid1; (void)tf_pid2;")
         self.declarations(2)
@@ -353,6 +358,16 @@ class CppPrinter(NestPrinter):
         out.append("    {")
         out.extend(body)
         out.append("    }")
+        out.append("  }")
+        out.append("}")
+        out.append(f'extern "C" void {k.name}(void* const* tf_ptrs, const int64_t* tf_sizes, '
+                   f'const int64_t* tf_grid, int32_t tf_threads) {{')
+        out.append("  const int64_t tf_n = tf_grid[0] * tf_grid[1] * tf_grid[2];")
+        out.append("  if (tf_n > 1 && tf_threads > 1) {")
+        out.append("    #pragma omp parallel for schedule(guided) num_threads(tf_threads)")
+        out.append(f"    for (int64_t tf_p = 0; tf_p < tf_n; ++tf_p) {k.name}{RANGE_SUFFIX}(tf_ptrs, tf_sizes, tf_grid, tf_p, tf_p + 1);")
+        out.append("  } else {")
+        out.append(f"    {k.name}{RANGE_SUFFIX}(tf_ptrs, tf_sizes, tf_grid, 0, tf_n);")
         out.append("  }")
         out.append("}")
         return "\n".join(out) + "\n"
@@ -368,6 +383,10 @@ _SINGLE = {ProgramId: CppPrinter._program_id, Arange: CppPrinter._arange, Commen
 #: statement -> the C++ of one of its elements
 _ELEMENT = {StoreTile: CppPrinter._store, Check: CppPrinter._check_element, Assign: CppPrinter._assign,
             Let: CppPrinter._let, BroadcastTile: CppPrinter._let, Full: CppPrinter._full, LoadTile: CppPrinter._load}
+
+
+#: the suffix of a kernel's function that runs a range of its programs on the calling thread
+RANGE_SUFFIX = "__programs"
 
 
 _FAIL = r"""
@@ -388,4 +407,4 @@ def generate(kernel: TileKernel) -> str:
     return _prelude(any(p.plan.check_ids for p in printers)) + "".join(functions)
 
 
-__all__ = ["generate", "CppUnsupported", "round_to"]
+__all__ = ["generate", "CppUnsupported", "round_to", "RANGE_SUFFIX"]

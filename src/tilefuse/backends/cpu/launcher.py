@@ -37,6 +37,7 @@ import sys
 import threading
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import NamedTuple
 
 import torch
 
@@ -50,6 +51,7 @@ from ..size_cache import SizeCache, size_key
 from ...ir.bounds import index_error
 from ...tile.ir import DotTile, TileKernel, check_message, checks_of, statements
 from . import fast_call, toolchain
+from .codegen import RANGE_SUFFIX
 
 _lock = threading.Lock()
 # build key -> the library (being) built, while a kernel (or the build itself) holds it: a
@@ -171,6 +173,7 @@ class CppKernel:
         self.source = source
         self._library = library_future(source)  # built in the background
         self._fn = None
+        self._range = None  # the address of its `<name>__programs`, once loaded
         self.buffers = [p.name for p in kernel.params if p.kind == "buffer"]
         self.sizes = []  # ("stride", buffer, dim) | ("size", name, None)
         for p in kernel.params:
@@ -207,6 +210,10 @@ class CppKernel:
             fn = self._library.result()[self.kernel.name]
             fn.restype = None
             fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32]
+            try:  # (its address only: `fast_call.run_steps` calls it)
+                self._range = ctypes.cast(self._library.result()[self.kernel.name + RANGE_SUFFIX], ctypes.c_void_p).value
+            except AttributeError:
+                self._range = None
             self._fn = fn
         return self
 
@@ -247,6 +254,8 @@ class CppKernel:
             call.checks, call.env, call.kernel_name = self.checks, dict(env), self.kernel.name
         else:
             call = _InlineLaunch(self.fn, self._ptrs_array, sizes, grid, programs, advised)
+            call.range_fn, call.grid_programs = self._range, shape[3]
+            call.work_bytes = sum(buffers[name].nbytes for name in self.buffers)
         return InlineCall(call, tuple(Buf(name) for name in self.buffers), expects, label=self.kernel.name)
 
     def __call__(self, buffers: dict, env: dict) -> None:
@@ -285,15 +294,28 @@ class CppKernel:
             raise index_error(check.error, f"{check_message(check, env)} (kernel {self.kernel.name})")
 
 
+class RunStep(NamedTuple):
+    """A launch as a step of a run of kernels (`runtime.straight_line`, `fast_call.run_steps`)."""
+
+    fn: int  # the address of the kernel's `<name>__programs`
+    sizes: int  # the address of its packed size arguments
+    grid: int  # the address of its grid
+    programs: int  # the grid's programs
+    threaded: bool  # whether the launch on its own would spread over threads
+    nbytes: int  # the bytes of the buffers it reads and writes
+
+
 class _InlineLaunch:
     """A kernel's launch with its sizes, strides and grid packed: called with the buffers.
     Through the fast call (`fast_call`) where it could be built, else through ctypes."""
 
-    __slots__ = ("fn", "ptrs", "sizes", "grid", "programs", "advised", "fast", "addresses")
+    __slots__ = ("fn", "ptrs", "sizes", "grid", "programs", "advised", "fast", "addresses", "range_fn",
+                 "grid_programs", "work_bytes")
 
     def __init__(self, fn, ptrs, sizes, grid, programs: int, advised: tuple):
         self.fn, self.ptrs, self.sizes, self.grid = fn, ptrs, sizes, grid
         self.programs, self.advised = programs, advised
+        self.range_fn, self.grid_programs, self.work_bytes = None, programs, 0
         self.fast = fast_call.launcher()
         # (the kernel's function, its sizes and grid arrays, which this launch keeps alive)
         self.addresses = (ctypes.cast(fn, ctypes.c_void_p).value, ctypes.addressof(sizes), ctypes.addressof(grid))
@@ -314,6 +336,15 @@ class _InlineLaunch:
             return None
         return self.fast, self.addresses, self.programs
 
+    def step(self):
+        """This launch as one step of a `fast_call.run_steps` call (the arrays whose addresses
+        it gives stay alive with this launch): a `RunStep`; None: it cannot be one (no range
+        function, pages to advise, no extension)."""
+        if self.range_fn is None or self.direct() is None:
+            return None
+        return RunStep(self.range_fn, self.addresses[1], self.addresses[2], int(self.grid_programs),
+                       self.programs > 1, int(self.work_bytes))
+
 
 class _CheckedLaunch(_InlineLaunch):
     """An inline launch of a kernel with index checks: the error word is the call's own (a
@@ -323,6 +354,9 @@ class _CheckedLaunch(_InlineLaunch):
     __slots__ = ("checks", "env", "kernel_name")
 
     def direct(self):
+        return None
+
+    def step(self):
         return None
 
     def __call__(self, *tensors) -> None:
