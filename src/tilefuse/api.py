@@ -269,6 +269,7 @@ def _from_front_cache(front: str, gm: torch.fx.GraphModule, settings: dict):
     report.stage_seconds["front cache"] = time.perf_counter() - t0  # (the graph cache's loads included)
     for graph, key in [(loaded, record["graph_key"])] + ([(backward, record["backward_key"])] if training else []):
         graph[0].generates_calls = options.generated_wrapper
+        graph[0].kernel_runs = options.kernel_runs
         graph[1].graph_key = key
     logs.log("cache", "graph %s: from the front cache (%s), AOTAutograd not traced", name, front[:12])
     if training:

@@ -133,6 +133,7 @@ def compile_fx(gm: torch.fx.GraphModule, device: torch.device, name: str = "grap
         loaded = graph_cache.load(key, device, name)
         if loaded is not None:
             loaded[0].generates_calls = options.generated_wrapper  # (not in the key: a run-time choice)
+            loaded[0].kernel_runs = options.kernel_runs
             loaded[1].graph_key = key
             return loaded
     with stage("lower"):
@@ -335,6 +336,7 @@ def _compile_steps(graph, schedule, lowering, options: Options, device, report, 
     steps = [s for s in steps if not any(s is w for w in writes)] + writes
     compiled = CompiledGraph(graph, steps, device)
     compiled.generates_calls = options.generated_wrapper
+    compiled.kernel_runs = options.kernel_runs
     return compiled, report
 
 

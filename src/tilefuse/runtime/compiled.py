@@ -106,6 +106,8 @@ class CompiledGraph:
         #: later calls of a set of sizes run a generated function (the `generated_wrapper` knob
         #: of the compile, set by the compiler)
         self.generates_calls = True
+        #: on the CPU, generated calls launch consecutive kernels as one run (the `kernel_runs` knob)
+        self.kernel_runs = True
         #: a graph of static shapes: its one generated call, taken without a size lookup
         self._static_call = None
 

@@ -363,9 +363,12 @@ class CppPrinter(NestPrinter):
         out.append(f'extern "C" void {k.name}(void* const* tf_ptrs, const int64_t* tf_sizes, '
                    f'const int64_t* tf_grid, int32_t tf_threads) {{')
         out.append("  const int64_t tf_n = tf_grid[0] * tf_grid[1] * tf_grid[2];")
-        out.append("  if (tf_n > 1 && tf_threads > 1) {")
-        out.append("    #pragma omp parallel for schedule(guided) num_threads(tf_threads)")
-        out.append(f"    for (int64_t tf_p = 0; tf_p < tf_n; ++tf_p) {k.name}{RANGE_SUFFIX}(tf_ptrs, tf_sizes, tf_grid, tf_p, tf_p + 1);")
+        out.append("  if (tf_n > 1 && tf_threads > 1) {  /* chunks of programs, about 8 per thread, taken as threads free up */")
+        out.append("    const int64_t tf_chunk = tf_n / (8 * (int64_t)tf_threads) > 1 ? tf_n / (8 * (int64_t)tf_threads) : 1;")
+        out.append("    #pragma omp parallel for schedule(dynamic) num_threads(tf_threads)")
+        out.append("    for (int64_t tf_c = 0; tf_c < (tf_n + tf_chunk - 1) / tf_chunk; ++tf_c)")
+        out.append(f"      {k.name}{RANGE_SUFFIX}(tf_ptrs, tf_sizes, tf_grid, tf_c * tf_chunk, "
+                   "tf_c * tf_chunk + tf_chunk < tf_n ? tf_c * tf_chunk + tf_chunk : tf_n);")
         out.append("  } else {")
         out.append(f"    {k.name}{RANGE_SUFFIX}(tf_ptrs, tf_sizes, tf_grid, 0, tf_n);")
         out.append("  }")

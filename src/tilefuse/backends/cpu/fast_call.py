@@ -127,9 +127,12 @@ static PyObject* tilefuse_run_steps(PyObject*, PyObject* const* args, Py_ssize_t
             for (long s = 0; s < count; ++s) {
                 const tilefuse_step* st = &steps[s];
                 void* const* p = ptrs + st->first;
-                if (st->parallel) {
-                    #pragma omp for schedule(guided)
-                    for (int64_t q = 0; q < st->programs; ++q) st->fn(p, st->sizes, st->grid, q, q + 1);
+                if (st->parallel) {  // chunks of programs, about 8 per thread (as a kernel's own entry)
+                    const int64_t n = st->programs;
+                    const int64_t chunk = n / (8 * threads) > 1 ? n / (8 * threads) : 1;
+                    #pragma omp for schedule(dynamic)
+                    for (int64_t c = 0; c < (n + chunk - 1) / chunk; ++c)
+                        st->fn(p, st->sizes, st->grid, c * chunk, c * chunk + chunk < n ? c * chunk + chunk : n);
                 } else {
                     #pragma omp single
                     st->fn(p, st->sizes, st->grid, 0, st->programs);
