@@ -233,6 +233,36 @@ def test_provably_in_range_indices_emit_no_check():
     assert "check" in _report(lambda x, j: x.index_select(0, j) + 1, x, i.clamp(0, 8))
 
 
+def test_indices_an_op_produced_are_in_its_range():
+    """`topk`, `sort`, `max(dim)` and `argmax` give indices in [0, n) of the dim they search:
+    gathering along a dim of that size needs no check (a gathered MoE's experts), gathering
+    along a smaller one still checks, and raises as eager does."""
+    gen = torch.Generator().manual_seed(5)
+    s, w = torch.randn(7, 10, generator=gen), torch.randn(10, 4, generator=gen)
+
+    def experts(s, w):
+        return w[torch.topk(s, 3, dim=-1).indices].sum(1)
+
+    for fn in (experts, lambda s, w: w[torch.sort(s, dim=1).indices[:, :2]].sum(1),
+               lambda s, w: w[s.max(dim=1).indices] * 2, lambda s, w: w[s.argmax(-1)] + 1,
+               lambda s, w: w[torch.argmax(s.T.contiguous(), 0)] - 1):
+        assert "check" not in _report(fn, s, w)
+        _assert_matches_eager(fn, "cpu", s, w)
+    small = w[:6]  # indices into 10 columns, gathered from 6 rows: checked
+    early = s.clone()
+    early[:, :6] += 100  # (these indices happen to fit)
+    assert "check" in _report(experts, early, small)
+    _assert_matches_eager(experts, "cpu", early, small)
+    down = lambda s, w: w[torch.topk(s, 2, dim=0).indices].sum(0)  # noqa: E731 - indices in [0, 7)
+    top = s.clone()
+    top[:2] += 100  # (rows 0 and 1 win: in range of 5 too)
+    assert "check" not in _report(down, s, w[:7]) and "check" in _report(down, top, w[:5])
+    late = s.clone()
+    late[0, 9] = 1000  # index 9 of 6 rows
+    for backend in BACKENDS:
+        _assert_raises_like_eager(experts, backend, late, small, op="index")
+
+
 def test_index_checks_can_be_turned_off():
     gen = torch.Generator().manual_seed(4)
     x = torch.randn(5, 3, generator=gen)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import sympy
 
-from ..ir.bounds import prune_checks
+from ..ir.bounds import VALUES, prune_checks, stored_values
 from ..ir.dtypes import float_widens
 from ..ir.expr import (Binary, Cast, Expr, Index, Load, Unary, Where, count_ops, out_index, red_index,
                        skip_intermediate_rounding, transform, walk, walk_unique)
@@ -346,7 +346,13 @@ class Inliner:
         """The node's body with every inlined producer substituted."""
         if name not in self._bodies:
             body = self._substitute_rest(self._with_rounding(name))
-            self._bodies[name] = prune_checks(body, _index_ranges(self.graph[name]))
+            ranges = _index_ranges(self.graph[name])
+            for e in walk(body):  # indices an op produced lie in its range (`stored_values`)
+                if isinstance(e, Load) and (VALUES, e.buffer) not in ranges and e.dtype.is_int:
+                    known = stored_values(self.graph, e.buffer)
+                    if known is not None:
+                        ranges[(VALUES, e.buffer)] = known
+            self._bodies[name] = prune_checks(body, ranges)
         return self._bodies[name]
 
     def expr(self, e: Expr) -> Expr:

@@ -147,6 +147,9 @@ def value_range(e: Expr, ranges: dict) -> tuple:
     if isinstance(e, CheckedIndex):  # in range once checked (a failing check stops the program)
         return sympy.Integer(0), sympy.sympify(e.size) - 1
     if isinstance(e, Load):
+        known = ranges.get((VALUES, e.buffer))  # (`stored_values`: an index an op produced)
+        if known is not None:
+            return known
         lo, hi = _INT_RANGE.get(e.dtype.name, (None, None))
         return (sympy.Integer(lo), sympy.Integer(hi)) if lo is not None else unknown
     if isinstance(e, Cast):
@@ -176,6 +179,61 @@ def value_range(e: Expr, ranges: dict) -> tuple:
     if isinstance(e, Binary) and e.dtype.is_int:
         return _within_dtype(_binary_range(e, ranges), e.dtype)
     return unknown
+
+
+#: the key `(VALUES, buffer)` of a ranges dict holds the inclusive range of that buffer's elements
+VALUES = "values"
+
+#: ATen ops whose result `item` holds indices along dim argument `dim_at` of their first argument
+#: (`dim` when passed by name; -1 or None as the default): (item, position of dim, default dim)
+_INDEX_RESULTS = {
+    "topk": (1, 2, -1), "sort": (1, 1, -1), "kthvalue": (1, 2, -1), "mode": (1, 1, -1),
+    "max": (1, 1, None), "min": (1, 1, None), "median": (1, 1, None), "nanmedian": (1, 1, None),
+    "cummax": (1, 1, None), "cummin": (1, 1, None), "argsort": (0, 1, -1), "argmax": (0, 1, None),
+    "argmin": (0, 1, None),
+}
+
+
+def stored_values(graph, name: str):
+    """The inclusive (lo, hi) of an integer buffer's elements where the op that made it fixes
+    them, else None: the indices of `topk`, `sort`, `max(dim)`, `argmax` and their kin lie in
+    [0, n) for the dim they search (the whole tensor for `argmax` without a dim), and so do
+    the indices of an arg-reduction the graph computes itself. A gather reading such an index
+    needs no check."""
+    from .graph import Extern, ExternResult, Reduce, TensorArg
+
+    node = graph.nodes.get(name)
+    if node is None or not node.dtype.is_int:
+        return None
+    if isinstance(node, Reduce):
+        if node.combiner.arg:
+            return sympy.Integer(0), node.reduction_numel - 1
+        return None
+    item = 0
+    if isinstance(node, ExternResult):
+        item, node = node.item, graph.nodes.get(node.extern)
+    if not isinstance(node, Extern):
+        return None
+    parts = node.target_name.split(".")
+    op = parts[1] if len(parts) > 2 and parts[0] == "aten" else None
+    spec = _INDEX_RESULTS.get(op)
+    if spec is None or spec[0] != item or not node.args or not isinstance(node.args[0], TensorArg):
+        return None
+    if op in ("max", "min", "median", "nanmedian") and len(node.args) < 2 and "dim" not in node.kwargs:
+        return None  # (the reduction to one value: no index)
+    source = graph.nodes.get(node.args[0].name)
+    if source is None:
+        return None
+    dim = node.kwargs.get("dim", node.args[spec[1]] if len(node.args) > spec[1] else spec[2])
+    if isinstance(dim, sympy.Integer):
+        dim = int(dim)
+    if dim is None:
+        n = sympy.Mul(*source.shape) if source.shape else sympy.Integer(1)
+    elif isinstance(dim, int) and -max(source.rank, 1) <= dim < max(source.rank, 1):
+        n = source.shape[dim] if source.rank else sympy.Integer(1)
+    else:
+        return None
+    return sympy.Integer(0), sympy.sympify(n) - 1
 
 
 def _within_dtype(r: tuple, dtype) -> tuple:
@@ -304,4 +362,5 @@ def has_checks(e: Expr) -> bool:
 
 __all__ = ["CheckError", "IndexCheckError", "OutOfRangeIndexError", "OutOfRangeRuntimeError", "DivisionByZeroError",
            "ZERO_DIVISION", "index_error", "check_message", "index_range", "value_range", "provably_in_range",
+           "stored_values", "VALUES",
            "provably_nonzero", "prune_checks", "unchecked", "has_checks"]
