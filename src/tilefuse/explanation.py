@@ -37,7 +37,9 @@ def split_prelude(source: str, name: str) -> tuple[str, str]:
     lines = source.splitlines()
     for k, line in enumerate(lines):
         stripped = line.lstrip()
-        if stripped.startswith((f"def {name}(", f'extern "C" void {name}(')):
+        # (a C++ kernel starts with its range function, `backends.cpu.codegen.RANGE_SUFFIX`)
+        if stripped.startswith((f"def {name}(", f'extern "C" void {name}(',
+                                f'extern "C" void __attribute__((noinline)) {name}__programs(')):
             start = k - 1 if k > 0 and lines[k - 1].lstrip().startswith("@") else k
             return "\n".join(lines[:start]).strip("\n"), "\n".join(lines[start:])
     return "", source

@@ -379,7 +379,7 @@ class _Run:
         self.runner, self.first, self.last, self.entry_checks = runner, first, last, entry_checks
         self.internal: dict = {}  # buffer only the run's kernels use -> its offset in the run's arena
         self.arena_bytes = 0
-        self.steps: list = []  # (range fn, sizes, grid, programs, parallel, first slot, count)
+        self.steps: list = []  # (its launch's `RunStep`, its first slot, its pointer count)
         self.slots: list = []
         self.pointers: dict = {}  # buffer name -> its position among the call's pointers
         self.dead: list = []
@@ -442,6 +442,10 @@ def _plan_runs(cg, records: list, allocations: dict, reuse: dict) -> dict:
         return {}
     layouts = {name: allocation[1] for name, allocation in allocations.items()}
     at_entry = {name for name, _, _ in cg.input_slots} | set(cg.in_place) | set(cg.constants)
+    users: dict = {}  # buffer -> the steps that read or write it
+    for k, step in enumerate(cg.steps):
+        for name in (*getattr(step, "writes", ()), *step.reads):
+            users.setdefault(name, set()).add(k)
     runs: dict = {}
     current: list = []  # step indices of the run being gathered
     state = {"checks": [], "names": set(), "slots": 0, "held": 0, "launches": 0}
@@ -449,7 +453,7 @@ def _plan_runs(cg, records: list, allocations: dict, reuse: dict) -> dict:
     def close():
         if state["launches"] >= 2:
             run = _Run(runner, current[0], current[-1], state["checks"])
-            _place_internal(run, cg, current, allocations, reuse)
+            _place_internal(run, cg, current, allocations, reuse, users)
             for k in current:
                 runs[k] = run
         current.clear()
@@ -487,15 +491,11 @@ RUN_ARENA_MAX_BYTES = 4 << 20
 ARENA_ALIGN = 64
 
 
-def _place_internal(run: _Run, cg, steps: list, allocations: dict, reuse: dict) -> None:
+def _place_internal(run: _Run, cg, steps: list, allocations: dict, reuse: dict, users: dict) -> None:
     """The buffers only the run's kernels use (allocated here, no output, no memory lent or
     borrowed) go into one allocation for the run, the arena, each at its own offset: one
     allocation per run instead of one per buffer, and no tensor object for them at all."""
     inside = set(steps)
-    users: dict = {}
-    for k, step in enumerate(cg.steps):
-        for name in (*getattr(step, "writes", ()), *step.reads):
-            users.setdefault(name, set()).add(k)
     shared = set(reuse) | set(reuse.values()) | set(cg.in_place) | set(cg.in_place.values())
     outputs = {out for out in cg.graph.outputs if isinstance(out, str)}
     offset = 0

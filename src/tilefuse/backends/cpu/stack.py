@@ -27,11 +27,12 @@ _SIZES = {"float": 4, "double": 8, "int64_t": 8, "uint64_t": 8, "int32_t": 4, "u
 
 
 def stack_bytes(source: str) -> int:
-    """Bytes of the arrays a generated kernel's function declares (each counted once, as if
-    every scope's arrays were live at the same time)."""
-    start = source.rfind('extern "C"')
-    body = source[start:] if start >= 0 else source
-    return sum(int(n) * _SIZES.get(t, 8) for t, n in _ARRAY.findall(body))
+    """Bytes of the arrays a program of a generated kernel declares: the most any one function
+    of the source declares (a kernel's range function holds its program's arrays; its size
+    variants follow it, the largest usually last), each array counted once, as if every
+    scope's arrays were live at the same time."""
+    functions = source.split('extern "C"')[1:] or [source]
+    return max(sum(int(n) * _SIZES.get(t, 8) for t, n in _ARRAY.findall(body)) for body in functions)
 
 
 def _openmp_stacksize() -> int | None:
