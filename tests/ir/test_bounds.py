@@ -108,3 +108,27 @@ def test_interpreter_checks_only_live_elements():
     torch.testing.assert_close(out, expected)
     with pytest.raises(IndexError):
         interpret(_gather_graph(wrap=False, guard=False), [x, t])
+
+
+def test_an_arg_reduction_claims_its_range_only_over_a_nonempty_extent():
+    """`stored_values`: an arg-reduction's index lies in [0, n) only where n is at least 1 (over
+    nothing, a compiled one gives 0); a sort's indices along dim 1 lie in [0, size 1)."""
+    from tilefuse.ir.bounds import stored_values
+    from tilefuse.ir.graph import Extern, ExternResult, Graph, Input, Reduce, TensorArg
+
+    n = sympy.Symbol("s0", integer=True, positive=True)
+    u = sympy.Symbol("u0", integer=True, nonnegative=True)
+    g = Graph()
+    g.nodes["x"] = Input("x", dt.float32, (4, 7), position=0)
+    g.nodes["full"] = Reduce("full", dt.int64, (3,), ranges=(n,), combiner="argmax")
+    g.nodes["maybe_empty"] = Reduce("maybe_empty", dt.int64, (3,), ranges=(u,), combiner="argmax")
+    g.nodes["total"] = Reduce("total", dt.int64, (3,), ranges=(n,), combiner="sum")
+    g.nodes["srt"] = Extern("srt", dt.float32, (4, 7), target_name="aten.sort.default", args=(TensorArg("x"), 1),
+                            multi_output=True)
+    g.nodes["srt_1"] = ExternResult("srt_1", dt.int64, (4, 7), extern="srt", item=1)
+    g.nodes["srt_0"] = ExternResult("srt_0", dt.float32, (4, 7), extern="srt", item=0)
+    assert stored_values(g, "full") == (0, n - 1)
+    assert stored_values(g, "maybe_empty") is None
+    assert stored_values(g, "total") is None
+    assert stored_values(g, "srt_1") == (0, 6)
+    assert stored_values(g, "srt_0") is None

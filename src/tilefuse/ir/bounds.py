@@ -205,8 +205,8 @@ def stored_values(graph, name: str):
     node = graph.nodes.get(name)
     if node is None or not node.dtype.is_int:
         return None
-    if isinstance(node, Reduce):
-        if node.combiner.arg:
+    if isinstance(node, Reduce):  # (over nothing, a compiled arg-reduction gives 0: not in [0, 0))
+        if node.combiner.arg and _le(1, node.reduction_numel):
             return sympy.Integer(0), node.reduction_numel - 1
         return None
     item = 0

@@ -107,7 +107,6 @@ def generate(cg, env: dict, records: list):
     allocations = _allocations(cg, env)
     reuse = _reuse(cg, allocations)
     runs = _plan_runs(cg, records, allocations, reuse)
-    entry_checks = [c for run in runs.values() for c in run.entry_checks]
     if guards:
         src.emit("if not (" + " and ".join(f"{src.name_of(g, 'g')}()" for g in guards) + "):")
         src.emit("return None", 2)
@@ -124,9 +123,6 @@ def generate(cg, env: dict, records: list):
         src.emit(f"b[{name!r}] = {value}")
     for name, target in cg.in_place.items():
         src.emit(f"b[{name!r}] = b[{target!r}]")
-    if entry_checks:  # (nothing has run yet: the general way can take the call)
-        src.emit("if not (" + " and ".join(entry_checks) + "):")
-        src.emit("return None", 2)
     src.names.update(empty_strided=torch.empty_strided, device=cg.device, Tensor=torch.Tensor,
                      num_threads=torch.get_num_threads, reinterpret=_reinterpret)
     reused = set(reuse.values())  # popped where their memory is taken, not where they die
@@ -138,6 +134,8 @@ def generate(cg, env: dict, records: list):
             src.emit(f"arena = empty_strided(({run.arena_bytes},), (1,), dtype={src.name_of(torch.uint8, 'd')}, "
                      f"device=device)  # {len(run.internal)} buffers of the run below")
             src.emit("a = arena.data_ptr()")
+        elif run is not None and k == run.first:
+            src.emit("a = 0  # (no buffer of the run below lies in an arena)")
         if hasattr(step, "launch"):
             for name in step.writes:
                 if run is not None and name in run.internal:
@@ -179,6 +177,8 @@ def generate(cg, env: dict, records: list):
             run.dead.extend(name for name in cg.free_after[k] if name not in reused and name not in run.internal)
             if k == run.last:
                 run.emit(src)
+                if run.arena_bytes:
+                    src.emit("del arena")
                 for name in run.dead:
                     src.emit(f"b.pop({name!r}, None)")
             continue
@@ -346,11 +346,6 @@ def _argument(a, src: _Source, stream_names: dict, record: InlineCall) -> str:
 def _checks(record: InlineCall, layouts: dict, constants: dict) -> list:
     """The conditions under which `record`'s call is valid, for the buffers this function
     cannot vouch for."""
-    return [condition for _, condition in _checked(record, layouts, constants)]
-
-
-def _checked(record: InlineCall, layouts: dict, constants: dict) -> list:
-    """`_checks` as (buffer name, condition) pairs."""
     checks = []
     for name, expect in record.expects.items():
         if name in layouts:  # allocated here: its strides are written out, its base aligned
@@ -359,9 +354,9 @@ def _checked(record: InlineCall, layouts: dict, constants: dict) -> list:
         elif name in constants:  # the same tensor every call
             continue
         if expect.strides is not None:
-            checks.append((name, f"b[{name!r}].stride() == {tuple(expect.strides)!r}"))
+            checks.append(f"b[{name!r}].stride() == {tuple(expect.strides)!r}")
         if expect.aligned:
-            checks.append((name, f"b[{name!r}].data_ptr() % 16 == 0"))
+            checks.append(f"b[{name!r}].data_ptr() % 16 == 0")
     return checks
 
 
@@ -375,8 +370,8 @@ class _Run:
     to a later one before the run ends); the call comes after the last, then the buffers that
     died within it are dropped."""
 
-    def __init__(self, runner, first: int, last: int, entry_checks: list):
-        self.runner, self.first, self.last, self.entry_checks = runner, first, last, entry_checks
+    def __init__(self, runner, first: int, last: int):
+        self.runner, self.first, self.last = runner, first, last
         self.internal: dict = {}  # buffer only the run's kernels use -> its offset in the run's arena
         self.arena_bytes = 0
         self.steps: list = []  # (its launch's `RunStep`, its first slot, its pointer count)
@@ -429,10 +424,10 @@ class _Run:
 
 def _plan_runs(cg, records: list, allocations: dict, reuse: dict) -> dict:
     """step index -> its `_Run`, for the runs of at least two consecutive C++ launches that can
-    be steps (`_InlineLaunch.step`); an ATen call, a kernel that launches another way, a check
-    on a buffer that exists only as the call runs, or the run's limits (pointers, slots, bytes
-    held past their last use) end a run. A run's checks on the inputs move to the call's entry
-    (a failed one sends the call the general way, before anything ran)."""
+    be steps (`_InlineLaunch.step`); an ATen call, a kernel that launches another way, a launch
+    with a check (a buffer's strides read at run time: a failed check sends only that launch
+    the general way, as outside runs) or the run's limits (pointers, slots, bytes held past
+    their last use) end a run."""
     from ..backends.cpu.fast_call import MAX_POINTERS, MAX_SLOTS, steps_runner
 
     if not getattr(cg, "kernel_runs", True):
@@ -441,23 +436,22 @@ def _plan_runs(cg, records: list, allocations: dict, reuse: dict) -> dict:
     if runner is None:
         return {}
     layouts = {name: allocation[1] for name, allocation in allocations.items()}
-    at_entry = {name for name, _, _ in cg.input_slots} | set(cg.in_place) | set(cg.constants)
     users: dict = {}  # buffer -> the steps that read or write it
     for k, step in enumerate(cg.steps):
         for name in (*getattr(step, "writes", ()), *step.reads):
             users.setdefault(name, set()).add(k)
     runs: dict = {}
     current: list = []  # step indices of the run being gathered
-    state = {"checks": [], "names": set(), "slots": 0, "held": 0, "launches": 0}
+    state = {"names": set(), "slots": 0, "held": 0, "launches": 0}
 
     def close():
         if state["launches"] >= 2:
-            run = _Run(runner, current[0], current[-1], state["checks"])
+            run = _Run(runner, current[0], current[-1])
             _place_internal(run, cg, current, allocations, reuse, users)
             for k in current:
                 runs[k] = run
         current.clear()
-        state.update(checks=[], names=set(), slots=0, held=0, launches=0)
+        state.update(names=set(), slots=0, held=0, launches=0)
 
     for k, step in enumerate(cg.steps):
         record = records[k]
@@ -466,15 +460,13 @@ def _plan_runs(cg, records: list, allocations: dict, reuse: dict) -> dict:
                 current.append(k)
             continue
         found = _step_of(record) if hasattr(step, "launch") else None
-        checks = _checked(record, layouts, cg.constants) if found is not None else []
-        if found is None or not all(name in at_entry for name, _ in checks):
+        if found is None or _checks(record, layouts, cg.constants):
             close()
             continue
         names = {a.name for a in record.args}
         if (len(state["names"] | names) > MAX_POINTERS or state["slots"] + len(record.args) > MAX_SLOTS):
             close()
         current.append(k)
-        state["checks"].extend(condition for _, condition in checks)
         state["names"] |= names
         state["slots"] += len(record.args)
         state["launches"] += 1
@@ -505,7 +497,7 @@ def _place_internal(run: _Run, cg, steps: list, allocations: dict, reuse: dict, 
                     or not users.get(name, set()) <= inside):
                 continue
             size = -(-_bytes(allocations[name]) // ARENA_ALIGN) * ARENA_ALIGN
-            if offset + size > RUN_ARENA_MAX_BYTES:
+            if size == 0 or offset + size > RUN_ARENA_MAX_BYTES:  # (an empty buffer keeps its own)
                 continue
             run.internal[name] = offset
             offset += size

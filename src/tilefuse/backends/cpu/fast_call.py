@@ -159,7 +159,7 @@ PyMODINIT_FUNC PyInit_tilefuse_fast_call(void) { return PyModule_Create(&module)
 """.replace("MAX_POINTERS", str(MAX_POINTERS)).replace("MAX_SLOTS", str(MAX_SLOTS))
 
 _lock = threading.Lock()
-_state: dict = {}  # "launch": the function, or None once it is known to be unavailable
+_state: dict = {}  # "module": the extension, or None once it is known to be unavailable
 
 
 def _extension():

@@ -31,7 +31,7 @@ def stack_bytes(source: str) -> int:
     of the source declares (a kernel's range function holds its program's arrays; its size
     variants follow it, the largest usually last), each array counted once, as if every
     scope's arrays were live at the same time."""
-    functions = source.split('extern "C"')[1:] or [source]
+    functions = source.split('extern "C" void ')[1:] or [source]  # (not the header's declarations)
     return max(sum(int(n) * _SIZES.get(t, 8) for t, n in _ARRAY.findall(body)) for body in functions)
 
 
