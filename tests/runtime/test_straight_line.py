@@ -59,7 +59,9 @@ def test_generated_call_gives_the_general_calls_results(target):
         # made by the second call (sizes seen once may never come again), used by the rest
         assert (compiled.generated_call() is not None) == (k >= 1)
     source = compiled.generated_call().__tilefuse_source__
-    assert source.startswith("def call(args, env, cg):") and "empty_strided((7, 33)" in source
+    assert source.startswith("def call(args, env, cg):")
+    # CPU buffers through PyTorch's allocation without the dispatcher, where it has one
+    assert re.search(r"= empty(_strided)?\(\(7, 33\), \(33, 1\)", source), source
 
 
 @needs_cxx

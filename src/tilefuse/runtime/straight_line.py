@@ -37,6 +37,7 @@ from .. import logs
 from ..backends.inline_call import SKIP, STREAM, Buf, InlineCall
 from ..ir.graph import Extern, ExternResult
 from ..ir.interpret import output_value
+from .allocate import fast_empty
 from .aten_matmul import REINTERPRETS_AS_NEW, _reinterpret
 
 
@@ -125,14 +126,22 @@ def generate(cg, env: dict, records: list):
         src.emit(f"b[{name!r}] = b[{target!r}]")
     src.names.update(empty_strided=torch.empty_strided, device=cg.device, Tensor=torch.Tensor,
                      num_threads=torch.get_num_threads, reinterpret=_reinterpret)
+    if fast_empty(cg.device) is not None:
+        src.names["empty"] = fast_empty(cg.device)
+
+    def allocation(shape, strides, dtype) -> str:
+        if "empty" in src.names:
+            return f"empty({shape!r}, {strides!r}, {src.name_of(dtype, 'd')})"
+        return f"empty_strided({shape!r}, {strides!r}, dtype={src.name_of(dtype, 'd')}, device=device)"
+
     reused = set(reuse.values())  # popped where their memory is taken, not where they die
     layouts: dict = {}  # name -> strides, of what this function allocates
     for k, step in enumerate(cg.steps):
         record = records[k]
         run = runs.get(k)
         if run is not None and k == run.first and run.arena_bytes:
-            src.emit(f"arena = empty_strided(({run.arena_bytes},), (1,), dtype={src.name_of(torch.uint8, 'd')}, "
-                     f"device=device)  # {len(run.internal)} buffers of the run below")
+            src.emit(f"arena = {allocation((run.arena_bytes,), (1,), torch.uint8)}  "
+                     f"# {len(run.internal)} buffers of the run below")
             src.emit("a = arena.data_ptr()")
         elif run is not None and k == run.first:
             src.emit("a = 0  # (no buffer of the run below lies in an arena)")
@@ -151,8 +160,7 @@ def generate(cg, env: dict, records: list):
                             taken = f"reinterpret({taken}, {shape!r}, {strides!r}, 0)"
                         src.emit(f"b[{name!r}] = {taken}  # {step.name}: {old}'s memory")
                         continue
-                    src.emit(f"b[{name!r}] = empty_strided({shape!r}, {strides!r}, "
-                             f"dtype={src.name_of(dtype, 'd')}, device=device)  # {step.name}")
+                    src.emit(f"b[{name!r}] = {allocation(shape, strides, dtype)}  # {step.name}")
             general = f"{src.name_of(step.launch, 'launch')}(b, env)"
             if record is SKIP:
                 src.emit(f"# {step.name}: nothing to compute for these sizes")
