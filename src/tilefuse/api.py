@@ -141,7 +141,9 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, settings
         def ran_once():
             with _process_settings(settings):
                 front.ran_once(kind)
-    run = _runner(name, gm, compiled, report, settings, options, inference, views, mutated, static, ran_once)
+    private_from = None if inference else gm.meta.get(SAVED_FROM) if kind == "forward" else 0
+    run = _runner(name, gm, compiled, report, settings, options, inference, views, mutated, static, ran_once,
+                  private_from=private_from)
     lean = _lean_inference.get()
     if inference and lean is not None:
         lean["compiles"] = lean.get("compiles", 0) + 1
@@ -151,18 +153,20 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, settings
 
 
 def _runner(name, gm, compiled, report, settings: dict, options: Options, inference: bool, views, mutated: list,
-            static: list, ran_once: Callable | None = None, autocast_off: bool = False):
+            static: list, ran_once: Callable | None = None, autocast_off: bool = False,
+            private_from: int | None = None):
     """The function that runs a compiled graph for AOTAutograd (or, from the front cache, for
     Dynamo): CUDA graphs where asked, the views of its outputs rebuilt, the fallback on a
     failed first launch, verify mode's check on the first run. `ran_once` is called after the
     first call that neither failed nor fell back; `autocast_off`: the compiled graph runs with
     autocast off (its eager fallback and verify's reference, Dynamo's graph, with autocast as
-    the caller has it)."""
+    the caller has it); `private_from`: the first output only tilefuse's own code reads (a
+    training forward's saved tensors, a backward's gradients: `output_views.Rebuilder`)."""
     if options.cuda_graphs:
         compiled = _with_cuda_graphs(compiled, report, inference, mutated, static)
     _record(report, gm, settings, options)
     state = {"first": True, "runner": compiled}
-    rebuild_views = output_views.Rebuilder(views) if views else None
+    rebuild_views = output_views.Rebuilder(views, private_from) if views else None
 
     def run(*args):
         runner = state["runner"]
@@ -308,8 +312,8 @@ def _front_training_runner(name, gm, record: dict, forward, backward, settings: 
     (fw, fw_report), (bw, bw_report) = forward, backward
     for report in (fw_report, bw_report):
         _record(report, gm, settings, options)
-    rebuild_views = output_views.Rebuilder(record["views"]) if record["views"] else None
-    rebuild_grads = output_views.Rebuilder(record["backward_views"]) if record["backward_views"] else None
+    rebuild_views = output_views.Rebuilder(record["views"], record["outputs"]) if record["views"] else None
+    rebuild_grads = output_views.Rebuilder(record["backward_views"], 0) if record["backward_views"] else None
 
     def run_forward(*args):
         out = fw(*args)

@@ -19,6 +19,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from .runtime.aten_matmul import REINTERPRETS_AS_NEW, _reinterpret
+
 aten = torch.ops.aten
 
 #: ops whose result is a view of their first argument, with strides derived from its strides
@@ -264,10 +266,11 @@ class Rebuilder:
     layout of its base, after which the view is made by strides (`as_strided`) instead of
     replaying its ops through the dispatcher."""
 
-    def __init__(self, views: list[OutputView]):
+    def __init__(self, views: list[OutputView], private_from: int | None = None):
         self.views = list(views)
         self.static = [None if v.replay else _static_layout(v) for v in self.views]
         self.replays: dict = {}  # view position -> (its base's layout, the view's layout)
+        self.private = _private_views(self.views, private_from)
 
     def __call__(self, compiled, args, out) -> list:
         from .ir.interpret import bind_symbols
@@ -278,7 +281,7 @@ class Rebuilder:
         for k, v in enumerate(self.views):
             src = args[v.base] if v.kind == "input" else out[v.base]
             if v.replay:
-                out[v.index] = self._replayed(k, v, src)
+                out[v.index] = self._replayed(k, v, src, self.private[k])
                 continue
             layout = self.static[k]
             if layout is None:
@@ -293,18 +296,41 @@ class Rebuilder:
             view, traced = layout
             if traced and _strides_differ(src, traced):
                 src = torch.empty_strided(src.shape, traced, dtype=src.dtype, device=src.device).copy_(src)
-            out[v.index] = src.as_strided(*view)
+            out[v.index] = _strided(src, view, self.private[k])
         return out
 
-    def _replayed(self, k: int, v: OutputView, base):
+    def _replayed(self, k: int, v: OutputView, base, private: bool):
         key = (base.shape, base.stride(), base.storage_offset())
         known = self.replays.get(k)
         if known is not None and known[0] == key:
-            return base.as_strided(*known[1])
+            return _strided(base, known[1], private)
         view = _replayed(base, v.replay)
         if _same_storage(view, base):  # (not a view of a contiguous copy)
-            self.replays[k] = (key, (tuple(view.shape), view.stride(), view.storage_offset()))
+            layout = (tuple(view.shape), view.stride(), view.storage_offset())
+            self.replays[k] = (key, layout)
+            if private:
+                return _strided(base, layout, True)
         return view
+
+
+def _private_views(views: list[OutputView], private_from: int | None) -> list[bool]:
+    """Per view, whether it may be made as a tensor of its own (`Rebuilder`): from position
+    `private_from` on, over an intermediate value or an output from there on, and not the base
+    of a view the caller sees."""
+    if private_from is None or not REINTERPRETS_AS_NEW:
+        return [False] * len(views)
+    seen = {v.base for v in views if v.kind == "output" and v.index < private_from}
+    return [v.index >= private_from and v.kind == "output" and v.base >= private_from
+            and v.index not in seen and v.base not in seen for v in views]
+
+
+def _strided(base, layout: tuple, private: bool):
+    """`base.as_strided(*layout)`, or where `private` the same sizes, strides and offset as a
+    tensor of its own over the storage."""
+    if private:
+        sizes, strides, offset = layout
+        return _reinterpret(base, sizes, strides, offset - base.storage_offset())
+    return base.as_strided(*layout)
 
 
 def _layout(v: OutputView, value) -> tuple:

@@ -69,6 +69,55 @@ def test_a_replayed_view_is_made_by_strides_once_its_base_layout_is_known():
     assert out[0].stride() == padded.permute(1, 0).unsqueeze(0).stride()
 
 
+def test_saved_views_of_private_storage_are_tensors_of_their_own():
+    """From `private_from` on (a forward's saved tensors), a view of an intermediate value is made
+    as a tensor of its own over the storage (no view, nothing to detach), with the view's
+    values, strides and storage; a view of an input, and a view of an output the caller sees,
+    stay views (their version counters are shared with what they view)."""
+    def fn(x):
+        y = x * 2
+        return y.sum(), y.permute(1, 0), x.t()
+
+    def shown(x):
+        y = x * 2
+        return y, y.permute(1, 0)
+
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(5, 7, generator=gen)
+    gm = _traced(fn, x)
+    views = output_views.find(gm, 1)
+    assert {v.index for v in views} == {1, 2}
+    compiled = output_views.compiled_as_bases(gm, views)
+    for private_from, private in [(1, True), (None, False), (2, False)]:
+        out = output_views.Rebuilder(views, private_from)(_Compiled(), [x], list(compiled(x)))
+        torch.testing.assert_close(out[1], (x * 2).permute(1, 0))
+        assert out[1].stride() == (1, 7) and out[1]._is_view() != private
+        assert out[2]._is_view() and out[2]._base is x  # an input's view, always a view
+    gm = _traced(shown, x)
+    views = output_views.find(gm, 1)
+    out = output_views.Rebuilder(views, 1)(_Compiled(), [x], list(output_views.compiled_as_bases(gm, views)(x)))
+    torch.testing.assert_close(out[1], (x * 2).permute(1, 0))
+    assert out[1]._is_view() and out[1]._base is out[0]
+
+
+def test_a_weight_written_before_the_backward_is_still_caught():
+    """The transposed weight a forward saves is a view of the parameter, sharing its version
+    counter: writing the weight in place before the backward raises, as in eager."""
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Linear(12, 20), nn.GELU(), nn.Linear(20, 6))
+    x = torch.randn(9, 12)
+    torch._dynamo.reset()
+    compiled = tilefuse.compile(model, target="cpu")
+    for _ in range(2):
+        loss = compiled(x).square().sum()
+        loss.backward()
+    loss = compiled(x).square().sum()
+    with torch.no_grad():
+        model[2].weight.mul_(0.5)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
 class _Compiled:
     """The compiled graph as `rebuild` reads it: its symbols (none here)."""
 

@@ -228,7 +228,10 @@ class KernelBuilder:
         if isinstance(e, Load):
             if e.buffer in self.bound:
                 return self.bound[e.buffer]
-            m = land(self._mask_for(mask, e), guard)
+            # a branch's guard masks only the loads that could read out of range without it:
+            # one in range everywhere reads what the selection then drops (a row's statistic
+            # stays a [rows, 1] load beside a gather that needs the branch's [rows, keys] mask)
+            m = land(self._mask_for(mask, e), guard if guard is not None and not self._reads_in_range(e) else None)
             off = self.offset(e.buffer, e.index, mask=mask, guard=guard)
             for ok in self._in_range(e.index, mask, guard):  # an index outside its bound reads nothing
                 m = land(m, ok)
@@ -270,6 +273,8 @@ class KernelBuilder:
         it lies in [0, size) wherever it is live; its in-range condition masks the loads at it.
         The same index against the same bound is checked once, whichever op reads it (a RoPE
         table gather and a cache write at the same positions)."""
+        if self._in_bounds(e) is not None:  # (a position, in range by its extent: nothing to check)
+            return self.value(e.x, mask, guard)
         key = ("checked", e.x, sympy.sympify(e.size), e.wrap, mask, guard)
         done = self.memo[-1].get(key)
         if done is not None:
@@ -324,7 +329,7 @@ class KernelBuilder:
         loads = [n for n in walk(branch) if isinstance(n, Load)]
         if not loads:
             return False
-        if any(not isinstance(c, Index) for n in loads for c in n.index):
+        if any(self._position_of(c) is None for n in loads for c in n.index):
             return True
 
         def on_positions(x) -> bool:
@@ -349,14 +354,38 @@ class KernelBuilder:
         if len(shape) != len(load.index):
             return False
         for comp, size in zip(load.index, shape):
-            expr = sympy.sympify(comp.expr)
-            if not expr.free_symbols <= set(self.coordinate_extents):
+            expr = self._position_of(comp)
+            if expr is None or not expr.free_symbols <= set(self.coordinate_extents):
                 return False
             lo, hi = bounds(expr, self.coordinate_extents)
             size = sympy.sympify(size)
             if not (size.is_Integer and lo >= 0 and hi < int(size)):
                 return False
         return True
+
+
+    def _position_of(self, comp: Expr) -> sympy.Expr | None:
+        """A load's index component as an expression of positions: an affine index, or a gather's
+        index that is a position provably in range (`slopes[h]` with `h` a head coordinate);
+        None for an index read from data."""
+        if isinstance(comp, Index):
+            return sympy.sympify(comp.expr)
+        if isinstance(comp, CheckedIndex):
+            return self._in_bounds(comp)
+        return None
+
+    def _in_bounds(self, e: CheckedIndex) -> sympy.Expr | None:
+        """The position a checked index is, where it is one and lies in [0, size) for every
+        tile coordinate within its extent (no wrap, no check needed); else None."""
+        from ..ir.symbolic import bounds
+
+        if not isinstance(e.x, Index):
+            return None
+        expr, size = sympy.sympify(e.x.expr), sympy.sympify(e.size)
+        if not size.is_Integer or not expr.free_symbols <= set(self.coordinate_extents):
+            return None
+        lo, hi = bounds(expr, self.coordinate_extents)
+        return expr if lo >= 0 and hi < int(size) else None
 
 
 __all__ = ["KernelBuilder", "known_strides", "tile_symbol", "land"]
