@@ -87,6 +87,7 @@ class KernelBuilder:
         #: a 2-D tile's whole mask and the mask of each of its axes (`restrict_masks`)
         self.tile_mask: Expr | None = None
         self.axis_masks: dict[str, Expr | None] = {}
+        self._positional: dict = {}  # expression -> whether it reads positions (`_on_positions`)
 
     def restrict_masks(self, tile_mask: Expr | None, axis_masks: dict) -> None:
         """Loads and checks under `tile_mask` are masked only by the axes their value depends on
@@ -324,22 +325,57 @@ class KernelBuilder:
         unmasked by the data (a value per row stays a [rows, 1] load, and one mask tile is read
         once, not once per branch). So does a load whose index is in range for every
         coordinate in its bounds (the backward's row statistics per key under a causal mask
-        `where(j > i, 0, dS)`: a [1, keys] load, not one per score). Gathers keep the guard
+        `where(j > i, 0, dS)`: a [1, keys] load, not one per score), and one under a selection
+        on positions of its own within the branch (`_exposed_loads`). Gathers keep the guard
         (their positions are data)."""
-        loads = [n for n in walk(branch) if isinstance(n, Load)]
+        loads = self._exposed_loads(branch)
         if not loads:
             return False
         if any(self._position_of(c) is None for n in loads for c in n.index):
             return True
+        return self._on_positions(cond) and not all(self._reads_in_range(n) for n in loads)
 
-        def on_positions(x) -> bool:
-            if isinstance(x, Index):
-                return True
+    def _on_positions(self, x: Expr) -> bool:
+        """Whether a condition reads positions (an index), not only data (a load's own index
+        picks the datum: the datum is what is tested)."""
+        memo = self._positional
+        stack, order = [x], []
+        while stack:
+            n = stack.pop()
+            if n in memo or n in order:
+                continue
+            order.append(n)
+            if not isinstance(n, (Index, Load)):
+                stack.extend(n.children())
+        for n in reversed(order):
+            if n not in memo:
+                memo[n] = isinstance(n, Index) or (not isinstance(n, Load)
+                                                   and any(memo.get(k, False) for k in n.children()))
+        return memo[x]
+
+    def _exposed_loads(self, branch: Expr) -> list:
+        """The loads of `branch` that an enclosing selection's guard must cover: every gather,
+        and the affine loads not under a selection on positions of their own inside the branch
+        (that selection guards them: the op that made it — a pad, a `cat`, a pooling window's
+        edge — reads in range wherever it takes the load; the selections around it were, in
+        the program, selections of values computed everywhere). Each shared subexpression is
+        visited once: a pooling window's running maximum is read by every step of its index's
+        selection chain, which guarded as a whole was emitted once per step."""
+        out, seen, stack = [], set(), [(branch, False)]
+        while stack:
+            x, shielded = stack.pop()
+            if (x, shielded) in seen:
+                continue
+            seen.add((x, shielded))
             if isinstance(x, Load):
-                return False  # (a load's own index picks the datum: the datum is what is tested)
-            return any(on_positions(k) for k in x.children())
-
-        return on_positions(cond) and not all(self._reads_in_range(n) for n in loads)
+                gather = any(self._position_of(c) is None for c in x.index)
+                if (not shielded or gather) and x not in out:
+                    out.append(x)
+            if isinstance(x, Where) and self._on_positions(x.cond):
+                stack += [(x.cond, shielded), (x.a, True), (x.b, True)]
+            else:
+                stack.extend((k, shielded) for k in x.children())
+        return out
 
     def _reads_in_range(self, load: Load) -> bool:
         """Whether every component of the load's index lies within its buffer's dim for every
