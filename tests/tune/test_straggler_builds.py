@@ -82,6 +82,17 @@ def test_a_straggling_compile_is_left_out():
     assert time.monotonic() - t0 < 10.0  # C is given up long before its 30 s
 
 
+def test_slow_compiles_are_no_stragglers_while_most_are_slow():
+    """One candidate compiled quickly and four are still compiling: a host where compiles are
+    slow (the first graph's workers warming up), not four spilling kernels — all are built
+    (a window attention's forward was left with its one quick candidate, 1.28× slower)."""
+    now = time.monotonic()
+    compiles = {A: [_Compile(now, 0.01)], B: [_Compile(now, 0.3)], C: [_Compile(now, 0.32)],
+                D: [_Compile(now, 0.34)]}
+    ok, failed = _bench(compiles).ready([(1.0, A), (2.0, B), (3.0, C), (4.0, D)])
+    assert _built(ok) == [A, B, C, D] and not failed
+
+
 def test_a_candidate_built_earlier_is_the_reference():
     """The first launch ends a kernel's worker compile (its time is no longer reported): the
     time is remembered when the candidate is built."""
