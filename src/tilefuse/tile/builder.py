@@ -17,7 +17,7 @@ import sympy
 from ..ir import dtypes as dt
 from ..ir.bounds import ZERO_DIVISION, check_message, provably_nonzero
 from ..ir.expr import (Binary, Cast, CheckedIndex, Const, Expr, Index, Load, Unary, Var, Where, binary, const, unary,
-                       walk)
+                       walk, walk_unique)
 from ..ir.graph import Constant, Extern, ExternResult, Graph, Input
 from ..ir.storage import promised_strides
 from ..ir.symbolic import contiguous_strides, simplify_index
@@ -325,10 +325,12 @@ class KernelBuilder:
         unmasked by the data (a value per row stays a [rows, 1] load, and one mask tile is read
         once, not once per branch). So does a load whose index is in range for every
         coordinate in its bounds (the backward's row statistics per key under a causal mask
-        `where(j > i, 0, dS)`: a [1, keys] load, not one per score), and one under a selection
-        on positions of its own within the branch (`_exposed_loads`). Gathers keep the guard
-        (their positions are data)."""
-        loads = self._exposed_loads(branch)
+        `where(j > i, 0, dS)`: a [1, keys] load, not one per score). Gathers keep the guard
+        (their positions are data) unless their index is a position in range (`slopes[h]`).
+        (A load under a selection on positions of its own inside the branch still needs this
+        guard: `cat` of a padded tensor reads the pad's input in range only where the `cat`
+        takes that branch.)"""
+        loads = [n for n in walk_unique(branch) if isinstance(n, Load)]
         if not loads:
             return False
         if any(self._position_of(c) is None for n in loads for c in n.index):
@@ -339,43 +341,19 @@ class KernelBuilder:
         """Whether a condition reads positions (an index), not only data (a load's own index
         picks the datum: the datum is what is tested)."""
         memo = self._positional
-        stack, order = [x], []
-        while stack:
-            n = stack.pop()
-            if n in memo or n in order:
+        stack = [(x, False)]
+        while stack:  # (post-order: a shared subexpression is decided once, before its users)
+            n, expanded = stack.pop()
+            if n in memo:
                 continue
-            order.append(n)
-            if not isinstance(n, (Index, Load)):
-                stack.extend(n.children())
-        for n in reversed(order):
-            if n not in memo:
-                memo[n] = isinstance(n, Index) or (not isinstance(n, Load)
-                                                   and any(memo.get(k, False) for k in n.children()))
-        return memo[x]
-
-    def _exposed_loads(self, branch: Expr) -> list:
-        """The loads of `branch` that an enclosing selection's guard must cover: every gather,
-        and the affine loads not under a selection on positions of their own inside the branch
-        (that selection guards them: the op that made it — a pad, a `cat`, a pooling window's
-        edge — reads in range wherever it takes the load; the selections around it were, in
-        the program, selections of values computed everywhere). Each shared subexpression is
-        visited once: a pooling window's running maximum is read by every step of its index's
-        selection chain, which guarded as a whole was emitted once per step."""
-        out, seen, stack = [], set(), [(branch, False)]
-        while stack:
-            x, shielded = stack.pop()
-            if (x, shielded) in seen:
-                continue
-            seen.add((x, shielded))
-            if isinstance(x, Load):
-                gather = any(self._position_of(c) is None for c in x.index)
-                if (not shielded or gather) and x not in out:
-                    out.append(x)
-            if isinstance(x, Where) and self._on_positions(x.cond):
-                stack += [(x.cond, shielded), (x.a, True), (x.b, True)]
+            if isinstance(n, (Index, Load)):
+                memo[n] = isinstance(n, Index)
+            elif expanded:
+                memo[n] = any(memo[k] for k in n.children())
             else:
-                stack.extend((k, shielded) for k in x.children())
-        return out
+                stack.append((n, True))
+                stack.extend((k, False) for k in n.children() if k not in memo)
+        return memo[x]
 
     def _reads_in_range(self, load: Load) -> bool:
         """Whether every component of the load's index lies within its buffer's dim for every

@@ -110,19 +110,27 @@ def _lower(n: int, with_indices: bool):
             """The flat index of `m` in the window, as ATen's kernels take it (a position
             replaces the running one when greater or NaN): the first position holding the
             maximum, or the last NaN where the maximum is NaN, or `start` where no position
-            is taken. (Chained against the final maximum, not the running one, which would
-            double the expression per position.)"""
-            first = start
-            for inside, flat, v in reversed(positions):
+            is taken. A window's flat indices grow in ATen's order, so the first is the least
+            flat index of the positions holding `m` and the last NaN the greatest of those
+            holding NaN: a minimum (maximum) over the positions, each a selection between
+            indices. (A chain of selections, each step choosing between a position and the
+            rest of the chain, was guarded step by step and re-read the window at each step:
+            1512 loads for a 3-D window of 27.)"""
+            past = ix(sympy.Mul(*sizes))  # (no flat index of the plane reaches it)
+            first = None
+            for inside, flat, v in positions:
                 hit = Binary("logical_and", inside, Binary("eq", v, m, dt.bool_), dt.bool_)
-                first = Where(hit, flat, first, dt.int64)
+                taken = Where(hit, flat, past, dt.int64)
+                first = taken if first is None else Binary("minimum", first, taken, dt.int64)
+            first = _chosen(Binary("ge", first, past, dt.bool_), start, first)
             if not compute.is_float:
                 return first
-            last_nan = first
+            last_nan = None
             for inside, flat, v in positions:
                 hit = Binary("logical_and", inside, unary("isnan", v), dt.bool_)
-                last_nan = Where(hit, flat, last_nan, dt.int64)
-            return Where(unary("isnan", m), last_nan, first, dt.int64)
+                taken = Where(hit, flat, const(-1, dt.int64), dt.int64)
+                last_nan = taken if last_nan is None else Binary("maximum", last_nan, taken, dt.int64)
+            return _chosen(unary("isnan", m), last_nan, first)
 
         values = pointwise(ctx, shape, out_dtype, lambda idx: cast(maximum(list(window(idx))), out_dtype))
         if not with_indices:
@@ -136,6 +144,14 @@ def _lower(n: int, with_indices: bool):
         return values, indices
 
     return lower
+
+
+def _chosen(cond: Expr, a: Expr, b: Expr) -> Expr:
+    """`a` where `cond`, else `b`, for int64 values that both read the window: written as
+    `b + (a - b)·cond` rather than a selection, whose branches' loads the kernel builder would
+    guard by the condition (a selection on positions), reading the window once more per
+    selection."""
+    return Binary("add", b, Binary("mul", Binary("sub", a, b, dt.int64), cast(cond, dt.int64), dt.int64), dt.int64)
 
 
 def _int_min(dtype) -> int:
