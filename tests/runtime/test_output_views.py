@@ -279,3 +279,30 @@ def test_a_static_views_layout_is_worked_out_once_and_a_symbolic_one_per_call():
 
     out = output_views.rebuild([static], _Graph(), [], [base, None])
     torch.testing.assert_close(out[1], base[:, 2:].t())
+
+
+def test_two_gradients_of_one_value_do_not_share_memory():
+    """`a + b` of two parameters: the backward returns one gradient for both, the second a
+    view of the first. Made a tensor of its own, `AccumulateGrad` kept both and the two
+    `.grad`s shared memory (an in-place clip or accumulation of one changed the other); as
+    in eager, each parameter gets its own."""
+    torch.manual_seed(0)
+
+    class Sum(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Parameter(torch.randn(4, 6))
+            self.b = nn.Parameter(torch.randn(4, 6))
+
+        def forward(self, x):
+            return (x * (self.a + self.b)).tanh().sum()
+
+    model, x = Sum(), torch.randn(4, 6)
+    torch._dynamo.reset()
+    compiled = tilefuse.compile(model, target="cpu", fallback="error")
+    for _ in range(3):
+        compiled(x).backward()
+        assert model.a.grad.untyped_storage().data_ptr() != model.b.grad.untyped_storage().data_ptr()
+        model.a.grad.mul_(0.0)
+        assert model.b.grad.abs().sum() > 0
+        model.zero_grad(set_to_none=True)

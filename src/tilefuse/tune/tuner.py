@@ -85,7 +85,8 @@ COMPILE_S_PER_CANDIDATE = 1.0
 #: compile of another candidate of its plan (and at least `STRAGGLER_MIN_S`) is left out: a
 #: kernel that compiles several times longer than its siblings is usually one whose registers
 #: spill (T5's decoder attention on an H100: its two candidates compiled in 3.3 s and 9.8 s, one
-#: of them with 4.4 KB of stack), and the plan's compile would wait for it
+#: of them with 4.4 KB of stack), and the plan's compile would wait for it; only once at least as
+#: many of the others have finished as are still compiling (an outlier, not a slow host)
 STRAGGLER_FACTOR = 1.5
 STRAGGLER_MIN_S = 2.0
 #: at most this many samples per candidate (the bandit's bookkeeping grows with the samples, and a
@@ -754,22 +755,32 @@ class _Bench:
         decides then), or why the candidate is left out — one of its compiles has run
         `STRAGGLER_FACTOR` times as long as the longest finished compile of another candidate
         of the plan (`others`, those not failed; and at least `STRAGGLER_MIN_S`), once at least
-        half of the others have finished. A compile still queued for a worker is waited for."""
+        as many of the others have finished compiling as are still compiling. A compile still
+        queued for a worker is waited for."""
         while True:
             states = self._compile_states(schedule)
             if states is None or all(done for done, _, _ in states):
                 return None
             running = max((r for done, r, _ in states if not done and r is not None), default=0.0)
             finished = [t for t in map(self._compiled_in, others) if t is not None]
-            # (an outlier among its siblings: while fewer than half of the others have finished,
-            # a slow compile is the norm on this host — the first graph's workers still warming,
-            # a busy machine — not a spilling kernel)
-            if finished and 2 * len(finished) >= len(others):
+            # (an outlier among its siblings: while fewer of the others compiling in workers have
+            # finished than are still compiling, a slow compile is the norm on this host — the
+            # first graph's workers still warming, a busy machine — not a spilling kernel)
+            if finished and len(finished) >= self._still_compiling(others):
                 allowed = max(STRAGGLER_MIN_S, STRAGGLER_FACTOR * max(finished))
                 if running > allowed:
                     return (f"still compiling after {running:.1f} s, over the {allowed:.1f} s allowed (the "
                             f"longest compile of another candidate: {max(finished):.1f} s)")
             time.sleep(poll_s)
+
+    def _still_compiling(self, schedules: list) -> int:
+        """How many of `schedules` have a kernel still compiling (or queued) in a worker; those
+        with nothing there (a library call, a kernel found on disk) count neither way."""
+        count = 0
+        for schedule in schedules:
+            states = self._compile_states(schedule)
+            count += bool(states) and not all(done for done, _, _ in states)
+        return count
 
     def _buffer(self, name, spec):
         if name in self.buffers:
