@@ -547,3 +547,32 @@ def test_a_graph_returning_a_tensor_subclass_keeps_aotautograds_wrapper(tmp_path
         torch.testing.assert_close(out.a, a * 2)
         torch.testing.assert_close(out.b, b + 1)
     assert lean.count == 0
+
+
+def test_a_training_graph_runs_as_a_warm_one_after_its_first_steps(tmp_path, monkeypatch):
+    """A cold compile of a plain training graph: AOTAutograd's function runs its first two
+    steps (the entry is whole once the backward has run), then the same compiled graphs run
+    through the front cache's autograd function, as a warm process runs them — each step's
+    loss and gradients eager's; nothing compiled again."""
+    traces = TracesCounted(monkeypatch)
+    torch._dynamo.reset()
+    torch.manual_seed(5)
+    model = _Block()
+    reference = copy.deepcopy(model).double()
+    compiled = tilefuse.compile(model, fallback="error", cache_dir=str(tmp_path), graph_cache=True)
+    nodes = []
+    for _ in range(4):
+        x = torch.randn(2, 5, 12)
+        out = compiled(x)
+        nodes.append(type(out.grad_fn).__name__)
+        loss = out.square().mean()
+        loss.backward()
+        want = reference(x.double()).square().mean()
+        want.backward()
+        torch.testing.assert_close(loss.double(), want, atol=1e-5, rtol=1e-5)
+        for p, r in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad.double(), r.grad, atol=1e-5, rtol=1e-5)
+            p.grad, r.grad = None, None
+    assert traces.count == 1
+    assert nodes[:2] == ["CompiledFunctionBackward"] * 2, nodes
+    assert nodes[2:] == ["CompiledGraphFunctionBackward"] * 2, nodes

@@ -131,6 +131,7 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, settings
         with _process_settings(settings):  # (the entry goes where the compile's cache is)
             plain = _remember_front(gm, report, views, mutated, static)
     elif front is not None:
+        front.graphs[kind] = (compiled, report)
         if kind == "forward":
             front.forward_compiled(_fw_metadata(), gm, gm.meta.get(SAVED_FROM), report.graph_key, views, mutated)
         else:
@@ -143,7 +144,7 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, settings
                 front.ran_once(kind)
     private_from = None if inference else gm.meta.get(SAVED_FROM) if kind == "forward" else 0
     run = _runner(name, gm, compiled, report, settings, options, inference, views, mutated, static, ran_once,
-                  private_from=private_from)
+                  private_from=private_from, gradients=kind == "backward")
     lean = _lean_inference.get()
     if inference and lean is not None:
         lean["compiles"] = lean.get("compiles", 0) + 1
@@ -154,19 +155,20 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, settings
 
 def _runner(name, gm, compiled, report, settings: dict, options: Options, inference: bool, views, mutated: list,
             static: list, ran_once: Callable | None = None, autocast_off: bool = False,
-            private_from: int | None = None):
+            private_from: int | None = None, gradients: bool = False):
     """The function that runs a compiled graph for AOTAutograd (or, from the front cache, for
     Dynamo): CUDA graphs where asked, the views of its outputs rebuilt, the fallback on a
     failed first launch, verify mode's check on the first run. `ran_once` is called after the
     first call that neither failed nor fell back; `autocast_off`: the compiled graph runs with
     autocast off (its eager fallback and verify's reference, Dynamo's graph, with autocast as
-    the caller has it); `private_from`: the first output only tilefuse's own code reads (a
-    training forward's saved tensors, a backward's gradients: `output_views.Rebuilder`)."""
+    the caller has it); `private_from`, `gradients`: which output views may be tensors of their
+    own over their storage (a training forward's saved tensors, a backward's gradients that
+    are sole views of an intermediate: `output_views.Rebuilder`)."""
     if options.cuda_graphs:
         compiled = _with_cuda_graphs(compiled, report, inference, mutated, static)
     _record(report, gm, settings, options)
     state = {"first": True, "runner": compiled}
-    rebuild_views = output_views.Rebuilder(views, private_from) if views else None
+    rebuild_views = output_views.Rebuilder(views, private_from, gradients) if views else None
 
     def run(*args):
         runner = state["runner"]
@@ -303,17 +305,20 @@ def _without_grad(run, autocast_off: bool = False):
     return without_grad
 
 
-def _front_training_runner(name, gm, record: dict, forward, backward, settings: dict, options: Options):
+def _front_training_runner(name, gm, record: dict, forward, backward, settings: dict, options: Options,
+                           record_reports: bool = True):
     """A training graph from the front cache: AOTAutograd's autograd function rebuilt around the
     stored forward and backward (`front_autograd`); Dynamo's graph runs eagerly, with the
-    fallback's warning, if the first call fails."""
+    fallback's warning, if the first call fails. `record_reports`: the graphs' reports join
+    `last_compilations` (not where this process compiled them and recorded them then)."""
     from .front_autograd import autograd_runner
 
     (fw, fw_report), (bw, bw_report) = forward, backward
-    for report in (fw_report, bw_report):
+    for report in (fw_report, bw_report) if record_reports else ():
         _record(report, gm, settings, options)
     rebuild_views = output_views.Rebuilder(record["views"], record["outputs"]) if record["views"] else None
-    rebuild_grads = output_views.Rebuilder(record["backward_views"], 0) if record["backward_views"] else None
+    rebuild_grads = output_views.Rebuilder(record["backward_views"], 0, gradients=True) \
+        if record["backward_views"] else None
 
     def run_forward(*args):
         out = fw(*args)
@@ -508,7 +513,38 @@ def _aot_compiled(gm: torch.fx.GraphModule, example_inputs, settings: dict):
         # without AOTAutograd's runtime wrapper, which passes such a graph's arguments and
         # results through unchanged (1.3 µs a call on a 2-core CPU)
         return _without_grad(lean["runner"], autocast_off=autocast)
+    if entry is not None and not isinstance(gm, torch._dynamo.utils.GmWrapper):
+        return _lean_after_first_steps(traced, entry, gm, settings)
     return traced
+
+
+def _lean_after_first_steps(traced, entry, gm: torch.fx.GraphModule, settings: dict):
+    """A training graph AOTAutograd traced, called as a warm process calls it once its first
+    steps have run: AOTAutograd's function serves until the forward and backward have each run
+    once and the front-cache entry is whole (`TrainingEntry.complete`: the graph passed
+    `plain_training`, whose runtime wrapper does nothing tilefuse's own function does not), then
+    the same compiled graphs run through the front cache's autograd function
+    (`front_autograd`), without AOTAutograd's runtime wrapper (4–5% of a small CPU training
+    step's forward and backward). Autograd graphs of the earlier steps keep AOTAutograd's."""
+    state: dict = {"run": None}
+
+    def run(*args):
+        lean = state["run"]
+        if lean is not None:
+            return lean(*args)
+        out = traced(*args)
+        if entry.complete and {"forward", "backward"} <= entry.graphs.keys():
+            record = dict(entry.record, views=entry.views, backward_views=entry.backward_views)
+            forward, backward = entry.graphs["forward"], entry.graphs["backward"]
+            state["run"] = _front_training_runner(forward[1].graph_name, gm, record, forward, backward, settings,
+                                                  config.options(settings), record_reports=False)
+            entry.graphs.clear()  # (the runner holds them now)
+        return out
+
+    for name in ("zero_grad", "named_parameters", "named_buffers", "serialize"):
+        if hasattr(traced, name):
+            setattr(run, name, getattr(traced, name))
+    return run
 
 
 def _front_key_of(gm, example_inputs, settings: dict, training: bool) -> str | None:

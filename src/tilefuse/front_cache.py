@@ -295,6 +295,11 @@ class TrainingEntry:
         self.backward_views: list = []
         self.ran: set = set()
         self.refused = False
+        #: kind ("forward", "backward") -> (compiled graph, report), as compiled in this process
+        self.graphs: dict = {}
+        #: the entry is whole (both graphs compiled and run once, nothing refused): this process
+        #: may run them as a warm one would (`api._lean_after_first_steps`)
+        self.complete = False
 
     def forward_compiled(self, metadata, gm, saved_from: int | None, graph_key: str | None, views: list,
                          mutated: list) -> None:
@@ -332,6 +337,7 @@ class TrainingEntry:
         if self.refused or self.ran != {"forward", "backward"} or "backward_key" not in (self.record or {}):
             return
         self.refused = True  # (written once)
+        self.complete = True
         store(self.front_key, self.record, self.views, self.backward_views)
 
 
