@@ -524,8 +524,9 @@ def _lean_after_first_steps(traced, entry, gm: torch.fx.GraphModule, settings: d
     once and the front-cache entry is whole (`TrainingEntry.complete`: the graph passed
     `plain_training`, whose runtime wrapper does nothing tilefuse's own function does not), then
     the same compiled graphs run through the front cache's autograd function
-    (`front_autograd`), without AOTAutograd's runtime wrapper (4–5% of a small CPU training
-    step's forward and backward). Autograd graphs of the earlier steps keep AOTAutograd's."""
+    (`front_autograd`), without AOTAutograd's runtime wrapper (through which a small CPU
+    training step's forward and backward ran 4–5% slower than a warm process's). Autograd
+    graphs of the earlier steps keep AOTAutograd's."""
     state: dict = {"run": None}
 
     def run(*args):

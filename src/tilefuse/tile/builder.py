@@ -377,7 +377,6 @@ class KernelBuilder:
                 return False
         return True
 
-
     def _position_of(self, comp: Expr) -> sympy.Expr | None:
         """A load's index component as an expression of positions: an affine index, or a gather's
         index that is a position provably in range (`slopes[h]` with `h` a head coordinate);
