@@ -126,11 +126,12 @@ def generate(cg, env: dict, records: list):
         src.emit(f"b[{name!r}] = b[{target!r}]")
     src.names.update(empty_strided=torch.empty_strided, device=cg.device, Tensor=torch.Tensor,
                      num_threads=torch.get_num_threads, reinterpret=_reinterpret)
-    if fast_empty(cg.device) is not None:
-        src.names["empty"] = fast_empty(cg.device)
+    empty = fast_empty(cg.device)
+    if empty is not None:
+        src.names["empty"] = empty
 
     def allocation(shape, strides, dtype) -> str:
-        if "empty" in src.names:
+        if empty is not None:
             return f"empty({shape!r}, {strides!r}, {src.name_of(dtype, 'd')})"
         return f"empty_strided({shape!r}, {strides!r}, dtype={src.name_of(dtype, 'd')}, device=device)"
 
