@@ -48,9 +48,14 @@ def _check_flash_config(value: str) -> None:
         return
     parts = value.split(",")
     try:
-        bm, bn, warps, stages = (int(p) for p in parts)
+        bm, bn, warps, stages, *more = (int(p) for p in parts)
+        if len(more) > 1:
+            raise ValueError
     except ValueError:
-        raise ConfigError("must be 'BLOCK_M,BLOCK_N,warps,stages' (four integers) or empty") from None
+        raise ConfigError("must be 'BLOCK_M,BLOCK_N,warps,stages[,row_tiles]' (four or five integers) "
+                          "or empty") from None
+    if more and more[0] not in (1, 2, 4):
+        raise ConfigError(f"row_tiles={more[0]} must be 1, 2 or 4")
     for label, v, low, high in (("BLOCK_M", bm, 16, 256), ("BLOCK_N", bn, 16, 256), ("warps", warps, 1, 16)):
         if v < low or v > high or v & (v - 1):
             raise ConfigError(f"{label}={v} must be a power of two from {low} to {high}")
@@ -225,9 +230,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "outputs wide and a few rows deep, reading whole lines of memory (GPU and CPU); off: the row "
          "tiles of other reductions"),
     Knob("flash_config", str, "",
-         "attention kernels' 'BLOCK_M,BLOCK_N,warps,stages' (empty: the tuner's choice; blocks too large "
-         "for a kernel on the target are made smaller, with a warning)",
-         check=_check_flash_config, values="'BLOCK_M,BLOCK_N,warps,stages' or empty"),
+         "attention kernels' 'BLOCK_M,BLOCK_N,warps,stages[,row_tiles]' (empty: the tuner's choice; "
+         "row_tiles: how many BLOCK_M-row tiles one program carries through its key loop, default 1; "
+         "blocks too large for a kernel on the target are made smaller, with a warning)",
+         check=_check_flash_config, values="'BLOCK_M,BLOCK_N,warps,stages[,row_tiles]' or empty"),
     Knob("flash_split", int, 0,
          "key ranges per block of query rows in attention kernels (split and merge): 0 chooses by "
          "occupancy, 1 never splits, k > 1 forces k", minimum=0, maximum=1024),

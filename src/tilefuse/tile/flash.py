@@ -35,6 +35,7 @@ from .family import KernelFamily
 from .common import (LoweringOptions, bound_check, combine, dot_accumulator, dot_operand, full_tile, identity_const,
                      index_values, lane_ranges, mapped, needs_int64, pow2, rebase, static_int, tile_symbol)
 from .roofline import concurrency, tile_efficiency
+from .row_tiles import jam_rows
 from .score_rewrites import exp_as_exp2, positive_scale, pull_scales, relax_for_low_precision
 from .schedule import Schedule, schedule_over
 from .space import SMEM_PER_BLOCK, ScheduleSpace, shrink_dot_tiles
@@ -214,8 +215,12 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
             b.bound[st.node] = running[st.node][1]
             updates.append(Assign(carried.name, value))
 
-        def product(weights, values):
-            """dot(weights, values) of this key tile, its operands rounded as eager rounds them."""
+        def product(weights, values, onto):
+            """onto + dot(weights, values) of this key tile, its operands rounded as eager rounds
+            them. On a GPU the product accumulates into `onto` itself, as a flash kernel's P·V
+            does (a product tile beside the accumulator would hold a second accumulator's
+            registers); the C++ backend finds `onto + dot(...)` from a zero tile and accumulates
+            in place itself."""
             a_expr, a_dtype = dot_operand(relax(edit(weights)))
             v_expr, v_dtype = dot_operand(values)
             if info.post is not None and v_dtype.is_low_precision:
@@ -232,13 +237,15 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
                 b.emit(TransposeTile(v_tile.name, same))
             else:
                 v_tile = _zero_masked(b, b.value(v_read, mask=v_mask), v_mask, "v")
-            return _dot(b, "pv", ("BLOCK_M", "BLOCK_DN"), p_tile, v_tile, accd,
-                        a_dtype if a_dtype == v_dtype and not options.target.interpret else accd)
+            operands = a_dtype if a_dtype == v_dtype and not options.target.interpret else accd
+            if options.target.on_cpu:
+                return binary("add", onto, _dot(b, "pv", ("BLOCK_M", "BLOCK_DN"), p_tile, v_tile, accd, operands))
+            return _dot(b, "pv", ("BLOCK_M", "BLOCK_DN"), p_tile, v_tile, accd, operands, onto=onto)
 
         rebased = rebase(b, graph, acc, o_stage.repair, running) if o_stage.repair is not None else acc
-        updates.append(Assign(acc.name, binary("add", rebased, product(info.a, info.b))))
+        updates.append(Assign(acc.name, product(info.a, info.b, rebased)))
         for sib, sib_acc in zip(info.siblings, sibling_accs):
-            updates.append(Assign(sib_acc.name, binary("add", sib_acc, product(sib.a, sib.b))))
+            updates.append(Assign(sib_acc.name, product(sib.a, sib.b, sib_acc)))
         for u in updates:
             b.emit(u)
         b.restrict_masks(None, {})
@@ -283,19 +290,36 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
         b.store(_part_name(plan, "acc"), (Index(tile_symbol("pid_s")), Index(tile_symbol("pid_b")), Index(rm), Index(rn)), acc, omask)
         plan.notes.append(f"{o_node.name}: split into {splits} ranges of keys per block of rows; partial "
                           f"states merged by {plan.name}_merge with the same rolling updates")
-        return TileKernel(kname, b.finish_params(), constexprs, numel=M * DN * nbatch,
-                          grid=(sympy.ceiling(M / tile_symbol("BLOCK_M")), nbatch, splits), body=b.body, num_warps=warps,
-                          num_stages=stages, reads=b.reads, writes=b.writes, kind=KernelKind.FLASH,
-                          plan=plan, scratch=dict(b.scratch))  # its partial states and any block summary
+        return _in_row_tiles(TileKernel(
+            kname, b.finish_params(), constexprs, numel=M * DN * nbatch,
+            grid=(sympy.ceiling(M / tile_symbol("BLOCK_M")), nbatch, splits), body=b.body, num_warps=warps,
+            num_stages=stages, reads=b.reads, writes=b.writes, kind=KernelKind.FLASH,
+            plan=plan, scratch=dict(b.scratch)), schedule, plan)  # its partial states and any block summary
     for st in reduces:
         b.bound[st.node] = b.let(_finished(state[st.node], graph[st.node]), "red")
     for sib, sib_acc in zip(info.siblings, sibling_accs):
         b.bound[sib.node] = b.let(cast(sib_acc, graph[sib.node].dtype), "out")
     _finish(b, graph, plan, acc, rm, rn, m_ok, omask, coords, at)
-    return TileKernel(plan.name, b.finish_params(), constexprs, numel=M * DN * nbatch,
-                      grid=(sympy.ceiling(M / tile_symbol("BLOCK_M")), nbatch), body=b.body, num_warps=warps,
-                      num_stages=stages, reads=b.reads, writes=b.writes, kind=KernelKind.FLASH,
-                      plan=plan, scratch=summary.scratch() if summary is not None else {})
+    return _in_row_tiles(TileKernel(
+        plan.name, b.finish_params(), constexprs, numel=M * DN * nbatch,
+        grid=(sympy.ceiling(M / tile_symbol("BLOCK_M")), nbatch), body=b.body, num_warps=warps,
+        num_stages=stages, reads=b.reads, writes=b.writes, kind=KernelKind.FLASH,
+        plan=plan, scratch=summary.scratch() if summary is not None else {}), schedule, plan)
+
+
+def _in_row_tiles(kernel: TileKernel, schedule: Schedule, plan: KernelPlan) -> TileKernel:
+    """The kernel with the schedule's row tiles per program (`tile.row_tiles`), or as it is when
+    it has one, or when its rows do not enter its loop the same way (the plan's notes say why)."""
+    copies = schedule.get("row_tiles", 1)
+    if copies <= 1:
+        return kernel
+    jammed, why = jam_rows(kernel, copies)
+    if jammed is None:
+        plan.notes.append(f"{kernel.name}: one row tile per program, not {copies}: {why}")
+        return kernel
+    plan.notes.append(f"{kernel.name}: each program carries {copies} row tiles of {kernel.constexprs['BLOCK_M']} "
+                      f"rows through one key loop (one tile's exponentials overlap the other's products)")
+    return jammed
 
 
 def _plain_read(b: KernelBuilder, e: Expr):
@@ -312,12 +336,14 @@ def _zero_masked(b: KernelBuilder, tile, mask, prefix: str):
     return tile if mask is None else b.let(where(mask, tile, Const(0.0, tile.dtype)), prefix)
 
 
-def _dot(b: KernelBuilder, prefix: str, shape: tuple, x, y, accd, operand_dtype) -> Var:
-    """A fresh accumulator tile of `shape` holding dot(x, y), its operands in `operand_dtype`
-    (the tensor cores' bf16/fp16 when both are, else the accumulator's dtype)."""
+def _dot(b: KernelBuilder, prefix: str, shape: tuple, x, y, accd, operand_dtype, onto=None) -> Var:
+    """A fresh accumulator tile of `shape` holding dot(x, y) (`onto` + dot(x, y) when given),
+    its operands in `operand_dtype` (the tensor cores' bf16/fp16 when both are, else the
+    accumulator's dtype)."""
     name = b.fresh(prefix)
     b.emit(Full(name, shape, 0.0, accd))
-    b.emit(DotTile(name, x, y, Var(name, accd), operand_dtype if operand_dtype.is_low_precision else accd))
+    start = Var(name, accd) if onto is None else onto
+    b.emit(DotTile(name, x, y, start, operand_dtype if operand_dtype.is_low_precision else accd))
     return Var(name, accd)
 
 
@@ -365,13 +391,31 @@ def _flash_sizes(graph: Graph, plan: KernelPlan) -> tuple:
     return M, N, DN, DK, batch
 
 
-#: the knobs of the flash kernel's tiles (the split is `split_factor`'s)
-TILE_KNOBS = ("BLOCK_M", "BLOCK_N", "warps", "stages")
+#: the knobs of the flash kernel's tiles (the split is `split_factor`'s); `row_tiles`: how many
+#: independent BLOCK_M-row tiles one program carries through its key loop (`tile.row_tiles`)
+TILE_KNOBS = ("BLOCK_M", "BLOCK_N", "warps", "stages", "row_tiles")
+
+
+def _rows_independent(plan: KernelPlan) -> bool:
+    """The plan reads no mask, so its key loop is the same for every block of rows: a program may
+    carry several row tiles through it (`tile.row_tiles`). Forward kernels only (the backward's
+    recomputing plans keep one row tile)."""
+    from ..fusion.masking import masked_condition
+
+    info = plan.flash
+    return not info.scores and (info.masked is None or masked_condition(info.masked) is None)
+
+
+def _row_tiles_apply(plan: KernelPlan, options: LoweringOptions, low: bool, head: int) -> bool:
+    """Whether the rules and the search consider two row tiles per program: a GPU's forward
+    kernel over tensor-core operands whose two accumulators fit the registers (head dim <= 128)."""
+    return low and head <= 128 and not options.target.on_cpu and not options.target.interpret \
+        and _rows_independent(plan)
 
 
 def _tiles_schedule(graph: Graph, plan: KernelPlan, options: LoweringOptions) -> Schedule:
-    """BLOCK_M, BLOCK_N, warps and stages: a tuned schedule's, else TILEFUSE_FLASH_CONFIG's, else
-    the rules'."""
+    """BLOCK_M, BLOCK_N, warps, stages and row tiles: a tuned schedule's, else
+    TILEFUSE_FLASH_CONFIG's, else the rules'."""
     M, N, DN, DK, batch = _flash_sizes(graph, plan)
     head = max(16, pow2(static_int(DN)), pow2(static_int(DK)))
     low = dot_operand(plan.flash.q)[1].is_low_precision
@@ -389,15 +433,27 @@ def _tiles_schedule(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
             bm, bn, warps, stages = (64, 64, 4, 3) if two_accumulators and head < 128 else (128, 64, 8, 3)
         if static_int(M) is not None:
             bm = min(bm, max(16, pow2(static_int(M))))
+    row_tiles = 1
+    if _row_tiles_apply(plan, options, low, head) and head <= 64 and (static_int(M) or 0) >= 1024:
+        # two row tiles per program, the best of a sweep on an H100 (docs/benchmarks.md,
+        # forty-third section): 2×64 rows of 128 keys with 4 warps, 437 TFLOP/s at head dim 64
+        # against 400 for one tile (cuDNN 455). At head dim 128 the generated kernel's two
+        # 128-row tiles ran slower than one (347 against 507), though a hand-written one ran
+        # faster (560): the search may still pick them there
+        bm, bn, warps, stages, row_tiles = 64, 128, 4, 2, 2
     if options.flash_config:
         from ..config import knob
 
         # the knob's own check (a caller may build LoweringOptions by hand); whether the
         # blocks fit this kernel on its target is tile.fit's question, after lowering
         value = knob("flash_config").parse(options.flash_config, "flash_config")
-        bm, bn, warps, stages = (int(v) for v in value.split(","))
-    rules = Schedule(zip(TILE_KNOBS, (bm, bn, warps, stages)))
-    return schedule_over(rules, options.schedule).pick(TILE_KNOBS)
+        bm, bn, warps, stages, *more = (int(v) for v in value.split(","))
+        row_tiles = more[0] if more else 1
+    rules = Schedule(zip(TILE_KNOBS, (bm, bn, warps, stages, row_tiles)))
+    chosen = schedule_over(rules, options.schedule)
+    if options.schedule and "row_tiles" not in options.schedule:
+        chosen = chosen.replace(row_tiles=1)  # a schedule tuned before the knob existed: one row tile
+    return chosen.pick(TILE_KNOBS)
 
 
 def flash_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
@@ -423,18 +479,24 @@ def flash_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
                  "warps": (4, 8), "stages": (2, 3, 4), "split": tuple(sorted({1, auto, max(1, auto // 2), 2 * auto}))}
     elif low:
         knobs = {"BLOCK_M": (64, 128), "BLOCK_N": (32, 64, 128), "warps": (4, 8), "stages": (2, 3, 4)}
+        head = max(16, pow2(static_int(DN)), pow2(static_int(DK)))
+        if _row_tiles_apply(plan, options, low, head):
+            knobs["row_tiles"] = (1, 2)
     else:
         knobs = {"BLOCK_M": (32, 64), "BLOCK_N": (32, 64), "warps": (4, 8), "stages": (2, 3)}
 
+    if "row_tiles" not in knobs and default.get("row_tiles") == 1:
+        default = default.pick(k for k in default if k != "row_tiles")  # (a knob the search does not turn)
     smem_limit = getattr(options.target.limits, "shared_memory", None) or SMEM_PER_BLOCK
 
     def valid(s: Schedule) -> bool:
-        if rows is not None and s["BLOCK_M"] > max(1 if options.target.on_cpu else 16, pow2(rows)):
+        row_tiles = s.get("row_tiles", 1)
+        if rows is not None and s["BLOCK_M"] * row_tiles > max(1 if options.target.on_cpu else 16, pow2(rows)):
             return False
-        # K and V tiles pipelined over the stages, the Q tile once (tile.limits measures the same)
-        smem = s["stages"] * s["BLOCK_N"] * (dk + dn * staged) * item + s["BLOCK_M"] * dk * item
-        # fp32 values per thread: the accumulators and the score tiles alive at once
-        regs = s["BLOCK_M"] * (dn * products + s["BLOCK_N"] * tiles) // (32 * s["warps"])
+        # K and V tiles pipelined over the stages, the Q tiles once (tile.limits measures the same)
+        smem = s["stages"] * s["BLOCK_N"] * (dk + dn * staged) * item + row_tiles * s["BLOCK_M"] * dk * item
+        # fp32 values per thread: the accumulators and the score tiles alive at once, per row tile
+        regs = row_tiles * s["BLOCK_M"] * (dn * products + s["BLOCK_N"] * tiles) // (32 * s["warps"])
         # score tiles over 128×64 spill in the backward's kernels (128×128: 2–3× slower on the
         # H200, docs/benchmarks.md, twentieth section), whatever the count above says
         small_scores = not plan.flash.scores or s["BLOCK_M"] * s["BLOCK_N"] <= 128 * 64
@@ -443,8 +505,9 @@ def flash_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
     nbatch = static_int(sympy.Mul(*batch)) if batch else 1
     sizes = {"M": rows, "N": static_int(N), "D": max(dn, dk), "batch": nbatch,
              "dots": len(score_products(plan)) + products}
+    # (one row tile or two: the model cannot rank the overlap reliably; the best of each is measured)
     return ScheduleSpace("flash", knobs, default, sizes=sizes, itemsize=item, valid=valid,
-                         plan_kind=PlanKind.FLASH)
+                         families=("row_tiles",) if "row_tiles" in knobs else (), plan_kind=PlanKind.FLASH)
 
 
 def _values_shared_with_keys(plan: KernelPlan, options: LoweringOptions) -> int:
@@ -776,29 +839,34 @@ def current_flash_schedule(graph: Graph, plan: KernelPlan, options: LoweringOpti
 
 
 def shrink_flash(plan: KernelPlan, schedule: Schedule, resource: str, options: LoweringOptions) -> Schedule | None:
+    if schedule.get("row_tiles", 1) > 1:  # one row tile per program before smaller tiles
+        return schedule.replace(row_tiles=1)
     return shrink_dot_tiles(schedule, resource, ("BLOCK_M", "BLOCK_N"))
 
 
 def flash_time(space, schedule: Schedule, c) -> float:
     """The dots per key tile (two for attention) against the exp/max/sum per score, or the K
-    and V traffic of every block of rows, whichever is larger; a split adds its merge kernel."""
+    and V traffic of every block of rows, whichever is larger; a split adds its merge kernel.
+    Row tiles change only the rows per program: whether one tile's exponentials overlap the
+    other's products is measured (the space's `families`), not predicted."""
     s = space.sizes
     M, N, D, batch = s.get("M"), s.get("N"), s.get("D"), s.get("batch") or 1
     if None in (M, N, D):
         return math.inf
     bm, bn, warps, stages = schedule["BLOCK_M"], schedule["BLOCK_N"], schedule["warps"], schedule["stages"]
-    split = schedule.get("split", 1)
-    programs = math.ceil(M / bm) * batch * split
-    smem = stages * bn * 2 * D * space.itemsize + bm * D * space.itemsize
+    split, row_tiles = schedule.get("split", 1), schedule.get("row_tiles", 1)
+    rows = bm * row_tiles  # a program's rows
+    programs = math.ceil(M / rows) * batch * split
+    smem = stages * bn * 2 * D * space.itemsize + rows * D * space.itemsize
     slots = concurrency(smem, warps, c.sm_count)
     waves = math.ceil(programs / slots)
     keys = math.ceil(N / split / bn) * bn
-    flops = 2.0 * (s.get("dots") or 2) * bm * keys * D  # score and output dots per key tile
-    vector = 10.0 * bm * keys  # exp2, max, sum, scale per score
+    flops = 2.0 * (s.get("dots") or 2) * rows * keys * D  # score and output dots per key tile
+    vector = 10.0 * rows * keys  # exp2, max, sum, scale per score
     per_sm = min(slots // c.sm_count, math.ceil(programs / c.sm_count))
     sm_rate = c.matrix_flops / c.sm_count * tile_efficiency(bm, min(bn, D), warps)
     t_compute = waves * per_sm * max(flops / sm_rate, vector / (c.vector_flops / c.sm_count))
-    kv_bytes = math.ceil(M / bm) * batch * N * 2 * D * space.itemsize
+    kv_bytes = math.ceil(M / rows) * batch * N * 2 * D * space.itemsize
     t_memory = kv_bytes / c.bandwidth
     merge = 4e-6 if split > 1 else 0.0
     return max(t_compute, t_memory) * (1.0 + 0.15 / stages) + 3e-6 + merge

@@ -247,27 +247,37 @@ def expr_names(e: Expr) -> set[str]:
 
 def stmt_exprs(s: Stmt) -> list:
     """The expressions a statement reads, its own only (a loop's bounds, not its body)."""
-    if isinstance(s, (Let, Assign, BroadcastTile, ReduceTile, TransposeTile)):
-        return [s.value]
-    if isinstance(s, Arange):
-        return [s.start]
-    if isinstance(s, LoadTile):
-        return [s.offset] + ([s.mask] if s.mask is not None else [])
-    if isinstance(s, StoreTile):
-        return [s.offset, s.value] + ([s.mask] if s.mask is not None else [])
-    if isinstance(s, ArgReduceTile):
-        return [s.value, s.index]
-    if isinstance(s, DotTile):
-        return [s.a, s.b, s.acc]
-    if isinstance(s, For):
-        return [s.start, s.stop]
-    if isinstance(s, MakeDescriptor):
-        return [s.base, *s.shape, *s.strides]
-    if isinstance(s, DescriptorLoad):
-        return list(s.offsets)
-    if isinstance(s, Check):
-        return [s.ok] + ([s.size] if s.size is not None else [])
-    return []
+    out = []
+    for name in _EXPR_FIELDS.get(type(s), ()):
+        value = getattr(s, name)
+        if isinstance(value, tuple):
+            out.extend(value)
+        elif value is not None:
+            out.append(value)
+    return out
+
+
+#: the fields of each statement that hold expressions it reads (tuples hold several)
+_EXPR_FIELDS = {Let: ("value",), Assign: ("value",), BroadcastTile: ("value",), ReduceTile: ("value",),
+                TransposeTile: ("value",), Arange: ("start",), LoadTile: ("offset", "mask"),
+                StoreTile: ("offset", "value", "mask"), ArgReduceTile: ("value", "index"), DotTile: ("a", "b", "acc"),
+                For: ("start", "stop"), MakeDescriptor: ("base", "shape", "strides"), DescriptorLoad: ("offsets",),
+                Check: ("ok", "size")}
+
+
+def with_exprs(s: Stmt, fn) -> Stmt:
+    """A copy of `s` with every expression it reads (those `stmt_exprs` lists) replaced by
+    `fn(expr)`; a loop's body is kept as it is."""
+    from dataclasses import replace
+
+    changes = {}
+    for name in _EXPR_FIELDS.get(type(s), ()):
+        value = getattr(s, name)
+        if isinstance(value, tuple):
+            changes[name] = tuple(fn(v) for v in value)
+        elif value is not None:
+            changes[name] = fn(value)
+    return replace(s, **changes) if changes else s
 
 
 def statements(stmts):

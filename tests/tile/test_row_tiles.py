@@ -1,0 +1,155 @@
+"""Row tiles (`tile.row_tiles`): a flash program's rows as several independent tiles sharing each
+key tile. The transformed kernels run through the C++ backend and the Triton interpreter against
+an fp64 eager reference; the transformation shares what does not depend on the rows, renames what
+does, refuses kernels whose loops depend on the rows, and the GPU's rules and search offer it only
+where it applies."""
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+import tilefuse
+from lowered_plans import recorded_lowerings
+from tilefuse.errors import ConfigError
+from tilefuse.tile import flash
+from tilefuse.tile.ir import DotTile, For, LoadTile, statements
+from tilefuse.tile.limits import shared_memory_bytes
+from tilefuse.tile.lower import lower_plan_kernels, schedule_space
+from tilefuse.tile.row_tiles import jam_rows
+from tilefuse.tile.target import Target
+from tilefuse.tile.verify import verify_tile_kernel
+
+
+def _plain(q, k, v):
+    return torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1) @ v
+
+
+def _softcap(q, k, v):
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    return torch.softmax(torch.tanh(s / 7.0) * 7.0, dim=-1) @ v
+
+
+def _biased(q, k, v, bias):
+    return torch.softmax(q @ k.transpose(-1, -2) * 0.3 + bias, dim=-1) @ v
+
+
+def _causal(q, k, v):
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    i = torch.arange(s.shape[-2])[:, None]
+    j = torch.arange(s.shape[-1])[None, :]
+    return torch.softmax(torch.where(j > i, float("-inf"), s), dim=-1) @ v
+
+
+def _flash_of(fn, *args, **knobs):
+    torch._dynamo.reset()
+    with recorded_lowerings() as seen, tilefuse.config.patch(target="cpu", fallback="error", **knobs):
+        torch.compile(fn, backend="tilefuse", dynamic=False)(*args)
+    found = [x for x in seen if x[1].kind == "flash"]
+    assert found, "no flash kernel"
+    return found[0]
+
+
+def _gpu(options, schedule):
+    return replace(options, target=Target.gpu(sm_count=132), schedule=schedule)
+
+
+def _rand(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=dtype)
+
+
+def test_a_program_carries_two_row_tiles_that_share_each_key_tile():
+    graph, plan, options = _flash_of(_plain, *(_rand(1, 2, 256, 64) for _ in range(3)))
+    schedule = {"BLOCK_M": 64, "BLOCK_N": 32, "warps": 4, "stages": 3, "row_tiles": 1}
+    (one,) = lower_plan_kernels(graph, plan, _gpu(options, schedule))
+    (two,) = lower_plan_kernels(graph, plan, _gpu(options, {**schedule, "row_tiles": 2}))
+    verify_tile_kernel(two)
+    loop_one = next(s for s in one.body if isinstance(s, For))
+    loop_two = next(s for s in two.body if isinstance(s, For))
+    loads_one = [s for s in statements(loop_one.body) if isinstance(s, LoadTile)]
+    loads_two = [s for s in statements(loop_two.body) if isinstance(s, LoadTile)]
+    assert len(loads_two) == len(loads_one)  # K and V tiles loaded once for both row tiles
+    dots_one = [s for s in statements(loop_one.body) if isinstance(s, DotTile)]
+    dots_two = [s for s in statements(loop_two.body) if isinstance(s, DotTile)]
+    assert len(dots_two) == 2 * len(dots_one)
+    assert one.grid_size({})[0] == 256 // 64 and two.grid_size({})[0] == 256 // (2 * 64)
+    # the Q tiles twice, the pipelined K and V tiles once
+    assert shared_memory_bytes(two) == shared_memory_bytes(one) + 64 * 64 * 4
+    assert any("2 row tiles" in n for n in plan.notes)
+
+
+def test_a_kernel_whose_key_range_depends_on_its_rows_is_refused():
+    graph, plan, options = _flash_of(_causal, *(_rand(1, 2, 256, 64) for _ in range(3)))
+    schedule = {"BLOCK_M": 64, "BLOCK_N": 32, "warps": 4, "stages": 3}
+    (kernel,) = lower_plan_kernels(graph, plan, _gpu(options, schedule))
+    jammed, why = jam_rows(kernel, 2)
+    assert jammed is None and ("pid" in why or "loop" in why), why
+    (kept,) = lower_plan_kernels(graph, plan, _gpu(options, {**schedule, "row_tiles": 2}))
+    assert str(kept) == str(kernel)
+    assert any("one row tile per program" in n for n in plan.notes)
+
+
+@pytest.mark.parametrize("fn", [_plain, _softcap, _causal], ids=["plain", "softcap", "causal"])
+@pytest.mark.parametrize("shape", [(2, 3, 100, 32), (1, 2, 257, 40)])
+@pytest.mark.parametrize("row_tiles", [2, 4])
+def test_row_tiles_compute_what_eager_computes_on_the_cpu(fn, shape, row_tiles):
+    q, k, v = (_rand(*shape) for _ in range(3))
+    torch._dynamo.reset()
+    compiled = tilefuse.compile(fn, target="cpu", fallback="error", flash_config=f"16,32,1,1,{row_tiles}")
+    out = compiled(q, k, v)
+    ref = fn(q.double(), k.double(), v.double())
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_row_tiles_with_a_broadcast_bias_and_non_contiguous_inputs():
+    b, h, n, d = 2, 3, 70, 24
+    q = _rand(b, n, h, d).transpose(1, 2)  # (strided: heads inside tokens)
+    k, v = _rand(b, h, d, n).transpose(-1, -2), _rand(b, h, n, d)
+    bias = _rand(1, h, 1, n)  # per head and key, broadcast over batch and rows
+    torch._dynamo.reset()
+    compiled = tilefuse.compile(_biased, target="cpu", fallback="error", flash_config="16,32,1,1,2")
+    out = compiled(q, k, v, bias)
+    ref = _biased(q.double(), k.double(), v.double(), bias.double())
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_row_tiles_through_the_triton_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    q, k, v = (_rand(1, 2, 97, 32, dtype=torch.float16) for _ in range(3))
+    torch._dynamo.reset()
+    compiled = tilefuse.compile(_softcap, target="interpret", fallback="error", flash_config="16,32,4,1,2")
+    out = compiled(q, k, v)
+    ref = _softcap(q.double(), k.double(), v.double())
+    torch.testing.assert_close(out.double(), ref, rtol=2e-3, atol=2e-3)
+
+
+def test_the_gpu_rules_take_two_row_tiles_for_long_unmasked_narrow_attention_only():
+    bf16 = torch.bfloat16
+    graph, plan, options = _flash_of(_plain, *(_rand(1, 2, 1024, 64, dtype=bf16) for _ in range(3)))
+    gpu = replace(options, target=Target.gpu(sm_count=132))
+    assert flash.current_flash_schedule(graph, plan, gpu)["row_tiles"] == 2
+    space = schedule_space(graph, plan, gpu)
+    assert space.knobs["row_tiles"] == (1, 2) and "row_tiles" in space.families
+    # a schedule tuned before the knob existed keeps one row tile
+    old = replace(gpu, schedule={"BLOCK_M": 128, "BLOCK_N": 64, "warps": 8, "stages": 3})
+    assert flash.current_flash_schedule(graph, plan, old)["row_tiles"] == 1
+    short = _flash_of(_plain, *(_rand(1, 2, 256, 64, dtype=bf16) for _ in range(3)))
+    assert flash.current_flash_schedule(short[0], short[1], replace(short[2], target=Target.gpu()))["row_tiles"] == 1
+    graph, plan, options = _flash_of(_causal, *(_rand(1, 2, 1024, 64, dtype=bf16) for _ in range(3)))
+    gpu = replace(options, target=Target.gpu(sm_count=132))
+    assert flash.current_flash_schedule(graph, plan, gpu)["row_tiles"] == 1
+    space = schedule_space(graph, plan, gpu)
+    assert "row_tiles" not in space.knobs and "row_tiles" not in space.default
+    # every schedule the search offers fits the registers: two 128-row tiles of 64 keys, not of 128
+    graph, plan, options = _flash_of(_plain, *(_rand(1, 2, 1024, 128, dtype=bf16) for _ in range(3)))
+    space = schedule_space(graph, plan, replace(options, target=Target.gpu(sm_count=132)))
+    jammed = [s for s in space.schedules() if s.get("row_tiles") == 2]
+    assert any(s["BLOCK_M"] == 128 and s["BLOCK_N"] == 64 and s["warps"] == 8 for s in jammed)
+    assert not any(s["BLOCK_M"] == 128 and s["BLOCK_N"] == 128 for s in jammed)
+
+
+@pytest.mark.parametrize("value", ["64,64,4,3,3", "64,64,4,3,2,1", "64,64,4,3,x"])
+def test_flash_config_rejects_a_bad_row_tile_count(value):
+    with pytest.raises(ConfigError):
+        with tilefuse.config.patch(flash_config=value):
+            pass
