@@ -181,7 +181,7 @@ def _registers_of_launched_kernels() -> list:
 
     found = []
     for obj in gc.get_objects():
-        if isinstance(obj, DirectLaunch):
+        if type(obj) is DirectLaunch:  # (type(): a dead weak proxy among the objects raises on isinstance)
             for compiled, _tail, _launcher in list(obj._compiled.values()):
                 if id(compiled) in _REPORTED:
                     continue

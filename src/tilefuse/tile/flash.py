@@ -35,6 +35,7 @@ from .family import KernelFamily
 from .common import (LoweringOptions, bound_check, combine, dot_accumulator, dot_operand, full_tile, identity_const,
                      index_values, lane_ranges, mapped, needs_int64, pow2, rebase, static_int, tile_symbol)
 from .roofline import concurrency, tile_efficiency
+from .index_width import narrowed
 from .row_tiles import jam_rows
 from .score_rewrites import exp_as_exp2, positive_scale, pull_scales, relax_for_low_precision
 from .schedule import Schedule, schedule_over
@@ -309,17 +310,19 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
 
 def _in_row_tiles(kernel: TileKernel, schedule: Schedule, plan: KernelPlan) -> TileKernel:
     """The kernel with the schedule's row tiles per program (`tile.row_tiles`), or as it is when
-    it has one, or when its rows do not enter its loop the same way (the plan's notes say why)."""
+    it has one, or when its rows do not enter its loop the same way (the plan's notes say why);
+    with 32-bit program ids where its index arithmetic provably fits them (`tile.index_width`:
+    the width rule above multiplies rows, keys, head dim and batch, far more than any offset)."""
     copies = schedule.get("row_tiles", 1)
     if copies <= 1:
-        return kernel
+        return narrowed(kernel)
     jammed, why = jam_rows(kernel, copies)
     if jammed is None:
         plan.notes.append(f"{kernel.name}: one row tile per program, not {copies}: {why}")
-        return kernel
+        return narrowed(kernel)
     plan.notes.append(f"{kernel.name}: each program carries {copies} row tiles of {kernel.constexprs['BLOCK_M']} "
                       f"rows through one key loop (one tile's exponentials overlap the other's products)")
-    return jammed
+    return narrowed(jammed)
 
 
 def _plain_read(b: KernelBuilder, e: Expr):
