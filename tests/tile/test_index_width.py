@@ -3,17 +3,17 @@ integer its index arithmetic forms — with masked lanes past the last tile, par
 products, values under a modulo — provably stays below 2**31; sizes it cannot bound (dynamic
 shapes, integers read from memory, random-number counters) keep the kernel as it was."""
 import math
+from dataclasses import replace
 
 import sympy
 import torch
 
-import tilefuse
-from tilefuse import compiler
+from lowered_plans import plans_of
 from tilefuse.ir import dtypes as dt
 from tilefuse.ir.expr import Binary, Index, Var, binary
 from tilefuse.tile.common import tile_symbol
 from tilefuse.tile.index_width import fits_int32, narrowed
-from tilefuse.tile.ir import Arange, For, LoadTile, Param, ProgramId, StoreTile, TileKernel
+from tilefuse.tile.ir import Arange, For, Let, LoadTile, Param, ProgramId, StoreTile, TileKernel
 from tilefuse.tile.lower import lower_plan_kernels
 from tilefuse.tile.target import Target
 
@@ -36,12 +36,22 @@ def _kernel(rows, keys, batch, offset, *, extra=(), block_m=128):
 
 def test_offsets_below_two_to_the_31_take_32_bit_program_ids():
     offset = Index(RJ + 4096 * RM + 4096 * 4096 * PID_B)
-    small = _kernel(4096, 4096, 127, offset)  # largest offset 127·2²⁴ - 1
+    small = _kernel(4096, 4096, 127, offset)  # largest offset 127·2²⁴ + 2²⁴ - 1
     assert fits_int32(small)
     assert not any(s.wide for s in narrowed(small).body if isinstance(s, ProgramId))
-    big = _kernel(4096, 4096, 128, offset)  # 2³¹ - 1 at the last element: its sum reaches 2³¹ on masked lanes
+    # 128 batch elements: 2³¹ - 1 at the last element, and the bound (a loop variable at most
+    # its stop, 4096, rather than the last tile's start) passes it: kept 64-bit
+    big = _kernel(4096, 4096, 128, offset)
     assert not fits_int32(big)
     assert narrowed(big) is big
+
+
+def test_a_quotient_is_bounded_as_printed_its_numerator_first():
+    """`floor((4096·rm + rj)/6144)` prints as `(rj + 4096·rm) // 6144` (the printer's
+    `as_numer_denom`): past 2¹⁹ rows the numerator passes 2³¹ though the quotient stays below 2²⁰."""
+    offset = Index(sympy.floor((4096 * RM + RJ) / 6144))
+    assert not fits_int32(_kernel(2**19 + 1, 64, 1, offset))
+    assert fits_int32(_kernel(2**14, 64, 1, offset))
 
 
 def test_masked_lanes_past_the_last_tile_count():
@@ -60,46 +70,27 @@ def test_a_modulo_bounds_its_value_but_not_what_it_reads():
 def test_sizes_it_cannot_bound_keep_64_bits():
     n = sympy.Symbol("s0", integer=True, positive=True)
     assert not fits_int32(_kernel(64, 64, 1, Index(RJ + n * RM)))
-    # an integer read from memory in the offset's arithmetic
-    gathered = LoadTile("ix", "buf", Index(RJ), None, dt.int32)
-    k = _kernel(64, 64, 1, binary("add", Index(RJ), binary("mul", Var("ix", dt.int32), Index(sympy.Integer(4)))),
-                extra=())
-    k.body[3].body.insert(1, gathered)
+    # an integer read from memory in the offset's arithmetic; the same arithmetic on a value
+    # computed from the ranges is bounded
+    offset = binary("add", Index(RJ), binary("mul", Var("ix", dt.int32), Index(sympy.Integer(4))))
+    k = _kernel(64, 64, 1, offset)
+    k.body[3].body.insert(1, LoadTile("ix", "buf", Index(RJ), None, dt.int32))
     assert not fits_int32(k)
-    # counter-based random numbers keep the width their counters were written with
+    k = _kernel(64, 64, 1, offset)
+    k.body[3].body.insert(1, Let("ix", Index(2 * RJ, dt.int32)))
+    assert fits_int32(k)
+    # counter-based random numbers are left as lowered
     k = _kernel(64, 64, 1, Index(RJ))
-    k.body[3].body.append(LoadTile("r", "buf", Binary("rand", Index(RJ), Index(RM), dt.float32), None, dt.float32))
+    k.body[3].body.append(Let("r", Binary("rand", Index(RJ), Index(RM), dt.float32)))
     assert not fits_int32(k)
 
 
 def _lowered_flash(shape):
-    seen = []
-
-    class Captured(Exception):
-        pass
-
-    def record(graph, plan, options):
-        seen.append((graph, plan, options))
-        raise Captured()
-
     def attention(q, k, v):
         return torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1) @ v
 
-    real = compiler._lower
-    compiler._lower = record
-    try:
-        torch._dynamo.reset()
-        qkv = [torch.empty(*shape, dtype=torch.bfloat16) for _ in range(3)]
-        with tilefuse.config.patch(target="cpu", fallback="error"):
-            try:
-                torch.compile(attention, backend="tilefuse", dynamic=False)(*qkv)
-            except Exception:  # noqa: BLE001 - the compile stops at its first lowering, captured
-                pass
-    finally:
-        compiler._lower = real
-    graph, plan, options = next(x for x in seen if x[1].kind == "flash")
-    from dataclasses import replace
-
+    qkv = [torch.empty(*shape, dtype=torch.bfloat16) for _ in range(3)]
+    graph, plan, options = next(x for x in plans_of(attention, *qkv) if x[1].kind == "flash")
     return lower_plan_kernels(graph, plan, replace(options, target=Target.gpu(sm_count=132)))
 
 

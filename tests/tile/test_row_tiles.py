@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import tilefuse
-from lowered_plans import recorded_lowerings
+from lowered_plans import plans_of, recorded_lowerings
 from tilefuse.errors import ConfigError
 from tilefuse.tile import flash
-from tilefuse.tile.ir import DotTile, For, LoadTile, statements
+from tilefuse.tile.ir import Arange, DotTile, For, LoadTile, statements
 from tilefuse.tile.limits import shared_memory_bytes
 from tilefuse.tile.lower import lower_plan_kernels, schedule_space
 from tilefuse.tile.row_tiles import jam_rows
@@ -48,6 +48,11 @@ def _flash_of(fn, *args, **knobs):
     found = [x for x in seen if x[1].kind == "flash"]
     assert found, "no flash kernel"
     return found[0]
+
+
+def _plan_only(fn, *args):
+    """The flash plan compiling `fn` lowers, captured without running it (large shapes)."""
+    return next(x for x in plans_of(fn, *args) if x[1].kind == "flash")
 
 
 def _gpu(options, schedule):
@@ -89,14 +94,23 @@ def test_a_kernel_whose_key_range_depends_on_its_rows_is_refused():
     assert any("one row tile per program" in n for n in plan.notes)
 
 
+def _jammed(kernels) -> bool:
+    return any(isinstance(s, Arange) and s.name == "rm_r1" for kern in kernels for s in statements(kern.body))
+
+
 @pytest.mark.parametrize("fn", [_plain, _softcap, _causal], ids=["plain", "softcap", "causal"])
-@pytest.mark.parametrize("shape", [(2, 3, 100, 32), (1, 2, 257, 40)])
+# (48 and 96 rows: whole tiles of 16 rows, but not whole programs of 32 or 64: the last program's
+# second tile lies past the rows and must be masked)
+@pytest.mark.parametrize("shape", [(2, 3, 100, 32), (1, 2, 257, 40), (2, 1, 48, 16), (1, 2, 96, 32)])
 @pytest.mark.parametrize("row_tiles", [2, 4])
 def test_row_tiles_compute_what_eager_computes_on_the_cpu(fn, shape, row_tiles):
     q, k, v = (_rand(*shape) for _ in range(3))
     torch._dynamo.reset()
+    kernels = []
     compiled = tilefuse.compile(fn, target="cpu", fallback="error", flash_config=f"16,32,1,1,{row_tiles}")
-    out = compiled(q, k, v)
+    with recorded_lowerings(kernels):
+        out = compiled(q, k, v)
+    assert _jammed(kernels) == (fn is not _causal)
     ref = fn(q.double(), k.double(), v.double())
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
 
@@ -108,7 +122,10 @@ def test_row_tiles_with_a_broadcast_bias_and_non_contiguous_inputs():
     bias = _rand(1, h, 1, n)  # per head and key, broadcast over batch and rows
     torch._dynamo.reset()
     compiled = tilefuse.compile(_biased, target="cpu", fallback="error", flash_config="16,32,1,1,2")
-    out = compiled(q, k, v, bias)
+    kernels = []
+    with recorded_lowerings(kernels):
+        out = compiled(q, k, v, bias)
+    assert _jammed(kernels)
     ref = _biased(q.double(), k.double(), v.double(), bias.double())
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
 
@@ -118,7 +135,10 @@ def test_row_tiles_through_the_triton_interpreter(monkeypatch):
     q, k, v = (_rand(1, 2, 97, 32, dtype=torch.float16) for _ in range(3))
     torch._dynamo.reset()
     compiled = tilefuse.compile(_softcap, target="interpret", fallback="error", flash_config="16,32,4,1,2")
-    out = compiled(q, k, v)
+    kernels = []
+    with recorded_lowerings(kernels):
+        out = compiled(q, k, v)
+    assert _jammed(kernels)
     ref = _softcap(q.double(), k.double(), v.double())
     torch.testing.assert_close(out.double(), ref, rtol=2e-3, atol=2e-3)
 
@@ -133,6 +153,10 @@ def test_the_gpu_rules_take_two_row_tiles_for_long_unmasked_narrow_attention_onl
     # a schedule tuned before the knob existed keeps one row tile
     old = replace(gpu, schedule={"BLOCK_M": 128, "BLOCK_N": 64, "warps": 8, "stages": 3})
     assert flash.current_flash_schedule(graph, plan, old)["row_tiles"] == 1
+    # 1088 rows: whole 64-row tiles, not whole programs of two: the rows are masked
+    graph, plan, options = _plan_only(_plain, *(torch.empty(4, 8, 1088, 64, dtype=bf16) for _ in range(3)))
+    (kernel,) = lower_plan_kernels(graph, plan, replace(options, target=Target.gpu(sm_count=132)))
+    assert _jammed([kernel]) and "mmask" in str(kernel)
     short = _flash_of(_plain, *(_rand(1, 2, 256, 64, dtype=bf16) for _ in range(3)))
     assert flash.current_flash_schedule(short[0], short[1], replace(short[2], target=Target.gpu()))["row_tiles"] == 1
     graph, plan, options = _flash_of(_causal, *(_rand(1, 2, 1024, 64, dtype=bf16) for _ in range(3)))

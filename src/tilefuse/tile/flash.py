@@ -122,7 +122,8 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
 
     coords, at = coordinates(con, o_node, batch_vals)
 
-    m_ok = bound_check(b, rm, M, bm, "mmask")
+    # (rows per program: with row tiles a program's last tile may pass M even where BLOCK_M divides it)
+    m_ok = bound_check(b, rm, M, bm * schedule.get("row_tiles", 1), "mmask")
     n_ok = bound_check(b, rn, DN, dn, "nmask")
     q_tiles, kk_oks = [], []
     for sc in scores:
@@ -317,12 +318,12 @@ def _in_row_tiles(kernel: TileKernel, schedule: Schedule, plan: KernelPlan) -> T
     if copies <= 1:
         return narrowed(kernel)
     jammed, why = jam_rows(kernel, copies)
-    if jammed is None:
-        plan.notes.append(f"{kernel.name}: one row tile per program, not {copies}: {why}")
-        return narrowed(kernel)
-    plan.notes.append(f"{kernel.name}: each program carries {copies} row tiles of {kernel.constexprs['BLOCK_M']} "
-                      f"rows through one key loop (one tile's exponentials overlap the other's products)")
-    return narrowed(jammed)
+    note = (f"{kernel.name}: one row tile per program, not {copies}: {why}" if jammed is None else
+            f"{kernel.name}: each program carries {copies} row tiles of {kernel.constexprs['BLOCK_M']} rows "
+            f"through one key loop (one tile's exponentials overlap the other's products)")
+    if note not in plan.notes:  # (tuning lowers the plan once per candidate)
+        plan.notes.append(note)
+    return narrowed(kernel if jammed is None else jammed)
 
 
 def _plain_read(b: KernelBuilder, e: Expr):
@@ -439,10 +440,10 @@ def _tiles_schedule(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
     row_tiles = 1
     if _row_tiles_apply(plan, options, low, head) and head <= 64 and (static_int(M) or 0) >= 1024:
         # two row tiles per program, the best of a sweep on an H100 (docs/benchmarks.md,
-        # forty-third section): 2×64 rows of 128 keys with 4 warps, 437 TFLOP/s at head dim 64
+        # forty-third section): 2×64 rows of 128 keys with 4 warps, 440 TFLOP/s at head dim 64
         # against 400 for one tile (cuDNN 455). At head dim 128 the generated kernel's two
-        # 128-row tiles ran slower than one (347 against 507), though a hand-written one ran
-        # faster (560): the search may still pick them there
+        # 128-row tiles spilled and ran slower than one (347 against 464 at 128×64, 511 at
+        # 128×128), though a hand-written one ran faster (560): the search may still pick them
         bm, bn, warps, stages, row_tiles = 64, 128, 4, 2, 2
     if options.flash_config:
         from ..config import knob

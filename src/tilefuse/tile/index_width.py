@@ -20,7 +20,7 @@ from dataclasses import replace
 import sympy
 
 from ..ir.expr import Binary, Cast, Const, Expr, Index, Unary, Var, Where, walk_unique
-from .ir import Arange, For, Let, ProgramId, TileKernel, statements, stmt_exprs
+from .ir import Arange, Assign, For, Let, ProgramId, TileKernel, statements, stmt_exprs
 
 LIMIT = 2 ** 31
 _INF = math.inf
@@ -43,6 +43,8 @@ def fits_int32(kernel: TileKernel) -> bool:
         if not value.is_number:
             return False
         grid.append(int(value))
+    if math.prod(grid) >= LIMIT:  # (a grouped launch order flattens the grid's program ids)
+        return False
     bound = _Bounds(blocks)
     for s in statements(kernel.body):
         for e in stmt_exprs(s):
@@ -53,9 +55,11 @@ def fits_int32(kernel: TileKernel) -> bool:
         elif isinstance(s, Arange):
             bound.extent[s.name] = bound.expr(s.start) + kernel.constexprs.get(s.block, _INF)
         elif isinstance(s, For):
-            bound.extent[s.var] = bound.expr(s.stop)
+            bound.extent[s.var] = max(bound.expr(s.start) + 1, bound.expr(s.stop))
         elif isinstance(s, Let) and s.value.dtype.is_int:
             bound.value[s.name] = bound.expr(s.value)
+        elif isinstance(s, Assign):
+            bound.value[s.name] = _INF  # (a carried integer grows with the loop: unbounded here)
     return True
 
 
@@ -111,7 +115,9 @@ class _Bounds:
         return _INF
 
     def sym(self, e) -> float:
-        """The same for a sympy integer expression over tile and block symbols."""
+        """The same for a sympy integer expression over tile and block symbols, as the Triton
+        printer (`backends/triton/indexing.py`) writes it: a quotient's numerator over the
+        common denominator, products left to right."""
         out = self._sym(e)
         self.peak = max(self.peak, out)
         return out
@@ -126,21 +132,33 @@ class _Bounds:
         if e.is_Add:
             return sum(self.sym(a) for a in e.args)
         if e.is_Mul:
-            coeff, rest = e.as_coeff_Mul()
-            value = math.prod(self.sym(a) for a in sympy.Mul.make_args(rest))
-            if coeff.is_Rational and not coeff.is_Integer:  # (printed as a product, then a floor division)
-                self.peak = max(self.peak, abs(int(coeff.p)) * value)
-            return abs(float(coeff)) * value
+            num, den = e.as_numer_denom()
+            if den != 1:  # printed `num / den`
+                return self._quotient(num, den)
+            factors = [self.sym(a) for a in e.args]
+            self.peak = max(self.peak, math.prod(max(1, f) for f in factors))  # (every prefix of the product)
+            return math.prod(factors)
         if e.is_Pow and e.exp.is_Integer and int(e.exp) >= 0:
-            return self.sym(e.base) ** int(e.exp)
-        if isinstance(e, (sympy.floor, sympy.ceiling)):
-            return self.sym(e.args[0]) + 1
+            base = self.sym(e.base)
+            self.peak = max(self.peak, max(1, base) ** int(e.exp))
+            return base ** int(e.exp)
+        if isinstance(e, (sympy.floor, sympy.ceiling)):  # printed `num // den`, `tl.cdiv(num, den)`
+            num, den = e.args[0].as_numer_denom()
+            if isinstance(e, sympy.ceiling):
+                self.peak = max(self.peak, self.sym(num) + self.sym(den))
+            return self._quotient(num, den) + 1
         if isinstance(e, sympy.Mod):
             x, m = (self.sym(a) for a in e.args)
             return min(x, m)
         if isinstance(e, (sympy.Min, sympy.Max)):
             return max(self.sym(a) for a in e.args)
         return _INF
+
+    def _quotient(self, num, den) -> float:
+        """A bound of num / den, the numerator itself recorded (it is formed first)."""
+        top, bottom = self.sym(num), self.sym(den)
+        smallest = abs(int(den)) if den.is_Integer else 1
+        return top / max(1, smallest) if bottom < _INF else _INF
 
 
 __all__ = ["fits_int32", "narrowed", "LIMIT"]

@@ -55,7 +55,10 @@ def jam_rows(kernel: TileKernel, copies: int, row: str = "rm", block: str = "BLO
     starts = [Index(pid * (copies * bm) + c * bm) for c in range(copies)]
     renames = [{n: n + sfx for n in dependent} if sfx else {} for sfx in suffixes]
     body = _jam(kernel.body, rows, dependent, renames, starts)
-    grid = (sympy.sympify(kernel.grid[0]).xreplace({bm: copies * bm}), *kernel.grid[1:])
+    rows_axis = sympy.sympify(kernel.grid[0])
+    if bm not in rows_axis.free_symbols:
+        return None, f"its grid's first axis ({rows_axis}) does not count blocks of {block}"
+    grid = (rows_axis.xreplace({bm: copies * bm}), *kernel.grid[1:])
     return replace(kernel, body=body, grid=grid), ""
 
 
