@@ -29,7 +29,7 @@ from ..ir.symbolic import contiguous_strides, floordiv, smax, smin, unravel_sym
 from .builder import KernelBuilder, land
 from .block_summary import key_ranges, lower_summary, summary_for
 from .score_guard import guarded_ranges, lower_guard
-from .ir import (Arange, Assign, DotTile, For, Full, KernelKind, ProgramId, ReduceTile, Scratch, TileKernel,
+from .ir import (Arange, Assign, DotTile, For, Full, KernelKind, Let, ProgramId, ReduceTile, Scratch, TileKernel,
                  TransposeTile)
 from .family import KernelFamily
 from .common import (LoweringOptions, bound_check, combine, dot_accumulator, dot_operand, full_tile, identity_const,
@@ -345,9 +345,8 @@ def _dot(b: KernelBuilder, prefix: str, shape: tuple, x, y, accd, operand_dtype,
     its operands in `operand_dtype` (the tensor cores' bf16/fp16 when both are, else the
     accumulator's dtype)."""
     name = b.fresh(prefix)
-    b.emit(Full(name, shape, 0.0, accd))
-    start = Var(name, accd) if onto is None else onto
-    b.emit(DotTile(name, x, y, start, operand_dtype if operand_dtype.is_low_precision else accd))
+    b.emit(Full(name, shape, 0.0, accd) if onto is None else Let(name, onto))
+    b.emit(DotTile(name, x, y, Var(name, accd), operand_dtype if operand_dtype.is_low_precision else accd))
     return Var(name, accd)
 
 
