@@ -20,6 +20,7 @@ from dataclasses import replace
 import sympy
 
 from ..ir.expr import Binary, Cast, Const, Expr, Index, Unary, Var, Where, walk_unique
+from .common import tile_symbol
 from .ir import Arange, Assign, For, Let, ProgramId, TileKernel, statements, stmt_exprs
 
 LIMIT = 2 ** 31
@@ -36,7 +37,7 @@ def narrowed(kernel: TileKernel) -> TileKernel:
 
 def fits_int32(kernel: TileKernel) -> bool:
     """Every integer the kernel's index arithmetic forms has a magnitude below 2**31."""
-    blocks = {sympy.Symbol(k, integer=True, nonnegative=True): sympy.Integer(v) for k, v in kernel.constexprs.items()}
+    blocks = {tile_symbol(k): sympy.Integer(v) for k, v in kernel.constexprs.items()}
     grid = []
     for g in kernel.grid:
         value = sympy.sympify(g).xreplace(blocks)

@@ -52,12 +52,12 @@ def jam_rows(kernel: TileKernel, copies: int, row: str = "rm", block: str = "BLO
     suffixes = [""] + [f"_r{c}" for c in range(1, copies)]
     if any(n + sfx in taken for n in dependent for sfx in suffixes[1:]):
         return None, "a renamed copy would take a name the kernel already uses"
-    starts = [Index(pid * (copies * bm) + c * bm) for c in range(copies)]
-    renames = [{n: n + sfx for n in dependent} if sfx else {} for sfx in suffixes]
-    body = _jam(kernel.body, rows, dependent, renames, starts)
     rows_axis = sympy.sympify(kernel.grid[0])
     if bm not in rows_axis.free_symbols:
         return None, f"its grid's first axis ({rows_axis}) does not count blocks of {block}"
+    starts = [Index(pid * (copies * bm) + c * bm) for c in range(copies)]
+    renames = [{n: n + sfx for n in dependent} if sfx else {} for sfx in suffixes]
+    body = _jam(kernel.body, rows, dependent, renames, starts)
     grid = (rows_axis.xreplace({bm: copies * bm}), *kernel.grid[1:])
     return replace(kernel, body=body, grid=grid), ""
 
