@@ -144,7 +144,7 @@ def combine(b: KernelBuilder, m: Monoid, acc: Expr, v: Expr) -> Expr:
     return binary(m.tile.op, acc, v)
 
 
-def rebase(b: KernelBuilder, graph: Graph, carried: Var, repair, running: dict) -> Var:
+def rebase(b: KernelBuilder, graph: Graph, carried: Var, repair, running: dict, finite: bool = False) -> Var:
     """h(t) = t·factor(old, new) for a carried partial sum, with every guard decided per row
     (the carried tile itself is only multiplied and selected once):
 
@@ -152,7 +152,11 @@ def rebase(b: KernelBuilder, graph: Graph, carried: Var, repair, running: dict) 
       h(t, r, r) = t, so the factor is 1 there (and `exp(-inf - -inf)` is never formed);
     * the old partial sum is dropped when the factor is 0, or when a max/min producer has just
       left its identity (±inf): its terms were then built on an undefined base (a row that had
-      only seen -inf), and in the finished reduction they are exactly 0."""
+      only seen -inf), and in the finished reduction they are exactly 0.
+
+    `finite`: the loop built the terms on a finite base while the producers were at their
+    identity (`fusion.finite_base`), so the partial sum is finite and the product alone re-bases
+    it (no select on every element)."""
     olds = tuple(running[p][0] for p in repair.producers)
     news = tuple(running[p][1] for p in repair.producers)
     raw = b.value(repair.factor_expr(olds, news))
@@ -163,6 +167,8 @@ def rebase(b: KernelBuilder, graph: Graph, carried: Var, repair, running: dict) 
         return carried
     # through b.value (memoised): the sums re-based onto the same producers share one factor
     factor = b.value(where(same, Const(1.0, raw.dtype), raw))
+    if finite:
+        return b.let(cast(binary("mul", carried, factor), carried.dtype), "rebased")
     discard = binary("eq", factor, Const(0.0, factor.dtype))
     for prod, old, new in zip(repair.producers, olds, news):
         m = graph[prod].combiner

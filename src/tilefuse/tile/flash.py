@@ -18,10 +18,12 @@ from dataclasses import dataclass
 
 import sympy
 
+from ..fusion.finite_base import finite_bases
 from ..fusion.flash import K0
 from ..fusion.masking import diagonal_keeps_rows_live, without_mask
 from ..fusion.plan import KernelPlan, PlanKind, StageKind
 from ..fusion.recompute import MIN_ROW_BLOCK
+from ..ir import dtypes as dt
 from ..ir.expr import Const, Expr, Index, Load, Var, binary, cast, out_index, red_index, where
 from ..ir.graph import Graph
 from ..ir.monoid import SUM
@@ -136,6 +138,12 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
         q_tiles.append((q_tile, q_dtype))
     q_dtype = q_tiles[0][1]
 
+    finite = finite_bases(graph, plan)  # (maxima whose terms take base 0 while they are -inf)
+    for name in sorted(finite):
+        note = (f"{name}: terms take base 0 while a row has seen only {identity_const(graph[name].combiner, dt.float32).value}"
+                f" (re-based by a product, no select per element; rows that never leave it are NaN, as written)")
+        if note not in plan.notes:  # (tuning lowers the plan once per candidate)
+            plan.notes.append(note)
     state = {}
     for st in reduces:
         node = graph[st.node]
@@ -210,11 +218,16 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
             if scale is not None:
                 red_v = b.let(binary(scale.op, red_v, scale.b), "scaled")
             if st.repair is not None:
-                value = b.let(binary("add", rebase(b, graph, carried, st.repair, running), red_v), "carry")
+                value = b.let(binary("add", rebase(b, graph, carried, st.repair, running,
+                                                   _on_finite(st.repair, finite)), red_v), "carry")
             else:
                 value = b.let(combine(b, comb, carried, red_v), "carry")
             running[st.node] = (b.let(_finished(carried, node), "prev"), b.let(_finished(value, node), "run"))
             b.bound[st.node] = running[st.node][1]
+            if st.node in finite:  # the terms' base: 0 while the row has seen only the identity
+                run = running[st.node][1]
+                b.bound[st.node] = b.let(where(binary("eq", run, identity_const(node.combiner, run.dtype)),
+                                               Const(0.0, run.dtype), run), "base")
             updates.append(Assign(carried.name, value))
 
         def product(weights, values, onto):
@@ -244,7 +257,8 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
                 return binary("add", onto, _dot(b, "pv", ("BLOCK_M", "BLOCK_DN"), p_tile, v_tile, accd, operands))
             return _dot(b, "pv", ("BLOCK_M", "BLOCK_DN"), p_tile, v_tile, accd, operands, onto=onto)
 
-        rebased = rebase(b, graph, acc, o_stage.repair, running) if o_stage.repair is not None else acc
+        rebased = (rebase(b, graph, acc, o_stage.repair, running, _on_finite(o_stage.repair, finite))
+                   if o_stage.repair is not None else acc)
         updates.append(Assign(acc.name, product(info.a, info.b, rebased)))
         for sib, sib_acc in zip(info.siblings, sibling_accs):
             updates.append(Assign(sib_acc.name, product(sib.a, sib.b, sib_acc)))
@@ -280,6 +294,12 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
         plan.notes.append(f"{o_node.name}: key tiles in [{first}, {last}) are unmasked for the whole row block: "
                           f"their loop evaluates no mask")
 
+    if finite:
+        for st in reduces:
+            if st.repair is not None and set(st.repair.producers) & finite:
+                state[st.node] = _undefined_rows(b, graph, state, st.repair, finite, state[st.node])
+        if o_stage.repair is not None and set(o_stage.repair.producers) & finite:
+            acc = _undefined_rows(b, graph, state, o_stage.repair, finite, acc)
     omask = land(m_ok, n_ok)
     omask = b.let(omask, "omask") if omask is not None else None
     nbatch = sympy.Mul(*batch_shape) if batch_shape else sympy.Integer(1)
@@ -307,6 +327,23 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
         grid=(sympy.ceiling(M / tile_symbol("BLOCK_M")), nbatch), body=b.body, num_warps=warps,
         num_stages=stages, reads=b.reads, writes=b.writes, kind=KernelKind.FLASH,
         plan=plan, scratch=summary.scratch() if summary is not None else {}), schedule, plan)
+
+
+def _on_finite(repair, finite: frozenset) -> bool:
+    """Whether every producer a sum is re-based on gave its terms a finite base."""
+    return all(p in finite for p in repair.producers)
+
+
+def _undefined_rows(b: KernelBuilder, graph: Graph, state: dict, repair, finite: frozenset, carried: Var) -> Var:
+    """A partial sum built on finite bases, NaN in rows whose max never left its identity: the
+    program as written forms exp(-inf - -inf) there (`fusion.finite_base` checked that its
+    terms are NaN at that base)."""
+    dead = None
+    for p in repair.producers:
+        if p in finite:
+            unseen = binary("eq", state[p], identity_const(graph[p].combiner, state[p].dtype))
+            dead = unseen if dead is None else binary("logical_or", dead, unseen)
+    return b.let(where(dead, Const(float("nan"), carried.dtype), carried), "defined")
 
 
 def _in_row_tiles(kernel: TileKernel, schedule: Schedule, plan: KernelPlan) -> TileKernel:
