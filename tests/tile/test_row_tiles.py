@@ -7,6 +7,7 @@ import math
 from dataclasses import replace
 
 import pytest
+import sympy
 import torch
 
 import tilefuse
@@ -15,6 +16,7 @@ from tilefuse.errors import ConfigError
 from tilefuse.tile import flash
 from tilefuse.tile.ir import Arange, DotTile, For, LoadTile, statements
 from tilefuse.tile.limits import shared_memory_bytes
+from tilefuse.tile.common import tile_symbol
 from tilefuse.tile.lower import lower_plan_kernels, schedule_space
 from tilefuse.tile.row_tiles import jam_rows
 from tilefuse.tile.target import Target
@@ -83,14 +85,37 @@ def test_a_program_carries_two_row_tiles_that_share_each_key_tile():
     assert any("2 row tiles" in n for n in plan.notes)
 
 
-def test_a_kernel_whose_key_range_depends_on_its_rows_is_refused():
+def test_a_causal_kernel_visits_the_union_of_its_row_tiles_keys():
     graph, plan, options = _flash_of(_causal, *(_rand(1, 2, 256, 64) for _ in range(3)))
     schedule = {"BLOCK_M": 64, "BLOCK_N": 32, "warps": 4, "stages": 3}
     (kernel,) = lower_plan_kernels(graph, plan, _gpu(options, schedule))
-    jammed, why = jam_rows(kernel, 2)
+    jammed, why = jam_rows(kernel, 2)  # (bounds computed for one row tile: refused)
     assert jammed is None and ("pid" in why or "loop" in why), why
-    (kept,) = lower_plan_kernels(graph, plan, _gpu(options, {**schedule, "row_tiles": 2}))
-    assert str(kept) == str(kernel)
+    (two,) = lower_plan_kernels(graph, plan, _gpu(options, {**schedule, "row_tiles": 2}))
+    assert _jammed([two])
+    program = {tile_symbol("BLOCK_M"): 2 * tile_symbol("BLOCK_M")}
+    loops_one = [s for s in statements(kernel.body) if isinstance(s, For)]
+    loops_two = [s for s in statements(two.body) if isinstance(s, For)]
+    assert len(loops_one) == len(loops_two) == 2  # the unmasked interior, then the diagonal
+    for one, both in zip(loops_one, loops_two):
+        for a, b in ((one.start, both.start), (one.stop, both.stop)):
+            assert sympy.simplify(sympy.sympify(a.expr).xreplace(program) - b.expr) == 0
+
+
+def test_a_mask_read_from_data_keeps_one_row_tile():
+    q, k, v = (_rand(1, 2, 256, 32) for _ in range(3))
+    mask = torch.rand(256, 256) > 0.5
+
+    def masked(q, k, v, mask):
+        s = q @ k.transpose(-1, -2) * 0.2
+        return torch.softmax(s.masked_fill(mask, float("-inf")), dim=-1) @ v
+
+    graph, plan, options = _flash_of(masked, q, k, v, mask)
+    schedule = {"BLOCK_M": 64, "BLOCK_N": 32, "warps": 4, "stages": 3}
+    one = lower_plan_kernels(graph, plan, _gpu(options, {**schedule, "row_tiles": 1}))
+    kept = lower_plan_kernels(graph, plan, _gpu(options, {**schedule, "row_tiles": 2}))
+    assert not _jammed(kept)
+    assert [str(x) for x in kept] == [str(x) for x in one]
     assert any("one row tile per program" in n for n in plan.notes)
 
 
@@ -110,7 +135,7 @@ def test_row_tiles_compute_what_eager_computes_on_the_cpu(fn, shape, row_tiles):
     compiled = tilefuse.compile(fn, target="cpu", fallback="error", flash_config=f"16,32,1,1,{row_tiles}")
     with recorded_lowerings(kernels):
         out = compiled(q, k, v)
-    assert _jammed(kernels) == (fn is not _causal)
+    assert _jammed(kernels)
     ref = fn(q.double(), k.double(), v.double())
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
 
@@ -161,9 +186,14 @@ def test_the_gpu_rules_take_two_row_tiles_for_long_unmasked_narrow_attention_onl
     assert flash.current_flash_schedule(short[0], short[1], replace(short[2], target=Target.gpu()))["row_tiles"] == 1
     graph, plan, options = _flash_of(_causal, *(_rand(1, 2, 1024, 64, dtype=bf16) for _ in range(3)))
     gpu = replace(options, target=Target.gpu(sm_count=132))
-    assert flash.current_flash_schedule(graph, plan, gpu)["row_tiles"] == 1
+    assert flash.current_flash_schedule(graph, plan, gpu)["row_tiles"] == 1  # (the rules: unmasked only)
     space = schedule_space(graph, plan, gpu)
-    assert "row_tiles" not in space.knobs and "row_tiles" not in space.default
+    assert space.knobs["row_tiles"] == (1, 2)  # the search may take them for a causal mask
+    mask = torch.rand(1024, 1024) > 0.5
+    graph, plan, options = _flash_of(lambda q, k, v, m: torch.softmax((q @ k.transpose(-1, -2)).masked_fill(
+        m, float("-inf")), dim=-1) @ v, *(_rand(1, 2, 1024, 64, dtype=bf16) for _ in range(3)), mask)
+    space = schedule_space(graph, plan, replace(options, target=Target.gpu(sm_count=132)))
+    assert "row_tiles" not in space.knobs and "row_tiles" not in space.default  # (a block summary's ranges)
     # every schedule the search offers fits the registers: two 128-row tiles of 64 keys, not of 128
     graph, plan, options = _flash_of(_plain, *(_rand(1, 2, 1024, 128, dtype=bf16) for _ in range(3)))
     space = schedule_space(graph, plan, replace(options, target=Target.gpu(sm_count=132)))

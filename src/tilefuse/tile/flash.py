@@ -24,7 +24,7 @@ from ..fusion.masking import diagonal_keeps_rows_live, without_mask
 from ..fusion.plan import KernelPlan, PlanKind, StageKind
 from ..fusion.recompute import MIN_ROW_BLOCK
 from ..ir import dtypes as dt
-from ..ir.expr import Const, Expr, Index, Load, Var, binary, cast, out_index, red_index, where
+from ..ir.expr import Const, Expr, Index, Load, Var, binary, cast, out_index, red_index, walk, where
 from ..ir.graph import Graph
 from ..ir.monoid import SUM
 from ..ir.symbolic import contiguous_strides, floordiv, smax, smin, unravel_sym
@@ -77,7 +77,8 @@ def _block_summary(graph: Graph, plan: KernelPlan, options: LoweringOptions):
 
 
 def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits: int = 1,
-                summary=None) -> TileKernel:
+                summary=None, copies: int | None = None) -> TileKernel:
+    """The flash kernel; `copies`, the row tiles one program carries (default: the schedule's)."""
     info = plan.flash
     con = plan.contraction
     reduces = [st for st in plan.stages if st.kind == StageKind.REDUCE]
@@ -89,6 +90,7 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
     dn = max(16, pow2(static_int(DN)))
     schedule = _tiles_schedule(graph, plan, options)
     bm, bn, warps, stages = schedule["BLOCK_M"], schedule["BLOCK_N"], schedule.warps, schedule.stages
+    copies = schedule.get("row_tiles", 1) if copies is None else copies
     constexprs = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_DN": dn}
     constexprs.update({sc.block: sc.width for sc in scores})
 
@@ -125,7 +127,7 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
     coords, at = coordinates(con, o_node, batch_vals)
 
     # (rows per program: with row tiles a program's last tile may pass M even where BLOCK_M divides it)
-    m_ok = bound_check(b, rm, M, bm * schedule.get("row_tiles", 1), "mmask")
+    m_ok = bound_check(b, rm, M, bm * copies, "mmask")
     n_ok = bound_check(b, rn, DN, dn, "nmask")
     q_tiles, kk_oks = [], []
     for sc in scores:
@@ -268,6 +270,13 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
         b.pop_block()
 
     interior = _interior_keys(info, outs[con.m_dim], r0, start, stop, bn)
+    if copies > 1:
+        # the key ranges of the program's rows, all its row tiles together: the union of their
+        # live keys, and keys unmasked for every one of them (`jam_rows` leaves the loops be)
+        rows = {tile_symbol("BLOCK_M"): copies * tile_symbol("BLOCK_M")}
+        start, stop = (sympy.sympify(x).xreplace(rows) for x in (start, stop))
+        if interior is not None:
+            interior = (*(sympy.sympify(x).xreplace(rows) for x in interior[:2]), interior[2])
     if summary is not None:
         b.scratch.update(summary.scratch())
         lo, flo, fhi, hi = key_ranges(b, summary, summary.batch_index(batch_vals))
@@ -316,7 +325,8 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
             kname, b.finish_params(), constexprs, numel=M * DN * nbatch,
             grid=(sympy.ceiling(M / tile_symbol("BLOCK_M")), nbatch, splits), body=b.body, num_warps=warps,
             num_stages=stages, reads=b.reads, writes=b.writes, kind=KernelKind.FLASH,
-            plan=plan, scratch=dict(b.scratch)), schedule, plan)  # its partial states and any block summary
+            plan=plan, scratch=dict(b.scratch)), copies, plan,  # its partial states and any block summary
+            lambda: lower_flash(graph, plan, options, splits, summary, copies=1))
     for st in reduces:
         b.bound[st.node] = b.let(_finished(state[st.node], graph[st.node]), "red")
     for sib, sib_acc in zip(info.siblings, sibling_accs):
@@ -326,7 +336,8 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
         plan.name, b.finish_params(), constexprs, numel=M * DN * nbatch,
         grid=(sympy.ceiling(M / tile_symbol("BLOCK_M")), nbatch), body=b.body, num_warps=warps,
         num_stages=stages, reads=b.reads, writes=b.writes, kind=KernelKind.FLASH,
-        plan=plan, scratch=summary.scratch() if summary is not None else {}), schedule, plan)
+        plan=plan, scratch=summary.scratch() if summary is not None else {}), copies, plan,
+        lambda: lower_flash(graph, plan, options, splits, summary, copies=1))
 
 
 def _on_finite(repair, finite: frozenset) -> bool:
@@ -346,21 +357,21 @@ def _undefined_rows(b: KernelBuilder, graph: Graph, state: dict, repair, finite:
     return b.let(where(dead, Const(float("nan"), carried.dtype), carried), "defined")
 
 
-def _in_row_tiles(kernel: TileKernel, schedule: Schedule, plan: KernelPlan) -> TileKernel:
-    """The kernel with the schedule's row tiles per program (`tile.row_tiles`), or as it is when
-    it has one, or when its rows do not enter its loop the same way (the plan's notes say why);
-    with 32-bit program ids where its index arithmetic provably fits them (`tile.index_width`:
-    the width rule above multiplies rows, keys, head dim and batch, far more than any offset)."""
-    copies = schedule.get("row_tiles", 1)
+def _in_row_tiles(kernel: TileKernel, copies: int, plan: KernelPlan, one_tile) -> TileKernel:
+    """The kernel with `copies` row tiles per program (`tile.row_tiles`; its key ranges were
+    computed for all of them), or when its rows do not enter its loop the same way (the plan's
+    notes say why) `one_tile()`, the kernel lowered for one; with 32-bit program ids where its
+    index arithmetic provably fits them (`tile.index_width`: the width rule above multiplies
+    rows, keys, head dim and batch, far more than any offset)."""
     if copies <= 1:
         return narrowed(kernel)
-    jammed, why = jam_rows(kernel, copies)
+    jammed, why = jam_rows(kernel, copies, program_bounds=True)
     note = (f"{kernel.name}: one row tile per program, not {copies}: {why}" if jammed is None else
             f"{kernel.name}: each program carries {copies} row tiles of {kernel.constexprs['BLOCK_M']} rows "
             f"through one key loop (one tile's exponentials overlap the other's products)")
     if note not in plan.notes:  # (tuning lowers the plan once per candidate)
         plan.notes.append(note)
-    return narrowed(kernel if jammed is None else jammed)
+    return one_tile() if jammed is None else narrowed(jammed)
 
 
 def _plain_read(b: KernelBuilder, e: Expr):
@@ -437,13 +448,24 @@ TILE_KNOBS = ("BLOCK_M", "BLOCK_N", "warps", "stages", "row_tiles")
 
 
 def _rows_independent(plan: KernelPlan) -> bool:
-    """The plan reads no mask, so its key loop is the same for every block of rows: a program may
-    carry several row tiles through it (`tile.row_tiles`). Forward kernels only (the backward's
+    """The plan's rows enter its key loop only through index formulas (no mask, or a mask such
+    as causal's written over positions), so a program may carry several row tiles through one
+    loop over their keys together (`tile.row_tiles`); a mask read from tensor data takes its
+    key ranges from a block summary per block of rows. Forward kernels only (the backward's
     recomputing plans keep one row tile)."""
     from ..fusion.masking import masked_condition
 
     info = plan.flash
-    return not info.scores and (info.masked is None or masked_condition(info.masked) is None)
+    if info.scores:
+        return False
+    condition = masked_condition(info.masked) if info.masked is not None else None
+    return condition is None or not any(isinstance(n, Load) for n in walk(condition))
+
+
+def _masks(plan: KernelPlan) -> bool:
+    from ..fusion.masking import masked_condition
+
+    return plan.flash.masked is not None and masked_condition(plan.flash.masked) is not None
 
 
 def _row_tiles_apply(plan: KernelPlan, options: LoweringOptions, low: bool, head: int) -> bool:
@@ -474,7 +496,8 @@ def _tiles_schedule(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
         if static_int(M) is not None:
             bm = min(bm, max(16, pow2(static_int(M))))
     row_tiles = 1
-    if _row_tiles_apply(plan, options, low, head) and head <= 64 and (static_int(M) or 0) >= 1024:
+    if _row_tiles_apply(plan, options, low, head) and head <= 64 and (static_int(M) or 0) >= 1024 \
+            and not _masks(plan):
         # two row tiles per program, the best of a sweep on an H100 (docs/benchmarks.md,
         # forty-third section): 2×64 rows of 128 keys with 4 warps, 440 TFLOP/s at head dim 64
         # against 400 for one tile (cuDNN 455). At head dim 128 the generated kernel's two

@@ -14,9 +14,11 @@ program covers `copies`·BLOCK_M rows; every statement that depends on the rows 
 tile, its values renamed, next to its other copies; whatever does not (key ranges, K and V tile
 loads) is shared. The tiles keep their shapes; the grid's row axis shrinks by `copies`.
 
-It applies to kernels whose rows enter only through the row range: a kernel whose loop bounds or
-other values read the program id or BLOCK_M directly (a causal kernel's live key range, a block
-summary's entry) is refused, with the reason.
+It applies to kernels whose rows enter only through the row range. Loop bounds may read the
+program id and BLOCK_M when the caller computed them for the whole program (`program_bounds`: a
+causal kernel visits the union of its row tiles' live keys, and evaluates no mask only on keys
+unmasked for all of them); any other value that reads them (a block summary's entry) is refused,
+with the reason.
 """
 from __future__ import annotations
 
@@ -30,8 +32,11 @@ from .ir import (Arange, BroadcastTile, For, Full, TileKernel, expr_names, state
 
 
 def jam_rows(kernel: TileKernel, copies: int, row: str = "rm", block: str = "BLOCK_M",
-             program: str = "pid") -> tuple[TileKernel | None, str]:
-    """(`kernel` with each program's rows as `copies` row tiles, "") or (None, why not)."""
+             program: str = "pid", program_bounds: bool = False) -> tuple[TileKernel | None, str]:
+    """(`kernel` with each program's rows as `copies` row tiles, "") or (None, why not).
+    `program_bounds`: the loops' bounds were computed for the program's rows, all its row tiles
+    together (the union of their live keys), so they may read `program` and `block` and are
+    kept as they are."""
     if copies <= 1:
         return kernel, ""
     found = [s for s in kernel.body if isinstance(s, Arange) and s.name == row]
@@ -42,7 +47,7 @@ def jam_rows(kernel: TileKernel, copies: int, row: str = "rm", block: str = "BLO
     if not isinstance(rows.start, Index) or sympy.expand(rows.start.expr - pid * bm) != 0:
         return None, f"its row range starts at {rows.start}, not {program}·{block}"
     for s in statements(kernel.body):
-        if s is not rows and {program, block} & _reads(s):
+        if s is not rows and {program, block} & _reads(s) and not (program_bounds and isinstance(s, For)):
             return None, f"{type(s).__name__} {getattr(s, 'name', '')} reads {program} or {block} itself"
     dependent = _row_dependent(kernel.body, row, block)
     for s in statements(kernel.body):
