@@ -195,6 +195,13 @@ def _naive_plain(q, k, v):
     return torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1) @ v
 
 
+def _naive_causal(q, k, v):
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    i = torch.arange(s.shape[-2], device=q.device)[:, None]
+    j = torch.arange(s.shape[-1], device=q.device)[None, :]
+    return torch.softmax(torch.where(j > i, float("-inf"), s), dim=-1) @ v
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=".")
@@ -202,6 +209,9 @@ def main():
     p.add_argument("--budget", type=float, default=0.3)
     p.add_argument("--skip-tilefuse", action="store_true")
     p.add_argument("--only-halves", action="store_true", help="the halved kernels and tilefuse only")
+    p.add_argument("--causal", action="store_true",
+                   help="causal attention (index formula): SDPA and tilefuse only, TFLOP/s of the live half")
+    p.add_argument("--no-handwritten", action="store_true", help="the peers and tilefuse only")
     p.add_argument("--tilefuse-configs", default=";128,64,8,3;128,128,8,2;128,64,4,3;64,64,4,3",
                    help="flash_config values (empty: tuned), ';'-separated")
     args = p.parse_args()
@@ -215,8 +225,8 @@ def main():
         b, h, n, d = (int(x) for x in spec.split(","))
         torch.manual_seed(0)
         q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        flops = 4 * b * h * n * n * d
-        ref = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        flops = 4 * b * h * n * n * d // (2 if args.causal else 1)
+        ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=args.causal)
 
         def timed(name, fn, **extra):
             row = {"shape": [b, h, n, d], "variant": name, **extra}
@@ -235,11 +245,11 @@ def main():
         for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION):
             def sdpa(backend=backend):
                 with sdpa_kernel([backend]):
-                    return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+                    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=args.causal)
             timed(f"sdpa_{backend.name.lower()}", sdpa)
 
         o = torch.empty_like(q)
-        for cfg in [(256, 64, 8, 3), (256, 64, 8, 2), (256, 128, 8, 2), (128, 64, 4, 3), (128, 128, 4, 2),
+        for cfg in [] if args.causal or args.no_handwritten else [(256, 64, 8, 3), (256, 64, 8, 2), (256, 128, 8, 2), (128, 64, 4, 3), (128, 128, 4, 2),
                     (128, 64, 4, 2), (128, 128, 8, 2), (256, 32, 8, 3)]:
             for nan_check, acc_select in ((False, False), (True, False), (False, True), (True, True)):
                 if (nan_check or acc_select) and cfg not in ((256, 64, 8, 3), (128, 128, 4, 2)):
@@ -252,10 +262,11 @@ def main():
 
             for cfg in args.tilefuse_configs.split(";"):
                 torch._dynamo.reset()
-                f = tilefuse.compile(_naive_plain, flash_config=cfg) if cfg else tilefuse.compile(_naive_plain)
+                naive = _naive_causal if args.causal else _naive_plain
+                f = tilefuse.compile(naive, flash_config=cfg) if cfg else tilefuse.compile(naive)
                 timed("tilefuse", lambda f=f: f(q, k, v), config=cfg or "tuned")
                 rows[-1]["registers"] = _registers_of_launched_kernels()
-        if args.only_halves:
+        if args.only_halves or args.causal or args.no_handwritten:
             continue
         configs = [(128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3),
                    (128, 64, 8, 4), (128, 32, 4, 4)]

@@ -118,3 +118,23 @@ def test_nan_scores_and_infinite_values_propagate_as_in_eager(backend):
     assert torch.equal(out.isinf(), ref.isinf())
     finite = ref.isfinite()
     torch.testing.assert_close(out.double()[finite], ref[finite], rtol=1e-5, atol=2e-5)
+
+
+def _two_maxima(q, k, v):
+    j = torch.arange(k.shape[-2])[None, :]
+    s = q @ k.transpose(-1, -2) * 0.25
+    late = s.masked_fill(j < 20, float("-inf"))  # the second softmax sees no key before 20
+    return (torch.softmax(s, -1) * torch.softmax(late, -1)) @ v
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_a_sum_over_two_maxima_keeps_the_select_while_one_of_them_is_minus_inf(backend):
+    # (its factor exp(r0 - r0' + r1 - r1') is NaN while r1 stays -inf and r0 moves: the select
+    # drops the sum when r1 leaves -inf; a product alone would keep the NaN)
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, n, 16, generator=g) for n in (8, 40, 40))
+    compiled = tilefuse.compile(_two_maxima, target=backend, fallback="error", flash_config="16,16,4,1")
+    out = compiled(q, k, v)
+    ref = _two_maxima(q.double(), k.double(), v.double())
+    assert not out.isnan().any()
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=2e-5)

@@ -113,7 +113,9 @@ def test_a_mask_read_from_data_keeps_one_row_tile():
     graph, plan, options = _flash_of(masked, q, k, v, mask)
     schedule = {"BLOCK_M": 64, "BLOCK_N": 32, "warps": 4, "stages": 3}
     one = lower_plan_kernels(graph, plan, _gpu(options, {**schedule, "row_tiles": 1}))
+    notes = sum("reads tensor data" in n for n in plan.notes)
     kept = lower_plan_kernels(graph, plan, _gpu(options, {**schedule, "row_tiles": 2}))
+    assert sum("reads tensor data" in n for n in plan.notes) == notes + 1  # (not once per attempt)
     assert not _jammed(kept)
     assert [str(x) for x in kept] == [str(x) for x in one]
     assert any("one row tile per program" in n for n in plan.notes)
@@ -168,7 +170,7 @@ def test_row_tiles_through_the_triton_interpreter(monkeypatch):
     torch.testing.assert_close(out.double(), ref, rtol=2e-3, atol=2e-3)
 
 
-def test_the_gpu_rules_take_two_row_tiles_for_long_unmasked_narrow_attention_only():
+def test_the_gpu_rules_take_two_row_tiles_where_they_measured_faster():
     bf16 = torch.bfloat16
     graph, plan, options = _flash_of(_plain, *(_rand(1, 2, 1024, 64, dtype=bf16) for _ in range(3)))
     gpu = replace(options, target=Target.gpu(sm_count=132))
@@ -194,6 +196,11 @@ def test_the_gpu_rules_take_two_row_tiles_for_long_unmasked_narrow_attention_onl
         m, float("-inf")), dim=-1) @ v, *(_rand(1, 2, 1024, 64, dtype=bf16) for _ in range(3)), mask)
     space = schedule_space(graph, plan, replace(options, target=Target.gpu(sm_count=132)))
     assert "row_tiles" not in space.knobs and "row_tiles" not in space.default  # (a block summary's ranges)
+    # head dim 128, unmasked or causal: two 128-row tiles of 64 keys with 8 warps
+    for fn in (_plain, _causal):
+        graph, plan, options = _flash_of(fn, *(_rand(1, 2, 1024, 128, dtype=bf16) for _ in range(3)))
+        rules = flash.current_flash_schedule(graph, plan, replace(options, target=Target.gpu(sm_count=132)))
+        assert [rules[k] for k in ("BLOCK_M", "BLOCK_N", "warps", "row_tiles")] == [128, 64, 8, 2]
     # every schedule the search offers fits the registers: two 128-row tiles of 64 keys, not of 128
     graph, plan, options = _flash_of(_plain, *(_rand(1, 2, 1024, 128, dtype=bf16) for _ in range(3)))
     space = schedule_space(graph, plan, replace(options, target=Target.gpu(sm_count=132)))

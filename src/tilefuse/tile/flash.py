@@ -80,6 +80,7 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
                 summary=None, copies: int | None = None) -> TileKernel:
     """The flash kernel; `copies`, the row tiles one program carries (default: the schedule's)."""
     info = plan.flash
+    notes = len(plan.notes)  # (a kernel lowered again with one row tile notes its plan once)
     con = plan.contraction
     reduces = [st for st in plan.stages if st.kind == StageKind.REDUCE]
     o_stage = plan.contraction_stage
@@ -163,7 +164,8 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
 
     b.tile_symbols |= {"BLOCK_N"}
     if (start != 0 or stop != N) and splits == 1 and summary is None:
-        plan.notes.append(f"{o_node.name}: key tiles outside [{start}, {stop}) are fully masked for the "
+        shown = [sympy.sympify(x).xreplace(_program_rows(copies)) for x in (start, stop)]
+        plan.notes.append(f"{o_node.name}: key tiles outside [{shown[0]}, {shown[1]}) are fully masked for the "
                           f"row block and skipped")
     if splits > 1:
         # split s walks its own whole number of key tiles: [s·chunk, (s+1)·chunk)
@@ -273,7 +275,7 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
     if copies > 1:
         # the key ranges of the program's rows, all its row tiles together: the union of their
         # live keys, and keys unmasked for every one of them (`jam_rows` leaves the loops be)
-        rows = {tile_symbol("BLOCK_M"): copies * tile_symbol("BLOCK_M")}
+        rows = _program_rows(copies)
         start, stop = (sympy.sympify(x).xreplace(rows) for x in (start, stop))
         if interior is not None:
             interior = (*(sympy.sympify(x).xreplace(rows) for x in interior[:2]), interior[2])
@@ -326,7 +328,7 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
             grid=(sympy.ceiling(M / tile_symbol("BLOCK_M")), nbatch, splits), body=b.body, num_warps=warps,
             num_stages=stages, reads=b.reads, writes=b.writes, kind=KernelKind.FLASH,
             plan=plan, scratch=dict(b.scratch)), copies, plan,  # its partial states and any block summary
-            lambda: lower_flash(graph, plan, options, splits, summary, copies=1))
+            lambda: _again(notes, graph, plan, options, splits, summary))
     for st in reduces:
         b.bound[st.node] = b.let(_finished(state[st.node], graph[st.node]), "red")
     for sib, sib_acc in zip(info.siblings, sibling_accs):
@@ -337,12 +339,21 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
         grid=(sympy.ceiling(M / tile_symbol("BLOCK_M")), nbatch), body=b.body, num_warps=warps,
         num_stages=stages, reads=b.reads, writes=b.writes, kind=KernelKind.FLASH,
         plan=plan, scratch=summary.scratch() if summary is not None else {}), copies, plan,
-        lambda: lower_flash(graph, plan, options, splits, summary, copies=1))
+        lambda: _again(notes, graph, plan, options, splits, summary))
+
+
+def _program_rows(copies: int) -> dict:
+    """BLOCK_M as the rows of a program of `copies` row tiles, for the key-range formulas (which
+    are written for a block of BLOCK_M rows)."""
+    return {tile_symbol("BLOCK_M"): copies * tile_symbol("BLOCK_M")} if copies > 1 else {}
 
 
 def _on_finite(repair, finite: frozenset) -> bool:
-    """Whether every producer a sum is re-based on gave its terms a finite base."""
-    return all(p in finite for p in repair.producers)
+    """Whether a sum is re-based by the product alone: it reads one producer, which gave its
+    terms a finite base. (A factor over two maxima, `exp(r0 - r0' + r1 - r1')`, is NaN while one
+    of them stays -inf and the other moves: the select, which drops the sum when the first
+    leaves -inf, stays there.)"""
+    return len(repair.producers) == 1 and repair.producers[0] in finite
 
 
 def _undefined_rows(b: KernelBuilder, graph: Graph, state: dict, repair, finite: frozenset, carried: Var) -> Var:
@@ -357,6 +368,13 @@ def _undefined_rows(b: KernelBuilder, graph: Graph, state: dict, repair, finite:
     return b.let(where(dead, Const(float("nan"), carried.dtype), carried), "defined")
 
 
+def _again(notes: int, graph: Graph, plan: KernelPlan, options: LoweringOptions, splits: int, summary) -> TileKernel:
+    """The kernel lowered again with one row tile, its plan's notes as they were before the first
+    lowering (whose notes spoke of the rows of two tiles)."""
+    del plan.notes[notes:]
+    return lower_flash(graph, plan, options, splits, summary, copies=1)
+
+
 def _in_row_tiles(kernel: TileKernel, copies: int, plan: KernelPlan, one_tile) -> TileKernel:
     """The kernel with `copies` row tiles per program (`tile.row_tiles`; its key ranges were
     computed for all of them), or when its rows do not enter its loop the same way (the plan's
@@ -366,12 +384,14 @@ def _in_row_tiles(kernel: TileKernel, copies: int, plan: KernelPlan, one_tile) -
     if copies <= 1:
         return narrowed(kernel)
     jammed, why = jam_rows(kernel, copies, program_bounds=True)
+    if jammed is None:
+        kernel = one_tile()
     note = (f"{kernel.name}: one row tile per program, not {copies}: {why}" if jammed is None else
             f"{kernel.name}: each program carries {copies} row tiles of {kernel.constexprs['BLOCK_M']} rows "
             f"through one key loop (one tile's exponentials overlap the other's products)")
     if note not in plan.notes:  # (tuning lowers the plan once per candidate)
         plan.notes.append(note)
-    return one_tile() if jammed is None else narrowed(jammed)
+    return kernel if jammed is None else narrowed(jammed)
 
 
 def _plain_read(b: KernelBuilder, e: Expr):
@@ -496,14 +516,16 @@ def _tiles_schedule(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
         if static_int(M) is not None:
             bm = min(bm, max(16, pow2(static_int(M))))
     row_tiles = 1
-    if _row_tiles_apply(plan, options, low, head) and head <= 64 and (static_int(M) or 0) >= 1024 \
-            and not _masks(plan):
-        # two row tiles per program, the best of a sweep on an H100 (docs/benchmarks.md,
-        # forty-third section): 2×64 rows of 128 keys with 4 warps, 440 TFLOP/s at head dim 64
-        # against 400 for one tile (cuDNN 455). At head dim 128 the generated kernel's two
-        # 128-row tiles spilled and ran slower than one (347 against 464 at 128×64, 511 at
-        # 128×128), though a hand-written one ran faster (560): the search may still pick them
-        bm, bn, warps, stages, row_tiles = 64, 128, 4, 2, 2
+    if _row_tiles_apply(plan, options, low, head) and (static_int(M) or 0) >= 1024:
+        # two row tiles per program, the best of sweeps on an H100 (docs/benchmarks.md,
+        # forty-third and forty-fourth sections): at head dim 64 unmasked, 2×64 rows of 128
+        # keys with 4 warps (448 TFLOP/s against 429 for one tile; cuDNN 451); at head dim 128,
+        # 2×128 rows of 64 keys with 8 warps, unmasked (518 against 495; cuDNN 604) and causal
+        # (456 against 425). A causal mask at head dim 64 ran best with one tile (388 against 355)
+        if head <= 64 and not _masks(plan):
+            bm, bn, warps, stages, row_tiles = 64, 128, 4, 2, 2
+        elif head == 128:
+            bm, bn, warps, stages, row_tiles = 128, 64, 8, 3, 2
     if options.flash_config:
         from ..config import knob
 
