@@ -214,3 +214,31 @@ def test_flash_config_rejects_a_bad_row_tile_count(value):
     with pytest.raises(ConfigError):
         with tilefuse.config.patch(flash_config=value):
             pass
+
+
+def _window(q, k, v):
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    i = torch.arange(s.shape[-2])[:, None]
+    j = torch.arange(s.shape[-1])[None, :]
+    return torch.softmax(torch.where((j > i) | (j < i - 256), float("-inf"), s), dim=-1) @ v
+
+
+def test_the_rules_keep_one_row_tile_where_the_first_live_key_moves_with_the_rows():
+    # (a sliding window: two tiles would each visit the union of their keys, w + 2·BLOCK_M)
+    bf16 = torch.bfloat16
+    graph, plan, options = _flash_of(_window, *(_rand(1, 2, 1024, 128, dtype=bf16) for _ in range(3)))
+    gpu = replace(options, target=Target.gpu(sm_count=132))
+    assert flash.current_flash_schedule(graph, plan, gpu)["row_tiles"] == 1
+    assert schedule_space(graph, plan, gpu).knobs["row_tiles"] == (1, 2)  # (the search measures them)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "interpret"])
+def test_row_tiles_under_a_sliding_window_match_eager(backend):
+    q, k, v = (_rand(1, 2, 300 if backend == "cpu" else 90, 16) for _ in range(3))
+    torch._dynamo.reset()
+    compiled = tilefuse.compile(_window, target=backend, fallback="error", flash_config="16,32,4,1,2")
+    kernels = []
+    with recorded_lowerings(kernels):
+        out = compiled(q, k, v)
+    assert _jammed(kernels)
+    torch.testing.assert_close(out.double(), _window(q.double(), k.double(), v.double()), rtol=1e-5, atol=1e-5)

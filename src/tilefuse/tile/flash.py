@@ -482,6 +482,16 @@ def _rows_independent(plan: KernelPlan) -> bool:
     return condition is None or not any(isinstance(n, Load) for n in walk(condition))
 
 
+def _first_key_moves(graph: Graph, plan: KernelPlan) -> bool:
+    """Whether a block of rows' first live key depends on the rows (a sliding window's)."""
+    con = plan.contraction
+    o_node = graph[plan.contraction_stage.node]
+    M, N = o_node.shape[con.m_dim], o_node.ranges[0]
+    (key,) = red_index(1)
+    start, _ = live_keys(plan.flash, out_index(o_node.rank)[con.m_dim], key, M, N)
+    return tile_symbol("pid") in sympy.sympify(start).free_symbols
+
+
 def _masks(plan: KernelPlan) -> bool:
     from ..fusion.masking import masked_condition
 
@@ -521,10 +531,13 @@ def _tiles_schedule(graph: Graph, plan: KernelPlan, options: LoweringOptions) ->
         # forty-third and forty-fourth sections): at head dim 64 unmasked, 2×64 rows of 128
         # keys with 4 warps (448 TFLOP/s against 429 for one tile; cuDNN 451); at head dim 128,
         # 2×128 rows of 64 keys with 8 warps, unmasked (518 against 495; cuDNN 604) and causal
-        # (456 against 425). A causal mask at head dim 64 ran best with one tile (388 against 355)
+        # (456 against 425). A causal mask at head dim 64 ran best with one tile (388 against 355).
+        # Not where the first live key moves with the rows (a sliding window): the program visits
+        # the union of its tiles' keys, for a window of w keys w + 2·BLOCK_M of them per tile
+        # instead of w + BLOCK_M
         if head <= 64 and not _masks(plan):
             bm, bn, warps, stages, row_tiles = 64, 128, 4, 2, 2
-        elif head == 128:
+        elif head == 128 and not _first_key_moves(graph, plan):
             bm, bn, warps, stages, row_tiles = 128, 64, 8, 3, 2
     if options.flash_config:
         from ..config import knob
