@@ -73,6 +73,20 @@ def _lines_of(kernel) -> str:
     return ", ".join(parts)
 
 
+def _lowering_notes(report) -> list[str]:
+    """The notes its kernels' lowering and tuning added to their plans (the key tiles a flash
+    kernel skips, its row tiles, its re-basing, the tuned schedule), each once, in kernel order:
+    what the fusion decisions, made before lowering, cannot say."""
+    seen = set(report.decisions)
+    out = []
+    for k in report.kernels:
+        for n in getattr(k, "notes", None) or ():
+            if n not in seen:
+                seen.add(n)
+                out.append(n)
+    return out
+
+
 @dataclass
 class Explanation:
     reports: list  # CompileReport per graph (forward, backward, ...)
@@ -184,6 +198,10 @@ class Explanation:
             if r.decisions:
                 out.append("  --- fusion decisions ---")
                 out.extend(f"  {d}" for d in r.decisions)
+            lowered = _lowering_notes(r)
+            if lowered:
+                out.append("  --- lowering notes (schedule, key ranges, row tiles, re-basing) ---")
+                out.extend(f"  {n}" for n in lowered)
         elif r.decisions:
             out.append(f"  {len(r.decisions)} fusion decision(s), {len(refusals)} refusal(s) (verbose=True lists them)")
         return out

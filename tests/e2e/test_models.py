@@ -141,3 +141,21 @@ def test_explain_prints_graph_kernels_and_times():
     kernel_source = f'extern "C" void {name}(' if report.reports[0].backend == "cpu" else f"def {name}("
     for needed in ("graph IR", kernel_source, "fusion decisions"):
         assert needed in verbose
+
+
+def test_explain_prints_what_the_lowering_decided():
+    # (notes added after the fusion decisions: the flash kernel's skipped key tiles, its
+    # re-basing, its row tiles — each once, though tuning and fitting lower the plan again)
+    def causal(q, k, v):
+        s = q @ k.transpose(-1, -2) * 0.2
+        i = torch.arange(s.shape[-2])[:, None]
+        j = torch.arange(s.shape[-1])[None, :]
+        return torch.softmax(torch.where(j > i, float("-inf"), s), dim=-1) @ v
+
+    q, k, v = (torch.randn(1, 2, 70, 16) for _ in range(3))
+    with tilefuse.config.patch(target="cpu", flash_config="16,16,4,1,2"):
+        verbose = tilefuse.explain(causal, q, k, v).format(verbose=True)
+    section = verbose.split("--- lowering notes", 1)[1].split("\n\n", 1)[0]
+    for needed in ("are fully masked for the row block and skipped", "terms take base 0",
+                   "each program carries 2 row tiles"):
+        assert section.count(needed) == 1, section
