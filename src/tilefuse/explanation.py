@@ -3,8 +3,9 @@
 `str(explanation)` is a summary that fits a screen for a transformer block: per graph (forward,
 backward) the kernels with their kind, the ops they hold and the user's source lines, externs
 with their reasons, compile time per stage; then graph breaks with Dynamo's reasons. The rest
-is on request: `verbose=True` adds each graph's IR, every fusion decision and every kernel's
-source (a shared prelude printed once); `.source("kernel name")` gives one kernel's source.
+is on request: `verbose=True` adds each graph's IR, every fusion decision, what each kernel's
+lowering and tuning decided (its plan's notes) and every kernel's source (a shared prelude
+printed once); `.source("kernel name")` gives one kernel's source.
 """
 from __future__ import annotations
 
@@ -200,7 +201,7 @@ class Explanation:
                 out.extend(f"  {d}" for d in r.decisions)
             lowered = _lowering_notes(r)
             if lowered:
-                out.append("  --- lowering notes (schedule, key ranges, row tiles, re-basing) ---")
+                out.append("  --- lowering notes ---")
                 out.extend(f"  {n}" for n in lowered)
         elif r.decisions:
             out.append(f"  {len(r.decisions)} fusion decision(s), {len(refusals)} refusal(s) (verbose=True lists them)")
