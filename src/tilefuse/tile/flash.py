@@ -493,6 +493,7 @@ def _first_key_moves(graph: Graph, plan: KernelPlan) -> bool:
 
 
 def _masks(plan: KernelPlan) -> bool:
+    """Whether the plan masks any score (by an index formula or by tensor data)."""
     from ..fusion.masking import masked_condition
 
     return plan.flash.masked is not None and masked_condition(plan.flash.masked) is not None
