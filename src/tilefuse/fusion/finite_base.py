@@ -27,7 +27,7 @@ import sympy
 from ..ir.expr import Expr, Load, walk
 from ..ir.monoid import MAX, MIN
 from .plan import StageKind
-from .repair import NoRepair, _to_sympy
+from .repair import NoRepair, _reads_producer, _to_sympy
 
 _M = sympy.Symbol("m", real=True)
 
@@ -37,7 +37,6 @@ def finite_bases(graph, plan) -> frozenset:
     may read as 0 while it is still the identity (see the module's docstring)."""
     info = plan.flash
     reduces = [st for st in plan.stages if st.kind == StageKind.REDUCE]
-    bodies = {st.node: st.body for st in reduces}
     evaluated = [st.body for st in reduces]
     evaluated.append(info.a * info.b)
     evaluated.extend(x for sib in info.siblings for x in (sib.a, sib.b))
@@ -46,14 +45,10 @@ def finite_bases(graph, plan) -> frozenset:
         combiner = graph[st.node].combiner
         if combiner not in (MAX, MIN) or not graph[st.node].dtype.is_float:
             continue
-        readers = [e for e in evaluated if e is not st.body and _reads(e, st.node)]
-        if readers and all(_vanishes(e, st.node, bodies[st.node], combiner == MAX) for e in readers):
+        readers = [e for e in evaluated if e is not st.body and _reads_producer(e, st.node)]
+        if readers and all(_vanishes(e, st.node, st.body, combiner == MAX) for e in readers):
             out.add(st.node)
     return frozenset(out)
-
-
-def _reads(e: Expr, node: str) -> bool:
-    return any(isinstance(n, Load) and n.buffer == node for n in walk(e))
 
 
 @functools.lru_cache(maxsize=512)
