@@ -51,10 +51,11 @@ class DirectLaunch:
     """The launches of one generated kernel: `launch(grid, args)` with the kernel's
     non-constexpr arguments in signature order."""
 
-    def __init__(self, fn, options: dict, constexprs: dict, refit: bool = True):
+    def __init__(self, fn, options: dict, constexprs: dict, refit: bool = True, records=None):
         self.fn = fn
         self.options = options
         self.refit = refit  # retry a launch refused for resources with fewer stages (not while tuning)
+        self.records = records  # `binaries.BinaryRecords`: binaries found without the JIT (None: none)
         self._compiled: dict = {}  # specialisation -> (compiled kernel, constexpr values, `_launcher_of` it)
         names = list(getattr(fn, "arg_names", None) or ())
         self._names = names
@@ -83,9 +84,31 @@ class DirectLaunch:
                 else:
                     compiled[grid](*args, *tail)
                 return compiled
-        compiled = self._first_launch(grid, args)
+        compiled = self._recorded_launch(grid, args, key) if self.enabled and self.records is not None else None
+        if compiled is None:
+            compiled = self._first_launch(grid, args)
+            if self.enabled and self.records is not None:
+                self.records.keep(key, compiled, self.options)
         if self.enabled:
             self._keep(key, compiled, len(args))
+        return compiled
+
+    def _recorded_launch(self, grid, args: list, key):
+        """The first launch of `key` on the binary a record names (`binaries`), without the
+        JIT; None where there is no record or it does not launch."""
+        tail = self._tail(len(args))
+        found = self.records.find(key) if tail is not None else None
+        if found is None:
+            return None
+        compiled, options = found
+        try:
+            compiled[tuple(grid) + (1,) * (3 - len(grid))](*args, *tail)
+        except Exception as err:  # noqa: BLE001 - the JIT's way instead, which reports its own errors
+            logs.log("runtime", "%s: recorded binary did not launch (%s: %s); compiling through the JIT",
+                     getattr(self.fn, "__name__", "kernel"), type(err).__name__, err)
+            return None
+        if options != self.options:  # (retried with fewer stages in the process that recorded it)
+            self.options = options
         return compiled
 
     def _first_launch(self, grid, args: list):

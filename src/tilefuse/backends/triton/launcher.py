@@ -46,6 +46,7 @@ from ..size_cache import SizeCache, size_key
 from ...ir.bounds import index_error
 from ...tile.ir import TileKernel, check_message, checks_of
 from . import compile_pool, interpreter
+from .binaries import BinaryRecords
 from .direct_launch import DirectLaunch, current_stream, no_launch_hooks
 from ..inline_call import SKIP, STREAM, Buf, Expect, InlineCall
 
@@ -148,7 +149,8 @@ class TritonKernel:
         self.debug = {"debug": True, "sanitize_overflow": False} if self.checks and not interpret else {}
         self._launch_options = dict(kernel.constexprs, num_warps=kernel.num_warps, num_stages=kernel.num_stages,
                                     **self.debug)
-        self._direct = DirectLaunch(self.fn, self._launch_options, kernel.constexprs)
+        records = None if interpret else BinaryRecords(fn, key, self._launch_options, config.cache_dir)
+        self._direct = DirectLaunch(self.fn, self._launch_options, kernel.constexprs, records=records)
         self.arg_plan = []
         for p in kernel.params:
             if p.kind == "buffer":
@@ -166,6 +168,7 @@ class TritonKernel:
         """For the tuner: a launch refused for resources raises (the candidate is dropped)
         instead of being retried with fewer pipeline stages (`DirectLaunch`)."""
         self._direct.refit = False
+        self._direct.records = None  # (a candidate's binary is not worth a record: most are never used again)
         return self
 
     def __tilefuse_reduce__(self):  # a stored graph rebuilds it (`runtime.artifact`)

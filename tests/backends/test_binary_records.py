@@ -1,0 +1,195 @@
+"""Binary records (`backends.triton.binaries`): a kernel's first launch in a new process finds
+the binary an earlier process compiled without Triton's JIT (whose first compile in a process
+hashes Triton's own files). Checked with stand-ins for the JIT and, for the record's round
+trip, with Triton's own `CompiledKernel` over a fabricated cache group (CI has no GPU;
+`test_binary_records_gpu.py` launches real kernels)."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from tilefuse.backends.triton import binaries
+from tilefuse.backends.triton.direct_launch import DirectLaunch
+from tilefuse.cache.disk import DiskCache
+
+
+class FakeCompiled:
+    def __init__(self, log, tag):
+        self.log, self.tag = log, tag
+
+    def __getitem__(self, grid):
+        def runner(*args):
+            if self.tag == "broken":
+                raise RuntimeError("no such binary")
+            self.log.append((self.tag, grid, args))
+        return runner
+
+
+class FakeJIT:
+    arg_names = ["x_ptr", "n", "XBLOCK"]
+    __name__ = "kernel"
+
+    def __init__(self):
+        self.log = []
+
+    def __getitem__(self, grid):
+        def run(*args, **options):
+            self.log.append(("jit", grid, args, options))
+            return FakeCompiled(self.log, "compiled")
+        return run
+
+
+class FakeRecords:
+    def __init__(self, found=None):
+        self.found, self.kept, self.asked = found, [], []
+
+    def find(self, key):
+        self.asked.append(key)
+        return self.found
+
+    def keep(self, key, compiled, options):
+        self.kept.append((key, compiled, dict(options)))
+
+
+def test_a_miss_launches_through_the_jit_and_records_the_binary():
+    fn, records = FakeJIT(), FakeRecords()
+    launch = DirectLaunch(fn, {"XBLOCK": 64, "num_warps": 4}, {"XBLOCK": 64}, records=records)
+    x = torch.randn(37)
+    compiled = launch((2,), [x, 37], key=("sizes", 1))
+    assert [e[0] for e in fn.log] == ["jit"]
+    assert records.asked == [("sizes", 1)]
+    assert records.kept == [(("sizes", 1), compiled, {"XBLOCK": 64, "num_warps": 4})]
+    launch((2,), [x, 37], key=("sizes", 1))  # kept in the process: no second lookup or record
+    assert records.asked == [("sizes", 1)] and len(records.kept) == 1
+
+
+def test_a_recorded_binary_launches_without_the_jit_and_with_its_options():
+    fn = FakeJIT()
+    recorded = FakeCompiled(fn.log, "recorded")
+    records = FakeRecords(found=(recorded, {"XBLOCK": 64, "num_warps": 4, "num_stages": 2}))
+    launch = DirectLaunch(fn, {"XBLOCK": 64, "num_warps": 4, "num_stages": 3}, {"XBLOCK": 64}, records=records)
+    x = torch.randn(37)
+    assert launch((5,), [x, 37], key="k") is recorded
+    assert fn.log == [("recorded", (5, 1, 1), (x, 37, 64))]  # the constexpr after the arguments
+    assert records.kept == []
+    assert launch.options["num_stages"] == 2  # (the recording process retried with fewer stages)
+    launch((5,), [x, 37], key="k")
+    assert [e[0] for e in fn.log] == ["recorded", "recorded"]
+
+
+def test_a_record_that_does_not_launch_falls_back_to_the_jit():
+    fn = FakeJIT()
+    records = FakeRecords(found=(FakeCompiled(fn.log, "broken"), {"XBLOCK": 64}))
+    launch = DirectLaunch(fn, {"XBLOCK": 64}, {"XBLOCK": 64}, records=records)
+    launch((1,), [torch.randn(8), 8], key="k")
+    assert [e[0] for e in fn.log] == ["jit"]
+    assert len(records.kept) == 1  # recorded again, now pointing at the binary the JIT found
+
+
+def test_measured_candidates_make_no_records():
+    """The tuner's candidate kernels are mostly never launched again: no record for them."""
+    from tilefuse.backends.triton.launcher import TritonKernel
+
+    kernel = TritonKernel.__new__(TritonKernel)
+    kernel._direct = DirectLaunch(FakeJIT(), {}, {}, records=FakeRecords())
+    assert kernel.measured_as_is()._direct.records is None
+
+
+def _cache_group(tmp_path, name="kern"):
+    """A Triton cache group as Triton writes one: the metadata JSON and the binary."""
+    folder = tmp_path / "triton" / "0123abcd"
+    folder.mkdir(parents=True)
+    meta = {"name": name, "target": {"backend": "cuda", "arch": 90, "warp_size": 32}, "num_warps": 4,
+            "num_ctas": 1, "shared": 0, "num_stages": 3}
+    (folder / f"{name}.json").write_text(json.dumps(meta))
+    (folder / f"{name}.cubin").write_bytes(os.urandom(64))
+    return {f"{name}.json": str(folder / f"{name}.json"), f"{name}.cubin": str(folder / f"{name}.cubin")}
+
+
+def _jit_function(tmp_path):
+    """A real `triton.jit` function (Triton reads its source from a file)."""
+    import importlib.util
+
+    path = tmp_path / "kern_module.py"
+    path.write_text("import triton\nimport triton.language as tl\n\n@triton.jit\n"
+                    "def kern(x_ptr, n, XBLOCK: tl.constexpr):\n    pass\n")
+    spec = importlib.util.spec_from_file_location("kern_module", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.kern
+
+
+class Recorded:
+    """What the JIT returns, as far as a record reads it."""
+
+    def __init__(self, fn, group, constants, attrs=None):
+        from triton.compiler.compiler import ASTSource
+
+        self.src = ASTSource(fn, {"x_ptr": "*fp32", "n": "i32", "XBLOCK": "constexpr"}, constants, attrs or {})
+        self.metadata_group, self.hash = group, "0123abcd"
+
+
+def _compiled_kernel_or_skip(fn, group):
+    try:
+        from triton.compiler.compiler import ASTSource, CompiledKernel
+
+        return CompiledKernel(ASTSource(fn, {"x_ptr": "*fp32"}, {}, {}), group, "h")
+    except (ImportError, KeyError, TypeError, AttributeError) as err:  # another Triton's metadata
+        pytest.skip(f"this Triton's CompiledKernel wants other metadata: {type(err).__name__}: {err}")
+
+
+def test_a_record_round_trips_to_the_same_compiled_kernel(tmp_path):
+    pytest.importorskip("triton")
+    fn = _jit_function(tmp_path)
+    group = _cache_group(tmp_path)
+    _compiled_kernel_or_skip(fn, group)
+    attrs = {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}
+    data = binaries.encode(Recorded(fn, group, {(2,): 64}, attrs))
+    assert data is not None
+    compiled = binaries.decode(data, fn)
+    assert compiled.src.constants == {(2,): 64}
+    assert compiled.src.attrs == attrs
+    assert compiled.src.signature == {"x_ptr": "*fp32", "n": "i32", "XBLOCK": "constexpr"}
+    assert compiled.hash == "0123abcd" and compiled.name == "kern"
+    assert compiled.kernel == open(group["kern.cubin"], "rb").read()
+
+
+def test_records_refuse_what_they_cannot_read_back(tmp_path):
+    pytest.importorskip("triton")
+    fn = _jit_function(tmp_path)
+    group = _cache_group(tmp_path)
+    assert binaries.encode(Recorded(fn, group, {(2,): object()})) is None  # not plain data
+    assert binaries.encode(object()) is None  # another Triton's layout
+    data = binaries.encode(Recorded(fn, group, {(2,): 64}))
+    os.remove(group["kern.cubin"])  # a cleared Triton cache
+    assert binaries.decode(data, fn) is None
+    assert binaries.decode(json.dumps({"format": binaries.FORMAT + 1}).encode(), fn) is None
+
+
+def test_records_are_kept_per_source_options_and_launch(tmp_path):
+    pytest.importorskip("triton")
+    fn = _jit_function(tmp_path)
+    group = _cache_group(tmp_path)
+    _compiled_kernel_or_skip(fn, group)
+    root = str(tmp_path / "cache")
+    first = binaries.BinaryRecords(fn, "source-a", {"XBLOCK": 64, "num_warps": 4}, root)
+    first.keep(("sizes", (True,)), Recorded(fn, group, {(2,): 64}), {"XBLOCK": 64, "num_warps": 4, "num_stages": 2})
+    again = binaries.BinaryRecords(fn, "source-a", {"XBLOCK": 64, "num_warps": 4}, root)  # a new process
+    compiled, options = again.find(("sizes", (True,)))
+    assert compiled.src.constants == {(2,): 64} and options["num_stages"] == 2
+    assert again.find(("sizes", (False,))) is None  # another specialisation
+    assert binaries.BinaryRecords(fn, "source-b", {"XBLOCK": 64, "num_warps": 4}, root).find(("sizes", (True,))) is None
+    assert binaries.BinaryRecords(fn, "source-a", {"XBLOCK": 64, "num_warps": 8}, root).find(("sizes", (True,))) is None
+    assert isinstance(binaries.binary_cache(root), DiskCache)
+
+
+def test_a_record_that_fails_to_load_is_ignored(tmp_path):
+    pytest.importorskip("triton")
+    fn = _jit_function(tmp_path)
+    root = str(tmp_path / "cache")
+    records = binaries.BinaryRecords(fn, "source", {}, root)
+    records.cache.put(binaries.record_key("source", {}, "k"), {"record.json": b"{not json", "options.json": b"{}"})
+    assert records.find("k") is None
