@@ -101,6 +101,9 @@ def main(argv=None) -> int:
     ap.add_argument("--backends", default="tilefuse,inductor")
     ap.add_argument("--size", default="full")
     ap.add_argument("--layers", type=int, default=None, help="models: override the layer count")
+    ap.add_argument("--shape", default=None, metavar="N,N,...",
+                    help="the workload's size tuple itself (a model's: batch,sequence,layers,width), "
+                         "instead of --size")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--out", default=".")
     ap.add_argument("--host", action="store_true", help="also profile the host side of a call (cProfile)")
@@ -119,7 +122,7 @@ def main(argv=None) -> int:
     for wname in args.workloads.split(","):
         w = by_name[wname]
         torch.manual_seed(0)
-        size = w.size(args.size, args.layers)
+        size = tuple(int(v) for v in args.shape.split(",")) if args.shape else w.size(args.size, args.layers)
         inputs = w.make_inputs(tuple(size), torch.device("cuda"), torch.bfloat16)
         for backend in args.backends.split(","):
             fn = compiled_program(w, backend)

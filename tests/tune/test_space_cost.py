@@ -206,6 +206,23 @@ def test_skinny_products_get_narrow_tiles_that_keep_every_sm_streaming():
     assert min(s["BLOCK_M"] for s in schedule_space(graph, plan, GPU).schedules()) >= 64
 
 
+def test_a_skinny_products_programs_keep_enough_bytes_in_flight():
+    """A batch-1 decode product streams its weight through one program per SM: by Little's law
+    each must keep enough of it loading. 16×64 weight tiles five stages deep (8 KB in flight a
+    program) read gpt-fast's 2048×5632 weight at 1.2 TB/s on an H100, 256-deep ones at 2 TB/s
+    (docs/benchmarks.md, forty-fifth section): the model ranks the deep tiles first, and
+    prices the shallow ones by what they keep in flight, not by the bandwidth alone."""
+    graph, plan = _matmul(1, 2048, 5632, out_dtype=dt.bfloat16)
+    space = schedule_space(graph, plan, GPU)
+    _, best = rank(space)[0]
+    assert best["BLOCK_K"] >= 256
+    shallow = best.replace(BLOCK_K=64, stages=5)
+    deep = best.replace(BLOCK_K=256, stages=5)
+    assert predict(space, shallow) > 1.5 * predict(space, deep)
+    weight_s = 2048 * 5632 * 2 / NOMINAL.bandwidth
+    assert predict(space, deep) < 1.6 * weight_s + 4e-6  # (a deep pipeline reaches the bandwidth)
+
+
 @pytest.mark.parametrize("head", [64, 128])
 def test_products_over_recomputed_scores_keep_tiles_that_fit_registers(head):
     """The attention backward's kernels hold two score tiles, the weights computed from them

@@ -21,7 +21,7 @@ from .common import (LoweringOptions, bound_check, dot_accumulator, dot_operand,
 from .family import KernelFamily
 from .ir import (Arange, DescriptorLoad, DotTile, For, Full, KernelKind, Let, MakeDescriptor, ProgramId,
                  TileKernel)
-from .roofline import concurrency, tile_efficiency
+from .roofline import MEMORY_LATENCY, concurrency, tile_efficiency
 from .schedule import Schedule, schedule_over
 from .space import SMEM_PER_BLOCK, ScheduleSpace, shrink_dot_tiles
 
@@ -100,7 +100,7 @@ def contraction_space(graph: Graph, plan: KernelPlan, options: LoweringOptions):
         # a decode step's product (a few rows against a large weight) is bound by reading the
         # weight: narrow column tiles give every SM a program, long K tiles and a deep pipeline
         # keep each one streaming
-        knobs = {"BLOCK_M": (16, 32), "BLOCK_N": (16, 32, 64, 128), "BLOCK_K": (64, 128, 256),
+        knobs = {"BLOCK_M": (16, 32), "BLOCK_N": (16, 32, 64, 128), "BLOCK_K": (64, 128, 256, 512),
                  "GROUP_M": (8,), "warps": (2, 4), "stages": (3, 4, 5)}
 
     def valid(s: Schedule) -> bool:
@@ -325,9 +325,13 @@ def contraction_time(space, schedule: Schedule, c) -> float:
     # operands re-read once per output tile row/column; grouped ordering lets L2 serve most
     reread = (M * K * tn + K * N * tm) * batch * space.itemsize / max(1.0, min(schedule.get("GROUP_M", 1), tm) ** 0.5)
     # fewer programs than SMs pull only their share of the bandwidth (a skinny product's 16
-    # column tiles read its weight at an eighth of it)
+    # column tiles read its weight at an eighth of it), and the resident programs reach it only
+    # with enough bytes in flight (Little's law): each keeps its pipeline's next `stages - 1`
+    # operand tiles loading, of which only the rows the product has are read
     busy = min(1.0, tiles / c.sm_count)
-    t_memory = (reread + M * N * batch * space.itemsize) / (c.bandwidth * busy)
+    in_flight = min(tiles, slots) * max(1, stages - 1) * (min(bm, M) + min(bn, N)) * bk * space.itemsize
+    rate = min(c.bandwidth * busy, in_flight / MEMORY_LATENCY)
+    t_memory = (reread + M * N * batch * space.itemsize) / rate
     # prologue/epilogue of the software pipeline, per program; a persistent program overlaps
     # the next tile's loads with this tile's epilogue
     pipeline = 1.0 + (0.05 if persistent else 0.15) / stages
