@@ -13,7 +13,8 @@ memory-bound workload that copy can cost more than the kernels — the second ti
 kernels alone); `inductor-reduce-overhead` (CUDA graphs, no tuning);
 `tilefuse` (`tilefuse.compile(fn, fallback="error")`, so that an internal failure is a
 reported n/a, not a silent eager run); `tilefuse-reduce-overhead` (the same with
-`mode="reduce-overhead"`: CUDA graphs, GPU only); `jax` (jax.jit of the jax.numpy twin, when JAX is
+`mode="reduce-overhead"`: CUDA graphs, GPU only); `tilefuse-max-autotune` and
+`tilefuse-max-autotune-no-cudagraphs` (the wide search, GPU only, as Inductor's); `jax` (jax.jit of the jax.numpy twin, when JAX is
 importable); any other registered Dynamo backend by name. `BackendUnavailable` carries the
 reason a backend cannot be used.
 """
@@ -39,7 +40,9 @@ INDUCTOR_MODES = {"inductor": None, "inductor-max-autotune": "max-autotune",
                   "inductor-max-autotune-no-cudagraphs": "max-autotune-no-cudagraphs",
                   "inductor-reduce-overhead": "reduce-overhead"}
 #: backend name -> tilefuse.compile mode
-TILEFUSE_MODES = {"tilefuse": None, "tilefuse-reduce-overhead": "reduce-overhead"}
+TILEFUSE_MODES = {"tilefuse": None, "tilefuse-reduce-overhead": "reduce-overhead",
+                  "tilefuse-max-autotune": "max-autotune",
+                  "tilefuse-max-autotune-no-cudagraphs": "max-autotune-no-cudagraphs"}
 
 #: name -> (fn -> callable): extra or overriding backends, e.g. for tests
 Compilers = Mapping[str, Callable[[Callable], Callable]]
@@ -115,7 +118,8 @@ def prepare(name: str, workload, inputs: tuple, device: str,
     if name in TILEFUSE_MODES:
         mode = TILEFUSE_MODES[name]
         if mode and torch.device(device).type != "cuda":
-            raise BackendUnavailable(f"{mode} replays CUDA graphs: GPU only")
+            raise BackendUnavailable(f"{mode} is measured on GPUs only, as Inductor's" if "autotune" in mode
+                                     else f"{mode} replays CUDA graphs: GPU only")
         return _tilefuse_prepared(workload, inputs, mode)
     if name in INDUCTOR_MODES:
         mode = INDUCTOR_MODES[name]
