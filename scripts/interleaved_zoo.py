@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", type=int, default=0, metavar="TOP",
                     help="also print the TOP ops by self CPU time for each backend")
     args = ap.parse_args(argv)
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+    sys.path.append(os.path.join(os.path.dirname(__file__), "..", "src"))  # (after PYTHONPATH: an A/B tree there wins)
     from tilefuse.bench.backends import compiled_program
     from tilefuse.bench.workload_base import DTYPES
     from tilefuse.bench.workloads import WORKLOADS

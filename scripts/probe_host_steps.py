@@ -21,7 +21,7 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--iters", type=int, default=50)
     args = ap.parse_args(argv)
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+    sys.path.append(os.path.join(os.path.dirname(__file__), "..", "src"))  # (after PYTHONPATH: an A/B tree there wins)
     import tilefuse
     from tilefuse.bench.workloads import WORKLOADS
     from tilefuse.runtime import compiled as rc

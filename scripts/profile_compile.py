@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     if not args.warm:  # fresh caches before anything imports Triton or tilefuse
         os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-")
         os.environ["TILEFUSE_CACHE_DIR"] = tempfile.mkdtemp(prefix="tilefuse-")
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+    sys.path.append(os.path.join(os.path.dirname(__file__), "..", "src"))  # (after PYTHONPATH: an A/B tree there wins)
     import torch
 
     import tilefuse

@@ -108,7 +108,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=".")
     ap.add_argument("--host", action="store_true", help="also profile the host side of a call (cProfile)")
     args = ap.parse_args(argv)
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+    sys.path.append(os.path.join(os.path.dirname(__file__), "..", "src"))  # (after PYTHONPATH: an A/B tree there wins)
     from unittest import mock
 
     from torch._inductor.graph import GraphLowering
