@@ -85,6 +85,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     sys.path.append(os.path.join(os.path.dirname(__file__), "..", "src"))  # (after PYTHONPATH: an A/B tree there wins)
     from tilefuse.bench.backends import compiled_program
+    import tilefuse as _tree
+
+    print(f"tilefuse from {os.path.dirname(os.path.dirname(_tree.__file__))}", flush=True)  # (which tree an A/B ran)
     from tilefuse.bench.workload_base import DTYPES
     from tilefuse.bench.workloads import WORKLOADS
 

@@ -115,6 +115,9 @@ def main(argv=None) -> int:
 
     import tilefuse
     from tilefuse.bench.backends import compiled_program
+    import tilefuse as _tree
+
+    print(f"tilefuse from {os.path.dirname(os.path.dirname(_tree.__file__))}", flush=True)  # (which tree an A/B ran)
     from tilefuse.bench.workloads import WORKLOADS as by_name
 
     os.makedirs(args.out, exist_ok=True)

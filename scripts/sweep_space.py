@@ -57,8 +57,10 @@ def sweep_first_plan(fn, inputs, label: str, out: str, keep=None, cublas=None) -
             rows.append(row)
     if cublas is not None:
         rows.append({"config": "library", "us": measure(cublas, (), "cuda", budget_s=0.3)["p50_ms"] * 1e3})
-    rows.sort(key=lambda r: r.get("us", float("inf")))
+    # the model's first: ties broken by the space's order, as `tune.cost.rank` breaks them (before
+    # the rows are sorted by their measured times)
     by_model = sorted((r for r in rows if "predicted_us" in r and "us" in r), key=lambda r: r["predicted_us"])
+    rows.sort(key=lambda r: r.get("us", float("inf")))
     print(f"== {label}: {len(rows)} measured; best {json.dumps(rows[:3])}")
     if by_model:
         print(f"   the model's first: {json.dumps(by_model[0])}")

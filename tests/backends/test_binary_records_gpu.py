@@ -41,7 +41,8 @@ _PROGRAM = textwrap.dedent("""
     torch.testing.assert_close(out.double(), ref, rtol=2e-3, atol=2e-3)
     from tilefuse.backends.triton.binaries import binary_cache
     from tilefuse.config import config
-    print("records", binary_cache(config.cache_dir).hits, binary_cache(config.cache_dir).misses)
+    from tilefuse.backends.triton.binaries import launched
+    print("records", binary_cache(config.cache_dir).hits, binary_cache(config.cache_dir).misses, launched[0])
 """)
 
 
@@ -54,5 +55,5 @@ def test_a_warm_process_launches_recorded_binaries_without_the_jit(tmp_path):
     assert cold.returncode == 0, cold.stderr[-3000:]
     warm = subprocess.run([sys.executable, str(script), "warm"], env=env, capture_output=True, text=True, timeout=600)
     assert warm.returncode == 0, warm.stderr[-3000:]
-    hits, misses = (int(v) for v in warm.stdout.split("records")[-1].split()[:2])
-    assert hits >= 1 and misses == 0
+    hits, misses, launched = (int(v) for v in warm.stdout.split("records")[-1].split()[:3])
+    assert hits >= 1 and misses == 0 and launched >= hits  # every kernel ran its recorded binary

@@ -55,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backends", type=_csv, default=None,
                    help="comma-separated: eager, inductor, inductor-max-autotune, "
                         "inductor-max-autotune-no-cudagraphs, inductor-reduce-overhead (GPU), tilefuse, "
-                        "tilefuse-reduce-overhead (GPU), jax, or any registered Dynamo backend name "
+                        "tilefuse-reduce-overhead, tilefuse-max-autotune, tilefuse-max-autotune-no-cudagraphs (GPU), jax, "
+                        "or any registered Dynamo backend name "
                         f"(default {','.join(DEFAULT_BACKENDS)}; for --group models "
                         f"{','.join(MODEL_BACKENDS)})")
     p.add_argument("--sizes", choices=["quick", "full"], default=None,

@@ -34,7 +34,8 @@ DEFAULT_BACKENDS = ("eager", "inductor", "inductor-max-autotune", "tilefuse", "j
 MODEL_BACKENDS = ("eager", "inductor", "tilefuse")
 #: backends whose compile latency and caches the cold/warm measurement knows how to isolate
 CACHED_BACKENDS = ("inductor", "inductor-max-autotune", "inductor-max-autotune-no-cudagraphs",
-                   "inductor-reduce-overhead", "tilefuse", "jax")
+                   "inductor-reduce-overhead", "tilefuse", "tilefuse-reduce-overhead", "tilefuse-max-autotune",
+                   "tilefuse-max-autotune-no-cudagraphs", "jax")
 #: backend name -> torch.compile mode
 INDUCTOR_MODES = {"inductor": None, "inductor-max-autotune": "max-autotune",
                   "inductor-max-autotune-no-cudagraphs": "max-autotune-no-cudagraphs",

@@ -124,7 +124,7 @@ def _child(spec: dict) -> dict:
     from torch._dynamo.utils import counters
 
     loaded = None
-    if spec["backend"] == "tilefuse":  # graphs loaded from tilefuse's graph cache, of those compiled
+    if spec["backend"] in backends.TILEFUSE_MODES:  # graphs loaded from tilefuse's graph cache, of those compiled
         import tilefuse
 
         reports = tilefuse.last_compilations().reports

@@ -24,13 +24,14 @@ OWNED_DIRS = {
     "cpu": "generated C++ kernels (source and shared library)",  # backends/cpu/launcher.py
     "tune": "tuning results: the schedule chosen per kernel and shape",  # tune/cache.py
     "tune-ceilings": "measured bandwidth and compute ceilings of each GPU",  # tune/tuner.py
+    "triton-binaries": "where Triton keeps each launched kernel's binary, and what it was compiled for",  # backends/triton/binaries.py
     "graphs": "compiled graphs: steps, launch settings and reports (kernels are in triton/ and cpu/)",  # graph_cache.py
     "front": "Dynamo graphs' entries to compiled graphs, before AOTAutograd (inference)",  # front_cache.py
     "triton-bin": "Triton's compiled binaries, written by older tilefuse versions (Triton now keeps its own)",
     "repro": "reproducer scripts of failed compiles",  # failure.py
 }
 #: the OWNED_DIRS that are DiskCache namespaces (the entry layout of disk.py's docstring)
-NAMESPACES = ("triton", "cpu", "tune", "tune-ceilings", "graphs", "front")
+NAMESPACES = ("triton", "cpu", "tune", "tune-ceilings", "graphs", "front", "triton-binaries")
 #: files tilefuse keeps directly in the root
 OWNED_FILES = {".size-checked": "when the cache's size was last measured"}  # size_bound.py
 

@@ -481,9 +481,16 @@ class DiskCache:
         return out
 
     def _discard(self, entry: Path, why: str) -> None:
-        """Remove a corrupt entry: rename it out of sight (atomic), then delete it."""
-        logs.log("cache", "discarding corrupt entry %s: %s", entry, why)
+        """Remove a corrupt or stale entry: rename it out of sight (atomic), then delete it."""
+        logs.log("cache", "discarding entry %s: %s", entry, why)
         layout.remove(entry, entry.parent.parent)
+
+    def discard(self, key: str, why: str) -> None:
+        """Remove the entry for ``key`` (one its user found stale), so that a later ``put``
+        stores a new one; nothing where there is none."""
+        entry = self._entry_dir(key)
+        if entry.exists():
+            self._discard(entry, why)
 
     def get(self, key: str) -> dict[str, bytes] | None:
         """The files of the entry for ``key``, verified; None on a miss, on a corrupt or

@@ -32,6 +32,13 @@ from ... import logs
 _I32 = (-(1 << 31), 1 << 31)
 
 
+def record_key(args) -> tuple:
+    """What a binary record is kept under (`binaries`): Triton's specialisation of the
+    arguments and the tensors' dtypes — the same in any process for the same launch, and
+    coarser than a caller's key by sizes (one record serves every size Triton compiles alike)."""
+    return specialisation(args), tuple(str(a.dtype) for a in args if hasattr(a, "data_ptr"))
+
+
 def specialisation(args) -> tuple:
     """What Triton specialises a launch on, for the arguments tilefuse passes (tensors, ints,
     floats)."""
@@ -56,6 +63,7 @@ class DirectLaunch:
         self.options = options
         self.refit = refit  # retry a launch refused for resources with fewer stages (not while tuning)
         self.records = records  # `binaries.BinaryRecords`: binaries found without the JIT (None: none)
+        self._by_record: dict = {}  # record_key -> compiled kernel, once launched in this process
         self._compiled: dict = {}  # specialisation -> (compiled kernel, constexpr values, `_launcher_of` it)
         names = list(getattr(fn, "arg_names", None) or ())
         self._names = names
@@ -84,29 +92,45 @@ class DirectLaunch:
                 else:
                     compiled[grid](*args, *tail)
                 return compiled
-        compiled = self._recorded_launch(grid, args, key) if self.enabled and self.records is not None else None
+        recorded = record_key(args) if self.enabled and self.records is not None else None
+        compiled = None
+        if recorded is not None:
+            compiled = self._by_record.get(recorded)
+            if compiled is not None:  # another key Triton compiles alike (new sizes): its binary
+                compiled[tuple(grid) + (1,) * (3 - len(grid))](*args, *self._tail(len(args)))
+            else:
+                compiled = self._recorded_launch(grid, args, recorded)
         if compiled is None:
             compiled = self._first_launch(grid, args)
-            if self.enabled and self.records is not None:
-                self.records.keep(key, compiled, self.options)
+            if recorded is not None:
+                self.records.keep(recorded, compiled, self.options)
+        if recorded is not None:
+            self._by_record[recorded] = compiled
         if self.enabled:
             self._keep(key, compiled, len(args))
         return compiled
 
-    def _recorded_launch(self, grid, args: list, key):
-        """The first launch of `key` on the binary a record names (`binaries`), without the
-        JIT; None where there is no record or it does not launch."""
+    def _recorded_launch(self, grid, args: list, recorded):
+        """The first launch of a specialisation on the binary a record names (`binaries`),
+        without the JIT; None where there is no record or its binary does not load (the record
+        is then discarded). An error of the launch itself is raised: the kernel may have run."""
+        from .binaries import launched
+
         tail = self._tail(len(args))
-        found = self.records.find(key) if tail is not None else None
+        found = self.records.find(recorded) if tail is not None else None
         if found is None:
             return None
         compiled, options = found
         try:
-            compiled[tuple(grid) + (1,) * (3 - len(grid))](*args, *tail)
+            runner = compiled[tuple(grid) + (1,) * (3 - len(grid))]  # (loads the binary's handles)
         except Exception as err:  # noqa: BLE001 - the JIT's way instead, which reports its own errors
-            logs.log("runtime", "%s: recorded binary did not launch (%s: %s); compiling through the JIT",
-                     getattr(self.fn, "__name__", "kernel"), type(err).__name__, err)
+            why = f"{type(err).__name__}: {err}"
+            logs.log("runtime", "%s: recorded binary did not load (%s); compiling through the JIT",
+                     getattr(self.fn, "__name__", "kernel"), why)
+            self.records.forget(recorded, why)
             return None
+        runner(*args, *tail)
+        launched[0] += 1
         if options != self.options:  # (retried with fewer stages in the process that recorded it)
             self.options = options
         return compiled
@@ -194,4 +218,4 @@ def _current_stream():
     return active.get_current_stream(active.get_current_device())
 
 
-__all__ = ["DirectLaunch", "specialisation", "no_launch_hooks", "current_stream"]
+__all__ = ["DirectLaunch", "specialisation", "record_key", "no_launch_hooks", "current_stream"]
