@@ -151,9 +151,11 @@ def _cache_group(tmp_path, name="kern"):
             "num_ctas": 1, "shared": 0, "num_stages": 3}
     (folder / f"{name}.json").write_text(json.dumps(meta))
     (folder / f"{name}.cubin").write_bytes(os.urandom(64))
+    (folder / f"{name}.ptx").write_text("// an intermediate IR: kept, not run")
     for path in folder.iterdir():
         path.chmod(0o644)  # (as Triton leaves them: writable by this user only)
-    return {f"{name}.json": str(folder / f"{name}.json"), f"{name}.cubin": str(folder / f"{name}.cubin")}
+    return {f"{name}.json": str(folder / f"{name}.json"), f"{name}.cubin": str(folder / f"{name}.cubin"),
+            f"{name}.ptx": str(folder / f"{name}.ptx")}
 
 
 def _jit_function(tmp_path):
@@ -251,6 +253,22 @@ def test_a_stale_record_is_discarded_and_written_again(tmp_path):
         assert records.find("k") is not None
         os.remove(group["kern.cubin"])  # a cleared Triton cache
         assert records.find("k") is None
+
+
+def test_only_the_binary_and_its_metadata_are_hashed(tmp_path):
+    """The intermediate IRs are never run: not hashed (a record reads only what a launch uses),
+    but a record whose IR file is gone is not used either (Triton's kernel reads it)."""
+    pytest.importorskip("triton")
+    fn = _jit_function(tmp_path)
+    group = _cache_group(tmp_path)
+    _compiled_kernel_or_skip(fn, group)
+    record = json.loads(binaries.encode(Recorded(fn, group, {(2,): 64})))
+    assert sorted(record["sha256"]) == ["kern.cubin", "kern.json"]
+    with open(group["kern.ptx"], "a") as f:
+        f.write("// edited")
+    assert binaries.decode(json.dumps(record).encode(), fn) is not None
+    os.remove(group["kern.ptx"])
+    assert binaries.decode(json.dumps(record).encode(), fn) is None
 
 
 def test_a_binary_for_another_target_or_launch_is_not_used(tmp_path):

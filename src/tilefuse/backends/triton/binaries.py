@@ -8,7 +8,7 @@ disk. Inductor's warm path avoids it by launching the binaries it stored itself.
 
 Here, after a kernel's first launch compiled or found its binary, tilefuse keeps a *record*
 in its own cache: where Triton stored the binary and its metadata (Triton's cache group), the
-files' SHA-256, and the signature, constants and attributes the JIT compiled for. The record
+SHA-256 of the binary and its metadata, and the signature, constants and attributes the JIT compiled for. The record
 is keyed by the kernel's source, its launch options, the launch's specialisation (what Triton
 specialises on, `direct_launch.specialisation`) with the tensors' dtypes, the environment
 fingerprint (tilefuse, PyTorch, Triton and Python versions, the device), Triton's shared
@@ -40,6 +40,9 @@ from ...cache.disk import DiskCache, cache_key, environment_fingerprint
 
 FORMAT = 2
 _LIBRARY_SUFFIXES = (".so", ".pyd", ".dylib")
+#: a group's intermediate IRs, kept for inspection (`CompiledKernel.asm`), never loaded to run:
+#: not hashed (the binary and its metadata are, and those are what a launch uses)
+_TEXT_IRS = (".source", ".ttir", ".ttgir", ".llir", ".ptx", ".amdgcn")
 
 _caches: dict[str, DiskCache] = {}
 _library: list = []  # [(name, size, mtime) of Triton's shared library, or None], once per process
@@ -148,7 +151,7 @@ def encode(compiled) -> bytes | None:
         if constants is None or attrs is None or not all(isinstance(v, str) for v in signature.values()) \
                 or not any(name.endswith(".json") for name in group):
             return None
-        files = {name: _sha256(path) for name, path in group.items()}
+        files = {name: _sha256(path) for name, path in group.items() if not name.endswith(_TEXT_IRS)}
     except (AttributeError, TypeError, ValueError, OSError):
         return None
     return json.dumps({"format": FORMAT, "hash": digest, "group": group, "sha256": files, "signature": signature,
@@ -159,7 +162,10 @@ def _untrusted(record: dict) -> str | None:
     """Why a record's files may not be loaded (gone, not ours, writable by others, changed)."""
     for name, path in record["group"].items():
         try:
-            if _sha256(path) != record["sha256"].get(name):
+            if name not in record["sha256"]:
+                if not os.path.isfile(path):
+                    return f"{path} is gone"
+            elif _sha256(path) != record["sha256"][name]:
                 return f"{path} changed since it was recorded"
         except OSError as err:
             return f"{path}: {err.strerror or err}"
