@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tilefuse.backends.triton import binaries
-from tilefuse.backends.triton.direct_launch import DirectLaunch, record_key
+from tilefuse.backends.triton.direct_launch import DirectLaunch, recorded_specialisation
 from tilefuse.cache.disk import DiskCache
 
 
@@ -67,7 +67,7 @@ def test_a_miss_launches_through_the_jit_and_records_the_binary():
     x = torch.randn(37)
     compiled = launch((2,), [x, 37], key=("sizes", 1))
     assert [e[0] for e in fn.log] == ["jit"]
-    recorded = record_key([x, 37])
+    recorded = recorded_specialisation([x, 37])
     assert records.asked == [recorded]
     assert records.kept == [(recorded, compiled, {"XBLOCK": 64, "num_warps": 4})]
     launch((2,), [x, 37], key=("sizes", 1))  # kept in the process: no second lookup or record
@@ -91,11 +91,11 @@ def test_new_sizes_that_triton_compiles_alike_reuse_the_binary_in_the_process():
 def test_records_are_kept_by_what_triton_specialises_on_and_the_dtypes():
     """Sizes that Triton compiles alike share a record; another specialisation or dtype does not."""
     x = torch.randn(64)
-    assert record_key([x, 37]) == record_key([torch.randn(80), 53])  # (neither 1 nor a multiple of 16)
-    assert record_key([x, 37]) != record_key([x, 48])
-    assert record_key([x, 37]) != record_key([x, 1])
-    assert record_key([x, 37]) != record_key([x[1:], 37])  # off the 16-byte alignment
-    assert record_key([x, 37]) != record_key([x.double(), 37])
+    assert recorded_specialisation([x, 37]) == recorded_specialisation([torch.randn(80), 53])  # (neither 1 nor a multiple of 16)
+    assert recorded_specialisation([x, 37]) != recorded_specialisation([x, 48])
+    assert recorded_specialisation([x, 37]) != recorded_specialisation([x, 1])
+    assert recorded_specialisation([x, 37]) != recorded_specialisation([x[1:], 37])  # off the 16-byte alignment
+    assert recorded_specialisation([x, 37]) != recorded_specialisation([x.double(), 37])
 
 
 def test_a_recorded_binary_launches_without_the_jit_and_with_its_options():
@@ -119,7 +119,7 @@ def test_a_record_whose_binary_does_not_load_falls_back_to_the_jit():
     args = [torch.randn(8), 8]
     launch((1,), args, key="k")
     assert [e[0] for e in fn.log] == ["jit"]
-    assert records.forgotten == [record_key(args)]  # the stale record is dropped ...
+    assert records.forgotten == [recorded_specialisation(args)]  # the stale record is dropped ...
     assert len(records.kept) == 1  # ... and recorded again, pointing at the binary the JIT found
 
 

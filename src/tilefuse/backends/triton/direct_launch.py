@@ -32,11 +32,15 @@ from ... import logs
 _I32 = (-(1 << 31), 1 << 31)
 
 
-def record_key(args) -> tuple:
+def recorded_specialisation(args) -> tuple:
     """What a binary record is kept under (`binaries`): Triton's specialisation of the
     arguments and the tensors' dtypes — the same in any process for the same launch, and
     coarser than a caller's key by sizes (one record serves every size Triton compiles alike)."""
     return specialisation(args), tuple(str(a.dtype) for a in args if hasattr(a, "data_ptr"))
+
+
+def _three_dims(grid) -> tuple:
+    return tuple(grid) + (1,) * (3 - len(grid))
 
 
 def specialisation(args) -> tuple:
@@ -63,7 +67,7 @@ class DirectLaunch:
         self.options = options
         self.refit = refit  # retry a launch refused for resources with fewer stages (not while tuning)
         self.records = records  # `binaries.BinaryRecords`: binaries found without the JIT (None: none)
-        self._by_record: dict = {}  # record_key -> compiled kernel, once launched in this process
+        self._by_record: dict = {}  # recorded_specialisation -> compiled kernel, once launched in this process
         self._compiled: dict = {}  # specialisation -> (compiled kernel, constexpr values, `_launcher_of` it)
         names = list(getattr(fn, "arg_names", None) or ())
         self._names = names
@@ -85,19 +89,19 @@ class DirectLaunch:
             kept = self._compiled.get(key)
             if kept is not None:
                 compiled, tail, launcher = kept
-                grid = tuple(grid) + (1,) * (3 - len(grid))  # (the launcher takes all three grid dims)
+                grid = _three_dims(grid)  # (the launcher takes all three grid dims)
                 if launcher is not None and _no_launch_hooks():
                     run, function, packed = launcher
                     run(*grid, _current_stream(), function, packed, None, None, None, *args, *tail)
                 else:
                     compiled[grid](*args, *tail)
                 return compiled
-        recorded = record_key(args) if self.enabled and self.records is not None else None
+        recorded = recorded_specialisation(args) if self.enabled and self.records is not None else None
         compiled = None
         if recorded is not None:
             compiled = self._by_record.get(recorded)
             if compiled is not None:  # another key Triton compiles alike (new sizes): its binary
-                compiled[tuple(grid) + (1,) * (3 - len(grid))](*args, *self._tail(len(args)))
+                compiled[_three_dims(grid)](*args, *self._tail(len(args)))
             else:
                 compiled = self._recorded_launch(grid, args, recorded)
         if compiled is None:
@@ -122,7 +126,7 @@ class DirectLaunch:
             return None
         compiled, options = found
         try:
-            runner = compiled[tuple(grid) + (1,) * (3 - len(grid))]  # (loads the binary's handles)
+            runner = compiled[_three_dims(grid)]  # (loads the binary's handles)
         except Exception as err:  # noqa: BLE001 - the JIT's way instead, which reports its own errors
             why = f"{type(err).__name__}: {err}"
             logs.log("runtime", "%s: recorded binary did not load (%s); compiling through the JIT",
@@ -218,4 +222,4 @@ def _current_stream():
     return active.get_current_stream(active.get_current_device())
 
 
-__all__ = ["DirectLaunch", "specialisation", "record_key", "no_launch_hooks", "current_stream"]
+__all__ = ["DirectLaunch", "specialisation", "recorded_specialisation", "no_launch_hooks", "current_stream"]
