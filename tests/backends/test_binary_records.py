@@ -91,7 +91,8 @@ def test_new_sizes_that_triton_compiles_alike_reuse_the_binary_in_the_process():
 def test_records_are_kept_by_what_triton_specialises_on_and_the_dtypes():
     """Sizes that Triton compiles alike share a record; another specialisation or dtype does not."""
     x = torch.randn(64)
-    assert recorded_specialisation([x, 37]) == recorded_specialisation([torch.randn(80), 53])  # (neither 1 nor a multiple of 16)
+    # (37 and 53: neither 1 nor a multiple of 16)
+    assert recorded_specialisation([x, 37]) == recorded_specialisation([torch.randn(80), 53])
     assert recorded_specialisation([x, 37]) != recorded_specialisation([x, 48])
     assert recorded_specialisation([x, 37]) != recorded_specialisation([x, 1])
     assert recorded_specialisation([x, 37]) != recorded_specialisation([x[1:], 37])  # off the 16-byte alignment
