@@ -74,6 +74,32 @@ def test_tensors_that_are_not_formulas():
         assert _fit(t) is None, name
 
 
+def test_only_formulas_whose_values_pass_2_to_the_24_are_verified_on_their_device():
+    """A device tensor is fitted from a host copy; a float table of integers past 2**24 may round
+    differently there, so it is verified on its device as well."""
+    small = fit(0, "t", (torch.arange(64)[None, :] - torch.arange(64)[:, None]).float())
+    big = fit(0, "t", (torch.arange(64)[None, :] * 300_000 + 7).double().expand(3, 64).contiguous())
+    tril = fit(0, "t", torch.tril(torch.ones(64, 64)))
+    assert big is not None and big.kind == "affine"
+    assert index_constants._exact_in_float32(small) and index_constants._exact_in_float32(tril)
+    assert not index_constants._exact_in_float32(big)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32, torch.bool])
+def test_a_device_tensor_fits_as_its_host_copy_does(dtype):
+    i, j = torch.arange(300)[:, None], torch.arange(300)[None, :]
+    cases = [torch.tril(torch.ones(300, 300)), ((j <= i) & (i - j < 17)).float(), (j - i) * 3 + 1,
+             (j * 70_001 - i).view(1, 300, 300)]
+    for t in cases:
+        on_host, on_device = fit(0, "t", t.to(dtype)), fit(0, "t", t.to(dtype).cuda())
+        if on_host is None or index_constants._exact_in_float32(on_host):
+            assert (on_host is None) == (on_device is None)
+        if on_device is not None:  # (past 2**24: only if the device rounds as the host did)
+            assert on_device.device.type == "cuda" and on_device.terms == on_host.terms
+            assert torch.equal(on_device.evaluate(), t.to(dtype).cuda())
+
+
 class _Causal(torch.nn.Module):
     """nanoGPT's attention: a `tril` buffer and `masked_fill`."""
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 import operator
 import warnings
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -51,6 +51,11 @@ aten = torch.ops.aten
 #: larger tensors are not read at compile time (16 Mi elements: a 4096² table; verifying one
 #: builds the formula at full size with int64 intermediates)
 MAX_ELEMENTS = 1 << 24
+
+#: tensors on an accelerator up to this size are fitted from a copy on the host: one copy and
+#: one wait, where fitting on the device runs a dozen kinds of kernel for the first time in the
+#: process (each loaded lazily: a warm first call spent 0.23 s fitting nanoGPT's two masks)
+HOST_FIT_ELEMENTS = 1 << 22
 
 #: verifications after the first before a guard gives up on its tensor (it changes every call)
 MAX_RECHECKS = 4
@@ -329,6 +334,14 @@ def fit(position: int, source: str, t: torch.Tensor) -> IndexFormula | None:
     dims = tuple(d for d, n in enumerate(t.shape) if n > 1)
     if not 1 <= len(dims) <= 2:
         return None
+    if t.device.type != "cpu" and t.numel() <= HOST_FIT_ELEMENTS:
+        with torch.no_grad():
+            found = fit(position, source, t.to("cpu"))
+        if found is None:
+            return None
+        found = replace(found, device=t.device)
+        # (integers past 2**24 may round to a float type differently on the device: verify there)
+        return found if _exact_in_float32(found) or found.matches(t) else None
     base = dict(position=position, source=source, shape=tuple(t.shape), dtype=t.dtype, device=t.device, dims=dims)
     with torch.no_grad():
         x = t.reshape([t.shape[d] for d in dims])
@@ -342,6 +355,15 @@ def fit(position: int, source: str, t: torch.Tensor) -> IndexFormula | None:
                 if formula.matches(t):
                     return formula
     return None
+
+
+def _exact_in_float32(formula: IndexFormula) -> bool:
+    """Whether every value the formula computes before its final cast is below 2**24."""
+    if formula.kind != "affine":
+        return True
+    c, *coeffs = formula.terms
+    sizes = [formula.shape[d] for d in formula.dims]
+    return abs(c) + sum(abs(a) * (n - 1) for a, n in zip(coeffs, sizes)) < 2 ** 24
 
 
 def _affine(x: torch.Tensor) -> list:
