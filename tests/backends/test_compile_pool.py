@@ -294,6 +294,57 @@ def test_a_worker_warms_up_outside_the_users_cache(tmp_path):
     assert not (tmp_path / "dump").exists() or not any((tmp_path / "dump").rglob("*"))
 
 
+_KEEP_OUT_SCRIPT = """
+import importlib.util, json, os, sys
+if sys.argv[1] == "with-torch":
+    import torch
+spec = importlib.util.spec_from_file_location("compile_worker", sys.argv[2])
+w = importlib.util.module_from_spec(spec)
+sys.modules["compile_worker"] = w
+spec.loader.exec_module(w)
+took = {}
+assert w._prepare(("cuda", 90, 32), took) == ""
+args = [(w.DTYPE, "bfloat16"), (w.DTYPE, "float32"), 1000, 2.5]
+env = {k: v for k, v in os.environ.items() if k.startswith("TRITON_")}
+digest = w.compile_kernel(sys.argv[3], "keep_out_kernel", "scale", args, {"BLOCK": 128, "num_warps": 4}, env)
+print(json.dumps({"hash": digest, "torch": w._has_torch(), "warm_up_torch": took["imported_torch"]}))
+"""
+
+_KEEP_OUT_KERNEL = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def scale(x, y, n, s, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    v = tl.load(x + i, mask=i < n, other=0.0)
+    tl.store(y + i, v * s, mask=i < n)
+"""
+
+
+def test_a_worker_keeps_pytorch_out_and_keys_its_binary_as_with_it(tmp_path):
+    """Before Triton 3.9 the binder imported PyTorch at a worker's first compile (4-5 s of the
+    workers' start on a GPU host): a worker marks it absent, and its binary's key is the one a
+    process with PyTorch imported computes for the same task."""
+    import json
+    import subprocess
+    import sys
+
+    kernel = tmp_path / "keep_out_kernel.py"
+    kernel.write_text(_KEEP_OUT_KERNEL)
+    found = {}
+    for how in ("without", "with-torch"):
+        env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / how))
+        out = subprocess.run([sys.executable, "-c", _KEEP_OUT_SCRIPT, how, compile_worker.__file__, str(kernel)],
+                             env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        found[how] = json.loads(out.stdout.strip().splitlines()[-1])
+    assert found["without"]["torch"] is False and found["without"]["warm_up_torch"] is False
+    assert found["with-torch"]["torch"] is True
+    assert found["without"]["hash"] and found["without"]["hash"] == found["with-torch"]["hash"]
+
+
 @pytest.mark.skipif(not compile_pool._can_fork(), reason="workers are forked on Linux only")
 def test_workers_are_forked_from_one_warmed_up_process(pool):
     """On Linux the workers are forked from one process that imported Triton and warmed the

@@ -10,8 +10,9 @@ Workers run `compile_worker.py` as a script (not `multiprocessing`, whose spawne
 re-run the user's script; not `-m`, which would import all of tilefuse and put the current
 directory first on their path), start when the first graph that can use them is compiled, and
 live until this process exits. They never create a CUDA context (see `compile_worker`). On
-Linux one process imports Triton (and, before Triton 3.9, PyTorch, which Triton's argument
-binder imports) and compiles a throwaway kernel (`compile_worker.prime`), then forks the
+Linux one process imports Triton (not PyTorch, which Triton's argument binder imported before
+Triton 3.9: `compile_worker._keep_torch_out`) and compiles a throwaway kernel
+(`compile_worker.prime`), then forks the
 workers, which inherit all of it — as Inductor's compile workers are forked from one process
 that imported Triton; elsewhere each worker starts and warms up alone. Either way the cost is
 paid while the graph is traced, not by its first kernel (and a kernel needed before any worker

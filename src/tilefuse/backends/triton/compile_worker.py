@@ -271,23 +271,49 @@ def _threads() -> int:
         return 0  # unknown: not forked
 
 
+def _keep_torch_out() -> bool:
+    """Before Triton 3.9 the argument binder (native code) imports PyTorch at its first call, to
+    know PyTorch's tensor type: 4–5 s of the workers' start on an H100 host, for a type no task
+    passes (a task's tensors are Triton's `MockTensor`s). A worker on such a Triton that has not
+    imported PyTorch marks it absent, as on a machine without it: the binder reads `MockTensor`
+    as before and keys the binary the same (`tests/backends/test_compile_pool.py`). Triton 3.9
+    looks PyTorch up without importing it (and fails on a module marked absent): left alone, as
+    is a Triton without `MockTensor`, whose tasks need PyTorch's dtypes. True if marked."""
+    if "torch" in sys.modules or not _builds_launch_stubs():
+        return False
+    try:
+        from triton.runtime.jit import MockTensor  # noqa: F401
+    except ImportError:
+        return False
+    sys.modules["torch"] = None  # (`import torch` now raises ImportError in this process)
+    return True
+
+
+def _has_torch() -> bool:
+    return sys.modules.get("torch") is not None
+
+
 def _prepare(target, took: dict) -> str:
-    """Import Triton, answer device questions with `target`, warm the compiler up (which
-    imports PyTorch on a Triton before 3.9: its argument binder does); the seconds of each
-    step in `took`. "" when ready, else why not."""
+    """Import Triton, answer device questions with `target`, keep PyTorch out
+    (`_keep_torch_out`), warm the compiler up; the seconds of each step in `took`. "" when
+    ready, else why not."""
     t0 = time.perf_counter()
     try:
         import triton  # noqa: F401 — (not PyTorch: a task's dtypes are names, the driver is ours)
 
         _install_target(target)
+        kept_out = _keep_torch_out()
     except Exception as err:  # noqa: BLE001 — the parent compiles in-process instead
         return f"{type(err).__name__}: {err}"
     t1 = time.perf_counter()
     why = prime()
+    if why and kept_out:  # (a Triton that needs PyTorch after all: as before, with it)
+        del sys.modules["torch"]
+        why = prime()
     if why:  # (on stderr, not an error: the first real task pays instead)
         print(f"tilefuse compile worker: warm-up compile failed: {why}", file=sys.stderr)
     took.update(import_s=round(t1 - t0, 3), prime_s=round(time.perf_counter() - t1, 3),
-                imported_torch="torch" in sys.modules)
+                imported_torch=_has_torch())
     return ""
 
 
@@ -305,7 +331,7 @@ def serve(tasks, replies) -> int:
             error = ""
         except Exception as err:  # noqa: BLE001 — reported; the parent compiles it itself
             error = f"{type(err).__name__}: {err}"[:2000]
-        write_message(replies, (task_id, time.perf_counter() - t0, error, digest, "torch" in sys.modules))
+        write_message(replies, (task_id, time.perf_counter() - t0, error, digest, _has_torch()))
 
 
 def _forked_workers(target, pairs: list) -> int:
