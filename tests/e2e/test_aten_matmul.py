@@ -196,3 +196,38 @@ def test_the_generated_call_runs_products_on_views_made_once(name, fn, shapes, m
         _fp64_close(fn, args, compiled(*args))
     if DEVICE == "cpu":
         assert direct, "the generated call made its views per call"
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("name,fn,shapes", [
+    # (found by the fuzzer: the reversed operand was handed to `as_strided` with a stride of -1)
+    ("softmax times a flipped copy", lambda x: torch.softmax(x * 0.5, -1) @ x.flip(-1), [(7, 7)]),
+    ("flipped rows", lambda a, b: a.flip(0) @ b, [(13, 9), (9, 11)]),
+    ("flipped both ways", lambda a, b: a @ b.flip(0, 1), [(13, 9), (9, 11)]),
+])
+def test_a_flipped_operand_is_read_backwards_not_viewed(name, fn, shapes, dynamic):
+    """A `flip` reads its buffer backwards: no strided view has that, so the planner keeps such
+    an operand out of the library's views, and matches eager in fp64."""
+    args = [torch.randn(s, device=DEVICE) for s in shapes]
+    assert "aten-matmul" not in _kinds(fn, *args)
+    torch._dynamo.reset()
+    with tilefuse.config.patch(fallback="error"):
+        out = torch.compile(fn, backend="tilefuse", dynamic=dynamic)(*args)
+    want = fn(*[a.double() for a in args])
+    torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_an_operand_of_negative_strides_is_a_flipped_copy():
+    """Should a layout with a negative stride reach the library's operand at run time, the
+    operand is the view with those dims forwards, flipped (a copy), not `as_strided`'s error;
+    the generated call's in-place product refuses such an operand (it is not a view)."""
+    from tilefuse.runtime.aten_matmul import _reversed_view, _shares_memory
+
+    t = torch.randn(60, dtype=torch.float64)
+    grid = t[4:39].view(5, 7)
+    got = _reversed_view(t, (5, 7), (7, -1), 4 + 6)  # rows forwards, columns backwards
+    assert torch.equal(got, grid.flip(1)) and not _shares_memory(got, t)
+    got = _reversed_view(t, (5, 7), (-7, -1), 4 + 34)  # both backwards
+    assert torch.equal(got, grid.flip(0, 1))
+    got = _reversed_view(t, (7, 5), (-1, 7), 4 + 6)  # transposed, one dim backwards
+    assert torch.equal(got, grid.T.flip(0))

@@ -118,6 +118,8 @@ def _affine(expr, symbols: dict):
         return None
     if any(c.has(sympy.floor, sympy.Mod, sympy.ceiling) for c in coefs.values()):
         return None
+    if any(c.is_negative for c in coefs.values()):  # (a reversed dim, `flip`: no strided view has it)
+        return None
     return coefs, rest
 
 

@@ -157,6 +157,8 @@ class _Direct:
         if z.a.casts or z.b.casts:
             return None
         av, bv = z.a.view(a), z.b.view(b)
+        if not (_shares_memory(av, a) and _shares_memory(bv, b)):  # (a reversed operand: a copy per call)
+            return None
         o = out.view(z.out_shape) if z.out_shape is not None else out
         if z.permuted:
             o = o.permute(z.order)
@@ -166,7 +168,10 @@ class _Direct:
         d.a, d.b, d.out = _relayout(a, av), _relayout(b, bv), _relayout(out, o)
         # (a bias autocast rounds, an fp32 parameter: converted per call, as eager's autocast does)
         d.bias_casts = z.bias.casts if z.bias is not None else ()
-        d.bias = _relayout(bias, z.bias.strided(bias)) if z.bias is not None else None
+        bias_view = z.bias.strided(bias) if z.bias is not None else None
+        if bias_view is not None and not _shares_memory(bias_view, bias):
+            return None
+        d.bias = _relayout(bias, bias_view) if bias_view is not None else None
         d.alpha = z.alpha
         d.mm = av.dim() == 2 and bias is None and z.alpha == 1.0  # (matmul's dispatch skipped)
         return d
@@ -183,6 +188,10 @@ class _Direct:
         _product(bias, a, b, self.alpha, out)
 
 
+def _shares_memory(view: torch.Tensor, t: torch.Tensor) -> bool:
+    return view.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
+
+
 def _relayout(t: torch.Tensor, view: torch.Tensor):
     """None when `view` is `t` as it is, else (sizes, strides, offset from t's own)."""
     if view.shape == t.shape and view.stride() == t.stride() and view.storage_offset() == t.storage_offset():
@@ -194,6 +203,16 @@ def _apply(layout, t: torch.Tensor) -> torch.Tensor:
     if layout is None:
         return t
     return _reinterpret(t, *layout)
+
+
+def _reversed_view(t: torch.Tensor, sizes: tuple, strides: tuple, offset: int) -> torch.Tensor:
+    """The operand whose dims of negative stride run backwards through `t` (a `flip` the
+    planner could not prove away): `as_strided` takes no negative stride, so the view with
+    those dims forwards, flipped — a copy, not a view of `t`."""
+    flipped = [d for d, st in enumerate(strides) if st < 0]
+    start = offset + sum(strides[d] * (sizes[d] - 1) for d in flipped if sizes[d] > 0)
+    forwards = tuple(-st if st < 0 else st for st in strides)
+    return torch.as_strided(t, sizes, forwards, start).flip(flipped)
 
 
 #: buffer layouts remembered per operand and set of sizes
@@ -236,7 +255,11 @@ class _Operand:
             if len(self._layouts) >= MAX_LAYOUTS:  # (offsets that move every call: keep it bounded)
                 self._layouts.clear()
             self._layouts[key] = layout
-        return t if layout[0] is None else torch.as_strided(t, self.sizes, *layout)
+        if layout[0] is None:
+            return t
+        if any(st < 0 for st in layout[0]):
+            return _reversed_view(t, self.sizes, *layout)
+        return torch.as_strided(t, self.sizes, *layout)
 
     def _layout(self, t, st: tuple, offset: int) -> tuple:
         if self.flat is not None:
