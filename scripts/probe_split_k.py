@@ -140,18 +140,26 @@ def probe(name: str, n: int, k: int) -> None:
             print(f"  skip bn{bn} bk{bk} s{split}: {type(e).__name__}")
     for bn, bk, split in itertools.product((32, 64), (256,), (2, 4)):
         k_per = triton.cdiv(triton.cdiv(k, split), bk) * bk
+        if k_per * (split - 1) >= k:
+            continue
         acc = torch.zeros(1, n, device="cuda", dtype=torch.float32)
 
         def launch(w, bn=bn, bk=bk, split=split, k_per=k_per, acc=acc):
             _dot_atomic[(triton.cdiv(n, bn), split)](x, w, acc, n, k, k_per, BN=bn, BK=bk, num_warps=4, num_stages=4)
 
         try:
+            acc.zero_()
+            launch(weights[0])
+            err = (acc.double() - want).abs().max().item()
+            if err > 2e-2:
+                print(f"  WRONG atomic {name} bn{bn} bk{bk} s{split}: {err:.3g}")
+                continue
             results.append((f"atomic bn{bn} bk{bk} s{split} (no memset)", _graph_time(launch, weights)))
         except Exception as e:  # noqa: BLE001 - a schedule that does not compile is skipped
             print(f"  skip atomic bn{bn} bk{bk} s{split}: {type(e).__name__}")
     weight = n * k * 2
     results.sort(key=lambda r: r[1])
-    best_unsplit = min(t for label, t in results if " s1 " in label)
+    best_unsplit = min((t for label, t in results if " s1 " in label), default=float("nan"))
     print(f"== {name} ({n} x {k}, {weight / 1e6:.1f} MB): cuBLAS {dict(results)['cuBLAS']:.2f} us, "
           f"best unsplit {best_unsplit:.2f} us")
     for label, t in results[:12]:

@@ -198,23 +198,47 @@ def test_the_generated_call_runs_products_on_views_made_once(name, fn, shapes, m
         assert direct, "the generated call made its views per call"
 
 
-@pytest.mark.parametrize("dynamic", [False, True])
-@pytest.mark.parametrize("name,fn,shapes", [
+_FLIPPED = [
     # (found by the fuzzer: the reversed operand was handed to `as_strided` with a stride of -1)
     ("softmax times a flipped copy", lambda x: torch.softmax(x * 0.5, -1) @ x.flip(-1), [(7, 7)]),
     ("flipped rows", lambda a, b: a.flip(0) @ b, [(13, 9), (9, 11)]),
     ("flipped both ways", lambda a, b: a @ b.flip(0, 1), [(13, 9), (9, 11)]),
-])
+]
+
+
+def _check_calls(fn, args, dynamic):
+    """Three calls (the general call, then the generated one) against eager in fp64."""
+    torch._dynamo.reset()
+    with tilefuse.config.patch(fallback="error", matmul="aten"):
+        compiled = torch.compile(fn, backend="tilefuse", dynamic=dynamic)
+        outs = [compiled(*args) for _ in range(3)]
+    want = fn(*[a.double() for a in args])
+    for out in outs:
+        torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("name,fn,shapes", _FLIPPED)
 def test_a_flipped_operand_is_read_backwards_not_viewed(name, fn, shapes, dynamic):
     """A `flip` reads its buffer backwards: no strided view has that, so the planner keeps such
-    an operand out of the library's views, and matches eager in fp64."""
+    an operand out of the library's views, and the product matches eager in fp64."""
     args = [torch.randn(s, device=DEVICE) for s in shapes]
-    assert "aten-matmul" not in _kinds(fn, *args)
-    torch._dynamo.reset()
-    with tilefuse.config.patch(fallback="error"):
-        out = torch.compile(fn, backend="tilefuse", dynamic=dynamic)(*args)
-    want = fn(*[a.double() for a in args])
-    torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+    kinds = _kinds(fn, *args)
+    assert "aten-matmul" not in kinds and "contraction" in [str(k.value) for k in kinds]
+    _check_calls(fn, args, dynamic)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("name,fn,shapes", _FLIPPED)
+def test_a_reversed_view_reaching_the_library_runs_as_a_flipped_copy(name, fn, shapes, dynamic, monkeypatch):
+    """Should the planner let a reversed operand through (a coefficient it could not sign), the
+    library reads a flipped copy of it, on the general call and the generated one alike."""
+    from tilefuse.fusion import matmul_views
+
+    monkeypatch.setattr(matmul_views, "_forwards", lambda coefs: True)
+    args = [torch.randn(s, device=DEVICE) for s in shapes]
+    assert "aten-matmul" in _kinds(fn, *args)
+    _check_calls(fn, args, dynamic)
 
 
 def test_an_operand_of_negative_strides_is_a_flipped_copy():

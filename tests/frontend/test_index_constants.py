@@ -87,13 +87,21 @@ def test_only_formulas_whose_values_pass_2_to_the_24_are_verified_on_their_devic
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32, torch.bool])
-def test_a_device_tensor_fits_as_its_host_copy_does(dtype):
+def test_a_device_tensor_fits_as_its_host_copy_does(dtype, monkeypatch):
     i, j = torch.arange(300)[:, None], torch.arange(300)[None, :]
     cases = [torch.tril(torch.ones(300, 300)), ((j <= i) & (i - j < 17)).float(), (j - i) * 3 + 1,
              (j * 70_001 - i).view(1, 300, 300)]
+    checked, real = [], index_constants.IndexFormula.matches
+    monkeypatch.setattr(index_constants.IndexFormula, "matches",
+                        lambda self, t: checked.append(t.device.type) or real(self, t))
     for t in cases:
-        on_host, on_device = fit(0, "t", t.to(dtype)), fit(0, "t", t.to(dtype).cuda())
-        if on_host is None or index_constants._exact_in_float32(on_host):
+        on_host = fit(0, "t", t.to(dtype))
+        checked.clear()
+        on_device = fit(0, "t", t.to(dtype).cuda())
+        # (fitted on the host; verified on the device only where values pass 2**24)
+        past = on_host is not None and not index_constants._exact_in_float32(on_host)
+        assert ("cuda" in checked) == past
+        if on_host is None or not past:
             assert (on_host is None) == (on_device is None)
         if on_device is not None:  # (past 2**24: only if the device rounds as the host did)
             assert on_device.device.type == "cuda" and on_device.terms == on_host.terms

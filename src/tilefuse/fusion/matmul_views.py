@@ -118,9 +118,13 @@ def _affine(expr, symbols: dict):
         return None
     if any(c.has(sympy.floor, sympy.Mod, sympy.ceiling) for c in coefs.values()):
         return None
-    if any(c.is_negative for c in coefs.values()):  # (a reversed dim, `flip`: no strided view has it)
-        return None
     return coefs, rest
+
+
+def _forwards(coefs: dict) -> bool:
+    """Whether every coefficient is provably not negative: a dim read backwards (`flip`) has no
+    strided view (`as_strided` takes no negative stride), so such an operand stays generated."""
+    return all(sympy.sympify(c).is_nonnegative for c in coefs.values())
 
 
 def _operand(load: Load, symbols: dict, allowed: set, graph=None, ranges=None):
@@ -129,6 +133,8 @@ def _operand(load: Load, symbols: dict, allowed: set, graph=None, ranges=None):
         aff = _affine(comp.expr, symbols)
         if aff is None or set(aff[0]) - allowed:
             return _flat_operand(load, symbols, allowed, graph, ranges)
+        if not _forwards(aff[0]):
+            return None
         dims.append((aff[0], aff[1]))
     return OperandView(load.buffer, tuple(dims))
 
@@ -158,7 +164,7 @@ def _flat_operand(load: Load, symbols: dict, allowed: set, graph, ranges):
         return None
     offset = sum((comp.expr * st for comp, st in zip(load.index, strides)), sympy.Integer(0))
     aff = _affine(simplify_index(sympy.expand(offset), ranges), symbols)
-    if aff is None or set(aff[0]) - allowed:
+    if aff is None or set(aff[0]) - allowed or not _forwards(aff[0]):
         return None
     return OperandView(load.buffer, (), flat=aff, strides=tuple(strides))
 
@@ -247,7 +253,7 @@ def _bias_add(graph, node, plan, stage) -> MatmulViews | None:
         if not isinstance(comp, Index) or (comp.expr.free_symbols & iteration) - {n_index}:
             return None  # (a bias per row, or per anything but the column, is not addmm's)
         aff = _affine(comp.expr, {views.n: n_index})
-        if aff is None:
+        if aff is None or not _forwards(aff[0]):
             return None
         dims.append(aff)
     reshaped = out.shape != node.shape

@@ -106,8 +106,8 @@ def wait(future: Future) -> str:
     """Wait for a submitted compile: the worker's binary's cache hash ("" where there is none
     to use: the compile failed — only logged, the launch compiles again and raises the real
     error —, the pool was given up, or it hung and is given up now). A compile no worker has
-    taken while none is ready yet (they are still starting: importing Triton, and on Triton
-    before 3.9 PyTorch, took 4–5 s on an H200 host) is taken back: "", and the launch compiles
+    taken while none is ready yet (they are still starting: importing Triton and a warm-up
+    compile, 4–5 s on a GPU host while Triton's binder still imported PyTorch) is taken back: "", and the launch compiles
     it in this process, which would otherwise wait idle."""
     pool = getattr(future, "pool", None)
     if pool is not None and not pool.ready_at and future.cancel():

@@ -279,8 +279,8 @@ def _keep_torch_out() -> bool:
     as before and keys the binary the same (`tests/backends/test_compile_pool.py`). Triton 3.9
     looks PyTorch up without importing it (and fails on a module marked absent): left alone, as
     is a Triton without `MockTensor`, whose tasks need PyTorch's dtypes. True if marked."""
-    if "torch" in sys.modules or not _builds_launch_stubs():
-        return False
+    if "torch" in sys.modules or not _builds_launch_stubs() or _target is None or _target.backend != "cuda":
+        return False  # (elsewhere the launch stubs come from the real driver, which imports it)
     try:
         from triton.runtime.jit import MockTensor  # noqa: F401
     except ImportError:
@@ -307,13 +307,14 @@ def _prepare(target, took: dict) -> str:
         return f"{type(err).__name__}: {err}"
     t1 = time.perf_counter()
     why = prime()
-    if why and kept_out:  # (a Triton that needs PyTorch after all: as before, with it)
-        del sys.modules["torch"]
+    retried = bool(why) and kept_out
+    if retried:  # (a Triton that needs PyTorch after all: as before, with it)
+        sys.modules.pop("torch", None)
         why = prime()
     if why:  # (on stderr, not an error: the first real task pays instead)
         print(f"tilefuse compile worker: warm-up compile failed: {why}", file=sys.stderr)
     took.update(import_s=round(t1 - t0, 3), prime_s=round(time.perf_counter() - t1, 3),
-                imported_torch=_has_torch())
+                imported_torch=_has_torch(), kept_torch_out=kept_out and not retried, retried=retried)
     return ""
 
 
