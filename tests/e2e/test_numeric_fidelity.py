@@ -278,3 +278,29 @@ def test_low_precision_accumulators_are_float32(target, dtype, op):
     ref = fn(*(a.double() for a in args))
     out = _compile(fn, target, "generated")(*args)
     _assert_faithful(out, eager, ref, factor=2.0)
+
+
+# ------------------------------------------------------------------ comparisons of fused chains
+#: a selection decided by comparing two values of one low-precision chain: eager rounds every
+#: op's result, so near a tie the comparison must see those rounded values, not a chain kept in
+#: float32 and rounded at its end (found by the fuzzer: `sigmoid(sigmoid(x)) > sigmoid(x)` in
+#: bf16 tied at 0.640625 where eager's values differ, and picked the other branch: 1.3125 for 0.66)
+COMPARED_CHAINS = {
+    "sigmoid twice": lambda x: torch.where(torch.sigmoid(torch.sigmoid(x)) > torch.sigmoid(x),
+                                           torch.sigmoid(torch.sigmoid(x)), torch.sigmoid(x) * 2),
+    "exp against a scaled copy": lambda x: torch.where(torch.exp(x * 0.5) * 1.5 >= torch.exp(x * 0.5) + 0.5,
+                                                       x, -x),
+    "tanh of a sum in a mask": lambda x: x.masked_fill(torch.tanh(x + 1) - torch.tanh(x) < 0.3, 0.0),
+}
+
+
+@pytest.mark.parametrize("target", ["cpu", "interpret"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", list(COMPARED_CHAINS))
+def test_comparisons_see_the_chain_as_eager_rounds_it(target, dtype, name):
+    fn = COMPARED_CHAINS[name]
+    # (odd size; a dense sweep of the range, so that near-ties are certain, and the fuzzer's value)
+    x = torch.cat([torch.linspace(-3, 3, 2001), torch.tensor([0.640625])]).to(dtype)
+    out, eager = _compile(fn, target)(x), fn(x)
+    # every decision as eager's: the selected values agree within a rounding of the result
+    torch.testing.assert_close(out, eager, rtol=TOL[dtype][0], atol=TOL[dtype][1])

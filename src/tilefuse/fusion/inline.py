@@ -23,7 +23,7 @@ import sympy
 
 from ..ir.bounds import VALUES, prune_checks, stored_values
 from ..ir.dtypes import float_widens
-from ..ir.expr import (Binary, Cast, Expr, Index, Load, Unary, Where, count_ops, out_index, red_index,
+from ..ir.expr import (COMPARISONS, Binary, Cast, Expr, Index, Load, Unary, Where, count_ops, out_index, red_index,
                        skip_intermediate_rounding, transform, walk, walk_unique)
 from ..ir.graph import Extern, ExternResult, Graph, Pointwise, Reduce
 from ..ir.monoid import SUM
@@ -84,6 +84,7 @@ class Inliner:
         self.reasons: dict[str, str] = {}
         self._bodies: dict[str, Expr] = {}
         self._rounded: dict[str, Expr] = {}  # bodies whose explicit narrowing conversions are still loads
+        self._as_eager: dict[str, Expr] = {}  # the same with every op's own rounding kept (compared values)
         outputs = set(graph.output_names())
         costly_prologues: list[str] = []
         extern_read = set()
@@ -341,6 +342,7 @@ class Inliner:
         """Drop the inlined bodies worked out so far: a node realised since then ends them."""
         self._bodies.clear()
         self._rounded.clear()
+        self._as_eager.clear()
 
     def body(self, name: str) -> Expr:
         """The node's body with every inlined producer substituted."""
@@ -385,14 +387,36 @@ class Inliner:
 
     def _substitute_rounded(self, e: Expr) -> Expr:
         """`e` with inlined producers other than explicit narrowing conversions substituted,
-        intermediate rounding skipped."""
-        def fn(n):
-            if isinstance(n, Load) and n.buffer in self.inlined and not narrowing_conversion(self.graph[n.buffer]):
-                return self._at(self._with_rounding(n.buffer), n)
-            return None
-
-        out = transform(e, fn)
+        intermediate rounding skipped — except in the operands of a comparison, whose producers
+        keep every rounding eager applies (`_eager_rounded`): a comparison is exact, and an
+        operand computed from unrounded values may tie where eager's differ."""
+        out = self._substituted(e, False, {})
         return skip_intermediate_rounding(out) if out is not e else out
+
+    def _substituted(self, e: Expr, compared: bool, memo: dict) -> Expr:
+        key = (e, compared)
+        if key in memo:
+            return memo[key]
+        if isinstance(e, Load) and e.buffer in self.inlined and not narrowing_conversion(self.graph[e.buffer]):
+            body = self._eager_rounded(e.buffer) if compared else self._with_rounding(e.buffer)
+            out = self._at(body, e)
+        else:
+            inner = compared or isinstance(e, Binary) and e.op in COMPARISONS
+            kids = e.children()
+            new = tuple(self._substituted(k, inner, memo) for k in kids)
+            out = e.rebuild(new) if kids and new != kids else e
+        memo[key] = out
+        return out
+
+    def _eager_rounded(self, name: str) -> Expr:
+        """The inlined body as eager computes it: each producer's own rounding kept."""
+        if name not in self._as_eager:
+            node = self.graph[name]
+            if is_contraction_like(node):
+                self._as_eager[name] = self._with_rounding(name)
+            else:
+                self._as_eager[name] = self._substituted(node.body, True, {})
+        return self._as_eager[name]
 
     def _substitute_rest(self, e: Expr) -> Expr:
         """`e` with the remaining inlined producers (explicit conversions) substituted."""

@@ -366,8 +366,11 @@ def skip_intermediate_rounding(e: Expr) -> Expr:
     fused ops keeps its compute precision, as in Inductor's kernels; rounding to a
     low-precision dtype happens where a value is stored. Only for the rounding an op applies
     to its own result: the inliner keeps explicit conversions (`x.to(bfloat16)`) out of reach.
-    The operands of a comparison keep eager's rounding: a comparison is exact, and a value
-    compared with its own rounded copy (`x.amax() >= x`) must agree with itself."""
+    The operands of a comparison keep eager's rounding all the way down their chain: a
+    comparison is exact, a value compared with its own rounded copy (`x.amax() >= x`) must
+    agree with itself, and an operand rounded only at its end from an unrounded chain can tie
+    where eager's values differ (`sigmoid(sigmoid(x)) > sigmoid(x)` in bf16 picked the other
+    branch). Their other uses keep compute precision (the chain is computed twice)."""
 
     def lift(x: Expr, dtype: DType) -> Expr:
         if isinstance(x, Cast) and x.dtype.is_low_precision and x.x.dtype == dtype:
@@ -382,10 +385,8 @@ def skip_intermediate_rounding(e: Expr) -> Expr:
         key = (n, compared)
         if key in memo:
             return memo[key]
-        if isinstance(n, Binary) and n.op in COMPARISONS:
-            kids = tuple(rec(k, True) for k in n.children())
-        elif compared and isinstance(n, Cast):  # the comparison's own conversion: keep it
-            kids = (rec(n.x, False),)
+        if compared or isinstance(n, Binary) and n.op in COMPARISONS:
+            kids = tuple(rec(k, True) for k in n.children())  # (eager's rounding, every step)
         else:
             if isinstance(n, Cast) and n.dtype.is_float and not n.dtype.is_low_precision \
                     and n.x.dtype.is_low_precision and isinstance(n.x, (Cast, Where)):
