@@ -29,20 +29,27 @@ LAUNCHES = 64
 
 
 @triton.jit
-def _dot_split(x_ptr, w_ptr, out_ptr, part_ptr, count_ptr, N, K, K_PER,
-               BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, MERGE: tl.constexpr):
-    pid_n = tl.program_id(0)
-    pid_s = tl.program_id(1)
+def _row_sum(x_ptr, w_ptr, N, K, k_lo, K_PER, pid_n, BN: tl.constexpr, BK: tl.constexpr):
+    """x's one row times columns `pid_n` of `w.T` over K in [k_lo, k_lo + K_PER): a 16-row
+    `tl.dot` tile (rows 1..15 masked to zero) summed down to the row."""
     rm = tl.arange(0, 16)
     rn = pid_n * BN + tl.arange(0, BN)
     acc = tl.zeros([16, BN], tl.float32)
-    k_lo = pid_s * K_PER
     for k in range(k_lo, k_lo + K_PER, BK):
         rk = k + tl.arange(0, BK)
         a = tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=(rm[:, None] < 1) & (rk[None, :] < K), other=0.0)
         b = tl.load(w_ptr + rn[None, :] * K + rk[:, None], mask=(rn[None, :] < N) & (rk[:, None] < K), other=0.0)
         acc = tl.dot(a, b, acc)
-    row = tl.sum(acc, axis=0)  # (rows 1..15 are zero)
+    return tl.sum(acc, axis=0)
+
+
+@triton.jit
+def _dot_split(x_ptr, w_ptr, out_ptr, part_ptr, count_ptr, N, K, K_PER,
+               BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, MERGE: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    rn = pid_n * BN + tl.arange(0, BN)
+    row = _row_sum(x_ptr, w_ptr, N, K, pid_s * K_PER, K_PER, pid_n, BN, BK)
     if SPLIT == 1:
         tl.store(out_ptr + rn, row.to(out_ptr.dtype.element_ty), mask=rn < N)
     else:
@@ -62,16 +69,9 @@ def _dot_split(x_ptr, w_ptr, out_ptr, part_ptr, count_ptr, N, K, K_PER,
 def _dot_atomic(x_ptr, w_ptr, out_ptr, N, K, K_PER, BN: tl.constexpr, BK: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
-    rm = tl.arange(0, 16)
     rn = pid_n * BN + tl.arange(0, BN)
-    acc = tl.zeros([16, BN], tl.float32)
-    k_lo = pid_s * K_PER
-    for k in range(k_lo, k_lo + K_PER, BK):
-        rk = k + tl.arange(0, BK)
-        a = tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=(rm[:, None] < 1) & (rk[None, :] < K), other=0.0)
-        b = tl.load(w_ptr + rn[None, :] * K + rk[:, None], mask=(rn[None, :] < N) & (rk[:, None] < K), other=0.0)
-        acc = tl.dot(a, b, acc)
-    tl.atomic_add(out_ptr + rn, tl.sum(acc, axis=0), mask=rn < N, sem="relaxed")
+    row = _row_sum(x_ptr, w_ptr, N, K, pid_s * K_PER, K_PER, pid_n, BN, BK)
+    tl.atomic_add(out_ptr + rn, row, mask=rn < N, sem="relaxed")
 
 
 def _graph_time(launch, weights) -> float:
