@@ -74,6 +74,22 @@ def _dot_atomic(x_ptr, w_ptr, out_ptr, N, K, K_PER, BN: tl.constexpr, BK: tl.con
     tl.atomic_add(out_ptr + rn, row, mask=rn < N, sem="relaxed")
 
 
+def _runs_right(launch, weight, result, want, label: str) -> bool:
+    """One launch into a zeroed `result`, checked against the fp64 product; a schedule that does
+    not compile, or computes the wrong product, is reported and left out."""
+    result.zero_()
+    try:
+        launch(weight)
+    except Exception as e:  # noqa: BLE001 - a schedule that does not compile is skipped
+        print(f"  skip {label}: {type(e).__name__}")
+        return False
+    err = (result.double() - want).abs().max().item()
+    if err > 2e-2:
+        print(f"  WRONG {label}: {err:.3g}")
+        return False
+    return True
+
+
 def _graph_time(launch, weights) -> float:
     """µs per launch, replayed in a CUDA graph of LAUNCHES launches over the weight copies."""
     stream = torch.cuda.Stream()
@@ -126,18 +142,12 @@ def probe(name: str, n: int, k: int) -> None:
             _dot_split[(tiles, split)](x, w, out, part, count, n, k, k_per, BN=bn, BK=bk, SPLIT=split,
                                        MERGE=False, num_warps=warps, num_stages=stages)
 
-        try:
-            launch(weights[0])
-            err = (out.double() - want).abs().max().item()
-            if err > 2e-2:
-                print(f"  WRONG {name} bn{bn} bk{bk} s{split}: {err:.3g}")
-                continue
-            results.append((f"dot-split bn{bn} bk{bk} s{split} w{warps} st{stages}", _graph_time(launch, weights)))
-            if split > 1:
-                results.append((f"partials only bn{bn} bk{bk} s{split} w{warps} st{stages}",
-                                _graph_time(partials, weights)))
-        except Exception as e:  # noqa: BLE001 - a schedule that does not compile is skipped
-            print(f"  skip bn{bn} bk{bk} s{split}: {type(e).__name__}")
+        label = f"bn{bn} bk{bk} s{split} w{warps} st{stages}"
+        if not _runs_right(launch, weights[0], out, want, f"{name} dot-split {label}"):
+            continue
+        results.append((f"dot-split {label}", _graph_time(launch, weights)))
+        if split > 1:
+            results.append((f"partials only {label}", _graph_time(partials, weights)))
     for bn, bk, split in itertools.product((32, 64), (256,), (2, 4)):
         k_per = triton.cdiv(triton.cdiv(k, split), bk) * bk
         if k_per * (split - 1) >= k:
@@ -147,16 +157,8 @@ def probe(name: str, n: int, k: int) -> None:
         def launch(w, bn=bn, bk=bk, split=split, k_per=k_per, acc=acc):
             _dot_atomic[(triton.cdiv(n, bn), split)](x, w, acc, n, k, k_per, BN=bn, BK=bk, num_warps=4, num_stages=4)
 
-        try:
-            acc.zero_()
-            launch(weights[0])
-            err = (acc.double() - want).abs().max().item()
-            if err > 2e-2:
-                print(f"  WRONG atomic {name} bn{bn} bk{bk} s{split}: {err:.3g}")
-                continue
+        if _runs_right(launch, weights[0], acc, want, f"{name} atomic bn{bn} bk{bk} s{split}"):
             results.append((f"atomic bn{bn} bk{bk} s{split} (no memset)", _graph_time(launch, weights)))
-        except Exception as e:  # noqa: BLE001 - a schedule that does not compile is skipped
-            print(f"  skip atomic bn{bn} bk{bk} s{split}: {type(e).__name__}")
     weight = n * k * 2
     results.sort(key=lambda r: r[1])
     best_unsplit = min((t for label, t in results if " s1 " in label), default=float("nan"))

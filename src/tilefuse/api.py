@@ -274,9 +274,9 @@ def _from_front_cache(front: str, gm: torch.fx.GraphModule, settings: dict):
     compiled, report = loaded
     total = time.perf_counter() - t0
     # (the graph cache's loads apart: the backward's load is in its own report)
-    loads = sum(report.stage_seconds.values()) + (sum(backward[1].stage_seconds.values()) if backward else 0.0)
-    report.stage_seconds["front cache"] = total - loads
-    report.stage_seconds["total"] = total - (sum(backward[1].stage_seconds.values()) if backward else 0.0)
+    backward_load = sum(backward[1].stage_seconds.values()) if backward else 0.0
+    report.stage_seconds["front cache"] = total - backward_load - sum(report.stage_seconds.values())
+    report.stage_seconds["total"] = total - backward_load
     for graph, key in [(loaded, record["graph_key"])] + ([(backward, record["backward_key"])] if training else []):
         graph[0].generates_calls = options.generated_wrapper
         graph[0].kernel_runs = options.kernel_runs
