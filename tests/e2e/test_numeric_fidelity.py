@@ -304,3 +304,41 @@ def test_comparisons_see_the_chain_as_eager_rounds_it(target, dtype, name):
     out, eager = _compile(fn, target)(x), fn(x)
     # every decision as eager's: the selected values agree within a rounding of the result
     torch.testing.assert_close(out, eager, rtol=TOL[dtype][0], atol=TOL[dtype][1])
+
+
+# ------------------------------------------------------------------ constant extents of norms
+#: normalisations and variances of extents whose values are all equal. Their deviations are
+#: exactly 0: a mean taken as sum / N is an ulp off, which layer_norm scales by rsqrt(eps)
+#: (found by the fuzzer: 1e-4 where eager's fp32 gives 0; eager's bf16 CPU kernel is 0.13 off
+#: on a row of 3328s, so constant rows are checked against the exact result, not eager)
+CONSTANT_EXTENTS = {
+    "layer_norm": lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5),
+    "group_norm": lambda x, w, b: F.group_norm(x.unsqueeze(-1), 1, w, b).squeeze(-1),
+    "var_mean": lambda x, w, b: torch.stack(torch.var_mean(x, -1), -1),
+}
+CONSTANT_ROWS = {1: 1.2345, 3: -3.7, 6: 1e4 / 3}  # far from 0, where sum / N is not exact
+INFINITE_ROW = 5
+
+
+@pytest.mark.parametrize("target", ["cpu", "interpret"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cols", [37, 5003])
+@pytest.mark.parametrize("name", list(CONSTANT_EXTENTS))
+def test_constant_extents_normalise_to_exact_zeros(target, dtype, cols, name):
+    fn = CONSTANT_EXTENTS[name]
+    x = torch.randn(7, cols) * 3 + 5
+    for row, value in CONSTANT_ROWS.items():
+        x[row] = value
+    x[INFINITE_ROW, 0] = float("inf")
+    w, b = torch.randn(cols), torch.randn(cols)
+    x, w, b = x.to(dtype), w.to(dtype), b.to(dtype)
+    out, eager = _compile(fn, target)(x, w, b), fn(x, w, b)
+    rows = list(CONSTANT_ROWS)
+    if name == "var_mean":  # (variance, mean): exactly (0, the row's value)
+        exact = torch.stack([torch.zeros(len(rows), dtype=dtype), x[rows, 0]], -1)
+    else:  # a normalised constant row is exactly its bias (even fp64's sum / N is not exact)
+        exact = b.expand(len(rows), cols)
+    assert torch.equal(out[rows], exact), (out[rows] - exact).abs().max()
+    others = [r for r in range(7) if r not in CONSTANT_ROWS and r != INFINITE_ROW]
+    torch.testing.assert_close(out[others], eager[others], rtol=TOL[dtype][0], atol=TOL[dtype][1] * 10)
+    assert torch.isnan(out[INFINITE_ROW] if name != "var_mean" else out[INFINITE_ROW, 0]).all()
