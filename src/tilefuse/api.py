@@ -126,7 +126,7 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, settings
     mutated = _mutated_inputs(gm)
     static = _static_inputs()
     ran_once = None
-    plain = False
+    plain = None  # (the inputs whose versions a lean call bumps, where the call may be lean)
     if inference:
         with _process_settings(settings):  # (the entry goes where the compile's cache is)
             plain = _remember_front(gm, report, views, mutated, static)
@@ -148,8 +148,9 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str, settings
     lean = _lean_inference.get()
     if inference and lean is not None:
         lean["compiles"] = lean.get("compiles", 0) + 1
-        if plain:
+        if plain is not None:
             lean["runner"] = run  # (Dynamo calls it without AOTAutograd's wrapper: `_aot_compiled`)
+            lean["bumped"] = plain
     return _boxed(run)
 
 
@@ -233,24 +234,29 @@ _lean_inference: contextvars.ContextVar = contextvars.ContextVar("tilefuse_lean_
 _index_formulas: contextvars.ContextVar = contextvars.ContextVar("tilefuse_index_formulas", default=())
 
 
-def _remember_front(gm: torch.fx.GraphModule, report: CompileReport, views, mutated: list, static: list) -> bool:
+def _remember_front(gm: torch.fx.GraphModule, report: CompileReport, views, mutated: list,
+                    static: list) -> list | None:
     """Point the front cache's entry of the Dynamo graph being compiled at the graph cache's
-    entry of this compiled graph, where AOTAutograd's wrapper around it does nothing. True
-    where that wrapper does nothing (whether or not the graph cache holds the graph)."""
+    entry of this compiled graph, where AOTAutograd's wrapper around it does nothing but bump
+    the version counters of inputs the graph writes. Those inputs' positions where that is all
+    the wrapper does (whether or not the graph cache holds the graph), else None."""
     from . import front_cache
 
     pending = _front_key.get()
     _front_key.set(None)  # (one inference graph per trace: this one)
-    if pending is None or mutated:
-        return False
+    if pending is None:
+        return None
     front, dynamo_inputs, autocast = pending
     placeholders = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
-    if not front_cache.plain_runtime(_fw_metadata(), placeholders, dynamo_inputs):
-        return False
+    metadata = _fw_metadata()
+    if not front_cache.plain_runtime(metadata, placeholders, dynamo_inputs, writes_in_graph=True):
+        return None
+    bumped = front_cache.bumped_versions(metadata) if mutated else []
     if report.graph_key:
-        record = {"graph_key": report.graph_key, "static_inputs": [int(k) for k in static], "autocast": autocast}
+        record = {"graph_key": report.graph_key, "static_inputs": [int(k) for k in static], "autocast": autocast,
+                  "mutated": [int(k) for k in mutated], "bumped_versions": bumped}
         front_cache.store(front, record, views)
-    return True
+    return bumped
 
 
 def _from_front_cache(front: str, gm: torch.fx.GraphModule, settings: dict):
@@ -284,15 +290,18 @@ def _from_front_cache(front: str, gm: torch.fx.GraphModule, settings: dict):
     logs.log("cache", "graph %s: from the front cache (%s), AOTAutograd not traced", name, front[:12])
     if training:
         return _front_training_runner(name, gm, record, loaded, backward, settings, options)
-    run = _runner(name, gm, compiled, report, settings, options, True, record["views"], [],
+    run = _runner(name, gm, compiled, report, settings, options, True, record["views"], record.get("mutated", []),
                   record.get("static_inputs", []), autocast_off=bool(record.get("autocast")))
 
-    return _without_grad(run)
+    return _without_grad(run, bumped=record.get("bumped_versions", []))
 
 
-def _without_grad(run, autocast_off: bool = False):
-    """`run` as AOTAutograd's wrapper runs a plain inference graph: with grad off, and with
-    autocast off where the graph was traced under it (the trace holds its casts)."""
+def _without_grad(run, autocast_off: bool = False, bumped: list = ()):
+    """`run` as AOTAutograd's wrapper runs a plain inference graph: with grad off, with autocast
+    off where the graph was traced under it (the trace holds its casts), and the version
+    counters of the `bumped` inputs, which the graph writes, bumped after the call."""
+    bumped = tuple(bumped)
+
     def without_grad(*args):
         grad = torch.is_grad_enabled()
         if grad:
@@ -300,11 +309,15 @@ def _without_grad(run, autocast_off: bool = False):
         try:
             if autocast_off:
                 with torch._C._DisableAutocast():
-                    return run(*args)
-            return run(*args)
+                    out = run(*args)
+            else:
+                out = run(*args)
         finally:
             if grad:
                 torch._C._set_grad_enabled(True)
+        if bumped:
+            torch.autograd.graph.increment_version(tuple(args[k] for k in bumped))
+        return out
 
     return without_grad
 
@@ -516,7 +529,7 @@ def _aot_compiled(gm: torch.fx.GraphModule, example_inputs, settings: dict):
         # a plain inference graph: Dynamo calls it as a warm process would from the front cache,
         # without AOTAutograd's runtime wrapper, which passes such a graph's arguments and
         # results through unchanged (1.3 µs a call on a 2-core CPU)
-        return _without_grad(lean["runner"], autocast_off=autocast)
+        return _without_grad(lean["runner"], autocast_off=autocast, bumped=lean["bumped"])
     if entry is not None and not isinstance(gm, torch._dynamo.utils.GmWrapper):
         return _lean_after_first_steps(traced, entry, gm, settings)
     return traced

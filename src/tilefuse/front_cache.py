@@ -10,7 +10,8 @@ AOTAutograd produced from it.
 
 That is sound only where AOTAutograd's runtime wrapper around the compiled graphs does nothing
 that the entry cannot redo. An entry is written only for such graphs (`plain_runtime`): no
-input mutated, no output AOTAutograd rebuilds as an alias (views tilefuse makes after the call,
+input mutated (an inference graph may write inputs in place itself, a KV-cache update: its
+entry names them, and the call bumps their version counters where AOTAutograd's would), no output AOTAutograd rebuilds as an alias (views tilefuse makes after the call,
 `output_views`, are stored with the entry), no change of grad mode inside, no effect tokens, no
 subclass inputs, no parameters lifted by AOTAutograd, nothing in the graph whose behaviour its
 code does not name (a function `allow_in_graph` put there, a module call, a custom operator's
@@ -194,26 +195,42 @@ def _compiled_autograd_on() -> bool:
     return bool(getattr(compiled_autograd, "compiled_autograd_enabled", False))
 
 
-def plain_runtime(metadata, compiled_inputs: int, dynamo_inputs: int) -> bool:
+def plain_runtime(metadata, compiled_inputs: int, dynamo_inputs: int, writes_in_graph: bool = False) -> bool:
     """Whether AOTAutograd's runtime wrapper of an inference graph with this metadata
     (`ViewAndMutationMeta`) passes arguments and results through unchanged: the compiled graph
     takes Dynamo's `dynamo_inputs` arguments as they come (`compiled_inputs` placeholders: no
-    duplicate or lifted argument), writes no input, returns no alias AOTAutograd rebuilds, no
-    effect tokens, no random-state offsets, no grad-mode change, no subclass or dynamic
-    output. Attributes are read directly: one a PyTorch version names otherwise is not known
-    plain."""
+    duplicate or lifted argument), writes no input (with `writes_in_graph`: none but those
+    whose writes the graph itself makes, a KV-cache update: the wrapper then only bumps their
+    version counters, `bumped_versions`), returns no alias AOTAutograd rebuilds, no effect
+    tokens, no random-state offsets, no grad-mode change, no subclass or dynamic output.
+    Attributes are read directly: one a PyTorch version names otherwise is not known plain."""
     if metadata is None or compiled_inputs != dynamo_inputs:
         return False
     try:
         return (metadata.num_outputs_aliased == 0 and metadata.num_mutated_inp_runtime_indices == 0
                 and metadata.num_intermediate_bases == 0 and not metadata.tokens
                 and metadata.grad_enabled_mutation is None and not metadata.is_rng_op_functionalized
-                and not any(i.mutates_data or i.mutates_metadata for i in metadata.input_info)
+                and not any(i.mutates_metadata or (i.mutates_data and not (writes_in_graph and _written_in_graph(i)))
+                            for i in metadata.input_info)
                 and not getattr(metadata, "dynamic_outputs", False)
                 and all(isinstance(m, int) or type(m).__name__ == "PlainTensorMeta"
                         for m in metadata.subclass_inp_meta))
     except AttributeError:  # (a PyTorch whose metadata names these differently: not known plain)
         return False
+
+
+def _written_in_graph(info) -> bool:
+    """Whether AOTAutograd left an input's data write in the graph (`keep_input_mutations`)
+    rather than copying the new value back after the call."""
+    from torch._functorch._aot_autograd.schemas import MutationType
+
+    return info.mutation_type == MutationType.MUTATED_IN_GRAPH
+
+
+def bumped_versions(metadata) -> list[int]:
+    """The inputs whose version counters AOTAutograd's wrapper bumps after a graph that writes
+    them itself (writes autograd sees: not under no_grad)."""
+    return [int(k) for k in metadata.mutated_graph_handled_indices_seen_by_autograd]
 
 
 def plain_training(metadata, forward: torch.fx.GraphModule, saved_from: int | None, dynamo_inputs: int) -> dict | None:
@@ -403,5 +420,5 @@ def store(front_key: str, record: dict, views: list, backward_views: list | None
     return front_cache().put(front_key, {"entry.json": json.dumps(record).encode(), **files})
 
 
-__all__ = ["key", "load", "store", "plain_runtime", "plain_training", "backward_function", "TrainingEntry",
+__all__ = ["key", "load", "store", "plain_runtime", "bumped_versions", "plain_training", "backward_function", "TrainingEntry",
            "conditions", "compile_state", "front_cache", "FORMAT"]
