@@ -112,9 +112,34 @@ def causal_bias_table(q, k, v):  # an additive mask made in the function
     return torch.softmax(s + bias, -1) @ v
 
 
+def baddbmm_with_a_zero_bias(q, k, v):  # the scale as baddbmm's alpha
+    b, h, t, d = q.shape
+    bias = torch.zeros(b * h, t, k.shape[2], dtype=q.dtype, device=q.device)
+    s = torch.baddbmm(bias, q.reshape(b * h, t, d), k.reshape(b * h, -1, d).transpose(1, 2), alpha=0.25)
+    return torch.bmm(s.softmax(-1), v.reshape(b * h, -1, d)).reshape(b, h, t, d)
+
+
+def normalised_by_logsumexp(q, k, v):
+    s = q @ k.transpose(-1, -2) * 0.25
+    return torch.exp(s - torch.logsumexp(s, -1, keepdim=True)) @ v
+
+
+def exp2_by_hand(q, k, v):
+    s = q @ k.transpose(-1, -2) * 0.25
+    e = torch.exp2((s - s.amax(-1, keepdim=True)) * 1.4426950408889634)
+    return (e @ v) / e.sum(-1, keepdim=True)
+
+
+def times_the_reciprocal(q, k, v):
+    s = torch.matmul(q, k.mT) / 4.0
+    e = torch.exp(s - s.amax(-1, keepdim=True))
+    return (e * e.sum(-1, keepdim=True).reciprocal()).matmul(v)
+
+
 SPELLINGS = [normalised_after_the_product, normalised_after_without_keepdim, explicit_exp_and_division,
              scale_before_the_product, log_softmax_exp, bmm_with_reshapes, einsum_products, mask_before_the_scale,
-             causal_bias_table]
+             causal_bias_table, baddbmm_with_a_zero_bias, normalised_by_logsumexp, exp2_by_hand,
+             times_the_reciprocal]
 
 
 # equivalent spellings (normalised after the product, exp and max by hand, the scale split over the
