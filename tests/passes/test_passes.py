@@ -1,5 +1,8 @@
 """Constant folding, CSE and DCE keep results and shrink graphs."""
+import pytest
 import torch
+
+import tilefuse
 
 from irgraphs import GraphBuilder
 from tilefuse.ir import Const, Pointwise, dtypes as dt, unary
@@ -34,3 +37,22 @@ def test_fold_constants():
     assert "5.0" in text and "2.0" not in text and "* 1.0" not in text
     xv = torch.randn(3)
     torch.testing.assert_close(interpret(run_passes(graph), [xv])[0], xv * 5)
+
+
+def _write_at_a_position_computed_twice(cache, pos, x):
+    first = (pos + 1) * 2  # the position, computed once for the output
+    cache.index_copy_(1, pos + 1, x)  # and again for the write: CSE merges the two
+    return cache.sum(-1) + first.sum()
+
+
+@pytest.mark.parametrize("target", ["cpu", "interpret"])
+def test_cse_renames_what_a_scatter_reads(target):
+    """A scatter whose index (or value) reads a node CSE removed reads the survivor (found on
+    a Hugging Face Llama's decode step with a static KV cache: its position was computed twice,
+    and the graph failed to compile)."""
+    cache, pos, x = torch.randn(2, 9, 4), torch.tensor([3, 0, 6]), torch.randn(2, 3, 4)
+    expected_cache = cache.clone()
+    torch._dynamo.reset()
+    out = tilefuse.compile(_write_at_a_position_computed_twice, fallback="error", target=target)(cache, pos, x)
+    torch.testing.assert_close(out, _write_at_a_position_computed_twice(expected_cache, pos, x))
+    torch.testing.assert_close(cache, expected_cache)

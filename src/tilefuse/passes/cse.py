@@ -1,10 +1,11 @@
 """Common-subexpression elimination across nodes: two Pointwise or Reduce nodes with the same
 shape, dtype and body (after renaming earlier duplicates) become one, which keeps the origins
-of both."""
+of both. Every later reader of a removed duplicate reads the survivor: bodies, a scatter's
+index components and body, an extern's tensor arguments."""
 from __future__ import annotations
 
 from ..ir.expr import Load, transform
-from ..ir.graph import Graph, Pointwise, Reduce
+from ..ir.graph import Graph, Pointwise, Reduce, Scatter
 from ..ir.origin import merge_into
 
 
@@ -37,6 +38,9 @@ def eliminate_common_subexpressions(graph: Graph) -> Graph:
                 del graph.nodes[name]
             else:
                 seen.setdefault(key, name)
+        elif rename and isinstance(node, Scatter):  # (a KV-cache write at a position computed twice)
+            node.body = transform(node.body, fix)
+            node.index = tuple(transform(c, fix) for c in node.index)
         elif rename and hasattr(node, "args"):
             from ..ir.graph import TensorArg
 
