@@ -62,3 +62,31 @@ def test_bf16_value_used_at_two_precisions():
         for seed in range(8):
             outcome = fuzz.check_program(p, seed)
             assert outcome.status == "ok", outcome
+
+
+@pytest.mark.parametrize("target", ["cpu", "interpret"])
+def test_a_decompositions_own_rounding_is_skipped_like_an_ops(target):
+    """fuzz seed 2468, case 53: `v - logsumexp(v)` over one element is 0 in eager and in fp64.
+    The logsumexp decomposition computes in float32 and converts back to bf16; that conversion
+    was kept as if the program had written it, while `v = sin(x)` was inlined unrounded: -5e-4,
+    which an RMS normalisation scaled to 0.45. Only conversions the program writes keep their
+    rounding between fused ops now."""
+    from tilefuse import config
+
+    with config.patch(target=target):
+        _check(["v0 = torch.sin(x0)", "v5 = v0.unsqueeze(-1)",
+                "v7 = v5 - torch.logsumexp(v5, 2, keepdim=True)",
+                "v10 = v7 * torch.rsqrt(v7.pow(2).mean(-1, keepdim=True) + 1e-6)"],
+               ["v10"], [InputSpec("x0", (1, 1))], dtype="torch.bfloat16")
+
+
+@pytest.mark.parametrize("target", ["cpu", "interpret"])
+def test_values_that_are_the_scores_themselves(target):
+    """fuzz seed 2468, case 245: `softmax(s * 0.5) @ s` with `s = a @ b` fused into one flash
+    kernel whose values tile was the score tile (query rows, not key rows): a shape error, or
+    wrong values where the tiles happened to agree. The values may not read the scores."""
+    from tilefuse import config
+
+    with config.patch(target=target):
+        _check(["v1 = torch.softmax(x2 @ x2.transpose(-1, -2), -1)", "v3 = v1 @ v1",
+                "v4 = torch.softmax(v3 * 0.5, -1) @ v3"], ["v4"], [InputSpec("x2", (12, 3))])
