@@ -233,20 +233,29 @@ def compiled_as_bases(gm: torch.fx.GraphModule, views: list[OutputView]) -> torc
 
 
 def _covers_storage(val) -> bool:
-    """Whether a tensor spans its whole storage (a strided slice of an intermediate, as
-    `unbind` gives, does not: it cannot be the base that other outputs are views of)."""
+    """Whether a tensor holds every element of its storage (a strided slice of an intermediate,
+    as `unbind` gives, does not: it cannot be the base that other outputs are views of). Its
+    extent must reach the storage's end and its elements be as many as the storage's, none
+    repeated by a zero stride: `v[..., ::2]` of a (1, 3) value spans all 3 elements' bytes but
+    holds 2, and a view of the value made from it read the element it skips unwritten."""
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
     sizes = (*val.shape, *val.stride(), val.untyped_storage().nbytes())
+    nbytes = val.untyped_storage().nbytes()
     if any(isinstance(x, torch.SymInt) for x in sizes):
         # symbolic: decided without guards (reading the sizes would specialise them), and only
         # when provable — a piece of `split` under `dynamic=True` is a slice of its storage
         extent = 1 + sum((d - 1) * st for d, st in zip(val.shape, val.stride()))
-        return statically_known_true(extent * val.element_size() >= val.untyped_storage().nbytes())
+        return statically_known_true(extent * val.element_size() >= nbytes) \
+            and statically_known_true(val.numel() * val.element_size() >= nbytes) \
+            and all(statically_known_true(st != 0) or statically_known_true(d <= 1)
+                    for d, st in zip(val.shape, val.stride()))
     if any(int(d) == 0 for d in val.shape):
         return True
+    if any(int(st) == 0 and int(d) > 1 for d, st in zip(val.shape, val.stride())):
+        return False
     extent = 1 + sum((int(d) - 1) * int(st) for d, st in zip(val.shape, val.stride()))
-    return extent * val.element_size() >= int(val.untyped_storage().nbytes())
+    return extent * val.element_size() >= int(nbytes) and val.numel() * val.element_size() >= int(nbytes)
 
 
 def rebuild(views: list[OutputView], compiled, args, out) -> list:

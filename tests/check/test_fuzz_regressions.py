@@ -90,3 +90,49 @@ def test_values_that_are_the_scores_themselves(target):
     with config.patch(target=target):
         _check(["v1 = torch.softmax(x2 @ x2.transpose(-1, -2), -1)", "v3 = v1 @ v1",
                 "v4 = torch.softmax(v3 * 0.5, -1) @ v3"], ["v4"], [InputSpec("x2", (12, 3))])
+
+
+@pytest.mark.parametrize("target", ["cpu", "interpret"])
+def test_outputs_viewing_a_value_that_a_strided_slice_does_not_cover(target):
+    """fuzz seed 4444, case 296: `v[..., ::2]` and `v.transpose(-1, -2)` of one intermediate
+    `v`. The strided slice spans all of `v`'s bytes, so it was taken as the base the transpose
+    views, and the transpose read the elements the slice skips, unwritten (7e31). A base must
+    hold every element of its storage."""
+    from tilefuse import config
+
+    with config.patch(target=target):
+        for shape in [(1, 3, 1), (2, 5, 3)]:
+            _check(["v1 = x0.sum(2)", "v6 = v1[..., ::2]", "v7 = v1.transpose(-1, -2)"], ["v6", "v7"],
+                   [InputSpec("x0", shape)])
+
+
+@pytest.mark.parametrize("target", ["cpu", "interpret"])
+def test_a_quotient_by_a_size_less_one(target):
+    """fuzz seed 4444, case 198: a product's output laid out through `x.narrow(-1, 1, n - 1)`
+    under dynamic=True divided its flat index by `s - 1`; `sympy.expand` had split the quotient
+    into fractions term by term (`a*s/(s - 1) - a/(s - 1)`), which the Triton kernel divided as
+    floats (a type error) and C++ truncated term by term. Quotients by a sum are now taken by
+    polynomial division."""
+    from tilefuse import config
+
+    with config.patch(target=target):
+        _check(["v1 = x0.narrow(-1, 1, x0.shape[-1] - 1)", "v2 = v1.unsqueeze(0).expand(3, *v1.shape)",
+                "v8 = torch.softmax(v2 @ v2.transpose(-1, -2), -1)", "v9 = v8.bfloat16().to(v8.dtype) @ v2"],
+               ["v9"], [InputSpec("x0", (5, 4, 3))], dtype="torch.float64", dynamic=True)
+
+
+def test_floor_of_a_quotient_by_a_sum_is_divided_as_polynomials():
+    import sympy
+
+    from tilefuse.ir.symbolic import Floor, ceildiv, floordiv
+
+    a, r, s = sympy.symbols("a r s", integer=True, positive=True)
+    split = sympy.expand(Floor(sympy.expand(a * (s - 1) + r) / (s - 1)))  # expand splits the fraction
+    assert split == a + Floor(r / (s - 1))
+    assert floordiv(s * s - 1, s - 1) == s + 1
+    for sv in range(2, 7):  # the identities, numerically
+        assert ceildiv(s * s, s - 1).subs(s, sv) == -(-(sv * sv) // (sv - 1))
+        for av in range(4):
+            for rv in range(9):
+                value = split.subs({a: av, r: rv, s: sv})
+                assert value == (av * (sv - 1) + rv) // (sv - 1)

@@ -191,6 +191,8 @@ def _integer_quotient(cls, arg):
     if _integer_valued(arg):
         return arg
     num, den = arg.as_numer_denom()
+    if den.is_Add and _integer_valued(num) and _integer_valued(den):
+        return _polynomial_quotient(cls, num, den)
     d_coeff, d_mono = den.as_coeff_Mul()
     d_powers = _monomial_powers(d_mono) if d_coeff.is_Integer and int(d_coeff) > 0 else None
     if d_powers is None or not _integer_valued(num):
@@ -202,6 +204,38 @@ def _integer_quotient(cls, arg):
         return None
     quotient = sympy.Add(*whole) / den
     return quotient + cls(sympy.Add(*rest) / den) if rest else quotient
+
+
+@functools.lru_cache(maxsize=4096)
+def _polynomial_quotient(cls, num, den):
+    """`cls(num / den)` over a sum `den` (a size less one: `s - 1`) as `q + cls(r / den)`, where
+    polynomial division gives `num = q*den + r` with integer coefficients, else None. Without
+    it a quotient that `sympy.expand` had split term by term (`floor(a*s/(s - 1) - a/(s - 1)
+    + r/(s - 1))`) was left with fractions, which Triton divided as floats and C++ truncated
+    term by term."""
+    gens = sorted(den.free_symbols, key=str)
+    if not gens:
+        return None
+    try:
+        q, r = sympy.div(sympy.expand(num), sympy.expand(den), *gens)
+    except sympy.PolynomialError:
+        return None
+    if q == 0 or not all(_integer_polynomial(part) for part in (q, r)):
+        return None
+    return q + cls(r / den) if r != 0 else q
+
+
+def _integer_polynomial(e) -> bool:
+    """Whether `e` is a polynomial with integer coefficients in integer symbols."""
+    syms = sorted(e.free_symbols, key=str)
+    if not syms:
+        return e.is_Integer
+    if not all(x.is_integer for x in syms):
+        return False
+    try:
+        return all(c.is_Integer for c in sympy.Poly(e, *syms).coeffs())
+    except sympy.PolynomialError:
+        return False
 
 
 def fold_mod_complement(e):
