@@ -252,10 +252,19 @@ def _covers_storage(val) -> bool:
                     for d, st in zip(val.shape, val.stride()))
     if any(int(d) == 0 for d in val.shape):
         return True
-    if any(int(st) == 0 and int(d) > 1 for d, st in zip(val.shape, val.stride())):
-        return False
-    extent = 1 + sum((int(d) - 1) * int(st) for d, st in zip(val.shape, val.stride()))
-    return extent * val.element_size() >= int(nbytes) and val.numel() * val.element_size() >= int(nbytes)
+    # dense: no element twice and none skipped (an unfold of an unfold can repeat and skip)
+    return _dense(val.shape, val.stride()) and val.numel() * val.element_size() >= int(nbytes)
+
+
+def _dense(shape, strides) -> bool:
+    """Whether a layout is non-overlapping and dense: its dims, in order of stride, each step
+    over all the elements the dims before hold (size-1 dims aside)."""
+    expected = 1
+    for d, st in sorted(((int(d), int(st)) for d, st in zip(shape, strides) if int(d) != 1), key=lambda p: p[1]):
+        if st != expected:
+            return False
+        expected *= d
+    return True
 
 
 def rebuild(views: list[OutputView], compiled, args, out) -> list:

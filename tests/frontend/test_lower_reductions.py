@@ -4,6 +4,7 @@ import torch
 from lowering_harness import check, noncontig, rand
 
 from tilefuse.ir import Reduce
+from tilefuse.ir.expr import Load, walk
 from tilefuse.ir.monoid import SUM
 
 F32, BF16 = torch.float32, torch.bfloat16
@@ -112,8 +113,17 @@ def test_reduce_body_dtype():
     assert red[0].body.dtype.name == "int64" and red[0].dtype.name == "int64"
 
 
-def test_var_is_two_dependent_reductions():
+def test_var_is_the_corrected_two_pass_sums():
+    """The mean, then the deviations' sum and sum of squares, both reading the mean (the
+    corrected two-pass algorithm: the deviations' sum repairs the mean's rounding)."""
     rec = check(lambda x: x.var(1), rand(7, 13))
     nodes = list(rec.graphs[0].nodes.values())
     reds = [n for n in nodes if isinstance(n, Reduce)]
-    assert len(reds) == 2 and all(r.combiner == SUM for r in reds)
+    assert len(reds) == 3 and all(r.combiner == SUM for r in reds)
+    graph = rec.graphs[0]
+    inputs = {n.name for n in graph.inputs}
+
+    def reads_a_computed_value(r):
+        return any(isinstance(e, Load) and e.buffer not in inputs for e in walk(r.body))
+
+    assert not reads_a_computed_value(reds[0]) and all(reads_a_computed_value(r) for r in reds[1:])

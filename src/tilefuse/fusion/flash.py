@@ -166,9 +166,10 @@ def _check(out_k, red_k, f_name, side, by_node, graph, outputs, steps, note, loa
     if isinstance(info, str):
         note(f"{out_k.stages[0].node}: no attention fusion: {info}")
         return None
-    if any(_loads_of(info.b, name) for name in [s_name] + [s.node for s in reduces]):
-        # (`softmax(s) @ s` with `s = a @ b`: the kernel holds score tiles by query row, the
-        # values are read by key row; the scores go to memory instead)
+    values = _inline(info.b, graph, {f_name: f_body})
+    if any(_loads_of(values, name) for name in [s_name, f_name] + [s.node for s in reduces + others]):
+        # (`softmax(s) @ s` with `s = a @ b`, `p @ p`: the kernel holds score tiles by query
+        # row, the values are read by key row; the scores go to memory instead)
         note(f"{out_k.stages[0].node}: no attention fusion: the values read the scores")
         return None
     if not _epilogue_reads_own_rows(graph, out_k, info, reduces, term):

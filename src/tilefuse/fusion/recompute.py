@@ -28,7 +28,7 @@ from ..ir.expr import Cast, Expr, Index, Load, binary, count_ops, free_symbols, 
 from ..ir.graph import Graph, Pointwise, Scatter
 from ..ir.rewrite import substitute_index
 from .flash import K0, MAX_HELD, FlashInfo, Sibling, _static
-from .inline import is_contraction_like, narrowing_conversion
+from .inline import explicit_conversion, is_contraction_like
 from .plan import Contraction, KernelPlan, PlanKind, Stage, StageKind
 
 MAX_WEIGHT_OPS = 160  # the recomputed weights' size (ops per score tile) at most
@@ -198,12 +198,13 @@ def _merged(primary: KernelPlan, sibling: KernelPlan, mapping: dict, graph: Grap
 def _expand(expr: Expr, graph: Graph, depth: int = 0, memo: dict | None = None) -> Expr:
     """`expr` with every pointwise node it reads substituted by its body, recursively (`memo`:
     expanded loads, shared by the calls of one pass) — but for explicit narrowing conversions
-    (`x.to(bfloat16)`), which stay loads for `_keep_conversions`."""
+    (`x.to(bfloat16)`: `inline.explicit_conversion`, as the forward's inliner decides), which
+    stay loads for `_keep_conversions`."""
     memo = {} if memo is None else memo
 
     def fn(e):
         if isinstance(e, Load) and e.buffer in graph.nodes and isinstance(graph[e.buffer], Pointwise) \
-                and not narrowing_conversion(graph[e.buffer]):
+                and not explicit_conversion(graph, e.buffer):
             if e not in memo:
                 node = graph[e.buffer]
                 body = substitute_index(node.body, dict(zip(out_index(node.rank), e.index)))
@@ -259,7 +260,7 @@ def _keep_conversions(expanded: Expr, graph: Graph, memo: dict, depth: int = 0) 
     exp(±8) into the gradients)."""
     def fn(e):
         if isinstance(e, Load) and e.buffer in graph.nodes and isinstance(graph[e.buffer], Pointwise) \
-                and narrowing_conversion(graph[e.buffer]) and depth < 64:
+                and explicit_conversion(graph, e.buffer) and depth < 64:
             node = graph[e.buffer]
             body = substitute_index(node.body, dict(zip(out_index(node.rank), e.index)))
             inner = _keep_conversions(_expand(body.x, graph, memo=memo), graph, memo, depth + 1)

@@ -17,7 +17,7 @@ import torch
 
 from ...ir import dtypes as dt
 from ...ir.dtypes import DType
-from ...ir.expr import Index, binary, cast, const, unary, where
+from ...ir.expr import Index, binary, cast, const, unary
 from ...ir.monoid import ALL, ANY, ARGMAX, ARGMIN, MAX, MIN, PROD, SUM, Monoid
 from ..registry import Unsupported, lowering
 from ..values import TensorValue, ix
@@ -226,44 +226,35 @@ lowering(aten.all.default, aten.all.dim, aten.all.dims)(_logical(ALL))
 # ---------------------------------------------------------------- variance
 
 
-def _row_shift(x: TensorValue, p: Plan, idx, acc: DType):
-    """The first element of `idx`'s reduced extent in `acc`, or 0 where it is not finite."""
-    v = cast(x.load(p.input_index(idx, tuple(ix(0) for _ in p.dims))), acc)
-    return where(unary("isnan", binary("sub", v, v)), const(0.0, acc), v)
-
-
-def shifted_mean(ctx, x: TensorValue, p: Plan, acc: DType) -> TensorValue:
-    """The mean as `x0 + sum(x - x0) / N`, x0 the first element of each reduced extent: exact
-    for a constant extent (whose deviations are then exactly 0, as eager's Welford gives),
-    and no cancellation when the values sit far from 0. Plain sum-and-divide for an empty
-    extent, and where x0 is not finite (eager's inf or nan mean)."""
-    n = p.numel
-    if not p.dims or (n.is_number and n == 0):
-        return mean_value(ctx, x, p, acc)
-    s = reduce_value(ctx, x, p, SUM, acc, acc,
-                     transform=lambda v, idx: binary("sub", v, _row_shift(x, p, idx, acc)))
-    return pointwise(ctx, p.out_shape, acc, lambda idx: binary(
-        "add", _row_shift(x, p, idx, acc), binary("truediv", s.load(idx), scalar(n, acc))))
-
-
 def var_value(ctx, x, p: Plan, correction, acc: DType):
-    """(variance, mean) in `acc`: the (shifted) mean first, then the sum of squared deviations
-    from it (two dependent reductions), divided by max(N - correction, 0) like PyTorch."""
-    m = shifted_mean(ctx, x, p, acc)
+    """(variance, mean) in `acc` by the corrected two-pass algorithm: the mean `m` (sum / N),
+    then in one more pass the deviations' sum `e = sum(x - m)` and squares `q = sum((x - m)^2)`;
+    the mean is `m + e / N` and the variance `(q - e^2 / N) / max(N - correction, 0)`. The
+    correction repairs the rounding of `m`: a constant extent's deviations are then exactly 0,
+    as with eager's Welford in fp32, where `m` alone is an ulp off (which layer_norm's
+    rsqrt(eps) scaled to 1e-4), and a mean stays accurate when one value dwarfs the others."""
+    m = mean_value(ctx, x, p, acc)
 
     def deviation(v, idx):
-        d = binary("sub", v, m.load(idx))
+        return binary("sub", v, m.load(idx))
+
+    def squared(v, idx):
+        d = deviation(v, idx)
         return binary("mul", d, d)
 
-    sq = reduce_value(ctx, x, p, SUM, acc, acc, transform=deviation)
+    e = reduce_value(ctx, x, p, SUM, acc, acc, transform=deviation)
+    sq = reduce_value(ctx, x, p, SUM, acc, acc, transform=squared)
+    n = scalar(p.numel, acc)
     correction = py(correction)
-    n = p.numel
-    denom = sympy.Max(n - sym(correction), 0)
+    denom = sympy.Max(p.numel - sym(correction), 0)
     denom_e = cast(Index(denom, dt.int64 if denom.is_integer else dt.float64), acc)
     if denom.is_number:
         denom_e = const(float(denom), acc)
-    var = pointwise(ctx, p.out_shape, acc, lambda idx: binary("truediv", sq.load(idx), denom_e))
-    return var, m
+    mean = pointwise(ctx, p.out_shape, acc,
+                     lambda idx: binary("add", m.load(idx), binary("truediv", e.load(idx), n)))
+    var = pointwise(ctx, p.out_shape, acc, lambda idx: binary("truediv", binary(
+        "sub", sq.load(idx), binary("truediv", binary("mul", e.load(idx), e.load(idx)), n)), denom_e))
+    return var, mean
 
 
 def _correction(target, args, kwargs):
