@@ -234,14 +234,15 @@ def compiled_as_bases(gm: torch.fx.GraphModule, views: list[OutputView]) -> torc
 
 def _covers_storage(val) -> bool:
     """Whether a tensor holds every element of its storage (a strided slice of an intermediate,
-    as `unbind` gives, does not: it cannot be the base that other outputs are views of). Its
-    extent must reach the storage's end and its elements be as many as the storage's, none
-    repeated by a zero stride: `v[..., ::2]` of a (1, 3) value spans all 3 elements' bytes but
-    holds 2, and a view of the value made from it read the element it skips unwritten."""
+    as `unbind` gives, does not: it cannot be the base that other outputs are views of): a
+    dense layout as large as the storage. `v[..., ::2]` of a (1, 3) value spans all 3
+    elements' bytes but holds 2, and a view of the value made from it read the skipped one
+    unwritten. With symbolic sizes: its extent and element count reach the storage's size and
+    no dim repeats elements by a zero stride."""
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-    sizes = (*val.shape, *val.stride(), val.untyped_storage().nbytes())
     nbytes = val.untyped_storage().nbytes()
+    sizes = (*val.shape, *val.stride(), nbytes)
     if any(isinstance(x, torch.SymInt) for x in sizes):
         # symbolic: decided without guards (reading the sizes would specialise them), and only
         # when provable — a piece of `split` under `dynamic=True` is a slice of its storage
