@@ -11,7 +11,8 @@ AOTAutograd produced from it.
 That is sound only where AOTAutograd's runtime wrapper around the compiled graphs does nothing
 that the entry cannot redo. An entry is written only for such graphs (`plain_runtime`): no
 input mutated (an inference graph may write inputs in place itself, a KV-cache update: its
-entry names them, and the call bumps their version counters where AOTAutograd's would), no output AOTAutograd rebuilds as an alias (views tilefuse makes after the call,
+entry names them, and the call bumps their version counters where AOTAutograd's would), no
+output AOTAutograd rebuilds as an alias (views tilefuse makes after the call,
 `output_views`, are stored with the entry), no change of grad mode inside, no effect tokens, no
 subclass inputs, no parameters lifted by AOTAutograd, nothing in the graph whose behaviour its
 code does not name (a function `allow_in_graph` put there, a module call, a custom operator's
@@ -229,7 +230,8 @@ def _written_in_graph(info) -> bool:
 
 def bumped_versions(metadata) -> list[int]:
     """The inputs whose version counters AOTAutograd's wrapper bumps after a graph that writes
-    them itself (writes autograd sees: not under no_grad)."""
+    them itself (`mutated_graph_handled_indices_seen_by_autograd`: a KV-cache write under
+    no_grad is among them, as eager's in-place write bumps the counter there too)."""
     return [int(k) for k in metadata.mutated_graph_handled_indices_seen_by_autograd]
 
 
