@@ -20,7 +20,7 @@ import logging
 import time
 import traceback
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -296,11 +296,11 @@ def _from_front_cache(front: str, gm: torch.fx.GraphModule, settings: dict):
     return _without_grad(run, bumped=record.get("bumped_versions", []))
 
 
-def _without_grad(run, autocast_off: bool = False, bumped: list = ()):
+def _without_grad(run, autocast_off: bool = False, bumped: Sequence[int] = ()):
     """`run` as AOTAutograd's wrapper runs a plain inference graph: with grad off, with autocast
     off where the graph was traced under it (the trace holds its casts), and the version
     counters of the `bumped` inputs, which the graph writes, bumped after the call."""
-    bumped = tuple(bumped)
+    written = tuple(bumped)
 
     def without_grad(*args):
         grad = torch.is_grad_enabled()
@@ -315,8 +315,8 @@ def _without_grad(run, autocast_off: bool = False, bumped: list = ()):
         finally:
             if grad:
                 torch._C._set_grad_enabled(True)
-        if bumped:
-            torch.autograd.graph.increment_version(tuple(args[k] for k in bumped))
+        if written:
+            torch.autograd.graph.increment_version(tuple(args[k] for k in written))
         return out
 
     return without_grad

@@ -383,11 +383,8 @@ def _lower(graph: Graph, plan: KernelPlan, options: LoweringOptions, schedule: S
         if persistent:
             if p == 0:
                 b.emit(Arange("rindex", Index(sympy.Integer(0)), "RBLOCK", 1, 2))
-                rmask = bound_check(b, r, Rn, rblock, "rmask")
-                mask = land(xmask, rmask)
+                mask = land(xmask, bound_check(b, r, Rn, rblock, "rmask"))
                 mask = b.let(mask, "mask") if mask is not None else None
-                # a value of the row alone (a per-row scale or statistic) loads once per row
-                b.restrict_masks(mask, {"xindex": xmask, "rindex": rmask})
             for st in in_pass:
                 finish(st, tile_reduce(st, mask, graph[st.node].combiner.acc_dtype(st.body.dtype)))
             for st in fulls:
