@@ -49,11 +49,17 @@ def _decompositions(training: bool = False):
     sum, exp, log) so that the partition may save their input and two numbers per row, and the
     backward recompute the output, rather than saving the output: under autocast the output is
     fp32 and the input bf16 (the attention scores, a language model's logits), half the bytes;
-    a loss reads `log_softmax`'s output only at the targets."""
+    a loss reads `log_softmax`'s output only at the targets.
+
+    Transformer layers' inference fast paths (`frontend/fast_path_layers.py`) are spelt out as
+    the layers' ops, so they fuse rather than run as one opaque ATen kernel."""
     from torch._decomp import core_aten_decompositions, get_decompositions
+
+    from .frontend import fast_path_layers
 
     table = core_aten_decompositions()
     table.pop(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, None)
+    table.update(fast_path_layers.decompositions())
     if training:
         table.update(get_decompositions([torch.ops.aten._softmax, torch.ops.aten._log_softmax]))
     return table
