@@ -220,3 +220,21 @@ def test_attention_backward_recomputes_the_scores_the_forward_computed():
     for name, g, r in zip("qkv", got, ref):
         err = ((g.double() - r).abs().max() / r.abs().max()).item()
         assert err < 5e-2, (name, err)  # (fixed: ≤ 7e-3; with the bias unrounded: 0.8 to 1.9)
+
+
+@pytest.mark.parametrize("target", ["cpu", "interpret"])
+def test_overlapping_chunks_of_a_transposed_view(target):
+    """Longformer's `_chunk`: `as_strided` over a (B·H, L, D) view of a seq-major tensor,
+    strides taken from the view, reads the view's storage (once refused: the graph fell back)."""
+    def chunks(q, w):
+        length, batch, heads, dim = q.shape
+        h = (q * w).transpose(0, 1).transpose(1, 2).reshape(batch * heads, length, dim)
+        h = h.view(batch * heads, length // 4, 4, dim)
+        size, stride = list(h.size()), list(h.stride())
+        size[1], stride[1] = size[1] * 2 - 1, stride[1] // 2
+        return torch.einsum("bcxd,bcyd->bcxy", h.as_strided(size=size, stride=stride), h.as_strided(size=size, stride=stride))
+
+    q, w = torch.randn(12, 2, 3, 5), torch.randn(5)
+    torch._dynamo.reset()
+    out = tilefuse.compile(chunks, target=target, fallback="error")(q, w)
+    torch.testing.assert_close(out, chunks(q, w), rtol=1e-5, atol=1e-5)

@@ -225,12 +225,39 @@ def test_extern_with_view_argument():
     check(lambda x: torch.sort(x.t() * 2, dim=-1).values + 1, x, allow_extern=("sort",))
 
 
-def test_storage_dependent_op_on_a_view_is_refused():
-    """as_strided reads the view's storage: computing it on a materialised copy would be wrong,
-    so the graph is refused (and runs eagerly under the default fallback)."""
+@pytest.mark.parametrize("view,offset", [("reads-outside", None), ("strided-slice", None), ("below-the-view", 1)])
+def test_storage_dependent_op_on_a_view_is_refused(view, offset):
+    """as_strided reads the view's storage: computing it on a materialised copy would be wrong
+    where the view has gaps or the op reads storage outside the view, so the graph is refused
+    (and runs eagerly under the default fallback)."""
     from tilefuse.frontend.context import StorageAliasError
+
+    def f(x):
+        v = {"reads-outside": x[1:3] * 1, "strided-slice": x[:, ::2].t(), "below-the-view": x[1:].t()}[view]
+        if view == "reads-outside":
+            v = x[1:3]
+        return torch.as_strided(v, (3, 3), (6, 1) if view == "reads-outside" else (2, 1), offset) + 1
 
     x = rand(4, 6)
     with pytest.raises(Exception) as info:
-        compile_run(lambda x: torch.as_strided(x.t(), (3, 3), (2, 1)) + 1, x)
+        compile_run(f, x)
     assert "StorageAliasError" in repr(info.value) or isinstance(info.value, StorageAliasError)
+
+
+def test_storage_dependent_op_on_a_dense_view():
+    """A view whose elements fill its span of storage (a transpose, a row slice) is realised in
+    its traced strides and `as_strided` reads the copy as it would read the view's storage,
+    its offset taken from the view's start (Longformer's overlapping chunks)."""
+    x = rand(4, 6)
+    check(lambda x: torch.as_strided(x.t(), (3, 3), (2, 1)) + 1, x, allow_extern=("as_strided",))
+    check(lambda x: torch.as_strided(x[1:].t(), (3, 3), (2, 1), 8) * 2, x, allow_extern=("as_strided",))
+
+    def chunks(q):  # (L, B, H, D) → (B·H, L, D) without a copy → overlapping chunks of 2w rows
+        length, batch, heads, dim = q.shape
+        h = (q * 1).transpose(0, 1).transpose(1, 2).reshape(batch * heads, length, dim)
+        h = h.view(batch * heads, length // 4, 4, dim)
+        size, stride = list(h.size()), list(h.stride())
+        size[1], stride[1] = size[1] * 2 - 1, stride[1] // 2
+        return h.as_strided(size=size, stride=stride) * 3
+
+    check(chunks, rand(12, 2, 3, 5), allow_extern=("as_strided",))

@@ -39,6 +39,31 @@ class StorageAliasError(RuntimeError):
     the graph cannot be compiled faithfully (it runs eagerly instead)."""
 
 
+def _ints(values) -> list | None:
+    """Concrete integers (Python's or sympy's) as a list of ints; None where one is not."""
+    if not isinstance(values, (list, tuple)):
+        return None
+    out = []
+    for v in values:
+        if type(v) is int or isinstance(v, sympy.Integer):
+            out.append(int(v))
+        else:
+            return None
+    return out
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether `t`'s elements fill `numel` consecutive storage positions (any order of dims)."""
+    if not all(type(n) is int for n in (*t.shape, *t.stride())):
+        return False
+    span = 1
+    for size, stride in sorted(((n, st) for n, st in zip(t.shape, t.stride()) if n != 1), key=lambda p: p[1]):
+        if stride != span:
+            return False
+        span *= size
+    return True
+
+
 def ir_dtype(d: torch.dtype) -> DType:
     try:
         return _TORCH_TO_IR[d]
@@ -173,6 +198,34 @@ class LoweringContext:
                 if strides is not None and len(strides) == node.rank:
                     self.graph.output_strides[a.name] = strides
 
+    def _dense_view_rebased(self, op: str, args, kwargs):
+        """`as_strided(view, size, stride, offset)` where the view was traced dense (its
+        elements fill a span of storage without gaps, in any order of dimensions) and every
+        element the op reads lies in that span, not in the rest of its base's storage: the same
+        op on the view realised as a buffer of the traced strides (`_pin_traced_layouts`), the
+        offset made relative to the span's start (Longformer's overlapping chunks of a
+        transposed query). (args, kwargs), or None where that does not hold or is not known
+        (symbolic sizes)."""
+        if op not in ("as_strided", "as_strided_copy") or len(args) < 3:
+            return None
+        fx_args = getattr(self.current_node, "args", ())
+        val = fx_args[0].meta.get("val") if fx_args and isinstance(fx_args[0], torch.fx.Node) else None
+        size, stride = _ints(args[1]), _ints(args[2])
+        offset = args[3] if len(args) > 3 else kwargs.get("storage_offset")
+        offsets = [] if offset is None else _ints([offset])  # (None: a symbolic offset)
+        plain = size is not None and stride is not None and len(size) == len(stride) and offsets is not None
+        offset = offsets[0] if offsets else None
+        if not plain or not isinstance(val, torch.Tensor) or not isinstance(val.numel(), int) \
+                or not isinstance(val.storage_offset(), int) or not _dense(val):
+            return None
+        relative = 0 if offset is None else offset - val.storage_offset()
+        if relative < 0 or any(s < 0 for s in stride):
+            return None
+        if all(n > 0 for n in size) and relative + sum((n - 1) * s for n, s in zip(size, stride)) >= val.numel():
+            return None
+        rest = {k: v for k, v in kwargs.items() if k != "storage_offset"}
+        return (BufferValue(self.realize(args[0]), args[0].dtype, args[0].shape), size, stride, relative), rest
+
     def extern(self, target, args, kwargs, reason: str, binds=None):
         """Call `target` from ATen at run time. Returns a value or a tuple of values, as the
         op does. `binds`: the unbacked symbol the call's scalar result defines."""
@@ -191,8 +244,12 @@ class LoweringContext:
         parts = str(target).split(".")  # "aten.<op>.<overload>"; a higher-order op has no dots
         if (parts[1] if len(parts) > 1 else parts[0]) in STORAGE_DEPENDENT and any(
                 isinstance(a, TensorValue) and not isinstance(a, BufferValue) for a in args):
-            # the op reads the view's *storage*, which a materialised copy does not have
-            raise StorageAliasError(f"{target} of a view depends on the storage layout of the view's base")
+            # the op reads the view's *storage*, which a materialised copy does not have, unless
+            # the view is dense and the op reads only its elements
+            rebased = self._dense_view_rebased(parts[1] if len(parts) > 1 else "", args, kwargs)
+            if rebased is None:
+                raise StorageAliasError(f"{target} of a view depends on the storage layout of the view's base")
+            args, kwargs = rebased
         if (parts[1] if len(parts) > 1 else parts[0]) in STORAGE_DEPENDENT:
             self._pin_traced_layouts(args)
         meta = self.current_meta

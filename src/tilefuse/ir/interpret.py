@@ -364,6 +364,17 @@ def output_value(out, buffers: dict, env: dict):
     return out
 
 
+def _laid_out(value, strides, env: dict):
+    """`value` stored with the strides the graph fixes for it (`Graph.output_strides`), as a
+    compiled graph stores it: an op that reads storage (`as_strided`) sees the same memory."""
+    if strides is None or not isinstance(value, torch.Tensor) or len(strides) != value.dim():
+        return value
+    concrete = [int(symbolic.evaluate(s, env)) if isinstance(s, sympy.Basic) else int(s) for s in strides]
+    if list(value.stride()) == concrete or value.numel() <= 1:
+        return value
+    return torch.empty_strided(value.shape, concrete, dtype=value.dtype, device=value.device).copy_(value)
+
+
 def interpret(graph: Graph, args, env: dict | None = None) -> list:
     """Run `graph` on concrete inputs; returns the outputs in order."""
     env = dict(env or {})
@@ -377,9 +388,9 @@ def interpret(graph: Graph, args, env: dict | None = None) -> list:
         elif isinstance(node, Constant):
             buffers[node.name] = node.value
         elif isinstance(node, Pointwise):
-            buffers[node.name] = evaluate_pointwise(node, buffers, env)
+            buffers[node.name] = _laid_out(evaluate_pointwise(node, buffers, env), graph.output_strides.get(node.name), env)
         elif isinstance(node, Reduce):
-            buffers[node.name] = evaluate_reduce(node, buffers, env)
+            buffers[node.name] = _laid_out(evaluate_reduce(node, buffers, env), graph.output_strides.get(node.name), env)
         elif isinstance(node, Scatter):
             buffers[node.name] = run_scatter(node, buffers, env)
         elif isinstance(node, Extern):
