@@ -238,3 +238,22 @@ def test_overlapping_chunks_of_a_transposed_view(target):
     torch._dynamo.reset()
     out = tilefuse.compile(chunks, target=target, fallback="error")(q, w)
     torch.testing.assert_close(out, chunks(q, w), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("target", ["cpu", "interpret"])
+def test_one_value_returned_in_two_layouts(target):
+    """A value returned as a contiguous copy's view (a linear layer's reshape) and as a view of
+    itself in its traced layout: the copy folds into the value, and the value was stored once,
+    in the first layout asked for. The second view then had other strides than its trace —
+    in a training step of Jamba's Mamba mixer, the backward read it by the traced strides and
+    its gradients were wrong."""
+    def f(x, mask):
+        h = x.transpose(1, 2) * mask[:, :, None]  # (B, T, C), laid out as the transposed x
+        return h.reshape(-1, h.shape[-1]), h.transpose(1, 2)[..., : h.shape[1]]
+
+    x, mask = torch.randn(2, 6, 5), torch.randn(2, 5)
+    torch._dynamo.reset()
+    got = tilefuse.compile(f, target=target)(x, mask)
+    for out, ref in zip(got, f(x, mask)):
+        assert out.stride() == ref.stride()
+        torch.testing.assert_close(out, ref)

@@ -116,10 +116,21 @@ def lower_fx(gm: torch.fx.GraphModule, name: str = "graph") -> Graph:
                     name = ctx.realize(v)
                     if isinstance(o, torch.fx.Node):  # a view's copy: the view op's origin
                         tag_new_nodes(graph, before, o)
-                    graph.outputs.append(name)
                     meta_val = o.meta.get("val") if isinstance(o, torch.fx.Node) else None
-                    if isinstance(meta_val, torch.Tensor) and name not in graph.output_strides:
-                        graph.output_strides[name] = strides_of(meta_val)
+                    wanted = strides_of(meta_val) if isinstance(meta_val, torch.Tensor) else None
+                    held = graph.output_strides.get(name)
+                    if wanted is not None and held is not None and not _same_layout(graph.nodes[name].shape, held, wanted):
+                        # one value returned in two layouts (a clone folded into its source, each
+                        # the base of a view the caller reads by its traced strides): a copy
+                        before = len(graph.nodes)
+                        source = BufferValue(name, v.dtype, v.shape)
+                        name = ctx.pointwise(v.shape, v.dtype, source.load).name
+                        if isinstance(o, torch.fx.Node):
+                            tag_new_nodes(graph, before, o)
+                        held = None
+                    graph.outputs.append(name)
+                    if wanted is not None and held is None:
+                        graph.output_strides[name] = wanted
                 else:
                     graph.outputs.append(v)
         else:
@@ -127,6 +138,13 @@ def lower_fx(gm: torch.fx.GraphModule, name: str = "graph") -> Graph:
     hoist_seeds(ctx)
     logs.log("graph", "lowered graph:\n%s", graph)
     return graph
+
+
+def _same_layout(shape, a, b) -> bool:
+    """Whether two stride tuples lay out `shape` alike (strides of size-1 dims do not matter)."""
+    if len(a) != len(b) or len(a) != len(shape):
+        return False
+    return all(d == 1 or sympy.simplify(sympy.sympify(x) - sympy.sympify(y)) == 0 for d, x, y in zip(shape, a, b))
 
 
 def _lower_call(ctx: LoweringContext, node: torch.fx.Node, args, kwargs, meta):
