@@ -125,3 +125,14 @@ def test_threaded_mode_finds_launches_that_share_state(monkeypatch):
     assert fuzz.check_program(p).status == "ok"  # one thread: right
     outcome = check_program_threaded(p, threads=4, calls=3)
     assert outcome.status == "mismatch" and "thread" in outcome.detail, outcome
+
+
+def test_outputs_in_other_strides_than_eager_are_mismatches():
+    from tilefuse.check.fuzz import layout_mismatch
+
+    x = torch.randn(4, 6)
+    assert layout_mismatch((x.t(),), (x.t(),)) is None
+    message = layout_mismatch((x.t().contiguous(),), (x.t(),))
+    assert message is not None and "output 0" in message and "(1, 6)" in message
+    assert layout_mismatch(torch.randn(1, 5), torch.randn(5, 1).t()) is None  # a size-1 dim's stride is free
+    assert layout_mismatch((x.t(), 3), (x.t(), 3)) is None
