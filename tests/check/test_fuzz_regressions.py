@@ -136,3 +136,20 @@ def test_floor_of_a_quotient_by_a_sum_is_divided_as_polynomials():
             for rv in range(9):
                 value = split.subs({a: av, r: rv, s: sv})
                 assert value == (av * (sv - 1) + rv) // (sv - 1)
+
+
+@pytest.mark.parametrize("target", ["cpu", "interpret"])
+def test_a_score_row_broadcast_to_every_row(target):
+    """fuzz seed 1212, case 9: `softmax(v1 * 0.5, -1) @ x0` is one row of scores, which
+    `maximum(v2, x1)` broadcasts to every row before a second product. The plan recomputed that
+    row per tile of rows, and the Triton kernel multiplied a one-row tile into an accumulator of
+    BLOCK_M rows (an assertion under the interpreter). Such a score row is computed once now;
+    an attention whose one query row a bias broadcasts (below) gets its query tile broadcast."""
+    from tilefuse import config
+
+    with config.patch(target=target):
+        _check(["v1 = x1.mean(1, keepdim=False)", "v2 = torch.softmax(v1 * 0.5, -1) @ x0",
+                "v3 = torch.maximum(v2, x1)", "v4 = torch.softmax(v3 @ x1.transpose(-1, -2), -1)"],
+               ["v4"], [InputSpec("x0", (16, 7)), InputSpec("x1", (16, 7))])
+        _check(["v0 = torch.softmax(x0[:1] @ x1.transpose(-1, -2) + x2, -1) @ x1"], ["v0"],
+               [InputSpec("x0", (3, 8)), InputSpec("x1", (40, 8)), InputSpec("x2", (16, 40))])

@@ -400,7 +400,8 @@ def _score_coordinates(graph: Graph, by_node: dict, weights: Expr, name: str, r0
     factors in the output's coordinates (`k0` its own axis), or why it cannot be recomputed:
     the key factor must not vary along the rows (`row_sym`) nor the row factor along the keys
     (`r0`) — a product batched over experts whose rows flatten (expert, feature) reads a key
-    factor per expert, which a tile of rows does not have one of."""
+    factor per expert, which a tile of rows does not have one of — and the row factor must vary
+    along the rows (a score row broadcast to every row is computed once)."""
     loads = {e.index for e in walk(weights) if isinstance(e, Load) and e.buffer == name}
     if len(loads) != 1:
         return f"{name} is read at several positions"
@@ -425,6 +426,9 @@ def _score_coordinates(graph: Graph, by_node: dict, weights: Expr, name: str, r0
     q, k = (fb, fa) if key_sym in free_symbols(sc.a) else (fa, fb)
     if row_sym in free_symbols(k) or r0 in free_symbols(q):
         return f"{name}'s key factor varies along the rows (or its row factor along the keys)"
+    if row_sym not in free_symbols(q):
+        # (one row of scores read by every row: computed once, not again per tile of rows)
+        return f"{name} has one row, broadcast to every row of the output"
     return name, q, k, node.ranges[0]
 
 

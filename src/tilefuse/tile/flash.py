@@ -24,7 +24,7 @@ from ..fusion.masking import diagonal_keeps_rows_live, without_mask
 from ..fusion.plan import KernelPlan, PlanKind, StageKind
 from ..fusion.recompute import MIN_ROW_BLOCK
 from ..ir import dtypes as dt
-from ..ir.expr import Const, Expr, Index, Load, Var, binary, cast, out_index, red_index, walk, where
+from ..ir.expr import Const, Expr, Index, Load, Var, binary, cast, free_symbols, out_index, red_index, walk, where
 from ..ir.graph import Graph
 from ..ir.monoid import SUM
 from ..ir.symbolic import contiguous_strides, floordiv, smax, smin, unravel_sym
@@ -137,7 +137,11 @@ def lower_flash(graph: Graph, plan: KernelPlan, options: LoweringOptions, splits
         kk_oks.append(bound_check(b, kk, sc.extent, sc.width, f"{sc.kk}mask"))
         q_expr, q_dtype = dot_operand(sc.q)
         q_mask = land(m_ok, kq_ok)
-        q_tile = _zero_masked(b, b.value(at(q_expr, rm, 0, 0, kq), mask=q_mask), q_mask, "q")  # loaded once
+        q_at = at(q_expr, rm, 0, 0, kq)
+        q_tile = _zero_masked(b, b.value(q_at, mask=q_mask), q_mask, "q")  # loaded once
+        if rm not in free_symbols(q_at) and (q_mask is None or rm not in free_symbols(q_mask)):
+            # one query row broadcast to every row (scores a bias with rows of its own varies)
+            q_tile = full_tile(b, q_tile, ("BLOCK_M", sc.block))
         q_tiles.append((q_tile, q_dtype))
     q_dtype = q_tiles[0][1]
 
