@@ -31,8 +31,8 @@ def compare(model, ref, dtype, compiled, train, inputs, first=lambda out: out, s
     ok = err <= max(4 * eager_err, 1e-5)
     if train:
         eager.double().square().mean().backward()
-        scale = max(_finite(q.grad).abs().max().item() for q in ref.parameters()
-                    if q.grad is not None and _finite(q.grad).numel())
+        scale = max((_finite(q.grad).abs().max().item() for q in ref.parameters()
+                     if q.grad is not None and _finite(q.grad).numel()), default=1.0)
         worst, worst_name, eager_worst, unusable = 0.0, None, 0.0, 0
         for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
             if grads[n] is None and q.grad is None:
@@ -49,7 +49,7 @@ def compare(model, ref, dtype, compiled, train, inputs, first=lambda out: out, s
             d = (grads[n].double() - expected_grad).abs().max().item() / scale
             if p.grad is not None:
                 eager_worst = max(eager_worst, (p.grad.double() - expected_grad).abs().max().item() / scale)
-            if not d <= worst:  # (a NaN is the worst)
+            if worst == worst and not d <= worst:  # (a NaN is the worst, and stays so)
                 worst, worst_name = d, n
         msg += f"; worst gradient error {worst:.2e} of the largest ({worst_name}; eager {eager_worst:.2e})"
         if unusable:

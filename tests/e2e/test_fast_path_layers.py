@@ -143,27 +143,30 @@ def test_masked_weights_match_the_native_kernel(mask_type):
 
 
 @pytest.mark.parametrize("need_weights,average", [(False, True), (True, True), (True, False)])
-def test_self_attention_fast_path(need_weights, average):
+def test_native_self_attention_op_fuses(need_weights, average):
+    """`_native_multi_head_attention` where a program calls it (Dynamo takes
+    `nn.MultiheadAttention`'s slow path, so the op itself is called here): no extern, one flash
+    kernel, the op's values and weights."""
     mha = torch.nn.MultiheadAttention(E, H, batch_first=True).eval()
     for p in mha.parameters():
         p.data.add_(0.05 * torch.randn_like(p))
+    params = (E, H, mha.in_proj_weight, mha.in_proj_bias, mha.out_proj.weight, mha.out_proj.bias)
 
-    class Block(torch.nn.Module):  # torchvision's ViT calls its attention this way
-        def __init__(self):
-            super().__init__()
-            self.attn = mha
+    def fn(x):
+        out, weights = torch._native_multi_head_attention(x, x, x, *params, None, need_weights, average)
+        return (out, weights) if need_weights else out
 
-        def forward(self, x):
-            out, weights = self.attn(x, x, x, need_weights=need_weights, average_attn_weights=average)
-            return out if weights is None else (out, weights)
-
-    block = Block().eval()
     x = torch.randn(2, 13, E)
-    got, eager = _check(block, x)
+    with torch.no_grad():
+        eager = fn(x)
+        torch._dynamo.reset()
+        got = torch.compile(fn, backend="tilefuse")(x)
+    got, eager = (got, eager) if need_weights else ((got,), (eager,))
+    torch.testing.assert_close(got[0], eager[0], rtol=1e-4, atol=1e-4)
     if need_weights:
         torch.testing.assert_close(got[1], eager[1], rtol=1e-4, atol=1e-5)
         assert got[1].shape == ((2, 13, 13) if average else (2, H, 13, 13))
-    report = _report(block, x)
+    report = _report(fn, x)
     assert not report.externs, report.externs
     if not need_weights:
         assert [k.kind for k in report.kernels].count("flash") == 1, report

@@ -202,29 +202,28 @@ class LoweringContext:
         """`as_strided(view, size, stride, offset)` where the view was traced dense (its
         elements fill a span of storage without gaps, in any order of dimensions) and every
         element the op reads lies in that span, not in the rest of its base's storage: the same
-        op on the view realised as a buffer of the traced strides (`_pin_traced_layouts`), the
-        offset made relative to the span's start (Longformer's overlapping chunks of a
-        transposed query). (args, kwargs), or None where that does not hold or is not known
-        (symbolic sizes)."""
+        op on the view realised as a buffer of the traced strides (`_pin_traced_layouts`), read
+        from the span's start (Longformer's overlapping chunks of a transposed query). (args,
+        kwargs), or None where that does not hold or is not known (symbolic sizes, an explicit
+        storage offset)."""
         if op not in ("as_strided", "as_strided_copy") or len(args) < 3:
             return None
         fx_args = getattr(self.current_node, "args", ())
         val = fx_args[0].meta.get("val") if fx_args and isinstance(fx_args[0], torch.fx.Node) else None
         size, stride = _ints(args[1]), _ints(args[2])
         offset = args[3] if len(args) > 3 else kwargs.get("storage_offset")
-        offsets = [] if offset is None else _ints([offset])  # (None: a symbolic offset)
-        plain = size is not None and stride is not None and len(size) == len(stride) and offsets is not None
-        offset = offsets[0] if offsets else None
+        # an explicit offset counts from the storage's start, which a graph input's view shares
+        # with its caller and which differs call by call (Dynamo does not guard it): refused
+        plain = size is not None and stride is not None and len(size) == len(stride) and offset is None
         if not plain or not isinstance(val, torch.Tensor) or not isinstance(val.numel(), int) \
                 or not isinstance(val.storage_offset(), int) or not _dense(val):
             return None
-        relative = 0 if offset is None else offset - val.storage_offset()
-        if relative < 0 or any(s < 0 for s in stride):
+        if any(s < 0 for s in stride):
             return None
-        if all(n > 0 for n in size) and relative + sum((n - 1) * s for n, s in zip(size, stride)) >= val.numel():
+        if all(n > 0 for n in size) and sum((n - 1) * s for n, s in zip(size, stride)) >= val.numel():
             return None
         rest = {k: v for k, v in kwargs.items() if k != "storage_offset"}
-        return (BufferValue(self.realize(args[0]), args[0].dtype, args[0].shape), size, stride, relative), rest
+        return (BufferValue(self.realize(args[0]), args[0].dtype, args[0].shape), size, stride), rest
 
     def extern(self, target, args, kwargs, reason: str, binds=None):
         """Call `target` from ATen at run time. Returns a value or a tuple of values, as the

@@ -1,9 +1,11 @@
 """PyTorch's inference fast paths for transformer layers, spelt out as the layers' own ops.
 
 In eval mode, without gradients, `nn.TransformerEncoderLayer` calls
-`aten._transformer_encoder_layer_fwd` and a self-attention `nn.MultiheadAttention` (torchvision's
-ViT among its users) calls `aten._native_multi_head_attention`: each one ATen kernel, which a
-graph would run as an opaque extern call, nothing fused into or around it. These
+`aten._transformer_encoder_layer_fwd`, also under Dynamo: one ATen kernel, which a graph would
+run as an opaque extern call, nothing fused into or around it. A self-attention
+`nn.MultiheadAttention` calls `aten._native_multi_head_attention` in eager mode; Dynamo takes
+its slow path (scaled-dot-product attention, already fused), so that op reaches a graph only
+where a program calls it itself. These
 decompositions give AOTAutograd the computation those kernels perform, in the ops the
 layers' slow path is made of (linear layers, `layer_norm`, softmax attention, gelu or relu),
 so the products take their epilogues, the norms fuse with the residual adds, and the
