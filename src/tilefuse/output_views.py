@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from .frontend.context import dense_layout
 from .runtime.aten_matmul import REINTERPRETS_AS_NEW, _reinterpret
 
 aten = torch.ops.aten
@@ -254,18 +255,7 @@ def _covers_storage(val) -> bool:
     if any(int(d) == 0 for d in val.shape):
         return True
     # dense: no element twice and none skipped (an unfold of an unfold can repeat and skip)
-    return _dense(val.shape, val.stride()) and val.numel() * val.element_size() >= int(nbytes)
-
-
-def _dense(shape, strides) -> bool:
-    """Whether a layout is non-overlapping and dense: its dims, in order of stride, each step
-    over all the elements the dims before hold (size-1 dims aside)."""
-    expected = 1
-    for d, st in sorted(((int(d), int(st)) for d, st in zip(shape, strides) if int(d) != 1), key=lambda p: p[1]):
-        if st != expected:
-            return False
-        expected *= d
-    return True
+    return dense_layout(val.shape, val.stride()) and val.numel() * val.element_size() >= int(nbytes)
 
 
 def rebuild(views: list[OutputView], compiled, args, out) -> list:

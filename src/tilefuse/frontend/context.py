@@ -52,16 +52,20 @@ def _ints(values) -> list | None:
     return out
 
 
-def _dense(t: torch.Tensor) -> bool:
-    """Whether `t`'s elements fill `numel` consecutive storage positions (any order of dims)."""
-    if not all(type(n) is int for n in (*t.shape, *t.stride())):
-        return False
-    span = 1
-    for size, stride in sorted(((n, st) for n, st in zip(t.shape, t.stride()) if n != 1), key=lambda p: p[1]):
-        if stride != span:
+def dense_layout(shape, strides) -> bool:
+    """Whether a layout is non-overlapping and dense: its dims, in order of stride, each step
+    over all the elements the dims before hold (size-1 dims aside)."""
+    expected = 1
+    for d, st in sorted(((int(d), int(st)) for d, st in zip(shape, strides) if int(d) != 1), key=lambda p: p[1]):
+        if st != expected:
             return False
-        span *= size
+        expected *= d
     return True
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether `t`'s static layout fills `numel` consecutive storage positions (any order of dims)."""
+    return all(type(n) is int for n in (*t.shape, *t.stride())) and dense_layout(t.shape, t.stride())
 
 
 def ir_dtype(d: torch.dtype) -> DType:
